@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# `make demo`: prepare the fortunes corpus (bytes as tokens), train the demo GPT, sample from it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=build/myriad
+RUN=${RUN_DIR:-runs/demo}
+
+if [ ! -s data/fortunes_train.idx ] || [ ! -s data/fortunes_valid.idx ]; then
+  mapfile -t inputs < <(find /usr/share/games/fortunes -maxdepth 1 -type f \
+                          ! -name '*.dat' ! -name '*.u8' | sort)
+  [ "${#inputs[@]}" -gt 0 ] || { echo "demo: no fortune files: run scripts/setup.sh" >&2; exit 2; }
+  args=(); for f in "${inputs[@]}"; do args+=(--input "$f"); done
+  "$BIN" prepare "${args[@]}" --tokenizer byte --output data/fortunes \
+    --valid-fraction 0.05 --doc-separator %
+fi
+
+"$BIN" train --config configs/demo.toml --run-dir "$RUN" "$@"
+
+echo
+echo "=== sample from $RUN (myriad sample --checkpoint $RUN --prompt ...) ==="
+"$BIN" sample --checkpoint "$RUN" --prompt "Q: " --tokens 400 --temperature 0.8 --seed 7

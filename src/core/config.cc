@@ -1,0 +1,304 @@
+#include "core/config.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/text.h"
+
+namespace myriad {
+namespace {
+
+// Where each key's value came from, for error messages: the file, or the --set override.
+struct Origins {
+  std::string file;
+  std::map<std::string, std::string> overridden;  // "section.key" -> "--set section.key=value"
+  std::string of(const std::string& dotted) const {
+    for (const auto& [k, v] : overridden)
+      if (dotted == k || dotted.rfind(k + ".", 0) == 0 || k.rfind(dotted + ".", 0) == 0) return v;
+    return file;
+  }
+};
+
+std::string type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a number";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::table: return "a table";
+    default: return "a date or time";
+  }
+}
+
+// Binds one TOML value to a field of the matching C++ type.
+struct Binder {
+  const Origins& origins;
+  std::string dotted;
+  const toml::node& node;
+
+  [[noreturn]] void wrong(const char* expected) const {
+    throw_input(origins.of(dotted), ": ", dotted, " must be ", expected, ", got ", type_name(node));
+  }
+  void operator()(int64_t& v) const {
+    if (auto x = node.value_exact<int64_t>()) v = *x; else wrong("an integer");
+  }
+  void operator()(double& v) const {
+    if (auto x = node.value<double>(); x && (node.is_integer() || node.is_floating_point())) v = *x;
+    else wrong("a number");
+  }
+  void operator()(bool& v) const {
+    if (auto x = node.value_exact<bool>()) v = *x; else wrong("true or false");
+  }
+  void operator()(std::string& v) const {
+    if (auto x = node.value_exact<std::string>()) v = *x; else wrong("a string");
+  }
+  void operator()(std::vector<int64_t>& v) const {
+    const toml::array* a = node.as_array();
+    if (!a) wrong("an array of integers");
+    v.clear();
+    for (const auto& e : *a) {
+      auto x = e.value_exact<int64_t>();
+      if (!x) wrong("an array of integers");
+      v.push_back(*x);
+    }
+  }
+  void operator()(std::map<std::string, std::string>& v) const {
+    const toml::table* t = node.as_table();
+    if (!t) wrong("a table");
+    v.clear();
+    for (const auto& [k, e] : *t) {
+      if (auto s = e.value_exact<std::string>()) v[std::string(k.str())] = *s;
+      else if (auto i = e.value_exact<int64_t>()) v[std::string(k.str())] = std::to_string(*i);
+      else throw_input(origins.of(dotted), ": ", dotted, ".", k.str(), " must be a string or an integer");
+    }
+  }
+};
+
+// "a.b.c=value": the value is read as TOML when it parses as TOML, else as a bare string, so
+// that --set data.train=data/x works without quotes.
+void apply_override(toml::table& root, const std::string& text, Origins& origins) {
+  size_t eq = text.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw_input("--set ", text, ": expected section.key=value");
+  std::string path = text.substr(0, eq), value = text.substr(eq + 1);
+  std::vector<std::string> parts;
+  std::stringstream ss(path);
+  for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
+  if (parts.size() < 2 || std::any_of(parts.begin(), parts.end(), [](auto& p) { return p.empty(); }))
+    throw_input("--set ", text, ": expected section.key=value");
+
+  toml::table* t = &root;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    toml::node* n = t->get(parts[i]);
+    if (!n) n = t->insert(parts[i], toml::table{}).first->second.as_table();
+    if (!n->is_table()) throw_input("--set ", text, ": ", parts[i], " is not a section");
+    t = n->as_table();
+  }
+  try {
+    toml::table parsed = toml::parse("v = " + value);
+    t->insert_or_assign(parts.back(), *parsed.get("v"));
+  } catch (const toml::parse_error&) {
+    t->insert_or_assign(parts.back(), value);
+  }
+  origins.overridden[path] = "--set " + text;
+}
+
+std::vector<std::string> known_keys(const Config& c) {
+  std::vector<std::string> keys;
+  c.visit([&](const char* s, const char* k, const auto&) { keys.push_back(std::string(s) + "." + k); });
+  return keys;
+}
+
+Config bind(const toml::table& root, const Origins& origins) {
+  Config c;
+  std::vector<std::string> keys = known_keys(c);
+  std::set<std::string> sections;
+  for (const auto& k : keys) sections.insert(k.substr(0, k.find('.')));
+  std::vector<std::string> section_list(sections.begin(), sections.end());
+  for (const char* r : kReservedSections) section_list.push_back(r);
+
+  // Unknown sections and keys first: a typo must not silently leave a default in place.
+  for (const auto& [sec, node] : root) {
+    std::string s(sec.str());
+    bool reserved = std::find(std::begin(kReservedSections), std::end(kReservedSections), s) !=
+                    std::end(kReservedSections);
+    if (!sections.count(s) && !reserved)
+      throw_input(origins.of(s), ": unknown section [", s, "]", did_you_mean(s, section_list));
+    if (!node.is_table())
+      throw_input(origins.of(s), ": ", s, " must be a section ([", s, "]), got ", type_name(node));
+    for (const auto& [key, value] : *node.as_table()) {
+      std::string dotted = s + "." + std::string(key.str());
+      if (reserved)
+        throw_input(origins.of(dotted), ": unknown key ", dotted, ": section [", s,
+                    "] is reserved and takes no keys yet");
+      if (std::find(keys.begin(), keys.end(), dotted) == keys.end())
+        throw_input(origins.of(dotted), ": unknown key ", dotted, did_you_mean(dotted, keys));
+    }
+  }
+  c.visit([&](const char* s, const char* k, auto& field) {
+    const toml::node* n = root.at_path(std::string(s) + "." + k).node();
+    if (n) Binder{origins, std::string(s) + "." + k, *n}(field);
+  });
+  return c;
+}
+
+template <class T>
+void require(bool ok, const T& message) {
+  if (!ok) throw_input(message);
+}
+
+void require_one_of(const std::string& key, const std::string& value,
+                    const std::vector<std::string>& allowed) {
+  if (std::find(allowed.begin(), allowed.end(), value) != allowed.end()) return;
+  std::string list;
+  for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+  throw_input("config: ", key, " = \"", value, "\" is not one of: ", list,
+              did_you_mean(value, allowed));
+}
+
+}  // namespace
+
+void Config::validate() const {
+  const auto& m = model;
+  auto positive = [](const char* key, auto v) {
+    if (!(v > 0)) throw_input("config: ", key, " must be positive, got ", v);
+  };
+  auto non_negative = [](const char* key, auto v) {
+    if (v < 0) throw_input("config: ", key, " must be 0 or more, got ", v);
+  };
+  positive("model.layers", m.layers);
+  positive("model.d_model", m.d_model);
+  positive("model.heads", m.heads);
+  positive("model.seq_len", m.seq_len);
+  positive("model.init_std", m.init_std);
+  if (m.vocab_size < 2) throw_input("config: model.vocab_size must be at least 2, got ", m.vocab_size);
+  if (m.d_model % m.heads != 0)
+    throw_input("config: model.d_model (", m.d_model, ") must be divisible by model.heads (",
+                m.heads, "): head size = d_model / heads");
+  non_negative("model.positions", m.positions);
+  if (m.positions > 0 && m.seq_len > m.positions)
+    throw_input("config: model.seq_len (", m.seq_len, ") exceeds model.positions (", m.positions,
+                "): the model has no position embedding past ", m.positions,
+                "; lower seq_len or raise positions");
+  if (m.window < 0)
+    throw_input("config: model.window must be 0 (full causal) or a positive number of tokens, got ",
+                m.window);
+
+  require_one_of("data.tokenizer", data.tokenizer, {"byte", "gpt2"});
+
+  require_one_of("optim.name", optim.name, {"adamw", "lamb"});
+  require_one_of("optim.decay", optim.decay, {"cosine", "linear", "constant"});
+  positive("optim.lr", optim.lr);
+  non_negative("optim.min_lr", optim.min_lr);
+  if (optim.min_lr > optim.lr)
+    throw_input("config: optim.min_lr (", optim.min_lr, ") must not exceed optim.lr (", optim.lr, ")");
+  non_negative("optim.warmup_steps", optim.warmup_steps);
+  non_negative("optim.weight_decay", optim.weight_decay);
+  if (optim.beta1 < 0 || optim.beta1 >= 1) throw_input("config: optim.beta1 must be in [0, 1), got ", optim.beta1);
+  if (optim.beta2 < 0 || optim.beta2 >= 1) throw_input("config: optim.beta2 must be in [0, 1), got ", optim.beta2);
+  positive("optim.eps", optim.eps);
+  non_negative("optim.grad_clip", optim.grad_clip);
+
+  positive("train.steps", train.steps);
+  positive("train.global_batch", train.global_batch);
+  positive("train.micro_batch", train.micro_batch);
+  if (train.global_batch % train.micro_batch != 0)
+    throw_input("config: train.global_batch (", train.global_batch,
+                ") must be a multiple of train.micro_batch (", train.micro_batch, ")");
+  require_one_of("train.device", train.device, {"auto", "cpu", "cuda"});
+  positive("train.log_every", train.log_every);
+  non_negative("train.eval_every", train.eval_every);
+  positive("train.eval_steps", train.eval_steps);
+  require_one_of("train.recompute", train.recompute, {"none", "selective", "full"});
+
+  positive("parallel.tp", parallel.tp);
+  positive("parallel.pp", parallel.pp);
+  non_negative("parallel.dp", parallel.dp);
+  positive("parallel.virtual_stages", parallel.virtual_stages);
+  require_one_of("parallel.order", parallel.order,
+                 {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"});
+  if (m.heads % parallel.tp != 0)
+    throw_input("config: model.heads (", m.heads, ") must be divisible by parallel.tp (",
+                parallel.tp, ")");
+  if (!parallel.stage_layers.empty()) {
+    int64_t chunks = parallel.pp * parallel.virtual_stages, sum = 0;
+    for (int64_t n : parallel.stage_layers) sum += n;
+    if (static_cast<int64_t>(parallel.stage_layers.size()) != chunks || sum != m.layers)
+      throw_input("config: parallel.stage_layers must list pp x virtual_stages = ", chunks,
+                  " layer counts summing to model.layers = ", m.layers);
+  }
+
+  positive("comm.timeout_s", comm.timeout_s);
+  require_one_of("comm.backend", comm.backend, {"auto", "gloo", "nccl"});
+
+  non_negative("checkpoint.every", checkpoint.every);
+  non_negative("checkpoint.keep_last", checkpoint.keep_last);
+  non_negative("checkpoint.keep_every", checkpoint.keep_every);
+}
+
+int64_t Config::padded_vocab() const {
+  int64_t multiple = 128 * parallel.tp;
+  return (model.vocab_size + multiple - 1) / multiple * multiple;
+}
+
+Config parse_config(const std::string& toml_text, const std::string& origin,
+                    const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, origin);
+  } catch (const toml::parse_error& e) {
+    throw_input(origin, ":", e.source().begin.line, ":", e.source().begin.column,
+                ": invalid TOML: ", e.description());
+  }
+  Origins origins{origin, {}};
+  for (const auto& o : overrides) apply_override(root, o, origins);
+  Config c = bind(root, origins);
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    // validate() speaks of "config: key ..."; name the file the config came from instead.
+    std::string what = e.what();
+    if (what.rfind("config: ", 0) == 0) what = origin + ": " + what.substr(8);
+    throw Error(e.cls(), what);
+  }
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw_input("config ", path, ": cannot open file (check the path given to --config)");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_config(text.str(), path, overrides);
+}
+
+std::string to_toml(const Config& c) {
+  toml::table root;
+  c.visit([&](const char* s, const char* k, const auto& field) {
+    if (!root.get(s)) root.insert(s, toml::table{});
+    toml::table& t = *root.get(s)->as_table();
+    using T = std::decay_t<decltype(field)>;
+    if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      toml::array a;
+      for (int64_t v : field) a.push_back(v);
+      t.insert(k, a);
+    } else if constexpr (std::is_same_v<T, std::map<std::string, std::string>>) {
+      toml::table m;
+      for (const auto& [key, v] : field) m.insert(key, v);
+      t.insert(k, m);
+    } else {
+      t.insert(k, field);
+    }
+  });
+  std::ostringstream os;
+  os << root << "\n";
+  return os.str();
+}
+
+}  // namespace myriad

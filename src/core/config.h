@@ -1,0 +1,171 @@
+// The run configuration: one struct per TOML section, every key listed once in Config::visit.
+//
+// A config is read from a TOML file, then `--set section.key=value` overrides are applied, then
+// every key is bound to its field with a type check, then validate() checks the arithmetic
+// between keys. All failures are input errors that name the file or override and the key.
+// docs/CONFIG.md documents every key.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace myriad {
+
+struct ModelConfig {
+  int64_t layers = 8;
+  int64_t d_model = 128;
+  int64_t heads = 4;
+  int64_t seq_len = 128;      // training context length
+  int64_t positions = 0;      // learned positions (rows of wpe); 0 = seq_len
+  int64_t vocab_size = 256;   // of the tokenizer; padded inside to a multiple of 128 x tp
+  int64_t window = 0;         // sliding attention window in tokens; 0 = full causal
+  bool parallel_block = false;
+  bool bias = true;
+  double init_std = 0.02;
+  int64_t seed = 1234;        // initialization seed
+};
+
+struct DataConfig {
+  std::string train;              // prefix of .bin/.idx
+  std::string valid;              // prefix of .bin/.idx; empty = no validation
+  std::string tokenizer = "byte"; // byte, gpt2
+};
+
+struct OptimConfig {
+  std::string name = "adamw";  // adamw, lamb
+  double lr = 1e-3;
+  double min_lr = 1e-4;
+  int64_t warmup_steps = 10;
+  std::string decay = "cosine";  // cosine, linear, constant
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // global gradient norm; 0 = no clipping
+};
+
+struct TrainConfig {
+  int64_t steps = 100;
+  int64_t global_batch = 8;  // sequences per optimizer step, whatever the layout
+  int64_t micro_batch = 4;   // sequences per forward/backward
+  std::string device = "auto";  // auto, cpu, cuda
+  int64_t seed = 1234;       // data order
+  int64_t log_every = 1;
+  int64_t eval_every = 0;    // 0 = never
+  int64_t eval_steps = 4;    // validation batches (of global_batch sequences) per evaluation
+  std::string recompute = "none";  // none, selective, full
+};
+
+struct ParallelConfig {
+  int64_t tp = 1;
+  int64_t pp = 1;
+  int64_t dp = 0;  // 0 = world / (tp x pp)
+  int64_t virtual_stages = 1;
+  bool sequence_parallel = false;
+  std::string order = "tp-dp-pp";
+  std::vector<int64_t> stage_layers;  // layers per pipeline stage; empty = automatic
+};
+
+struct CommConfig {
+  double timeout_s = 300;
+  std::string backend = "auto";  // auto, gloo, nccl
+  std::map<std::string, std::string> nccl_env;
+};
+
+struct CheckpointConfig {
+  int64_t every = 0;       // steps between saves; 0 = only at the end
+  int64_t keep_last = 3;   // committed checkpoints kept, newest first; 0 = all
+  int64_t keep_every = 0;  // also keep every checkpoint whose step is a multiple; 0 = none
+  std::string dir;         // empty = RUN_DIR/checkpoints
+  std::string resume = "none";  // none, auto (latest committed), or a checkpoint directory
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  OptimConfig optim;
+  TrainConfig train;
+  ParallelConfig parallel;
+  CommConfig comm;
+  CheckpointConfig checkpoint;
+
+  // Calls f(section, key, field&) for every key. The one list of keys: parsing, printing and
+  // the unknown-key check all walk it.
+  template <class F>
+  void visit(F&& f) {
+    f("model", "layers", model.layers);
+    f("model", "d_model", model.d_model);
+    f("model", "heads", model.heads);
+    f("model", "seq_len", model.seq_len);
+    f("model", "positions", model.positions);
+    f("model", "vocab_size", model.vocab_size);
+    f("model", "window", model.window);
+    f("model", "parallel_block", model.parallel_block);
+    f("model", "bias", model.bias);
+    f("model", "init_std", model.init_std);
+    f("model", "seed", model.seed);
+    f("data", "train", data.train);
+    f("data", "valid", data.valid);
+    f("data", "tokenizer", data.tokenizer);
+    f("optim", "name", optim.name);
+    f("optim", "lr", optim.lr);
+    f("optim", "min_lr", optim.min_lr);
+    f("optim", "warmup_steps", optim.warmup_steps);
+    f("optim", "decay", optim.decay);
+    f("optim", "weight_decay", optim.weight_decay);
+    f("optim", "beta1", optim.beta1);
+    f("optim", "beta2", optim.beta2);
+    f("optim", "eps", optim.eps);
+    f("optim", "grad_clip", optim.grad_clip);
+    f("train", "steps", train.steps);
+    f("train", "global_batch", train.global_batch);
+    f("train", "micro_batch", train.micro_batch);
+    f("train", "device", train.device);
+    f("train", "seed", train.seed);
+    f("train", "log_every", train.log_every);
+    f("train", "eval_every", train.eval_every);
+    f("train", "eval_steps", train.eval_steps);
+    f("train", "recompute", train.recompute);
+    f("parallel", "tp", parallel.tp);
+    f("parallel", "pp", parallel.pp);
+    f("parallel", "dp", parallel.dp);
+    f("parallel", "virtual_stages", parallel.virtual_stages);
+    f("parallel", "sequence_parallel", parallel.sequence_parallel);
+    f("parallel", "order", parallel.order);
+    f("parallel", "stage_layers", parallel.stage_layers);
+    f("comm", "timeout_s", comm.timeout_s);
+    f("comm", "backend", comm.backend);
+    f("comm", "nccl_env", comm.nccl_env);
+    f("checkpoint", "every", checkpoint.every);
+    f("checkpoint", "keep_last", checkpoint.keep_last);
+    f("checkpoint", "keep_every", checkpoint.keep_every);
+    f("checkpoint", "dir", checkpoint.dir);
+    f("checkpoint", "resume", checkpoint.resume);
+  }
+  template <class F>
+  void visit(F&& f) const { const_cast<Config*>(this)->visit(f); }
+
+  // Throws an input error naming the key when keys disagree (d_model % heads, ...).
+  void validate() const;
+  // The vocabulary as the model holds it: vocab_size rounded up to a multiple of 128 x tp.
+  int64_t padded_vocab() const;
+  // Rows of the position table: model.positions, or seq_len when 0.
+  int64_t positions() const { return model.positions > 0 ? model.positions : model.seq_len; }
+  // Gradient-accumulation steps for one data-parallel replica.
+  int64_t accum_steps(int64_t dp) const { return train.global_batch / (train.micro_batch * dp); }
+};
+
+// Sections that are accepted but hold no keys yet (the driver and observability work).
+inline const char* const kReservedSections[] = {"fault", "observe"};
+
+// Reads `path`, applies `overrides` ("section.key=value"), binds and validates.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// The same from TOML text; `origin` names it in errors (a path, or "checkpoint metadata").
+Config parse_config(const std::string& toml_text, const std::string& origin,
+                    const std::vector<std::string>& overrides = {});
+// TOML text holding every key: parse_config(to_toml(c)) == c.
+std::string to_toml(const Config& c);
+
+}  // namespace myriad

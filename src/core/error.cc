@@ -1,0 +1,16 @@
+#include "core/error.h"
+
+namespace myriad {
+
+const char* class_name(ErrorClass c) {
+  switch (c) {
+    case ErrorClass::kInternal: return "internal error";
+    case ErrorClass::kInput: return "input error";
+    case ErrorClass::kRuntime: return "runtime fault";
+    case ErrorClass::kComm: return "communication fault";
+    case ErrorClass::kNumerics: return "numerics fault";
+  }
+  return "error";
+}
+
+}  // namespace myriad

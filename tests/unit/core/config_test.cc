@@ -1,0 +1,138 @@
+#include "core/config.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "core/error.h"
+
+using namespace myriad;
+
+namespace {
+
+// The message of the input error that `fn` throws; fails the test when it throws anything else.
+template <class F>
+std::string input_error(F fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.cls(), ErrorClass::kInput) << e.what();
+    std::string what = e.what();
+    EXPECT_EQ(what.find('\n'), std::string::npos) << "error must be one line: " << what;
+    return what;
+  }
+  ADD_FAILURE() << "no error thrown";
+  return "";
+}
+
+const char* kSmall = R"(
+[model]
+layers = 2
+d_model = 32
+heads = 4
+seq_len = 16
+)";
+
+}  // namespace
+
+TEST(Config, EveryPresetLoadsAndValidates) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(std::string(MYRIAD_SOURCE_DIR) + "/configs")) {
+    if (e.path().extension() != ".toml") continue;
+    EXPECT_NO_THROW(load_config(e.path().string())) << e.path();
+    ++n;
+  }
+  EXPECT_GE(n, 9);
+  Config demo = load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/demo.toml");
+  // The demo admits every layout the parallel tests use.
+  EXPECT_EQ(demo.model.layers % 8, 0);
+  EXPECT_EQ(demo.model.heads % 4, 0);
+  EXPECT_EQ(demo.train.global_batch % (2 * demo.train.micro_batch), 0);
+  EXPECT_EQ(demo.train.micro_batch % 4, 0);
+  EXPECT_EQ(demo.train.log_every, 1);
+  Config big = load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/gpt-175b.toml");
+  EXPECT_EQ(big.model.layers, 96);
+  EXPECT_EQ(big.model.d_model, 12288);
+  EXPECT_EQ(big.model.heads, 128);
+  EXPECT_EQ(big.model.vocab_size, 64000);
+}
+
+TEST(Config, ValuesAndOverrides) {
+  Config c = parse_config(kSmall, "small.toml",
+                          {"model.window=8", "optim.name=lamb", "data.train=data/x_train",
+                           "optim.lr=0.5", "parallel.stage_layers=[1, 1]", "parallel.pp=2",
+                           "comm.nccl_env.NCCL_IB_TIMEOUT=22", "model.bias=false"});
+  EXPECT_EQ(c.model.layers, 2);
+  EXPECT_EQ(c.model.window, 8);
+  EXPECT_EQ(c.optim.name, "lamb");
+  EXPECT_EQ(c.data.train, "data/x_train");
+  EXPECT_DOUBLE_EQ(c.optim.lr, 0.5);
+  EXPECT_EQ(c.parallel.stage_layers, (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(c.comm.nccl_env.at("NCCL_IB_TIMEOUT"), "22");
+  EXPECT_FALSE(c.model.bias);
+  // An integer is accepted where a number is expected.
+  EXPECT_DOUBLE_EQ(parse_config(kSmall, "x", {"optim.lr=1"}).optim.lr, 1.0);
+}
+
+TEST(Config, TomlRoundTrip) {
+  Config c = parse_config(kSmall, "small.toml", {"optim.lr=0.000123456789", "model.window=3",
+                                                 "comm.nccl_env.NCCL_DEBUG=WARN", "parallel.pp=2",
+                                                 "parallel.stage_layers=[2, 0]"});
+  Config d = parse_config(to_toml(c), "round trip");
+  EXPECT_EQ(to_toml(c), to_toml(d));
+  EXPECT_DOUBLE_EQ(d.optim.lr, 0.000123456789);
+  EXPECT_EQ(d.comm.nccl_env.at("NCCL_DEBUG"), "WARN");
+}
+
+TEST(Config, UnknownKeySuggestsNearest) {
+  std::string e = input_error([] { parse_config("[model]\nlayer = 3\n", "my.toml"); });
+  EXPECT_NE(e.find("my.toml"), std::string::npos) << e;
+  EXPECT_NE(e.find("model.layer"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'model.layers'"), std::string::npos) << e;
+  e = input_error([] { parse_config("[optimizer]\nlr = 3\n", "my.toml"); });
+  EXPECT_NE(e.find("unknown section [optimizer]"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'optim'"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "my.toml", {"train.step=3"}); });
+  EXPECT_NE(e.find("--set train.step=3"), std::string::npos) << e;
+  EXPECT_NE(e.find("'train.steps'"), std::string::npos) << e;
+  e = input_error([] { parse_config("[fault]\nx = 1\n", "my.toml"); });
+  EXPECT_NE(e.find("reserved"), std::string::npos) << e;
+}
+
+TEST(Config, WrongTypesNameTheKey) {
+  std::string e = input_error([] { parse_config("[model]\nlayers = \"eight\"\n", "my.toml"); });
+  EXPECT_NE(e.find("model.layers must be an integer, got a string"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "my.toml", {"model.bias=maybe"}); });
+  EXPECT_NE(e.find("--set model.bias=maybe"), std::string::npos) << e;
+  EXPECT_NE(e.find("true or false"), std::string::npos) << e;
+  e = input_error([] { parse_config("[model]\nlayers = 2.5\n", "my.toml"); });
+  EXPECT_NE(e.find("model.layers must be an integer"), std::string::npos) << e;
+  e = input_error([] { parse_config("[model\nlayers = 2\n", "broken.toml"); });
+  EXPECT_NE(e.find("broken.toml:1"), std::string::npos) << e;
+  e = input_error([] { load_config("/nonexistent/x.toml"); });
+  EXPECT_NE(e.find("/nonexistent/x.toml"), std::string::npos) << e;
+}
+
+TEST(Config, ImpossibleShapes) {
+  std::string e = input_error([] { parse_config(kSmall, "my.toml", {"model.d_model=30"}); });
+  EXPECT_NE(e.find("model.d_model (30) must be divisible by model.heads (4)"), std::string::npos) << e;
+  EXPECT_NE(e.find("my.toml"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "my.toml", {"model.window=-1"}); });
+  EXPECT_NE(e.find("model.window"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "my.toml", {"model.positions=8"}); });
+  EXPECT_NE(e.find("model.seq_len (16) exceeds model.positions (8)"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "my.toml", {"train.global_batch=10", "train.micro_batch=4"}); });
+  EXPECT_NE(e.find("train.global_batch (10) must be a multiple of train.micro_batch (4)"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "my.toml", {"parallel.tp=3"}); });
+  EXPECT_NE(e.find("model.heads (4) must be divisible by parallel.tp (3)"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "my.toml", {"optim.name=adam"}); });
+  EXPECT_NE(e.find("did you mean 'adamw'"), std::string::npos) << e;
+}
+
+TEST(Config, PaddedVocab) {
+  Config c = parse_config(kSmall, "x", {"model.vocab_size=50257"});
+  EXPECT_EQ(c.padded_vocab(), 50304);
+  c.parallel.tp = 4;
+  EXPECT_EQ(c.padded_vocab(), 50688);  // a multiple of 128 x 4
+  EXPECT_EQ(parse_config(kSmall, "x", {"model.vocab_size=256"}).padded_vocab(), 256);
+}
