@@ -1,0 +1,137 @@
+#include "data/loader.h"
+
+#include <numeric>
+#include <utility>
+
+#include "core/error.h"
+
+namespace myriad::data {
+
+int64_t num_samples(const IndexedDataset& data, int64_t seq_len) {
+  if (seq_len < 1) throw_input("seq_len ", seq_len, " must be at least 1");
+  const int64_t n = data.num_tokens() > 0 ? (data.num_tokens() - 1) / seq_len : 0;
+  if (n < 1)
+    throw_input(data.bin_path(), ": ", data.num_tokens(), " tokens make no sample of seq_len ",
+                seq_len, " (one needs ", seq_len + 1, " tokens)");
+  return n;
+}
+
+uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+std::vector<uint32_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch) {
+  std::vector<uint32_t> perm(static_cast<size_t>(n));
+  std::iota(perm.begin(), perm.end(), uint32_t{0});
+  // Two rounds of mixing so that nearby (seed, epoch) pairs give unrelated keys.
+  const uint64_t key =
+      mix64(mix64(seed) ^ mix64(static_cast<uint64_t>(epoch) + 0x5851F42D4C957F2Dull));
+  for (int64_t i = n - 1; i > 0; --i) {
+    const uint64_t r = mix64(key + static_cast<uint64_t>(i) * 0xD1B54A32D192ED03ull);
+    // Multiply-shift maps r onto [0, i] with a bias below 2^-32 for any n < 2^32.
+    const auto j = static_cast<int64_t>(
+        (static_cast<unsigned __int128>(r) * static_cast<uint64_t>(i + 1)) >> 64);
+    std::swap(perm[i], perm[j]);
+  }
+  return perm;
+}
+
+Sampler::Sampler(int64_t num_samples, uint64_t seed, bool shuffle)
+    : n_(num_samples), seed_(seed), shuffle_(shuffle) {
+  if (n_ < 1) throw_input("sampler: ", n_, " samples; at least one is needed");
+  if (n_ > int64_t{UINT32_MAX})
+    throw_input("sampler: ", n_,
+                " samples is more than the 2^32 - 1 supported: use a longer seq_len "
+                "or split the data");
+}
+
+const std::vector<uint32_t>& Sampler::permutation(int64_t epoch) {
+  auto it = perms_.find(epoch);
+  if (it != perms_.end()) return it->second;
+  while (perms_.size() >= 2) perms_.erase(perms_.begin());  // keep the newest epochs
+  return perms_.emplace(epoch, epoch_permutation(n_, seed_, epoch)).first->second;
+}
+
+int64_t Sampler::sample(int64_t k) {
+  MYRIAD_CHECK(k >= 0, "sample number ", k);
+  const int64_t i = k % n_;
+  return shuffle_ ? permutation(k / n_)[i] : i;
+}
+
+BatchLoader::BatchLoader(const IndexedDataset& data, int64_t seq_len, int64_t seed, bool shuffle,
+                         int64_t global_batch, int64_t slice_begin, int64_t slice_len,
+                         int64_t consumed)
+    : data_(data),
+      T_(seq_len),
+      seed_(seed),
+      shuffle_(shuffle),
+      global_batch_(global_batch),
+      slice_begin_(slice_begin),
+      slice_len_(slice_len),
+      num_samples_(data::num_samples(data, seq_len)),
+      consumed_(consumed) {
+  if (global_batch < 1) throw_input("global batch ", global_batch, " must be at least 1");
+  if (slice_begin < 0 || slice_len < 1 || slice_begin + slice_len > global_batch)
+    throw_input("batch slice [", slice_begin, ", ", slice_begin + slice_len,
+                ") is not a non-empty part of the global batch of ", global_batch);
+  if (consumed < 0) throw_input("consumed samples ", consumed, " is negative");
+  Sampler probe(num_samples_, static_cast<uint64_t>(seed), shuffle);  // validates the size now
+  worker_ = std::thread([this, consumed] { run(consumed); });
+}
+
+BatchLoader::~BatchLoader() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+Batch BatchLoader::build(Sampler& sampler, int64_t first) const {
+  Batch b;
+  b.B = slice_len_;
+  b.T = T_;
+  b.first_sample = first;
+  b.tokens.resize(static_cast<size_t>(slice_len_ * (T_ + 1)));
+  for (int64_t r = 0; r < slice_len_; ++r) {
+    const int64_t s = sampler.sample(first + slice_begin_ + r);
+    data_.read(s * T_, T_ + 1, b.tokens.data() + r * (T_ + 1));
+  }
+  return b;
+}
+
+void BatchLoader::run(int64_t first) {
+  try {
+    Sampler sampler(num_samples_, static_cast<uint64_t>(seed_), shuffle_);
+    for (int64_t k = first;; k += global_batch_) {
+      Batch b = build(sampler, k);
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !ready_; });
+      if (stop_) return;
+      ready_ = std::move(b);
+      cv_.notify_all();
+    }
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = std::current_exception();
+    cv_.notify_all();
+  }
+}
+
+Batch BatchLoader::next() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return ready_ || error_; });
+  if (!ready_) std::rethrow_exception(error_);
+  Batch b = std::move(*ready_);
+  ready_.reset();
+  lock.unlock();
+  cv_.notify_all();
+  consumed_ += global_batch_;
+  return b;
+}
+
+}  // namespace myriad::data

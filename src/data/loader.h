@@ -1,0 +1,103 @@
+// Training samples from a token file: a deterministic, resumable order and a prefetching
+// batch loader.
+//
+// A token stream of N tokens and sequence length T holds (N - 1) / T samples; sample s is the
+// tokens [s*T, s*T + T + 1): T inputs and, shifted by one, their T targets. The order of samples
+// depends only on (seed, number of samples consumed), so a run that restarts from a checkpoint
+// with its `consumed` count sees exactly the batches it would have seen without the restart.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "data/indexed_dataset.h"
+
+namespace myriad::data {
+
+// (num_tokens - 1) / seq_len; an input error naming the file and T when it is below one.
+int64_t num_samples(const IndexedDataset& data, int64_t seq_len);
+
+// The counter-based generator behind the shuffle: a splitmix64 finalizer of the input.
+uint64_t mix64(uint64_t x);
+// Epoch `epoch`'s permutation of [0, n): a Fisher-Yates shuffle whose i-th draw is
+// mix64 of a key of (seed, epoch) and i, so it is the same on every machine and every run.
+std::vector<uint32_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch);
+
+// Global sample number k -> sample index. k is read as epoch e = k / n, position i = k % n,
+// and maps to perm_e(i) (identity without shuffle). Each epoch's permutation is computed once
+// and the last two are kept (a batch may straddle an epoch boundary).
+// Not thread-safe (the cache); one Sampler per thread.
+class Sampler {
+ public:
+  // n < 2^32 samples (an input error otherwise).
+  Sampler(int64_t num_samples, uint64_t seed, bool shuffle);
+  int64_t sample(int64_t k);
+  int64_t num_samples() const { return n_; }
+
+ private:
+  const std::vector<uint32_t>& permutation(int64_t epoch);
+
+  int64_t n_;
+  uint64_t seed_;
+  bool shuffle_;
+  std::map<int64_t, std::vector<uint32_t>> perms_;  // epoch -> [n]
+};
+
+struct Batch {
+  int64_t B = 0;  // rows: this process's slice of the global batch
+  int64_t T = 0;  // sequence length
+  // [B, T + 1] row-major; row b's inputs are tokens[b][0, T) and its targets tokens[b][1, T].
+  std::vector<int32_t> tokens;
+  int64_t first_sample = 0;  // global sample number where this step's global batch starts
+};
+
+// Yields, step after step, this process's share of each global batch: a step takes the
+// global_batch samples numbered [consumed, consumed + global_batch) and this process reads
+// those at [slice_begin, slice_begin + slice_len) of them (a data-parallel rank's rows; one
+// process: 0, global_batch). A background thread builds the next batch while the caller's step
+// runs. `data` must outlive the loader. next() and consumed() are for one caller thread.
+class BatchLoader {
+ public:
+  BatchLoader(const IndexedDataset& data, int64_t seq_len, int64_t seed, bool shuffle,
+              int64_t global_batch, int64_t slice_begin, int64_t slice_len, int64_t consumed);
+  // Stops and joins the thread (waiting at most for the batch it is building).
+  ~BatchLoader();
+  BatchLoader(const BatchLoader&) = delete;
+  BatchLoader& operator=(const BatchLoader&) = delete;
+
+  // The next step's batch; rethrows an exception raised while building it.
+  Batch next();
+  // Samples taken through next(), i.e. the `consumed` to resume after the last step taken:
+  // prefetched batches do not count.
+  int64_t consumed() const { return consumed_; }
+  int64_t num_samples() const { return num_samples_; }
+  // Fractional epochs consumed.
+  double epoch() const {
+    return static_cast<double>(consumed_) / static_cast<double>(num_samples_);
+  }
+
+ private:
+  void run(int64_t first);
+  Batch build(Sampler& sampler, int64_t first) const;
+
+  const IndexedDataset& data_;
+  int64_t T_, seed_;
+  bool shuffle_;
+  int64_t global_batch_, slice_begin_, slice_len_, num_samples_;
+  int64_t consumed_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<Batch> ready_;  // the prefetched batch, guarded by mu_
+  std::exception_ptr error_;    // guarded by mu_
+  bool stop_ = false;           // guarded by mu_
+  std::thread worker_;
+};
+
+}  // namespace myriad::data

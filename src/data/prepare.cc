@@ -1,0 +1,152 @@
+#include "data/prepare.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "data/indexed_dataset.h"
+#include "data/tokenizer.h"
+
+namespace myriad::data {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool blank(std::string_view s) {
+  return s.find_first_not_of(" \t\n\r\v\f") == std::string_view::npos;
+}
+
+using DocFn = std::function<void(std::string_view)>;
+
+std::ifstream open_input(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw_input("prepare: cannot read input ", path);
+  return in;
+}
+
+void check_read(const std::ifstream& in, const std::string& path) {
+  if (in.bad()) throw_runtime("prepare: error reading ", path);
+}
+
+// Megatron-style JSON lines: each non-blank line is an object whose "text" is a document.
+void jsonl_documents(const std::string& path, const DocFn& doc) {
+  std::ifstream in = open_input(path);
+  std::string line;
+  for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
+    if (blank(line)) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      throw_input(path, ":", lineno, ": invalid JSON: ", e.what());
+    }
+    if (!j.is_object() || !j.contains("text") || !j["text"].is_string())
+      throw_input(path, ":", lineno, ": expected an object with a string field \"text\"");
+    doc(j["text"].get_ref<const std::string&>());
+  }
+  check_read(in, path);
+}
+
+// Plain text: documents end at lines equal to `separator` (the line itself is dropped); every
+// other byte, newlines included, is kept as it is.
+void text_documents(const std::string& path, const std::string& separator, const DocFn& doc) {
+  std::ifstream in = open_input(path);
+  if (separator.empty()) {
+    std::ostringstream os;
+    os << in.rdbuf();
+    check_read(in, path);
+    doc(os.str());
+    return;
+  }
+  std::string line, current;
+  while (std::getline(in, line)) {
+    const bool newline = !in.eof();
+    std::string_view bare = line;
+    if (!bare.empty() && bare.back() == '\r') bare.remove_suffix(1);  // CRLF files
+    if (bare == separator) {
+      doc(current);
+      current.clear();
+      continue;
+    }
+    current += line;
+    if (newline) current += '\n';
+  }
+  check_read(in, path);
+  doc(current);
+}
+
+}  // namespace
+
+PrepareStats prepare(const PrepareOptions& o) {
+  const auto start = std::chrono::steady_clock::now();
+  if (o.inputs.empty()) throw_input("prepare: no input files");
+  if (o.output_prefix.empty()) throw_input("prepare: no output prefix");
+  if (!(o.valid_fraction >= 0 && o.valid_fraction <= 0.5))
+    throw_input("prepare: valid_fraction ", o.valid_fraction, " is outside [0, 0.5]");
+  PrepareStats stats;
+  for (const auto& path : o.inputs) {
+    std::error_code ec;
+    const auto st = std::filesystem::status(path, ec);
+    if (!std::filesystem::exists(st)) throw_input("prepare: input ", path, " does not exist");
+    if (!std::filesystem::is_regular_file(st))
+      throw_input("prepare: input ", path, " is not a file");
+    stats.input_bytes += static_cast<int64_t>(std::filesystem::file_size(path, ec));
+  }
+  const auto tok = make_tokenizer(o.tokenizer);
+
+  // Document j (counted over all inputs, empty ones excluded) goes to valid when j % k == k - 1.
+  const int64_t every = o.valid_fraction > 0 ? std::llround(1.0 / o.valid_fraction) : 0;
+  std::vector<std::unique_ptr<IndexedDatasetWriter>> out;
+  std::vector<std::string> prefixes;
+  if (every > 0) {
+    prefixes = {o.output_prefix + "_train", o.output_prefix + "_valid"};
+  } else {
+    prefixes = {o.output_prefix};
+  }
+  for (const auto& p : prefixes)
+    out.push_back(
+        std::make_unique<IndexedDatasetWriter>(p, tok->vocab_size(), tok->name(), tok->eot()));
+
+  int64_t j = 0;
+  const DocFn add = [&](std::string_view text) {
+    if (blank(text)) {
+      if (!text.empty()) ++stats.skipped;
+      return;
+    }
+    std::vector<int32_t> ids = tok->encode(text);
+    ids.push_back(tok->eot());
+    const size_t split = (every > 0 && j % every == every - 1) ? 1 : 0;
+    out[split]->add_document(ids);
+    ++j;
+  };
+  for (const auto& path : o.inputs) {
+    if (ends_with(path, ".jsonl"))
+      jsonl_documents(path, add);
+    else
+      text_documents(path, o.doc_separator, add);
+  }
+  for (size_t s = 0; s < out.size(); ++s)
+    if (out[s]->documents() == 0)
+      throw_input("prepare: no documents for ", prefixes[s], " (", j, " documents in all",
+                  every > 0 ? cat(", every ", every, "th to validation") : std::string(),
+                  "): give more input", every > 0 ? " or a larger valid_fraction" : "");
+  for (size_t s = 0; s < out.size(); ++s) {
+    out[s]->finish();
+    stats.splits.push_back({prefixes[s], out[s]->documents(), out[s]->tokens()});
+    stats.documents += out[s]->documents();
+    stats.tokens += out[s]->tokens();
+  }
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return stats;
+}
+
+}  // namespace myriad::data

@@ -1,0 +1,45 @@
+// prepare: text files -> token files (MMIDIDX, see indexed_dataset.h) for training.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace myriad::data {
+
+struct PrepareOptions {
+  // Files ending in .jsonl hold one JSON object per line whose "text" field is a document
+  // (Megatron-LM's preprocessing input); any other file is plain text.
+  std::vector<std::string> inputs;
+  std::string tokenizer;      // a make_tokenizer name: "byte" or "gpt2"
+  std::string output_prefix;  // writes PREFIX.{bin,idx,json}, or PREFIX_train.* and PREFIX_valid.*
+  // With 0 < valid_fraction <= 0.5, every k-th document (k = round(1 / valid_fraction)), counted
+  // across all inputs in order, goes to PREFIX_valid and the rest to PREFIX_train.
+  double valid_fraction = 0;
+  // In plain-text inputs, a line equal to this (e.g. "%" in fortune files) ends a document;
+  // when empty, each file is one document.
+  std::string doc_separator;
+};
+
+struct SplitStats {
+  std::string prefix;  // where the split was written
+  int64_t documents = 0;
+  int64_t tokens = 0;  // including one eot per document
+};
+
+struct PrepareStats {
+  std::vector<SplitStats> splits;  // {train, valid} with a valid fraction, else the one output
+  int64_t documents = 0;           // over all splits
+  int64_t tokens = 0;
+  int64_t skipped = 0;  // empty or whitespace-only documents, not written
+  int64_t input_bytes = 0;
+  double seconds = 0;
+};
+
+// Tokenizes every document, appends the tokenizer's eot after each, and writes the splits
+// (output directories are created; each file appears under its final name only when complete).
+// Input errors: a missing or unreadable input (named), malformed JSON lines (file:line), an
+// unknown tokenizer, a valid_fraction outside [0, 0.5], a split left empty.
+PrepareStats prepare(const PrepareOptions& options);
+
+}  // namespace myriad::data

@@ -1,0 +1,58 @@
+#include "data/tokenizer.h"
+
+#include <cstdlib>
+
+#include "core/error.h"
+#include "core/text.h"
+
+namespace myriad::data {
+namespace {
+
+class ByteTokenizer final : public Tokenizer {
+ public:
+  std::string name() const override { return "byte"; }
+  int64_t vocab_size() const override { return 256; }
+  int32_t eot() const override { return 0; }
+
+  std::vector<int32_t> encode(std::string_view text) const override {
+    std::vector<int32_t> ids(text.size());
+    for (size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);
+    return ids;
+  }
+
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    std::string out(ids.size(), '\0');
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] < 0 || ids[i] > 255)
+        throw_input("byte tokenizer: token id ", ids[i], " at position ", i,
+                    " is outside [0, 256)");
+      out[i] = static_cast<char>(ids[i]);
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+std::vector<std::string> tokenizer_names() { return {"byte", "gpt2"}; }
+
+std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
+
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name) {
+  if (name == "byte") return make_byte_tokenizer();
+  if (name == "gpt2") return make_gpt2_tokenizer(gpt2_dir());
+  const auto names = tokenizer_names();
+  throw_input("unknown tokenizer '", name, "'", did_you_mean(name, names),
+              ": choose one of byte, gpt2");
+}
+
+std::string gpt2_dir() {
+  const char* cache = std::getenv("MYRIAD_CACHE");
+  if (cache && *cache) return std::string(cache) + "/gpt2";
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  if (xdg && *xdg) return std::string(xdg) + "/myriad/gpt2";
+  const char* home = std::getenv("HOME");
+  return std::string(home && *home ? home : ".") + "/.cache/myriad/gpt2";
+}
+
+}  // namespace myriad::data

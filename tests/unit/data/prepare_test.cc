@@ -1,0 +1,156 @@
+#include "data/prepare.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "data/indexed_dataset.h"
+#include "data/tokenizer.h"
+#include "data_test_util.h"
+
+using namespace myriad;
+using namespace myriad::data;
+using myriad::data::test_util::input_error;
+using myriad::data::test_util::read_file;
+using myriad::data::test_util::TempDir;
+using myriad::data::test_util::write_file;
+
+namespace {
+
+// The documents of a prepared file: its token stream cut after each eot, decoded.
+std::vector<std::string> documents(const IndexedDataset& d, const Tokenizer& tok) {
+  const auto ids = d.read(0, d.num_tokens());
+  EXPECT_TRUE(!ids.empty() && ids.back() == tok.eot()) << "the stream must end with eot";
+  std::vector<std::string> docs;
+  std::vector<int32_t> cur;
+  for (const int32_t id : ids) {
+    if (id == tok.eot()) {
+      docs.push_back(tok.decode(cur));
+      cur.clear();
+    } else {
+      cur.push_back(id);
+    }
+  }
+  return docs;
+}
+
+// Fortune-style: entries separated by lines "%", including empty and blank entries.
+std::string fortune_file(int entries, std::vector<std::string>& expected) {
+  std::string text;
+  for (int i = 0; i < entries; ++i) {
+    std::string entry = "Fortune number " + std::to_string(i) + ".\n";
+    if (i % 3 == 0) entry += "\tA second line, 100% true.\n";
+    text += entry + "%\n";
+    expected.push_back(entry);
+    if (i % 7 == 0) text += "%\n";       // an empty entry
+    if (i % 11 == 0) text += "  \n%\n";  // a blank one
+  }
+  return text;
+}
+
+}  // namespace
+
+TEST(Prepare, FortunesWithValidationSplit) {
+  TempDir dir;
+  std::vector<std::string> expected;
+  write_file(dir / "a.txt", fortune_file(30, expected));
+  write_file(dir / "b.txt", "%\nlast file, first entry\n%\nno newline at the end");
+  expected.push_back("last file, first entry\n");
+  expected.push_back("no newline at the end");
+
+  PrepareOptions o;
+  o.inputs = {dir / "a.txt", dir / "b.txt"};
+  o.tokenizer = "byte";
+  o.output_prefix = dir / "out/fortunes";
+  o.valid_fraction = 0.25;
+  o.doc_separator = "%";
+  const PrepareStats st = prepare(o);
+  ASSERT_EQ(st.splits.size(), 2u);
+  EXPECT_EQ(st.documents, 32);
+  EXPECT_EQ(st.splits[0].prefix, dir / "out/fortunes_train");
+  EXPECT_EQ(st.splits[1].prefix, dir / "out/fortunes_valid");
+  EXPECT_EQ(st.splits[1].documents, 8);  // every 4th of 32
+  EXPECT_EQ(st.splits[0].documents, 24);
+  EXPECT_EQ(st.skipped, 3);  // the blank entries; empty ones are not even documents
+  EXPECT_GE(st.seconds, 0.0);
+
+  auto tok = make_tokenizer("byte");
+  IndexedDataset train(dir / "out/fortunes_train", 256), valid(dir / "out/fortunes_valid", 256);
+  EXPECT_EQ(train.tokenizer(), "byte");
+  EXPECT_EQ(train.num_documents(), 24);
+  EXPECT_EQ(train.num_tokens(), st.splits[0].tokens);
+  const auto tdocs = documents(train, *tok), vdocs = documents(valid, *tok);
+  // Every document ends with exactly one eot, at its sequence's end.
+  for (int64_t s = 0; s < train.num_sequences(); ++s) {
+    const auto seq = train.read(train.sequence_start(s), train.sequence_length(s));
+    EXPECT_EQ(std::count(seq.begin(), seq.end(), 0), 1);
+    EXPECT_EQ(seq.back(), 0);
+  }
+  // Disjoint and covering, in a deterministic interleaving: document j is valid iff j % 4 == 3.
+  ASSERT_EQ(tdocs.size() + vdocs.size(), expected.size());
+  size_t ti = 0, vi = 0;
+  for (size_t j = 0; j < expected.size(); ++j)
+    EXPECT_EQ(j % 4 == 3 ? vdocs[vi++] : tdocs[ti++], expected[j]) << "document " << j;
+  EXPECT_FALSE(std::filesystem::exists(dir / "out/fortunes.bin"));
+  for (const auto& e : std::filesystem::directory_iterator(dir / "out"))
+    EXPECT_NE(e.path().extension(), ".tmp") << e.path();
+}
+
+TEST(Prepare, WholeFilesAndJsonLines) {
+  TempDir dir;
+  write_file(dir / "one.txt", "Hello world\n%\nstill the same document\n");
+  write_file(dir / "empty.txt", "");
+  write_file(dir / "docs.jsonl",
+             "{\"text\": \"first doc\", \"id\": 1}\n\n{\"text\": \"caf\\u00e9 \\n "
+             "second\"}\n{\"text\": \"\"}\n");
+  PrepareOptions o;
+  o.inputs = {dir / "one.txt", dir / "empty.txt", dir / "docs.jsonl"};
+  o.tokenizer = "gpt2";
+  o.output_prefix = dir / "all";
+  const auto st = prepare(o);
+  ASSERT_EQ(st.splits.size(), 1u);
+  EXPECT_EQ(st.splits[0].prefix, dir / "all");
+  EXPECT_EQ(st.documents, 3);
+  auto tok = make_tokenizer("gpt2");
+  IndexedDataset d(dir / "all", tok->vocab_size());
+  EXPECT_EQ(d.tokenizer(), "gpt2");
+  EXPECT_EQ(d.info().eot, 50256);
+  std::vector<int32_t> want;
+  for (const std::string s :
+       {"Hello world\n%\nstill the same document\n", "first doc", "café \n second"}) {
+    const auto ids = tok->encode(s);
+    want.insert(want.end(), ids.begin(), ids.end());
+    want.push_back(50256);
+  }
+  EXPECT_EQ(d.read(0, d.num_tokens()), want);
+}
+
+TEST(Prepare, InputErrors) {
+  TempDir dir;
+  PrepareOptions o;
+  o.inputs = {dir / "missing.txt"};
+  o.tokenizer = "byte";
+  o.output_prefix = dir / "x";
+  EXPECT_NE(input_error([&] { prepare(o); }).find(dir / "missing.txt"), std::string::npos);
+
+  write_file(dir / "bad.jsonl", "{\"text\": \"ok\"}\n{\"txt\": \"no\"}\n");
+  o.inputs = {dir / "bad.jsonl"};
+  EXPECT_NE(input_error([&] { prepare(o); }).find(dir / "bad.jsonl:2"), std::string::npos);
+
+  write_file(dir / "t.txt", "a\n%\nb\n");
+  o.inputs = {dir / "t.txt"};
+  o.tokenizer = "bpe";
+  EXPECT_NE(input_error([&] { prepare(o); }).find("bpe"), std::string::npos);
+  o.tokenizer = "byte";
+  o.valid_fraction = 0.9;
+  input_error([&] { prepare(o); });
+  o.valid_fraction = 0.1;  // two documents: nothing would go to validation
+  o.doc_separator = "%";
+  EXPECT_NE(input_error([&] { prepare(o); }).find("_valid"), std::string::npos);
+  EXPECT_TRUE(std::filesystem::exists(dir / "t.txt"));
+  for (const auto& e : std::filesystem::directory_iterator(dir.path()))  // nothing half-written
+    EXPECT_TRUE(e.path().extension() == ".txt" || e.path().extension() == ".jsonl") << e.path();
+}
