@@ -1,0 +1,278 @@
+#include "checkpoint/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/fault.h"
+#include "core/log.h"
+
+namespace fs = std::filesystem;
+
+namespace myriad::checkpoint {
+namespace {
+
+constexpr const char* kFormat = "myriad-checkpoint";
+constexpr int kVersion = 1;
+constexpr const char* kCommitMarker = "COMMITTED";
+constexpr const char* kShardFile = "shard_00000.bin";  // one file per process; rank 0 today
+
+uint32_t crc32_of(const void* data, size_t bytes) {
+  return static_cast<uint32_t>(crc32_z(0L, static_cast<const Bytef*>(data), bytes));
+}
+
+class File {
+ public:
+  File(const std::string& path, int flags) : path_(path), fd_(::open(path.c_str(), flags | O_CLOEXEC, 0644)) {
+    if (fd_ < 0) throw_runtime("checkpoint: cannot open ", path, ": ", std::strerror(errno));
+  }
+  ~File() { if (fd_ >= 0) ::close(fd_); }
+  void write_all(const void* data, size_t bytes) {
+    const char* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+      ssize_t n = ::write(fd_, p, std::min<size_t>(bytes, 1 << 30));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw_runtime("checkpoint: write to ", path_, " failed: ", std::strerror(errno));
+      p += n, bytes -= n;
+    }
+  }
+  void read_at(void* data, size_t bytes, int64_t offset) {
+    char* p = static_cast<char*>(data);
+    while (bytes > 0) {
+      ssize_t n = ::pread(fd_, p, bytes, offset);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw_runtime("checkpoint: read of ", path_, " failed: ", std::strerror(errno));
+      if (n == 0) throw_input("checkpoint ", path_, ": file is truncated; use an earlier checkpoint");
+      p += n, bytes -= n, offset += n;
+    }
+  }
+  void sync() {
+    if (::fsync(fd_) != 0) throw_runtime("checkpoint: fsync of ", path_, " failed: ", std::strerror(errno));
+  }
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
+void write_text(const std::string& path, const std::string& text) {
+  File f(path, O_WRONLY | O_CREAT | O_TRUNC);
+  f.write_all(text.data(), text.size());
+  f.sync();
+}
+
+void sync_dir(const std::string& dir) { File(dir, O_RDONLY | O_DIRECTORY).sync(); }
+
+bool is_step_dir(const fs::path& p) {
+  const std::string n = p.filename().string();
+  return n.size() == 13 && n.rfind("step_", 0) == 0 &&
+         std::all_of(n.begin() + 5, n.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+bool committed(const fs::path& p) { return is_step_dir(p) && fs::exists(p / kCommitMarker); }
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// Copies the intersection of a stored piece (src at src_off, shape src_shape) and a requested
+// region (dst at dst_off, shape dst_shape), both inside the same global tensor.
+void copy_overlap(const float* src, const std::vector<int64_t>& src_off,
+                  const std::vector<int64_t>& src_shape, float* dst,
+                  const std::vector<int64_t>& dst_off, const std::vector<int64_t>& dst_shape,
+                  int64_t& copied) {
+  const size_t nd = dst_shape.size();
+  std::vector<int64_t> lo(nd), hi(nd);
+  for (size_t d = 0; d < nd; ++d) {
+    lo[d] = std::max(src_off[d], dst_off[d]);
+    hi[d] = std::min(src_off[d] + src_shape[d], dst_off[d] + dst_shape[d]);
+    if (lo[d] >= hi[d]) return;
+  }
+  // Walk every index of the overlap but the last dimension; copy runs along the last.
+  std::vector<int64_t> idx(lo);
+  const int64_t run = hi[nd - 1] - lo[nd - 1];
+  while (true) {
+    int64_t s = 0, t = 0;
+    for (size_t d = 0; d < nd; ++d) {
+      s = s * src_shape[d] + (idx[d] - src_off[d]);
+      t = t * dst_shape[d] + (idx[d] - dst_off[d]);
+    }
+    std::memcpy(dst + t, src + s, run * sizeof(float));
+    copied += run;
+    int d = static_cast<int>(nd) - 2;
+    for (; d >= 0; --d) {
+      if (++idx[d] < hi[d]) break;
+      idx[d] = lo[d];
+    }
+    if (d < 0) break;
+  }
+}
+
+}  // namespace
+
+int64_t Shard::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string step_dir_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string save(const std::string& root, int64_t step, nlohmann::json meta,
+                 const std::vector<Shard>& shards) {
+  const fs::path final_dir = fs::path(root) / step_dir_name(step);
+  const fs::path tmp = fs::path(root) / (step_dir_name(step) + ".partial-" + std::to_string(::getpid()));
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directories(tmp, ec) && ec)
+    throw_runtime("checkpoint: cannot create ", tmp.string(), ": ", ec.message());
+
+  nlohmann::json index = nlohmann::json::array();
+  {
+    File f((tmp / kShardFile).string(), O_WRONLY | O_CREAT | O_TRUNC);
+    int64_t offset = 0;
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const Shard& s = shards[i];
+      const size_t bytes = s.numel() * sizeof(float);
+      if (i == shards.size() / 2) fault::trigger("checkpoint_write");
+      f.write_all(s.data, bytes);
+      index.push_back({{"name", s.name},
+                       {"dtype", "f32"},
+                       {"global_shape", s.global_shape},
+                       {"pieces", {{{"file", kShardFile},
+                                    {"byte_offset", offset},
+                                    {"offset", s.offset},
+                                    {"shape", s.shape},
+                                    {"crc32", crc32_of(s.data, bytes)}}}}});
+      offset += bytes;
+    }
+    f.sync();
+  }
+  meta["format"] = kFormat;
+  meta["version"] = kVersion;
+  meta["step"] = step;
+  meta["tensors"] = index;
+  write_text((tmp / "meta.json").string(), meta.dump(1));
+  write_text((tmp / kCommitMarker).string(), "step " + std::to_string(step) + "\n");
+  sync_dir(tmp.string());
+
+  // Replace a committed checkpoint of the same step only now that the new one is complete.
+  const fs::path old = fs::path(root) / (step_dir_name(step) + ".replaced-" + std::to_string(::getpid()));
+  const bool had_old = fs::exists(final_dir);
+  if (had_old) fs::rename(final_dir, old);
+  fs::rename(tmp, final_dir);
+  sync_dir(root);
+  if (had_old) fs::remove_all(old, ec);
+  return final_dir.string();
+}
+
+std::optional<std::string> latest(const std::string& root) {
+  std::optional<std::string> best;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return best;
+  std::string best_name;
+  for (const auto& e : fs::directory_iterator(root)) {
+    if (!committed(e.path())) continue;
+    std::string name = e.path().filename().string();
+    if (name > best_name) best_name = name, best = e.path().string();
+  }
+  return best;
+}
+
+nlohmann::json read_meta(const std::string& dir) {
+  if (!fs::is_directory(dir))
+    throw_input("checkpoint ", dir, ": no such directory");
+  if (!fs::exists(fs::path(dir) / kCommitMarker))
+    throw_input("checkpoint ", dir, ": not committed (no ", kCommitMarker,
+                " marker: the save did not finish); use an earlier checkpoint");
+  std::ifstream in(fs::path(dir) / "meta.json");
+  if (!in) throw_input("checkpoint ", dir, ": missing meta.json");
+  nlohmann::json meta;
+  try {
+    meta = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw_input("checkpoint ", dir, "/meta.json: not valid JSON (", e.what(), "); use an earlier checkpoint");
+  }
+  if (meta.value("format", "") != kFormat || meta.value("version", 0) != kVersion)
+    throw_input("checkpoint ", dir, "/meta.json: not a ", kFormat, " version ", kVersion, " checkpoint");
+  return meta;
+}
+
+void load(const std::string& dir, const nlohmann::json& meta, const std::vector<Shard>& shards) {
+  try {
+    for (const Shard& want : shards) {
+      const nlohmann::json* entry = nullptr;
+      for (const auto& t : meta.at("tensors"))
+        if (t.at("name") == want.name) entry = &t;
+      if (!entry)
+        throw_input("checkpoint ", dir, ": has no tensor ", want.name,
+                    ": it was saved from a different model");
+      auto global = entry->at("global_shape").get<std::vector<int64_t>>();
+      if (global != want.global_shape)
+        throw_input("checkpoint ", dir, ": tensor ", want.name, " has shape ", shape_str(global),
+                    " but the model expects ", shape_str(want.global_shape),
+                    ": it was saved from a different model");
+      int64_t copied = 0;
+      for (const auto& piece : entry->at("pieces")) {
+        auto off = piece.at("offset").get<std::vector<int64_t>>();
+        auto shape = piece.at("shape").get<std::vector<int64_t>>();
+        int64_t n = 1;
+        for (int64_t d : shape) n *= d;
+        std::vector<float> buf(n);
+        const std::string file = (fs::path(dir) / piece.at("file").get<std::string>()).string();
+        File(file, O_RDONLY).read_at(buf.data(), n * sizeof(float), piece.at("byte_offset").get<int64_t>());
+        if (crc32_of(buf.data(), n * sizeof(float)) != piece.at("crc32").get<uint32_t>())
+          throw_input("checkpoint ", file, ": checksum mismatch in tensor ", want.name,
+                      ": the file is corrupt; use an earlier checkpoint");
+        copy_overlap(buf.data(), off, shape, want.data, want.offset, want.shape, copied);
+      }
+      if (copied != want.numel())
+        throw_input("checkpoint ", dir, ": tensor ", want.name, " does not cover the region ",
+                    shape_str(want.offset), "+", shape_str(want.shape));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw_input("checkpoint ", dir, "/meta.json: malformed tensor index (", e.what(), ")");
+  }
+}
+
+void prune(const std::string& root, int64_t keep_last, int64_t keep_every) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return;
+  std::vector<fs::path> done;
+  for (const auto& e : fs::directory_iterator(root)) {
+    const std::string name = e.path().filename().string();
+    if (name.find(".partial-") != std::string::npos || name.find(".replaced-") != std::string::npos) {
+      // Another live process would only own a partial save of a step we are not at; ours are
+      // renamed before prune runs. Leftovers are from failed saves.
+      fs::remove_all(e.path(), ec);
+    } else if (committed(e.path())) {
+      done.push_back(e.path());
+    }
+  }
+  if (keep_last <= 0) return;
+  std::sort(done.begin(), done.end());
+  for (size_t i = 0; i + keep_last < done.size(); ++i) {
+    const int64_t step = std::stoll(done[i].filename().string().substr(5));
+    if (keep_every > 0 && step % keep_every == 0) continue;
+    fs::remove_all(done[i], ec);
+    log::info("checkpoint: removed ", done[i].string(), " (checkpoint.keep_last = ", keep_last, ")");
+  }
+}
+
+}  // namespace myriad::checkpoint

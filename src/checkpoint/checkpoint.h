@@ -1,0 +1,57 @@
+// Checkpoints: a directory per step, tensors stored as shards with their global shapes and
+// offsets (so that a later layout can load what another layout saved), a checksum per shard,
+// and a commit marker written last.
+//
+//   ROOT/step_00000120/meta.json     format, step, config, data position, tensor index
+//   ROOT/step_00000120/shard_00000.bin   raw little-endian fp32 of this process's shards
+//   ROOT/step_00000120/COMMITTED     written after everything else is durable
+//
+// A save goes to ROOT/step_X.partial-<pid> first and is renamed into place only when complete,
+// so a failed or killed save never touches the committed checkpoints; only directories named
+// step_<8 digits> that hold COMMITTED are ever loaded. Errors about a checkpoint's content are
+// input errors naming the directory and the tensor; I/O failures are runtime faults.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace myriad::checkpoint {
+
+// A piece of a global tensor held by this process: shape `shape` at `offset` (per dimension)
+// inside `global_shape`, stored contiguously at `data`.
+struct Shard {
+  std::string name;                   // e.g. "model/h.0.attn.qkv.w", "optim/m/wte"
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> offset;
+  std::vector<int64_t> shape;
+  float* data = nullptr;
+  int64_t numel() const;
+};
+
+std::string step_dir_name(int64_t step);  // "step_00000120"
+
+// Writes `shards` and `meta` (any JSON object; "step", "format" and "tensors" are added) as the
+// committed checkpoint ROOT/step_<step>, replacing a committed one of the same step only once
+// the new one is complete. Returns the directory.
+std::string save(const std::string& root, int64_t step, nlohmann::json meta,
+                 const std::vector<Shard>& shards);
+
+// The committed checkpoint with the highest step under root, if any.
+std::optional<std::string> latest(const std::string& root);
+
+// Reads and checks DIR/meta.json of a committed checkpoint.
+nlohmann::json read_meta(const std::string& dir);
+
+// Fills each shard's data from the checkpoint: the tensor must exist with the same global
+// shape, the stored pieces must cover the requested region, and every piece read must pass
+// its checksum.
+void load(const std::string& dir, const nlohmann::json& meta, const std::vector<Shard>& shards);
+
+// Deletes committed checkpoints beyond the newest keep_last (0 = keep all), except those whose
+// step is a multiple of keep_every (> 0), and any abandoned partial saves.
+void prune(const std::string& root, int64_t keep_last, int64_t keep_every);
+
+}  // namespace myriad::checkpoint

@@ -1,0 +1,149 @@
+// `myriad`: the command line. The only place that turns errors into exit codes (README table).
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "cli/args.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/text.h"
+#include "data/prepare.h"
+#include "data/tokenizer.h"
+#include "runtime/generate.h"
+#include "runtime/trainer.h"
+
+namespace fs = std::filesystem;
+using namespace myriad;
+
+namespace {
+
+const char* kUsage = R"(myriad: train GPT-style language models
+
+usage:
+  myriad train   --config FILE [--set section.key=value]... [--run-dir DIR] [--resume auto|none|DIR]
+  myriad prepare --input FILE [--input FILE]... --tokenizer byte|gpt2 --output PREFIX
+                 [--valid-fraction F] [--doc-separator LINE]
+  myriad sample  --checkpoint DIR --prompt TEXT [--tokens N] [--temperature T] [--top-k K] [--seed S]
+  myriad bench   --config FILE [--set section.key=value]... [--steps N] [--warmup K]
+  myriad help
+
+exit codes: 0 success, 1 internal error, 2 bad input or config (do not retry),
+            3 runtime fault (retry), 4 communication fault, 5 numerics fault
+)";
+
+int cmd_train(int argc, char** argv) {
+  cli::Args args("train", argc, argv, {"config", "set", "run-dir", "resume"});
+  std::vector<std::string> sets = args.all("set");
+  if (args.has("resume")) sets.push_back("checkpoint.resume=" + args.get("resume"));
+  Config cfg = load_config(args.required("config"), sets);
+  std::string run_dir = args.get("run-dir");
+  if (run_dir.empty()) run_dir = (fs::path("runs") / fs::path(args.get("config")).stem()).string();
+  log::info("run directory: ", run_dir);
+  Trainer trainer(cfg, run_dir);
+  trainer.run();
+  return 0;
+}
+
+int cmd_prepare(int argc, char** argv) {
+  cli::Args args("prepare", argc, argv,
+                 {"input", "tokenizer", "output", "valid-fraction", "doc-separator"});
+  data::PrepareOptions opt;
+  opt.inputs = args.all("input");
+  if (opt.inputs.empty()) throw_input("myriad prepare: --input is required; see myriad help");
+  opt.tokenizer = args.get("tokenizer", "byte");
+  opt.output_prefix = args.required("output");
+  opt.valid_fraction = args.get_double("valid-fraction", 0.0);
+  if (opt.valid_fraction < 0 || opt.valid_fraction >= 1)
+    throw_input("myriad prepare: --valid-fraction must be in [0, 1), got ", opt.valid_fraction);
+  opt.doc_separator = args.get("doc-separator");
+  data::PrepareStats st = data::prepare(opt);
+  for (const auto& split : st.splits)
+    log::info("prepare: ", split.prefix, ": ", split.documents, " documents, ", split.tokens, " tokens");
+  log::info("prepare: ", st.input_bytes, " input bytes in ", st.seconds, " s (", st.skipped,
+            " empty documents skipped)");
+  return 0;
+}
+
+int cmd_sample(int argc, char** argv) {
+  cli::Args args("sample", argc, argv, {"checkpoint", "prompt", "tokens", "temperature", "top-k", "seed"});
+  LoadedModel m = load_for_inference(args.required("checkpoint"));
+  auto tok = data::make_tokenizer(m.cfg.data.tokenizer);
+  SampleOptions opt;
+  opt.tokens = args.get_int("tokens", 200);
+  opt.temperature = args.get_double("temperature", 0.8);
+  opt.top_k = args.get_int("top-k", 40);
+  opt.seed = args.get_int("seed", 0);
+  opt.stop = tok->eot();
+  if (opt.tokens < 0 || opt.top_k < 0 || opt.temperature < 0)
+    throw_input("myriad sample: --tokens, --top-k and --temperature must be 0 or more");
+  std::string prompt = args.required("prompt");
+  std::vector<int32_t> ids = tok->encode(prompt);
+  log::info("sample: ", m.dir, ", ", ids.size(), " prompt tokens");
+  std::vector<int32_t> out = generate(*m.model, m.cfg, ids, opt);
+  std::cout << prompt << tok->decode(out) << std::endl;
+  return 0;
+}
+
+// Training steps on fresh random tokens: the model and optimizer of a config, no data files.
+int cmd_bench(int argc, char** argv) {
+  cli::Args args("bench", argc, argv, {"config", "set", "steps", "warmup"});
+  Config cfg = load_config(args.required("config"), args.all("set"));
+  const int64_t steps = args.get_int("steps", 10), warmup = args.get_int("warmup", 2);
+  Gpt model(cfg);
+  auto optimizer = make_optimizer(cfg.optim, model.layout());
+  const int64_t G = cfg.train.global_batch, T = cfg.model.seq_len;
+  std::vector<int32_t> tokens(G * (T + 1));
+  std::mt19937 gen(1234);
+  std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(cfg.model.vocab_size - 1));
+  std::vector<double> ms;
+  for (int64_t s = 0; s < warmup + steps; ++s) {
+    for (auto& t : tokens) t = dist(gen);
+    auto t0 = std::chrono::steady_clock::now();
+    train_step(model, *optimizer, cfg, tokens.data(), s + 1);
+    double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (s >= warmup) ms.push_back(dt);
+  }
+  std::sort(ms.begin(), ms.end());
+  const double median = ms[ms.size() / 2], tps = G * T / (median / 1e3);
+  nlohmann::json r = {{"impl", "myriad-cpu"}, {"threads", omp_get_max_threads()},
+                      {"tokens_per_s", tps}, {"step_ms_median", median},
+                      {"params", model.num_params()},
+                      {"model_tflops_per_s", tps * model.flops_per_token() / 1e12}};
+  std::cout << r.dump() << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> commands = {"train", "prepare", "sample", "bench", "help"};
+  if (argc < 2 || std::string(argv[1]) == "help" || std::string(argv[1]) == "--help" ||
+      std::string(argv[1]) == "-h") {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? exit_code(ErrorClass::kInput) : 0;
+  }
+  const std::string cmd = argv[1];
+  try {
+    if (cmd == "train") return cmd_train(argc - 2, argv + 2);
+    if (cmd == "prepare") return cmd_prepare(argc - 2, argv + 2);
+    if (cmd == "sample") return cmd_sample(argc - 2, argv + 2);
+    if (cmd == "bench") return cmd_bench(argc - 2, argv + 2);
+    throw_input("myriad: unknown command '", cmd, "'", did_you_mean(cmd, commands), "; see myriad help");
+  } catch (const Error& e) {
+    std::fprintf(stderr, "myriad: %s: %s\n", class_name(e.cls()), e.what());
+    return exit_code(e.cls());
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "myriad: runtime fault: out of memory\n");
+    return exit_code(ErrorClass::kRuntime);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "myriad: internal error: %s\n", e.what());
+    return exit_code(ErrorClass::kInternal);
+  }
+}

@@ -1,0 +1,19 @@
+// Fault injection for the fault tests (the leveldb Env idea, as one environment knob):
+// MYRIAD_INJECT_FAULT holds comma-separated "point:action" items, e.g.
+//   checkpoint_write:fail    a save fails halfway, as on a full disk (runtime fault)
+//   checkpoint_write:kill    the process is killed halfway through a save
+//   step:7:kill              the process is killed after step 7 completes (and its save, if any)
+// Unset in normal runs; reading it costs one getenv per check.
+#pragma once
+
+#include <string>
+
+namespace myriad::fault {
+
+// The action injected at `point` ("" when none), e.g. action("checkpoint_write") == "fail".
+std::string action(const std::string& point);
+
+// Carries out an action: "kill" raises SIGKILL, "fail" throws a runtime fault naming the point.
+void trigger(const std::string& point);
+
+}  // namespace myriad::fault

@@ -1,0 +1,75 @@
+#include "runtime/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+
+#include "checkpoint/checkpoint.h"
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace fs = std::filesystem;
+
+namespace myriad {
+
+LoadedModel load_for_inference(const std::string& path) {
+  std::string dir = path;
+  if (!fs::exists(fs::path(path) / "meta.json")) {
+    auto latest = checkpoint::latest(path);
+    if (!latest) latest = checkpoint::latest((fs::path(path) / "checkpoints").string());
+    if (!latest)
+      throw_input("checkpoint ", path, ": no committed checkpoint there (give a step_XXXXXXXX "
+                  "directory, a checkpoints/ directory or a run directory)");
+    dir = *latest;
+  }
+  nlohmann::json meta = checkpoint::read_meta(dir);
+  Config cfg = parse_config(meta.at("config").get<std::string>(), dir + "/meta.json",
+                            {"train.micro_batch=1", "train.global_batch=1"});
+  auto model = std::make_unique<Gpt>(cfg);
+  std::vector<checkpoint::Shard> shards;
+  for (const ParamSpec& p : model->layout().tensors())
+    shards.push_back({"model/" + p.name, p.shape, std::vector<int64_t>(p.shape.size(), 0), p.shape,
+                      model->params() + p.offset});
+  checkpoint::load(dir, meta, shards);
+  return {cfg, std::move(model), dir};
+}
+
+std::vector<int32_t> generate(Gpt& model, const Config& cfg, std::vector<int32_t> prompt,
+                              const SampleOptions& opt) {
+  if (prompt.empty()) throw_input("sample: the prompt encodes to no tokens");
+  const int64_t V = cfg.model.vocab_size, Vp = cfg.padded_vocab(), T = cfg.model.seq_len;
+  for (int32_t t : prompt)
+    if (t < 0 || t >= V) throw_input("sample: prompt token ", t, " is outside the vocabulary");
+  std::vector<float> logits(Vp);
+  std::vector<int32_t> out;
+  std::vector<int32_t> order(V);
+  std::vector<double> probs(V);
+  const uint64_t key = rng::key(static_cast<uint64_t>(opt.seed), rng::hash("sample"));
+  for (int64_t i = 0; i < opt.tokens; ++i) {
+    const int64_t n = std::min<int64_t>(T, prompt.size());
+    model.last_logits(prompt.data() + prompt.size() - n, 1, static_cast<int>(n), logits.data());
+    int32_t next;
+    if (opt.temperature <= 0) {
+      next = static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + V) - logits.begin());
+    } else {
+      std::iota(order.begin(), order.end(), 0);
+      const int64_t k = opt.top_k > 0 ? std::min<int64_t>(opt.top_k, V) : V;
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+      const double top = logits[order[0]];
+      double total = 0;
+      for (int64_t j = 0; j < k; ++j) total += probs[j] = std::exp((logits[order[j]] - top) / opt.temperature);
+      double u = rng::uniform(key, i) * total;
+      int64_t j = 0;
+      for (; j + 1 < k && u >= probs[j]; ++j) u -= probs[j];
+      next = order[j];
+    }
+    if (next == opt.stop) break;
+    out.push_back(next);
+    prompt.push_back(next);
+  }
+  return out;
+}
+
+}  // namespace myriad

@@ -1,0 +1,37 @@
+// Inference from a checkpoint: load the model, then sample tokens one at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "model/gpt.h"
+
+namespace myriad {
+
+struct LoadedModel {
+  Config cfg;
+  std::unique_ptr<Gpt> model;
+  std::string dir;  // the checkpoint directory actually loaded
+};
+
+// `path` is a checkpoint directory, or a directory holding checkpoints (a run's checkpoints/
+// or the run directory itself), in which case the latest committed one is used.
+LoadedModel load_for_inference(const std::string& path);
+
+struct SampleOptions {
+  int64_t tokens = 200;
+  double temperature = 0.8;  // 0 = greedy
+  int64_t top_k = 40;        // 0 = the whole vocabulary
+  int64_t seed = 0;
+  int32_t stop = -1;         // token that ends the sample (the tokenizer's end-of-text), -1 none
+};
+
+// Continues `prompt` (at least one token) and returns the new tokens only. The context is the
+// last seq_len tokens. Deterministic for a given seed.
+std::vector<int32_t> generate(Gpt& model, const Config& cfg, std::vector<int32_t> prompt,
+                              const SampleOptions& opt);
+
+}  // namespace myriad

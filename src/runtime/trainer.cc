@@ -1,0 +1,219 @@
+#include "runtime/trainer.h"
+
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "core/fault.h"
+#include "core/log.h"
+
+namespace fs = std::filesystem;
+
+namespace myriad {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string human_duration(double s) {
+  const int64_t t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600) return cat(t / 3600, "h", (t % 3600) / 60, "m");
+  if (t >= 60) return cat(t / 60, "m", t % 60, "s");
+  return cat(t, "s");
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+// The first [model] key whose value differs between two configs, as "key: a vs b", or "".
+std::string model_difference(const Config& saved, const Config& now) {
+  std::string diff;
+  Config a = saved, b = now;
+  std::vector<std::pair<std::string, std::string>> va, vb;
+  auto collect = [](std::vector<std::pair<std::string, std::string>>& out) {
+    return [&out](const char* s, const char* k, const auto& field) {
+      if (std::string(s) != "model" || std::string(k) == "seed") return;
+      using T = std::decay_t<decltype(field)>;
+      if constexpr (std::is_arithmetic_v<T>) out.emplace_back(cat(s, ".", k), cat(field));
+    };
+  };
+  a.visit(collect(va));
+  b.visit(collect(vb));
+  for (size_t i = 0; i < va.size(); ++i)
+    if (va[i].second != vb[i].second)
+      return cat(va[i].first, " = ", va[i].second, " in the checkpoint but ", vb[i].second,
+                 " in the config");
+  return "";
+}
+
+}  // namespace
+
+std::unique_ptr<data::IndexedDataset> Trainer::open_data(const std::string& prefix, const char* key) {
+  auto d = std::make_unique<data::IndexedDataset>(prefix, cfg_.model.vocab_size);
+  if (!d->tokenizer().empty() && d->tokenizer() != cfg_.data.tokenizer)
+    throw_input(prefix, ".json: ", key, " was prepared with the ", d->tokenizer(),
+                " tokenizer but data.tokenizer = \"", cfg_.data.tokenizer, "\"");
+  // Fewer than one sample is an input error naming the file.
+  data::num_samples(*d, cfg_.model.seq_len);
+  return d;
+}
+
+Trainer::Trainer(const Config& cfg, const std::string& run_dir) : cfg_(cfg), run_dir_(run_dir) {
+  if (cfg_.train.device == "cuda")
+    throw_input("config: train.device = \"cuda\": this build has no CUDA backend yet; use cpu or auto");
+  if (cfg_.parallel.tp * cfg_.parallel.pp * std::max<int64_t>(1, cfg_.parallel.dp) != 1)
+    throw_input("config: parallel.tp/pp/dp > 1 need the launcher (myriad launch), which this build "
+                "does not have yet; set them to 1");
+  if (cfg_.data.train.empty())
+    throw_input("config: data.train is empty: set it to a prefix made by `myriad prepare` "
+                "(--set data.train=PREFIX)");
+
+  train_data_ = open_data(cfg_.data.train, "data.train");
+  if (!cfg_.data.valid.empty()) valid_data_ = open_data(cfg_.data.valid, "data.valid");
+
+  model_ = std::make_unique<Gpt>(cfg_);
+  optimizer_ = make_optimizer(cfg_.optim, model_->layout());
+
+  fs::create_directories(fs::path(run_dir_) / "logs");
+  std::string resume = cfg_.checkpoint.resume;
+  if (resume == "auto") {
+    if (auto dir = checkpoint::latest(checkpoint_root())) resume_from(*dir);
+    else log::info("resume: no committed checkpoint under ", checkpoint_root(), ", starting fresh");
+  } else if (resume != "none") {
+    resume_from(resume);
+  }
+  {
+    std::ofstream out(fs::path(run_dir_) / "config.toml");
+    out << to_toml(cfg_);
+  }
+  metrics_ = std::make_unique<MetricsWriter>((fs::path(run_dir_) / "metrics.jsonl").string(), step_);
+  loader_ = std::make_unique<data::BatchLoader>(*train_data_, cfg_.model.seq_len, cfg_.train.seed,
+                                                /*shuffle=*/true, cfg_.train.global_batch, 0,
+                                                cfg_.train.global_batch, consumed_);
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::run() {
+  const TrainConfig& t = cfg_.train;
+  const double tokens_per_step = double(t.global_batch) * cfg_.model.seq_len;
+  log::info("model: ", model_->num_params(), " parameters (", cfg_.model.layers, " layers, d_model ",
+            cfg_.model.d_model, ", ", cfg_.model.heads, " heads, seq_len ", cfg_.model.seq_len,
+            ", vocab ", cfg_.model.vocab_size, " padded to ", cfg_.padded_vocab(), ")");
+  log::info("train: steps ", step_ + 1, "..", t.steps, ", ", t.global_batch, " sequences x ",
+            cfg_.model.seq_len, " tokens per step, micro-batch ", t.micro_batch, ", ",
+            omp_get_max_threads(), " threads, cpu, ", cfg_.optim.name);
+  double elapsed = 0;
+  int64_t timed = 0;
+  while (step_ < t.steps) {
+    const double t0 = now_s();
+    data::Batch batch = loader_->next();  // (global_batch, T+1)
+    StepResult r = train_step(*model_, *optimizer_, cfg_, batch.tokens.data(), step_ + 1);
+    ++step_;
+    consumed_ = loader_->consumed();
+    const double dt = now_s() - t0;
+    if (step_ > 1 || t.steps == 1) elapsed += dt, ++timed;  // the first step warms caches
+
+    nlohmann::json rec = {{"step", step_}, {"loss", r.loss}, {"lr", r.lr},
+                          {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_step / dt},
+                          {"step_ms", dt * 1e3}};
+    if (valid_data_ && t.eval_every > 0 && (step_ % t.eval_every == 0 || step_ == t.steps))
+      rec["val_loss"] = evaluate();
+    if (step_ % t.log_every == 0 || step_ == t.steps || rec.contains("val_loss")) {
+      metrics_->write(rec);
+      const double eta = timed ? elapsed / timed * (t.steps - step_) : 0;
+      log::info("step ", step_, "/", t.steps, " | loss ", fmt("%.4f", r.loss),
+                rec.contains("val_loss") ? " | val " + fmt("%.4f", rec["val_loss"].get<double>()) : "",
+                " | lr ", fmt("%.2e", r.lr), " | grad norm ", fmt("%.3f", r.grad_norm), " | ",
+                fmt("%.0f", tokens_per_step / dt), " tok/s | ETA ", human_duration(eta));
+    }
+    const int64_t every = cfg_.checkpoint.every;
+    if ((every > 0 && step_ % every == 0) || step_ == t.steps) save_checkpoint();
+    fault::trigger(cat("step:", step_));
+  }
+}
+
+StepResult train_step(Gpt& model, Optimizer& optimizer, const Config& cfg, const int32_t* tokens,
+                      int64_t step) {
+  const int64_t mb = cfg.train.micro_batch, T = cfg.model.seq_len;
+  const int64_t accum = cfg.accum_steps(1);
+  StepResult r;
+  model.zero_grads();
+  double loss_sum = 0;
+  for (int64_t i = 0; i < accum; ++i)
+    loss_sum += model.forward_backward(tokens + i * mb * (T + 1), mb, 1.0f / accum);
+  r.loss = static_cast<float>(loss_sum / accum);
+  if (!std::isfinite(r.loss))
+    throw Error(ErrorClass::kNumerics, cat("step ", step, ": loss is ", r.loss,
+                                           "; lower optim.lr or resume from an earlier checkpoint"));
+  r.grad_norm = clip_grad_norm(model.grads(), model.num_params(), cfg.optim.grad_clip);
+  r.lr = lr_at(cfg.optim, step - 1, cfg.train.steps);
+  optimizer.step(model.params(), model.grads(), r.lr);
+  return r;
+}
+
+float Trainer::evaluate() {
+  const int64_t mb = cfg_.train.micro_batch, T = cfg_.model.seq_len, G = cfg_.train.global_batch;
+  data::BatchLoader val(*valid_data_, T, cfg_.train.seed, /*shuffle=*/false, G, 0, G, 0);
+  double sum = 0;
+  int64_t n = 0;
+  for (int64_t s = 0; s < cfg_.train.eval_steps; ++s) {
+    data::Batch b = val.next();
+    for (int64_t i = 0; i < G / mb; ++i, ++n) sum += model_->loss(b.tokens.data() + i * mb * (T + 1), mb);
+  }
+  return static_cast<float>(sum / n);
+}
+
+std::string Trainer::checkpoint_root() const {
+  return cfg_.checkpoint.dir.empty() ? (fs::path(run_dir_) / "checkpoints").string() : cfg_.checkpoint.dir;
+}
+
+std::vector<checkpoint::Shard> Trainer::shards() {
+  std::vector<checkpoint::Shard> out;
+  auto add = [&](const std::string& prefix, float* base) {
+    for (const ParamSpec& p : model_->layout().tensors())
+      out.push_back({prefix + p.name, p.shape, std::vector<int64_t>(p.shape.size(), 0), p.shape,
+                     base + p.offset});
+  };
+  add("model/", model_->params());
+  add("optim/m/", optimizer_->m().data());
+  add("optim/v/", optimizer_->v().data());
+  return out;
+}
+
+void Trainer::save_checkpoint() {
+  nlohmann::json meta = {{"config", to_toml(cfg_)},
+                         {"data", {{"consumed", consumed_}, {"seed", cfg_.train.seed}}},
+                         {"optimizer", {{"name", cfg_.optim.name}, {"steps_taken", optimizer_->steps_taken()}}},
+                         {"tokenizer", cfg_.data.tokenizer}};
+  const double t0 = now_s();
+  std::string dir = checkpoint::save(checkpoint_root(), step_, meta, shards());
+  log::info("checkpoint: saved ", dir, " in ", fmt("%.2f", now_s() - t0), " s");
+  checkpoint::prune(checkpoint_root(), cfg_.checkpoint.keep_last, cfg_.checkpoint.keep_every);
+}
+
+void Trainer::resume_from(const std::string& dir) {
+  nlohmann::json meta = checkpoint::read_meta(dir);
+  Config saved = parse_config(meta.at("config").get<std::string>(), dir + "/meta.json");
+  if (std::string d = model_difference(saved, cfg_); !d.empty())
+    throw_input("checkpoint ", dir, " is from a different model: ", d,
+                "; resume with the checkpoint's model or use a new run directory");
+  if (saved.optim.name != cfg_.optim.name)
+    throw_input("checkpoint ", dir, " holds ", saved.optim.name, " state but optim.name = ",
+                cfg_.optim.name);
+  checkpoint::load(dir, meta, shards());
+  step_ = meta.at("step").get<int64_t>();
+  consumed_ = meta.at("data").at("consumed").get<int64_t>();
+  optimizer_->steps_taken() = meta.at("optimizer").at("steps_taken").get<int64_t>();
+  log::info("resume: ", dir, " (step ", step_, ", ", consumed_, " samples consumed)");
+}
+
+}  // namespace myriad

@@ -1,0 +1,68 @@
+// The Trainer: owns the model, the optimizer, the data loaders and the run directory, and runs
+// the step loop (Trainer::run) that reads top to bottom.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "checkpoint/checkpoint.h"
+#include "core/config.h"
+#include "data/loader.h"
+#include "model/gpt.h"
+#include "observe/metrics.h"
+#include "optim/optimizer.h"
+
+namespace myriad {
+
+struct StepResult {
+  float loss = 0;        // mean over the global batch's tokens
+  double grad_norm = 0;  // before clipping
+  double lr = 0;
+};
+
+// One optimizer step on `tokens` (global_batch, T+1) at 1-based `step`: forward and backward
+// over the micro-batches, global-norm clipping, the learning rate of the step, the update.
+// Shared by the Trainer and the benchmark.
+StepResult train_step(Gpt& model, Optimizer& optimizer, const Config& cfg, const int32_t* tokens,
+                      int64_t step);
+
+class Trainer {
+ public:
+  // Validates the data files against the model, creates RUN_DIR and resumes per
+  // checkpoint.resume. Throws input errors for bad data or checkpoints.
+  Trainer(const Config& cfg, const std::string& run_dir);
+  ~Trainer();
+
+  // Trains from the current step to train.steps, logging, evaluating and checkpointing.
+  void run();
+
+  // Mean validation loss over train.eval_steps global batches from the start of the valid set.
+  float evaluate();
+  // Saves RUN_DIR/checkpoints/step_<step> (or checkpoint.dir) and prunes old ones.
+  void save_checkpoint();
+
+  int64_t step() const { return step_; }
+  Gpt& model() { return *model_; }
+
+ private:
+  void resume_from(const std::string& dir);
+  // Opens a token file and checks it against the model (vocabulary) and the tokenizer.
+  std::unique_ptr<data::IndexedDataset> open_data(const std::string& prefix, const char* key);
+  std::string checkpoint_root() const;
+  // Every tensor a checkpoint holds: the model, then the optimizer state.
+  std::vector<checkpoint::Shard> shards();
+
+  Config cfg_;
+  std::string run_dir_;
+  std::unique_ptr<Gpt> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<data::IndexedDataset> train_data_, valid_data_;
+  std::unique_ptr<data::BatchLoader> loader_;
+  std::unique_ptr<MetricsWriter> metrics_;
+  int64_t step_ = 0;          // optimizer steps completed
+  int64_t consumed_ = 0;      // training samples consumed by completed steps
+};
+
+}  // namespace myriad

@@ -1,0 +1,210 @@
+// The `myriad` binary end to end, started the way a user starts it: prepare, train, resume,
+// sample, and the exit code and one-line message of each kind of bad input.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace fs = std::filesystem;
+using myriad::cat;
+
+namespace {
+
+struct Result {
+  int code = -1;       // exit code, or 128 + signal
+  std::string output;  // stdout and stderr
+};
+
+Result run(const std::string& args, const std::string& env = "") {
+  const std::string cmd = cat(env, env.empty() ? "" : " ", MYRIAD_BINARY_DIR, "/myriad ", args,
+                              " 2>&1");
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) r.output.append(buf, n);
+  int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+std::string last_line(const std::string& s) {
+  std::string t = s;
+  while (!t.empty() && t.back() == '\n') t.pop_back();
+  return t.substr(t.rfind('\n') == std::string::npos ? 0 : t.rfind('\n') + 1);
+}
+
+// What `myriad sample` printed: everything after its log line.
+std::string sample_text(const std::string& out) {
+  const std::string mark = "prompt tokens\n";
+  size_t at = out.find(mark);
+  return at == std::string::npos ? "" : out.substr(at + mark.size());
+}
+
+std::vector<nlohmann::json> metrics(const fs::path& run_dir) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  static fs::path dir_;
+  static std::string data_;  // prefix of the prepared corpus (byte tokens)
+
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / cat("myriad_cli_", getpid());
+    fs::create_directories(dir_);
+    data_ = (dir_ / "corpus").string();
+    Result r = run(cat("prepare --input /usr/share/games/fortunes/computers --input "
+                    "/usr/share/games/fortunes/science --tokenizer byte --output ", data_,
+                    " --valid-fraction 0.1 --doc-separator %"));
+    ASSERT_EQ(r.code, 0) << r.output << "\n(the fortunes package comes with scripts/setup.sh)";
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  // A tiny model on the prepared corpus; `extra` adds flags.
+  static std::string train_args(const fs::path& run_dir, const std::string& extra) {
+    return cat("train --config ", MYRIAD_SOURCE_DIR, "/configs/demo.toml --run-dir ", run_dir.string(),
+               " --set model.layers=2 --set model.d_model=32 --set model.seq_len=32",
+               " --set train.global_batch=8 --set train.micro_batch=4 --set optim.warmup_steps=2",
+               " --set train.eval_every=0 --set data.train=", data_, "_train --set data.valid=", data_,
+               "_valid ", extra);
+  }
+};
+fs::path Cli::dir_;
+std::string Cli::data_;
+
+TEST_F(Cli, ResumeIsBitwiseIdentical) {
+  const fs::path straight = dir_ / "straight", split = dir_ / "split";
+  Result a = run(train_args(straight, "--set train.steps=8 --set checkpoint.every=4 --set optim.name=lamb"));
+  ASSERT_EQ(a.code, 0) << a.output;
+  // Killed after step 5, one step past its checkpoint: the rerun must redo step 5 exactly.
+  Result b = run(train_args(split, "--set train.steps=8 --set checkpoint.every=4 --set optim.name=lamb"),
+                 "MYRIAD_INJECT_FAULT=step:5:kill");
+  ASSERT_EQ(b.code, 128 + 9) << b.output;
+  ASSERT_EQ(metrics(split).size(), 5u);
+  // The second half runs in a new process from the step-4 checkpoint.
+  Result c = run(train_args(split, "--set train.steps=8 --set checkpoint.every=4 --set optim.name=lamb --resume auto"));
+  ASSERT_EQ(c.code, 0) << c.output;
+  EXPECT_NE(c.output.find("resume: "), std::string::npos) << c.output;
+
+  auto ma = metrics(straight), mb = metrics(split);
+  ASSERT_EQ(ma.size(), 8u);
+  ASSERT_EQ(mb.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(ma[i]["step"], mb[i]["step"]);
+    EXPECT_EQ(ma[i]["loss"].get<double>(), mb[i]["loss"].get<double>()) << "step " << i + 1;
+    EXPECT_EQ(ma[i]["grad_norm"].get<double>(), mb[i]["grad_norm"].get<double>()) << "step " << i + 1;
+  }
+  // Weights and optimizer state, bit for bit.
+  const std::string wa = read_file(straight / "checkpoints/step_00000008/shard_00000.bin");
+  ASSERT_FALSE(wa.empty());
+  EXPECT_TRUE(wa == read_file(split / "checkpoints/step_00000008/shard_00000.bin"));
+}
+
+TEST_F(Cli, SampleFromCheckpointIsDeterministic) {
+  const fs::path rd = dir_ / "sample";
+  ASSERT_EQ(run(train_args(rd, "--set train.steps=3")).code, 0);
+  Result a = run(cat("sample --checkpoint ", rd.string(), " --prompt 'The ' --tokens 40 --seed 3"));
+  Result b = run(cat("sample --checkpoint ", (rd / "checkpoints/step_00000003").string(),
+                  " --prompt 'The ' --tokens 40 --seed 3"));
+  ASSERT_EQ(a.code, 0) << a.output;
+  ASSERT_EQ(b.code, 0) << b.output;
+  EXPECT_EQ(sample_text(a.output).rfind("The ", 0), 0u) << a.output;
+  EXPECT_GT(sample_text(a.output).size(), 8u) << a.output;
+  EXPECT_EQ(sample_text(a.output), sample_text(b.output));
+  Result g = run(cat("sample --checkpoint ", rd.string(), " --prompt 'The ' --tokens 40 --seed 4"));
+  EXPECT_NE(sample_text(a.output), sample_text(g.output)) << "different seeds, same sample";
+}
+
+// Each bad input: exit code 2, one line naming the culprit.
+void expect_input_error(const Result& r, const std::string& needle) {
+  EXPECT_EQ(r.code, 2) << r.output;
+  const std::string line = last_line(r.output);
+  EXPECT_EQ(line.rfind("myriad: input error: ", 0), 0u) << r.output;
+  EXPECT_NE(line.find(needle), std::string::npos) << "expected '" << needle << "' in: " << line;
+}
+
+TEST_F(Cli, BadConfigAndCommandLine) {
+  expect_input_error(run(train_args(dir_ / "bad", "--set model.layer=3")), "did you mean 'model.layers'");
+  expect_input_error(run(train_args(dir_ / "bad", "--set model.heads=5")), "model.d_model (32) must be divisible by model.heads (5)");
+  expect_input_error(run(train_args(dir_ / "bad", "--set model.d_model=thirty")), "model.d_model must be an integer");
+  expect_input_error(run("train --config /nonexistent.toml"), "/nonexistent.toml");
+  expect_input_error(run(train_args(dir_ / "bad", "--set data.train=/nonexistent/x")), "/nonexistent/x");
+  expect_input_error(run(train_args(dir_ / "bad", "--run-dri x")), "did you mean 'run-dir'");
+  expect_input_error(run("trian"), "did you mean 'train'");
+}
+
+TEST_F(Cli, BadTokenFiles) {
+  const fs::path bad = dir_ / "badtokens";
+  fs::create_directories(bad);
+  // Bad magic.
+  fs::copy_file(data_ + "_train.bin", bad / "magic.bin");
+  std::string idx = read_file(data_ + "_train.idx");
+  std::string broken = idx;
+  broken[0] = 'X';
+  std::ofstream(bad / "magic.idx", std::ios::binary) << broken;
+  expect_input_error(run(train_args(dir_ / "bad", cat("--set data.train=", (bad / "magic").string()))), "magic.idx");
+  // Truncated token file.
+  std::string bin = read_file(data_ + "_train.bin");
+  std::ofstream(bad / "short.bin", std::ios::binary) << bin.substr(0, bin.size() / 2);
+  fs::copy_file(data_ + "_train.idx", bad / "short.idx");
+  expect_input_error(run(train_args(dir_ / "bad", cat("--set data.train=", (bad / "short").string()))), "short.bin");
+  // Token ids beyond the model's vocabulary.
+  expect_input_error(run(train_args(dir_ / "bad", "--set model.vocab_size=100")), "vocab");
+}
+
+TEST_F(Cli, BadCheckpoints) {
+  const fs::path rd = dir_ / "ckpt";
+  ASSERT_EQ(run(train_args(rd, "--set train.steps=2")).code, 0);
+  // A different model.
+  expect_input_error(run(train_args(rd, "--set train.steps=4 --set model.d_model=64 --resume auto")),
+                     "model.d_model = 32 in the checkpoint but 64");
+  // One flipped byte in the tensor data.
+  const fs::path shard = rd / "checkpoints/step_00000002/shard_00000.bin";
+  std::string bytes = read_file(shard);
+  bytes[bytes.size() / 6] ^= 0x10;  // inside the model's weights (a third of the file)
+  std::ofstream(shard, std::ios::binary) << bytes;
+  expect_input_error(run(train_args(rd, "--set train.steps=4 --resume auto")), "checksum mismatch");
+  expect_input_error(run(cat("sample --checkpoint ", rd.string(), " --prompt x")), "checksum mismatch");
+}
+
+TEST_F(Cli, FailedSaveNeverDamagesTheCommittedCheckpoint) {
+  const fs::path rd = dir_ / "failsave";
+  ASSERT_EQ(run(train_args(rd, "--set train.steps=2")).code, 0);
+  const std::string before = read_file(rd / "checkpoints/step_00000002/shard_00000.bin");
+  // A full disk in the middle of the next save: a runtime fault (retryable), nothing committed.
+  Result full = run(train_args(rd, "--set train.steps=4 --resume auto"), "MYRIAD_INJECT_FAULT=checkpoint_write:fail");
+  EXPECT_EQ(full.code, 3) << full.output;
+  EXPECT_NE(last_line(full.output).find("No space left"), std::string::npos) << full.output;
+  EXPECT_FALSE(fs::exists(rd / "checkpoints/step_00000004"));
+  // Killed in the middle of the save.
+  Result killed = run(train_args(rd, "--set train.steps=4 --resume auto"), "MYRIAD_INJECT_FAULT=checkpoint_write:kill");
+  EXPECT_EQ(killed.code, 128 + 9) << killed.output;
+  EXPECT_FALSE(fs::exists(rd / "checkpoints/step_00000004"));
+  EXPECT_EQ(read_file(rd / "checkpoints/step_00000002/shard_00000.bin"), before);
+  // The next attempt resumes from step 2 and finishes; partial leftovers are cleaned up.
+  Result ok = run(train_args(rd, "--set train.steps=4 --resume auto"));
+  ASSERT_EQ(ok.code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("step 2, "), std::string::npos) << ok.output;
+  EXPECT_TRUE(fs::exists(rd / "checkpoints/step_00000004/COMMITTED"));
+  for (const auto& e : fs::directory_iterator(rd / "checkpoints"))
+    EXPECT_EQ(e.path().filename().string().find("partial"), std::string::npos) << e.path();
+  EXPECT_EQ(metrics(rd).size(), 4u);
+}
+
+}  // namespace

@@ -1,0 +1,158 @@
+// The CPU backend against an independent reference: PyTorch on CPU (tools/torch_reference.py,
+// float64 autograd) for the logits, the loss, every parameter gradient, one AdamW step and one
+// LAMB step written from the paper's equations.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "core/config.h"
+#include "core/error.h"
+#include "model/gpt.h"
+#include "optim/optimizer.h"
+
+using namespace myriad;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Variant {
+  const char* name;
+  bool parallel_block;
+  int window;
+  bool bias;
+};
+
+std::vector<float> read_f32(const fs::path& p, size_t n) {
+  std::vector<float> v(n);
+  std::ifstream in(p, std::ios::binary);
+  EXPECT_TRUE(in) << p;
+  in.read(reinterpret_cast<char*>(v.data()), n * sizeof(float));
+  EXPECT_EQ(static_cast<size_t>(in.gcount()), n * sizeof(float)) << p;
+  return v;
+}
+
+template <class T>
+void write_raw(const fs::path& p, const std::vector<T>& v) {
+  std::ofstream out(p, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+// ||a - b|| / ||b|| over [begin, begin + n) (absolute when b is zero there).
+double rel_diff(const float* a, const float* b, int64_t n) {
+  double d = 0, r = 0;
+  for (int64_t i = 0; i < n; ++i) d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), r += double(b[i]) * b[i];
+  return r > 0 ? std::sqrt(d / r) : std::sqrt(d);
+}
+
+class TorchReference : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(TorchReference, LogitsLossGradsAndOneOptimizerStep) {
+  const Variant v = GetParam();
+  const int B = 3, T = 8;
+  Config cfg = parse_config("", "test",
+                            {"model.layers=2", "model.d_model=32", "model.heads=4", "model.seq_len=8",
+                             "model.vocab_size=50", cat("model.window=", v.window),
+                             cat("model.parallel_block=", v.parallel_block ? "true" : "false"),
+                             cat("model.bias=", v.bias ? "true" : "false"), "train.micro_batch=3",
+                             "train.global_batch=3", "optim.lr=0.01", "optim.weight_decay=0.1",
+                             "optim.grad_clip=0.5"});
+  Gpt model(cfg);
+  const ParamLayout& layout = model.layout();
+  const int64_t P = model.num_params(), Vp = cfg.padded_vocab();
+
+  // Random weights of a visible scale (LayerNorm weights around 1), padded embedding rows zero.
+  std::mt19937_64 gen(42);
+  std::normal_distribution<float> normal(0.0f, 0.3f);
+  for (const ParamSpec& p : layout.tensors())
+    for (int64_t i = 0; i < p.numel; ++i) {
+      float& w = model.params()[p.offset + i];
+      w = (p.init_std > 0 ? 0.0f : float(p.init_value)) + normal(gen);
+      if (p.name == "wte" && i >= cfg.model.vocab_size * cfg.model.d_model) w = 0;
+    }
+  std::vector<int32_t> tokens(B * (T + 1));
+  for (auto& t : tokens) t = static_cast<int32_t>(gen() % cfg.model.vocab_size);
+
+  // The reference's inputs.
+  fs::path dir = fs::temp_directory_path() / cat("myriad_torchref_", v.name, "_", ::getpid());
+  fs::create_directories(dir);
+  nlohmann::json js = {{"layers", 2}, {"d_model", 32}, {"heads", 4}, {"seq_len", T},
+                       {"vocab_size", cfg.model.vocab_size}, {"padded_vocab", Vp},
+                       {"window", v.window}, {"parallel_block", v.parallel_block}, {"bias", v.bias},
+                       {"batch", B},
+                       {"optim", {{"lr", cfg.optim.lr}, {"beta1", cfg.optim.beta1}, {"beta2", cfg.optim.beta2},
+                                  {"eps", cfg.optim.eps}, {"weight_decay", cfg.optim.weight_decay},
+                                  {"grad_clip", cfg.optim.grad_clip}}}};
+  js["params"] = nlohmann::json::array();
+  js["decay"] = nlohmann::json::array();
+  for (const ParamSpec& p : layout.tensors()) {
+    js["params"].push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}});
+    if (p.decay) js["decay"].push_back(p.name);
+  }
+  std::ofstream(dir / "model.json") << js.dump();
+  write_raw(dir / "params.bin", std::vector<float>(model.params(), model.params() + P));
+  write_raw(dir / "tokens.bin", tokens);
+  const std::string cmd = cat("/usr/bin/python3 ", MYRIAD_SOURCE_DIR, "/tools/torch_reference.py ",
+                              dir.string(), " > ", (dir / "log.txt").string(), " 2>&1");
+  ASSERT_EQ(std::system(cmd.c_str()), 0)
+      << "tools/torch_reference.py failed (Debian's python3-torch comes with scripts/setup.sh); log in "
+      << (dir / "log.txt");
+
+  // Forward: logits and loss.
+  const float loss = model.loss(tokens.data(), B);
+  std::vector<float> ref_logits = read_f32(dir / "ref_logits.bin", B * T * Vp);
+  EXPECT_LT(rel_diff(model.logits(), ref_logits.data(), B * T * Vp), 1e-5);
+  double ref_loss = 0;
+  std::ifstream(dir / "ref_loss.txt") >> ref_loss;
+  EXPECT_NEAR(loss, ref_loss, 1e-5 * std::abs(ref_loss));
+
+  // Backward: every parameter's gradient.
+  model.zero_grads();
+  EXPECT_FLOAT_EQ(model.forward_backward(tokens.data(), B, 1.0f), loss);
+  std::vector<float> ref_grads = read_f32(dir / "ref_grads.bin", P);
+  for (const ParamSpec& p : layout.tensors())
+    EXPECT_LT(rel_diff(model.grads() + p.offset, ref_grads.data() + p.offset, p.numel), 1e-5) << p.name;
+
+  // One clipped AdamW step and one clipped LAMB step from the same point.
+  const std::vector<float> w0(model.params(), model.params() + P), g0(model.grads(), model.grads() + P);
+  for (const char* name : {"adamw", "lamb"}) {
+    OptimConfig oc = cfg.optim;
+    oc.name = name;
+    std::vector<float> w = w0, g = g0;
+    clip_grad_norm(g.data(), P, oc.grad_clip);
+    make_optimizer(oc, layout)->step(w.data(), g.data(), oc.lr);
+    std::vector<float> ref = read_f32(dir / cat("ref_", name, ".bin"), P);
+    // The key bias's gradient is zero in exact arithmetic (it adds one constant to a row of
+    // scores), so both sides hold rounding noise there, which Adam's first step turns into
+    // arbitrary +-lr steps. Those elements are compared at the gradient level only, above.
+    for (int64_t l = 0; l < cfg.model.layers && cfg.model.bias; ++l) {
+      const ParamSpec& b = layout.find(cat("h.", l, ".attn.qkv.b"));
+      const int64_t D = cfg.model.d_model / cfg.model.heads;
+      for (int64_t h = 0; h < cfg.model.heads; ++h)
+        for (int64_t d = 0; d < D; ++d) {
+          const int64_t i = b.offset + h * 3 * D + D + d;
+          w[i] = ref[i] = w0[i];
+        }
+    }
+    std::vector<float> du(P), dr(P);
+    for (int64_t i = 0; i < P; ++i) du[i] = w[i] - w0[i], dr[i] = ref[i] - w0[i];
+    for (const ParamSpec& p : layout.tensors()) {
+      EXPECT_LT(rel_diff(w.data() + p.offset, ref.data() + p.offset, p.numel), 1e-5) << name << " " << p.name;
+      // The update itself, a much smaller quantity than the weights, to 1e-3.
+      EXPECT_LT(rel_diff(du.data() + p.offset, dr.data() + p.offset, p.numel), 1e-3) << name << " " << p.name;
+    }
+  }
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Variants, TorchReference,
+    ::testing::Values(Variant{"sequential", false, 0, true}, Variant{"window3", false, 3, true},
+                      Variant{"parallel_nobias", true, 0, false}, Variant{"parallel_window", true, 3, true}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
