@@ -1,4 +1,6 @@
-// CPU backend: fp32 forward and backward of every op the GPT needs (OpenBLAS GEMMs, OpenMP loops).
+// CPU backend: forward and backward of every op the GPT needs (OpenBLAS GEMMs, OpenMP loops).
+// Every function is a template over Real, instantiated for float (what training uses) and double
+// (so that tests can check gradients by finite differences); the definitions live in the .cc files.
 //
 // Conventions, shared by every function here:
 // - Raw pointers with the shape of each buffer in a comment; row-major; B batch, T time,
@@ -19,79 +21,92 @@
 namespace myriad::cpu {
 
 // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
-void embedding_forward(float* out,              // (B,T,C)
+template <class Real>
+void embedding_forward(Real* out,               // (B,T,C)
                        const int32_t* tokens,   // (B,T)
-                       const float* wte,        // (Vp,C)
-                       const float* wpe,        // (maxT,C), only the first T rows read
+                       const Real* wte,         // (Vp,C)
+                       const Real* wpe,         // (maxT,C), only the first T rows read
                        int B, int T, int C);
-void embedding_backward(float* dwte,            // (Vp,C) +=
-                        float* dwpe,            // (maxT,C) +=
-                        const float* dout,      // (B,T,C)
+template <class Real>
+void embedding_backward(Real* dwte,             // (Vp,C) +=
+                        Real* dwpe,             // (maxT,C) +=
+                        const Real* dout,       // (B,T,C)
                         const int32_t* tokens,  // (B,T)
                         int B, int T, int C);
 
 // LayerNorm over the last dimension, eps 1e-5 (as PyTorch). bias may be null (model.bias=false).
-void layernorm_forward(float* out,           // (N,C)
-                       float* mean,          // (N) saved for backward
-                       float* rstd,          // (N) saved for backward
-                       const float* inp,     // (N,C)
-                       const float* weight,  // (C)
-                       const float* bias,    // (C) or null
+template <class Real>
+void layernorm_forward(Real* out,            // (N,C)
+                       Real* mean,           // (N) saved for backward
+                       Real* rstd,           // (N) saved for backward
+                       const Real* inp,      // (N,C)
+                       const Real* weight,   // (C)
+                       const Real* bias,     // (C) or null
                        int N, int C);
-void layernorm_backward(float* dinp,          // (N,C) +=
-                        float* dweight,       // (C) +=
-                        float* dbias,         // (C) += or null
-                        const float* dout,    // (N,C)
-                        const float* inp,     // (N,C)
-                        const float* weight,  // (C)
-                        const float* mean, const float* rstd,  // (N)
+template <class Real>
+void layernorm_backward(Real* dinp,           // (N,C) +=
+                        Real* dweight,        // (C) +=
+                        Real* dbias,          // (C) += or null
+                        const Real* dout,     // (N,C)
+                        const Real* inp,      // (N,C)
+                        const Real* weight,   // (C)
+                        const Real* mean, const Real* rstd,  // (N)
                         int N, int C);
 
 // out = inp @ weight^T + bias. bias may be null.
-void linear_forward(float* out,           // (N,OC)
-                    const float* inp,     // (N,IC)
-                    const float* weight,  // (OC,IC)
-                    const float* bias,    // (OC) or null
+template <class Real>
+void linear_forward(Real* out,            // (N,OC)
+                    const Real* inp,      // (N,IC)
+                    const Real* weight,   // (OC,IC)
+                    const Real* bias,     // (OC) or null
                     int N, int IC, int OC);
-void linear_backward(float* dinp,          // (N,IC) +=
-                     float* dweight,       // (OC,IC) +=
-                     float* dbias,         // (OC) += or null
-                     const float* dout,    // (N,OC)
-                     const float* inp,     // (N,IC)
-                     const float* weight,  // (OC,IC)
+template <class Real>
+void linear_backward(Real* dinp,           // (N,IC) +=
+                     Real* dweight,        // (OC,IC) +=
+                     Real* dbias,          // (OC) += or null
+                     const Real* dout,     // (N,OC)
+                     const Real* inp,      // (N,IC)
+                     const Real* weight,   // (OC,IC)
                      int N, int IC, int OC);
 
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-void gelu_forward(float* out, const float* inp, int64_t n);
-void gelu_backward(float* dinp /* += */, const float* inp, const float* dout, int64_t n);
+template <class Real>
+void gelu_forward(Real* out, const Real* inp, int64_t n);
+template <class Real>
+void gelu_backward(Real* dinp /* += */, const Real* inp, const Real* dout, int64_t n);
 
 // out = a + b (out may alias a or b).
-void residual_forward(float* out, const float* a, const float* b, int64_t n);
+template <class Real>
+void residual_forward(Real* out, const Real* a, const Real* b, int64_t n);
 
 // Causal self-attention, softmax(q k^T / sqrt(D)) v per head. Query i sees key j when
 // j <= i and, with window > 0, i - j < window (window 0 = full causal).
-void attention_forward(float* out,         // (B,T,C) laid out (H,D) per token
-                       float* probs,       // (B,H,T,T) softmax rows saved for backward; masked = 0
-                       const float* qkv,   // (B,T,3C) laid out (H,3,D) per token
+template <class Real>
+void attention_forward(Real* out,          // (B,T,C) laid out (H,D) per token
+                       Real* probs,        // (B,H,T,T) softmax rows saved for backward; masked = 0
+                       const Real* qkv,    // (B,T,3C) laid out (H,3,D) per token
                        int B, int T, int C, int H, int window);
-void attention_backward(float* dqkv,        // (B,T,3C) +=
-                        const float* dout,  // (B,T,C)
-                        const float* qkv,   // (B,T,3C)
-                        const float* probs, // (B,H,T,T)
+template <class Real>
+void attention_backward(Real* dqkv,         // (B,T,3C) +=
+                        const Real* dout,   // (B,T,C)
+                        const Real* qkv,    // (B,T,3C)
+                        const Real* probs,  // (B,H,T,T)
                         int B, int T, int C, int H, int window);
 
 // Softmax cross-entropy over the first V of Vp columns (the padded columns are not part of the
 // vocabulary and never enter the softmax).
-void crossentropy_forward(float* losses,           // (N) -log p[target]
-                          const float* logits,     // (N,Vp)
+template <class Real>
+void crossentropy_forward(Real* losses,            // (N) -log p[target]
+                          const Real* logits,      // (N,Vp)
                           const int32_t* targets,  // (N), each in [0, V)
                           int N, int V, int Vp);
 // dlogits = (softmax(logits) - onehot(target)) * dlosses[n] on the first V columns, 0 on the
 // padding. Written (=), not accumulated; dlogits may alias logits (computed in place).
-void crossentropy_backward(float* dlogits,          // (N,Vp)
-                           const float* logits,     // (N,Vp)
+template <class Real>
+void crossentropy_backward(Real* dlogits,           // (N,Vp)
+                           const Real* logits,      // (N,Vp)
                            const int32_t* targets,  // (N)
-                           const float* dlosses,    // (N)
+                           const Real* dlosses,     // (N)
                            int N, int V, int Vp);
 
 }  // namespace myriad::cpu

@@ -1,0 +1,165 @@
+#include <gtest/gtest.h>
+
+#include "op_test_util.h"
+#include "ops/cpu/ops.h"
+
+using namespace myriad::cpu;
+using namespace myriad::cpu::testing;
+
+namespace {
+
+struct Shape {
+  int B, T, C, H, window;
+};
+
+struct AttentionCase {
+  Shape s;
+  Vec qkv, R;
+
+  AttentionCase(uint64_t seed, Shape shape) : s(shape) {
+    std::mt19937_64 rng(seed);
+    qkv = random_vec(rng, static_cast<size_t>(s.B) * s.T * 3 * s.C, -1.5, 1.5);
+    R = random_vec(rng, static_cast<size_t>(s.B) * s.T * s.C);
+  }
+  size_t probs_size() const { return static_cast<size_t>(s.B) * s.H * s.T * s.T; }
+  Vec forward(Vec* probs_out = nullptr) const {
+    Vec out(R.size()), probs(probs_size());
+    attention_forward(out.data(), probs.data(), qkv.data(), s.B, s.T, s.C, s.H, s.window);
+    if (probs_out) *probs_out = probs;
+    return out;
+  }
+  double loss() const { return dot(forward(), R); }
+  void backward(Vec& dqkv) const {
+    Vec probs;
+    forward(&probs);
+    attention_backward(dqkv.data(), R.data(), qkv.data(), probs.data(), s.B, s.T, s.C, s.H,
+                       s.window);
+  }
+};
+
+bool visible(int i, int j, int window) { return j <= i && (window <= 0 || i - j < window); }
+
+// Straightforward attention in double, laid out as the op: qkv (B,T,H,3,D), out (B,T,H,D).
+Vec naive_attention(const Vec& qkv, Shape s) {
+  const int D = s.C / s.H;
+  Vec out(static_cast<size_t>(s.B) * s.T * s.C);
+  for (int b = 0; b < s.B; ++b)
+    for (int h = 0; h < s.H; ++h)
+      for (int i = 0; i < s.T; ++i) {
+        auto at = [&](int t, int part, int d) {
+          return qkv[((b * s.T + t) * s.H + h) * 3 * D + part * D + d];
+        };
+        std::vector<double> w(s.T, 0.0);
+        double m = -1e300, sum = 0;
+        for (int j = 0; j < s.T; ++j) {
+          if (!visible(i, j, s.window)) continue;
+          double dotqk = 0;
+          for (int d = 0; d < D; ++d) dotqk += at(i, 0, d) * at(j, 1, d);
+          w[j] = dotqk / std::sqrt(static_cast<double>(D));
+          m = std::max(m, w[j]);
+        }
+        for (int j = 0; j < s.T; ++j) {
+          w[j] = visible(i, j, s.window) ? std::exp(w[j] - m) : 0.0;
+          sum += w[j];
+        }
+        for (int d = 0; d < D; ++d) {
+          double o = 0;
+          for (int j = 0; j < s.T; ++j) o += w[j] / sum * at(j, 2, d);
+          out[(b * s.T + i) * s.C + h * D + d] = o;
+        }
+      }
+  return out;
+}
+
+void check_probs(const Vec& probs, Shape s) {
+  for (int bh = 0; bh < s.B * s.H; ++bh)
+    for (int i = 0; i < s.T; ++i) {
+      double sum = 0;
+      for (int j = 0; j < s.T; ++j) {
+        const double p = probs[(static_cast<size_t>(bh) * s.T + i) * s.T + j];
+        if (visible(i, j, s.window)) {
+          ASSERT_GT(p, 0.0);
+          sum += p;
+        } else {
+          ASSERT_EQ(p, 0.0) << "masked prob at i=" << i << " j=" << j;
+        }
+      }
+      ASSERT_NEAR(sum, 1.0, 1e-12);
+    }
+}
+
+void check_case(uint64_t seed, Shape s) {
+  SCOPED_TRACE("B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) +
+               " C=" + std::to_string(s.C) + " H=" + std::to_string(s.H) +
+               " window=" + std::to_string(s.window));
+  AttentionCase c(seed, s);
+  Vec probs;
+  const Vec out = c.forward(&probs);
+  check_probs(probs, s);
+  expect_close("out vs naive", out, naive_attention(c.qkv, s), 1e-12);
+  Vec dqkv(c.qkv.size());
+  c.backward(dqkv);
+  check_gradient("dqkv", c.qkv, dqkv, [&] { return c.loss(); });
+}
+
+}  // namespace
+
+TEST(Attention, GradientsMatchFiniteDifferences) {
+  check_case(1, {2, 5, 12, 3, 0});
+  check_case(2, {2, 5, 12, 3, 2});
+  check_case(3, {2, 5, 12, 3, 1});  // each query sees only itself
+  check_case(4, {1, 5, 12, 3, 9});  // window wider than T = full causal
+}
+
+TEST(Attention, SeveralRowBlocks) {
+  // T past several of the kernel's row blocks, windows that cross block boundaries.
+  check_case(5, {1, 70, 4, 2, 0});
+  check_case(6, {1, 70, 4, 2, 20});
+  check_case(7, {1, 130, 2, 1, 65});
+}
+
+TEST(Attention, BackwardAccumulates) {
+  AttentionCase c(8, {2, 5, 12, 3, 2});
+  Vec d1(c.qkv.size());
+  c.backward(d1);
+  Vec d2 = d1;
+  c.backward(d2);
+  for (auto& x : d1) x *= 2;
+  expect_close("dqkv", d2, d1, 1e-14);
+}
+
+namespace {
+
+// Float forward + backward; out, probs and dqkv concatenated.
+VecF run_float(const Vec& qkv, const Vec& dout, Shape s) {
+  const VecF fqkv = to_float(qkv), fdout = to_float(dout);
+  VecF out(fdout.size()), probs(static_cast<size_t>(s.B) * s.H * s.T * s.T), dqkv(fqkv.size());
+  attention_forward(out.data(), probs.data(), fqkv.data(), s.B, s.T, s.C, s.H, s.window);
+  attention_backward(dqkv.data(), fdout.data(), fqkv.data(), probs.data(), s.B, s.T, s.C, s.H,
+                     s.window);
+  out.insert(out.end(), probs.begin(), probs.end());
+  out.insert(out.end(), dqkv.begin(), dqkv.end());
+  return out;
+}
+
+}  // namespace
+
+TEST(Attention, FloatMatchesDoubleAndIsDeterministic) {
+  for (int window : {0, 24}) {
+    const Shape s{3, 80, 32, 4, window};
+    AttentionCase c(9, s);
+    round_to_float({&c.qkv, &c.R});
+    Vec probs, dqkv(c.qkv.size());
+    Vec want = c.forward(&probs);
+    c.backward(dqkv);
+    want.insert(want.end(), probs.begin(), probs.end());
+    want.insert(want.end(), dqkv.begin(), dqkv.end());
+    const VecF first = run_float(c.qkv, c.R, s);
+    expect_close("float vs double", first, want, 1e-5);
+    EXPECT_TRUE(bitwise_equal(first, run_float(c.qkv, c.R, s)));
+    for (int threads : {1, 3}) {
+      with_threads(threads,
+                   [&] { EXPECT_TRUE(bitwise_equal(first, run_float(c.qkv, c.R, s))) << threads; });
+    }
+  }
+}
