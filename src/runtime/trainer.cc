@@ -193,7 +193,11 @@ void Trainer::save_checkpoint() {
   nlohmann::json meta = {{"config", to_toml(cfg_)},
                          {"data", {{"consumed", consumed_}, {"seed", cfg_.train.seed}}},
                          {"optimizer", {{"name", cfg_.optim.name}, {"steps_taken", optimizer_->steps_taken()}}},
-                         {"tokenizer", cfg_.data.tokenizer}};
+                         {"tokenizer", cfg_.data.tokenizer},
+                         // Every random draw is counter-based (init: model.seed, tensor, element;
+                         // data order: train.seed, samples consumed), so these and `consumed`
+                         // are the whole RNG state.
+                         {"rng", {{"model_seed", cfg_.model.seed}, {"data_seed", cfg_.train.seed}}}};
   const double t0 = now_s();
   std::string dir = checkpoint::save(checkpoint_root(), step_, meta, shards());
   log::info("checkpoint: saved ", dir, " in ", fmt("%.2f", now_s() - t0), " s");
