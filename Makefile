@@ -10,14 +10,16 @@ setup:
 
 build: setup
 	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-	@cmake --build $(BUILD) -j $(JOBS)
+	@cmake --build $(BUILD) -j $(JOBS) $(TARGET)
 
 test: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
+demo: TARGET = --target myriad
 demo: build
 	@bash scripts/demo.sh
 
+bench: TARGET = --target myriad
 bench: build
 	@bash bench/cpu_vs_torch.sh
 
