@@ -1,0 +1,141 @@
+// CUDA backend kernels: bf16 activations, fp32 statistics, fp32 gradients of parameters.
+//
+// Conventions (the CUDA counterpart of ops/cpu/ops.h; the CPU backend is their oracle):
+// - Raw device pointers with the shape of each buffer in a comment, row-major, the same
+//   layouts as the CPU ops (QKV per token (H,3,D), attention output (H,D)).
+// - Every function takes the stream it runs on and only enqueues work (no synchronization, no
+//   allocation): completion is signalled by events the caller records, so communication can
+//   later overlap compute without changing the ops.
+// - Parameter gradients are fp32 and ACCUMULATED (+=); activation gradients are bf16 and
+//   accumulated (+=) where marked, written (=) where marked.
+// - Deterministic: no floating-point atomics; every reduction runs in a fixed order, so the
+//   same inputs give bitwise equal outputs run after run.
+// - Scratch buffers are the caller's; each function that needs one says how many floats.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace myriad::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
+void embedding_forward(bf16* out,             // (B,T,C)
+                       const int32_t* tokens,  // (B,T)
+                       const bf16* wte,        // (Vp,C)
+                       const bf16* wpe,        // (P,C)
+                       int B, int T, int C, cudaStream_t stream);
+
+// dwpe[t] += sum_b dout[b,t]; dwte[v] += sum of dout over the positions holding token v.
+// Deterministic without atomics: the caller passes the B*T positions grouped by token
+// (`positions`, ascending within a group), with group g covering positions[starts[g] ..
+// starts[g+1]) and holding token ids[g] (built on the host, where the tokens come from).
+void embedding_backward(float* dwte,               // (Vp,C) +=
+                        float* dwpe,               // (P,C) +=
+                        const bf16* dout,          // (B,T,C)
+                        const int32_t* positions,  // (B*T) flat indices b*T+t grouped by token
+                        const int32_t* starts,     // (groups+1)
+                        const int32_t* ids,        // (groups)
+                        int groups, int B, int T, int C, cudaStream_t stream);
+
+// LayerNorm over the last dimension, eps 1e-5, statistics in fp32. bias may be null.
+void layernorm_forward(bf16* out, float* mean, float* rstd,  // (N,C), (N), (N)
+                       const bf16* inp,                        // (N,C)
+                       const bf16* weight, const bf16* bias,   // (C), (C) or null
+                       int N, int C, cudaStream_t stream);
+// resid = a + b, then out = LayerNorm(resid): the residual add fused into the norm.
+void residual_layernorm_forward(bf16* resid, bf16* out, float* mean, float* rstd,  // (N,C) (N,C) (N) (N)
+                                const bf16* a, const bf16* b,                      // (N,C)
+                                const bf16* weight, const bf16* bias,              // (C)
+                                int N, int C, cudaStream_t stream);
+// dinp += ..., dweight += ..., dbias += ... (dbias may be null).
+// scratch: at least layernorm_scratch_floats(N, C) floats.
+size_t layernorm_scratch_floats(int N, int C);
+void layernorm_backward(bf16* dinp,                     // (N,C) +=
+                        float* dweight, float* dbias,   // (C) +=
+                        float* scratch,
+                        const bf16* dout,               // (N,C)
+                        const bf16* inp,                // (N,C)
+                        const bf16* weight,             // (C)
+                        const float* mean, const float* rstd,  // (N)
+                        int N, int C, cudaStream_t stream);
+
+// GELU, tanh approximation (as the CPU op).
+void gelu_forward(bf16* out, const bf16* inp, int64_t n, cudaStream_t stream);
+// dinp = dout * gelu'(inp)  (written, not accumulated; dinp may alias dout).
+void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n, cudaStream_t stream);
+
+// out = a + b (out may alias a or b).
+void add(bf16* out, const bf16* a, const bf16* b, int64_t n, cudaStream_t stream);
+
+// dbias += column sums of dout. scratch: at least bias_scratch_floats(N, OC) floats.
+size_t bias_scratch_floats(int N, int OC);
+void bias_backward(float* dbias,       // (OC) +=
+                   float* scratch,
+                   const bf16* dout,   // (N,OC)
+                   int N, int OC, cudaStream_t stream);
+
+// Softmax cross-entropy over the first V of Vp columns, one pass over each row:
+// losses[n] = -log softmax(logits[n])[targets[n]]; when dloss != 0, logits is overwritten in
+// place by dlogits = (softmax - onehot(target)) * dloss on the first V columns and 0 on the
+// padding (dloss = grad_scale / tokens: the mean's derivative).
+void crossentropy(float* losses,          // (N)
+                  bf16* logits,           // (N,Vp) in: logits, out: dlogits when dloss != 0
+                  const int32_t* targets, // (N)
+                  float dloss, int N, int V, int Vp, cudaStream_t stream);
+
+// out = bf16(in)
+void cast_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t stream);
+
+// Sum of squares of x[segments[i] .. segments[i+1]) for each of the `count` segments, into
+// out[count] (fp32 accumulated in a fixed order, written with =). One launch for all tensors:
+// the global gradient norm is sqrt(sum(out)), LAMB's per-tensor norms are sqrt(out[i]).
+// scratch: at least sumsq_scratch_floats(total, count) floats.
+size_t sumsq_scratch_floats(int64_t total, int count);
+void segment_sum_squares(float* out, float* scratch, const float* x, const int64_t* segments,
+                         int count, int64_t total, cudaStream_t stream);
+
+// x *= *scale (scale on the device: the clipping coefficient computed there).
+void scale_inplace(float* x, const float* scale, int64_t n, cudaStream_t stream);
+
+// Fused AdamW over every tensor at once: for each element of segment i (tensor i),
+// m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; w = w (1 - lr wd_i) - lr (m/c1) / (sqrt(v/c2) + eps);
+// then w_bf16 = bf16(w). wd_i = weight_decay when decay[i] else 0. c1 = 1 - b1^t, c2 = 1 - b2^t.
+struct AdamParams {
+  float lr, beta1, beta2, eps, weight_decay, c1, c2;
+};
+void adamw_step(float* w, bf16* w_bf16, float* m, float* v, const float* g,
+                const int64_t* segments, const uint8_t* decay, int count, int64_t total,
+                AdamParams p, cudaStream_t stream);
+// Fused LAMB in two passes: u = (m/c1)/(sqrt(v/c2)+eps) + wd_i w into `update` (total floats),
+// per-tensor norms of w and u (segment_sum_squares), then w -= lr * trust_i * u with
+// trust_i = ||w_i|| / ||u_i|| (1 when either is 0); w_bf16 refreshed.
+// scratch: at least lamb_scratch_floats(total, count) floats.
+size_t lamb_scratch_floats(int64_t total, int count);
+void lamb_step(float* w, bf16* w_bf16, float* m, float* v, const float* g, float* update,
+               float* scratch, const int64_t* segments, const uint8_t* decay, int count,
+               int64_t total, AdamParams p, cudaStream_t stream);
+
+// Flash attention (never materializes T x T), causal with an optional sliding window: query i
+// sees keys j <= i with i - j < window when window > 0. Scale 1/sqrt(D). D in {64, 80, 128}.
+void attention_forward(bf16* out,         // (B,T,H,D)
+                       float* lse,        // (B,H,T) log-sum-exp of each score row (for backward)
+                       const bf16* qkv,   // (B,T,H,3,D)
+                       int B, int T, int H, int D, int window, cudaStream_t stream);
+// dqkv written (=). scratch: at least attention_scratch_floats(B, T, H, D) floats.
+size_t attention_scratch_floats(int B, int T, int H, int D);
+void attention_backward(bf16* dqkv,        // (B,T,H,3,D) =
+                        float* scratch,
+                        const bf16* dout,  // (B,T,H,D)
+                        const bf16* out,   // (B,T,H,D)
+                        const bf16* qkv,   // (B,T,H,3,D)
+                        const float* lse,  // (B,H,T)
+                        int B, int T, int H, int D, int window, cudaStream_t stream);
+
+// Throws a runtime Error naming the call site when the last launch failed.
+void check_launch(const char* what);
+
+}  // namespace myriad::cuda
