@@ -1,0 +1,161 @@
+// Elementwise ops: GELU forward/backward, add, cast to bf16, in-place scale. 16-byte accesses
+// when every pointer is aligned (any n: the last n % VW elements take a scalar tail).
+#include <algorithm>
+
+#include "ops/cuda/kernel_util.cuh"
+
+namespace myriad::cuda {
+
+using namespace detail;
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kCubic = 0.044715f;
+
+// gelu(x) = 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): the sigmoid
+// form has no cancellation for negative x (1 + tanh(u) would lose the small values).
+struct GeluForward {
+  __device__ float operator()(float x, float) const {
+    const float z = 2.0f * kSqrt2OverPi * x * (1.0f + kCubic * x * x);
+    return __fdividef(x, 1.0f + __expf(-z));  // exp overflow gives x / inf = 0: the right limit
+  }
+};
+
+// d/dx [x s(z)] = s + x s (1 - s) z', z' = 2 sqrt(2/pi) (1 + 3 0.044715 x^2).
+struct GeluBackward {
+  __device__ float operator()(float x, float dout) const {
+    const float x2 = x * x;
+    const float z = 2.0f * kSqrt2OverPi * x * (1.0f + kCubic * x2);
+    const float s = __fdividef(1.0f, 1.0f + __expf(-z));
+    const float dz = 2.0f * kSqrt2OverPi * (1.0f + 3.0f * kCubic * x2);
+    return dout * (s + x * s * (1.0f - s) * dz);
+  }
+};
+
+struct Add {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+
+// out[i] = f(x[i], y[i]) over n elements (y may be null for unary f). Vectors of VW, then the
+// scalar tail by the first threads of the grid.
+template <int VW, class F>
+__global__ void map_kernel(bf16* out, const bf16* x, const bf16* y, int64_t n, F f) {
+  const int64_t nv = n / VW;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  // Two vectors per iteration: both loads in flight before the math.
+  for (int64_t i = tid; i < nv; i += 2 * stride) {
+    const bool two = i + stride < nv;
+    BfPack<VW> a[2], b[2];
+    a[0] = load_pack<VW>(x + i * VW);
+    b[0] = y ? load_pack<VW>(y + i * VW) : zero_pack<VW>();
+    if (two) {
+      a[1] = load_pack<VW>(x + (i + stride) * VW);
+      b[1] = y ? load_pack<VW>(y + (i + stride) * VW) : zero_pack<VW>();
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      if (u == 1 && !two) break;
+      float r[VW];
+#pragma unroll
+      for (int e = 0; e < VW; ++e) r[e] = f(a[u][e], b[u][e]);
+      store_bf16<VW>(out + (i + u * stride) * VW, r);
+    }
+  }
+  const int64_t j = nv * VW + tid;
+  if (j < n) out[j] = __float2bfloat16(f(__bfloat162float(x[j]), y ? __bfloat162float(y[j]) : 0.0f));
+}
+
+// Grid-stride kernels get one full wave of blocks (or fewer when there is little work).
+template <class K>
+int grid_for(K kernel, int64_t vectors) {
+  const int wave = resident_blocks(reinterpret_cast<const void*>(kernel), kThreads, 0);
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(ceil_div(vectors, kThreads), wave)));
+}
+
+template <class F>
+void launch_map(bf16* out, const bf16* x, const bf16* y, int64_t n, F f, cudaStream_t stream) {
+  if (all_aligned16(out, x) && (!y || aligned16(y))) {
+    auto k = map_kernel<8, F>;
+    k<<<grid_for(k, n / 8), kThreads, 0, stream>>>(out, x, y, n, f);
+  } else {
+    auto k = map_kernel<1, F>;
+    k<<<grid_for(k, n), kThreads, 0, stream>>>(out, x, y, n, f);
+  }
+}
+
+template <int VW>
+__global__ void cast_kernel(bf16* out, const float* in, int64_t n) {
+  const int64_t nv = n / VW;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  for (int64_t i = tid; i < nv; i += 2 * stride) {
+    const bool two = i + stride < nv;
+    float a[VW], b[VW];
+    load_f32<VW>(a, in + i * VW);
+    if (two) load_f32<VW>(b, in + (i + stride) * VW);
+    store_bf16<VW>(out + i * VW, a);
+    if (two) store_bf16<VW>(out + (i + stride) * VW, b);
+  }
+  const int64_t j = nv * VW + tid;
+  if (j < n) out[j] = __float2bfloat16(in[j]);
+}
+
+template <int VW>
+__global__ void scale_kernel(float* x, const float* scale, int64_t n) {
+  const float s = *scale;
+  const int64_t nv = n / VW;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  for (int64_t i = tid; i < nv; i += stride) {
+    float a[VW];
+    load_f32<VW>(a, x + i * VW);
+#pragma unroll
+    for (int e = 0; e < VW; ++e) a[e] *= s;
+    store_f32<VW>(x + i * VW, a);
+  }
+  const int64_t j = nv * VW + tid;
+  if (j < n) x[j] *= s;
+}
+
+}  // namespace
+
+void gelu_forward(bf16* out, const bf16* inp, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  launch_map(out, inp, nullptr, n, GeluForward{}, stream);
+  check_launch("gelu_forward");
+}
+
+void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  launch_map(dinp, inp, dout, n, GeluBackward{}, stream);
+  check_launch("gelu_backward");
+}
+
+void add(bf16* out, const bf16* a, const bf16* b, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  launch_map(out, a, b, n, Add{}, stream);
+  check_launch("add");
+}
+
+void cast_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  if (all_aligned16(out, in))
+    cast_kernel<8><<<grid_for(cast_kernel<8>, n / 8), kThreads, 0, stream>>>(out, in, n);
+  else
+    cast_kernel<1><<<grid_for(cast_kernel<1>, n), kThreads, 0, stream>>>(out, in, n);
+  check_launch("cast_to_bf16");
+}
+
+void scale_inplace(float* x, const float* scale, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  if (aligned16(x))
+    scale_kernel<4><<<grid_for(scale_kernel<4>, n / 4), kThreads, 0, stream>>>(x, scale, n);
+  else
+    scale_kernel<1><<<grid_for(scale_kernel<1>, n), kThreads, 0, stream>>>(x, scale, n);
+  check_launch("scale_inplace");
+}
+
+}  // namespace myriad::cuda

@@ -1,0 +1,268 @@
+// Flash attention on the GPU against the CPU oracle (ops/cpu attention, fp32 on the same
+// bf16-rounded inputs), with log-sum-exp checked against a double computation; every tile
+// configuration the kernels offer is run; backward is checked for bitwise determinism.
+// AttentionBench.* time the kernels (TFLOP/s, median of 20) and assert only finite output.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gpu/gpu_test_util.h"
+#include "ops/cpu/ops.h"
+#include "ops/cuda/attention_detail.cuh"
+#include "ops/cuda/ops.cuh"
+
+namespace {
+
+using namespace gpu_test;
+namespace cu = myriad::cuda;
+using cu::attn_detail::Config;
+using cu::attn_detail::KernelCfg;
+
+std::string str(const KernelCfg& k) {
+  return std::to_string(k.warps) + "x" + std::to_string(k.mt) + "/" + std::to_string(k.tile);
+}
+std::string str(const Config& c) { return str(c.fwd) + " " + str(c.dkdv) + " " + str(c.dq); }
+
+// The default config first, then configs that together run every compiled tiling of each kernel.
+std::vector<Config> all_configs(int D) {
+  namespace ad = cu::attn_detail;
+  const auto f = ad::fwd_variants(D), k = ad::dkdv_variants(D), q = ad::dq_variants(D);
+  std::vector<Config> r = {ad::default_config(D)};
+  const size_t n = std::max({f.size(), k.size(), q.size()});
+  for (size_t i = 0; i < n; ++i) r.push_back(Config{f[i % f.size()], k[i % k.size()], q[i % q.size()]});
+  return r;
+}
+
+struct Case {
+  int B, T, H, D, window;
+};
+
+// ||a - b|| / max(||b||, floor): the floor keeps a part whose exact gradient is 0 (dq with
+// window 1) from dividing rounding noise by 0.
+double part_err(const std::vector<float>& a, const std::vector<float>& b, double floor) {
+  double d = 0, r = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    r += double(b[i]) * b[i];
+  }
+  return std::sqrt(d) / std::max(std::sqrt(r), floor);
+}
+
+// Part p (0 q, 1 k, 2 v) of a (B,T,H,3,D) tensor.
+std::vector<float> qkv_part(const std::vector<float>& x, int p, int D) {
+  std::vector<float> y;
+  y.reserve(x.size() / 3);
+  for (size_t i = 0; i < x.size(); i += 3 * D)
+    y.insert(y.end(), x.begin() + i + p * D, x.begin() + i + (p + 1) * D);
+  return y;
+}
+
+double norm(const std::vector<float>& x) {
+  double r = 0;
+  for (float v : x) r += double(v) * v;
+  return std::sqrt(r);
+}
+
+void run_case(const Case& c) {
+  const std::vector<Config> configs = all_configs(c.D);
+  const int B = c.B, T = c.T, H = c.H, D = c.D, C = H * D, W = c.window;
+  std::mt19937_64 gen(seed() + 1000003ull * T + 101ull * D + W);
+  const size_t nqkv = size_t(B) * T * 3 * C, nout = size_t(B) * T * C, nlse = size_t(B) * H * T;
+  const std::vector<float> qkv = round_bf16(randn(nqkv, gen));
+  const std::vector<float> dout = round_bf16(randn(nout, gen));
+
+  // Oracle.
+  std::vector<float> out_ref(nout), probs(size_t(B) * H * T * T), dqkv_ref(nqkv, 0.f);
+  myriad::cpu::attention_forward<float>(out_ref.data(), probs.data(), qkv.data(), B, T, C, H, W);
+  myriad::cpu::attention_backward<float>(dqkv_ref.data(), dout.data(), qkv.data(), probs.data(),
+                                         B, T, C, H, W);
+  std::vector<double> lse_ref(nlse);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < T; ++i) {
+        const float* q = &qkv[(size_t(b) * T + i) * 3 * C + size_t(h) * 3 * D];
+        const int lo = W > 0 ? std::max(0, i - W + 1) : 0;
+        std::vector<double> s;
+        for (int j = lo; j <= i; ++j) {
+          const float* k = &qkv[(size_t(b) * T + j) * 3 * C + size_t(h) * 3 * D + D];
+          double acc = 0;
+          for (int d = 0; d < D; ++d) acc += double(q[d]) * k[d];
+          s.push_back(acc / std::sqrt(double(D)));
+        }
+        const double m = *std::max_element(s.begin(), s.end());
+        double sum = 0;
+        for (double v : s) sum += std::exp(v - m);
+        lse_ref[(size_t(b) * H + h) * T + i] = m + std::log(sum);
+      }
+  const std::vector<float> dq_ref = qkv_part(dqkv_ref, 0, D), dk_ref = qkv_part(dqkv_ref, 1, D),
+                           dv_ref = qkv_part(dqkv_ref, 2, D);
+  const double floor = 1e-2 * norm(dqkv_ref);
+
+  Dev<bf16> d_qkv(nqkv), d_out(nout), d_dout(nout), d_dqkv(nqkv);
+  Dev<float> d_lse(nlse), d_scr(cu::attention_scratch_floats(B, T, H, D));
+  d_qkv.upload(to_bf16(qkv));
+  d_dout.upload(to_bf16(dout));
+
+  for (const Config& cfg : configs) {
+    SCOPED_TRACE(::testing::Message() << "B=" << B << " T=" << T << " H=" << H << " D=" << D
+                                      << " window=" << W << " tilings " << str(cfg));
+    d_out.poison();
+    d_lse.poison();
+    cu::attn_detail::forward(cfg, d_out.p, d_lse.p, d_qkv.p, B, T, H, D, W, 0);
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<float> out = to_float(d_out.download());
+    const std::vector<float> lse = d_lse.download();
+    const double e_out = rel_err(out, out_ref);
+    double e_lse = 0;
+    for (size_t i = 0; i < nlse; ++i)
+      e_lse = std::max(e_lse, std::isfinite(lse[i]) ? std::fabs(lse[i] - lse_ref[i]) : INFINITY);
+    EXPECT_LT(e_out, 1e-2);
+    EXPECT_LT(e_lse, 1e-3);
+
+    d_dqkv.poison();
+    d_scr.poison();
+    cu::attn_detail::backward(cfg, d_dqkv.p, d_scr.p, d_dout.p, d_out.p, d_qkv.p, d_lse.p, B, T,
+                              H, D, W, 0);
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<bf16> g1 = d_dqkv.download();
+    d_dqkv.poison();
+    d_scr.poison();
+    cu::attn_detail::backward(cfg, d_dqkv.p, d_scr.p, d_dout.p, d_out.p, d_qkv.p, d_lse.p, B, T,
+                              H, D, W, 0);
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<bf16> g2 = d_dqkv.download();
+    EXPECT_EQ(std::memcmp(g1.data(), g2.data(), g1.size() * sizeof(bf16)), 0)
+        << "backward is not deterministic";
+    const std::vector<float> dqkv = to_float(g1);
+    const double e_dq = part_err(qkv_part(dqkv, 0, D), dq_ref, floor);
+    const double e_dk = part_err(qkv_part(dqkv, 1, D), dk_ref, floor);
+    const double e_dv = part_err(qkv_part(dqkv, 2, D), dv_ref, floor);
+    EXPECT_LT(e_dq, 1e-2);
+    EXPECT_LT(e_dk, 1e-2);
+    EXPECT_LT(e_dv, 1e-2);
+    if (::testing::Test::HasFailure() || T >= 257)
+      std::printf("  B=%d T=%d H=%d D=%d w=%d [%s]: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
+                  B, T, H, D, W, str(cfg).c_str(), e_out, e_lse, e_dq, e_dk, e_dv);
+  }
+}
+
+class AttentionTest : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
+
+TEST_P(AttentionTest, MatchesCpuOracle) {
+  const auto [D, T, window] = GetParam();
+  run_case(Case{2, T, 3, D, window});
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
+                         ::testing::Combine(::testing::Values(64, 80, 128),
+                                            ::testing::Values(1, 7, 64, 100, 257),
+                                            ::testing::Values(0, 1, 5, 64)));
+
+TEST(AttentionLarge, MatchesCpuOracle) {
+  run_case(Case{1, 1000, 2, 128, 0});
+  run_case(Case{1, 1000, 2, 128, 300});
+  run_case(Case{1, 2048, 1, 64, 0});
+  run_case(Case{1, 777, 2, 80, 129});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Benchmarks
+// ---------------------------------------------------------------------------------------------
+__global__ void fill_random(bf16* x, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 16;
+    h *= 0x7feb352du;
+    h ^= h >> 15;
+    h *= 0x846ca68bu;
+    h ^= h >> 16;
+    // Uniform on [-sqrt(3), sqrt(3)]: unit variance.
+    x[i] = __float2bfloat16((float(h) * (1.f / 4294967296.f) * 2.f - 1.f) * 1.7320508f);
+  }
+}
+
+template <class F>
+float median_ms(F&& f, int reps = 20) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int i = 0; i < 3; ++i) f();
+  std::vector<float> ms;
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(a);
+    f();
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float t = 0;
+    cudaEventElapsedTime(&t, a, b);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// Times forward and backward for each config; returns finite-ness of the last outputs.
+void bench(const Case& c, const std::vector<Config>& configs) {
+  const int B = c.B, T = c.T, H = c.H, D = c.D, W = c.window;
+  const size_t nqkv = size_t(B) * T * 3 * H * D, nout = size_t(B) * T * H * D;
+  Dev<bf16> qkv(nqkv), out(nout), dout(nout), dqkv(nqkv);
+  Dev<float> lse(size_t(B) * H * T), scr(cu::attention_scratch_floats(B, T, H, D));
+  fill_random<<<1024, 256>>>(qkv.p, nqkv, 1u);
+  fill_random<<<1024, 256>>>(dout.p, nout, 2u);
+  // Visible (query, key) pairs; causal without window counts T^2/2 as is customary.
+  double pairs = 0.5 * double(T) * T;
+  if (W > 0) {
+    pairs = 0;
+    for (int i = 0; i < T; ++i) pairs += std::min(i + 1, W);
+  }
+  const double fwd_flop = 4.0 * B * H * D * pairs, bwd_flop = 2.5 * fwd_flop;
+  for (const Config& cfg : configs) {
+    const float tf = median_ms([&] {
+      cu::attn_detail::forward(cfg, out.p, lse.p, qkv.p, B, T, H, D, W, 0);
+    });
+    const float tb = median_ms([&] {
+      cu::attn_detail::backward(cfg, dqkv.p, scr.p, dout.p, out.p, qkv.p, lse.p, B, T, H, D, W,
+                                0);
+    });
+    CUDA_OK(cudaDeviceSynchronize());
+    std::printf(
+        "BENCH B=%d H=%d T=%d D=%d window=%d [%s]: fwd %.3f ms %.1f TFLOP/s | bwd %.3f ms "
+        "%.1f TFLOP/s | fwd+bwd %.1f TFLOP/s\n",
+        B, H, T, D, W, str(cfg).c_str(), tf, fwd_flop / tf * 1e-9, tb,
+        bwd_flop / tb * 1e-9, (fwd_flop + bwd_flop) / (tf + tb) * 1e-9);
+  }
+  const std::vector<float> o = to_float(out.download()), g = to_float(dqkv.download());
+  EXPECT_TRUE(all_finite(o));
+  EXPECT_TRUE(all_finite(g));
+}
+
+// The default config, then each kernel's other tilings one at a time.
+std::vector<Config> sweep_configs(int D) {
+  namespace ad = cu::attn_detail;
+  const Config d = ad::default_config(D);
+  std::vector<Config> r = {d};
+  for (const KernelCfg& k : ad::fwd_variants(D))
+    if (str(k) != str(d.fwd)) r.push_back(Config{k, d.dkdv, d.dq});
+  for (const KernelCfg& k : ad::dkdv_variants(D))
+    if (str(k) != str(d.dkdv)) r.push_back(Config{d.fwd, k, d.dq});
+  for (const KernelCfg& k : ad::dq_variants(D))
+    if (str(k) != str(d.dq)) r.push_back(Config{d.fwd, d.dkdv, k});
+  return r;
+}
+
+TEST(AttentionBench, D128T2048Causal) { bench(Case{8, 2048, 16, 128, 0}, sweep_configs(128)); }
+TEST(AttentionBench, D64T1024Causal) { bench(Case{8, 1024, 16, 64, 0}, sweep_configs(64)); }
+TEST(AttentionBench, D80T2048Causal) { bench(Case{8, 2048, 16, 80, 0}, sweep_configs(80)); }
+TEST(AttentionBench, D128T4096Window1024) {
+  bench(Case{8, 4096, 16, 128, 1024}, {cu::attn_detail::default_config(128)});
+}
+
+}  // namespace
