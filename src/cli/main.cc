@@ -17,10 +17,16 @@
 #include "data/prepare.h"
 #include "data/tokenizer.h"
 #include "runtime/generate.h"
+#include "optim/optimizer.h"
+#include "runtime/engine.h"
 #include "runtime/trainer.h"
 
 namespace fs = std::filesystem;
 using namespace myriad;
+
+namespace myriad::cli {
+int cmd_bench_init(int argc, char** argv);  // bench_init.cc
+}
 
 namespace {
 
@@ -32,6 +38,7 @@ usage:
                  [--valid-fraction F] [--doc-separator LINE]
   myriad sample  --checkpoint DIR --prompt TEXT [--tokens N] [--temperature T] [--top-k K] [--seed S]
   myriad bench   --config FILE [--set section.key=value]... [--steps N] [--warmup K]
+  myriad bench-init --ranks N [--store redis|file] [--url URL] [--threads T] [--tp 8] [--pp P] [--timeout S]
   myriad help
 
 exit codes: 0 success, 1 internal error, 2 bad input or config (do not retry),
@@ -86,7 +93,7 @@ int cmd_sample(int argc, char** argv) {
   std::string prompt = args.required("prompt");
   std::vector<int32_t> ids = tok->encode(prompt);
   log::info("sample: ", m.dir, ", ", ids.size(), " prompt tokens");
-  std::vector<int32_t> out = generate(*m.model, m.cfg, ids, opt);
+  std::vector<int32_t> out = generate(*m.engine, m.cfg, ids, opt);
   std::cout << prompt << tok->decode(out) << std::endl;
   return 0;
 }
@@ -96,8 +103,7 @@ int cmd_bench(int argc, char** argv) {
   cli::Args args("bench", argc, argv, {"config", "set", "steps", "warmup"});
   Config cfg = load_config(args.required("config"), args.all("set"));
   const int64_t steps = args.get_int("steps", 10), warmup = args.get_int("warmup", 2);
-  Gpt model(cfg);
-  auto optimizer = make_optimizer(cfg.optim, model.layout());
+  std::unique_ptr<Engine> engine = make_engine(cfg);
   const int64_t G = cfg.train.global_batch, T = cfg.model.seq_len;
   std::vector<int32_t> tokens(G * (T + 1));
   std::mt19937 gen(1234);
@@ -106,16 +112,21 @@ int cmd_bench(int argc, char** argv) {
   for (int64_t s = 0; s < warmup + steps; ++s) {
     for (auto& t : tokens) t = dist(gen);
     auto t0 = std::chrono::steady_clock::now();
-    train_step(model, *optimizer, cfg, tokens.data(), s + 1);
+    engine->train_step(tokens.data(), s + 1, lr_at(cfg.optim, s, cfg.train.steps));
     double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (s >= warmup) ms.push_back(dt);
   }
   std::sort(ms.begin(), ms.end());
   const double median = ms[ms.size() / 2], tps = G * T / (median / 1e3);
-  nlohmann::json r = {{"impl", "myriad-cpu"}, {"threads", omp_get_max_threads()},
+  nlohmann::json r = {{"impl", "myriad"}, {"device", engine->device()},
                       {"tokens_per_s", tps}, {"step_ms_median", median},
-                      {"params", model.num_params()},
-                      {"model_tflops_per_s", tps * model.flops_per_token() / 1e12}};
+                      {"params", engine->layout().total()},
+                      {"model_tflops_per_s", tps * engine->flops_per_token() / 1e12},
+                      {"peak_memory_gib", engine->peak_memory() / double(1 << 30)}};
+  if (engine->peak_flops() > 0) {
+    r["mfu"] = tps * engine->flops_per_token() / engine->peak_flops();
+    r["peak_tflops_used"] = engine->peak_flops() / 1e12;
+  }
   std::cout << r.dump() << std::endl;
   return 0;
 }
@@ -123,7 +134,7 @@ int cmd_bench(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> commands = {"train", "prepare", "sample", "bench", "help"};
+  const std::vector<std::string> commands = {"train", "prepare", "sample", "bench", "bench-init", "help"};
   if (argc < 2 || std::string(argv[1]) == "help" || std::string(argv[1]) == "--help" ||
       std::string(argv[1]) == "-h") {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
@@ -135,6 +146,7 @@ int main(int argc, char** argv) {
     if (cmd == "prepare") return cmd_prepare(argc - 2, argv + 2);
     if (cmd == "sample") return cmd_sample(argc - 2, argv + 2);
     if (cmd == "bench") return cmd_bench(argc - 2, argv + 2);
+    if (cmd == "bench-init") return cli::cmd_bench_init(argc - 2, argv + 2);
     throw_input("myriad: unknown command '", cmd, "'", did_you_mean(cmd, commands), "; see myriad help");
   } catch (const Error& e) {
     std::fprintf(stderr, "myriad: %s: %s\n", class_name(e.cls()), e.what());

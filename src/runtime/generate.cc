@@ -8,6 +8,7 @@
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "runtime/engine.h"
 
 namespace fs = std::filesystem;
 
@@ -26,16 +27,17 @@ LoadedModel load_for_inference(const std::string& path) {
   nlohmann::json meta = checkpoint::read_meta(dir);
   Config cfg = parse_config(meta.at("config").get<std::string>(), dir + "/meta.json",
                             {"train.micro_batch=1", "train.global_batch=1"});
-  auto model = std::make_unique<Gpt>(cfg);
+  std::unique_ptr<Engine> engine = make_engine(cfg);
   std::vector<checkpoint::Shard> shards;
-  for (const ParamSpec& p : model->layout().tensors())
+  for (const ParamSpec& p : engine->layout().tensors())
     shards.push_back({"model/" + p.name, p.shape, std::vector<int64_t>(p.shape.size(), 0), p.shape,
-                      model->params() + p.offset});
+                      engine->host_state().params + p.offset});
   checkpoint::load(dir, meta, shards);
-  return {cfg, std::move(model), dir};
+  engine->state_from_host();
+  return {cfg, std::move(engine), dir};
 }
 
-std::vector<int32_t> generate(Gpt& model, const Config& cfg, std::vector<int32_t> prompt,
+std::vector<int32_t> generate(Engine& engine, const Config& cfg, std::vector<int32_t> prompt,
                               const SampleOptions& opt) {
   if (prompt.empty()) throw_input("sample: the prompt encodes to no tokens");
   const int64_t V = cfg.model.vocab_size, Vp = cfg.padded_vocab(), T = cfg.model.seq_len;
@@ -48,7 +50,7 @@ std::vector<int32_t> generate(Gpt& model, const Config& cfg, std::vector<int32_t
   const uint64_t key = rng::key(static_cast<uint64_t>(opt.seed), rng::hash("sample"));
   for (int64_t i = 0; i < opt.tokens; ++i) {
     const int64_t n = std::min<int64_t>(T, prompt.size());
-    model.last_logits(prompt.data() + prompt.size() - n, 1, static_cast<int>(n), logits.data());
+    engine.last_logits(prompt.data() + prompt.size() - n, 1, static_cast<int>(n), logits.data());
     int32_t next;
     if (opt.temperature <= 0) {
       next = static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + V) - logits.begin());

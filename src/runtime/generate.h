@@ -7,13 +7,13 @@
 #include <vector>
 
 #include "core/config.h"
-#include "model/gpt.h"
+#include "model/engine.h"
 
 namespace myriad {
 
 struct LoadedModel {
   Config cfg;
-  std::unique_ptr<Gpt> model;
+  std::unique_ptr<Engine> engine;
   std::string dir;  // the checkpoint directory actually loaded
 };
 
@@ -31,7 +31,7 @@ struct SampleOptions {
 
 // Continues `prompt` (at least one token) and returns the new tokens only. The context is the
 // last seq_len tokens. Deterministic for a given seed.
-std::vector<int32_t> generate(Gpt& model, const Config& cfg, std::vector<int32_t> prompt,
+std::vector<int32_t> generate(Engine& engine, const Config& cfg, std::vector<int32_t> prompt,
                               const SampleOptions& opt);
 
 }  // namespace myriad

@@ -1,7 +1,5 @@
 #include "runtime/trainer.h"
 
-#include <omp.h>
-
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -10,6 +8,8 @@
 #include "core/error.h"
 #include "core/fault.h"
 #include "core/log.h"
+#include "optim/optimizer.h"
+#include "runtime/engine.h"
 
 namespace fs = std::filesystem;
 
@@ -67,8 +67,6 @@ std::unique_ptr<data::IndexedDataset> Trainer::open_data(const std::string& pref
 }
 
 Trainer::Trainer(const Config& cfg, const std::string& run_dir) : cfg_(cfg), run_dir_(run_dir) {
-  if (cfg_.train.device == "cuda")
-    throw_input("config: train.device = \"cuda\": this build has no CUDA backend yet; use cpu or auto");
   if (cfg_.parallel.tp * cfg_.parallel.pp * std::max<int64_t>(1, cfg_.parallel.dp) != 1)
     throw_input("config: parallel.tp/pp/dp > 1 need the launcher (myriad launch), which this build "
                 "does not have yet; set them to 1");
@@ -79,8 +77,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir) : cfg_(cfg), run
   train_data_ = open_data(cfg_.data.train, "data.train");
   if (!cfg_.data.valid.empty()) valid_data_ = open_data(cfg_.data.valid, "data.valid");
 
-  model_ = std::make_unique<Gpt>(cfg_);
-  optimizer_ = make_optimizer(cfg_.optim, model_->layout());
+  engine_ = make_engine(cfg_);
 
   fs::create_directories(fs::path(run_dir_) / "logs");
   std::string resume = cfg_.checkpoint.resume;
@@ -105,18 +102,19 @@ Trainer::~Trainer() = default;
 void Trainer::run() {
   const TrainConfig& t = cfg_.train;
   const double tokens_per_step = double(t.global_batch) * cfg_.model.seq_len;
-  log::info("model: ", model_->num_params(), " parameters (", cfg_.model.layers, " layers, d_model ",
+  log::info("model: ", engine_->layout().total(), " parameters (", cfg_.model.layers, " layers, d_model ",
             cfg_.model.d_model, ", ", cfg_.model.heads, " heads, seq_len ", cfg_.model.seq_len,
             ", vocab ", cfg_.model.vocab_size, " padded to ", cfg_.padded_vocab(), ")");
   log::info("train: steps ", step_ + 1, "..", t.steps, ", ", t.global_batch, " sequences x ",
             cfg_.model.seq_len, " tokens per step, micro-batch ", t.micro_batch, ", ",
-            omp_get_max_threads(), " threads, cpu, ", cfg_.optim.name);
+            engine_->device(), ", ", cfg_.optim.name);
   double elapsed = 0;
   int64_t timed = 0;
   while (step_ < t.steps) {
     const double t0 = now_s();
     data::Batch batch = loader_->next();  // (global_batch, T+1)
-    StepResult r = train_step(*model_, *optimizer_, cfg_, batch.tokens.data(), step_ + 1);
+    StepResult r = engine_->train_step(batch.tokens.data(), step_ + 1,
+                                       lr_at(cfg_.optim, step_, t.steps));
     ++step_;
     consumed_ = loader_->consumed();
     const double dt = now_s() - t0;
@@ -125,6 +123,8 @@ void Trainer::run() {
     nlohmann::json rec = {{"step", step_}, {"loss", r.loss}, {"lr", r.lr},
                           {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_step / dt},
                           {"step_ms", dt * 1e3}};
+    if (engine_->peak_flops() > 0)
+      rec["mfu"] = tokens_per_step / dt * engine_->flops_per_token() / engine_->peak_flops();
     if (valid_data_ && t.eval_every > 0 && (step_ % t.eval_every == 0 || step_ == t.steps))
       rec["val_loss"] = evaluate();
     if (step_ % t.log_every == 0 || step_ == t.steps || rec.contains("val_loss")) {
@@ -141,25 +141,6 @@ void Trainer::run() {
   }
 }
 
-StepResult train_step(Gpt& model, Optimizer& optimizer, const Config& cfg, const int32_t* tokens,
-                      int64_t step) {
-  const int64_t mb = cfg.train.micro_batch, T = cfg.model.seq_len;
-  const int64_t accum = cfg.accum_steps(1);
-  StepResult r;
-  model.zero_grads();
-  double loss_sum = 0;
-  for (int64_t i = 0; i < accum; ++i)
-    loss_sum += model.forward_backward(tokens + i * mb * (T + 1), mb, 1.0f / accum);
-  r.loss = static_cast<float>(loss_sum / accum);
-  if (!std::isfinite(r.loss))
-    throw Error(ErrorClass::kNumerics, cat("step ", step, ": loss is ", r.loss,
-                                           "; lower optim.lr or resume from an earlier checkpoint"));
-  r.grad_norm = clip_grad_norm(model.grads(), model.num_params(), cfg.optim.grad_clip);
-  r.lr = lr_at(cfg.optim, step - 1, cfg.train.steps);
-  optimizer.step(model.params(), model.grads(), r.lr);
-  return r;
-}
-
 float Trainer::evaluate() {
   const int64_t mb = cfg_.train.micro_batch, T = cfg_.model.seq_len, G = cfg_.train.global_batch;
   data::BatchLoader val(*valid_data_, T, cfg_.train.seed, /*shuffle=*/false, G, 0, G, 0);
@@ -167,7 +148,7 @@ float Trainer::evaluate() {
   int64_t n = 0;
   for (int64_t s = 0; s < cfg_.train.eval_steps; ++s) {
     data::Batch b = val.next();
-    for (int64_t i = 0; i < G / mb; ++i, ++n) sum += model_->loss(b.tokens.data() + i * mb * (T + 1), mb);
+    for (int64_t i = 0; i < G / mb; ++i, ++n) sum += engine_->loss(b.tokens.data() + i * mb * (T + 1), mb);
   }
   return static_cast<float>(sum / n);
 }
@@ -178,21 +159,23 @@ std::string Trainer::checkpoint_root() const {
 
 std::vector<checkpoint::Shard> Trainer::shards() {
   std::vector<checkpoint::Shard> out;
+  Engine::HostState st = engine_->host_state();
   auto add = [&](const std::string& prefix, float* base) {
-    for (const ParamSpec& p : model_->layout().tensors())
+    for (const ParamSpec& p : engine_->layout().tensors())
       out.push_back({prefix + p.name, p.shape, std::vector<int64_t>(p.shape.size(), 0), p.shape,
                      base + p.offset});
   };
-  add("model/", model_->params());
-  add("optim/m/", optimizer_->m().data());
-  add("optim/v/", optimizer_->v().data());
+  add("model/", st.params);
+  add("optim/m/", st.m);
+  add("optim/v/", st.v);
   return out;
 }
 
 void Trainer::save_checkpoint() {
+  engine_->state_to_host();
   nlohmann::json meta = {{"config", to_toml(cfg_)},
                          {"data", {{"consumed", consumed_}, {"seed", cfg_.train.seed}}},
-                         {"optimizer", {{"name", cfg_.optim.name}, {"steps_taken", optimizer_->steps_taken()}}},
+                         {"optimizer", {{"name", cfg_.optim.name}, {"steps_taken", *engine_->host_state().steps_taken}}},
                          {"tokenizer", cfg_.data.tokenizer},
                          // Every random draw is counter-based (init: model.seed, tensor, element;
                          // data order: train.seed, samples consumed), so these and `consumed`
@@ -216,7 +199,8 @@ void Trainer::resume_from(const std::string& dir) {
   checkpoint::load(dir, meta, shards());
   step_ = meta.at("step").get<int64_t>();
   consumed_ = meta.at("data").at("consumed").get<int64_t>();
-  optimizer_->steps_taken() = meta.at("optimizer").at("steps_taken").get<int64_t>();
+  *engine_->host_state().steps_taken = meta.at("optimizer").at("steps_taken").get<int64_t>();
+  engine_->state_from_host();
   log::info("resume: ", dir, " (step ", step_, ", ", consumed_, " samples consumed)");
 }
 

@@ -1,5 +1,5 @@
-// The Trainer: owns the model, the optimizer, the data loaders and the run directory, and runs
-// the step loop (Trainer::run) that reads top to bottom.
+// The Trainer: owns the engine (model, gradients, optimizer on a device), the data loaders and
+// the run directory, and runs the step loop (Trainer::run) that reads top to bottom.
 #pragma once
 
 #include <cstdint>
@@ -10,23 +10,10 @@
 #include "checkpoint/checkpoint.h"
 #include "core/config.h"
 #include "data/loader.h"
-#include "model/gpt.h"
+#include "model/engine.h"
 #include "observe/metrics.h"
-#include "optim/optimizer.h"
 
 namespace myriad {
-
-struct StepResult {
-  float loss = 0;        // mean over the global batch's tokens
-  double grad_norm = 0;  // before clipping
-  double lr = 0;
-};
-
-// One optimizer step on `tokens` (global_batch, T+1) at 1-based `step`: forward and backward
-// over the micro-batches, global-norm clipping, the learning rate of the step, the update.
-// Shared by the Trainer and the benchmark.
-StepResult train_step(Gpt& model, Optimizer& optimizer, const Config& cfg, const int32_t* tokens,
-                      int64_t step);
 
 class Trainer {
  public:
@@ -44,7 +31,7 @@ class Trainer {
   void save_checkpoint();
 
   int64_t step() const { return step_; }
-  Gpt& model() { return *model_; }
+  Engine& engine() { return *engine_; }
 
  private:
   void resume_from(const std::string& dir);
@@ -56,8 +43,7 @@ class Trainer {
 
   Config cfg_;
   std::string run_dir_;
-  std::unique_ptr<Gpt> model_;
-  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<Engine> engine_;
   std::unique_ptr<data::IndexedDataset> train_data_, valid_data_;
   std::unique_ptr<data::BatchLoader> loader_;
   std::unique_ptr<MetricsWriter> metrics_;

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# On a GPU machine: Myriad's CUDA training throughput next to PyTorch (bench/torch_gpt.py,
+# torch.compile) on the same model, batch and GPU, one after the other in the same call.
+# Expects the binary unpacked by scripts/gpu_check.sh (or MYRIAD=path). Prints one line per
+# config and writes $OUT/bench_gpu.jsonl.
+#   bench/gpu_vs_torch.sh [NAME...]    NAME in: gpt2-124m gpt-1.3b gpt-2.7b gpt-1.3b-pw
+set -uo pipefail
+cd "$(dirname "$0")/.."
+MYRIAD=${MYRIAD:-/tmp/m/bin/myriad}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+STEPS=${STEPS:-10}
+names=("$@"); [ ${#names[@]} -gt 0 ] || names=(gpt2-124m gpt-1.3b gpt-1.3b-pw gpt-2.7b)
+for name in "${names[@]}"; do
+  case $name in
+    gpt2-124m)   cfg=configs/gpt2-124m.toml; B=32; extra=(); targs=(--preset gpt2-124m) ;;
+    gpt-1.3b)    cfg=configs/gpt-1.3b.toml;  B=8;  extra=(); targs=(--preset gpt-1.3b) ;;
+    gpt-1.3b-pw) cfg=configs/gpt-1.3b.toml;  B=8;  extra=(--set model.parallel_block=true --set model.window=1024)
+                 targs=(--preset gpt-1.3b --parallel-block --window 1024) ;;
+    gpt-2.7b)    cfg=configs/gpt-2.7b.toml;  B=8;  extra=(); targs=(--preset gpt-2.7b) ;;
+    *) echo "unknown bench $name" >&2; exit 2 ;;
+  esac
+  m=$("$MYRIAD" bench --config $cfg --set train.global_batch=$B --set train.micro_batch=$B "${extra[@]}" \
+        --steps "$STEPS" --warmup 3 2>"$OUT/bench_$name.err" | tail -1)
+  t=$(python3 bench/torch_gpt.py "${targs[@]}" --steps "$STEPS" --warmup 5 2>"$OUT/torch_$name.err" | tail -1)
+  echo "{\"bench\": \"$name\", \"myriad\": ${m:-null}, \"pytorch\": ${t:-null}}" >> "$OUT/bench_gpu.jsonl"
+  python3 - "$name" "${m:-null}" "${t:-null}" <<'PY'
+import json, sys
+name, m, t = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+mt = m and m.get("tokens_per_s"); tt = t and (t.get("tokens_per_s") or t.get("tok_per_s"))
+ratio = f"{mt / tt:.2f}x" if mt and tt else "n/a"
+print(f"{name:12s} myriad {mt or 0:9.0f} tok/s mfu {m.get('mfu', 0) if m else 0:.3f} mem {m.get('peak_memory_gib', 0) if m else 0:.1f} GiB | pytorch {tt or 0:9.0f} tok/s mfu {t.get('mfu', 0) if t else 0} | ratio {ratio}")
+PY
+done

@@ -1,0 +1,56 @@
+// An Engine is a model with its gradients and optimizer state on one device: what the step
+// loop drives. The CPU engine (runtime/engine.cc) runs Gpt and the optimizers of optim/ in
+// fp32; the CUDA engine (model/cuda/gpt_cuda.h) keeps fp32 master weights and optimizer state
+// with bf16 copies for compute. Both hold the same canonical layout (model/params.h), so a
+// checkpoint written by one loads into the other.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model/params.h"
+
+namespace myriad {
+
+struct StepResult {
+  float loss = 0;        // mean over the global batch's tokens
+  double grad_norm = 0;  // global L2 norm before clipping
+  double lr = 0;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual const ParamLayout& layout() const = 0;
+  virtual std::string device() const = 0;  // for logs: "cpu (2 threads)", "cuda:0 NVIDIA H200"
+  // Peak dense FLOP/s of the device for MFU, with its name; 0 when unknown (CPU).
+  virtual double peak_flops() const { return 0; }
+
+  // One optimizer step on tokens (global_batch, T+1) in host memory: forward and backward over
+  // the micro-batches, global-norm clipping, the update at learning rate lr. `step` (1-based)
+  // names the step in errors. Throws a numerics Error when the loss is not finite.
+  virtual StepResult train_step(const int32_t* tokens, int64_t step, double lr) = 0;
+  // Mean loss over tokens (B, T+1), B <= micro_batch; no gradients.
+  virtual float loss(const int32_t* tokens, int B) = 0;
+  // Logits (B, Vp) of the last position of each row of tokens (B, T), T <= seq_len.
+  virtual void last_logits(const int32_t* tokens, int B, int T, float* out) = 0;
+  // Model FLOPs per trained token, 6N + 12 L d T_att.
+  virtual double flops_per_token() const = 0;
+  // Peak device memory in use so far, bytes (0 when not tracked).
+  virtual int64_t peak_memory() const { return 0; }
+
+  // What a checkpoint holds, in host memory, fp32, canonical layout: parameters, first and
+  // second moments, and the optimizer's step count. state_to_host() makes these current;
+  // after writing them, state_from_host() installs them on the device.
+  struct HostState {
+    float* params;
+    float* m;
+    float* v;
+    int64_t* steps_taken;
+  };
+  virtual HostState host_state() = 0;
+  virtual void state_to_host() = 0;
+  virtual void state_from_host() = 0;
+};
+
+}  // namespace myriad
