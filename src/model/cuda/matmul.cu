@@ -46,13 +46,26 @@ void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, i
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, trans_b ? n : k, trans_b ? k : n, ldb));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, d_type, m, n, m));
 
-  Key key{m, n, k, trans_a, trans_b, lda, ldb, static_cast<int>(epi), d_type == CUDA_R_32F};
+  // Parameters sit at arbitrary offsets of the flat buffers: tell the heuristic the alignment
+  // the pointers really have (it assumes 256 bytes otherwise).
+  auto alignment = [](const void* p) {
+    uint32_t a = 256;
+    while (a > 2 && reinterpret_cast<uintptr_t>(p) % a != 0) a /= 2;
+    return a;
+  };
+  const uint32_t align_a = alignment(a), align_b = alignment(b), align_d = alignment(d);
+  Key key{m, n, k, trans_a, trans_b, lda, ldb, static_cast<int>(epi), d_type == CUDA_R_32F,
+          align_a, align_b, align_d};
   auto it = algos_.find(key);
   if (it == algos_.end()) {
     cublasLtMatmulPreference_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                       &workspace_bytes_, sizeof workspace_bytes_));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof align_d));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d));
     cublasLtMatmulHeuristicResult_t result;
     int found = 0;
     CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, desc, la, lb, ld, ld, pref, 1, &result, &found));
