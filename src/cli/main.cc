@@ -26,6 +26,8 @@ using namespace myriad;
 
 namespace myriad::cli {
 int cmd_bench_init(int argc, char** argv);  // bench_init.cc
+int cmd_launch(int argc, char** argv);      // launch.cc
+int cmd_comm_check(int argc, char** argv);  // launch.cc
 }
 
 namespace {
@@ -39,6 +41,7 @@ usage:
   myriad sample  --checkpoint DIR --prompt TEXT [--tokens N] [--temperature T] [--top-k K] [--seed S]
   myriad bench   --config FILE [--set section.key=value]... [--steps N] [--warmup K]
   myriad bench-init --ranks N [--store redis|file] [--url URL] [--threads T] [--tp 8] [--pp P] [--timeout S]
+  myriad launch --nproc-per-node N [--nnodes M --node-rank R] [--rdzv URL] [--job NAME] [--grace-period S] -- COMMAND [ARGS...]
   myriad help
 
 exit codes: 0 success, 1 internal error, 2 bad input or config (do not retry),
@@ -134,7 +137,7 @@ int cmd_bench(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> commands = {"train", "prepare", "sample", "bench", "bench-init", "help"};
+  const std::vector<std::string> commands = {"train", "prepare", "sample", "bench", "bench-init", "launch", "help"};
   if (argc < 2 || std::string(argv[1]) == "help" || std::string(argv[1]) == "--help" ||
       std::string(argv[1]) == "-h") {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
@@ -147,6 +150,8 @@ int main(int argc, char** argv) {
     if (cmd == "sample") return cmd_sample(argc - 2, argv + 2);
     if (cmd == "bench") return cmd_bench(argc - 2, argv + 2);
     if (cmd == "bench-init") return cli::cmd_bench_init(argc - 2, argv + 2);
+    if (cmd == "launch") return cli::cmd_launch(argc - 2, argv + 2);
+    if (cmd == "comm-check") return cli::cmd_comm_check(argc - 2, argv + 2);
     throw_input("myriad: unknown command '", cmd, "'", did_you_mean(cmd, commands), "; see myriad help");
   } catch (const Error& e) {
     std::fprintf(stderr, "myriad: %s: %s\n", class_name(e.cls()), e.what());

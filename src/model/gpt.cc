@@ -1,20 +1,92 @@
 #include "model/gpt.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
 #include "ops/cpu/ops.h"
+#include "ops/cpu/vecmath.h"
 
 namespace myriad {
 
 namespace {
+using parallel::CopyToTp;
+using parallel::GatherFromSequence;
+using parallel::ReduceFromTp;
+using parallel::ReduceScatterToSequence;
+
 void zero(std::vector<float>& v, int64_t n) { std::memset(v.data(), 0, n * sizeof(float)); }
+
+constexpr int kColumnBlock = 16;  // channels per thread block in the row-sum loops below
+
+// The tensor-parallel degree of `par`, after the checks that need the config.
+int checked_tp_size(const Config& cfg, const parallel::ParallelContext* par) {
+  const int t = par ? par->tp_size() : 1;
+  if (t == 1) return 1;
+  MYRIAD_CHECK(t == cfg.parallel.tp, "the tensor-parallel group has ", t,
+               " ranks but parallel.tp = ", cfg.parallel.tp);
+  if (cfg.model.heads % t != 0)
+    throw_input("config: model.heads (", cfg.model.heads, ") must be divisible by parallel.tp (",
+                t, ")");
+  if (cfg.parallel.sequence_parallel && cfg.model.seq_len % t != 0)
+    throw_input("config: model.seq_len (", cfg.model.seq_len,
+                ") must be divisible by parallel.tp (", t,
+                ") with parallel.sequence_parallel = true: the tokens of a micro-batch are split "
+                "evenly over the tensor-parallel ranks");
+  return t;
+}
+
+// db (OC) += sum over rows of dout (rows, OC); columns in blocks across threads, rows in order.
+void bias_backward(float* db, const float* dout, int rows, int OC) {
+  const int blocks = (OC + kColumnBlock - 1) / kColumnBlock;
+#pragma omp parallel for schedule(static)
+  for (int blk = 0; blk < blocks; ++blk) {
+    const int c0 = blk * kColumnBlock, c1 = std::min(OC, c0 + kColumnBlock);
+    float acc[kColumnBlock] = {};
+    for (int n = 0; n < rows; ++n) {
+      const float* d = dout + static_cast<int64_t>(n) * OC + c0;
+#pragma omp simd
+      for (int c = 0; c < c1 - c0; ++c) acc[c] += d[c];
+    }
+    for (int c = c0; c < c1; ++c) db[c] += acc[c - c0];
+  }
+}
+
+// out (rows, C) += bias (C) on every row.
+void add_bias(float* out, const float* bias, int rows, int C) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < rows; ++n) {
+    float* o = out + static_cast<int64_t>(n) * C;
+#pragma omp simd
+    for (int c = 0; c < C; ++c) o[c] += bias[c];
+  }
+}
+
+// sum(x^2) in double over fixed chunks added in order (independent of the thread count).
+double sum_squares(const float* x, int64_t n) {
+  constexpr int64_t kChunk = 1 << 14;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> partial(chunks);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    double s = 0;
+    for (int64_t i = c * kChunk, end = std::min(n, i + kChunk); i < end; ++i) s += double(x[i]) * x[i];
+    partial[c] = s;
+  }
+  double total = 0;
+  for (double s : partial) total += s;
+  return total;
+}
 }  // namespace
 
-Gpt::Gpt(const Config& cfg)
+Gpt::Gpt(const Config& cfg, const parallel::ParallelContext* par)
     : cfg_(cfg),
-      layout_(cfg),
+      tp_(checked_tp_size(cfg, par) > 1 ? par->tp : nullptr),
+      tpr_(parallel::group_rank(tp_)),
+      tps_(parallel::group_size(tp_)),
+      sp_cfg_(tp_ != nullptr && cfg.parallel.sequence_parallel),
+      layout_(cfg, tpr_, tps_),
       L_(cfg.model.layers),
       C_(cfg.model.d_model),
       H_(cfg.model.heads),
@@ -23,6 +95,11 @@ Gpt::Gpt(const Config& cfg)
       V_(cfg.model.vocab_size),
       Vp_(cfg.padded_vocab()),
       window_(cfg.model.window),
+      Hl_(H_ / tps_),
+      Cl_(C_ / tps_),
+      Fl_(4 * C_ / tps_),
+      Vl_(Vp_ / tps_),
+      v0_(Vl_ * tpr_),
       parallel_block_(cfg.model.parallel_block) {
   params_.assign(layout_.total(), 0.0f);
   grads_.assign(layout_.total(), 0.0f);
@@ -31,8 +108,8 @@ Gpt::Gpt(const Config& cfg)
   g_ = tensors_in(grads_.data());
 
   const int64_t BT = maxB_ * maxT_, C = C_;
-  const int64_t per_layer = BT * C * 5 + BT * 4 + BT * 3 * C + maxB_ * H_ * maxT_ * maxT_ +
-                            BT * 4 * C * 2;
+  const int64_t per_layer = BT * C * 4 + BT * Cl_ + BT * 4 + BT * 3 * Cl_ +
+                            maxB_ * Hl_ * maxT_ * maxT_ + BT * Fl_ * 2;
   act_storage_.assign(per_layer * L_ + BT * C * 2 + BT * 2, 0.0f);
   float* a = act_storage_.data();
   auto take = [&](int64_t n) { float* p = a; a += n; return p; };
@@ -40,29 +117,34 @@ Gpt::Gpt(const Config& cfg)
   for (auto& l : acts_) {
     l.in = take(BT * C);
     l.ln1 = take(BT * C), l.ln1_mean = take(BT), l.ln1_rstd = take(BT);
-    l.qkv = take(BT * 3 * C);
-    l.probs = take(maxB_ * H_ * maxT_ * maxT_);
-    l.atty = take(BT * C);
+    l.qkv = take(BT * 3 * Cl_);
+    l.probs = take(maxB_ * Hl_ * maxT_ * maxT_);
+    l.atty = take(BT * Cl_);
     l.mid = take(BT * C);
     l.ln2 = take(BT * C), l.ln2_mean = take(BT), l.ln2_rstd = take(BT);
-    l.fc = take(BT * 4 * C);
-    l.gelu = take(BT * 4 * C);
+    l.fc = take(BT * Fl_);
+    l.gelu = take(BT * Fl_);
   }
   out_ = take(BT * C);
   lnf_ = take(BT * C), lnf_mean_ = take(BT), lnf_rstd_ = take(BT);
   MYRIAD_CHECK(a <= act_storage_.data() + act_storage_.size());
 
-  logits_.assign(BT * Vp_, 0.0f);
+  logits_.assign(BT * Vl_, 0.0f);
   losses_.assign(BT, 0.0f);
   inputs_.assign(BT, 0);
   targets_.assign(BT, 0);
   tmp_.assign(BT * C, 0.0f);
+  if (tp_) {
+    ce_max_.assign(BT, 0.0f);
+    ce_sum_.assign(BT, 0.0f);
+    full_.assign(BT * C, 0.0f);
+  }
   dresid_.assign(BT * C, 0.0f);
   dln_.assign(BT * C, 0.0f);
-  datty_.assign(BT * C, 0.0f);
-  dqkv_.assign(BT * 3 * C, 0.0f);
-  dfc_.assign(BT * 4 * C, 0.0f);
-  dgelu_.assign(BT * 4 * C, 0.0f);
+  datty_.assign(BT * Cl_, 0.0f);
+  dqkv_.assign(BT * 3 * Cl_, 0.0f);
+  dfc_.assign(BT * Fl_, 0.0f);
+  dgelu_.assign(BT * Fl_, 0.0f);
 }
 
 Gpt::Tensors Gpt::tensors_in(float* base) const {
@@ -83,40 +165,234 @@ Gpt::Tensors Gpt::tensors_in(float* base) const {
 
 void Gpt::zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
 
+// ---- the tensor-parallel pieces (the identity, or the plain op, without TP) ----
+
+float* Gpt::local_rows(float* full, int64_t width) const {
+  return sp_ ? full + int64_t(r0_) * width : full;
+}
+
+void Gpt::column_input_forward(float* full, int64_t width) {
+  if (sp_)
+    GatherFromSequence::forward(tp_, full + int64_t(r0_) * width, full, int64_t(R_) * width);
+  else
+    CopyToTp::forward(tp_, full, int64_t(N_) * width);
+}
+
+float* Gpt::column_input_backward(float* dfull, int64_t width) {
+  if (!tp_) return dfull;
+  if (sp_) {
+    float* local = dfull + int64_t(r0_) * width;
+    GatherFromSequence::backward(tp_, dfull, local, int64_t(R_) * width);
+    return local;
+  }
+  CopyToTp::backward(tp_, dfull, int64_t(N_) * width);
+  return dfull;
+}
+
+void Gpt::row_parallel_forward(float* out, const float* inp, const float* w, const float* b,
+                               int IC, int OC) {
+  if (!tp_) {
+    cpu::linear_forward(out, inp, w, b, N_, IC, OC);
+    return;
+  }
+  // The partial product of this rank's input features, reduced over the ranks; the bias once.
+  float* partial = sp_ ? full_.data() : out;
+  cpu::linear_forward(partial, inp, w, static_cast<const float*>(nullptr), N_, IC, OC);
+  if (sp_)
+    ReduceScatterToSequence::forward(tp_, partial, out, int64_t(R_) * OC);
+  else
+    ReduceFromTp::forward(tp_, out, int64_t(N_) * OC);
+  if (b) add_bias(out, b, R_, OC);
+}
+
+const float* Gpt::row_parallel_dout(const float* dout, int OC) {
+  if (!sp_) return dout;  // ReduceFromTp's backward: the identity
+  ReduceScatterToSequence::backward(tp_, dout, full_.data(), int64_t(R_) * OC);
+  return full_.data();
+}
+
+void Gpt::row_parallel_backward(float* dinp, float* dw, float* db, const float* dout_full,
+                                const float* dout, const float* inp, const float* w, int IC,
+                                int OC) {
+  if (!sp_) {
+    cpu::linear_backward(dinp, dw, db, dout_full, inp, w, N_, IC, OC);
+    return;
+  }
+  cpu::linear_backward(dinp, dw, static_cast<float*>(nullptr), dout_full, inp, w, N_, IC, OC);
+  if (db) bias_backward(db, dout, R_, OC);  // this rank's rows: summed in finish_grads()
+}
+
+void Gpt::embedding_forward_tp(float* out) {
+  const int C = C_;
+  // This rank's rows of wte for the tokens it owns, zero for the others; summed over the ranks
+  // (exactly one rank contributes each row, so the sum is exact).
+  float* partial = sp_ ? full_.data() : out;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N_; ++n) {
+    const int64_t v = int64_t(inputs_[n]) - v0_;
+    float* o = partial + n * C;
+    if (v >= 0 && v < Vl_)
+      std::memcpy(o, p_.wte + v * C, C * sizeof(float));
+    else
+      std::memset(o, 0, C * sizeof(float));
+  }
+  if (sp_)
+    ReduceScatterToSequence::forward(tp_, partial, out, int64_t(R_) * C);
+  else
+    ReduceFromTp::forward(tp_, out, int64_t(N_) * C);
+  // Positions (replicated) on the rows held here.
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < R_; ++i) {
+    const float* pe = p_.wpe + int64_t((r0_ + i) % T_) * C;
+    float* o = out + int64_t(i) * C;
+#pragma omp simd
+    for (int c = 0; c < C; ++c) o[c] += pe[c];
+  }
+}
+
+void Gpt::embedding_backward_tp(const float* dresid) {
+  const int C = C_;
+  const int blocks = (C + kColumnBlock - 1) / kColumnBlock;
+  // wpe from the rows held here (with SP a partial sum, completed in finish_grads()).
+#pragma omp parallel for schedule(static)
+  for (int blk = 0; blk < blocks; ++blk) {
+    const int c0 = blk * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
+    for (int i = 0; i < R_; ++i) {
+      const float* d = dresid + int64_t(i) * C;
+      float* p = g_.wpe + int64_t((r0_ + i) % T_) * C;
+#pragma omp simd
+      for (int c = c0; c < c1; ++c) p[c] += d[c];
+    }
+  }
+  // wte: every row's gradient (ReduceFromTp: the identity; SP: gathered), into the rows owned
+  // here; channel blocks across threads, tokens in order (deterministic).
+  const float* dfull = dresid;
+  if (sp_) {
+    ReduceScatterToSequence::backward(tp_, dresid, full_.data(), int64_t(R_) * C);
+    dfull = full_.data();
+  }
+#pragma omp parallel for schedule(static)
+  for (int blk = 0; blk < blocks; ++blk) {
+    const int c0 = blk * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
+    for (int n = 0; n < N_; ++n) {
+      const int64_t v = int64_t(inputs_[n]) - v0_;
+      if (v < 0 || v >= Vl_) continue;
+      const float* d = dfull + int64_t(n) * C;
+      float* w = g_.wte + v * C;
+#pragma omp simd
+      for (int c = c0; c < c1; ++c) w[c] += d[c];
+    }
+  }
+}
+
+// Vocab-parallel cross-entropy over logits_ (N, Vl): columns [v0, v0 + Vl) of the vocabulary,
+// the first `live` of them real (the rest padding).
+void Gpt::crossentropy_forward_tp() {
+  constexpr int kChunk = 256;
+  const int N = N_;
+  const int64_t Vl = Vl_;
+  const int live = static_cast<int>(std::clamp<int64_t>(V_ - v0_, 0, Vl));
+  float* mx = ce_max_.data();
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n)
+    mx[n] = live > 0 ? cpu::detail::max_of(logits_.data() + n * Vl, live) : -INFINITY;
+  parallel::max_over_group(tp_, mx, N);
+  // Per row: this rank's sum of exp(x - max) and the target's shifted logit (0 unless owned).
+  std::vector<float> parts(2 * static_cast<size_t>(N));
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const float* x = logits_.data() + n * Vl;
+    const float m = mx[n];
+    float e[kChunk];
+    float sum = 0;
+    for (int j0 = 0; j0 < live; j0 += kChunk) {
+      const int len = std::min(kChunk, live - j0);
+#pragma omp simd
+      for (int j = 0; j < len; ++j) e[j] = cpu::detail::exp_real(x[j0 + j] - m);
+      sum += cpu::detail::lane_sum<float>(len, [&e](int64_t j) { return e[j]; });
+    }
+    const int64_t t = int64_t(targets_[n]) - v0_;
+    parts[2 * n] = sum;
+    parts[2 * n + 1] = t >= 0 && t < live ? x[t] - m : 0.0f;
+  }
+  parallel::sum_over_group(tp_, parts.data(), 2 * int64_t(N));
+  for (int n = 0; n < N; ++n) {
+    ce_sum_[n] = parts[2 * n];
+    losses_[n] = std::log(parts[2 * n]) - parts[2 * n + 1];
+  }
+}
+
+// dlogits = (softmax - onehot) * dlosses on this rank's live columns, 0 on the padding; in place.
+void Gpt::crossentropy_backward_tp(const float* dlosses) {
+  const int N = N_;
+  const int64_t Vl = Vl_;
+  const int live = static_cast<int>(std::clamp<int64_t>(V_ - v0_, 0, Vl));
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    float* d = logits_.data() + n * Vl;
+    const float m = ce_max_[n], inv = 1.0f / ce_sum_[n], dl = dlosses[n];
+    const int64_t t = int64_t(targets_[n]) - v0_;
+    const bool owned = t >= 0 && t < live;
+    const float xt = owned ? d[t] : 0.0f;
+    const float scale = inv * dl;
+#pragma omp simd
+    for (int j = 0; j < live; ++j) d[j] = cpu::detail::exp_real(d[j] - m) * scale;
+    if (owned) d[t] = (cpu::detail::exp_real(xt - m) * inv - 1.0f) * dl;
+    std::fill(d + live, d + Vl, 0.0f);
+  }
+}
+
+// ---- the model ----
+
 void Gpt::forward(const int32_t* tokens, int64_t row_stride, int B, int T) {
   MYRIAD_CHECK(B <= maxB_ && T <= maxT_, "batch ", B, "x", T, " exceeds ", maxB_, "x", maxT_);
-  const int C = C_, H = H_, N = B * T, W = window_;
+  const int C = C_, N = B * T, W = window_;
+  const int Cl = static_cast<int>(Cl_), Hl = static_cast<int>(Hl_), Fl = static_cast<int>(Fl_);
+  B_ = B, T_ = T, N_ = N;
+  sp_ = sp_cfg_ && N % tps_ == 0;
+  R_ = sp_ ? N / tps_ : N;
+  r0_ = sp_ ? tpr_ * R_ : 0;
+  const int R = R_;
   for (int b = 0; b < B; ++b)
     std::memcpy(&inputs_[b * T], tokens + b * row_stride, T * sizeof(int32_t));
 
-  cpu::embedding_forward(acts_[0].in, inputs_.data(), p_.wte, p_.wpe, B, T, C);
+  if (tp_)
+    embedding_forward_tp(acts_[0].in);
+  else
+    cpu::embedding_forward(acts_[0].in, inputs_.data(), p_.wte, p_.wpe, B, T, C);
   for (int64_t l = 0; l < L_; ++l) {
     LayerActs& a = acts_[l];
     const LayerTensors& w = p_.layers[l];
-    float* next = l + 1 < L_ ? acts_[l + 1].in : out_;  // (B,T,C)
+    float* next = l + 1 < L_ ? acts_[l + 1].in : out_;  // (R,C)
 
-    cpu::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.in, w.ln1_w, w.ln1_b, N, C);
-    cpu::linear_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, C, 3 * C);
-    cpu::attention_forward(a.atty, a.probs, a.qkv, B, T, C, H, W);
+    cpu::layernorm_forward(local_rows(a.ln1, C), a.ln1_mean, a.ln1_rstd, a.in, w.ln1_w, w.ln1_b,
+                           R, C);
+    column_input_forward(a.ln1, C);
+    cpu::linear_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, C, 3 * Cl);
+    cpu::attention_forward(a.atty, a.probs, a.qkv, B, T, Cl, Hl, W);
     // Both block forms start with the attention branch added to the residual stream.
     float* attn_sum = parallel_block_ ? next : a.mid;
-    cpu::linear_forward(attn_sum, a.atty, w.proj_w, w.proj_b, N, C, C);
-    cpu::residual_forward(attn_sum, attn_sum, a.in, int64_t(N) * C);
+    row_parallel_forward(attn_sum, a.atty, w.proj_w, w.proj_b, Cl, C);
+    cpu::residual_forward(attn_sum, attn_sum, a.in, int64_t(R) * C);
     // The MLP reads LN2(mid) in the sequential block and the shared LN1(in) in the parallel one.
     const float* mlp_in = a.ln1;
     if (!parallel_block_) {
-      cpu::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.mid, w.ln2_w, w.ln2_b, N, C);
+      cpu::layernorm_forward(local_rows(a.ln2, C), a.ln2_mean, a.ln2_rstd, a.mid, w.ln2_w,
+                             w.ln2_b, R, C);
+      column_input_forward(a.ln2, C);
       mlp_in = a.ln2;
     }
-    cpu::linear_forward(a.fc, mlp_in, w.fc_w, w.fc_b, N, C, 4 * C);
-    cpu::gelu_forward(a.gelu, a.fc, int64_t(N) * 4 * C);
+    cpu::linear_forward(a.fc, mlp_in, w.fc_w, w.fc_b, N, C, Fl);
+    cpu::gelu_forward(a.gelu, a.fc, int64_t(N) * Fl);
     float* mlp_out = tmp_.data();
-    cpu::linear_forward(mlp_out, a.gelu, w.fcproj_w, w.fcproj_b, N, 4 * C, C);
-    cpu::residual_forward(next, attn_sum, mlp_out, int64_t(N) * C);
+    row_parallel_forward(mlp_out, a.gelu, w.fcproj_w, w.fcproj_b, Fl, C);
+    cpu::residual_forward(next, attn_sum, mlp_out, int64_t(R) * C);
   }
-  cpu::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, out_, p_.lnf_w, p_.lnf_b, N, C);
+  cpu::layernorm_forward(local_rows(lnf_, C), lnf_mean_, lnf_rstd_, out_, p_.lnf_w, p_.lnf_b, R,
+                         C);
+  column_input_forward(lnf_, C);
   cpu::linear_forward(logits_.data(), lnf_, p_.wte, static_cast<const float*>(nullptr), N, C,
-                      static_cast<int>(Vp_));
+                      static_cast<int>(Vl_));
 }
 
 float Gpt::loss(const int32_t* tokens, int B) {
@@ -124,28 +400,37 @@ float Gpt::loss(const int32_t* tokens, int B) {
   forward(tokens, T + 1, B, T);
   for (int b = 0; b < B; ++b)
     std::memcpy(&targets_[b * T], tokens + b * (T + 1) + 1, T * sizeof(int32_t));
-  cpu::crossentropy_forward(losses_.data(), logits_.data(), targets_.data(), N, V_, Vp_);
+  if (tp_)
+    crossentropy_forward_tp();
+  else
+    cpu::crossentropy_forward(losses_.data(), logits_.data(), targets_.data(), N, V_, Vp_);
   double sum = 0;  // fixed order: the loss is bitwise reproducible
   for (int i = 0; i < N; ++i) sum += losses_[i];
   return static_cast<float>(sum / N);
 }
 
 float Gpt::forward_backward(const int32_t* tokens, int B, float grad_scale) {
-  const int T = maxT_, C = C_, H = H_, N = B * T, W = window_;
+  const int T = maxT_, C = C_, N = B * T, W = window_;
+  const int Cl = static_cast<int>(Cl_), Hl = static_cast<int>(Hl_), Fl = static_cast<int>(Fl_);
   const int64_t NC = int64_t(N) * C;
   const float mean_loss = loss(tokens, B);
+  const int R = R_;
 
   // d(mean loss)/d(loss_i) = grad_scale / N; dlogits overwrite the logits in place.
   std::vector<float>& dlosses = losses_;
   std::fill(dlosses.begin(), dlosses.begin() + N, grad_scale / N);
   float* dlogits = logits_.data();
-  cpu::crossentropy_backward(dlogits, dlogits, targets_.data(), dlosses.data(), N, V_, Vp_);
+  if (tp_)
+    crossentropy_backward_tp(dlosses.data());
+  else
+    cpu::crossentropy_backward(dlogits, dlogits, targets_.data(), dlosses.data(), N, V_, Vp_);
   zero(dln_, NC);
   cpu::linear_backward(dln_.data(), g_.wte, static_cast<float*>(nullptr), dlogits, lnf_, p_.wte,
-                       N, C, static_cast<int>(Vp_));
+                       N, C, static_cast<int>(Vl_));
+  float* dlnf = column_input_backward(dln_.data(), C);
   zero(dresid_, NC);
-  cpu::layernorm_backward(dresid_.data(), g_.lnf_w, g_.lnf_b, dln_.data(), out_, p_.lnf_w,
-                          lnf_mean_, lnf_rstd_, N, C);
+  cpu::layernorm_backward(dresid_.data(), g_.lnf_w, g_.lnf_b, dlnf, out_, p_.lnf_w, lnf_mean_,
+                          lnf_rstd_, R, C);
 
   // dresid_ holds the gradient of the residual stream; walking down a layer adds each
   // branch's input gradient into it in place (the backward ops accumulate).
@@ -154,41 +439,96 @@ float Gpt::forward_backward(const int32_t* tokens, int B, float grad_scale) {
     const LayerTensors& w = p_.layers[l];
     const LayerTensors& g = g_.layers[l];
     float* dresid = dresid_.data();
+    // The gradient at the layer's output as the row-parallel GEMMs need it (all rows).
+    const float* dout = row_parallel_dout(dresid, C);
 
     // MLP branch: its output gradient is the residual gradient at the layer's output.
-    zero(dgelu_, NC * 4);
-    zero(dfc_, NC * 4);
+    zero(dgelu_, int64_t(N) * Fl);
+    zero(dfc_, int64_t(N) * Fl);
     zero(dln_, NC);
-    cpu::linear_backward(dgelu_.data(), g.fcproj_w, g.fcproj_b, dresid, a.gelu, w.fcproj_w, N,
-                         4 * C, C);
-    cpu::gelu_backward(dfc_.data(), a.fc, dgelu_.data(), NC * 4);
+    row_parallel_backward(dgelu_.data(), g.fcproj_w, g.fcproj_b, dout, dresid, a.gelu,
+                          w.fcproj_w, Fl, C);
+    cpu::gelu_backward(dfc_.data(), a.fc, dgelu_.data(), int64_t(N) * Fl);
     cpu::linear_backward(dln_.data(), g.fc_w, g.fc_b, dfc_.data(),
-                         parallel_block_ ? a.ln1 : a.ln2, w.fc_w, N, C, 4 * C);
+                         parallel_block_ ? a.ln1 : a.ln2, w.fc_w, N, C, Fl);
     if (!parallel_block_) {
       // dresid becomes the gradient at mid: the pass-through plus LN2's input gradient.
-      cpu::layernorm_backward(dresid, g.ln2_w, g.ln2_b, dln_.data(), a.mid, w.ln2_w, a.ln2_mean,
-                              a.ln2_rstd, N, C);
+      float* dln2 = column_input_backward(dln_.data(), C);
+      cpu::layernorm_backward(dresid, g.ln2_w, g.ln2_b, dln2, a.mid, w.ln2_w, a.ln2_mean,
+                              a.ln2_rstd, R, C);
       zero(dln_, NC);
+      dout = row_parallel_dout(dresid, C);
     }
     // Attention branch (in the parallel block dln_ still holds the MLP's share of LN1's output
     // gradient, and the attention's share adds to it).
-    zero(datty_, NC);
-    zero(dqkv_, NC * 3);
-    cpu::linear_backward(datty_.data(), g.proj_w, g.proj_b, dresid, a.atty, w.proj_w, N, C, C);
-    cpu::attention_backward(dqkv_.data(), datty_.data(), a.qkv, a.probs, B, T, C, H, W);
+    zero(datty_, int64_t(N) * Cl);
+    zero(dqkv_, int64_t(N) * 3 * Cl);
+    row_parallel_backward(datty_.data(), g.proj_w, g.proj_b, dout, dresid, a.atty, w.proj_w, Cl,
+                          C);
+    cpu::attention_backward(dqkv_.data(), datty_.data(), a.qkv, a.probs, B, T, Cl, Hl, W);
     cpu::linear_backward(dln_.data(), g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, w.qkv_w, N, C,
-                         3 * C);
-    cpu::layernorm_backward(dresid, g.ln1_w, g.ln1_b, dln_.data(), a.in, w.ln1_w, a.ln1_mean,
-                            a.ln1_rstd, N, C);
+                         3 * Cl);
+    float* dln1 = column_input_backward(dln_.data(), C);
+    cpu::layernorm_backward(dresid, g.ln1_w, g.ln1_b, dln1, a.in, w.ln1_w, a.ln1_mean,
+                            a.ln1_rstd, R, C);
   }
-  cpu::embedding_backward(g_.wte, g_.wpe, dresid_.data(), inputs_.data(), B, T, C);
+  if (tp_)
+    embedding_backward_tp(dresid_.data());
+  else
+    cpu::embedding_backward(g_.wte, g_.wpe, dresid_.data(), inputs_.data(), B, T, C);
   return mean_loss;
+}
+
+void Gpt::finish_grads() {
+  if (!sp_cfg_) return;
+  // Every replicated tensor (norms, row-parallel biases, wpe) saw only this rank's tokens:
+  // one all-reduce of all of them, packed in layout order.
+  int64_t n = 0;
+  for (const ParamSpec& p : layout_.tensors())
+    if (p.replicated()) n += p.numel;
+  std::vector<float> packed(n);
+  int64_t at = 0;
+  for (const ParamSpec& p : layout_.tensors())
+    if (p.replicated()) {
+      std::memcpy(packed.data() + at, grads_.data() + p.offset, p.numel * sizeof(float));
+      at += p.numel;
+    }
+  parallel::sum_over_group(tp_, packed.data(), n);
+  at = 0;
+  for (const ParamSpec& p : layout_.tensors())
+    if (p.replicated()) {
+      std::memcpy(grads_.data() + p.offset, packed.data() + at, p.numel * sizeof(float));
+      at += p.numel;
+    }
+}
+
+double Gpt::grad_norm() const {
+  double split = 0, replicated = 0;
+  for (const ParamSpec& p : layout_.tensors())
+    (p.replicated() ? replicated : split) += sum_squares(grads_.data() + p.offset, p.numel);
+  return std::sqrt(parallel::sum_over_group(tp_, split) + replicated);
 }
 
 void Gpt::last_logits(const int32_t* tokens, int B, int T, float* out) {
   forward(tokens, T, B, T);
+  if (!tp_) {
+    for (int b = 0; b < B; ++b)
+      std::memcpy(out + b * Vp_, logits_.data() + (int64_t(b) * T + T - 1) * Vp_,
+                  Vp_ * sizeof(float));
+    return;
+  }
+  // This rank's vocabulary columns of each row's last position, gathered over the ranks:
+  // rank q's block is columns [q Vl, (q+1) Vl).
+  const int64_t chunk = int64_t(B) * Vl_;
+  std::vector<float> all(chunk * tps_);
+  float* mine = all.data() + tpr_ * chunk;
   for (int b = 0; b < B; ++b)
-    std::memcpy(out + b * Vp_, logits_.data() + (int64_t(b) * T + T - 1) * Vp_, Vp_ * sizeof(float));
+    std::memcpy(mine + b * Vl_, logits_.data() + (int64_t(b) * T + T - 1) * Vl_,
+                Vl_ * sizeof(float));
+  GatherFromSequence::forward(tp_, mine, all.data(), chunk);
+  for (int q = 0; q < tps_; ++q)
+    for (int b = 0; b < B; ++b)
+      std::memcpy(out + b * Vp_ + q * Vl_, all.data() + q * chunk + b * Vl_, Vl_ * sizeof(float));
 }
 
 double Gpt::flops_per_token() const {

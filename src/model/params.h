@@ -16,6 +16,17 @@
 // Biases (".b") exist only with model.bias = true. Linear weights are (out, in) as in PyTorch.
 // Each layer's tensors are contiguous in the flat buffer, in layer order, so that a pipeline
 // stage or a gradient bucket is one slice.
+//
+// Tensor parallelism (TP degree t, rank r): a rank's layout holds the same tensors in the same
+// order, each either whole (replicated) or its r-th of t equal contiguous blocks along one
+// dimension (split_dim):
+//   rows (0):    wte (vocab-parallel, Vp/t rows), attn.qkv.w/.b (by heads: H/t heads' (3,D)
+//                rows), mlp.fc.w/.b (4C/t rows)                        column-parallel
+//   columns (1): attn.proj.w (H/t heads' (D) columns), mlp.proj.w (4C/t columns)   row-parallel
+//   whole:       wpe, the LayerNorms, attn.proj.b, mlp.proj.b (added once after the reduction)
+// `shape` and `numel` are the local shard's, `offset` its place in the rank's flat buffer;
+// `global_shape` and `global_offset` place the shard in the canonical tensor (what checkpoints
+// store). With t = 1 the shard is the whole tensor and the layout is the canonical one.
 #pragma once
 
 #include <cstdint>
@@ -28,24 +39,35 @@ namespace myriad {
 
 struct ParamSpec {
   std::string name;
-  std::vector<int64_t> shape;  // global shape
+  std::vector<int64_t> shape;  // of this rank's shard (the global shape without TP)
   int64_t offset = 0;          // in the flat buffer (elements)
-  int64_t numel = 0;
+  int64_t numel = 0;           // of the shard
   bool decay = false;          // weight decay applies (matrices and embeddings, not biases/norms)
   double init_std = 0;         // normal(0, init_std) when > 0, else the constant init_value
   double init_value = 0;
   int64_t layer = -1;          // transformer layer, -1 for embeddings and the final norm
+  std::vector<int64_t> global_shape;   // of the canonical tensor
+  std::vector<int64_t> global_offset;  // of the shard inside it, per dimension
+  int split_dim = -1;                  // the dimension TP splits; -1 = replicated on every rank
+
+  bool replicated() const { return split_dim < 0; }
+  // The canonical (row-major) element index of the shard's element i.
+  int64_t global_index(int64_t i) const;
 };
 
 class ParamLayout {
  public:
-  explicit ParamLayout(const Config& cfg);
+  // The layout of TP rank tp_rank of tp_size; (0, 1) is the canonical global layout.
+  // tp_size must divide model.heads and the padded vocabulary.
+  explicit ParamLayout(const Config& cfg, int tp_rank = 0, int tp_size = 1);
   const std::vector<ParamSpec>& tensors() const { return tensors_; }
   const ParamSpec& find(const std::string& name) const;  // internal error when absent
   const ParamSpec* get(const std::string& name) const;   // null when absent
-  int64_t total() const { return total_; }
+  int64_t total() const { return total_; }  // elements of this rank's flat buffer
+  int tp_rank() const { return tp_rank_; }
+  int tp_size() const { return tp_size_; }
   // Weights of every matmul counted once (QKV, attention out, MLP, and the LM head = the tied
-  // embedding), the N of MFU's 6N: no biases, norms or position table.
+  // embedding), the N of MFU's 6N: no biases, norms or position table. Of the global model.
   int64_t matmul_params() const { return matmul_params_; }
   int64_t vocab_size() const { return vocab_size_; }  // unpadded
 
@@ -54,10 +76,12 @@ class ParamLayout {
   int64_t total_ = 0;
   int64_t matmul_params_ = 0;
   int64_t vocab_size_ = 0;
+  int tp_rank_ = 0, tp_size_ = 1;
 };
 
-// Fills the flat buffer: element i of tensor `name` is drawn from a counter-based generator
-// keyed by (seed, name, i), so every layout materializes the same global model.
+// Fills the flat buffer: element i (canonical index) of tensor `name` is drawn from a
+// counter-based generator keyed by (seed, name, i), so every layout, TP shards included,
+// materializes its slice of the same global model.
 void init_params(float* params, const ParamLayout& layout, int64_t seed);
 
 }  // namespace myriad

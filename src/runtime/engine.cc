@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "model/gpt.h"
 #include "optim/optimizer.h"
+#include "parallel/mappings.h"
 #ifdef MYRIAD_HAVE_CUDA
 #include "model/cuda/gpt_cuda.h"
 #endif
@@ -14,11 +15,12 @@
 namespace myriad {
 namespace {
 
-// The CPU backend: the Gpt of model/ and the optimizers of optim/, fp32 throughout.
+// The CPU backend: the Gpt of model/ and the optimizers of optim/, fp32 throughout. With tensor
+// parallelism the model and the optimizer hold this rank's shards (AdamW is elementwise).
 class CpuEngine final : public Engine {
  public:
-  explicit CpuEngine(const Config& cfg)
-      : cfg_(cfg), model_(cfg), optimizer_(make_optimizer(cfg.optim, model_.layout())) {}
+  CpuEngine(const Config& cfg, const parallel::ParallelContext* par)
+      : cfg_(cfg), model_(cfg, par), optimizer_(make_optimizer(cfg.optim, model_.layout())) {}
 
   const ParamLayout& layout() const override { return model_.layout(); }
   std::string device() const override { return cat("cpu (", omp_get_max_threads(), " threads)"); }
@@ -35,7 +37,21 @@ class CpuEngine final : public Engine {
     if (!std::isfinite(r.loss))
       throw Error(ErrorClass::kNumerics, cat("step ", step, ": loss is ", r.loss,
                                              "; lower optim.lr or resume from an earlier checkpoint"));
-    r.grad_norm = clip_grad_norm(model_.grads(), model_.num_params(), cfg_.optim.grad_clip);
+    if (model_.tp_size() > 1) {
+      // The norm over every shard (replicated tensors once), then PyTorch's clipping rule.
+      model_.finish_grads();
+      r.grad_norm = model_.grad_norm();
+      const double coef = cfg_.optim.grad_clip / (r.grad_norm + 1e-6);
+      if (cfg_.optim.grad_clip > 0 && coef < 1.0) {
+        const float c = static_cast<float>(coef);
+        float* g = model_.grads();
+        const int64_t n = model_.num_params();
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; ++i) g[i] *= c;
+      }
+    } else {
+      r.grad_norm = clip_grad_norm(model_.grads(), model_.num_params(), cfg_.optim.grad_clip);
+    }
     r.lr = lr;
     optimizer_->step(model_.params(), model_.grads(), lr);
     return r;
@@ -68,9 +84,17 @@ bool cuda_available() {
 #endif
 }
 
-std::unique_ptr<Engine> make_engine(const Config& cfg) {
+std::unique_ptr<Engine> make_engine(const Config& cfg, const parallel::ParallelContext* parallel) {
   const std::string& d = cfg.train.device;
+  const int tp = parallel ? parallel->tp_size() : 1;
+  if (tp > 1 && cfg.optim.name == "lamb")
+    throw_input("config: optim.name = \"lamb\" is not supported with parallel.tp = ", tp,
+                " yet (its per-tensor trust ratios would need norms over the tensor-parallel "
+                "shards); use adamw");
   if (d == "cuda" || (d == "auto" && cuda_available())) {
+    if (tp > 1)
+      throw_input("config: parallel.tp = ", tp, " runs on the CPU engine only so far; set "
+                  "train.device = \"cpu\"");
 #ifdef MYRIAD_HAVE_CUDA
     if (!cuda_available())
       throw_input("config: train.device = \"cuda\" but no GPU is visible; use cpu or auto");
@@ -80,7 +104,7 @@ std::unique_ptr<Engine> make_engine(const Config& cfg) {
                 "at build time); use cpu or auto");
 #endif
   }
-  return std::make_unique<CpuEngine>(cfg);
+  return std::make_unique<CpuEngine>(cfg, parallel);
 }
 
 }  // namespace myriad

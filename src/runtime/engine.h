@@ -8,9 +8,17 @@
 
 namespace myriad {
 
+namespace parallel {
+struct ParallelContext;
+}
+
 // auto picks CUDA when this build has it and a GPU is visible, else the CPU. cuda without a
 // GPU (or in a build without CUDA) is an input error.
-std::unique_ptr<Engine> make_engine(const Config& cfg);
+// parallel: this rank's tensor-parallel group (nullptr = the whole model in this process). With
+// a group of more than one rank the engine holds this rank's shards (layout() is the local
+// layout; host_state() the local shards); that runs on the CPU engine only, with AdamW.
+std::unique_ptr<Engine> make_engine(const Config& cfg,
+                                    const parallel::ParallelContext* parallel = nullptr);
 
 // Whether this build can run on a GPU here.
 bool cuda_available();

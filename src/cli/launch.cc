@@ -1,0 +1,182 @@
+// `myriad launch`: starts this node's workers of a multi-process run (src/driver does the work),
+// and `myriad comm-check`, a hidden worker that checks the rank environment and the world group.
+//
+//   myriad launch --nproc-per-node N [--nnodes M --node-rank R] [--rdzv URL] [--job NAME]
+//                 [--grace-period S] -- <subcommand> [its arguments...]
+//   myriad comm-check [--size-kb K] [--timeout S] [--run-dir DIR]      (under myriad launch)
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/args.h"
+#include "comm/communicator.h"
+#include "comm/rendezvous.h"
+#include "comm/store.h"
+#include "core/error.h"
+#include "core/fault.h"
+#include "core/log.h"
+#include "driver/launcher.h"
+#include "driver/plan.h"
+
+namespace myriad::cli {
+namespace {
+
+// The path of this binary, for the workers' argv[0] (they execute /proc/self/exe itself, which
+// stays valid even when the file is replaced meanwhile).
+std::string self_path() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "myriad";
+}
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v)
+    throw_input("comm-check: ", name, " is not set: run it under myriad launch, e.g. "
+                "myriad launch --nproc-per-node 2 -- comm-check");
+  try {
+    size_t used = 0;
+    const long long x = std::stoll(v, &used);
+    if (used == std::string(v).size() && x >= 0 && x <= (1 << 24)) return static_cast<int>(x);
+  } catch (...) {
+  }
+  throw_input("comm-check: ", name, " must be an integer 0..", 1 << 24, ", got '", v, "'");
+}
+
+// The fault point "comm_check" (core/fault.h), reached before the store is opened:
+//   comm_check:kill | fail               every rank (fault::trigger)
+//   comm_check:R:kill | R:fail           rank R only
+//   comm_check:[R:]hang                  sleeps until killed
+//   comm_check:[R:]hang_ignore_term      the same, ignoring SIGTERM and SIGINT (only SIGKILL ends it)
+void comm_check_fault(int rank) {
+  std::string a = fault::action("comm_check");
+  if (a.empty()) return;
+  const size_t colon = a.find(':');
+  if (colon == std::string::npos && (a == "kill" || a == "fail")) fault::trigger("comm_check");
+  if (colon != std::string::npos) {
+    if (a.substr(0, colon) != std::to_string(rank)) return;
+    a = a.substr(colon + 1);
+  }
+  if (a == "kill") raise(SIGKILL);
+  if (a == "fail") throw_runtime("injected fault at comm_check: rank ", rank, " failed");
+  if (a == "hang" || a == "hang_ignore_term") {
+    if (a == "hang_ignore_term") signal(SIGTERM, SIG_IGN), signal(SIGINT, SIG_IGN);
+    log::info("comm-check: rank ", rank, " hangs (injected fault ", a, ")");
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  throw_input("comm-check: unknown fault '", a, "' in MYRIAD_INJECT_FAULT (comm_check:[RANK:]"
+              "kill|fail|hang|hang_ignore_term)");
+}
+
+}  // namespace
+
+int cmd_launch(int argc, char** argv) {
+  int sep = -1;
+  for (int i = 0; i < argc && sep < 0; ++i)
+    if (std::string(argv[i]) == "--") sep = i;
+  if (sep < 0)
+    throw_input("launch: expected '--' and then the subcommand to run, e.g. "
+                "myriad launch --nproc-per-node 4 -- train --config FILE");
+  Args args("launch", sep, argv,
+            {"nproc-per-node", "nnodes", "node-rank", "rdzv", "job", "grace-period"});
+  driver::LaunchFlags flags;
+  args.required("nproc-per-node");
+  flags.nproc_per_node = args.get_int("nproc-per-node", 0);
+  if (args.has("nnodes")) flags.nnodes = args.get_int("nnodes", 1);
+  if (args.has("node-rank")) flags.node_rank = args.get_int("node-rank", 0);
+  flags.rdzv = args.get("rdzv");
+  flags.job = args.get("job");
+  if (args.has("job") && flags.job.empty()) throw_input("launch: --job must not be empty");
+  for (int i = sep + 1; i < argc; ++i) flags.command.push_back(argv[i]);
+  driver::Launcher::Options options;
+  options.grace_s = args.get_double("grace-period", 10);
+  if (!(options.grace_s >= 0 && options.grace_s <= 3600))
+    throw_input("launch: --grace-period must be 0..3600 seconds, got ", args.get("grace-period"));
+
+  driver::LaunchPlan plan = driver::plan_launch(flags, driver::process_env());
+  driver::prepare_run_dir(plan);
+  const int first = plan.node_rank * plan.nproc_per_node;
+  log::info("launch: ", plan.command[0], " on ranks ", first, "..", first + plan.nproc_per_node - 1,
+            " of ", plan.world_size, ", ", plan.origin, "; job ", plan.job, ", store ",
+            driver::without_password(plan.rdzv), "; logs in ", plan.log_dir);
+
+  driver::Launcher launcher(options);
+  for (const driver::WorkerSpec& spec : driver::worker_specs(plan, "/proc/self/exe", self_path()))
+    launcher.spawn(spec);
+  const driver::RunResult r = launcher.run();
+  if (r.failure) {
+    std::fprintf(stderr, "myriad: launch: rank %d %s; logs in %s\n", r.failure->rank,
+                 r.failure->describe().c_str(), plan.log_dir.c_str());
+  } else if (r.signal != 0) {
+    std::fprintf(stderr, "myriad: launch: %s received, the workers were stopped (%s); logs in %s\n",
+                 driver::signal_name(r.signal).c_str(), class_name(ErrorClass::kRuntime),
+                 plan.log_dir.c_str());
+  } else {
+    log::info("launch: all ", r.exits.size(), " worker(s) exited with code 0 in ",
+              static_cast<int64_t>(r.seconds * 1000), " ms");
+  }
+  return r.exit_code();
+}
+
+int cmd_comm_check(int argc, char** argv) {
+  Args args("comm-check", argc, argv, {"size-kb", "timeout", "run-dir"});
+  const long long size_kb = args.get_int("size-kb", 64);
+  if (size_kb < 1 || size_kb > (1 << 20)) throw_input("comm-check: --size-kb must be 1..1048576");
+  const double timeout_s = args.get_double("timeout", 60);
+  if (!(timeout_s > 0)) throw_input("comm-check: --timeout must be > 0 seconds");
+  const int rank = env_int("MYRIAD_RANK"), size = env_int("MYRIAD_WORLD_SIZE");
+  if (size < 1 || rank >= size)
+    throw_input("comm-check: MYRIAD_RANK ", rank, " is not below MYRIAD_WORLD_SIZE ", size);
+  const std::string url = env_or("MYRIAD_RDZV", "");
+  if (url.empty()) throw_input("comm-check: MYRIAD_RDZV is not set: run it under myriad launch");
+  const std::string attempt = env_or("MYRIAD_ATTEMPT", "0");
+  log::info("comm-check: rank ", rank, " of ", size, " (local rank ",
+            env_or("MYRIAD_LOCAL_RANK", "?"), " of ", env_or("MYRIAD_LOCAL_WORLD_SIZE", "?"),
+            ", node ", env_or("MYRIAD_NODE_RANK", "?"), " of ", env_or("MYRIAD_NNODES", "?"),
+            "), job ", env_or("MYRIAD_JOB", "?"), ", attempt ", attempt, ", store ",
+            driver::without_password(url));
+  comm_check_fault(rank);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  std::shared_ptr<comm::Store> store = comm::make_store(url, attempt, timeout_s);
+  comm::CommOptions options;
+  options.backend = "gloo";
+  options.timeout_s = timeout_s;
+  comm::GroupSpec world_spec;
+  world_spec.name = "world", world_spec.rank = rank, world_spec.size = size;
+  std::vector<std::unique_ptr<comm::Communicator>> groups =
+      comm::make_groups(store, {world_spec}, options);
+  comm::Communicator& world = *groups.at(0);
+  const auto t1 = std::chrono::steady_clock::now();
+
+  const int64_t count = size_kb * 1024 / static_cast<int64_t>(sizeof(float));
+  std::vector<float> buf(static_cast<size_t>(count), static_cast<float>(rank + 1));
+  world.all_reduce(buf.data(), count)->wait();
+  world.barrier()->wait();  // nobody leaves while a peer may still be reading from it
+  const auto t2 = std::chrono::steady_clock::now();
+  // Sums of integers are exact in float32 up to 2^24 (N <= 5792 ranks).
+  const double expected = 0.5 * size * (size + 1.0);
+  for (int64_t i = 0; i < count; ++i)
+    if (buf[static_cast<size_t>(i)] != static_cast<float>(expected))
+      throw Error(ErrorClass::kComm,
+                  cat("comm-check: rank ", rank, ": all_reduce gave ", buf[static_cast<size_t>(i)],
+                      " at element ", i, ", expected ", expected));
+  using ms = std::chrono::duration<double, std::milli>;
+  log::info("comm-check: set-up ", static_cast<int64_t>(ms(t1 - t0).count()), " ms, all_reduce of ",
+            size_kb, " KiB and a barrier ", static_cast<int64_t>(ms(t2 - t1).count()), " ms");
+  std::cout << "comm-check ok: rank " << rank << " of " << size << std::endl;
+  return 0;
+}
+
+}  // namespace myriad::cli

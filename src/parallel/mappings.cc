@@ -1,0 +1,86 @@
+#include "parallel/mappings.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace myriad::parallel {
+
+int ParallelContext::tp_rank() const { return group_rank(tp); }
+int ParallelContext::tp_size() const { return group_size(tp); }
+
+int group_size(const Communicator* c) { return c ? c->size() : 1; }
+int group_rank(const Communicator* c) { return c ? c->rank() : 0; }
+
+namespace {
+bool active(const Communicator* c) { return c != nullptr && c->size() > 1; }
+
+void copy(const float* from, float* to, int64_t n) {
+  if (from != to) std::memmove(to, from, n * sizeof(float));
+}
+}  // namespace
+
+void CopyToTp::backward(Communicator* tp, float* grad, int64_t count) {
+  if (active(tp)) tp->all_reduce(grad, count)->wait();
+}
+
+void ReduceFromTp::forward(Communicator* tp, float* x, int64_t count) {
+  if (active(tp)) tp->all_reduce(x, count)->wait();
+}
+
+void GatherFromSequence::forward(Communicator* tp, const float* local, float* full, int64_t chunk) {
+  if (!active(tp)) return copy(local, full, chunk);
+  tp->all_gather(local, full, chunk)->wait();
+}
+
+void GatherFromSequence::backward(Communicator* tp, const float* dfull, float* dlocal,
+                                  int64_t chunk) {
+  if (!active(tp)) return copy(dfull, dlocal, chunk);
+  tp->reduce_scatter(dfull, dlocal, chunk)->wait();
+}
+
+void ReduceScatterToSequence::forward(Communicator* tp, const float* full, float* local,
+                                      int64_t chunk) {
+  GatherFromSequence::backward(tp, full, local, chunk);
+}
+
+void ReduceScatterToSequence::backward(Communicator* tp, const float* dlocal, float* dfull,
+                                       int64_t chunk) {
+  GatherFromSequence::forward(tp, dlocal, dfull, chunk);
+}
+
+double sum_over_group(Communicator* c, double local) {
+  if (!active(c)) return local;
+  const int n = c->size(), r = c->rank();
+  static_assert(sizeof(double) == 2 * sizeof(float));
+  std::vector<float> parts(2 * n);  // each rank's double, its bytes carried as two floats
+  std::memcpy(parts.data() + 2 * r, &local, sizeof(double));
+  c->all_gather(parts.data() + 2 * r, parts.data(), 2)->wait();
+  double sum = 0;
+  for (int q = 0; q < n; ++q) {
+    double v;
+    std::memcpy(&v, parts.data() + 2 * q, sizeof(double));
+    sum += v;
+  }
+  return sum;
+}
+
+void sum_over_group(Communicator* c, float* x, int64_t count) {
+  if (active(c)) c->all_reduce(x, count)->wait();
+}
+
+void max_over_group(Communicator* c, float* x, int64_t count) {
+  if (!active(c)) return;
+  const int n = c->size();
+  std::vector<float> all(static_cast<size_t>(count) * n);
+  c->all_gather(x, all.data(), count)->wait();
+  for (int64_t i = 0; i < count; ++i) {
+    float m = all[i];
+    for (int q = 1; q < n; ++q) m = std::max(m, all[q * count + i]);
+    x[i] = m;
+  }
+}
+
+}  // namespace myriad::parallel

@@ -1,0 +1,84 @@
+// Tensor- and sequence-parallel communication regions, kept apart from the layers.
+//
+// Each region is a pair: what the forward does to an activation and what the backward does to
+// its gradient. A tensor-parallel layer is a local GEMM on the shard of the weights between two
+// regions:
+//
+//   column-parallel (weight rows split; local output features):
+//       replicated x  -> CopyToTp               -> x W_r^T  -> (output split by features)
+//       seq-sharded x -> GatherFromSequence     -> x W_r^T
+//   row-parallel (weight columns split; local input features):
+//       y_r W_r^T     -> ReduceFromTp           -> replicated output (+ bias once)
+//       y_r W_r^T     -> ReduceScatterToSequence-> sequence-sharded output (+ bias once)
+//
+//   region                      forward                       backward
+//   CopyToTp                    identity                      all-reduce
+//   ReduceFromTp                all-reduce                    identity
+//   GatherFromSequence          all-gather along the tokens   reduce-scatter along the tokens
+//   ReduceScatterToSequence     reduce-scatter along tokens   all-gather along the tokens
+//
+// "Along the tokens": the (rows, width) activation is split into size() contiguous chunks of
+// rows, chunk r on rank r. Every function takes the tensor-parallel communicator; nullptr or a
+// group of one is the identity (a copy when the buffers differ). The collectives are issued and
+// waited for in place: a layer's GEMM needs their result at once on the CPU. Sums are Gloo's,
+// whose order is fixed by the algorithm (not by timing), and every rank receives the same bits.
+#pragma once
+
+#include <cstdint>
+
+namespace myriad::comm {
+class Communicator;
+}
+
+namespace myriad::parallel {
+
+using comm::Communicator;
+
+// The tensor-parallel setting a model is built with. tp == nullptr (or a group of one) is a
+// single process holding the whole model.
+struct ParallelContext {
+  Communicator* tp = nullptr;
+  int tp_rank() const;
+  int tp_size() const;
+};
+
+// Number of ranks, 1 for nullptr.
+int group_size(const Communicator* c);
+int group_rank(const Communicator* c);
+
+struct CopyToTp {
+  static void forward(Communicator*, float*, int64_t) {}
+  static void backward(Communicator* tp, float* grad, int64_t count);  // all-reduce in place
+};
+
+struct ReduceFromTp {
+  static void forward(Communicator* tp, float* x, int64_t count);  // all-reduce in place
+  static void backward(Communicator*, float*, int64_t) {}
+};
+
+// local (chunk) <-> full (size() * chunk); local may be full + rank() * chunk (in place).
+struct GatherFromSequence {
+  static void forward(Communicator* tp, const float* local, float* full, int64_t chunk);
+  static void backward(Communicator* tp, const float* dfull, float* dlocal, int64_t chunk);
+};
+
+struct ReduceScatterToSequence {
+  static void forward(Communicator* tp, const float* full, float* local, int64_t chunk);
+  static void backward(Communicator* tp, const float* dlocal, float* dfull, int64_t chunk);
+};
+
+// Sum of one double per rank, identical bits on every rank and independent of timing: every
+// rank's value travels exactly (its 8 bytes as two floats, which a gather only copies) and the
+// values are added in rank order.
+// For norms whose parts live on different ranks.
+double sum_over_group(Communicator* c, double local);
+
+// Sum over the ranks of x[i], for each i, in place (x[count]): an all-reduce whose order of
+// additions is fixed by the algorithm, the same bits on every rank.
+void sum_over_group(Communicator* c, float* x, int64_t count);
+
+// The largest of x[i] over the ranks, for each i, in place (x[count]): all-gather then max in
+// rank order.
+void max_over_group(Communicator* c, float* x, int64_t count);
+
+}  // namespace myriad::parallel

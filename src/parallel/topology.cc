@@ -1,0 +1,136 @@
+#include "parallel/topology.h"
+
+#include "core/error.h"
+
+namespace myriad::parallel {
+
+const char* dim_name(Dim d) {
+  switch (d) {
+    case Dim::kTp: return "tp";
+    case Dim::kDp: return "dp";
+    case Dim::kPp: return "pp";
+  }
+  return "?";
+}
+
+namespace {
+int idx(Dim d) { return static_cast<int>(d); }
+
+std::array<Dim, 3> parse_order(const std::string& order) {
+  std::array<Dim, 3> dims{};
+  bool seen[3] = {false, false, false};
+  size_t pos = 0;
+  int n = 0;
+  bool ok = true;
+  while (ok && pos <= order.size()) {
+    size_t dash = order.find('-', pos);
+    std::string part = order.substr(pos, dash == std::string::npos ? std::string::npos : dash - pos);
+    Dim d;
+    if (part == "tp") d = Dim::kTp;
+    else if (part == "dp") d = Dim::kDp;
+    else if (part == "pp") d = Dim::kPp;
+    else { ok = false; break; }
+    if (n == 3 || seen[idx(d)]) { ok = false; break; }
+    seen[idx(d)] = true;
+    dims[n++] = d;
+    if (dash == std::string::npos) break;
+    pos = dash + 1;
+  }
+  if (!ok || n != 3)
+    throw_input("parallel.order = \"", order,
+                "\" must name tp, dp and pp once each, fastest first, joined by '-' (e.g. "
+                "\"tp-dp-pp\")");
+  return dims;
+}
+}  // namespace
+
+Topology::Topology(int world, int tp, int pp, int dp, const std::string& order)
+    : world_(world), order_(order) {
+  if (world < 1) throw_input("world size must be at least 1, got ", world);
+  if (tp < 1) throw_input("parallel.tp must be at least 1, got ", tp);
+  if (pp < 1) throw_input("parallel.pp must be at least 1, got ", pp);
+  if (dp < 0) throw_input("parallel.dp must be 0 (world / (tp x pp)) or positive, got ", dp);
+  fastest_ = parse_order(order);
+  if (dp == 0) {
+    if (world % (tp * pp) != 0)
+      throw_input("world ", world, " is not divisible by tp ", tp, " x pp ", pp, " = ", tp * pp,
+                  " (dp = world / (tp x pp))");
+    dp = world / (tp * pp);
+  } else if (tp * pp * dp != world) {
+    throw_input("world ", world, " is not tp ", tp, " x pp ", pp, " x dp ", dp, " = ",
+                tp * pp * dp, " (set parallel.dp = 0 to derive it from the world size)");
+  }
+  sizes_[idx(Dim::kTp)] = tp;
+  sizes_[idx(Dim::kDp)] = dp;
+  sizes_[idx(Dim::kPp)] = pp;
+  int stride = 1;
+  for (Dim d : fastest_) {
+    strides_[idx(d)] = stride;
+    stride *= sizes_[idx(d)];
+  }
+}
+
+Topology Topology::from_config(const ParallelConfig& cfg, int world) {
+  return Topology(world, static_cast<int>(cfg.tp), static_cast<int>(cfg.pp),
+                  static_cast<int>(cfg.dp), cfg.order);
+}
+
+void Topology::check_rank(int rank) const {
+  MYRIAD_CHECK(rank >= 0 && rank < world_, "rank ", rank, " outside world ", world_);
+}
+
+Coord Topology::coord(int rank) const {
+  check_rank(rank);
+  auto at = [&](Dim d) { return rank / strides_[idx(d)] % sizes_[idx(d)]; };
+  return {at(Dim::kTp), at(Dim::kDp), at(Dim::kPp)};
+}
+
+int Topology::rank_of(const Coord& c) const {
+  int r = 0;
+  for (Dim d : {Dim::kTp, Dim::kDp, Dim::kPp}) {
+    MYRIAD_CHECK(c[d] >= 0 && c[d] < sizes_[idx(d)], dim_name(d), " coordinate ", c[d],
+                 " outside ", sizes_[idx(d)]);
+    r += c[d] * strides_[idx(d)];
+  }
+  return r;
+}
+
+std::vector<int> Topology::group(Dim d, int rank) const {
+  const Coord c = coord(rank);
+  const int base = rank - c[d] * strides_[idx(d)];
+  std::vector<int> members(sizes_[idx(d)]);
+  for (int i = 0; i < sizes_[idx(d)]; ++i) members[i] = base + i * strides_[idx(d)];
+  return members;
+}
+
+int Topology::group_index(Dim d, int rank) const {
+  const Coord c = coord(rank);
+  int index = 0, scale = 1;
+  for (Dim o : fastest_) {
+    if (o == d) continue;
+    index += c[o] * scale;
+    scale *= sizes_[idx(o)];
+  }
+  return index;
+}
+
+std::string Topology::group_name(Dim d, int rank) const {
+  return dim_name(d) + std::to_string(group_index(d, rank));
+}
+
+std::vector<std::vector<int>> Topology::groups(Dim d) const {
+  std::vector<std::vector<int>> out(world_ / sizes_[idx(d)]);
+  for (int r = 0; r < world_; ++r)
+    if (coord(r)[d] == 0) out[group_index(d, r)] = group(d, r);
+  return out;
+}
+
+std::vector<comm::GroupSpec> Topology::group_specs(int rank) const {
+  const Coord c = coord(rank);
+  std::vector<comm::GroupSpec> specs{{"world", rank, world_}};
+  for (Dim d : {Dim::kTp, Dim::kPp, Dim::kDp})
+    specs.push_back({group_name(d, rank), c[d], sizes_[idx(d)]});
+  return specs;
+}
+
+}  // namespace myriad::parallel
