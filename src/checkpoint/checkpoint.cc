@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "core/error.h"
@@ -24,7 +25,6 @@ namespace {
 constexpr const char* kFormat = "myriad-checkpoint";
 constexpr int kVersion = 1;
 constexpr const char* kCommitMarker = "COMMITTED";
-constexpr const char* kShardFile = "shard_00000.bin";  // one file per process; rank 0 today
 
 uint32_t crc32_of(const void* data, size_t bytes) {
   return static_cast<uint32_t>(crc32_z(0L, static_cast<const Bytef*>(data), bytes));
@@ -134,18 +134,24 @@ std::string step_dir_name(int64_t step) {
 }
 
 std::string save(const std::string& root, int64_t step, nlohmann::json meta,
-                 const std::vector<Shard>& shards) {
+                 const std::vector<Shard>& shards, const SaveGroup& group) {
   const fs::path final_dir = fs::path(root) / step_dir_name(step);
-  const fs::path tmp = fs::path(root) / (step_dir_name(step) + ".partial-" + std::to_string(::getpid()));
+  const fs::path tmp = fs::path(root) / (step_dir_name(step) + ".partial");
   std::error_code ec;
-  fs::create_directories(root, ec);
-  fs::remove_all(tmp, ec);
-  if (!fs::create_directories(tmp, ec) && ec)
-    throw_runtime("checkpoint: cannot create ", tmp.string(), ": ", ec.message());
+  if (group.rank == 0) {
+    fs::create_directories(root, ec);
+    fs::remove_all(tmp, ec);
+    if (!fs::create_directories(tmp, ec) && ec)
+      throw_runtime("checkpoint: cannot create ", tmp.string(), ": ", ec.message());
+  }
+  group.barrier();
 
+  // Each rank: its shard file and its part of the tensor index.
+  char name[32];
+  std::snprintf(name, sizeof name, "shard_%05d.bin", group.rank);
   nlohmann::json index = nlohmann::json::array();
   {
-    File f((tmp / kShardFile).string(), O_WRONLY | O_CREAT | O_TRUNC);
+    File f((tmp / name).string(), O_WRONLY | O_CREAT | O_TRUNC);
     int64_t offset = 0;
     for (size_t i = 0; i < shards.size(); ++i) {
       const Shard& s = shards[i];
@@ -155,7 +161,7 @@ std::string save(const std::string& root, int64_t step, nlohmann::json meta,
       index.push_back({{"name", s.name},
                        {"dtype", "f32"},
                        {"global_shape", s.global_shape},
-                       {"pieces", {{{"file", kShardFile},
+                       {"pieces", {{{"file", name},
                                     {"byte_offset", offset},
                                     {"offset", s.offset},
                                     {"shape", s.shape},
@@ -164,21 +170,48 @@ std::string save(const std::string& root, int64_t step, nlohmann::json meta,
     }
     f.sync();
   }
-  meta["format"] = kFormat;
-  meta["version"] = kVersion;
-  meta["step"] = step;
-  meta["tensors"] = index;
-  write_text((tmp / "meta.json").string(), meta.dump(1));
-  write_text((tmp / kCommitMarker).string(), "step " + std::to_string(step) + "\n");
-  sync_dir(tmp.string());
+  std::snprintf(name, sizeof name, "index_%05d.json", group.rank);
+  write_text((tmp / name).string(), index.dump());
+  group.barrier();
 
-  // Replace a committed checkpoint of the same step only now that the new one is complete.
-  const fs::path old = fs::path(root) / (step_dir_name(step) + ".replaced-" + std::to_string(::getpid()));
-  const bool had_old = fs::exists(final_dir);
-  if (had_old) fs::rename(final_dir, old);
-  fs::rename(tmp, final_dir);
-  sync_dir(root);
-  if (had_old) fs::remove_all(old, ec);
+  // Rank 0: one index over every rank's pieces, then the commit.
+  if (group.rank == 0) {
+    nlohmann::json tensors = nlohmann::json::array();
+    std::map<std::string, size_t> where;
+    for (int r = 0; r < group.world; ++r) {
+      std::snprintf(name, sizeof name, "index_%05d.json", r);
+      std::ifstream in(tmp / name);
+      nlohmann::json part = nlohmann::json::parse(in);
+      for (auto& t : part) {
+        auto it = where.find(t["name"]);
+        if (it == where.end()) {
+          where[t["name"]] = tensors.size();
+          tensors.push_back(t);
+        } else {
+          for (auto& piece : t["pieces"]) tensors[it->second]["pieces"].push_back(piece);
+        }
+      }
+      fs::remove(tmp / name, ec);
+    }
+    meta["format"] = kFormat;
+    meta["version"] = kVersion;
+    meta["step"] = step;
+    meta["ranks"] = group.world;
+    meta["tensors"] = tensors;
+    write_text((tmp / "meta.json").string(), meta.dump(1));
+    write_text((tmp / kCommitMarker).string(), "step " + std::to_string(step) + "\n");
+    sync_dir(tmp.string());
+
+    // Replace a committed checkpoint of the same step only now that the new one is complete.
+    const fs::path old = fs::path(root) / (step_dir_name(step) + ".replaced");
+    const bool had_old = fs::exists(final_dir);
+    fs::remove_all(old, ec);
+    if (had_old) fs::rename(final_dir, old);
+    fs::rename(tmp, final_dir);
+    sync_dir(root);
+    if (had_old) fs::remove_all(old, ec);
+  }
+  group.barrier();
   return final_dir.string();
 }
 
@@ -257,7 +290,7 @@ void prune(const std::string& root, int64_t keep_last, int64_t keep_every) {
   std::vector<fs::path> done;
   for (const auto& e : fs::directory_iterator(root)) {
     const std::string name = e.path().filename().string();
-    if (name.find(".partial-") != std::string::npos || name.find(".replaced-") != std::string::npos) {
+    if (name.find(".partial") != std::string::npos || name.find(".replaced") != std::string::npos) {
       // Another live process would only own a partial save of a step we are not at; ours are
       // renamed before prune runs. Leftovers are from failed saves.
       fs::remove_all(e.path(), ec);

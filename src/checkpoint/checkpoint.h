@@ -3,16 +3,18 @@
 // and a commit marker written last.
 //
 //   ROOT/step_00000120/meta.json     format, step, config, data position, tensor index
-//   ROOT/step_00000120/shard_00000.bin   raw little-endian fp32 of this process's shards
+//   ROOT/step_00000120/shard_<rank>.bin  raw little-endian fp32 of each process's shards
 //   ROOT/step_00000120/COMMITTED     written after everything else is durable
 //
-// A save goes to ROOT/step_X.partial-<pid> first and is renamed into place only when complete,
+// A save goes to ROOT/step_X.partial first (every rank writes its shard file there, rank 0 then
+// merges the ranks' indexes into meta.json) and is renamed into place only when complete,
 // so a failed or killed save never touches the committed checkpoints; only directories named
 // step_<8 digits> that hold COMMITTED are ever loaded. Errors about a checkpoint's content are
 // input errors naming the directory and the tensor; I/O failures are runtime faults.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -33,11 +35,19 @@ struct Shard {
 
 std::string step_dir_name(int64_t step);  // "step_00000120"
 
+// The processes that save one checkpoint together; barrier() returns once all have called it.
+struct SaveGroup {
+  int rank = 0;
+  int world = 1;
+  std::function<void()> barrier = [] {};
+};
+
 // Writes `shards` and `meta` (any JSON object; "step", "format" and "tensors" are added) as the
 // committed checkpoint ROOT/step_<step>, replacing a committed one of the same step only once
-// the new one is complete. Returns the directory.
+// the new one is complete. Every rank of `group` calls it with its own shards (a region of a
+// tensor must be written by one rank only); rank 0 commits. Returns the directory.
 std::string save(const std::string& root, int64_t step, nlohmann::json meta,
-                 const std::vector<Shard>& shards);
+                 const std::vector<Shard>& shards, const SaveGroup& group = {});
 
 // The committed checkpoint with the highest step under root, if any.
 std::optional<std::string> latest(const std::string& root);

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include "model/params.h"
 
 #include <cmath>
@@ -74,6 +75,22 @@ ParamLayout::ParamLayout(const Config& cfg, int tp_rank, int tp_size)
     linear(h + "mlp.proj", C, 4 * C, proj_std, l, false);
   }
   norm("lnf", -1);
+}
+
+bool ParamLayout::Stored::empty() const {
+  for (int64_t d : shape)
+    if (d == 0) return true;
+  return false;
+}
+
+ParamLayout::Stored ParamLayout::stored(const ParamSpec& p) const {
+  Stored s{p.global_shape, p.global_offset, p.shape};
+  if (p.name == "wte") {
+    s.global_shape[0] = vocab_size_;
+    s.shape[0] = std::max<int64_t>(0, std::min(p.global_offset[0] + p.shape[0], vocab_size_) - p.global_offset[0]);
+    if (s.shape[0] == 0) s.offset[0] = 0;
+  }
+  return s;
 }
 
 const ParamSpec* ParamLayout::get(const std::string& name) const {

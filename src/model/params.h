@@ -71,6 +71,16 @@ class ParamLayout {
   int64_t matmul_params() const { return matmul_params_; }
   int64_t vocab_size() const { return vocab_size_; }  // unpadded
 
+  // The part of a shard that checkpoints store, placed in the stored tensor. The embedding is
+  // stored with its vocab_size real rows only: the padding depends on tp (a multiple of 128 x
+  // tp), is zero and never trained, so leaving it out lets any layout load any other. `rows`
+  // of the shard's leading dimension are stored (0: nothing to store).
+  struct Stored {
+    std::vector<int64_t> global_shape, offset, shape;
+    bool empty() const;
+  };
+  Stored stored(const ParamSpec& p) const;
+
  private:
   std::vector<ParamSpec> tensors_;
   int64_t total_ = 0;

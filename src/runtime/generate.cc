@@ -29,9 +29,12 @@ LoadedModel load_for_inference(const std::string& path) {
                             {"train.micro_batch=1", "train.global_batch=1"});
   std::unique_ptr<Engine> engine = make_engine(cfg);
   std::vector<checkpoint::Shard> shards;
-  for (const ParamSpec& p : engine->layout().tensors())
-    shards.push_back({"model/" + p.name, p.shape, std::vector<int64_t>(p.shape.size(), 0), p.shape,
-                      engine->host_state().params + p.offset});
+  for (const ParamSpec& p : engine->layout().tensors()) {
+    ParamLayout::Stored r = engine->layout().stored(p);
+    if (!r.empty())
+      shards.push_back({"model/" + p.name, r.global_shape, r.offset, r.shape,
+                        engine->host_state().params + p.offset});
+  }
   checkpoint::load(dir, meta, shards);
   engine->state_from_host();
   return {cfg, std::move(engine), dir};

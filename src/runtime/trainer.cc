@@ -67,9 +67,11 @@ std::unique_ptr<data::IndexedDataset> Trainer::open_data(const std::string& pref
 }
 
 Trainer::Trainer(const Config& cfg, const std::string& run_dir) : cfg_(cfg), run_dir_(run_dir) {
-  if (cfg_.parallel.tp * cfg_.parallel.pp * std::max<int64_t>(1, cfg_.parallel.dp) != 1)
-    throw_input("config: parallel.tp/pp/dp > 1 need the launcher (myriad launch), which this build "
-                "does not have yet; set them to 1");
+  dist_ = Distributed::from_env(cfg_);
+  if (!dist_ && cfg_.parallel.tp * cfg_.parallel.pp * std::max<int64_t>(1, cfg_.parallel.dp) != 1)
+    throw_input("config: parallel.tp x pp x dp = ",
+                cfg_.parallel.tp * cfg_.parallel.pp * std::max<int64_t>(1, cfg_.parallel.dp),
+                " processes, but this is one process: start it with myriad launch --nproc-per-node N");
   if (cfg_.data.train.empty())
     throw_input("config: data.train is empty: set it to a prefix made by `myriad prepare` "
                 "(--set data.train=PREFIX)");
@@ -77,7 +79,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir) : cfg_(cfg), run
   train_data_ = open_data(cfg_.data.train, "data.train");
   if (!cfg_.data.valid.empty()) valid_data_ = open_data(cfg_.data.valid, "data.valid");
 
-  engine_ = make_engine(cfg_);
+  engine_ = make_engine(cfg_, dist_ ? dist_->context() : nullptr);
 
   fs::create_directories(fs::path(run_dir_) / "logs");
   std::string resume = cfg_.checkpoint.resume;
@@ -87,11 +89,12 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir) : cfg_(cfg), run
   } else if (resume != "none") {
     resume_from(resume);
   }
-  {
+  // One process writes what is written once per run: the rank holding the final loss.
+  if (!dist_ || dist_->writes_metrics()) {
     std::ofstream out(fs::path(run_dir_) / "config.toml");
     out << to_toml(cfg_);
+    metrics_ = std::make_unique<MetricsWriter>((fs::path(run_dir_) / "metrics.jsonl").string(), step_);
   }
-  metrics_ = std::make_unique<MetricsWriter>((fs::path(run_dir_) / "metrics.jsonl").string(), step_);
   loader_ = std::make_unique<data::BatchLoader>(*train_data_, cfg_.model.seq_len, cfg_.train.seed,
                                                 /*shuffle=*/true, cfg_.train.global_batch, 0,
                                                 cfg_.train.global_batch, consumed_);
@@ -128,7 +131,7 @@ void Trainer::run() {
     if (valid_data_ && t.eval_every > 0 && (step_ % t.eval_every == 0 || step_ == t.steps))
       rec["val_loss"] = evaluate();
     if (step_ % t.log_every == 0 || step_ == t.steps || rec.contains("val_loss")) {
-      metrics_->write(rec);
+      if (metrics_) metrics_->write(rec);
       const double eta = timed ? elapsed / timed * (t.steps - step_) : 0;
       log::info("step ", step_, "/", t.steps, " | loss ", fmt("%.4f", r.loss),
                 rec.contains("val_loss") ? " | val " + fmt("%.4f", rec["val_loss"].get<double>()) : "",
@@ -157,13 +160,16 @@ std::string Trainer::checkpoint_root() const {
   return cfg_.checkpoint.dir.empty() ? (fs::path(run_dir_) / "checkpoints").string() : cfg_.checkpoint.dir;
 }
 
-std::vector<checkpoint::Shard> Trainer::shards() {
+std::vector<checkpoint::Shard> Trainer::shards(bool for_save) {
   std::vector<checkpoint::Shard> out;
   Engine::HostState st = engine_->host_state();
+  const bool tp_leader = !dist_ || dist_->tp_rank() == 0;
   auto add = [&](const std::string& prefix, float* base) {
-    for (const ParamSpec& p : engine_->layout().tensors())
-      out.push_back({prefix + p.name, p.shape, std::vector<int64_t>(p.shape.size(), 0), p.shape,
-                     base + p.offset});
+    for (const ParamSpec& p : engine_->layout().tensors()) {
+      ParamLayout::Stored r = engine_->layout().stored(p);
+      if (r.empty() || (for_save && p.replicated() && !tp_leader)) continue;
+      out.push_back({prefix + p.name, r.global_shape, r.offset, r.shape, base + p.offset});
+    }
   };
   add("model/", st.params);
   add("optim/m/", st.m);
@@ -182,9 +188,11 @@ void Trainer::save_checkpoint() {
                          // are the whole RNG state.
                          {"rng", {{"model_seed", cfg_.model.seed}, {"data_seed", cfg_.train.seed}}}};
   const double t0 = now_s();
-  std::string dir = checkpoint::save(checkpoint_root(), step_, meta, shards());
+  checkpoint::SaveGroup group;
+  if (dist_) group = {dist_->rank(), dist_->world(), [this] { dist_->barrier(); }};
+  std::string dir = checkpoint::save(checkpoint_root(), step_, meta, shards(true), group);
   log::info("checkpoint: saved ", dir, " in ", fmt("%.2f", now_s() - t0), " s");
-  checkpoint::prune(checkpoint_root(), cfg_.checkpoint.keep_last, cfg_.checkpoint.keep_every);
+  if (group.rank == 0) checkpoint::prune(checkpoint_root(), cfg_.checkpoint.keep_last, cfg_.checkpoint.keep_every);
 }
 
 void Trainer::resume_from(const std::string& dir) {
@@ -196,7 +204,7 @@ void Trainer::resume_from(const std::string& dir) {
   if (saved.optim.name != cfg_.optim.name)
     throw_input("checkpoint ", dir, " holds ", saved.optim.name, " state but optim.name = ",
                 cfg_.optim.name);
-  checkpoint::load(dir, meta, shards());
+  checkpoint::load(dir, meta, shards(false));
   step_ = meta.at("step").get<int64_t>();
   consumed_ = meta.at("data").at("consumed").get<int64_t>();
   *engine_->host_state().steps_taken = meta.at("optimizer").at("steps_taken").get<int64_t>();

@@ -12,6 +12,7 @@
 #include "data/loader.h"
 #include "model/engine.h"
 #include "observe/metrics.h"
+#include "runtime/distributed.h"
 
 namespace myriad {
 
@@ -38,11 +39,13 @@ class Trainer {
   // Opens a token file and checks it against the model (vocabulary) and the tokenizer.
   std::unique_ptr<data::IndexedDataset> open_data(const std::string& prefix, const char* key);
   std::string checkpoint_root() const;
-  // Every tensor a checkpoint holds: the model, then the optimizer state.
-  std::vector<checkpoint::Shard> shards();
+  // Every tensor of this rank a checkpoint holds: the model, then the optimizer state. For
+  // saving, tensors replicated over tensor parallelism come from tp rank 0 only.
+  std::vector<checkpoint::Shard> shards(bool for_save);
 
   Config cfg_;
   std::string run_dir_;
+  std::unique_ptr<Distributed> dist_;  // null in a single-process run
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<data::IndexedDataset> train_data_, valid_data_;
   std::unique_ptr<data::BatchLoader> loader_;

@@ -1,0 +1,44 @@
+// This process's place in a multi-process job started by `myriad launch`: the rank environment
+// (MYRIAD_RANK, MYRIAD_WORLD_SIZE, MYRIAD_RDZV, MYRIAD_ATTEMPT), the topology from [parallel],
+// and the communicators of the groups this rank belongs to (set up through the store in one
+// batched rendezvous).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/store.h"
+#include "core/config.h"
+#include "parallel/mappings.h"
+#include "parallel/topology.h"
+
+namespace myriad {
+
+class Distributed {
+ public:
+  // Null when the process was not started by the launcher (or the world is one process).
+  // Throws input errors for layouts this build cannot run yet (pp > 1, dp > 1).
+  static std::unique_ptr<Distributed> from_env(const Config& cfg);
+
+  int rank() const { return rank_; }
+  int world() const { return topo_.world(); }
+  const parallel::Topology& topology() const { return topo_; }
+  const parallel::ParallelContext* context() const { return &ctx_; }
+  comm::Communicator& world_comm() { return *world_; }
+  int tp_rank() const { return topo_.coord(rank_).tp; }
+  // The rank that holds the final loss (last pipeline stage, tp 0, dp 0) writes metrics.jsonl.
+  bool writes_metrics() const;
+  void barrier();
+
+ private:
+  Distributed(const Config& cfg, int rank, int world);
+  int rank_;
+  parallel::Topology topo_;
+  std::shared_ptr<comm::Store> store_;
+  std::vector<std::unique_ptr<comm::Communicator>> groups_;
+  comm::Communicator* world_ = nullptr;
+  parallel::ParallelContext ctx_;
+};
+
+}  // namespace myriad
