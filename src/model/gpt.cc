@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "ops/cpu/ops.h"
+#include "ops/cpu/reduce.h"
 #include "ops/cpu/vecmath.h"
 
 namespace myriad {
@@ -63,21 +64,6 @@ void add_bias(float* out, const float* bias, int rows, int C) {
   }
 }
 
-// sum(x^2) in double over fixed chunks added in order (independent of the thread count).
-double sum_squares(const float* x, int64_t n) {
-  constexpr int64_t kChunk = 1 << 14;
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  std::vector<double> partial(chunks);
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) {
-    double s = 0;
-    for (int64_t i = c * kChunk, end = std::min(n, i + kChunk); i < end; ++i) s += double(x[i]) * x[i];
-    partial[c] = s;
-  }
-  double total = 0;
-  for (double s : partial) total += s;
-  return total;
-}
 }  // namespace
 
 Gpt::Gpt(const Config& cfg, const parallel::ParallelContext* par)
@@ -505,7 +491,7 @@ void Gpt::finish_grads() {
 double Gpt::grad_norm() const {
   double split = 0, replicated = 0;
   for (const ParamSpec& p : layout_.tensors())
-    (p.replicated() ? replicated : split) += sum_squares(grads_.data() + p.offset, p.numel);
+    (p.replicated() ? replicated : split) += cpu::sum_squares(grads_.data() + p.offset, p.numel);
   return std::sqrt(parallel::sum_over_group(tp_, split) + replicated);
 }
 

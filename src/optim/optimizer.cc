@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "ops/cpu/reduce.h"
 
 namespace myriad {
 
@@ -16,23 +17,8 @@ double lr_at(const OptimConfig& o, int64_t step, int64_t total_steps) {
   return o.min_lr + frac * (o.lr - o.min_lr);
 }
 
-double sum_squares(const float* x, int64_t n) {
-  constexpr int64_t kChunk = 1 << 14;
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  std::vector<double> partial(chunks);
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) {
-    double s = 0;
-    for (int64_t i = c * kChunk, end = std::min(n, i + kChunk); i < end; ++i) s += double(x[i]) * x[i];
-    partial[c] = s;
-  }
-  double total = 0;
-  for (double s : partial) total += s;
-  return total;
-}
-
 double clip_grad_norm(float* grads, int64_t n, double max_norm) {
-  const double norm = std::sqrt(sum_squares(grads, n));
+  const double norm = std::sqrt(cpu::sum_squares(grads, n));
   if (max_norm > 0) {
     const double coef = max_norm / (norm + 1e-6);
     if (coef < 1.0) {
@@ -89,7 +75,7 @@ class Lamb final : public Optimizer {
         u[i] = (m[i] / c1) / (std::sqrt(v[i] / c2) + eps) + wd * w[i];
       }
       // Trust ratio per tensor; 1 when either norm is 0 (fresh zero biases, zero updates).
-      const double wn = std::sqrt(sum_squares(w, p.numel)), un = std::sqrt(sum_squares(u, p.numel));
+      const double wn = std::sqrt(cpu::sum_squares(w, p.numel)), un = std::sqrt(cpu::sum_squares(u, p.numel));
       const float step = lr * (wn > 0 && un > 0 ? wn / un : 1.0);
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < p.numel; ++i) w[i] -= step * u[i];

@@ -19,9 +19,6 @@ namespace myriad {
 // linear decay to min_lr at train.steps (or constant).
 double lr_at(const OptimConfig& o, int64_t step, int64_t total_steps);
 
-// sum(x^2) in double, reproducible.
-double sum_squares(const float* x, int64_t n);
-
 // Scales grads so that their global L2 norm is at most max_norm (PyTorch's clip_grad_norm_:
 // coefficient max_norm / (norm + 1e-6) when below 1). Returns the norm before clipping.
 double clip_grad_norm(float* grads, int64_t n, double max_norm);
