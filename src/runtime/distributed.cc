@@ -54,4 +54,19 @@ bool Distributed::writes_metrics() const {
 
 void Distributed::barrier() { world_->barrier()->wait(); }
 
+std::unique_ptr<data::SharedBatch> Distributed::shared_batch(int64_t ints, double timeout_s) const {
+  using parallel::Dim;
+  const std::vector<int> members = topo_.group(Dim::kTp, rank_);
+  const int local = env_int("MYRIAD_LOCAL_WORLD_SIZE", 1);
+  if (members.size() < 2) return nullptr;
+  for (int m : members)
+    if (m / local != rank_ / local) return nullptr;  // the group spans nodes
+  const char* job = std::getenv("MYRIAD_JOB");
+  const char* attempt = std::getenv("MYRIAD_ATTEMPT");
+  const std::string name = cat("/myriad-", job ? job : "job", "-", attempt ? attempt : "0", "-",
+                               topo_.group_name(Dim::kTp, rank_), "-batch");
+  return std::make_unique<data::SharedBatch>(name, tp_rank() == 0, static_cast<int>(members.size()),
+                                             ints, timeout_s);
+}
+
 }  // namespace myriad

@@ -10,6 +10,7 @@
 #include "comm/communicator.h"
 #include "comm/store.h"
 #include "core/config.h"
+#include "data/shared_batch.h"
 #include "parallel/mappings.h"
 #include "parallel/topology.h"
 
@@ -30,6 +31,10 @@ class Distributed {
   // The rank that holds the final loss (last pipeline stage, tp 0, dp 0) writes metrics.jsonl.
   bool writes_metrics() const;
   void barrier();
+  // The node-shared batch of this rank's tensor-parallel group (its members train on the same
+  // batch): tp rank 0 reads, the others take it from shared memory. Null when the group spans
+  // nodes or has one member. `ints` = tokens per global batch.
+  std::unique_ptr<data::SharedBatch> shared_batch(int64_t ints, double timeout_s) const;
 
  private:
   Distributed(const Config& cfg, int rank, int world);

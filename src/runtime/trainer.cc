@@ -95,9 +95,13 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir) : cfg_(cfg), run
     out << to_toml(cfg_);
     metrics_ = std::make_unique<MetricsWriter>((fs::path(run_dir_) / "metrics.jsonl").string(), step_);
   }
-  loader_ = std::make_unique<data::BatchLoader>(*train_data_, cfg_.model.seq_len, cfg_.train.seed,
-                                                /*shuffle=*/true, cfg_.train.global_batch, 0,
-                                                cfg_.train.global_batch, consumed_);
+  const int64_t batch_ints = cfg_.train.global_batch * (cfg_.model.seq_len + 1);
+  if (dist_) shared_ = dist_->shared_batch(batch_ints, cfg_.comm.timeout_s);
+  if (shared_) log::info("data: one reader per tensor-parallel group, batches shared through memory");
+  if (!shared_ || dist_->tp_rank() == 0)
+    loader_ = std::make_unique<data::BatchLoader>(*train_data_, cfg_.model.seq_len, cfg_.train.seed,
+                                                  /*shuffle=*/true, cfg_.train.global_batch, 0,
+                                                  cfg_.train.global_batch, consumed_);
 }
 
 Trainer::~Trainer() = default;
@@ -115,11 +119,11 @@ void Trainer::run() {
   int64_t timed = 0;
   while (step_ < t.steps) {
     const double t0 = now_s();
-    data::Batch batch = loader_->next();  // (global_batch, T+1)
+    data::Batch batch = next_batch();  // (global_batch, T+1)
     StepResult r = engine_->train_step(batch.tokens.data(), step_ + 1,
                                        lr_at(cfg_.optim, step_, t.steps));
     ++step_;
-    consumed_ = loader_->consumed();
+    consumed_ += t.global_batch;
     const double dt = now_s() - t0;
     if (step_ > 1 || t.steps == 1) elapsed += dt, ++timed;  // the first step warms caches
 
@@ -142,6 +146,19 @@ void Trainer::run() {
     if ((every > 0 && step_ % every == 0) || step_ == t.steps) save_checkpoint();
     fault::trigger(cat("step:", step_));
   }
+}
+
+data::Batch Trainer::next_batch() {
+  data::Batch b;
+  if (loader_) {
+    b = loader_->next();
+    if (shared_) shared_->publish(step_ + 1, b.tokens.data());
+  } else {
+    b.B = cfg_.train.global_batch, b.T = cfg_.model.seq_len;
+    b.tokens.resize(b.B * (b.T + 1));
+    shared_->take(step_ + 1, b.tokens.data());
+  }
+  return b;
 }
 
 float Trainer::evaluate() {

@@ -36,6 +36,8 @@ class Trainer {
 
  private:
   void resume_from(const std::string& dir);
+  // The next step's global batch (global_batch, T+1): read, or taken from the node's reader.
+  data::Batch next_batch();
   // Opens a token file and checks it against the model (vocabulary) and the tokenizer.
   std::unique_ptr<data::IndexedDataset> open_data(const std::string& prefix, const char* key);
   std::string checkpoint_root() const;
@@ -48,7 +50,8 @@ class Trainer {
   std::unique_ptr<Distributed> dist_;  // null in a single-process run
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<data::IndexedDataset> train_data_, valid_data_;
-  std::unique_ptr<data::BatchLoader> loader_;
+  std::unique_ptr<data::BatchLoader> loader_;      // null on the members that take shared batches
+  std::unique_ptr<data::SharedBatch> shared_;      // the node-shared batch, with tensor parallelism
   std::unique_ptr<MetricsWriter> metrics_;
   int64_t step_ = 0;          // optimizer steps completed
   int64_t consumed_ = 0;      // training samples consumed by completed steps

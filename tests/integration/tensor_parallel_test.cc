@@ -78,6 +78,11 @@ TEST_P(TensorParallel, MatchesTheSingleProcessRun) {
   ASSERT_EQ(sh(cat("OMP_NUM_THREADS=1 ", bin, " launch --nproc-per-node ", l.tp, " --", args,
                    " --set parallel.tp=", l.tp, " --run-dir ", (dir / "tp").string()), &out), 0) << out;
 
+  // The ranks of the group took their batches from one reader through shared memory.
+  std::ifstream log(dir / "tp/logs/rank_00001.log");
+  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("batches shared through memory"), std::string::npos) << text;
+
   std::vector<double> a = losses(dir / "single"), b = losses(dir / "tp");
   ASSERT_EQ(a.size(), 20u);
   ASSERT_EQ(b.size(), 20u) << "metrics.jsonl is written once, by one rank";
