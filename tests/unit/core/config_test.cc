@@ -5,25 +5,12 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "test_util.h"
 
 using namespace myriad;
+using myriad::test::input_error;
 
 namespace {
-
-// The message of the input error that `fn` throws; fails the test when it throws anything else.
-template <class F>
-std::string input_error(F fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.cls(), ErrorClass::kInput) << e.what();
-    std::string what = e.what();
-    EXPECT_EQ(what.find('\n'), std::string::npos) << "error must be one line: " << what;
-    return what;
-  }
-  ADD_FAILURE() << "no error thrown";
-  return "";
-}
 
 const char* kSmall = R"(
 [model]

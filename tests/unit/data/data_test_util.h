@@ -1,6 +1,8 @@
 // Helpers shared by the data tests.
 #pragma once
 
+#include "test_util.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -48,20 +50,6 @@ inline std::string read_file(const std::string& path) {
   return os.str();
 }
 
-// The message of the input error that `fn` throws; fails the test when it throws anything else
-// or a message of more than one line.
-template <class F>
-std::string input_error(F fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.cls(), ErrorClass::kInput) << e.what();
-    std::string what = e.what();
-    EXPECT_EQ(what.find('\n'), std::string::npos) << "error must be one line: " << what;
-    return what;
-  }
-  ADD_FAILURE() << "no error thrown";
-  return "";
-}
+using myriad::test::input_error;
 
 }  // namespace myriad::data::test_util
