@@ -87,7 +87,8 @@ TEST_P(Optimizer, MatchesCpu) {
     CUDA_OK(cudaDeviceSynchronize());
   }
   const auto gw = dw.download(), gm = dm.download(), gv = dv.download();
-  const double ew = rel_err(gw, w), em = rel_err(gm, cpu->m()), ev = rel_err(gv, cpu->v());
+  const double ew = rel_err(gw, w), em = rel_err(gm, {cpu->m().begin(), cpu->m().end()}),
+               ev = rel_err(gv, {cpu->v().begin(), cpu->v().end()});
   const double ed = rel_err(diff(gw, w0), diff(w, w0));
   std::printf("  %s (%lld params, %d tensors, 3 steps): w %.2e m %.2e v %.2e update %.2e\n",
               name.c_str(), static_cast<long long>(total), count, ew, em, ev, ed);

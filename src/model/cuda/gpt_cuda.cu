@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "core/log.h"
 #include <cublas_api.h>
 
 #include "model/cuda/cuda_check.h"
@@ -56,6 +59,22 @@ __global__ void clip_scale_kernel(float* scale, const float* sumsq, float max_no
   *scale = (max_norm > 0 && max_norm / (norm + 1e-6f) < 1.0f) ? max_norm / (norm + 1e-6f) : 1.0f;
 }
 
+// train.recompute: which activations backward recomputes instead of keeping (see carve_layers).
+enum class Recompute { kNone, kSelective, kFull };
+
+Recompute parse_recompute(const std::string& mode) {
+  if (mode == "none") return Recompute::kNone;
+  if (mode == "selective") return Recompute::kSelective;
+  if (mode == "full") return Recompute::kFull;
+  throw_input("config: train.recompute = \"", mode, "\" is not one of: none, selective, full");
+}
+
+std::string mib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576.0);
+  return buf;
+}
+
 // One cudaMalloc for everything, carved in order: the memory plan is fixed at start. The same
 // carving code runs twice: first to measure (take() returns null and counts), then for real.
 class Arena {
@@ -74,6 +93,7 @@ class Arena {
     return p;
   }
   size_t size() const { return base_ ? size_ : used_; }
+  size_t used() const { return used_; }  // bytes carved so far in this pass
   ~Arena() { cudaFree(base_); }
 
  private:
@@ -94,7 +114,9 @@ class GptCuda final : public Engine {
   void last_logits(const int32_t* tokens, int B, int T, float* out) override;
   double flops_per_token() const override;
   int64_t peak_memory() const override { return static_cast<int64_t>(arena_.size()) + (32 << 20); }
-  HostState host_state() override { return {h_params_.data(), h_m_.data(), h_v_.data(), &steps_taken_}; }
+  HostState host_state() override {
+    return {h_params_.data(), h_m_.data(), h_v_.data(), &steps_taken_, {{0, layout_.total()}}};
+  }
   void state_to_host() override;
   void state_from_host() override;
 
@@ -102,7 +124,7 @@ class GptCuda final : public Engine {
   struct Layer {  // pointers into a flat buffer; null where the tensor is absent
     int64_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
   };
-  struct Acts {  // one layer's saved activations for a micro-batch
+  struct Acts {  // what layer l's backward reads, for a micro-batch (where each lives: carve_layers)
     bf16 *in, *ln1, *qkv, *atty, *mid, *ln2, *fc, *gelu;  // (B,T,C) (B,T,C) (B,T,3C) (B,T,C) x3 (B,T,4C) x2
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;  // (B,T) x4, (B,H,T)
   };
@@ -111,9 +133,18 @@ class GptCuda final : public Engine {
   // Uploads the inputs and targets of `micro` micro-batches of tokens (B, T+1 or T) (rows
   // `stride` apart), and, for training, the embedding backward's groups of each.
   void stage(const int32_t* tokens, int micro, int B, int T, int64_t stride, bool groups);
+  // Ints per micro-batch of the embedding backward's groups: positions (N), starts (G+1) and
+  // ids (G) for G <= N distinct tokens, N = maxB x maxT. (Sized 2N + 1 before, the ids of a
+  // batch with more than N/2 distinct tokens ran past it: rows of garbage ids, often 0, got
+  // gradient, differently each run.)
+  int64_t group_slot() const { return 3 * int64_t(maxB_) * maxT_ + 1; }
   void carve();
+  size_t carve_layers(Arena& arena, Recompute mode);  // returns the bytes it took
   void forward(int micro, int B, int T);
+  void layer_forward(int l, int B, int T);
+  void recompute(int l, int B, int T);
   void backward(int micro, int B, int T);
+  const bf16* mlp_in(const Acts& a) const { return parallel_block_ ? a.ln1 : a.ln2; }
 
   Config cfg_;
   ParamLayout layout_;
@@ -121,6 +152,8 @@ class GptCuda final : public Engine {
   cudaDeviceProp prop_{};
   int L_, C_, H_, maxT_, maxB_, V_, Vp_, window_;
   bool parallel_block_;
+  Recompute recompute_;
+  size_t layer_bytes_ = 0;  // the layers' activations in the arena (carve_layers)
   cudaStream_t stream_ = nullptr;
   cuda::Matmul mm_;
   Arena arena_;
@@ -139,7 +172,7 @@ class GptCuda final : public Engine {
   float* red_scratch_;                // norm / bias / layernorm reductions
 
   // Activations and their gradients for one micro-batch (maxB, maxT).
-  std::vector<Acts> acts_;
+  std::vector<Acts> acts_;  // (L); with recompute, some pointers are shared by every layer
   bf16 *out_, *lnf_, *logits_;         // (B,T,C) (B,T,C) (B,T,Vp)
   float *lnf_mean_, *lnf_rstd_, *losses_;  // (B,T) x2, (accum, B*T) losses of the step's micro-batches
   bf16 *tmp_, *tmp2_, *dresid_, *dln_, *datty_, *dqkv_, *dfc_;  // (B,T,C) x5 (B,T,3C) (B,T,4C)
@@ -167,7 +200,8 @@ GptCuda::GptCuda(const Config& cfg)
       V_(cfg.model.vocab_size),
       Vp_(cfg.padded_vocab()),
       window_(cfg.model.window),
-      parallel_block_(cfg.model.parallel_block) {
+      parallel_block_(cfg.model.parallel_block),
+      recompute_(parse_recompute(cfg.train.recompute)) {
   check_versions();
   CUDA_CHECK(cudaGetDevice(&device_));
   CUDA_CHECK(cudaGetDeviceProperties(&prop_, device_));
@@ -190,16 +224,21 @@ GptCuda::GptCuda(const Config& cfg)
                        off(h + "mlp.fc.w"), off(h + "mlp.fc.b"), off(h + "mlp.proj.w"), off(h + "mlp.proj.b")});
   }
 
+  Arena probe;  // what the layers would take without recomputation, for the log line
+  const size_t stored_bytes = carve_layers(probe, Recompute::kNone);
   carve();  // measure
   arena_.allocate();
   carve();
+  log::info("CUDA engine: train.recompute = ", cfg.train.recompute, ": layer activations ",
+            mib(layer_bytes_), " (", mib(stored_bytes), " when all are kept), device arena ",
+            mib(arena_.size()));
   num_groups_.assign(cfg.accum_steps(1), 0);
 
   const int64_t P = layout_.total(), BT = int64_t(maxB_) * maxT_;
   const int64_t accum = cfg.accum_steps(1);
   CUDA_CHECK(cudaMallocHost(&h_inputs_, accum * BT * 4));
   CUDA_CHECK(cudaMallocHost(&h_targets_, accum * BT * 4));
-  CUDA_CHECK(cudaMallocHost(&h_groups_, accum * (BT * 2 + 1) * 4));
+  CUDA_CHECK(cudaMallocHost(&h_groups_, accum * group_slot() * 4));
   CUDA_CHECK(cudaMallocHost(&h_losses_, accum * BT * 4));
 
   // Parameters: initialized on the host (layout-independent counter-based init), then uploaded.
@@ -236,18 +275,7 @@ void GptCuda::carve() {
   sumsq_ = arena_.take<float>(1), clip_scale_ = arena_.take<float>(1);
   whole_ = arena_.take<int64_t>(2);
   red_scratch_ = arena_.take<float>(red);
-  acts_.resize(L_);
-  for (auto& a : acts_) {
-    a.in = arena_.take<bf16>(BT * C), a.ln1 = arena_.take<bf16>(BT * C);
-    a.atty = arena_.take<bf16>(BT * C);
-    a.mid = parallel_block_ ? nullptr : arena_.take<bf16>(BT * C);
-    a.ln2 = parallel_block_ ? nullptr : arena_.take<bf16>(BT * C);
-    a.qkv = arena_.take<bf16>(BT * 3 * C);
-    a.fc = arena_.take<bf16>(BT * 4 * C), a.gelu = arena_.take<bf16>(BT * 4 * C);
-    a.ln1_mean = arena_.take<float>(BT), a.ln1_rstd = arena_.take<float>(BT);
-    a.ln2_mean = arena_.take<float>(BT), a.ln2_rstd = arena_.take<float>(BT);
-    a.lse = arena_.take<float>(int64_t(maxB_) * H_ * maxT_);
-  }
+  layer_bytes_ = carve_layers(arena_, recompute_);
   out_ = arena_.take<bf16>(BT * C), lnf_ = arena_.take<bf16>(BT * C);
   logits_ = arena_.take<bf16>(BT * Vp_);
   lnf_mean_ = arena_.take<float>(BT), lnf_rstd_ = arena_.take<float>(BT);
@@ -257,7 +285,53 @@ void GptCuda::carve() {
   dqkv_ = arena_.take<bf16>(BT * 3 * C), dfc_ = arena_.take<bf16>(BT * 4 * C);
   attn_scratch_ = arena_.take<float>(cuda::attention_scratch_floats(maxB_, maxT_, H_, D));
   inputs_ = arena_.take<int32_t>(accum * BT), targets_ = arena_.take<int32_t>(accum * BT);
-  groups_ = arena_.take<int32_t>(accum * (BT * 2 + 1));
+  groups_ = arena_.take<int32_t>(accum * group_slot());
+}
+
+// The layers' activations of one micro-batch, N = maxB x maxT tokens: what layer l's backward
+// reads, and where acts_[l] finds it in each train.recompute mode ("layer": a buffer of its own;
+// "shared": one buffer for all layers, refilled by recompute(l) just before layer l's backward):
+//
+//   tensor                                   shape            none    selective  full
+//   in (the residual stream entering l)      (N,C)   bf16     layer   layer      layer
+//   ln1; its mean, rstd                      (N,C); (N) x2    layer   layer      shared
+//   qkv                                      (N,3C)  bf16     layer   layer      shared
+//   atty (attention output); lse             (N,C); (B,H,T)   layer   layer      shared
+//   mid = in + attn; ln2; its mean, rstd *   (N,C) x2; (N) x2 layer   layer      shared
+//   fc (pre-GELU), gelu                      (N,4C) x2 bf16   layer   shared     shared
+//   (* sequential block only; the parallel block's MLP reads ln1)
+//
+// Bytes per token and layer (C = d_model, H = heads): none 32C + 16 + 4H (28C + 8 + 4H in the
+// parallel block); selective 16C + 16 + 4H (12C + 8 + 4H) plus one shared 16C; full 2C plus
+// one shared set of 30C + 16 + 4H (26C + 8 + 4H). Selective recomputes the fc GEMM (with its
+// GELU) from the kept MLP input; full recomputes LN1 from `in` and the layer up to the GELU.
+size_t GptCuda::carve_layers(Arena& arena, Recompute mode) {
+  const int64_t BT = int64_t(maxB_) * maxT_, C = C_;
+  const bool seq = !parallel_block_;
+  const size_t start = arena.used();
+  // Everything but `in`; fc and gelu only when `mlp`.
+  auto take_set = [&](Acts& a, bool mlp) {
+    a.ln1 = arena.take<bf16>(BT * C);
+    a.atty = arena.take<bf16>(BT * C);
+    a.mid = seq ? arena.take<bf16>(BT * C) : nullptr;
+    a.ln2 = seq ? arena.take<bf16>(BT * C) : nullptr;
+    a.qkv = arena.take<bf16>(BT * 3 * C);
+    if (mlp) a.fc = arena.take<bf16>(BT * 4 * C), a.gelu = arena.take<bf16>(BT * 4 * C);
+    a.ln1_mean = arena.take<float>(BT), a.ln1_rstd = arena.take<float>(BT);
+    a.ln2_mean = seq ? arena.take<float>(BT) : nullptr;
+    a.ln2_rstd = seq ? arena.take<float>(BT) : nullptr;
+    a.lse = arena.take<float>(int64_t(maxB_) * H_ * maxT_);
+  };
+  Acts shared{};  // the buffers every layer uses in turn
+  if (mode == Recompute::kFull) take_set(shared, true);
+  if (mode == Recompute::kSelective)
+    shared.fc = arena.take<bf16>(BT * 4 * C), shared.gelu = arena.take<bf16>(BT * 4 * C);
+  acts_.assign(L_, shared);
+  for (Acts& a : acts_) {
+    a.in = arena.take<bf16>(BT * C);
+    if (mode != Recompute::kFull) take_set(a, /*mlp=*/mode == Recompute::kNone);
+  }
+  return arena.used() - start;
 }
 
 GptCuda::~GptCuda() {
@@ -304,7 +378,7 @@ void GptCuda::stage(const int32_t* tokens, int micro, int B, int T, int64_t stri
   std::vector<int32_t> count(Vp_ + 1), fill(Vp_);
   for (int i = 0; i < micro; ++i) {
     const int32_t* in = h_inputs_ + int64_t(i) * BT;
-    int32_t* pos = h_groups_ + int64_t(i) * (2 * BT + 1);
+    int32_t* pos = h_groups_ + int64_t(i) * group_slot();
     std::fill(count.begin(), count.end(), 0);
     for (int n = 0; n < N; ++n) ++count[in[n] + 1];
     for (int v = 0; v < Vp_; ++v) count[v + 1] += count[v];
@@ -320,12 +394,12 @@ void GptCuda::stage(const int32_t* tokens, int micro, int B, int T, int64_t stri
       if (count[v + 1] > count[v]) ids[k++] = v;
     num_groups_[i] = g;
   }
-  CUDA_CHECK(cudaMemcpyAsync(groups_, h_groups_, int64_t(micro) * (2 * BT + 1) * 4,
+  CUDA_CHECK(cudaMemcpyAsync(groups_, h_groups_, int64_t(micro) * group_slot() * 4,
                              cudaMemcpyHostToDevice, stream_));
 }
 
 void GptCuda::forward(int micro, int B, int T) {
-  const int C = C_, N = B * T, D = C_ / H_;
+  const int C = C_, N = B * T;
   cudaStream_t s = stream_;
   const bf16* p = params_;
   const int32_t* inputs = inputs_ + int64_t(micro) * maxB_ * maxT_;
@@ -335,20 +409,12 @@ void GptCuda::forward(int micro, int B, int T) {
   for (int l = 0; l < L_; ++l) {
     Acts& a = acts_[l];
     const Layer& w = layers_[l];
-    mm_.forward(a.qkv, a.ln1, at(p, w.qkv_w), at(p, w.qkv_b), N, C, 3 * C, s);
-    cuda::attention_forward(a.atty, a.lse, a.qkv, B, T, H_, D, window_, s);
-    mm_.forward(tmp_, a.atty, at(p, w.proj_w), at(p, w.proj_b), N, C, C, s);
-    const bf16* mlp_in = a.ln1;
-    if (!parallel_block_) {  // mid = in + attn; ln2 = LN2(mid)
-      cuda::residual_layernorm_forward(a.mid, a.ln2, a.ln2_mean, a.ln2_rstd, a.in, tmp_,
-                                       at(p, w.ln2_w), at(p, w.ln2_b), N, C, s);
-      mlp_in = a.ln2;
-    }
-    mm_.forward_gelu(a.gelu, a.fc, mlp_in, at(p, w.fc_w), at(p, w.fc_b), N, C, 4 * C, s);
+    layer_forward(l, B, T);
     mm_.forward(tmp2_, a.gelu, at(p, w.fcproj_w), at(p, w.fcproj_b), N, 4 * C, C, s);
     // next = (mid, or in + attn) + mlp, with the next norm (LN1 of layer l+1, or LNf) fused.
     const bf16* base = a.mid;
     if (parallel_block_) {
+      mm_.forward(tmp_, a.atty, at(p, w.proj_w), at(p, w.proj_b), N, C, C, s);
       cuda::add(tmp2_, tmp2_, tmp_, int64_t(N) * C, s);
       base = a.in;
     }
@@ -364,6 +430,45 @@ void GptCuda::forward(int micro, int B, int T) {
   mm_.forward(logits_, lnf_, at(p, wte_), nullptr, N, C, Vp_, s);
 }
 
+// Layer l from its LN1 output up to the MLP's GELU: every activation its backward reads (the
+// MLP's projection and the residual add that follow only make layer l+1's input). The parallel
+// block's attention projection is left to forward(): only that add reads it.
+void GptCuda::layer_forward(int l, int B, int T) {
+  const int C = C_, N = B * T, D = C_ / H_;
+  cudaStream_t s = stream_;
+  const bf16* p = params_;
+  Acts& a = acts_[l];
+  const Layer& w = layers_[l];
+  mm_.forward(a.qkv, a.ln1, at(p, w.qkv_w), at(p, w.qkv_b), N, C, 3 * C, s);
+  cuda::attention_forward(a.atty, a.lse, a.qkv, B, T, H_, D, window_, s);
+  if (!parallel_block_) {  // mid = in + attn; ln2 = LN2(mid)
+    mm_.forward(tmp_, a.atty, at(p, w.proj_w), at(p, w.proj_b), N, C, C, s);
+    cuda::residual_layernorm_forward(a.mid, a.ln2, a.ln2_mean, a.ln2_rstd, a.in, tmp_,
+                                     at(p, w.ln2_w), at(p, w.ln2_b), N, C, s);
+  }
+  mm_.forward_gelu(a.gelu, a.fc, mlp_in(a), at(p, w.fc_w), at(p, w.fc_b), N, C, 4 * C, s);
+}
+
+// Refills the shared buffers (carve_layers) with layer l's activations before its backward,
+// with the forward's kernels on the forward's inputs, so they are bitwise what the forward
+// computed (LN1's output too: the fused residual + norm that made it in the forward rounds the
+// residual to bf16 before its statistics, exactly what layernorm_forward reads back from `in`).
+// The last layer's are still there: backward runs right after its micro-batch's forward.
+void GptCuda::recompute(int l, int B, int T) {
+  if (recompute_ == Recompute::kNone || l == L_ - 1) return;
+  const int C = C_, N = B * T;
+  const bf16* p = params_;
+  Acts& a = acts_[l];
+  const Layer& w = layers_[l];
+  if (recompute_ == Recompute::kSelective) {
+    mm_.forward_gelu(a.gelu, a.fc, mlp_in(a), at(p, w.fc_w), at(p, w.fc_b), N, C, 4 * C, stream_);
+    return;
+  }
+  cuda::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.in, at(p, w.ln1_w), at(p, w.ln1_b), N,
+                          C, stream_);
+  layer_forward(l, B, T);
+}
+
 void GptCuda::backward(int micro, int B, int T) {
   const int C = C_, N = B * T, D = C_ / H_;
   const int64_t NC = int64_t(N) * C;
@@ -377,15 +482,15 @@ void GptCuda::backward(int micro, int B, int T) {
   cuda::layernorm_backward(dresid_, at(g, lnf_w_), at(g, lnf_b_), red_scratch_, dln_, out_,
                            at(p, lnf_w_), lnf_mean_, lnf_rstd_, N, C, s);
   for (int l = L_ - 1; l >= 0; --l) {
+    recompute(l, B, T);  // train.recompute: refill what this layer dropped
     Acts& a = acts_[l];
     const Layer& w = layers_[l];
     // MLP branch: its output gradient is dresid.
     mm_.backward_input_dgelu(dfc_, dresid_, at(p, w.fcproj_w), a.fc, N, 4 * C, C, s);
     mm_.backward_weight(at(g, w.fcproj_w), dresid_, a.gelu, N, 4 * C, C, s);
     if (w.fcproj_b >= 0) cuda::bias_backward(at(g, w.fcproj_b), red_scratch_, dresid_, N, C, s);
-    const bf16* mlp_in = parallel_block_ ? a.ln1 : a.ln2;
     mm_.backward_input(dln_, dfc_, at(p, w.fc_w), N, C, 4 * C, false, s);
-    mm_.backward_weight(at(g, w.fc_w), dfc_, mlp_in, N, C, 4 * C, s);
+    mm_.backward_weight(at(g, w.fc_w), dfc_, mlp_in(a), N, C, 4 * C, s);
     if (w.fc_b >= 0) cuda::bias_backward(at(g, w.fc_b), red_scratch_, dfc_, N, 4 * C, s);
     if (!parallel_block_)  // dresid becomes the gradient at mid
       cuda::layernorm_backward(dresid_, at(g, w.ln2_w), at(g, w.ln2_b), red_scratch_, dln_, a.mid,
@@ -401,7 +506,7 @@ void GptCuda::backward(int micro, int B, int T) {
     cuda::layernorm_backward(dresid_, at(g, w.ln1_w), at(g, w.ln1_b), red_scratch_, dln_, a.in,
                              at(p, w.ln1_w), a.ln1_mean, a.ln1_rstd, N, C, s);
   }
-  const int32_t* positions = groups_ + int64_t(micro) * (2 * maxB_ * maxT_ + 1);
+  const int32_t* positions = groups_ + int64_t(micro) * group_slot();
   const int32_t* starts = positions + N;
   const int32_t* ids = starts + num_groups_[micro] + 1;
   cuda::embedding_backward(at(g, wte_), at(g, wpe_), dresid_, positions, starts, ids,

@@ -14,7 +14,9 @@ namespace myriad {
 int cuda_device_count();
 
 // The CUDA engine for cfg on the current device. Allocates everything up front: parameters,
-// gradients, optimizer state and the activations of one micro-batch.
+// gradients, optimizer state and the activations of one micro-batch: every layer's, or with
+// train.recompute = selective / full fewer, the rest recomputed in backward (the gradients are
+// bitwise those of "none"). Logs the mode and the activation bytes it planned.
 std::unique_ptr<Engine> make_cuda_engine(const Config& cfg);
 
 }  // namespace myriad

@@ -1,5 +1,8 @@
 #include "model/cuda/matmul.h"
 
+#include <cstdlib>
+#include <string>
+
 #include "core/error.h"
 #include "model/cuda/cuda_check.h"
 
@@ -9,6 +12,12 @@ Matmul::Matmul() {
   CUBLAS_CHECK(cublasLtCreate(&handle_));
   // 32 MiB: what cuBLASLt's Hopper kernels ask for at most.
   workspace_bytes_ = 32u << 20;
+  reduction_mask_ = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE |
+                    CUBLASLT_REDUCTION_SCHEME_NONE;
+  if (const char* k = std::getenv("MYRIAD_SPLITK")) {
+    if (std::string(k) == "none") reduction_mask_ = CUBLASLT_REDUCTION_SCHEME_NONE;
+    if (std::string(k) == "any") reduction_mask_ = CUBLASLT_REDUCTION_SCHEME_MASK;
+  }
   CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
 }
 
@@ -66,6 +75,11 @@ void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, i
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof align_d));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d));
+    // Split-K only with a reduction in the workspace, which adds the K slices in a fixed order;
+    // the in-place scheme adds them into D in whatever order they finish. MYRIAD_SPLITK=none
+    // (no split-K) or =any (cuBLASLt's choice) are for measuring.
+    const uint32_t reduction = reduction_mask_;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction, sizeof reduction));
     cublasLtMatmulHeuristicResult_t result;
     int found = 0;
     CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, desc, la, lb, ld, ld, pref, 1, &result, &found));

@@ -51,6 +51,7 @@ class Matmul {
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+  uint32_t reduction_mask_;  // cublasLtReductionScheme_t values cuBLASLt may use
   using Key = std::tuple<int, int, int, bool, bool, int, int, int, bool, uint32_t, uint32_t, uint32_t>;
   std::map<Key, cublasLtMatmulAlgo_t> algos_;
 };
