@@ -221,6 +221,12 @@ void Config::validate() const {
   positive("parallel.pp", parallel.pp);
   non_negative("parallel.dp", parallel.dp);
   positive("parallel.virtual_stages", parallel.virtual_stages);
+  require_one_of("parallel.schedule", parallel.schedule, {"auto", "gpipe", "1f1b", "interleaved"});
+  positive("parallel.bucket_mb", parallel.bucket_mb);
+  if (parallel.schedule == "1f1b" && parallel.virtual_stages > 1)
+    throw_input("config: parallel.schedule = \"1f1b\" runs one chunk per rank but "
+                "parallel.virtual_stages = ", parallel.virtual_stages,
+                "; use \"interleaved\" (or \"auto\")");
   require_one_of("parallel.order", parallel.order,
                  {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"});
   if (m.heads % parallel.tp != 0)

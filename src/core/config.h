@@ -66,6 +66,8 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   std::string order = "tp-dp-pp";
   std::vector<int64_t> stage_layers;  // layers per pipeline stage; empty = automatic
+  std::string schedule = "auto";      // auto, gpipe, 1f1b, interleaved
+  double bucket_mb = 4;               // data-parallel gradient bucket size, MiB of fp32
 };
 
 struct CommConfig {
@@ -135,6 +137,8 @@ struct Config {
     f("parallel", "sequence_parallel", parallel.sequence_parallel);
     f("parallel", "order", parallel.order);
     f("parallel", "stage_layers", parallel.stage_layers);
+    f("parallel", "schedule", parallel.schedule);
+    f("parallel", "bucket_mb", parallel.bucket_mb);
     f("comm", "timeout_s", comm.timeout_s);
     f("comm", "backend", comm.backend);
     f("comm", "nccl_env", comm.nccl_env);

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "model/params.h"
 
@@ -38,15 +39,21 @@ class Engine {
   virtual double flops_per_token() const = 0;
   // Peak device memory in use so far, bytes (0 when not tracked).
   virtual int64_t peak_memory() const { return 0; }
+  // Seconds the last train_step waited on pipeline receives (this rank's bubble), 0 without
+  // pipeline parallelism.
+  virtual double bubble_s() const { return 0; }
 
   // What a checkpoint holds, in host memory, fp32, canonical layout: parameters, first and
   // second moments, and the optimizer's step count. state_to_host() makes these current;
   // after writing them, state_from_host() installs them on the device.
+  // With a sharded optimizer (data parallelism) m and v hold only this rank's owned
+  // elements, packed: `owned` lists them as ascending ranges of the flat buffer.
   struct HostState {
     float* params;
     float* m;
     float* v;
     int64_t* steps_taken;
+    std::vector<FlatRange> owned;
   };
   virtual HostState host_state() = 0;
   virtual void state_to_host() = 0;

@@ -66,13 +66,15 @@ void add_bias(float* out, const float* bias, int rows, int C) {
 
 }  // namespace
 
-Gpt::Gpt(const Config& cfg, const parallel::ParallelContext* par)
+Gpt::Gpt(const Config& cfg, const parallel::ParallelContext* par, const ModelPart* part,
+         int64_t flat_size)
     : cfg_(cfg),
       tp_(checked_tp_size(cfg, par) > 1 ? par->tp : nullptr),
       tpr_(parallel::group_rank(tp_)),
       tps_(parallel::group_size(tp_)),
       sp_cfg_(tp_ != nullptr && cfg.parallel.sequence_parallel),
-      layout_(cfg, tpr_, tps_),
+      part_(part ? *part : ModelPart::whole(cfg)),
+      layout_(cfg, tpr_, tps_, &part_),
       L_(cfg.model.layers),
       C_(cfg.model.d_model),
       H_(cfg.model.heads),
@@ -87,20 +89,46 @@ Gpt::Gpt(const Config& cfg, const parallel::ParallelContext* par)
       Vl_(Vp_ / tps_),
       v0_(Vl_ * tpr_),
       parallel_block_(cfg.model.parallel_block) {
-  params_.assign(layout_.total(), 0.0f);
-  grads_.assign(layout_.total(), 0.0f);
+  MYRIAD_CHECK(flat_size == 0 || flat_size >= layout_.total(), "flat size ", flat_size);
+  params_.assign(std::max(flat_size, layout_.total()), 0.0f);
+  grads_.assign(params_.size(), 0.0f);
   init_params(params_.data(), layout_, cfg.model.seed);
   p_ = tensors_in(params_.data());
   g_ = tensors_in(grads_.data());
+  for (size_t c = 0; c < part_.chunks.size(); ++c)
+    chunks_.push_back({part_.chunks[c].first, part_.chunks[c].second, part_.embedding && c == 0,
+                       part_.head && c + 1 == part_.chunks.size(), {}});
 
+  const int64_t BT = maxB_ * maxT_, C = C_;
+  tmp_.assign(BT * C, 0.0f);
+  if (tp_) full_.assign(BT * C, 0.0f);
+  dresid_.assign(BT * C, 0.0f);
+  dln_.assign(BT * C, 0.0f);
+  datty_.assign(BT * Cl_, 0.0f);
+  dqkv_.assign(BT * 3 * Cl_, 0.0f);
+  dfc_.assign(BT * Fl_, 0.0f);
+  dgelu_.assign(BT * Fl_, 0.0f);
+}
+
+Gpt::Slot& Gpt::acquire(Chunk& ch, int mb, int B) {
+  for (auto& s : ch.slots)
+    MYRIAD_CHECK(s->mb != mb, "micro-batch ", mb, " is already in flight in layers [", ch.l0,
+                 ", ", ch.l1, ")");
+  for (auto& s : ch.slots)
+    if (s->mb < 0) {
+      s->mb = mb, s->B = B;
+      return *s;
+    }
+  // A new slot: the schedule keeps one more micro-batch in flight than so far.
+  auto s = std::make_unique<Slot>();
   const int64_t BT = maxB_ * maxT_, C = C_;
   const int64_t per_layer = BT * C * 4 + BT * Cl_ + BT * 4 + BT * 3 * Cl_ +
                             maxB_ * Hl_ * maxT_ * maxT_ + BT * Fl_ * 2;
-  act_storage_.assign(per_layer * L_ + BT * C * 2 + BT * 2, 0.0f);
-  float* a = act_storage_.data();
+  s->storage.assign(per_layer * (ch.l1 - ch.l0) + BT * C * 2 + BT * 2, 0.0f);
+  float* a = s->storage.data();
   auto take = [&](int64_t n) { float* p = a; a += n; return p; };
-  acts_.resize(L_);
-  for (auto& l : acts_) {
+  s->layers.resize(ch.l1 - ch.l0);
+  for (auto& l : s->layers) {
     l.in = take(BT * C);
     l.ln1 = take(BT * C), l.ln1_mean = take(BT), l.ln1_rstd = take(BT);
     l.qkv = take(BT * 3 * Cl_);
@@ -111,26 +139,40 @@ Gpt::Gpt(const Config& cfg, const parallel::ParallelContext* par)
     l.fc = take(BT * Fl_);
     l.gelu = take(BT * Fl_);
   }
-  out_ = take(BT * C);
-  lnf_ = take(BT * C), lnf_mean_ = take(BT), lnf_rstd_ = take(BT);
-  MYRIAD_CHECK(a <= act_storage_.data() + act_storage_.size());
-
-  logits_.assign(BT * Vl_, 0.0f);
-  losses_.assign(BT, 0.0f);
-  inputs_.assign(BT, 0);
-  targets_.assign(BT, 0);
-  tmp_.assign(BT * C, 0.0f);
-  if (tp_) {
-    ce_max_.assign(BT, 0.0f);
-    ce_sum_.assign(BT, 0.0f);
-    full_.assign(BT * C, 0.0f);
+  s->out = take(BT * C);
+  s->lnf = take(BT * C), s->lnf_mean = take(BT), s->lnf_rstd = take(BT);
+  MYRIAD_CHECK(a <= s->storage.data() + s->storage.size());
+  s->inputs.assign(BT, 0);
+  s->targets.assign(BT, 0);
+  if (ch.head) {
+    s->logits.assign(BT * Vl_, 0.0f);
+    s->losses.assign(BT, 0.0f);
+    if (tp_) s->ce_max.assign(BT, 0.0f), s->ce_sum.assign(BT, 0.0f);
   }
-  dresid_.assign(BT * C, 0.0f);
-  dln_.assign(BT * C, 0.0f);
-  datty_.assign(BT * Cl_, 0.0f);
-  dqkv_.assign(BT * 3 * Cl_, 0.0f);
-  dfc_.assign(BT * Fl_, 0.0f);
-  dgelu_.assign(BT * Fl_, 0.0f);
+  s->mb = mb, s->B = B;
+  ch.slots.push_back(std::move(s));
+  return *ch.slots.back();
+}
+
+Gpt::Slot& Gpt::held(int c, int mb) const {
+  MYRIAD_CHECK(c >= 0 && c < num_chunks(), "chunk ", c, " of ", num_chunks());
+  for (auto& s : chunks_[c].slots)
+    if (s->mb == mb) return *s;
+  MYRIAD_CHECK(false, "micro-batch ", mb, " is not in flight in chunk ", c);
+  throw;  // unreachable
+}
+
+void Gpt::set_shape(int B, int T) {
+  MYRIAD_CHECK(B <= maxB_ && T <= maxT_, "batch ", B, "x", T, " exceeds ", maxB_, "x", maxT_);
+  B_ = B, T_ = T, N_ = B * T;
+  sp_ = sp_cfg_ && N_ % tps_ == 0;
+  R_ = sp_ ? N_ / tps_ : N_;
+  r0_ = sp_ ? tpr_ * R_ : 0;
+}
+
+int64_t Gpt::boundary_elems(int B) const {
+  const int64_t N = int64_t(B) * maxT_;
+  return (sp_cfg_ && N % tps_ == 0 ? N / tps_ : N) * C_;
 }
 
 Gpt::Tensors Gpt::tensors_in(float* base) const {
@@ -208,14 +250,14 @@ void Gpt::row_parallel_backward(float* dinp, float* dw, float* db, const float* 
   if (db) bias_backward(db, dout, R_, OC);  // this rank's rows: summed in finish_grads()
 }
 
-void Gpt::embedding_forward_tp(float* out) {
+void Gpt::embedding_forward_tp(const Slot& s, float* out) {
   const int C = C_;
   // This rank's rows of wte for the tokens it owns, zero for the others; summed over the ranks
   // (exactly one rank contributes each row, so the sum is exact).
   float* partial = sp_ ? full_.data() : out;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N_; ++n) {
-    const int64_t v = int64_t(inputs_[n]) - v0_;
+    const int64_t v = int64_t(s.inputs[n]) - v0_;
     float* o = partial + n * C;
     if (v >= 0 && v < Vl_)
       std::memcpy(o, p_.wte + v * C, C * sizeof(float));
@@ -236,7 +278,7 @@ void Gpt::embedding_forward_tp(float* out) {
   }
 }
 
-void Gpt::embedding_backward_tp(const float* dresid) {
+void Gpt::embedding_backward_tp(const Slot& s, const float* dresid) {
   const int C = C_;
   const int blocks = (C + kColumnBlock - 1) / kColumnBlock;
   // wpe from the rows held here (with SP a partial sum, completed in finish_grads()).
@@ -261,7 +303,7 @@ void Gpt::embedding_backward_tp(const float* dresid) {
   for (int blk = 0; blk < blocks; ++blk) {
     const int c0 = blk * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
     for (int n = 0; n < N_; ++n) {
-      const int64_t v = int64_t(inputs_[n]) - v0_;
+      const int64_t v = int64_t(s.inputs[n]) - v0_;
       if (v < 0 || v >= Vl_) continue;
       const float* d = dfull + int64_t(n) * C;
       float* w = g_.wte + v * C;
@@ -271,23 +313,23 @@ void Gpt::embedding_backward_tp(const float* dresid) {
   }
 }
 
-// Vocab-parallel cross-entropy over logits_ (N, Vl): columns [v0, v0 + Vl) of the vocabulary,
+// Vocab-parallel cross-entropy over s.logits (N, Vl): columns [v0, v0 + Vl) of the vocabulary,
 // the first `live` of them real (the rest padding).
-void Gpt::crossentropy_forward_tp() {
+void Gpt::crossentropy_forward_tp(Slot& s) {
   constexpr int kChunk = 256;
   const int N = N_;
   const int64_t Vl = Vl_;
   const int live = static_cast<int>(std::clamp<int64_t>(V_ - v0_, 0, Vl));
-  float* mx = ce_max_.data();
+  float* mx = s.ce_max.data();
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n)
-    mx[n] = live > 0 ? cpu::detail::max_of(logits_.data() + n * Vl, live) : -INFINITY;
+    mx[n] = live > 0 ? cpu::detail::max_of(s.logits.data() + n * Vl, live) : -INFINITY;
   parallel::max_over_group(tp_, mx, N);
   // Per row: this rank's sum of exp(x - max) and the target's shifted logit (0 unless owned).
   std::vector<float> parts(2 * static_cast<size_t>(N));
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
-    const float* x = logits_.data() + n * Vl;
+    const float* x = s.logits.data() + n * Vl;
     const float m = mx[n];
     float e[kChunk];
     float sum = 0;
@@ -297,27 +339,27 @@ void Gpt::crossentropy_forward_tp() {
       for (int j = 0; j < len; ++j) e[j] = cpu::detail::exp_real(x[j0 + j] - m);
       sum += cpu::detail::lane_sum<float>(len, [&e](int64_t j) { return e[j]; });
     }
-    const int64_t t = int64_t(targets_[n]) - v0_;
+    const int64_t t = int64_t(s.targets[n]) - v0_;
     parts[2 * n] = sum;
     parts[2 * n + 1] = t >= 0 && t < live ? x[t] - m : 0.0f;
   }
   parallel::sum_over_group(tp_, parts.data(), 2 * int64_t(N));
   for (int n = 0; n < N; ++n) {
-    ce_sum_[n] = parts[2 * n];
-    losses_[n] = std::log(parts[2 * n]) - parts[2 * n + 1];
+    s.ce_sum[n] = parts[2 * n];
+    s.losses[n] = std::log(parts[2 * n]) - parts[2 * n + 1];
   }
 }
 
 // dlogits = (softmax - onehot) * dlosses on this rank's live columns, 0 on the padding; in place.
-void Gpt::crossentropy_backward_tp(const float* dlosses) {
+void Gpt::crossentropy_backward_tp(Slot& s, const float* dlosses) {
   const int N = N_;
   const int64_t Vl = Vl_;
   const int live = static_cast<int>(std::clamp<int64_t>(V_ - v0_, 0, Vl));
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
-    float* d = logits_.data() + n * Vl;
-    const float m = ce_max_[n], inv = 1.0f / ce_sum_[n], dl = dlosses[n];
-    const int64_t t = int64_t(targets_[n]) - v0_;
+    float* d = s.logits.data() + n * Vl;
+    const float m = s.ce_max[n], inv = 1.0f / s.ce_sum[n], dl = dlosses[n];
+    const int64_t t = int64_t(s.targets[n]) - v0_;
     const bool owned = t >= 0 && t < live;
     const float xt = owned ? d[t] : 0.0f;
     const float scale = inv * dl;
@@ -330,26 +372,25 @@ void Gpt::crossentropy_backward_tp(const float* dlosses) {
 
 // ---- the model ----
 
-void Gpt::forward(const int32_t* tokens, int64_t row_stride, int B, int T) {
-  MYRIAD_CHECK(B <= maxB_ && T <= maxT_, "batch ", B, "x", T, " exceeds ", maxB_, "x", maxT_);
-  const int C = C_, N = B * T, W = window_;
+void Gpt::forward(Chunk& ch, Slot& s, const int32_t* tokens, int64_t stride, const float* input,
+                  bool targets) {
+  const int B = B_, T = T_, C = C_, N = N_, R = R_, W = window_;
   const int Cl = static_cast<int>(Cl_), Hl = static_cast<int>(Hl_), Fl = static_cast<int>(Fl_);
-  B_ = B, T_ = T, N_ = N;
-  sp_ = sp_cfg_ && N % tps_ == 0;
-  R_ = sp_ ? N / tps_ : N;
-  r0_ = sp_ ? tpr_ * R_ : 0;
-  const int R = R_;
-  for (int b = 0; b < B; ++b)
-    std::memcpy(&inputs_[b * T], tokens + b * row_stride, T * sizeof(int32_t));
-
-  if (tp_)
-    embedding_forward_tp(acts_[0].in);
-  else
-    cpu::embedding_forward(acts_[0].in, inputs_.data(), p_.wte, p_.wpe, B, T, C);
-  for (int64_t l = 0; l < L_; ++l) {
-    LayerActs& a = acts_[l];
+  float* first_in = ch.l1 > ch.l0 ? s.layers[0].in : s.out;
+  if (ch.embedding) {
+    for (int b = 0; b < B; ++b)
+      std::memcpy(&s.inputs[b * T], tokens + b * stride, T * sizeof(int32_t));
+    if (tp_)
+      embedding_forward_tp(s, first_in);
+    else
+      cpu::embedding_forward(first_in, s.inputs.data(), p_.wte, p_.wpe, B, T, C);
+  } else {
+    std::memcpy(first_in, input, int64_t(R) * C * sizeof(float));
+  }
+  for (int64_t l = ch.l0; l < ch.l1; ++l) {
+    LayerActs& a = s.layers[l - ch.l0];
     const LayerTensors& w = p_.layers[l];
-    float* next = l + 1 < L_ ? acts_[l + 1].in : out_;  // (R,C)
+    float* next = l + 1 < ch.l1 ? s.layers[l + 1 - ch.l0].in : s.out;  // (R,C)
 
     cpu::layernorm_forward(local_rows(a.ln1, C), a.ln1_mean, a.ln1_rstd, a.in, w.ln1_w, w.ln1_b,
                            R, C);
@@ -374,54 +415,57 @@ void Gpt::forward(const int32_t* tokens, int64_t row_stride, int B, int T) {
     row_parallel_forward(mlp_out, a.gelu, w.fcproj_w, w.fcproj_b, Fl, C);
     cpu::residual_forward(next, attn_sum, mlp_out, int64_t(R) * C);
   }
-  cpu::layernorm_forward(local_rows(lnf_, C), lnf_mean_, lnf_rstd_, out_, p_.lnf_w, p_.lnf_b, R,
-                         C);
-  column_input_forward(lnf_, C);
-  cpu::linear_forward(logits_.data(), lnf_, p_.wte, static_cast<const float*>(nullptr), N, C,
+  if (!ch.head) return;
+  cpu::layernorm_forward(local_rows(s.lnf, C), s.lnf_mean, s.lnf_rstd, s.out, p_.lnf_w, p_.lnf_b,
+                         R, C);
+  column_input_forward(s.lnf, C);
+  cpu::linear_forward(s.logits.data(), s.lnf, p_.wte, static_cast<const float*>(nullptr), N, C,
                       static_cast<int>(Vl_));
+  last_logits_ = s.logits.data();
+  if (!targets) return;
+  for (int b = 0; b < B; ++b)
+    std::memcpy(&s.targets[b * T], tokens + b * stride + 1, T * sizeof(int32_t));
+  if (tp_)
+    crossentropy_forward_tp(s);
+  else
+    cpu::crossentropy_forward(s.losses.data(), s.logits.data(), s.targets.data(), N, V_, Vp_);
 }
 
-float Gpt::loss(const int32_t* tokens, int B) {
-  const int T = maxT_, N = B * T;
-  forward(tokens, T + 1, B, T);
-  for (int b = 0; b < B; ++b)
-    std::memcpy(&targets_[b * T], tokens + b * (T + 1) + 1, T * sizeof(int32_t));
-  if (tp_)
-    crossentropy_forward_tp();
-  else
-    cpu::crossentropy_forward(losses_.data(), logits_.data(), targets_.data(), N, V_, Vp_);
+float Gpt::mean_loss(const Slot& s) const {
+  const int N = s.B * maxT_;
   double sum = 0;  // fixed order: the loss is bitwise reproducible
-  for (int i = 0; i < N; ++i) sum += losses_[i];
+  for (int i = 0; i < N; ++i) sum += s.losses[i];
   return static_cast<float>(sum / N);
 }
 
-float Gpt::forward_backward(const int32_t* tokens, int B, float grad_scale) {
-  const int T = maxT_, C = C_, N = B * T, W = window_;
+void Gpt::backward(Chunk& ch, Slot& s, const float* doutput, float* dinput, float grad_scale) {
+  const int B = B_, T = T_, C = C_, N = N_, R = R_, W = window_;
   const int Cl = static_cast<int>(Cl_), Hl = static_cast<int>(Hl_), Fl = static_cast<int>(Fl_);
   const int64_t NC = int64_t(N) * C;
-  const float mean_loss = loss(tokens, B);
-  const int R = R_;
-
-  // d(mean loss)/d(loss_i) = grad_scale / N; dlogits overwrite the logits in place.
-  std::vector<float>& dlosses = losses_;
-  std::fill(dlosses.begin(), dlosses.begin() + N, grad_scale / N);
-  float* dlogits = logits_.data();
-  if (tp_)
-    crossentropy_backward_tp(dlosses.data());
-  else
-    cpu::crossentropy_backward(dlogits, dlogits, targets_.data(), dlosses.data(), N, V_, Vp_);
-  zero(dln_, NC);
-  cpu::linear_backward(dln_.data(), g_.wte, static_cast<float*>(nullptr), dlogits, lnf_, p_.wte,
-                       N, C, static_cast<int>(Vl_));
-  float* dlnf = column_input_backward(dln_.data(), C);
-  zero(dresid_, NC);
-  cpu::layernorm_backward(dresid_.data(), g_.lnf_w, g_.lnf_b, dlnf, out_, p_.lnf_w, lnf_mean_,
-                          lnf_rstd_, R, C);
+  if (ch.head) {
+    // d(mean loss)/d(loss_i) = grad_scale / N; dlogits overwrite the logits in place.
+    std::vector<float>& dlosses = s.losses;
+    std::fill(dlosses.begin(), dlosses.begin() + N, grad_scale / N);
+    float* dlogits = s.logits.data();
+    if (tp_)
+      crossentropy_backward_tp(s, dlosses.data());
+    else
+      cpu::crossentropy_backward(dlogits, dlogits, s.targets.data(), dlosses.data(), N, V_, Vp_);
+    zero(dln_, NC);
+    cpu::linear_backward(dln_.data(), g_.wte, static_cast<float*>(nullptr), dlogits, s.lnf,
+                         p_.wte, N, C, static_cast<int>(Vl_));
+    float* dlnf = column_input_backward(dln_.data(), C);
+    zero(dresid_, NC);
+    cpu::layernorm_backward(dresid_.data(), g_.lnf_w, g_.lnf_b, dlnf, s.out, p_.lnf_w,
+                            s.lnf_mean, s.lnf_rstd, R, C);
+  } else {
+    std::memcpy(dresid_.data(), doutput, int64_t(R) * C * sizeof(float));
+  }
 
   // dresid_ holds the gradient of the residual stream; walking down a layer adds each
   // branch's input gradient into it in place (the backward ops accumulate).
-  for (int64_t l = L_ - 1; l >= 0; --l) {
-    LayerActs& a = acts_[l];
+  for (int64_t l = ch.l1 - 1; l >= ch.l0; --l) {
+    LayerActs& a = s.layers[l - ch.l0];
     const LayerTensors& w = p_.layers[l];
     const LayerTensors& g = g_.layers[l];
     float* dresid = dresid_.data();
@@ -458,49 +502,75 @@ float Gpt::forward_backward(const int32_t* tokens, int B, float grad_scale) {
     cpu::layernorm_backward(dresid, g.ln1_w, g.ln1_b, dln1, a.in, w.ln1_w, a.ln1_mean,
                             a.ln1_rstd, R, C);
   }
-  if (tp_)
-    embedding_backward_tp(dresid_.data());
+  if (!ch.embedding)
+    std::memcpy(dinput, dresid_.data(), int64_t(R) * C * sizeof(float));
+  else if (tp_)
+    embedding_backward_tp(s, dresid_.data());
   else
-    cpu::embedding_backward(g_.wte, g_.wpe, dresid_.data(), inputs_.data(), B, T, C);
-  return mean_loss;
+    cpu::embedding_backward(g_.wte, g_.wpe, dresid_.data(), s.inputs.data(), B, T, C);
 }
 
-void Gpt::finish_grads() {
-  if (!sp_cfg_) return;
-  // Every replicated tensor (norms, row-parallel biases, wpe) saw only this rank's tokens:
-  // one all-reduce of all of them, packed in layout order.
-  int64_t n = 0;
-  for (const ParamSpec& p : layout_.tensors())
-    if (p.replicated()) n += p.numel;
-  std::vector<float> packed(n);
-  int64_t at = 0;
-  for (const ParamSpec& p : layout_.tensors())
-    if (p.replicated()) {
-      std::memcpy(packed.data() + at, grads_.data() + p.offset, p.numel * sizeof(float));
-      at += p.numel;
-    }
-  parallel::sum_over_group(tp_, packed.data(), n);
-  at = 0;
-  for (const ParamSpec& p : layout_.tensors())
-    if (p.replicated()) {
-      std::memcpy(grads_.data() + p.offset, packed.data() + at, p.numel * sizeof(float));
-      at += p.numel;
-    }
+float Gpt::forward_chunk(int c, int mb, int B, const int32_t* tokens, const float* input) {
+  MYRIAD_CHECK(c >= 0 && c < num_chunks(), "chunk ", c, " of ", num_chunks());
+  Chunk& ch = chunks_[c];
+  set_shape(B, maxT_);
+  Slot& s = acquire(ch, mb, B);
+  forward(ch, s, tokens, maxT_ + 1, input, /*targets=*/true);
+  return ch.head ? mean_loss(s) : 0.0f;
 }
 
-double Gpt::grad_norm() const {
-  double split = 0, replicated = 0;
-  for (const ParamSpec& p : layout_.tensors())
-    (p.replicated() ? replicated : split) += cpu::sum_squares(grads_.data() + p.offset, p.numel);
-  return std::sqrt(parallel::sum_over_group(tp_, split) + replicated);
+const float* Gpt::chunk_output(int c, int mb) const { return held(c, mb).out; }
+
+void Gpt::backward_chunk(int c, int mb, const float* doutput, float* dinput, float grad_scale) {
+  Slot& s = held(c, mb);
+  set_shape(s.B, maxT_);
+  backward(chunks_[c], s, doutput, dinput, grad_scale);
+  s.mb = -1;
+}
+
+void Gpt::drop_chunk(int c, int mb) { held(c, mb).mb = -1; }
+
+// ---- the whole model in this process ----
+
+// The micro-batch number of the whole-model forwards (loss, sampling): never a schedule's.
+constexpr int kWholeModel = 1 << 30;
+
+float Gpt::forward_backward(const int32_t* tokens, int B, float grad_scale) {
+  float loss = 0;
+  for (int c = 0; c < num_chunks(); ++c)
+    loss = forward_chunk(c, 0, B, tokens, c > 0 ? chunk_output(c - 1, 0) : nullptr);
+  // Several chunks here (pp = 1 with virtual stages) pass their gradients in memory.
+  std::vector<float> dout, din;
+  for (int c = num_chunks() - 1; c >= 0; --c) {
+    din.assign(c > 0 ? boundary_elems(B) : 0, 0.0f);
+    backward_chunk(c, 0, c + 1 < num_chunks() ? dout.data() : nullptr, c > 0 ? din.data() : nullptr,
+                   grad_scale);
+    dout.swap(din);
+  }
+  return loss;
+}
+
+float Gpt::loss(const int32_t* tokens, int B) {
+  float loss = 0;
+  for (int c = 0; c < num_chunks(); ++c)
+    loss = forward_chunk(c, kWholeModel, B, tokens, c > 0 ? chunk_output(c - 1, kWholeModel) : nullptr);
+  for (int c = 0; c < num_chunks(); ++c) drop_chunk(c, kWholeModel);
+  return loss;
 }
 
 void Gpt::last_logits(const int32_t* tokens, int B, int T, float* out) {
-  forward(tokens, T, B, T);
+  MYRIAD_CHECK(part_.embedding && part_.head, "last_logits needs the whole model in one process");
+  set_shape(B, T);
+  for (int c = 0; c < num_chunks(); ++c) {
+    Slot& s = acquire(chunks_[c], kWholeModel, B);
+    forward(chunks_[c], s, tokens, T, c > 0 ? held(c - 1, kWholeModel).out : nullptr,
+            /*targets=*/false);
+  }
+  for (int c = 0; c < num_chunks(); ++c) drop_chunk(c, kWholeModel);
+  const float* logits = last_logits_;
   if (!tp_) {
     for (int b = 0; b < B; ++b)
-      std::memcpy(out + b * Vp_, logits_.data() + (int64_t(b) * T + T - 1) * Vp_,
-                  Vp_ * sizeof(float));
+      std::memcpy(out + b * Vp_, logits + (int64_t(b) * T + T - 1) * Vp_, Vp_ * sizeof(float));
     return;
   }
   // This rank's vocabulary columns of each row's last position, gathered over the ranks:
@@ -509,12 +579,32 @@ void Gpt::last_logits(const int32_t* tokens, int B, int T, float* out) {
   std::vector<float> all(chunk * tps_);
   float* mine = all.data() + tpr_ * chunk;
   for (int b = 0; b < B; ++b)
-    std::memcpy(mine + b * Vl_, logits_.data() + (int64_t(b) * T + T - 1) * Vl_,
-                Vl_ * sizeof(float));
+    std::memcpy(mine + b * Vl_, logits + (int64_t(b) * T + T - 1) * Vl_, Vl_ * sizeof(float));
   GatherFromSequence::forward(tp_, mine, all.data(), chunk);
   for (int q = 0; q < tps_; ++q)
     for (int b = 0; b < B; ++b)
       std::memcpy(out + b * Vp_ + q * Vl_, all.data() + q * chunk + b * Vl_, Vl_ * sizeof(float));
+}
+
+void Gpt::finish_grads(int64_t begin, int64_t end) {
+  if (!sp_cfg_) return;
+  // Every replicated tensor (norms, row-parallel biases, wpe) saw only this rank's tokens: one
+  // all-reduce of their elements in [begin, end), packed in layout order. Every tp rank has
+  // the same layout shape, so the ranks pack the same elements.
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  int64_t n = 0;
+  for (const ParamSpec& p : layout_.tensors()) {
+    const int64_t a = std::max(begin, p.offset), b = std::min(end, p.offset + p.numel);
+    if (p.replicated() && a < b) runs.emplace_back(a, b), n += b - a;
+  }
+  std::vector<float> packed(n);
+  int64_t at = 0;
+  for (auto [a, b] : runs)
+    std::memcpy(packed.data() + at, grads_.data() + a, (b - a) * sizeof(float)), at += b - a;
+  parallel::sum_over_group(tp_, packed.data(), n);
+  at = 0;
+  for (auto [a, b] : runs)
+    std::memcpy(grads_.data() + a, packed.data() + at, (b - a) * sizeof(float)), at += b - a;
 }
 
 double Gpt::flops_per_token() const {

@@ -30,6 +30,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/config.h"
@@ -41,35 +42,57 @@ namespace myriad {
 class Gpt {
  public:
   // par: the tensor-parallel group; nullptr (or a group of one) = the whole model here. The tp
-  // group's size must equal parallel.tp.
-  explicit Gpt(const Config& cfg, const parallel::ParallelContext* par = nullptr);
+  // group's size must equal parallel.tp. part: the layers (in chunks) this pipeline rank holds,
+  // default the whole model. flat_size: elements of the parameter and gradient buffers, at
+  // least layout().total(): data parallelism pads them so that its buckets divide evenly.
+  explicit Gpt(const Config& cfg, const parallel::ParallelContext* par = nullptr,
+               const ModelPart* part = nullptr, int64_t flat_size = 0);
 
   const ParamLayout& layout() const { return layout_; }
-  float* params() { return params_.data(); }  // (total) flat, this rank's layout
-  float* grads() { return grads_.data(); }    // (total) same layout as params
+  const ModelPart& part() const { return part_; }
+  float* params() { return params_.data(); }  // (flat_size) this rank's layout, then padding
+  float* grads() { return grads_.data(); }    // (flat_size) same layout as params
   int64_t num_params() const { return layout_.total(); }
   void zero_grads();
 
+  // ---- one micro-batch through one chunk (what a pipeline schedule runs) ----
+  // Forward of local chunk c for micro-batch mb of B <= micro_batch rows. tokens (B, T+1) feed
+  // the embedding (the model's first chunk) and the loss (its last); input (R, C) is the
+  // previous virtual stage's output otherwise. The chunk keeps what its backward needs until
+  // backward_chunk(c, mb) (or drop_chunk). Returns the mean loss over the B*T tokens on the
+  // model's last chunk, else 0.
+  float forward_chunk(int c, int mb, int B, const int32_t* tokens, const float* input);
+  // The chunk's output (R, C) for the next virtual stage; valid until its backward.
+  const float* chunk_output(int c, int mb) const;
+  // Backward of chunk c for micro-batch mb: doutput (R, C) is the gradient of its output (null
+  // on the last chunk: the loss makes it, as grad_scale * mean-token-loss); the gradient of its
+  // input goes to dinput (R, C) (null on the first chunk). Parameter gradients are ADDED.
+  void backward_chunk(int c, int mb, const float* doutput, float* dinput, float grad_scale);
+  // Forgets a forward-only micro-batch.
+  void drop_chunk(int c, int mb);
+  int num_chunks() const { return static_cast<int>(chunks_.size()); }
+  // Elements of one activation passed between stages: R x C.
+  int64_t boundary_elems(int B) const;
+
+  // ---- the whole model in this process (pp = 1) ----
   // Forward and backward of one micro-batch. tokens (B, T+1): inputs are [:, :T], targets the
   // next tokens [:, 1:]. Gradients of grad_scale * mean-token-loss are ADDED to grads(), so a
   // step over k micro-batches passes grad_scale = 1/k. Returns the mean loss over B*T tokens.
   // With TP every rank passes the same tokens and gets the same loss.
   float forward_backward(const int32_t* tokens, int B, float grad_scale);
-  // After the last forward_backward of a step, before reading the gradients: with sequence
-  // parallelism, sums the replicated tensors' gradients over the tp group (each rank saw only
-  // its tokens). A no-op otherwise.
-  void finish_grads();
-  // The global L2 norm of the gradients: the split tensors' squares summed over the tp group,
-  // the replicated ones counted once. Identical bits on every rank. (Call after finish_grads.)
-  double grad_norm() const;
-
   // Forward only: the mean loss over the B*T tokens of tokens (B, T+1).
   float loss(const int32_t* tokens, int B);
   // Logits of the last position of each row of tokens (B, T) -> (B, Vp) into out, for sampling
   // (T <= seq_len). With TP the vocabulary shards are gathered: every rank gets all Vp.
   void last_logits(const int32_t* tokens, int B, int T, float* out);
   // The logits (B, T, Vp) of the last forward; with TP this rank's (B, T, Vp/t) columns.
-  const float* logits() const { return logits_.data(); }
+  const float* logits() const { return last_logits_; }
+
+  // With sequence parallelism the replicated tensors' gradients are partial sums of this
+  // rank's tokens: sums them over the tp group on [begin, end) of the flat buffer (the engine
+  // calls it on the ranges it updates). A no-op otherwise.
+  void finish_grads(int64_t begin, int64_t end);
+  bool partial_replicated_grads() const { return sp_cfg_; }
 
   // Model FLOPs per token of a training step, 6N + 12 L d T_att (MFU's numerator), global.
   double flops_per_token() const;
@@ -78,9 +101,48 @@ class Gpt {
   int tp_size() const { return tps_; }
 
  private:
-  // Runs the layers and the final norm on tokens (B, T) and computes logits (B, T, Vp/t).
-  void forward(const int32_t* tokens, int64_t row_stride, int B, int T);
-  // Pointers into a flat buffer (params or grads) for each tensor; null where absent.
+  // Activations saved for backward (per layer, each (B,T,·) unless noted; widths are this
+  // rank's: 3C/t, C/t, 4C/t with TP).
+  struct LayerActs {
+    float *in;            // (B,T,C) the layer's input: the residual stream (R rows)
+    float *ln1, *ln1_mean, *ln1_rstd;  // (B,T,C) (all N rows, gathered with SP), (R), (R)
+    float *qkv;           // (B,T,3C) laid out (H,3,D)
+    float *probs;         // (B,H,T,T)
+    float *atty;          // (B,T,C) attention output before the projection
+    float *mid;           // (B,T,C) residual after attention (sequential block only; R rows)
+    float *ln2, *ln2_mean, *ln2_rstd;  // (B,T,C), (R), (R) (sequential block only)
+    float *fc;            // (B,T,4C) before GELU
+    float *gelu;          // (B,T,4C)
+  };
+  // One micro-batch in flight through one chunk: what its backward needs.
+  struct Slot {
+    int mb = -1, B = 0;   // the micro-batch held (-1: free) and its rows
+    std::vector<float> storage;
+    std::vector<LayerActs> layers;  // the chunk's layers, in order
+    float* out;                     // (B,T,C) the chunk's output, R rows
+    float *lnf, *lnf_mean, *lnf_rstd;  // head: (B,T,C) (all N rows), (R), (R)
+    std::vector<float> logits;      // head: (B,T,Vp/t); backward turns it into dlogits in place
+    std::vector<float> losses, ce_max, ce_sum;  // head: (B,T) each (ce_*: TP cross-entropy)
+    std::vector<int32_t> inputs, targets;       // (B,T) contiguous copies
+  };
+  struct Chunk {
+    int l0, l1;              // layers [l0, l1)
+    bool embedding, head;    // holds the model's first / last virtual stage
+    std::vector<std::unique_ptr<Slot>> slots;  // grows to the schedule's in-flight bound
+  };
+  Slot& acquire(Chunk& ch, int mb, int B);
+  Slot& held(int c, int mb) const;
+  // The shape of the forward or backward about to run: N = B*T rows, R of them here.
+  void set_shape(int B, int T);
+  // Runs chunk ch on slot s: tokens (row stride `stride`) for the embedding and targets, input
+  // (R, C) otherwise; the head's logits (B, T, Vp/t) and, with targets, its losses.
+  void forward(Chunk& ch, Slot& s, const int32_t* tokens, int64_t stride, const float* input,
+               bool targets);
+  float mean_loss(const Slot& s) const;
+  void backward(Chunk& ch, Slot& s, const float* doutput, float* dinput, float grad_scale);
+
+  // Pointers into a flat buffer (params or grads) for each tensor; null where absent (layers
+  // of other pipeline ranks too).
   struct LayerTensors {
     float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b,
         *fcproj_w, *fcproj_b;
@@ -109,53 +171,34 @@ class Gpt {
   // Backward of row_parallel_forward: dout_full from row_parallel_dout, dout the local rows.
   void row_parallel_backward(float* dinp, float* dw, float* db, const float* dout_full,
                              const float* dout, const float* inp, const float* w, int IC, int OC);
-  void embedding_forward_tp(float* out);
-  void embedding_backward_tp(const float* dresid);
-  void crossentropy_forward_tp();
-  void crossentropy_backward_tp(const float* dlosses);
+  void embedding_forward_tp(const Slot& s, float* out);
+  void embedding_backward_tp(const Slot& s, const float* dresid);
+  void crossentropy_forward_tp(Slot& s);
+  void crossentropy_backward_tp(Slot& s, const float* dlosses);
 
   Config cfg_;
   parallel::Communicator* tp_ = nullptr;  // null without TP (t = 1)
   int tpr_ = 0, tps_ = 1;
   bool sp_cfg_ = false;  // sequence parallelism requested (and t > 1)
+  ModelPart part_;
   ParamLayout layout_;
   int64_t L_, C_, H_, maxT_, maxB_, V_, Vp_, window_;
   int64_t Hl_, Cl_, Fl_, Vl_, v0_;  // this rank's heads, attention width, MLP width, vocab rows
   bool parallel_block_;
 
-  // The current forward's shape: N = B*T rows, R rows of the residual stream here, the first
-  // of them at row r0 of the micro-batch; sp_ when this forward runs sequence-parallel.
+  // The current forward's or backward's shape: N = B*T rows, R rows of the residual stream
+  // here, the first of them at row r0 of the micro-batch; sp_ when it runs sequence-parallel.
   int B_ = 0, T_ = 0, N_ = 0, R_ = 0, r0_ = 0;
   bool sp_ = false;
 
   std::vector<float> params_, grads_;
   Tensors p_, g_;  // into params_ and grads_
+  std::vector<Chunk> chunks_;
+  const float* last_logits_ = nullptr;  // logits() of the whole-model path
 
-  // Activations saved for backward (per layer, each (B,T,·) unless noted; widths are this
-  // rank's: 3C/t, C/t, 4C/t with TP).
-  struct LayerActs {
-    float *in;            // (B,T,C) the layer's input: the residual stream (R rows)
-    float *ln1, *ln1_mean, *ln1_rstd;  // (B,T,C) (all N rows, gathered with SP), (R), (R)
-    float *qkv;           // (B,T,3C) laid out (H,3,D)
-    float *probs;         // (B,H,T,T)
-    float *atty;          // (B,T,C) attention output before the projection
-    float *mid;           // (B,T,C) residual after attention (sequential block only; R rows)
-    float *ln2, *ln2_mean, *ln2_rstd;  // (B,T,C), (R), (R) (sequential block only)
-    float *fc;            // (B,T,4C) before GELU
-    float *gelu;          // (B,T,4C)
-  };
-  std::vector<float> act_storage_;
-  std::vector<LayerActs> acts_;
-  float *out_;                        // (B,T,C) residual stream after the last layer (R rows)
-  float *lnf_, *lnf_mean_, *lnf_rstd_;  // (B,T,C) (all N rows), (R), (R)
-  std::vector<float> logits_;         // (B,T,Vp/t); backward turns it into dlogits in place
-  std::vector<float> losses_;         // (B,T)
-  std::vector<int32_t> inputs_, targets_;  // (B,T) contiguous copies
-  std::vector<float> tmp_;            // (B,T,C) the MLP's output before the residual add
-  std::vector<float> ce_max_, ce_sum_;  // (B,T) TP cross-entropy: row max and sum of exps
-  std::vector<float> full_;           // (B,T,C) TP scratch: partial sums, gathered gradients
-
-  // Backward scratch, zeroed per use.
+  // Scratch shared by every forward and backward (one runs at a time), zeroed per use.
+  std::vector<float> tmp_;     // (B,T,C) the MLP's output before the residual add
+  std::vector<float> full_;    // (B,T,C) TP scratch: partial sums, gathered gradients
   std::vector<float> dresid_;  // (B,T,C) gradient of the residual stream
   std::vector<float> dln_, datty_, dqkv_, dfc_, dgelu_;  // (B,T,C) (B,T,C) (B,T,3C) (B,T,4C) x2
 };

@@ -1,6 +1,6 @@
-#include <algorithm>
 #include "model/params.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -17,8 +17,20 @@ int64_t ParamSpec::global_index(int64_t i) const {
   return (i / cols) * gcols + global_offset[1] + i % cols;
 }
 
-ParamLayout::ParamLayout(const Config& cfg, int tp_rank, int tp_size)
+ModelPart ModelPart::whole(const Config& cfg) {
+  return {{{0, static_cast<int>(cfg.model.layers)}}, true, true};
+}
+
+bool ModelPart::has_layer(int64_t layer) const {
+  for (auto [a, b] : chunks)
+    if (layer >= a && layer < b) return true;
+  return false;
+}
+
+ParamLayout::ParamLayout(const Config& cfg, int tp_rank, int tp_size, const ModelPart* part)
     : tp_rank_(tp_rank), tp_size_(tp_size) {
+  const ModelPart all = ModelPart::whole(cfg);
+  if (!part) part = &all;
   const ModelConfig& m = cfg.model;
   const int64_t C = m.d_model, Vp = cfg.padded_vocab(), P = cfg.positions();
   const double std = m.init_std;
@@ -35,6 +47,17 @@ ParamLayout::ParamLayout(const Config& cfg, int tp_rank, int tp_size)
   // split: the dimension TP splits, -1 = replicated.
   auto add = [&](std::string name, std::vector<int64_t> global, int split, bool decay,
                  double init_std, double init_value, int64_t layer, bool matmul) {
+    // N counts the whole model's matmul weights, whatever part this rank holds.
+    if (matmul) {
+      int64_t n = 1;
+      for (int64_t d : global) n *= d;
+      matmul_params_ += n;
+    }
+    const bool held = layer >= 0 ? part->has_layer(layer)
+                      : name == "wte"  ? part->embedding || part->head
+                      : name == "wpe"  ? part->embedding
+                                       : part->head;  // lnf
+    if (!held) return;
     ParamSpec p{std::move(name), global, total_, 1, decay, init_std, init_value, layer,
                 global, std::vector<int64_t>(global.size(), 0), tp_size > 1 ? split : -1};
     if (p.split_dim >= 0) {
@@ -44,11 +67,6 @@ ParamLayout::ParamLayout(const Config& cfg, int tp_rank, int tp_size)
     }
     for (int64_t d : p.shape) p.numel *= d;
     total_ += p.numel;
-    if (matmul) {
-      int64_t n = 1;
-      for (int64_t d : global) n *= d;
-      matmul_params_ += n;
-    }
     tensors_.push_back(std::move(p));
   };
   auto norm = [&](const std::string& prefix, int64_t layer) {
@@ -84,13 +102,46 @@ bool ParamLayout::Stored::empty() const {
 }
 
 ParamLayout::Stored ParamLayout::stored(const ParamSpec& p) const {
+  std::vector<StoredRegion> r = stored_regions(p, 0, p.numel);
+  if (!r.empty()) return {r[0].global_shape, r[0].offset, r[0].shape};
+  // Nothing stored (a TP shard of wte holding padding rows only): keep the tensor's identity.
   Stored s{p.global_shape, p.global_offset, p.shape};
-  if (p.name == "wte") {
-    s.global_shape[0] = vocab_size_;
-    s.shape[0] = std::max<int64_t>(0, std::min(p.global_offset[0] + p.shape[0], vocab_size_) - p.global_offset[0]);
-    if (s.shape[0] == 0) s.offset[0] = 0;
-  }
+  if (p.name == "wte") s.global_shape[0] = vocab_size_;
+  s.offset[0] = 0, s.shape[0] = 0;
   return s;
+}
+
+std::vector<ParamLayout::StoredRegion> ParamLayout::stored_regions(const ParamSpec& p, int64_t begin,
+                                                                   int64_t end) const {
+  MYRIAD_CHECK(0 <= begin && begin <= end && end <= p.numel, p.name, ": range [", begin, ", ", end,
+               ") outside its ", p.numel, " elements");
+  MYRIAD_CHECK(p.shape.size() <= 2, p.name, ": stored_regions handles vectors and matrices");
+  std::vector<StoredRegion> out;
+  if (begin == end) return out;
+  std::vector<int64_t> gshape = p.global_shape;
+  if (p.name == "wte") gshape[0] = vocab_size_;
+  if (p.shape.size() == 1) {
+    out.push_back({gshape, {p.global_offset[0] + begin}, {end - begin}, begin});
+    return out;
+  }
+  const int64_t cols = p.shape[1];
+  // Local rows [r, r + rows), columns [c, c + n): clipped to the stored rows (wte's padding).
+  auto add = [&](int64_t r, int64_t rows, int64_t c, int64_t n) {
+    const int64_t g = p.global_offset[0] + r;
+    rows = std::min(rows, gshape[0] - g);
+    if (rows <= 0 || n <= 0) return;
+    out.push_back({gshape, {g, p.global_offset[1] + c}, {rows, n}, r * cols + c});
+  };
+  int64_t r0 = begin / cols, c0 = begin % cols;
+  const int64_t r1 = end / cols, c1 = end % cols;
+  if (r0 == r1) {
+    add(r0, 1, c0, c1 - c0);
+    return out;
+  }
+  if (c0 > 0) add(r0++, 1, c0, cols - c0);
+  add(r0, r1 - r0, 0, cols);
+  add(r1, 1, 0, c1);
+  return out;
 }
 
 const ParamSpec* ParamLayout::get(const std::string& name) const {

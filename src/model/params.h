@@ -37,6 +37,16 @@
 
 namespace myriad {
 
+// A range [begin, end) of element offsets in a rank's flat buffer (parameters, gradients and
+// optimizer state share the layout). Here, with the layout, because every layer above slices it:
+// gradient buckets and the sharded optimizer (optim/), checkpoints, the engines.
+struct FlatRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+  // Spelled out: this header is also compiled as CUDA C++17.
+  bool operator==(const FlatRange& o) const { return begin == o.begin && end == o.end; }
+};
+
 struct ParamSpec {
   std::string name;
   std::vector<int64_t> shape;  // of this rank's shard (the global shape without TP)
@@ -55,11 +65,25 @@ struct ParamSpec {
   int64_t global_index(int64_t i) const;
 };
 
+// The part of the model one pipeline rank holds: the layers of its chunks (virtual stages) and
+// whether it holds the embedding (virtual stage 0: wte, wpe) and the head (the last virtual
+// stage: lnf and the LM head, which is the tied wte: a second copy when the first and last
+// stages are different ranks, kept equal by summing their gradients).
+struct ModelPart {
+  std::vector<std::pair<int, int>> chunks;  // [begin, end) layers of each local chunk, ascending
+  bool embedding = true;
+  bool head = true;
+  static ModelPart whole(const Config& cfg);  // one chunk of every layer, embedding and head
+  bool has_layer(int64_t layer) const;
+};
+
 class ParamLayout {
  public:
   // The layout of TP rank tp_rank of tp_size; (0, 1) is the canonical global layout.
-  // tp_size must divide model.heads and the padded vocabulary.
-  explicit ParamLayout(const Config& cfg, int tp_rank = 0, int tp_size = 1);
+  // tp_size must divide model.heads and the padded vocabulary. part: the tensors of those
+  // layers (and embedding/head) only, in the same canonical order; null = the whole model.
+  explicit ParamLayout(const Config& cfg, int tp_rank = 0, int tp_size = 1,
+                       const ModelPart* part = nullptr);
   const std::vector<ParamSpec>& tensors() const { return tensors_; }
   const ParamSpec& find(const std::string& name) const;  // internal error when absent
   const ParamSpec* get(const std::string& name) const;   // null when absent
@@ -80,6 +104,19 @@ class ParamLayout {
     bool empty() const;
   };
   Stored stored(const ParamSpec& p) const;
+
+  // A rectangular piece of the stored tensor whose data is contiguous in the local shard,
+  // starting at element local_begin (of the shard, row-major).
+  struct StoredRegion {
+    std::vector<int64_t> global_shape, offset, shape;
+    int64_t local_begin = 0;
+  };
+  // The elements [begin, end) of p's local shard as pieces of the stored tensor: for a matrix a
+  // partial first row, the whole rows, a partial last row (each omitted when empty); for a
+  // vector one piece. The embedding's padding rows are dropped, so the pieces may hold fewer
+  // than end - begin elements. A column shard's local row is a run of a global row at column
+  // global_offset[1]. stored_regions(p, 0, p.numel) is {stored(p)}, or {} when that is empty.
+  std::vector<StoredRegion> stored_regions(const ParamSpec& p, int64_t begin, int64_t end) const;
 
  private:
   std::vector<ParamSpec> tensors_;

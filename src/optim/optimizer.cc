@@ -30,22 +30,60 @@ double clip_grad_norm(float* grads, int64_t n, double max_norm) {
   return norm;
 }
 
+std::vector<OwnedPiece> owned_pieces(const ParamLayout& layout, const std::vector<FlatRange>& owned) {
+  std::vector<OwnedPiece> out;
+  const std::vector<ParamSpec>& ts = layout.tensors();
+  int64_t packed = 0, last = 0;
+  size_t k = 0;  // the first tensor that may intersect the range (tensors are in offset order)
+  for (const FlatRange& r : owned) {
+    if (r.size() == 0) continue;
+    MYRIAD_CHECK(r.begin >= last && r.end > r.begin && r.end <= layout.total(),
+                 "owned ranges must be ascending, disjoint and inside [0, ", layout.total(),
+                 "): [", r.begin, ", ", r.end, ") after ", last);
+    last = r.end;
+    while (ts[k].offset + ts[k].numel <= r.begin) ++k;
+    for (size_t j = k; j < ts.size() && ts[j].offset < r.end; ++j) {
+      const int64_t b = std::max(r.begin, ts[j].offset), e = std::min(r.end, ts[j].offset + ts[j].numel);
+      out.push_back({&ts[j], b - ts[j].offset, e - ts[j].offset, packed});
+      packed += e - b;
+    }
+  }
+  return out;
+}
+
+Optimizer::Optimizer(const OptimConfig& cfg, const ParamLayout& layout, std::vector<FlatRange> owned)
+    : cfg_(cfg), layout_(layout) {
+  if (owned.empty()) owned = {{0, layout.total()}};
+  for (const FlatRange& r : owned)
+    if (r.size() != 0) owned_.push_back(r);
+  pieces_ = owned_pieces(layout, owned_);
+  int64_t n = 0;
+  for (const FlatRange& r : owned_) n += r.size();
+  m_.assign(n, 0.0f);
+  v_.assign(n, 0.0f);
+}
+
 namespace {
 
+// Each element's update is the same arithmetic whichever piece it falls in, so sharded AdamW
+// equals unsharded AdamW bit for bit.
 class AdamW final : public Optimizer {
  public:
-  AdamW(const OptimConfig& cfg, const ParamLayout& layout) : Optimizer(cfg, layout) {}
+  AdamW(const OptimConfig& cfg, const ParamLayout& layout, std::vector<FlatRange> owned)
+      : Optimizer(cfg, layout, std::move(owned)) {}
   void step(float* params, const float* grads, double lr) override {
     ++t_;
     const float b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps;
     const float c1 = 1.0 - std::pow(cfg_.beta1, t_), c2 = 1.0 - std::pow(cfg_.beta2, t_);
-    for (const ParamSpec& p : layout_.tensors()) {
+    for (const OwnedPiece& s : pieces_) {
+      const ParamSpec& p = *s.tensor;
       const float decay = p.decay ? 1.0 - lr * cfg_.weight_decay : 1.0;
-      float *w = params + p.offset, *m = m_.data() + p.offset, *v = v_.data() + p.offset;
-      const float* g = grads + p.offset;
+      const int64_t at = p.offset + s.local_begin, n = s.local_end - s.local_begin;
+      float *w = params + at, *m = m_.data() + s.packed, *v = v_.data() + s.packed;
+      const float* g = grads + at;
       const float a = lr;
 #pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < p.numel; ++i) {
+      for (int64_t i = 0; i < n; ++i) {
         m[i] = b1 * m[i] + (1 - b1) * g[i];
         v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
         w[i] = w[i] * decay - a * (m[i] / c1) / (std::sqrt(v[i] / c2) + eps);
@@ -54,43 +92,66 @@ class AdamW final : public Optimizer {
   }
 };
 
+// Three phases, because the trust ratio of a tensor needs norms over elements other ranks own:
+// the Adam direction and the partial sums of squares over the owned pieces; one reduction of
+// all tensors' sums; the update. Unsharded, each tensor is one piece and its sums are those of
+// the single-pass algorithm, bit for bit.
 class Lamb final : public Optimizer {
  public:
-  Lamb(const OptimConfig& cfg, const ParamLayout& layout)
-      : Optimizer(cfg, layout), update_(layout.total()) {}
+  Lamb(const OptimConfig& cfg, const ParamLayout& layout, std::vector<FlatRange> owned,
+       NormReducer reduce)
+      : Optimizer(cfg, layout, std::move(owned)), reduce_(std::move(reduce)), update_(m_.size()) {}
 
   void step(float* params, const float* grads, double lr) override {
     ++t_;
     const float b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps;
     const float c1 = 1.0 - std::pow(cfg_.beta1, t_), c2 = 1.0 - std::pow(cfg_.beta2, t_);
-    for (const ParamSpec& p : layout_.tensors()) {
+    const ParamSpec* first = layout_.tensors().data();
+    std::vector<double> sums(2 * layout_.tensors().size(), 0.0);
+    for (const OwnedPiece& s : pieces_) {
+      const ParamSpec& p = *s.tensor;
       const float wd = p.decay ? cfg_.weight_decay : 0.0;
-      float *w = params + p.offset, *m = m_.data() + p.offset, *v = v_.data() + p.offset;
-      float* u = update_.data() + p.offset;
-      const float* g = grads + p.offset;
+      const int64_t at = p.offset + s.local_begin, n = s.local_end - s.local_begin;
+      float *w = params + at, *m = m_.data() + s.packed, *v = v_.data() + s.packed;
+      float* u = update_.data() + s.packed;
+      const float* g = grads + at;
 #pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < p.numel; ++i) {
+      for (int64_t i = 0; i < n; ++i) {
         m[i] = b1 * m[i] + (1 - b1) * g[i];
         v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
         u[i] = (m[i] / c1) / (std::sqrt(v[i] / c2) + eps) + wd * w[i];
       }
+      const size_t k = &p - first;
+      sums[2 * k] += cpu::sum_squares(w, n);
+      sums[2 * k + 1] += cpu::sum_squares(u, n);
+    }
+    if (reduce_) reduce_(sums);
+    for (const OwnedPiece& s : pieces_) {
+      const ParamSpec& p = *s.tensor;
+      const size_t k = &p - first;
       // Trust ratio per tensor; 1 when either norm is 0 (fresh zero biases, zero updates).
-      const double wn = std::sqrt(cpu::sum_squares(w, p.numel)), un = std::sqrt(cpu::sum_squares(u, p.numel));
+      const double wn = std::sqrt(sums[2 * k]), un = std::sqrt(sums[2 * k + 1]);
       const float step = lr * (wn > 0 && un > 0 ? wn / un : 1.0);
+      const int64_t n = s.local_end - s.local_begin;
+      float* w = params + p.offset + s.local_begin;
+      const float* u = update_.data() + s.packed;
 #pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < p.numel; ++i) w[i] -= step * u[i];
+      for (int64_t i = 0; i < n; ++i) w[i] -= step * u[i];
     }
   }
 
  private:
-  std::vector<float> update_;  // (total) scratch: the Adam direction plus weight decay
+  NormReducer reduce_;
+  OptimState update_;  // (owned elements) scratch: the Adam direction plus weight decay
 };
 
 }  // namespace
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, const ParamLayout& layout) {
-  if (cfg.name == "adamw") return std::make_unique<AdamW>(cfg, layout);
-  if (cfg.name == "lamb") return std::make_unique<Lamb>(cfg, layout);
+std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, const ParamLayout& layout,
+                                          std::vector<FlatRange> owned, NormReducer reduce) {
+  if (cfg.name == "adamw") return std::make_unique<AdamW>(cfg, layout, std::move(owned));
+  if (cfg.name == "lamb")
+    return std::make_unique<Lamb>(cfg, layout, std::move(owned), std::move(reduce));
   throw_input("config: optim.name = \"", cfg.name, "\" is not one of: adamw, lamb");
 }
 

@@ -3,14 +3,20 @@
 //
 // Every reduction (norms) runs over fixed-size chunks whose partial sums are added in chunk
 // order, so results are bitwise the same whatever the number of threads.
+//
+// ZeRO-1/2: an optimizer may own only some ranges of the flat buffer (its data-parallel rank's
+// pieces, optim/buckets.h). It keeps state for those elements only and updates only them; the
+// other ranks update the rest, and the engine gathers the parameters.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/config.h"
+#include "core/memory.h"
 #include "model/params.h"
 
 namespace myriad {
@@ -23,30 +29,65 @@ double lr_at(const OptimConfig& o, int64_t step, int64_t total_steps);
 // coefficient max_norm / (norm + 1e-6) when below 1). Returns the norm before clipping.
 double clip_grad_norm(float* grads, int64_t n, double max_norm);
 
+// The owned elements of one tensor, [local_begin, local_end) of its local shard, whose state
+// starts at `packed` in m()/v(). Checkpoints write and read each piece as
+// layout.stored_regions(*tensor, local_begin, local_end), the region's data at
+// m().data() + packed + (region.local_begin - local_begin).
+struct OwnedPiece {
+  const ParamSpec* tensor = nullptr;
+  int64_t local_begin = 0, local_end = 0;
+  int64_t packed = 0;
+};
+// `owned`: ascending, disjoint ranges inside [0, layout.total()) (empty ones are skipped). The
+// pieces come in buffer order; a range may cut through tensors and span several.
+std::vector<OwnedPiece> owned_pieces(const ParamLayout& layout, const std::vector<FlatRange>& owned);
+
+// Sums, in place, LAMB's per-tensor partial sums of squares over the ranks that share the
+// tensors: sums[2k] = sum of w^2, sums[2k + 1] = sum of u^2 over this rank's elements of tensor k
+// (zero where it owns none). The data-parallel ranks always; the tensor-parallel ranks too for
+// the split tensors (not the replicated ones, whose elements every tp rank holds). Collective:
+// called once per step on every rank, whatever it owns. The sums must arrive exactly (a float
+// all-reduce would not do); any order of addition is fine.
+using NormReducer = std::function<void(std::vector<double>&)>;
+
+using OptimState = CountedVector<float, MemoryKind::kOptimizerState>;
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // One update of params from grads at learning rate lr; advances the step count.
+  // One update at learning rate lr of params from grads, both full flat buffers in layout
+  // order: reads and writes only the owned elements. Advances the step count.
   virtual void step(float* params, const float* grads, double lr) = 0;
 
-  // State, for checkpoints: first and second moments in the parameter layout, and the count
-  // of steps taken (bias correction).
-  std::vector<float>& m() { return m_; }
-  std::vector<float>& v() { return v_; }
+  // State, for checkpoints: first and second moments of the owned elements, packed in
+  // ascending offset order (the whole layout by default: then the parameter layout), and the
+  // count of steps taken (bias correction).
+  OptimState& m() { return m_; }
+  OptimState& v() { return v_; }
   int64_t& steps_taken() { return t_; }
+  const std::vector<FlatRange>& owned() const { return owned_; }
+  const std::vector<OwnedPiece>& pieces() const { return pieces_; }
 
  protected:
-  Optimizer(const OptimConfig& cfg, const ParamLayout& layout)
-      : cfg_(cfg), layout_(layout), m_(layout.total(), 0.0f), v_(layout.total(), 0.0f) {}
+  Optimizer(const OptimConfig& cfg, const ParamLayout& layout, std::vector<FlatRange> owned);
   OptimConfig cfg_;
   const ParamLayout& layout_;
-  std::vector<float> m_, v_;
+  std::vector<FlatRange> owned_;    // non-empty ranges
+  std::vector<OwnedPiece> pieces_;  // owned_ cut at tensor boundaries
+  OptimState m_, v_;                // (owned elements)
   int64_t t_ = 0;
 };
 
 // optim.name selects AdamW (decoupled weight decay, Loshchilov & Hutter) or LAMB (You et al.
 // 2019: Adam direction scaled per tensor by the trust ratio ||w|| / ||update||). Weight decay
 // applies to the tensors whose ParamSpec says so (matrices and embeddings, not biases or norms).
-std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, const ParamLayout& layout);
+// `owned` empty = the whole buffer; a rank that owns nothing passes {{0, 0}}
+// (GradBuckets::owned does). LAMB's trust ratio needs each tensor's norms over all its
+// elements: `reduce` completes this rank's partial sums (none = they are complete). With it
+// the sharded update equals the unsharded one up to the order of those additions; AdamW's is
+// bitwise the same.
+std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, const ParamLayout& layout,
+                                          std::vector<FlatRange> owned = {},
+                                          NormReducer reduce = {});
 
 }  // namespace myriad

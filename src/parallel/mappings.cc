@@ -10,6 +10,10 @@ namespace myriad::parallel {
 
 int ParallelContext::tp_rank() const { return group_rank(tp); }
 int ParallelContext::tp_size() const { return group_size(tp); }
+int ParallelContext::pp_rank() const { return group_rank(pp); }
+int ParallelContext::pp_size() const { return group_size(pp); }
+int ParallelContext::dp_rank() const { return group_rank(dp); }
+int ParallelContext::dp_size() const { return group_size(dp); }
 
 int group_size(const Communicator* c) { return c ? c->size() : 1; }
 int group_rank(const Communicator* c) { return c ? c->rank() : 0; }
@@ -51,20 +55,29 @@ void ReduceScatterToSequence::backward(Communicator* tp, const float* dlocal, fl
   GatherFromSequence::forward(tp, dlocal, dfull, chunk);
 }
 
-double sum_over_group(Communicator* c, double local) {
-  if (!active(c)) return local;
+void sum_over_group(Communicator* c, double* x, int64_t count) {
+  if (!active(c) || count == 0) return;
   const int n = c->size(), r = c->rank();
   static_assert(sizeof(double) == 2 * sizeof(float));
-  std::vector<float> parts(2 * n);  // each rank's double, its bytes carried as two floats
-  std::memcpy(parts.data() + 2 * r, &local, sizeof(double));
-  c->all_gather(parts.data() + 2 * r, parts.data(), 2)->wait();
-  double sum = 0;
-  for (int q = 0; q < n; ++q) {
-    double v;
-    std::memcpy(&v, parts.data() + 2 * q, sizeof(double));
-    sum += v;
+  // Each rank's doubles travel exactly, their bytes carried as floats, then are added in rank
+  // order: the same bits on every rank.
+  std::vector<float> parts(2 * count * n);
+  std::memcpy(parts.data() + 2 * count * r, x, count * sizeof(double));
+  c->all_gather(parts.data() + 2 * count * r, parts.data(), 2 * count)->wait();
+  for (int64_t i = 0; i < count; ++i) {
+    double sum = 0;
+    for (int q = 0; q < n; ++q) {
+      double v;
+      std::memcpy(&v, parts.data() + 2 * (count * q + i), sizeof(double));
+      sum += v;
+    }
+    x[i] = sum;
   }
-  return sum;
+}
+
+double sum_over_group(Communicator* c, double local) {
+  sum_over_group(c, &local, 1);
+  return local;
 }
 
 void sum_over_group(Communicator* c, float* x, int64_t count) {

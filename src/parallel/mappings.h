@@ -34,12 +34,22 @@ namespace myriad::parallel {
 
 using comm::Communicator;
 
-// The tensor-parallel setting a model is built with. tp == nullptr (or a group of one) is a
-// single process holding the whole model.
+// The groups of one rank of a 3D-parallel job; nullptr (or a group of one) where that dimension
+// is 1. All null is a single process holding the whole model.
 struct ParallelContext {
-  Communicator* tp = nullptr;
+  Communicator* tp = nullptr;  // tensor (+ sequence) parallel group
+  Communicator* pp = nullptr;  // pipeline group: rank = stage (loss broadcast, tied embedding)
+  Communicator* dp = nullptr;  // data-parallel group
+  // Pipeline links (pp > 1): two-rank groups in which one rank only sends and the other only
+  // receives (runtime/pipeline.h says why); this rank sends on *_to_*, receives on *_from_*.
+  Communicator *act_to_next = nullptr, *act_from_prev = nullptr;
+  Communicator *grad_to_prev = nullptr, *grad_from_next = nullptr;
   int tp_rank() const;
   int tp_size() const;
+  int pp_rank() const;
+  int pp_size() const;
+  int dp_rank() const;
+  int dp_size() const;
 };
 
 // Number of ranks, 1 for nullptr.
@@ -72,6 +82,8 @@ struct ReduceScatterToSequence {
 // values are added in rank order.
 // For norms whose parts live on different ranks.
 double sum_over_group(Communicator* c, double local);
+// The same for each of x[count] (doubles), in place.
+void sum_over_group(Communicator* c, double* x, int64_t count);
 
 // Sum over the ranks of x[i], for each i, in place (x[count]): an all-reduce whose order of
 // additions is fixed by the algorithm, the same bits on every rank.

@@ -1,6 +1,8 @@
 #include "runtime/distributed.h"
 
 #include <cstdlib>
+#include <exception>
+#include <functional>
 #include <string>
 
 #include "core/error.h"
@@ -29,22 +31,53 @@ std::unique_ptr<Distributed> Distributed::from_env(const Config& cfg) {
 
 Distributed::Distributed(const Config& cfg, int rank, int world)
     : rank_(rank), topo_(parallel::Topology::from_config(cfg.parallel, world)) {
-  if (topo_.pp() > 1 || topo_.dp() > 1)
-    throw_input("config: this build runs tensor parallelism only across processes (parallel.tp = ",
-                world, " for a world of ", world, "); pipeline and data parallelism come next");
   const char* url = std::getenv("MYRIAD_RDZV");
   if (!url) throw_input("environment: MYRIAD_RDZV is not set: start multi-process runs with myriad launch");
   const char* attempt = std::getenv("MYRIAD_ATTEMPT");
   store_ = comm::make_store(url, attempt ? attempt : "0", cfg.comm.timeout_s);
   std::vector<comm::GroupSpec> specs = topo_.group_specs(rank);
+  // The pipeline links: per direction and kind a two-rank group, sender first (pipeline.h).
+  // Every rank lists them in one global order: kind, then the sending stage.
+  const parallel::Coord me = topo_.coord(rank);
+  const int p = topo_.pp();
+  const std::string pp_name = topo_.group_name(parallel::Dim::kPp, rank);
+  struct Link { std::string name; int rank; comm::Communicator** slot; };
+  std::vector<Link> links;
+  if (p > 1)
+    for (const char* kind : {"act", "grad"})
+      for (int from = 0; from < p; ++from) {
+        const int to = std::string(kind) == "act" ? (from + 1) % p : (from + p - 1) % p;
+        const std::string name = cat(pp_name, ".", kind, ".", from, "to", to);
+        const bool act = std::string(kind) == "act";
+        if (me.pp == from)
+          links.push_back({name, 0, act ? &ctx_.act_to_next : &ctx_.grad_to_prev});
+        else if (me.pp == to)
+          links.push_back({name, 1, act ? &ctx_.act_from_prev : &ctx_.grad_from_next});
+        else
+          continue;
+        // p = 2: a rank is both ends of different links only; never both of one.
+        specs.push_back({name, links.back().rank, 2});
+      }
   groups_ = comm::make_groups(store_, specs, comm::comm_options(cfg.comm));
   for (size_t i = 0; i < specs.size(); ++i) {
-    if (specs[i].name == "world") world_ = groups_[i].get();
-    if (specs[i].name.rfind("tp", 0) == 0) ctx_.tp = groups_[i].get();
+    const std::string& n = specs[i].name;
+    comm::Communicator* g = groups_[i].get();
+    if (n == "world") world_ = g;
+    else if (n == topo_.group_name(parallel::Dim::kTp, rank)) ctx_.tp = g;
+    else if (n == pp_name) ctx_.pp = g;
+    else if (n == topo_.group_name(parallel::Dim::kDp, rank)) ctx_.dp = g;
+    for (const Link& l : links)
+      if (l.name == n) *l.slot = g;
   }
   MYRIAD_CHECK(world_ != nullptr, "no world group among the group specs");
-  log::info("distributed: rank ", rank, " of ", world, ", tp ", topo_.tp(), " (", groups_.size(),
-            " groups through ", url, ")");
+  log::info("distributed: rank ", rank, " of ", world, ", tp ", topo_.tp(), " x pp ", topo_.pp(),
+            " x dp ", topo_.dp(), " (coordinates tp ", me.tp, ", pp ", me.pp, ", dp ", me.dp, "; ",
+            groups_.size(), " groups through ", url, ")");
+}
+
+Distributed::~Distributed() {
+  if (std::uncaught_exceptions() > 0)
+    for (auto& g : groups_) g->abort("this rank is leaving on an error");
 }
 
 bool Distributed::writes_metrics() const {
@@ -63,7 +96,10 @@ std::unique_ptr<data::SharedBatch> Distributed::shared_batch(int64_t ints, doubl
     if (m / local != rank_ / local) return nullptr;  // the group spans nodes
   const char* job = std::getenv("MYRIAD_JOB");
   const char* attempt = std::getenv("MYRIAD_ATTEMPT");
+  // The store's address tells two jobs of the same name apart (two runs on one node).
+  const char* rdzv = std::getenv("MYRIAD_RDZV");
   const std::string name = cat("/myriad-", job ? job : "job", "-", attempt ? attempt : "0", "-",
+                               std::hash<std::string>{}(rdzv ? rdzv : "") % 1000000007, "-",
                                topo_.group_name(Dim::kTp, rank_), "-batch");
   return std::make_unique<data::SharedBatch>(name, tp_rank() == 0, static_cast<int>(members.size()),
                                              ints, timeout_s);

@@ -19,8 +19,10 @@ namespace myriad {
 class Distributed {
  public:
   // Null when the process was not started by the launcher (or the world is one process).
-  // Throws input errors for layouts this build cannot run yet (pp > 1, dp > 1).
   static std::unique_ptr<Distributed> from_env(const Config& cfg);
+  // Leaving on an error, the peers may never reach the groups' closing barriers (or a receive
+  // may be waiting for a message that never comes): the groups are aborted instead.
+  ~Distributed();
 
   int rank() const { return rank_; }
   int world() const { return topo_.world(); }
@@ -28,6 +30,7 @@ class Distributed {
   const parallel::ParallelContext* context() const { return &ctx_; }
   comm::Communicator& world_comm() { return *world_; }
   int tp_rank() const { return topo_.coord(rank_).tp; }
+  int dp_rank() const { return topo_.coord(rank_).dp; }
   // The rank that holds the final loss (last pipeline stage, tp 0, dp 0) writes metrics.jsonl.
   bool writes_metrics() const;
   void barrier();

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/fault.h"
+#include "core/memory.h"
 #include "core/log.h"
 #include "optim/optimizer.h"
 #include "runtime/engine.h"
@@ -115,6 +116,8 @@ void Trainer::run() {
   log::info("train: steps ", step_ + 1, "..", t.steps, ", ", t.global_batch, " sequences x ",
             cfg_.model.seq_len, " tokens per step, micro-batch ", t.micro_batch, ", ",
             engine_->device(), ", ", cfg_.optim.name);
+  log::info("memory: optimizer state ", memory_bytes(MemoryKind::kOptimizerState),
+            " bytes on this rank (", engine_->layout().total(), " parameters here)");
   double elapsed = 0;
   int64_t timed = 0;
   while (step_ < t.steps) {
@@ -130,6 +133,7 @@ void Trainer::run() {
     nlohmann::json rec = {{"step", step_}, {"loss", r.loss}, {"lr", r.lr},
                           {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_step / dt},
                           {"step_ms", dt * 1e3}};
+    if (cfg_.parallel.pp > 1) rec["bubble_ms"] = engine_->bubble_s() * 1e3;
     if (engine_->peak_flops() > 0)
       rec["mfu"] = tokens_per_step / dt * engine_->flops_per_token() / engine_->peak_flops();
     if (valid_data_ && t.eval_every > 0 && (step_ % t.eval_every == 0 || step_ == t.steps))
@@ -177,20 +181,33 @@ std::string Trainer::checkpoint_root() const {
   return cfg_.checkpoint.dir.empty() ? (fs::path(run_dir_) / "checkpoints").string() : cfg_.checkpoint.dir;
 }
 
+// Every region of the checkpoint is written by one rank: parameters by data-parallel rank 0,
+// the optimizer state by the rank that owns it (ZeRO); replicated tensors by tensor-parallel
+// rank 0; the tied embedding by the first pipeline stage (the last one holds a copy). Loading
+// reads every region this rank holds.
 std::vector<checkpoint::Shard> Trainer::shards(bool for_save) {
   std::vector<checkpoint::Shard> out;
   Engine::HostState st = engine_->host_state();
+  const ParamLayout& layout = engine_->layout();
   const bool tp_leader = !dist_ || dist_->tp_rank() == 0;
-  auto add = [&](const std::string& prefix, float* base) {
-    for (const ParamSpec& p : engine_->layout().tensors()) {
-      ParamLayout::Stored r = engine_->layout().stored(p);
-      if (r.empty() || (for_save && p.replicated() && !tp_leader)) continue;
-      out.push_back({prefix + p.name, r.global_shape, r.offset, r.shape, base + p.offset});
-    }
+  const bool dp_leader = !dist_ || dist_->dp_rank() == 0;
+  const bool has_embedding = layout.get("wpe") != nullptr;
+  auto writes = [&](const ParamSpec& p) {
+    return !for_save || ((tp_leader || !p.replicated()) && (p.name != "wte" || has_embedding));
   };
-  add("model/", st.params);
-  add("optim/m/", st.m);
-  add("optim/v/", st.v);
+  for (const ParamSpec& p : layout.tensors()) {
+    if (!writes(p) || (for_save && !dp_leader)) continue;
+    for (const auto& r : layout.stored_regions(p, 0, p.numel))
+      out.push_back({"model/" + p.name, r.global_shape, r.offset, r.shape, st.params + p.offset + r.local_begin});
+  }
+  for (const OwnedPiece& piece : owned_pieces(layout, st.owned)) {
+    if (!writes(*piece.tensor)) continue;
+    for (const auto& r : layout.stored_regions(*piece.tensor, piece.local_begin, piece.local_end)) {
+      const int64_t at = piece.packed + (r.local_begin - piece.local_begin);
+      out.push_back({"optim/m/" + piece.tensor->name, r.global_shape, r.offset, r.shape, st.m + at});
+      out.push_back({"optim/v/" + piece.tensor->name, r.global_shape, r.offset, r.shape, st.v + at});
+    }
+  }
   return out;
 }
 

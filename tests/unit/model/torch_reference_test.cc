@@ -110,6 +110,19 @@ TEST_P(TorchReference, LogitsLossGradsAndOneOptimizerStep) {
   std::ifstream(dir / "ref_loss.txt") >> ref_loss;
   EXPECT_NEAR(loss, ref_loss, 1e-5 * std::abs(ref_loss));
 
+  // Sampling's logits of a prefix are the full forward's at the prefix's last position
+  // (attention is causal), whatever the prefix length.
+  for (int t : {1, T / 2 + 1, T}) {
+    std::vector<int32_t> prefix(B * t);
+    for (int b = 0; b < B; ++b)
+      std::copy_n(tokens.begin() + b * (T + 1), t, prefix.begin() + b * t);
+    std::vector<float> last(B * Vp);
+    model.last_logits(prefix.data(), B, t, last.data());
+    for (int b = 0; b < B; ++b)
+      EXPECT_LT(rel_diff(last.data() + b * Vp, ref_logits.data() + (int64_t(b) * T + t - 1) * Vp, Vp), 1e-5)
+          << "prefix of " << t << " tokens, row " << b;
+  }
+
   // Backward: every parameter's gradient.
   model.zero_grads();
   EXPECT_FLOAT_EQ(model.forward_backward(tokens.data(), B, 1.0f), loss);

@@ -1,0 +1,65 @@
+// Data parallelism with a sharded optimizer (ZeRO-1/2), its communication overlapped with
+// compute (MegaScale section 3.2).
+//
+// The flat gradient buffer is cut into buckets (optim/buckets.h), numbered in the order backward
+// completes them. A bucket's reduce-scatter starts as soon as every chunk whose gradients fall
+// in it has run its last backward of the step, while backward goes on with the chunks below;
+// each data-parallel rank receives the sum of its own piece of every bucket, which it alone
+// updates (it alone keeps optimizer state for it). After the update every bucket's parameters
+// are all-gathered, issued in the order the next forward needs them (the embedding's bucket
+// first) and waited for chunk by chunk just before each chunk's first forward, so the gathers
+// overlap the start of the next step.
+//
+// The rank's copy of the tied embedding (when the pipeline puts the embedding and the LM head on
+// different stages) becomes final only once the two stages have exchanged their gradients, at
+// the end of backward: the buckets holding it wait for finish_reduce().
+#pragma once
+
+#include <vector>
+
+#include "comm/communicator.h"
+#include "model/params.h"
+#include "optim/buckets.h"
+
+namespace myriad {
+
+class DataParallel {
+ public:
+  // dp: the data-parallel group (null = one rank: nothing to communicate, the rank owns all).
+  // chunk_ranges[c]: the flat ranges whose gradients are final after chunk c's last backward;
+  // chunk_reads[c]: the ranges chunk c's forward reads. held_back: a range final only at
+  // finish_reduce (the tied embedding), may be empty.
+  DataParallel(comm::Communicator* dp, int64_t total, int64_t bucket_elems,
+               std::vector<FlatRange> chunk_ranges, std::vector<std::vector<FlatRange>> chunk_reads,
+               FlatRange held_back);
+
+  int64_t flat_size() const { return plan_.padded_total; }  // params and grads buffers
+  std::vector<FlatRange> owned() const { return plan_.owned(rank_); }
+  const GradBuckets& plan() const { return plan_; }
+
+  // Chunk c ran its last backward of the step: starts the reduce-scatters it completes.
+  void chunk_done(int c, float* grads);
+  // After backward (and the tied-embedding exchange): starts the rest and waits for all. The
+  // owned ranges of grads then hold the sums over the data-parallel ranks; the rest is stale.
+  void finish_reduce(float* grads);
+  // After the update of the owned ranges: all-gathers every bucket, asynchronously.
+  void gather_params(float* params);
+  // Before chunk c's forward: waits for the gathers of the buckets it reads.
+  void wait_params(int c);
+  void wait_all_params();
+
+ private:
+  void start_reduce(int bucket, float* grads);
+  bool overlaps(int bucket, const FlatRange& r) const;
+
+  comm::Communicator* dp_;
+  int rank_ = 0;
+  GradBuckets plan_;
+  std::vector<FlatRange> chunk_ranges_;
+  std::vector<std::vector<FlatRange>> chunk_reads_;
+  FlatRange held_back_;
+  std::vector<bool> chunk_final_;
+  std::vector<comm::WorkPtr> reduce_, gather_;  // per bucket, null = not started / done
+};
+
+}  // namespace myriad

@@ -1,0 +1,163 @@
+#include "runtime/pipeline.h"
+
+#include <chrono>
+
+#include "core/error.h"
+
+namespace myriad {
+namespace {
+
+using parallel::Action;
+using parallel::ActionKind;
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+Pipeline::Pipeline(Gpt& model, parallel::Schedule schedule, int stage, PipelineLinks links,
+                   int micro_batch, int seq_len)
+    : model_(model),
+      schedule_(std::move(schedule)),
+      stage_(stage),
+      p_(schedule_.p),
+      v_(schedule_.v),
+      links_(links),
+      B_(micro_batch),
+      T_(seq_len),
+      boundary_(model.boundary_elems(micro_batch)) {
+  MYRIAD_CHECK(model_.num_chunks() == v_, "the model holds ", model_.num_chunks(),
+               " chunks but the schedule has ", v_);
+  MYRIAD_CHECK(p_ == 1 || (links_.act_to_next && links_.act_from_prev && links_.grad_to_prev &&
+                           links_.grad_from_next),
+               "pipeline links missing");
+}
+
+const float* Pipeline::received(ActionKind kind, int mb, int chunk) {
+  auto it = recvs_.find({kind, mb, chunk});
+  MYRIAD_CHECK(it != recvs_.end(), "pipeline stage ", stage_, ": no receive posted for ",
+               kind == ActionKind::kRecvActivation ? "the activation" : "the gradient",
+               " of micro-batch ", mb, ", chunk ", chunk);
+  if (!it->second.work->done()) {
+    const double t0 = now_s();
+    it->second.work->wait();
+    wait_s_ += now_s() - t0;
+  }
+  it->second.work->wait();  // rethrows a failure
+  return it->second.data.data();
+}
+
+void Pipeline::reap_sends(bool all) {
+  for (auto it = sends_.begin(); it != sends_.end();) {
+    if (!it->second.work) {  // a gradient whose send action comes next
+      ++it;
+    } else if (all || it->second.work->done()) {
+      it->second.work->wait();  // rethrows a failure
+      it = sends_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+float Pipeline::train(const int32_t* tokens, float grad_scale, const Hooks& hooks) {
+  const int m = schedule_.m;
+  const int64_t row = int64_t(T_) + 1;
+  std::vector<int> backwards(v_, 0);
+  double loss = 0;
+  wait_s_ = 0;
+  for (const Action& a : schedule_.ranks[stage_]) {
+    const int mb = a.microbatch, c = a.chunk;
+    const int32_t* mb_tokens = tokens + int64_t(mb) * B_ * row;
+    switch (a.kind) {
+      case ActionKind::kRecvActivation: {
+        Message& msg = recvs_[{a.kind, mb, c}];
+        msg.data.resize(boundary_);
+        msg.work = links_.act_from_prev->recv(msg.data.data(), boundary_, 0);
+        break;
+      }
+      case ActionKind::kRecvGrad: {
+        Message& msg = recvs_[{a.kind, mb, c}];
+        msg.data.resize(boundary_);
+        msg.work = links_.grad_from_next->recv(msg.data.data(), boundary_, 0);
+        break;
+      }
+      case ActionKind::kForward: {
+        if (hooks.before_forward) hooks.before_forward(c);
+        const float* input = nullptr;
+        if (first(c)) input = nullptr;
+        else if (p_ == 1) input = model_.chunk_output(c - 1, mb);
+        else input = received(ActionKind::kRecvActivation, mb, c);
+        const float l = model_.forward_chunk(c, mb, B_, mb_tokens, input);
+        if (last(c)) loss += l;
+        recvs_.erase({ActionKind::kRecvActivation, mb, c});
+        break;
+      }
+      case ActionKind::kSendActivation: {
+        // Sent from the chunk's slot, which stays until the chunk's backward.
+        Message& msg = sends_[{a.kind, mb, c}];
+        msg.work = links_.act_to_next->send(model_.chunk_output(c, mb), boundary_, 1);
+        break;
+      }
+      case ActionKind::kBackward: {
+        const float* dout = nullptr;
+        if (last(c)) dout = nullptr;
+        else if (p_ == 1) dout = local_grads_.at({ActionKind::kBackward, mb, c + 1}).data();
+        else dout = received(ActionKind::kRecvGrad, mb, c);
+        // The slot's output is about to be reused: its send must be done.
+        if (auto s = sends_.find({ActionKind::kSendActivation, mb, c}); s != sends_.end()) {
+          s->second.work->wait();
+          sends_.erase(s);
+        }
+        std::vector<float> din(first(c) ? 0 : boundary_);
+        model_.backward_chunk(c, mb, dout, first(c) ? nullptr : din.data(), grad_scale);
+        recvs_.erase({ActionKind::kRecvGrad, mb, c});
+        if (p_ == 1) {
+          local_grads_.erase({ActionKind::kBackward, mb, c + 1});
+          if (!first(c)) local_grads_[{ActionKind::kBackward, mb, c}] = std::move(din);
+        } else if (!first(c)) {
+          sends_[{ActionKind::kSendGrad, mb, c}].data = std::move(din);
+        }
+        if (++backwards[c] == m && hooks.chunk_done) hooks.chunk_done(c);
+        reap_sends(false);
+        break;
+      }
+      case ActionKind::kSendGrad: {
+        Message& msg = sends_.at({a.kind, mb, c});
+        msg.work = links_.grad_to_prev->send(msg.data.data(), boundary_, 1);
+        break;
+      }
+    }
+  }
+  reap_sends(true);
+  MYRIAD_CHECK(recvs_.empty() && local_grads_.empty(), "pipeline stage ", stage_,
+               ": messages left over after the step");
+  return static_cast<float>(loss / m);
+}
+
+float Pipeline::evaluate(const int32_t* tokens, int B) {
+  // The virtual stages in order, one micro-batch; no overlap needed for validation.
+  constexpr int kEval = 1 << 29;
+  const int64_t n = model_.boundary_elems(B);
+  std::vector<float> in(n);
+  float loss = 0;
+  for (int c = 0; c < v_; ++c) {
+    const float* input = nullptr;
+    if (!first(c) && p_ > 1) {
+      links_.act_from_prev->recv(in.data(), n, 0)->wait();
+      input = in.data();
+    } else if (!first(c)) {
+      input = model_.chunk_output(c - 1, kEval);
+    }
+    const float l = model_.forward_chunk(c, kEval, B, tokens, input);
+    if (last(c)) loss = l;
+    if (!last(c) && p_ > 1) links_.act_to_next->send(model_.chunk_output(c, kEval), n, 1)->wait();
+    if (p_ > 1) model_.drop_chunk(c, kEval);
+  }
+  if (p_ == 1)
+    for (int c = 0; c < v_; ++c) model_.drop_chunk(c, kEval);
+  return loss;
+}
+
+}  // namespace myriad

@@ -1,0 +1,83 @@
+// The pipeline executor: walks this rank's action list of a schedule (parallel/schedule.h) over
+// the model's chunks, with decoupled asynchronous sends and receives (MegaScale section 3.2).
+//
+// Each receive is posted where the schedule lists it (one compute ahead of its consumer) and
+// waited for only by the Forward/Backward that consumes it; each send is posted right after the
+// compute that produced it and waited for only before its buffer is reused. Activations live in
+// the model's per-micro-batch slots from a chunk's forward to its backward; gradients over the
+// micro-batches accumulate in the model's gradient buffer.
+//
+// Links: a separate two-rank communicator per direction and kind (activations to the next
+// stage, gradients to the previous one), on which one rank only sends and the other only
+// receives. A receive occupies its communicator's worker until the data arrives (Gloo), so
+// sends must never queue behind receives; and each link's messages match in order, which the
+// schedule guarantees. With p = 1 the chunks pass activations and gradients in memory.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "model/gpt.h"
+#include "parallel/schedule.h"
+
+namespace myriad {
+
+struct PipelineLinks {
+  comm::Communicator* act_to_next = nullptr;     // this rank sends
+  comm::Communicator* act_from_prev = nullptr;   // this rank receives
+  comm::Communicator* grad_to_prev = nullptr;    // this rank sends
+  comm::Communicator* grad_from_next = nullptr;  // this rank receives
+};
+
+class Pipeline {
+ public:
+  // stage: this rank's pipeline coordinate; the model holds its v chunks. Micro-batches are
+  // micro_batch rows of seq_len + 1 tokens.
+  Pipeline(Gpt& model, parallel::Schedule schedule, int stage, PipelineLinks links,
+           int micro_batch, int seq_len);
+
+  struct Hooks {
+    std::function<void(int chunk)> before_forward;  // e.g. wait for the chunk's parameters
+    std::function<void(int chunk)> chunk_done;      // the chunk's last backward of the step
+  };
+  // One step's forward and backward over m micro-batches: tokens (m * micro_batch, T+1), this
+  // data-parallel rank's rows. Returns the mean loss over the micro-batches on the rank holding
+  // the last virtual stage, 0 on the others.
+  float train(const int32_t* tokens, float grad_scale, const Hooks& hooks);
+  // Forward only of B rows of tokens (B, T+1) through every virtual stage; the mean loss on the
+  // last stage's rank, 0 elsewhere.
+  float evaluate(const int32_t* tokens, int B);
+
+  const parallel::Schedule& schedule() const { return schedule_; }
+  // Seconds the last train() spent blocked on receives: this rank's share of the bubble.
+  double wait_s() const { return wait_s_; }
+
+ private:
+  using Key = std::tuple<parallel::ActionKind, int, int>;  // (what, micro-batch, chunk)
+  struct Message {
+    std::vector<float> data;
+    comm::WorkPtr work;
+  };
+  int global_stage(int chunk) const { return chunk * p_ + stage_; }
+  bool first(int chunk) const { return global_stage(chunk) == 0; }
+  bool last(int chunk) const { return global_stage(chunk) == p_ * v_ - 1; }
+  // Waits for a posted receive (counted as bubble) and returns its data.
+  const float* received(parallel::ActionKind kind, int mb, int chunk);
+  void reap_sends(bool all);
+
+  Gpt& model_;
+  parallel::Schedule schedule_;
+  int stage_, p_, v_;
+  PipelineLinks links_;
+  int B_, T_;               // rows per micro-batch, tokens per row
+  int64_t boundary_;        // elements of one activation or gradient message
+  std::map<Key, Message> recvs_;       // posted receives, until consumed
+  std::map<Key, Message> sends_;       // posted sends (gradients with their buffers), until done
+  std::map<Key, std::vector<float>> local_grads_;  // p = 1: chunk c's input gradient for c-1
+  double wait_s_ = 0;
+};
+
+}  // namespace myriad
