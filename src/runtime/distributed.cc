@@ -1,8 +1,10 @@
 #include "runtime/distributed.h"
 
 #include <cstdlib>
+#include <chrono>
 #include <exception>
-#include <functional>
+
+#include <unistd.h>
 #include <string>
 
 #include "core/error.h"
@@ -70,6 +72,13 @@ Distributed::Distributed(const Config& cfg, int rank, int world)
       if (l.name == n) *l.slot = g;
   }
   MYRIAD_CHECK(world_ != nullptr, "no world group among the group specs");
+  // Names of node-local resources must differ between two starts of the same job: a segment a
+  // killed start left behind (never unlinked) would otherwise be found by the next start's
+  // followers before its reader replaces it.
+  start_id_ = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) ^
+              (static_cast<uint64_t>(getpid()) << 32);
+  world_->broadcast_bytes(&start_id_, sizeof start_id_, 0)->wait();
+  start_id_ %= 1000000007;
   log::info("distributed: rank ", rank, " of ", world, ", tp ", topo_.tp(), " x pp ", topo_.pp(),
             " x dp ", topo_.dp(), " (coordinates tp ", me.tp, ", pp ", me.pp, ", dp ", me.dp, "; ",
             groups_.size(), " groups through ", url, ")");
@@ -96,11 +105,8 @@ std::unique_ptr<data::SharedBatch> Distributed::shared_batch(int64_t ints, doubl
     if (m / local != rank_ / local) return nullptr;  // the group spans nodes
   const char* job = std::getenv("MYRIAD_JOB");
   const char* attempt = std::getenv("MYRIAD_ATTEMPT");
-  // The store's address tells two jobs of the same name apart (two runs on one node).
-  const char* rdzv = std::getenv("MYRIAD_RDZV");
   const std::string name = cat("/myriad-", job ? job : "job", "-", attempt ? attempt : "0", "-",
-                               std::hash<std::string>{}(rdzv ? rdzv : "") % 1000000007, "-",
-                               topo_.group_name(Dim::kTp, rank_), "-batch");
+                               start_id_, "-", topo_.group_name(Dim::kTp, rank_), "-batch");
   return std::make_unique<data::SharedBatch>(name, tp_rank() == 0, static_cast<int>(members.size()),
                                              ints, timeout_s);
 }

@@ -47,6 +47,7 @@ class Distributed {
   std::vector<std::unique_ptr<comm::Communicator>> groups_;
   comm::Communicator* world_ = nullptr;
   parallel::ParallelContext ctx_;
+  uint64_t start_id_ = 0;  // the same on every rank, new at each start (node-local names)
 };
 
 }  // namespace myriad

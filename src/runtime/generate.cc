@@ -27,6 +27,7 @@ LoadedModel load_for_inference(const std::string& path) {
   nlohmann::json meta = checkpoint::read_meta(dir);
   Config cfg = parse_config(meta.at("config").get<std::string>(), dir + "/meta.json",
                             {"train.micro_batch=1", "train.global_batch=1"});
+  cfg.parallel = ParallelConfig{};  // sampling runs the whole model in this process
   std::unique_ptr<Engine> engine = make_engine(cfg);
   std::vector<checkpoint::Shard> shards;
   for (const ParamSpec& p : engine->layout().tensors()) {

@@ -1,0 +1,211 @@
+// 3D-parallel training through the launcher against the single-process run: tensor (+
+// sequence), pipeline (1F1B, interleaved) and data parallelism (sharded optimizer) and their
+// combinations give the same losses at every step and the same final weights once the shards
+// are gathered (the checkpoint loader reassembles them); sampling works from the sharded
+// checkpoint; a 3D run resumed from its checkpoint is bitwise the uninterrupted one.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "checkpoint/checkpoint.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "model/params.h"
+
+namespace fs = std::filesystem;
+using namespace myriad;
+
+namespace {
+
+int sh(const std::string& cmd, std::string* out) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  out->clear();
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out->append(buf, n);
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::vector<double> losses(const fs::path& run) {
+  std::vector<double> out;
+  std::ifstream in(run / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line)["loss"]);
+  return out;
+}
+
+// Every model tensor of the latest checkpoint under run, whole (gathered from its pieces).
+std::map<std::string, std::vector<float>> weights(const fs::path& run, const Config& cfg) {
+  auto dir = checkpoint::latest((run / "checkpoints").string());
+  EXPECT_TRUE(dir.has_value());
+  nlohmann::json meta = checkpoint::read_meta(*dir);
+  ParamLayout layout(cfg);
+  std::map<std::string, std::vector<float>> w;
+  std::vector<checkpoint::Shard> shards;
+  for (const ParamSpec& p : layout.tensors()) w[p.name].resize(p.numel);
+  for (const ParamSpec& p : layout.tensors()) {
+    ParamLayout::Stored r = layout.stored(p);
+    shards.push_back({"model/" + p.name, r.global_shape, r.offset, r.shape, w[p.name].data()});
+  }
+  checkpoint::load(*dir, meta, shards);
+  return w;
+}
+
+struct Layout {
+  const char* name;
+  int nproc;          // processes: tp x pp x dp
+  std::string extra;  // the layout's --set flags
+};
+
+// The last line of a rank's log that contains `what`.
+std::string log_line(const fs::path& run, int rank, const std::string& what) {
+  std::ifstream log(run / "logs" / cat("rank_0000", rank, ".log"));
+  std::string found;
+  for (std::string line; std::getline(log, line);)
+    if (line.find(what) != std::string::npos) found = line;
+  return found;
+}
+
+int64_t optimizer_bytes(const fs::path& run, int rank) {
+  const std::string l = log_line(run, rank, "memory: optimizer state ");
+  const size_t at = l.find("optimizer state ");
+  return at == std::string::npos ? -1 : std::stoll(l.substr(at + 16));
+}
+
+// The flags of a layout that change the model (or optimizer), which the single-process run
+// must share; the parallel.* ones are the layout's own.
+std::string model_extra(const std::string& extra) {
+  std::string out;
+  std::istringstream in(extra);
+  for (std::string flag, kv; in >> flag >> kv;)
+    if (kv.rfind("parallel.", 0) != 0) out += " " + flag + " " + kv;
+  return out;
+}
+
+const std::string kModel = " --set model.layers=4 --set model.d_model=64 --set model.seq_len=32";
+
+class Parallel : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(Parallel, MatchesTheSingleProcessRun) {
+  const Layout l = GetParam();
+  const fs::path dir = fs::temp_directory_path() / cat("myriad_tp_", l.name, "_", getpid());
+  fs::create_directories(dir);
+  std::string data = (dir / "corpus").string(), out;
+  const std::string bin = cat(MYRIAD_BINARY_DIR, "/myriad");
+  ASSERT_EQ(sh(cat(bin, " prepare --input /usr/share/games/fortunes/science --tokenizer byte --output ",
+                   data, " --valid-fraction 0.1 --doc-separator %"), &out), 0) << out;
+  const std::string args = cat(
+      " train --config ", MYRIAD_SOURCE_DIR, "/configs/demo.toml", kModel,
+      " --set train.steps=20 --set train.eval_every=10",
+      " --set optim.warmup_steps=4 --set checkpoint.every=20 --set data.train=", data, "_train",
+      " --set data.valid=", data, "_valid ", model_extra(l.extra));
+  ASSERT_EQ(sh(cat("OMP_NUM_THREADS=1 ", bin, args, " --run-dir ", (dir / "single").string()), &out), 0) << out;
+  ASSERT_EQ(sh(cat("OMP_NUM_THREADS=1 ", bin, " launch --nproc-per-node ", l.nproc, " --", args,
+                   " ", l.extra, " --run-dir ", (dir / "tp").string()), &out), 0) << out;
+
+  std::vector<std::string> model = {"model.layers=4", "model.d_model=64", "model.seq_len=32"};
+  std::istringstream flags(l.extra);
+  for (std::string flag, kv; flags >> flag >> kv;)
+    if (kv.rfind("model.", 0) == 0) model.push_back(kv);
+  Config cfg = parse_config("", "t", model);
+
+  // The ranks of a tensor-parallel group took their batches from one reader through shared
+  // memory.
+  if (l.extra.find("parallel.tp=") != std::string::npos)
+    EXPECT_NE(log_line(dir / "tp", 1, "batches shared through memory"), "");
+  // ZeRO: each data-parallel rank keeps 1/dp of the optimizer state (the allocator's count).
+  const size_t dp_at = l.extra.find("parallel.dp=");
+  if (dp_at != std::string::npos) {
+    const int dp = std::stoi(l.extra.substr(dp_at + 12));
+    // m and v, and LAMB's update
+    const int states = l.extra.find("optim.name=lamb") != std::string::npos ? 3 : 2;
+    const int64_t whole = ParamLayout(cfg).total() * states * int64_t(sizeof(float));
+    for (int r = 0; r < l.nproc; ++r) {
+      const int64_t mine = optimizer_bytes(dir / "tp", r);
+      EXPECT_GT(mine, 0) << "rank " << r;
+      if (l.nproc == dp) EXPECT_NEAR(double(mine), double(whole) / dp, 8.0 * dp) << "rank " << r;
+      else EXPECT_LT(mine, whole / dp + 8 * dp) << "rank " << r;  // 3D: a shard of a shard
+    }
+  }
+
+  std::vector<double> a = losses(dir / "single"), b = losses(dir / "tp");
+  ASSERT_EQ(a.size(), 20u);
+  ASSERT_EQ(b.size(), 20u) << "metrics.jsonl is written once, by one rank";
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-4 * a[i]) << "step " << i + 1;
+
+  auto wa = weights(dir / "single", cfg), wb = weights(dir / "tp", cfg);
+  for (auto& [name, w] : wa) {
+    double d = 0, r = 0;
+    for (size_t i = 0; i < w.size(); ++i) d += std::pow(double(w[i]) - wb[name][i], 2), r += double(w[i]) * w[i];
+    EXPECT_LT(std::sqrt(d / std::max(r, 1e-30)), 1e-4) << name;
+  }
+  // The sharded checkpoint samples in one process.
+  ASSERT_EQ(sh(cat(bin, " sample --checkpoint ", (dir / "tp").string(), " --prompt 'The ' --tokens 20"), &out), 0) << out;
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, Parallel,
+    ::testing::Values(
+        Layout{"tp2", 2, "--set parallel.tp=2"},
+        Layout{"tp2_sp", 2, "--set parallel.tp=2 --set parallel.sequence_parallel=true"},
+        Layout{"tp4_parallel_window", 4, "--set parallel.tp=4 --set model.parallel_block=true --set model.window=12"},
+        Layout{"tp4_sp_window", 4, "--set parallel.tp=4 --set parallel.sequence_parallel=true --set model.window=12"},
+        Layout{"pp2", 2, "--set parallel.pp=2"},
+        Layout{"pp4", 4, "--set parallel.pp=4"},
+        Layout{"pp4_interleaved", 4, "--set parallel.pp=4 --set parallel.virtual_stages=2 --set model.layers=8"},
+        Layout{"pp2_gpipe_uneven", 2, "--set parallel.pp=2 --set parallel.schedule=gpipe --set parallel.stage_layers=[1,3]"},
+        Layout{"tp2_pp2", 4, "--set parallel.tp=2 --set parallel.pp=2 --set parallel.sequence_parallel=true"},
+        Layout{"dp2", 2, "--set parallel.dp=2"},
+        Layout{"dp4", 4, "--set parallel.dp=4 --set parallel.bucket_mb=0.05"},
+        Layout{"dp2_lamb", 2, "--set parallel.dp=2 --set optim.name=lamb --set optim.lr=1e-2"},
+        Layout{"tp2_pp2_dp2", 8, "--set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.bucket_mb=0.05"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// A 3D run saved at step 10 and resumed is bitwise the uninterrupted run: losses, gradient
+// norms, weights and optimizer state.
+TEST(Parallel3d, ResumeIsBitwiseTheUninterruptedRun) {
+  const fs::path dir = fs::temp_directory_path() / cat("myriad_3d_resume_", getpid());
+  fs::create_directories(dir);
+  std::string data = (dir / "corpus").string(), out;
+  const std::string bin = cat(MYRIAD_BINARY_DIR, "/myriad");
+  ASSERT_EQ(sh(cat(bin, " prepare --input /usr/share/games/fortunes/science --tokenizer byte --output ",
+                   data, " --valid-fraction 0.1 --doc-separator %"), &out), 0) << out;
+  const std::string train = cat(
+      "OMP_NUM_THREADS=1 ", bin, " launch --nproc-per-node 8 -- train --config ", MYRIAD_SOURCE_DIR,
+      "/configs/demo.toml", kModel, " --set train.steps=20 --set optim.warmup_steps=4",
+      " --set checkpoint.every=10 --set checkpoint.keep_last=0 --set data.train=", data, "_train",
+      " --set data.valid=", data, "_valid",
+      " --set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.bucket_mb=0.05");
+  ASSERT_EQ(sh(cat(train, " --run-dir ", (dir / "straight").string()), &out), 0) << out;
+  // Killed right after step 10 (its checkpoint committed), then resumed.
+  EXPECT_NE(sh(cat("MYRIAD_INJECT_FAULT=step:10:kill ", train, " --run-dir ", (dir / "resumed").string()), &out), 0);
+  ASSERT_EQ(sh(cat(train, " --set checkpoint.resume=auto --run-dir ", (dir / "resumed").string()), &out), 0) << out;
+  EXPECT_NE(out.find("resume: "), std::string::npos) << out;
+
+  std::vector<double> a = losses(dir / "straight"), b = losses(dir / "resumed");
+  ASSERT_EQ(a.size(), 20u);
+  ASSERT_EQ(b.size(), 20u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
+  // Every stored tensor (weights, both moments), bit for bit.
+  auto last = [](const fs::path& run) { return *checkpoint::latest((run / "checkpoints").string()); };
+  const nlohmann::json ma = checkpoint::read_meta(last(dir / "straight")), mb = checkpoint::read_meta(last(dir / "resumed"));
+  Config cfg = parse_config("", "t", {"model.layers=4", "model.d_model=64", "model.seq_len=32"});
+  ParamLayout layout(cfg);
+  for (const char* prefix : {"model/", "optim/m/", "optim/v/"})
+    for (const ParamSpec& p : layout.tensors()) {
+      ParamLayout::Stored r = layout.stored(p);
+      std::vector<float> wa(p.numel), wb(p.numel);
+      checkpoint::load(last(dir / "straight"), ma, {{prefix + p.name, r.global_shape, r.offset, r.shape, wa.data()}});
+      checkpoint::load(last(dir / "resumed"), mb, {{prefix + p.name, r.global_shape, r.offset, r.shape, wb.data()}});
+      EXPECT_TRUE(wa == wb) << prefix << p.name;
+    }
+  fs::remove_all(dir);
+}
+
+}  // namespace
