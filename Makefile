@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 export OMP_NUM_THREADS ?= $(shell nproc)
 
-.PHONY: setup build test demo bench clean
+.PHONY: setup build test demo demo-3d bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -19,6 +19,14 @@ test: build
 demo: TARGET = --target myriad
 demo: build
 	@bash scripts/demo.sh
+
+# The demo model on 8 local processes: tensor x pipeline x data parallel = 2 x 2 x 2, through the
+# launcher (one OpenMP thread each). A shorter run: it shows the 3D layout training, not the
+# finished demo.
+demo-3d: TARGET = --target myriad
+demo-3d: build
+	@RUN_DIR=runs/demo-3d NPROC=8 OMP_NUM_THREADS=1 bash scripts/demo.sh --set train.steps=300 \
+	  --set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2
 
 bench: TARGET = --target myriad
 bench: build

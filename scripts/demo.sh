@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # `make demo`: prepare the fortunes corpus (bytes as tokens), train the demo GPT, sample from it.
+# NPROC=N trains on N local processes through `myriad launch` (`make demo-3d`); extra arguments
+# go to `myriad train`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=build/myriad
@@ -14,7 +16,11 @@ if [ ! -s data/fortunes_train.idx ] || [ ! -s data/fortunes_valid.idx ]; then
     --valid-fraction 0.05 --doc-separator %
 fi
 
-"$BIN" train --config configs/demo.toml --run-dir "$RUN" "$@"
+if [ -n "${NPROC:-}" ]; then
+  "$BIN" launch --nproc-per-node "$NPROC" -- train --config configs/demo.toml --run-dir "$RUN" "$@"
+else
+  "$BIN" train --config configs/demo.toml --run-dir "$RUN" "$@"
+fi
 
 echo
 echo "=== sample from $RUN (myriad sample --checkpoint $RUN --prompt ...) ==="

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "model/gpt.h"
 #include "optim/optimizer.h"
 #include "ops/cpu/reduce.h"
@@ -48,6 +49,18 @@ class CpuEngine final : public Engine {
         ctx_.pp_rank(),
         PipelineLinks{ctx_.act_to_next, ctx_.act_from_prev, ctx_.grad_to_prev, ctx_.grad_from_next},
         static_cast<int>(cfg.train.micro_batch), static_cast<int>(cfg.model.seq_len));
+    if (ctx_.pp_size() > 1) {
+      std::string layers;
+      for (auto [a, b] : part_.chunks) layers += cat(layers.empty() ? "" : ", ", "[", a, ", ", b, ")");
+      const parallel::Schedule& sch = pipeline_->schedule();
+      log::info("pipeline: stage ", ctx_.pp_rank(), " of ", sch.p, ", layers ", layers, "; ", sch.m,
+                " micro-batches per step, ideal bubble ",
+                cat(static_cast<int>(parallel::simulate(sch).bubble * 1000 + 0.5) / 10.0), "% of compute");
+    }
+    if (ctx_.dp_size() > 1)
+      log::info("data parallel: ", ctx_.dp_size(), " ranks, ", dp_.plan().buckets.size(),
+                " gradient buckets; this rank updates ", optimizer_->m().size(), " of ",
+                model_.layout().total(), " parameters");
   }
 
   const ParamLayout& layout() const override { return model_.layout(); }

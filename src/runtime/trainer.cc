@@ -110,7 +110,7 @@ Trainer::~Trainer() = default;
 void Trainer::run() {
   const TrainConfig& t = cfg_.train;
   const double tokens_per_step = double(t.global_batch) * cfg_.model.seq_len;
-  log::info("model: ", engine_->layout().total(), " parameters (", cfg_.model.layers, " layers, d_model ",
+  log::info("model: ", engine_->layout().total(), dist_ ? " parameters on this rank (" : " parameters (", cfg_.model.layers, " layers, d_model ",
             cfg_.model.d_model, ", ", cfg_.model.heads, " heads, seq_len ", cfg_.model.seq_len,
             ", vocab ", cfg_.model.vocab_size, " padded to ", cfg_.padded_vocab(), ")");
   log::info("train: steps ", step_ + 1, "..", t.steps, ", ", t.global_batch, " sequences x ",
