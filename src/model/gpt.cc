@@ -156,10 +156,11 @@ Gpt::Slot& Gpt::acquire(Chunk& ch, int mb, int B) {
 
 Gpt::Slot& Gpt::held(int c, int mb) const {
   MYRIAD_CHECK(c >= 0 && c < num_chunks(), "chunk ", c, " of ", num_chunks());
+  Slot* found = nullptr;
   for (auto& s : chunks_[c].slots)
-    if (s->mb == mb) return *s;
-  MYRIAD_CHECK(false, "micro-batch ", mb, " is not in flight in chunk ", c);
-  throw;  // unreachable
+    if (s->mb == mb) found = s.get();
+  MYRIAD_CHECK(found != nullptr, "micro-batch ", mb, " is not in flight in chunk ", c);
+  return *found;
 }
 
 void Gpt::set_shape(int B, int T) {

@@ -1,8 +1,14 @@
 // The GPT decoder on the CPU backend: hand-written forward and backward over flat buffers.
 //
-// One object owns the parameters, their gradients and the activations of one micro-batch of up
-// to (micro_batch, seq_len) tokens. Not thread-safe: one step at a time (the ops inside use
-// OpenMP threads).
+// One object owns this rank's parameters and their gradients, and the activations of the
+// micro-batches in flight, up to (micro_batch, seq_len) tokens each. Not thread-safe: one
+// forward or backward at a time (the ops inside use OpenMP threads).
+//
+// Pipeline parallelism: the object holds a ModelPart, one or more chunks of consecutive layers
+// (virtual stages); the first chunk of the model also embeds, the last also runs the final norm,
+// the LM head and the loss. A chunk's forward keeps what its backward needs in a slot per
+// micro-batch (slots are reused, so memory follows the schedule's in-flight bound). Without
+// pipeline parallelism there is one chunk of every layer and forward_backward() runs it.
 //
 // Tensor parallelism (Megatron-style), when built with a ParallelContext whose tp group has
 // t > 1 ranks: this object holds rank r's shard of every tensor (params.h says which are split

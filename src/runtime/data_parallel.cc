@@ -37,7 +37,7 @@ void DataParallel::chunk_done(int c, float* grads) {
   // out in the same order on every rank (each rank's collectives must match).
   for (size_t k = 0; k < plan_.buckets.size(); ++k) {
     if (reduce_[k]) continue;
-    bool ready = !overlaps(static_cast<int>(k), held_back_) || held_back_.size() == 0;
+    bool ready = !overlaps(static_cast<int>(k), held_back_);
     for (size_t i = 0; i < chunk_ranges_.size() && ready; ++i)
       if (!chunk_final_[i] && overlaps(static_cast<int>(k), chunk_ranges_[i])) ready = false;
     if (!ready) break;

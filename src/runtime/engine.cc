@@ -41,11 +41,11 @@ class CpuEngine final : public Engine {
                                 [this](std::vector<double>& sums) { reduce_norms(sums); });
     const int dp = ctx_.dp_size();
     const int m = static_cast<int>(cfg.accum_steps(dp));
-    const std::string& kind = cfg.parallel.schedule;
+    const int v = static_cast<int>(cfg.parallel.virtual_stages);
+    std::string kind = cfg.parallel.schedule;
+    if (kind == "auto") kind = v > 1 ? "interleaved" : "1f1b";
     pipeline_ = std::make_unique<Pipeline>(
-        model_,
-        parallel::make_schedule(parallel::schedule_kind(kind == "auto" ? (cfg.parallel.virtual_stages > 1 ? "interleaved" : "1f1b") : kind),
-                                ctx_.pp_size(), static_cast<int>(cfg.parallel.virtual_stages), m),
+        model_, parallel::make_schedule(parallel::schedule_kind(kind), ctx_.pp_size(), v, m),
         ctx_.pp_rank(),
         PipelineLinks{ctx_.act_to_next, ctx_.act_from_prev, ctx_.grad_to_prev, ctx_.grad_from_next},
         static_cast<int>(cfg.train.micro_batch), static_cast<int>(cfg.model.seq_len));
