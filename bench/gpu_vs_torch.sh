@@ -7,6 +7,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MYRIAD=${MYRIAD:-/tmp/m/bin/myriad}
+# The libraries scripts/stage_device.sh packed beside the binary (Gloo, OpenBLAS, ...).
+[ -d "$(dirname "$MYRIAD")/../lib" ] && export LD_LIBRARY_PATH="$(dirname "$MYRIAD")/../lib:${LD_LIBRARY_PATH:-}"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STEPS=${STEPS:-10}
 names=("$@"); [ ${#names[@]} -gt 0 ] || names=(gpt2-124m gpt-1.3b gpt-1.3b-pw gpt-2.7b)

@@ -62,6 +62,9 @@ struct Layout {
   std::string extra;  // the layout's --set flags
 };
 
+// ctest names the test cases by this, not by the struct's bytes.
+void PrintTo(const Layout& l, std::ostream* os) { *os << l.name; }
+
 // The last line of a rank's log that contains `what`.
 std::string log_line(const fs::path& run, int rank, const std::string& what) {
   std::ifstream log(run / "logs" / cat("rank_0000", rank, ".log"));
@@ -158,6 +161,7 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"tp4_sp_window", 4, "--set parallel.tp=4 --set parallel.sequence_parallel=true --set model.window=12"},
         Layout{"pp2", 2, "--set parallel.pp=2"},
         Layout{"pp4", 4, "--set parallel.pp=4"},
+        Layout{"pp2_interleaved", 2, "--set parallel.pp=2 --set parallel.virtual_stages=2"},
         Layout{"pp4_interleaved", 4, "--set parallel.pp=4 --set parallel.virtual_stages=2 --set model.layers=8"},
         Layout{"pp2_gpipe_uneven", 2, "--set parallel.pp=2 --set parallel.schedule=gpipe --set parallel.stage_layers=[1,3]"},
         Layout{"tp2_pp2", 4, "--set parallel.tp=2 --set parallel.pp=2 --set parallel.sequence_parallel=true"},
