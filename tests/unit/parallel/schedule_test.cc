@@ -4,10 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <utility>
 
 #include "core/error.h"
+#include "test_util.h"
 
 using namespace myriad;
 using namespace myriad::parallel;
@@ -16,16 +16,7 @@ namespace {
 
 using K = ActionKind;
 
-std::string input_error(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(static_cast<int>(e.cls()), static_cast<int>(ErrorClass::kInput)) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error thrown";
-  return "";
-}
+using myriad::test::input_error;
 
 bool is_compute(const Action& a) { return a.kind == K::kForward || a.kind == K::kBackward; }
 

@@ -5,22 +5,14 @@
 #include <set>
 
 #include "core/error.h"
+#include "test_util.h"
 
 using namespace myriad;
 using namespace myriad::parallel;
 
 namespace {
 
-std::string input_error(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(static_cast<int>(e.cls()), static_cast<int>(ErrorClass::kInput)) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error thrown";
-  return "";
-}
+using myriad::test::input_error;
 
 // Every layout: coordinates are a bijection, groups partition the world, a rank's group members
 // share its other coordinates and are listed by the group's coordinate.
