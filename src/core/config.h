@@ -68,6 +68,7 @@ struct ParallelConfig {
   std::vector<int64_t> stage_layers;  // layers per pipeline stage; empty = automatic
   std::string schedule = "auto";      // auto, gpipe, 1f1b, interleaved
   double bucket_mb = 4;               // data-parallel gradient bucket size, MiB of fp32
+  bool overlap_dp = true;  // reduce-scatters during backward, all-gathers during the next forward
 };
 
 struct CommConfig {
@@ -139,6 +140,7 @@ struct Config {
     f("parallel", "stage_layers", parallel.stage_layers);
     f("parallel", "schedule", parallel.schedule);
     f("parallel", "bucket_mb", parallel.bucket_mb);
+    f("parallel", "overlap_dp", parallel.overlap_dp);
     f("comm", "timeout_s", comm.timeout_s);
     f("comm", "backend", comm.backend);
     f("comm", "nccl_env", comm.nccl_env);

@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -17,6 +16,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "core/clock.h"
 #include "core/log.h"
 
 extern char** environ;
@@ -41,10 +41,6 @@ void on_signal(int sig) {
 
 // The signals whose handlers a Launcher replaces (SIGPIPE: ignored).
 constexpr int kCaught[] = {SIGINT, SIGTERM, SIGCHLD};
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // "2025-01-31 12:34:56", local time.
 std::string timestamp() {

@@ -13,10 +13,20 @@
 
 namespace myriad {
 
+// Wall seconds of one step's phases on this rank. Compute is forward and backward; the waits
+// are the time this rank sat blocked on communication that the overlap did not hide: pipeline
+// receives (the bubble) and data-parallel reduce-scatters and all-gathers; optimizer is the
+// norm, clipping and update. The rest of the step (the batch, the loss) is not listed. All zero
+// where the engine does not time its phases (the CUDA engine, so far).
+struct StepTimes {
+  double forward_s = 0, backward_s = 0, bubble_s = 0, dp_wait_s = 0, optimizer_s = 0;
+};
+
 struct StepResult {
   float loss = 0;        // mean over the global batch's tokens
   double grad_norm = 0;  // global L2 norm before clipping
   double lr = 0;
+  StepTimes times;
 };
 
 class Engine {
@@ -39,9 +49,6 @@ class Engine {
   virtual double flops_per_token() const = 0;
   // Peak device memory in use so far, bytes (0 when not tracked).
   virtual int64_t peak_memory() const { return 0; }
-  // Seconds the last train_step waited on pipeline receives (this rank's bubble), 0 without
-  // pipeline parallelism.
-  virtual double bubble_s() const { return 0; }
 
   // What a checkpoint holds, in host memory, fp32, canonical layout: parameters, first and
   // second moments, and the optimizer's step count. state_to_host() makes these current;

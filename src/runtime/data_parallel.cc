@@ -1,18 +1,21 @@
 #include "runtime/data_parallel.h"
 
+#include "core/clock.h"
 #include "core/error.h"
 
 namespace myriad {
 
 DataParallel::DataParallel(comm::Communicator* dp, int64_t total, int64_t bucket_elems,
                            std::vector<FlatRange> chunk_ranges,
-                           std::vector<std::vector<FlatRange>> chunk_reads, FlatRange held_back)
+                           std::vector<std::vector<FlatRange>> chunk_reads, FlatRange held_back,
+                           bool overlap)
     : dp_(dp && dp->size() > 1 ? dp : nullptr),
       rank_(dp_ ? dp_->rank() : 0),
       plan_(plan_buckets(total, dp_ ? dp_->size() : 1, bucket_elems)),
       chunk_ranges_(std::move(chunk_ranges)),
       chunk_reads_(std::move(chunk_reads)),
       held_back_(held_back),
+      overlap_(overlap),
       chunk_final_(chunk_ranges_.size(), false),
       reduce_(plan_.buckets.size()),
       gather_(plan_.buckets.size()) {}
@@ -20,6 +23,16 @@ DataParallel::DataParallel(comm::Communicator* dp, int64_t total, int64_t bucket
 bool DataParallel::overlaps(int bucket, const FlatRange& r) const {
   const FlatRange& b = plan_.buckets[bucket];
   return r.begin < b.end && b.begin < r.end;
+}
+
+void DataParallel::wait(comm::WorkPtr& work) {
+  if (!work->done()) {
+    const double t0 = now_s();
+    work->wait();
+    waited_s_ += now_s() - t0;
+  }
+  work->wait();  // rethrows a failure
+  work.reset();
 }
 
 void DataParallel::start_reduce(int bucket, float* grads) {
@@ -32,7 +45,7 @@ void DataParallel::start_reduce(int bucket, float* grads) {
 
 void DataParallel::chunk_done(int c, float* grads) {
   chunk_final_[c] = true;
-  if (!dp_) return;
+  if (!dp_ || !overlap_) return;
   // In readiness order; stop at the first bucket that is not complete, so that the buckets go
   // out in the same order on every rank (each rank's collectives must match).
   for (size_t k = 0; k < plan_.buckets.size(); ++k) {
@@ -49,10 +62,7 @@ void DataParallel::finish_reduce(float* grads) {
   std::fill(chunk_final_.begin(), chunk_final_.end(), false);
   if (!dp_) return;
   for (size_t k = 0; k < plan_.buckets.size(); ++k) start_reduce(static_cast<int>(k), grads);
-  for (auto& w : reduce_) {
-    w->wait();
-    w.reset();
-  }
+  for (auto& w : reduce_) wait(w);
 }
 
 void DataParallel::gather_params(float* params) {
@@ -63,6 +73,7 @@ void DataParallel::gather_params(float* params) {
     const int64_t piece = b.size() / dp_->size();
     gather_[k] = dp_->all_gather(params + b.begin + rank_ * piece, params + b.begin, piece);
   }
+  if (!overlap_) wait_all_params();
 }
 
 void DataParallel::wait_params(int c) {
@@ -70,8 +81,7 @@ void DataParallel::wait_params(int c) {
     if (!gather_[k]) continue;
     for (const FlatRange& r : chunk_reads_[c])
       if (overlaps(static_cast<int>(k), r)) {
-        gather_[k]->wait();
-        gather_[k].reset();
+        wait(gather_[k]);
         break;
       }
   }
@@ -79,7 +89,7 @@ void DataParallel::wait_params(int c) {
 
 void DataParallel::wait_all_params() {
   for (auto& w : gather_)
-    if (w) w->wait(), w.reset();
+    if (w) wait(w);
 }
 
 }  // namespace myriad

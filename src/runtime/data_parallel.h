@@ -10,6 +10,10 @@
 // first) and waited for chunk by chunk just before each chunk's first forward, so the gathers
 // overlap the start of the next step.
 //
+// With overlap off (parallel.overlap_dp = false, for measuring what the overlap buys), every
+// reduce-scatter waits for finish_reduce() and every all-gather is waited for at once: the same
+// collectives on the same buffers, so the same bits, only serialized.
+//
 // The rank's copy of the tied embedding (when the pipeline puts the embedding and the LM head on
 // different stages) becomes final only once the two stages have exchanged their gradients, at
 // the end of backward: the buckets holding it wait for finish_reduce().
@@ -31,7 +35,7 @@ class DataParallel {
   // finish_reduce (the tied embedding), may be empty.
   DataParallel(comm::Communicator* dp, int64_t total, int64_t bucket_elems,
                std::vector<FlatRange> chunk_ranges, std::vector<std::vector<FlatRange>> chunk_reads,
-               FlatRange held_back);
+               FlatRange held_back, bool overlap = true);
 
   int64_t flat_size() const { return plan_.padded_total; }  // params and grads buffers
   std::vector<FlatRange> owned() const { return plan_.owned(rank_); }
@@ -48,8 +52,12 @@ class DataParallel {
   void wait_params(int c);
   void wait_all_params();
 
+  // Seconds spent blocked on this object's collectives since it was made (take differences).
+  double waited_s() const { return waited_s_; }
+
  private:
   void start_reduce(int bucket, float* grads);
+  void wait(comm::WorkPtr& work);  // and reset it
   bool overlaps(int bucket, const FlatRange& r) const;
 
   comm::Communicator* dp_;
@@ -58,6 +66,8 @@ class DataParallel {
   std::vector<FlatRange> chunk_ranges_;
   std::vector<std::vector<FlatRange>> chunk_reads_;
   FlatRange held_back_;
+  bool overlap_;
+  double waited_s_ = 0;
   std::vector<bool> chunk_final_;
   std::vector<comm::WorkPtr> reduce_, gather_;  // per bucket, null = not started / done
 };

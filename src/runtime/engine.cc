@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "model/gpt.h"
@@ -36,7 +37,7 @@ class CpuEngine final : public Engine {
                             ctx_.dp_size(), bucket_elems(cfg))
                    .padded_total),
         dp_(ctx_.dp, model_.layout().total(), bucket_elems(cfg), chunk_ranges(), chunk_reads(),
-            tied_embedding()) {
+            tied_embedding(), cfg.parallel.overlap_dp) {
     optimizer_ = make_optimizer(cfg.optim, model_.layout(), dp_.owned(),
                                 [this](std::vector<double>& sums) { reduce_norms(sums); });
     const int dp = ctx_.dp_size();
@@ -72,6 +73,7 @@ class CpuEngine final : public Engine {
     const int dp = ctx_.dp_size(), accum = pipeline_->schedule().m;
     // This data-parallel rank's rows of the global batch (global_batch, T+1).
     const int32_t* mine = tokens + int64_t(ctx_.dp_rank()) * accum * cfg_.train.micro_batch * row;
+    const double dp_waited = dp_.waited_s();
     model_.zero_grads();
     Pipeline::Hooks hooks{[this](int c) { dp_.wait_params(c); },
                           [this](int c) { dp_.chunk_done(c, model_.grads()); }};
@@ -82,13 +84,18 @@ class CpuEngine final : public Engine {
                                              "; lower optim.lr or resume from an earlier checkpoint"));
     sync_tied_embedding();
     dp_.finish_reduce(model_.grads());  // the owned ranges now hold the sums over dp
+    const double t_update = now_s();
     const std::vector<FlatRange> owned = dp_.owned();
     for (const FlatRange& o : owned) model_.finish_grads(o.begin, o.end);
     r.grad_norm = grad_norm(owned);
     clip(owned, r.grad_norm);
     r.lr = lr;
     optimizer_->step(model_.params(), model_.grads(), lr);
+    const double t_updated = now_s();
     dp_.gather_params(model_.params());  // awaited chunk by chunk by the next forward
+    const Pipeline::Times& pt = pipeline_->times();
+    r.times = {pt.forward_s, pt.backward_s, pt.wait_s, dp_.waited_s() - dp_waited,
+               t_updated - t_update};
     return r;
   }
 
@@ -104,7 +111,6 @@ class CpuEngine final : public Engine {
     model_.last_logits(tokens, B, T, out);
   }
   double flops_per_token() const override { return model_.flops_per_token(); }
-  double bubble_s() const override { return pipeline_->wait_s(); }
 
   HostState host_state() override {
     return {model_.params(), optimizer_->m().data(), optimizer_->v().data(),

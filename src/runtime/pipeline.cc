@@ -1,7 +1,6 @@
 #include "runtime/pipeline.h"
 
-#include <chrono>
-
+#include "core/clock.h"
 #include "core/error.h"
 
 namespace myriad {
@@ -9,10 +8,6 @@ namespace {
 
 using parallel::Action;
 using parallel::ActionKind;
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 }  // namespace
 
@@ -42,7 +37,7 @@ const float* Pipeline::received(ActionKind kind, int mb, int chunk) {
   if (!it->second.work->done()) {
     const double t0 = now_s();
     it->second.work->wait();
-    wait_s_ += now_s() - t0;
+    times_.wait_s += now_s() - t0;
   }
   it->second.work->wait();  // rethrows a failure
   return it->second.data.data();
@@ -66,7 +61,7 @@ float Pipeline::train(const int32_t* tokens, float grad_scale, const Hooks& hook
   const int64_t row = int64_t(T_) + 1;
   std::vector<int> backwards(v_, 0);
   double loss = 0;
-  wait_s_ = 0;
+  times_ = {};
   for (const Action& a : schedule_.ranks[stage_]) {
     const int mb = a.microbatch, c = a.chunk;
     const int32_t* mb_tokens = tokens + int64_t(mb) * B_ * row;
@@ -89,7 +84,9 @@ float Pipeline::train(const int32_t* tokens, float grad_scale, const Hooks& hook
         if (first(c)) input = nullptr;
         else if (p_ == 1) input = model_.chunk_output(c - 1, mb);
         else input = received(ActionKind::kRecvActivation, mb, c);
+        const double t0 = now_s();
         const float l = model_.forward_chunk(c, mb, B_, mb_tokens, input);
+        times_.forward_s += now_s() - t0;
         if (last(c)) loss += l;
         recvs_.erase({ActionKind::kRecvActivation, mb, c});
         break;
@@ -111,7 +108,9 @@ float Pipeline::train(const int32_t* tokens, float grad_scale, const Hooks& hook
           sends_.erase(s);
         }
         std::vector<float> din(first(c) ? 0 : boundary_);
+        const double t0 = now_s();
         model_.backward_chunk(c, mb, dout, first(c) ? nullptr : din.data(), grad_scale);
+        times_.backward_s += now_s() - t0;
         recvs_.erase({ActionKind::kRecvGrad, mb, c});
         if (p_ == 1) {
           local_grads_.erase({ActionKind::kBackward, mb, c + 1});

@@ -52,8 +52,13 @@ class Pipeline {
   float evaluate(const int32_t* tokens, int B);
 
   const parallel::Schedule& schedule() const { return schedule_; }
-  // Seconds the last train() spent blocked on receives: this rank's share of the bubble.
-  double wait_s() const { return wait_s_; }
+  // Wall seconds of the last train(): in the chunks' forwards and backwards (tensor-parallel
+  // collectives run inside them and count here), and blocked on receives: this rank's share of
+  // the bubble.
+  struct Times {
+    double forward_s = 0, backward_s = 0, wait_s = 0;
+  };
+  const Times& times() const { return times_; }
 
  private:
   using Key = std::tuple<parallel::ActionKind, int, int>;  // (what, micro-batch, chunk)
@@ -77,7 +82,7 @@ class Pipeline {
   std::map<Key, Message> recvs_;       // posted receives, until consumed
   std::map<Key, Message> sends_;       // posted sends (gradients with their buffers), until done
   std::map<Key, std::vector<float>> local_grads_;  // p = 1: chunk c's input gradient for c-1
-  double wait_s_ = 0;
+  Times times_;
 };
 
 }  // namespace myriad

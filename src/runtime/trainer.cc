@@ -1,10 +1,10 @@
 #include "runtime/trainer.h"
 
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/fault.h"
 #include "core/memory.h"
@@ -16,10 +16,6 @@ namespace fs = std::filesystem;
 
 namespace myriad {
 namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 std::string human_duration(double s) {
   const int64_t t = static_cast<int64_t>(s + 0.5);
@@ -133,7 +129,12 @@ void Trainer::run() {
     nlohmann::json rec = {{"step", step_}, {"loss", r.loss}, {"lr", r.lr},
                           {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_step / dt},
                           {"step_ms", dt * 1e3}};
-    if (cfg_.parallel.pp > 1) rec["bubble_ms"] = engine_->bubble_s() * 1e3;
+    if (r.times.forward_s > 0) {  // the engine times its phases
+      rec["forward_ms"] = r.times.forward_s * 1e3, rec["backward_ms"] = r.times.backward_s * 1e3;
+      if (cfg_.parallel.pp > 1) rec["bubble_ms"] = r.times.bubble_s * 1e3;
+      if (dist_ && dist_->context()->dp_size() > 1) rec["dp_wait_ms"] = r.times.dp_wait_s * 1e3;
+      rec["optimizer_ms"] = r.times.optimizer_s * 1e3;
+    }
     if (engine_->peak_flops() > 0)
       rec["mfu"] = tokens_per_step / dt * engine_->flops_per_token() / engine_->peak_flops();
     if (valid_data_ && t.eval_every > 0 && (step_ % t.eval_every == 0 || step_ == t.steps))

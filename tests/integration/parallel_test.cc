@@ -32,11 +32,35 @@ int sh(const std::string& cmd, std::string* out) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+std::vector<nlohmann::json> records(const fs::path& run) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(run / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
 std::vector<double> losses(const fs::path& run) {
   std::vector<double> out;
-  std::ifstream in(run / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line)["loss"]);
+  for (const nlohmann::json& r : records(run)) out.push_back(r["loss"]);
   return out;
+}
+
+// Every step's phase timers: compute was timed, the waits of the layout's kinds of
+// communication are there, and the phases, disjoint, fit in the step.
+void expect_phases(const fs::path& run, bool pp, bool dp) {
+  for (const nlohmann::json& r : records(run)) {
+    const int64_t step = r["step"];
+    EXPECT_GT(r.value("forward_ms", 0.0), 0.0) << "step " << step;
+    EXPECT_GT(r.value("backward_ms", 0.0), 0.0) << "step " << step;
+    EXPECT_EQ(r.contains("bubble_ms"), pp) << "step " << step;
+    EXPECT_EQ(r.contains("dp_wait_ms"), dp) << "step " << step;
+    double sum = 0;
+    for (const char* k : {"forward_ms", "backward_ms", "bubble_ms", "dp_wait_ms", "optimizer_ms"}) {
+      EXPECT_GE(r.value(k, 0.0), 0.0) << k << ", step " << step;
+      sum += r.value(k, 0.0);
+    }
+    EXPECT_LE(sum, r["step_ms"].get<double>() + 1e-3) << "step " << step;
+  }
 }
 
 // Every model tensor of the latest checkpoint under run, whole (gathered from its pieces).
@@ -92,35 +116,48 @@ std::string model_extra(const std::string& extra) {
 
 const std::string kModel = " --set model.layers=4 --set model.d_model=64 --set model.seq_len=32";
 
+// The test model's config (kModel), with the model.* flags of `extra`.
+Config test_config(const std::string& extra = "") {
+  std::vector<std::string> model = {"model.layers=4", "model.d_model=64", "model.seq_len=32"};
+  std::istringstream flags(extra);
+  for (std::string flag, kv; flags >> flag >> kv;)
+    if (kv.rfind("model.", 0) == 0) model.push_back(kv);
+  return parse_config("", "t", model);
+}
+
+std::string bin() { return cat(MYRIAD_BINARY_DIR, "/myriad"); }
+
+// Makes `dir` with the science fortunes in it as byte tokens; returns the arguments of a
+// 20-step `train` of the test model on them.
+std::string prepare_corpus(const fs::path& dir) {
+  fs::create_directories(dir);
+  const std::string data = (dir / "corpus").string();
+  std::string out;
+  EXPECT_EQ(sh(cat(bin(), " prepare --input /usr/share/games/fortunes/science --tokenizer byte --output ",
+                   data, " --valid-fraction 0.1 --doc-separator %"), &out), 0) << out;
+  return cat(" train --config ", MYRIAD_SOURCE_DIR, "/configs/demo.toml", kModel,
+             " --set train.steps=20 --set optim.warmup_steps=4 --set data.train=", data,
+             "_train --set data.valid=", data, "_valid");
+}
+
 class Parallel : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(Parallel, MatchesTheSingleProcessRun) {
   const Layout l = GetParam();
   const fs::path dir = fs::temp_directory_path() / cat("myriad_tp_", l.name, "_", getpid());
-  fs::create_directories(dir);
-  std::string data = (dir / "corpus").string(), out;
-  const std::string bin = cat(MYRIAD_BINARY_DIR, "/myriad");
-  ASSERT_EQ(sh(cat(bin, " prepare --input /usr/share/games/fortunes/science --tokenizer byte --output ",
-                   data, " --valid-fraction 0.1 --doc-separator %"), &out), 0) << out;
-  const std::string args = cat(
-      " train --config ", MYRIAD_SOURCE_DIR, "/configs/demo.toml", kModel,
-      " --set train.steps=20 --set train.eval_every=10",
-      " --set optim.warmup_steps=4 --set checkpoint.every=20 --set data.train=", data, "_train",
-      " --set data.valid=", data, "_valid ", model_extra(l.extra));
-  ASSERT_EQ(sh(cat("OMP_NUM_THREADS=1 ", bin, args, " --run-dir ", (dir / "single").string()), &out), 0) << out;
-  ASSERT_EQ(sh(cat("OMP_NUM_THREADS=1 ", bin, " launch --nproc-per-node ", l.nproc, " --", args,
+  const std::string args = prepare_corpus(dir) + " --set train.eval_every=10 --set checkpoint.every=20" +
+                           model_extra(l.extra);
+  std::string out;
+  ASSERT_EQ(sh(cat("OMP_NUM_THREADS=1 ", bin(), args, " --run-dir ", (dir / "single").string()), &out), 0) << out;
+  ASSERT_EQ(sh(cat("OMP_NUM_THREADS=1 ", bin(), " launch --nproc-per-node ", l.nproc, " --", args,
                    " ", l.extra, " --run-dir ", (dir / "tp").string()), &out), 0) << out;
-
-  std::vector<std::string> model = {"model.layers=4", "model.d_model=64", "model.seq_len=32"};
-  std::istringstream flags(l.extra);
-  for (std::string flag, kv; flags >> flag >> kv;)
-    if (kv.rfind("model.", 0) == 0) model.push_back(kv);
-  Config cfg = parse_config("", "t", model);
+  const Config cfg = test_config(l.extra);
 
   // The ranks of a tensor-parallel group took their batches from one reader through shared
   // memory.
-  if (l.extra.find("parallel.tp=") != std::string::npos)
+  if (l.extra.find("parallel.tp=") != std::string::npos) {
     EXPECT_NE(log_line(dir / "tp", 1, "batches shared through memory"), "");
+  }
   // ZeRO: each data-parallel rank keeps 1/dp of the optimizer state (the allocator's count).
   const size_t dp_at = l.extra.find("parallel.dp=");
   if (dp_at != std::string::npos) {
@@ -131,8 +168,11 @@ TEST_P(Parallel, MatchesTheSingleProcessRun) {
     for (int r = 0; r < l.nproc; ++r) {
       const int64_t mine = optimizer_bytes(dir / "tp", r);
       EXPECT_GT(mine, 0) << "rank " << r;
-      if (l.nproc == dp) EXPECT_NEAR(double(mine), double(whole) / dp, 8.0 * dp) << "rank " << r;
-      else EXPECT_LT(mine, whole / dp + 8 * dp) << "rank " << r;  // 3D: a shard of a shard
+      if (l.nproc == dp) {
+        EXPECT_NEAR(double(mine), double(whole) / dp, 8.0 * dp) << "rank " << r;
+      } else {
+        EXPECT_LT(mine, whole / dp + 8 * dp) << "rank " << r;  // 3D: a shard of a shard
+      }
     }
   }
 
@@ -140,6 +180,8 @@ TEST_P(Parallel, MatchesTheSingleProcessRun) {
   ASSERT_EQ(a.size(), 20u);
   ASSERT_EQ(b.size(), 20u) << "metrics.jsonl is written once, by one rank";
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-4 * a[i]) << "step " << i + 1;
+  expect_phases(dir / "single", false, false);
+  expect_phases(dir / "tp", l.extra.find("parallel.pp=") != std::string::npos, dp_at != std::string::npos);
 
   auto wa = weights(dir / "single", cfg), wb = weights(dir / "tp", cfg);
   for (auto& [name, w] : wa) {
@@ -148,7 +190,7 @@ TEST_P(Parallel, MatchesTheSingleProcessRun) {
     EXPECT_LT(std::sqrt(d / std::max(r, 1e-30)), 1e-4) << name;
   }
   // The sharded checkpoint samples in one process.
-  ASSERT_EQ(sh(cat(bin, " sample --checkpoint ", (dir / "tp").string(), " --prompt 'The ' --tokens 20"), &out), 0) << out;
+  ASSERT_EQ(sh(cat(bin(), " sample --checkpoint ", (dir / "tp").string(), " --prompt 'The ' --tokens 20"), &out), 0) << out;
   fs::remove_all(dir);
 }
 
@@ -175,17 +217,11 @@ INSTANTIATE_TEST_SUITE_P(
 // norms, weights and optimizer state.
 TEST(Parallel3d, ResumeIsBitwiseTheUninterruptedRun) {
   const fs::path dir = fs::temp_directory_path() / cat("myriad_3d_resume_", getpid());
-  fs::create_directories(dir);
-  std::string data = (dir / "corpus").string(), out;
-  const std::string bin = cat(MYRIAD_BINARY_DIR, "/myriad");
-  ASSERT_EQ(sh(cat(bin, " prepare --input /usr/share/games/fortunes/science --tokenizer byte --output ",
-                   data, " --valid-fraction 0.1 --doc-separator %"), &out), 0) << out;
   const std::string train = cat(
-      "OMP_NUM_THREADS=1 ", bin, " launch --nproc-per-node 8 -- train --config ", MYRIAD_SOURCE_DIR,
-      "/configs/demo.toml", kModel, " --set train.steps=20 --set optim.warmup_steps=4",
-      " --set checkpoint.every=10 --set checkpoint.keep_last=0 --set data.train=", data, "_train",
-      " --set data.valid=", data, "_valid",
+      "OMP_NUM_THREADS=1 ", bin(), " launch --nproc-per-node 8 --", prepare_corpus(dir),
+      " --set checkpoint.every=10 --set checkpoint.keep_last=0",
       " --set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.bucket_mb=0.05");
+  std::string out;
   ASSERT_EQ(sh(cat(train, " --run-dir ", (dir / "straight").string()), &out), 0) << out;
   // Killed right after step 10 (its checkpoint committed), then resumed.
   EXPECT_NE(sh(cat("MYRIAD_INJECT_FAULT=step:10:kill ", train, " --run-dir ", (dir / "resumed").string()), &out), 0);
@@ -199,7 +235,7 @@ TEST(Parallel3d, ResumeIsBitwiseTheUninterruptedRun) {
   // Every stored tensor (weights, both moments), bit for bit.
   auto last = [](const fs::path& run) { return *checkpoint::latest((run / "checkpoints").string()); };
   const nlohmann::json ma = checkpoint::read_meta(last(dir / "straight")), mb = checkpoint::read_meta(last(dir / "resumed"));
-  Config cfg = parse_config("", "t", {"model.layers=4", "model.d_model=64", "model.seq_len=32"});
+  const Config cfg = test_config();
   ParamLayout layout(cfg);
   for (const char* prefix : {"model/", "optim/m/", "optim/v/"})
     for (const ParamSpec& p : layout.tensors()) {
@@ -209,6 +245,28 @@ TEST(Parallel3d, ResumeIsBitwiseTheUninterruptedRun) {
       checkpoint::load(last(dir / "resumed"), mb, {{prefix + p.name, r.global_shape, r.offset, r.shape, wb.data()}});
       EXPECT_TRUE(wa == wb) << prefix << p.name;
     }
+  fs::remove_all(dir);
+}
+
+// Data-parallel overlap off (parallel.overlap_dp = false) runs the same collectives on the same
+// buffers, serialized: the same bits as with overlap, and the waits are reported either way.
+TEST(DataParallelOverlap, OffGivesTheSameBits) {
+  const fs::path dir = fs::temp_directory_path() / cat("myriad_dp_overlap_", getpid());
+  const std::string train = cat("OMP_NUM_THREADS=1 ", bin(), " launch --nproc-per-node 4 --",
+                                prepare_corpus(dir), " --set parallel.pp=2 --set parallel.dp=2",
+                                " --set parallel.bucket_mb=0.05");
+  std::string out;
+  ASSERT_EQ(sh(cat(train, " --run-dir ", (dir / "on").string()), &out), 0) << out;
+  ASSERT_EQ(sh(cat(train, " --set parallel.overlap_dp=false --run-dir ", (dir / "off").string()), &out), 0) << out;
+  std::vector<double> a = losses(dir / "on"), b = losses(dir / "off");
+  ASSERT_EQ(a.size(), 20u);
+  ASSERT_EQ(b.size(), 20u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
+  const Config cfg = test_config();
+  auto wa = weights(dir / "on", cfg), wb = weights(dir / "off", cfg);
+  for (auto& [name, w] : wa) EXPECT_TRUE(w == wb[name]) << name;
+  expect_phases(dir / "on", true, true);
+  expect_phases(dir / "off", true, true);
   fs::remove_all(dir);
 }
 
