@@ -4,10 +4,22 @@
 
 #include "comm/backends.h"
 #include "comm/store.h"
+#include "core/clock.h"
 #include "core/config.h"
 #include "core/error.h"
 
 namespace myriad::comm {
+
+double wait_blocked_s(Work& work) {
+  double blocked = 0;
+  if (!work.done()) {
+    const double t0 = now_s();
+    work.wait();
+    blocked = now_s() - t0;
+  }
+  work.wait();  // rethrows a failure
+  return blocked;
+}
 
 int64_t wall_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(

@@ -169,4 +169,8 @@ std::unique_ptr<Communicator> make_group(const std::shared_ptr<Store>& store,
 // Microseconds since the epoch on the system clock (record timestamps).
 int64_t wall_us();
 
+// Waits for `work` (rethrowing its failure) and returns the seconds this thread was blocked:
+// 0 when it had already completed. What the phase timers count as communication not hidden.
+double wait_blocked_s(Work& work);
+
 }  // namespace myriad::comm

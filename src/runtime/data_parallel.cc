@@ -1,6 +1,5 @@
 #include "runtime/data_parallel.h"
 
-#include "core/clock.h"
 #include "core/error.h"
 
 namespace myriad {
@@ -26,12 +25,7 @@ bool DataParallel::overlaps(int bucket, const FlatRange& r) const {
 }
 
 void DataParallel::wait(comm::WorkPtr& work) {
-  if (!work->done()) {
-    const double t0 = now_s();
-    work->wait();
-    waited_s_ += now_s() - t0;
-  }
-  work->wait();  // rethrows a failure
+  waited_s_ += comm::wait_blocked_s(*work);
   work.reset();
 }
 

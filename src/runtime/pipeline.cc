@@ -34,12 +34,7 @@ const float* Pipeline::received(ActionKind kind, int mb, int chunk) {
   MYRIAD_CHECK(it != recvs_.end(), "pipeline stage ", stage_, ": no receive posted for ",
                kind == ActionKind::kRecvActivation ? "the activation" : "the gradient",
                " of micro-batch ", mb, ", chunk ", chunk);
-  if (!it->second.work->done()) {
-    const double t0 = now_s();
-    it->second.work->wait();
-    times_.wait_s += now_s() - t0;
-  }
-  it->second.work->wait();  // rethrows a failure
+  times_.wait_s += comm::wait_blocked_s(*it->second.work);
   return it->second.data.data();
 }
 
