@@ -51,7 +51,7 @@ class File {
       ssize_t n = ::pread(fd_, p, bytes, offset);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) throw_runtime("checkpoint: read of ", path_, " failed: ", std::strerror(errno));
-      if (n == 0) throw_input("checkpoint ", path_, ": file is truncated; use an earlier checkpoint");
+      if (n == 0) throw Corrupt(cat("checkpoint ", path_, ": file is truncated; use an earlier checkpoint"));
       p += n, bytes -= n, offset += n;
     }
   }
@@ -146,11 +146,13 @@ std::string save(const std::string& root, int64_t step, nlohmann::json meta,
   }
   group.barrier();
 
-  // Each rank: its shard file and its part of the tensor index.
+  // Each rank: its shard file and its part of the tensor index. A rank whose write fails (a
+  // full disk) removes what it wrote; rank 0 the whole partial directory, so that a failed save
+  // frees its space for the next one.
   char name[32];
   std::snprintf(name, sizeof name, "shard_%05d.bin", group.rank);
   nlohmann::json index = nlohmann::json::array();
-  {
+  try {
     File f((tmp / name).string(), O_WRONLY | O_CREAT | O_TRUNC);
     int64_t offset = 0;
     for (size_t i = 0; i < shards.size(); ++i) {
@@ -169,13 +171,20 @@ std::string save(const std::string& root, int64_t step, nlohmann::json meta,
       offset += bytes;
     }
     f.sync();
+    std::snprintf(name, sizeof name, "index_%05d.json", group.rank);
+    write_text((tmp / name).string(), index.dump());
+  } catch (...) {
+    for (const char* f : {"shard_%05d.bin", "index_%05d.json"}) {
+      std::snprintf(name, sizeof name, f, group.rank);
+      fs::remove(tmp / name, ec);
+    }
+    if (group.rank == 0) fs::remove_all(tmp, ec);
+    throw;
   }
-  std::snprintf(name, sizeof name, "index_%05d.json", group.rank);
-  write_text((tmp / name).string(), index.dump());
   group.barrier();
 
   // Rank 0: one index over every rank's pieces, then the commit.
-  if (group.rank == 0) {
+  if (group.rank == 0) try {
     nlohmann::json tensors = nlohmann::json::array();
     std::map<std::string, size_t> where;
     for (int r = 0; r < group.world; ++r) {
@@ -198,8 +207,10 @@ std::string save(const std::string& root, int64_t step, nlohmann::json meta,
     meta["step"] = step;
     meta["ranks"] = group.world;
     meta["tensors"] = tensors;
-    write_text((tmp / "meta.json").string(), meta.dump(1));
-    write_text((tmp / kCommitMarker).string(), "step " + std::to_string(step) + "\n");
+    const std::string meta_text = meta.dump(1);
+    write_text((tmp / "meta.json").string(), meta_text);
+    write_text((tmp / kCommitMarker).string(),
+               cat("step ", step, "\nmeta.json crc32 ", crc32_of(meta_text.data(), meta_text.size()), "\n"));
     sync_dir(tmp.string());
 
     // Replace a committed checkpoint of the same step only now that the new one is complete.
@@ -210,6 +221,9 @@ std::string save(const std::string& root, int64_t step, nlohmann::json meta,
     fs::rename(tmp, final_dir);
     sync_dir(root);
     if (had_old) fs::remove_all(old, ec);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
   }
   group.barrier();
   return final_dir.string();
@@ -228,23 +242,82 @@ std::optional<std::string> latest(const std::string& root) {
   return best;
 }
 
+std::vector<std::string> committed_newest_first(const std::string& root) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return out;
+  for (const auto& e : fs::directory_iterator(root))
+    if (committed(e.path())) out.push_back(e.path().string());
+  std::sort(out.rbegin(), out.rend());  // step_<8 digits>: the names sort as the steps
+  return out;
+}
+
+namespace {
+std::string read_all(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) return {};
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+}  // namespace
+
 nlohmann::json read_meta(const std::string& dir) {
   if (!fs::is_directory(dir))
     throw_input("checkpoint ", dir, ": no such directory");
   if (!fs::exists(fs::path(dir) / kCommitMarker))
     throw_input("checkpoint ", dir, ": not committed (no ", kCommitMarker,
                 " marker: the save did not finish); use an earlier checkpoint");
-  std::ifstream in(fs::path(dir) / "meta.json");
-  if (!in) throw_input("checkpoint ", dir, ": missing meta.json");
+  // The commit marker holds the CRC32 of meta.json: the data position, the optimizer step and
+  // the tensor index are trusted only when they are the bytes that were committed.
+  const std::string marker = read_all(fs::path(dir) / kCommitMarker);
+  const size_t at = marker.find("meta.json crc32 ");
+  if (at == std::string::npos)
+    throw Corrupt(cat("checkpoint ", dir, "/", kCommitMarker, ": no meta.json checksum (damaged, "
+                      "or written by an older Myriad); use another checkpoint"));
+  const std::string text = read_all(fs::path(dir) / "meta.json");
+  if (text.empty()) throw Corrupt(cat("checkpoint ", dir, ": missing or empty meta.json; use an earlier checkpoint"));
+  const unsigned long long want = std::strtoull(marker.c_str() + at + 16, nullptr, 10);
+  if (crc32_of(text.data(), text.size()) != want)
+    throw Corrupt(cat("checkpoint ", dir, "/meta.json: checksum mismatch (it differs from what was "
+                      "committed); use an earlier checkpoint"));
   nlohmann::json meta;
   try {
-    meta = nlohmann::json::parse(in);
+    meta = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    throw_input("checkpoint ", dir, "/meta.json: not valid JSON (", e.what(), "); use an earlier checkpoint");
+    throw Corrupt(cat("checkpoint ", dir, "/meta.json: not valid JSON (", e.what(), "); use an earlier checkpoint"));
   }
   if (meta.value("format", "") != kFormat || meta.value("version", 0) != kVersion)
     throw_input("checkpoint ", dir, "/meta.json: not a ", kFormat, " version ", kVersion, " checkpoint");
   return meta;
+}
+
+void check_writable(const std::string& root) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec || !fs::is_directory(root))
+    throw_input("checkpoint directory ", root, ": cannot create it (",
+                ec ? ec.message() : "a file of that name exists",
+                "): set checkpoint.dir (or --run-dir) to a writable directory");
+  const fs::path probe = fs::path(root) / cat(".write-test-", ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw_input("checkpoint directory ", root, ": not writable (", std::strerror(errno),
+                "): set checkpoint.dir (or --run-dir) to a writable directory");
+  ::close(fd);
+  fs::remove(probe, ec);
+}
+
+void remove_leftovers(const std::string& root) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step_", 0) == 0 && (name.ends_with(".partial") || name.ends_with(".replaced"))) {
+      fs::remove_all(e.path(), ec);
+      log::info("checkpoint: removed ", e.path().string(), ", left by a save that did not finish");
+    }
+  }
 }
 
 void load(const std::string& dir, const nlohmann::json& meta, const std::vector<Shard>& shards) {
@@ -269,10 +342,14 @@ void load(const std::string& dir, const nlohmann::json& meta, const std::vector<
         for (int64_t d : shape) n *= d;
         std::vector<float> buf(n);
         const std::string file = (fs::path(dir) / piece.at("file").get<std::string>()).string();
+        if (!fs::exists(file))
+          throw Corrupt(cat("checkpoint ", dir, ": ", piece.at("file").get<std::string>(),
+                            " is missing (tensor ", want.name, "): the checkpoint is incomplete; "
+                            "use an earlier checkpoint"));
         File(file, O_RDONLY).read_at(buf.data(), n * sizeof(float), piece.at("byte_offset").get<int64_t>());
         if (crc32_of(buf.data(), n * sizeof(float)) != piece.at("crc32").get<uint32_t>())
-          throw_input("checkpoint ", file, ": checksum mismatch in tensor ", want.name,
-                      ": the file is corrupt; use an earlier checkpoint");
+          throw Corrupt(cat("checkpoint ", file, ": checksum mismatch in tensor ", want.name,
+                            ": the file is corrupt; use an earlier checkpoint"));
         copy_overlap(buf.data(), off, shape, want.data, want.offset, want.shape, copied);
       }
       if (copied != want.numel())
@@ -280,7 +357,7 @@ void load(const std::string& dir, const nlohmann::json& meta, const std::vector<
                     shape_str(want.offset), "+", shape_str(want.shape));
     }
   } catch (const nlohmann::json::exception& e) {
-    throw_input("checkpoint ", dir, "/meta.json: malformed tensor index (", e.what(), ")");
+    throw Corrupt(cat("checkpoint ", dir, "/meta.json: malformed tensor index (", e.what(), ")"));
   }
 }
 

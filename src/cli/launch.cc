@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -21,6 +22,7 @@
 #include "core/error.h"
 #include "core/fault.h"
 #include "core/log.h"
+#include "data/shared_batch.h"
 #include "driver/launcher.h"
 #include "driver/plan.h"
 
@@ -79,6 +81,51 @@ void comm_check_fault(int rank) {
               "kill|fail|hang|hang_ignore_term)");
 }
 
+// Every launch of a job is an attempt with a namespace of its own in the store, so that a
+// relaunch (after a failure, or after success) never meets the keys of an earlier one. The
+// launchers count their arrivals in the job's "launch" namespace: the k-th launch of each of
+// the n nodes gets attempt (arrivals - 1) / n. The keys of older attempts are dropped then: the
+// workers that used them have ended (on this node; elsewhere they belong to a job that is
+// being restarted). Opening the store here also checks its URL and reachability before any
+// worker starts.
+std::unique_ptr<comm::Store> claim_attempt(driver::LaunchPlan& plan) {
+  constexpr double kTimeout_s = 30;
+  std::unique_ptr<comm::Store> store = comm::make_store(plan.rdzv, "launch", kTimeout_s);
+  const int64_t arrived = store->add("arrivals", 1);
+  const int64_t attempt = (arrived - 1) / plan.nnodes;
+  plan.attempt = std::to_string(attempt);
+  if (attempt > 0)
+    if (int64_t n = store->drop_attempts_below(attempt); n > 0)
+      log::info("launch: dropped ", n, " store entries of the job's earlier attempts");
+  return store;
+}
+
+// Warns once when the store stops answering while the workers run (their next use of it would
+// fail: a restart, a late rendezvous), and once when it answers again.
+struct StoreWatch {
+  comm::Store* store;
+  double next_s = 0;
+  bool lost = false;
+  void operator()() {
+    const double now = comm::steady_now_s();
+    if (!store || now < next_s) return;
+    next_s = now + 5;
+    const double saved = store->timeout_s();
+    store->set_timeout(2);
+    try {
+      store->try_get("arrivals");
+      if (lost) log::info("launch: the store ", driver::without_password(store->url()), " answers again");
+      lost = false;
+    } catch (const Error& e) {
+      if (!lost)
+        log::warn("launch: the store ", driver::without_password(store->url()),
+                  " does not answer (", e.what(), "): a restart or a late rendezvous will fail");
+      lost = true;
+    }
+    store->set_timeout(saved);
+  }
+};
+
 }  // namespace
 
 int cmd_launch(int argc, char** argv) {
@@ -105,16 +152,21 @@ int cmd_launch(int argc, char** argv) {
     throw_input("launch: --grace-period must be 0..3600 seconds, got ", args.get("grace-period"));
 
   driver::LaunchPlan plan = driver::plan_launch(flags, driver::process_env());
+  const bool temporary_run_dir = plan.run_dir.empty();
   driver::prepare_run_dir(plan);
+  std::unique_ptr<comm::Store> store = claim_attempt(plan);
   const int first = plan.node_rank * plan.nproc_per_node;
   log::info("launch: ", plan.command[0], " on ranks ", first, "..", first + plan.nproc_per_node - 1,
-            " of ", plan.world_size, ", ", plan.origin, "; job ", plan.job, ", store ",
-            driver::without_password(plan.rdzv), "; logs in ", plan.log_dir);
+            " of ", plan.world_size, ", ", plan.origin, "; job ", plan.job, ", attempt ",
+            plan.attempt, ", store ", driver::without_password(plan.rdzv), "; logs in ", plan.log_dir);
 
   driver::Launcher launcher(options);
   for (const driver::WorkerSpec& spec : driver::worker_specs(plan, "/proc/self/exe", self_path()))
     launcher.spawn(spec);
-  const driver::RunResult r = launcher.run();
+  const driver::RunResult r = launcher.run(StoreWatch{store.get()});
+  // What the workers of this node left in shared memory (a killed reader never unlinks).
+  if (int n = data::remove_node_segments(plan.job, plan.attempt, plan.node_rank); n > 0)
+    log::info("launch: removed ", n, " shared-memory segment(s) the workers left");
   if (r.failure) {
     std::fprintf(stderr, "myriad: launch: rank %d %s; logs in %s\n", r.failure->rank,
                  r.failure->describe().c_str(), plan.log_dir.c_str());
@@ -125,6 +177,11 @@ int cmd_launch(int argc, char** argv) {
   } else {
     log::info("launch: all ", r.exits.size(), " worker(s) exited with code 0 in ",
               static_cast<int64_t>(r.seconds * 1000), " ms");
+    // A run directory nobody asked for is kept only when its logs tell of a failure.
+    if (temporary_run_dir) {
+      std::error_code ec;
+      std::filesystem::remove_all(plan.run_dir, ec);
+    }
   }
   return r.exit_code();
 }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -91,13 +92,21 @@ int cmd_sample(int argc, char** argv) {
   opt.top_k = args.get_int("top-k", 40);
   opt.seed = args.get_int("seed", 0);
   opt.stop = tok->eot();
-  if (opt.tokens < 0 || opt.top_k < 0 || opt.temperature < 0)
-    throw_input("myriad sample: --tokens, --top-k and --temperature must be 0 or more");
+  if (opt.tokens < 0 || opt.tokens > kMaxSampleTokens)
+    throw_input("myriad sample: --tokens must be 0..", kMaxSampleTokens, ", got ", opt.tokens);
+  if (opt.top_k < 0) throw_input("myriad sample: --top-k must be 0 or more, got ", opt.top_k);
+  if (!(opt.temperature >= 0) || !std::isfinite(opt.temperature))
+    throw_input("myriad sample: --temperature must be a finite number >= 0 (0 = greedy), got ",
+                args.get("temperature"));
   std::string prompt = args.required("prompt");
   std::vector<int32_t> ids = tok->encode(prompt);
   log::info("sample: ", m.dir, ", ", ids.size(), " prompt tokens");
-  std::vector<int32_t> out = generate(*m.engine, m.cfg, ids, opt);
-  std::cout << prompt << tok->decode(out) << std::endl;
+  // Streamed token by token (the tokenizers decode byte-wise, so the pieces add up to the
+  // whole), so a long sample shows progress and stops at end-of-text.
+  std::cout << prompt << std::flush;
+  opt.on_token = [&](int32_t t) { std::cout << tok->decode({t}) << std::flush; };
+  generate(*m.engine, m.cfg, ids, opt);
+  std::cout << std::endl;
   return 0;
 }
 

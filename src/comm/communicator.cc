@@ -108,6 +108,19 @@ std::string Communicator::label(uint64_t seq, OpKind op, int64_t bytes, int peer
              bytes, " bytes)");
 }
 
+std::string Communicator::waiting_on(int peer) const {
+  if (static_cast<int>(members_.size()) != size_) return "";
+  const char* late = " did not take part in time (stopped, hung or lost)";
+  if (peer < 0 && size_ == 2) peer = 1 - rank_;  // a collective of two waits on the other
+  if (peer >= 0 && peer < size_)
+    return cat("; waiting on global rank ", members_[peer], " (group rank ", peer, "), which", late);
+  std::string others;
+  for (int r = 0, listed = 0; r < size_; ++r)
+    if (r != rank_ && listed++ < 16) others += cat(others.empty() ? "" : ", ", members_[r]);
+  if (size_ - 1 > 16) others += ", ...";
+  return cat("; one of the other members (global ranks ", others, ")", late);
+}
+
 uint64_t Communicator::log_add(OpKind op, int64_t bytes, int peer, uint64_t match, int64_t step) {
   std::lock_guard<std::mutex> lock(log_mu_);
   const uint64_t seq = next_seq_++;

@@ -133,11 +133,19 @@ class Communicator {
   // The last records, oldest first.
   virtual std::vector<OpRecord> records() const;
 
+  // The members' ranks in the job (global ranks), in group rank order, when the caller knows
+  // them: a timed-out operation then names the ranks it was waiting on.
+  void set_members(std::vector<int> global_ranks) { members_ = std::move(global_ranks); }
+
  protected:
   Communicator(std::string name, int rank, int size, CommOptions options);
 
   // "comm group 'tp0' (gloo, rank 1 of 4): all_reduce #7 (step 12, 4096 bytes)"
   std::string label(uint64_t seq, OpKind op, int64_t bytes, int peer, int64_t step) const;
+  // What a timeout of an operation with `peer` (-1: a collective) was waiting on, as far as this
+  // rank can tell: "; waiting on global rank 3 (group rank 1), which did not take part in time".
+  // Empty without set_members().
+  std::string waiting_on(int peer) const;
   int64_t step() const { return step_.load(); }
   const CommOptions& options() const { return options_; }
 
@@ -148,6 +156,7 @@ class Communicator {
  private:
   std::string name_;
   int rank_, size_;
+  std::vector<int> members_;  // global ranks by group rank; empty: unknown
   CommOptions options_;
   std::atomic<int64_t> step_{-1};
   mutable std::mutex log_mu_;

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -268,6 +269,20 @@ class FileStore final : public Store {
         r.found = read_entry(path, op.key).has_value();
         if (::unlink(path.c_str()) != 0 && errno != ENOENT)
           io_error("cannot delete ", path, ": ", std::strerror(errno));
+        break;
+      }
+      case StoreOp::Kind::kDropAttemptsBelow: {
+        const fs::path job_dir = fs::path(dir_).parent_path();
+        std::error_code ec;
+        for (const auto& e : fs::directory_iterator(job_dir, ec)) {
+          const std::string a = e.path().filename().string();
+          if (a.empty() || a.size() > 18 || !std::all_of(a.begin(), a.end(), ::isdigit)) continue;
+          if (std::stoll(a) >= op.delta) continue;
+          for (const auto& f : fs::directory_iterator(e.path(), ec))
+            r.number += f.path().filename().string()[0] != '.';  // keys, not .lock or .tmp.*
+          fs::remove_all(e.path(), ec);
+        }
+        r.found = true;
         break;
       }
       case StoreOp::Kind::kWait:

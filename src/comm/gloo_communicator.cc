@@ -311,6 +311,7 @@ class GlooCommunicator final : public Communicator {
   struct Task {
     uint64_t seq = 0;
     uint32_t tag = 0;
+    std::string waiting_on;  // appended to a timeout's error (Communicator::waiting_on)
     std::shared_ptr<GlooWork> work;
     Run run;
   };
@@ -393,6 +394,7 @@ class GlooCommunicator final : public Communicator {
     t.seq = log_add(op, bytes, record_peer, match, st);
     t.tag = static_cast<uint32_t>(match);
     t.work = std::make_shared<GlooWork>(label(t.seq, op, bytes, record_peer, st), timeout_s());
+    t.waiting_on = waiting_on(record_peer);
     t.run = std::move(run);
     WorkPtr w = t.work;
     if (aborted_) {
@@ -439,6 +441,7 @@ class GlooCommunicator final : public Communicator {
         was_aborted = true;
       } catch (const std::exception& e) {
         error = e.what();
+        if (error.find("Timed out") != std::string::npos) error += t.waiting_on;
       }
       std::lock_guard<std::mutex> lock(mu_);
       running_ = nullptr;

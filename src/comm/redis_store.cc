@@ -62,6 +62,28 @@ const char* kDelScript = R"(local n = redis.call('DEL', KEYS[1])
 redis.call('DEL', KEYS[2])
 return n)";
 
+// ARGV: "myriad/<job>/", "myriad-ev/<job>/", attempt. Deletes the keys (and their streams) of
+// numbered attempts below ARGV[3]; SCAN inside the script, so the job's keys go in one step.
+const char* kDropAttemptsScript = R"(local n = 0
+for _, pre in ipairs({ARGV[1], ARGV[2]}) do
+  local cursor = '0'
+  repeat
+    local r = redis.call('SCAN', cursor, 'MATCH', pre .. '*', 'COUNT', 1000)
+    cursor = r[1]
+    for _, k in ipairs(r[2]) do
+      local a = string.match(string.sub(k, #pre + 1), '^(%d+)/')
+      if a and tonumber(a) < tonumber(ARGV[3]) then
+        redis.call('DEL', k)
+        if pre == ARGV[1] then n = n + 1 end
+      end
+    end
+  until cursor == '0'
+end
+return n)";
+
+// How long a refused connection is retried (a server starting up takes well under this).
+constexpr double kRefusedLimit_s = 10;
+
 // Extra time a client gives a server-side timeout (XREAD BLOCK) to arrive before giving up itself.
 constexpr double kReplyGrace_s = 0.5;
 
@@ -96,6 +118,7 @@ class RedisStore final : public Store {
               job, attempt, timeout_s),
         addr_(a),
         ev_prefix_(cat("myriad-ev/", job, "/", attempt, "/")),
+        ev_job_prefix_(cat("myriad-ev/", job, "/")),
         hostport_(cat(a.host, ":", a.port)) {
     connect(deadline_for(-1));
   }
@@ -169,6 +192,10 @@ class RedisStore final : public Store {
         break;
       case StoreOp::Kind::kDel:
         append_command(&out_, {"EVAL", kDelScript, "2", key, ev});
+        break;
+      case StoreOp::Kind::kDropAttemptsBelow:
+        append_command(&out_, {"EVAL", kDropAttemptsScript, "0", job_prefix(), ev_job_prefix_,
+                               std::to_string(op.delta)});
         break;
       case StoreOp::Kind::kWait: {
         // The server-side wait ends at the batch's deadline (at least 1 ms: 0 would be forever).
@@ -250,6 +277,10 @@ class RedisStore final : public Store {
       case StoreOp::Kind::kDel:
         out->found = r->integer > 0;
         break;
+      case StoreOp::Kind::kDropAttemptsBelow:
+        out->found = true;
+        out->number = r->integer;
+        break;
       case StoreOp::Kind::kWait:
         if (r->type != REDIS_REPLY_ARRAY) {  // nil: the server-side wait ended
           active_ = false;
@@ -283,9 +314,13 @@ class RedisStore final : public Store {
                 cat("store ", url(), ": connection to ", hostport_, " lost", during, ": ", why));
   }
 
+  // Retries until `deadline`, but a server that refuses the connection (none listens there:
+  // a wrong URL, or no redis-server) only for kRefusedLimit_s: waiting out the whole timeout
+  // for that helps nobody.
   void connect(double deadline) {
     std::string last;
     double backoff = 0.02;
+    const double refused_until = steady_now_s() + kRefusedLimit_s;
     for (;;) {
       const double left = std::max(0.001, deadline - steady_now_s());
       struct timeval tv;
@@ -297,8 +332,14 @@ class RedisStore final : public Store {
         break;
       }
       last = c ? c->errstr : "out of memory";
+      const bool refused = c && last.find("refused") != std::string::npos;
       if (c) redisFree(c);
       const double now = steady_now_s();
+      if (refused && now >= refused_until && now < deadline)
+        throw Error(ErrorClass::kComm,
+                    cat("store ", url(), ": ", hostport_, " refused the connection for ",
+                        kRefusedLimit_s, " s: is redis-server running there? (check the store URL, "
+                        "--rdzv or MYRIAD_RDZV)"));
       if (now >= deadline)
         throw Error(ErrorClass::kComm, cat("store ", url(), ": cannot connect to ", hostport_,
                                            " within ", round1(timeout_s()), " s: ", last));
@@ -358,7 +399,7 @@ class RedisStore final : public Store {
   }
 
   RedisAddress addr_;
-  std::string ev_prefix_;
+  std::string ev_prefix_, ev_job_prefix_;
   std::string hostport_;
   redisContext* ctx_ = nullptr;
   redisReader* reader_ = nullptr;

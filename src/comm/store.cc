@@ -26,6 +26,8 @@ const char* op_kind_name(StoreOp::Kind kind) {
       return "del";
     case StoreOp::Kind::kWait:
       return "wait";
+    case StoreOp::Kind::kDropAttemptsBelow:
+      return "drop_attempts_below";
   }
   return "?";
 }
@@ -57,6 +59,11 @@ StoreOp StoreOp::del(std::string key) {
   op.kind = Kind::kDel, op.key = std::move(key);
   return op;
 }
+StoreOp StoreOp::drop_attempts_below(int64_t attempt) {
+  StoreOp op;
+  op.kind = Kind::kDropAttemptsBelow, op.key = "*", op.delta = attempt;
+  return op;
+}
 StoreOp StoreOp::wait(std::string key) {
   StoreOp op;
   op.kind = Kind::kWait, op.key = std::move(key);
@@ -80,7 +87,10 @@ void check_key(const std::string& key, const std::string& url) {
 }  // namespace
 
 Store::Store(std::string url, const std::string& job, const std::string& attempt, double timeout_s)
-    : url_(std::move(url)), prefix_(cat("myriad/", job, "/", attempt, "/")), timeout_s_(timeout_s) {
+    : url_(std::move(url)),
+      prefix_(cat("myriad/", job, "/", attempt, "/")),
+      job_prefix_(cat("myriad/", job, "/")),
+      timeout_s_(timeout_s) {
   if (!valid_name(job))
     throw_input("store ", url_, ": the job name '", job,
                 "' must be letters, digits, '.', '_' or '-'");
@@ -160,6 +170,10 @@ void Store::wait(const std::vector<std::string>& keys, double timeout_s) {
 
 bool Store::del(const std::string& key) {
   return run({StoreOp::del(key)})[0].found;
+}
+
+int64_t Store::drop_attempts_below(int64_t attempt) {
+  return run({StoreOp::drop_attempts_below(attempt)})[0].number;
 }
 
 // ---- URLs ----

@@ -26,7 +26,7 @@ namespace myriad::comm {
 // One operation of a batch (Store::run). The ops of a batch run in order; a backend sends a batch
 // in one round trip where it can (Redis: pipelining).
 struct StoreOp {
-  enum class Kind { kSet, kGet, kAdd, kCompareSet, kDel, kWait };
+  enum class Kind { kSet, kGet, kAdd, kCompareSet, kDel, kWait, kDropAttemptsBelow };
   Kind kind = Kind::kGet;
   std::string key;                      // without the namespace
   std::string value;                    // set: the value; compare_set: the desired value
@@ -41,6 +41,9 @@ struct StoreOp {
                              std::string desired);
   static StoreOp del(std::string key);
   static StoreOp wait(std::string key);  // until the key exists (within the batch's timeout)
+  // Every key of this job in a numbered attempt below `attempt` (the keys a finished or failed
+  // launch left behind); the result's number counts the keys dropped. Never touches the store's own attempt.
+  static StoreOp drop_attempts_below(int64_t attempt);
 };
 
 struct StoreResult {
@@ -61,6 +64,8 @@ class Store {
   const std::string& url() const { return url_; }
   // "myriad/<job>/<attempt>/": what every key is prefixed with.
   const std::string& prefix() const { return prefix_; }
+  // "myriad/<job>/": the prefix shared by every attempt of the job.
+  const std::string& job_prefix() const { return job_prefix_; }
   std::string full_key(const std::string& key) const { return prefix_ + key; }
   double timeout_s() const { return timeout_s_; }
   void set_timeout(double seconds) { timeout_s_ = seconds; }
@@ -81,6 +86,7 @@ class Store {
                                          const std::string& desired);
   void wait(const std::vector<std::string>& keys, double timeout_s = -1);
   bool del(const std::string& key);  // whether the key existed
+  int64_t drop_attempts_below(int64_t attempt);  // see StoreOp::drop_attempts_below
 
   // Non-blocking use, for one thread that drives many stores (run_conversations in rendezvous.h):
   // start() sends a batch without waiting; poll() advances it without blocking and returns true
@@ -111,7 +117,7 @@ class Store {
 
  private:
   std::string url_;
-  std::string prefix_;
+  std::string prefix_, job_prefix_;
   double timeout_s_;
 };
 

@@ -208,9 +208,8 @@ void Config::validate() const {
   positive("train.steps", train.steps);
   positive("train.global_batch", train.global_batch);
   positive("train.micro_batch", train.micro_batch);
-  if (train.global_batch % train.micro_batch != 0)
-    throw_input("config: train.global_batch (", train.global_batch,
-                ") must be a multiple of train.micro_batch (", train.micro_batch, ")");
+  // dp = 0 is resolved from the world size at start, where accum_steps is checked again.
+  accum_steps(parallel.dp > 0 ? parallel.dp : 1);
   require_one_of("train.device", train.device, {"auto", "cpu", "cuda"});
   positive("train.log_every", train.log_every);
   non_negative("train.eval_every", train.eval_every);
@@ -248,6 +247,21 @@ void Config::validate() const {
   non_negative("checkpoint.keep_every", checkpoint.keep_every);
 }
 
+int64_t Config::accum_steps(int64_t dp) const {
+  const int64_t G = train.global_batch, mb = train.micro_batch;
+  const bool interleaved = parallel.pp > 1 && (parallel.schedule == "interleaved" ||
+                                               (parallel.schedule == "auto" && parallel.virtual_stages > 1));
+  const int64_t unit = mb * dp * (interleaved ? parallel.pp : 1);
+  if (unit > 0 && G % unit == 0) return G / (mb * dp);
+  std::string factors = cat("train.micro_batch (", mb, ")");
+  if (dp > 1) factors += cat(" x parallel.dp (", dp, ")");
+  if (interleaved) factors += cat(" x parallel.pp (", parallel.pp, ", for the interleaved schedule)");
+  const int64_t below = G / unit * unit, above = below + unit;
+  throw_input("config: train.global_batch (", G, ") must be a multiple of ", factors, " = ", unit,
+              "; use train.global_batch = ",
+              below > 0 ? cat(below, " or ", above) : cat(above));
+}
+
 int64_t Config::padded_vocab() const {
   int64_t multiple = 128 * parallel.tp;
   return (model.vocab_size + multiple - 1) / multiple * multiple;
@@ -268,9 +282,18 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
   try {
     c.validate();
   } catch (const Error& e) {
-    // validate() speaks of "config: key ..."; name the file the config came from instead.
+    // validate() speaks of "config: key ..."; name where the values came from instead: the
+    // --set that gave one of the keys it names (the first named), else the file.
     std::string what = e.what();
-    if (what.rfind("config: ", 0) == 0) what = origin + ": " + what.substr(8);
+    if (what.rfind("config: ", 0) == 0) {
+      size_t first = std::string::npos;
+      std::string from = origin;
+      for (const std::string& k : known_keys(c)) {
+        const size_t at = what.find(k, 8);
+        if (at != std::string::npos && at < first && origins.of(k) != origin) first = at, from = origins.of(k);
+      }
+      what = from + ": " + what.substr(8);
+    }
     throw Error(e.cls(), what);
   }
   return c;

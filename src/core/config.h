@@ -159,8 +159,11 @@ struct Config {
   int64_t padded_vocab() const;
   // Rows of the position table: model.positions, or seq_len when 0.
   int64_t positions() const { return model.positions > 0 ? model.positions : model.seq_len; }
-  // Gradient-accumulation steps for one data-parallel replica.
-  int64_t accum_steps(int64_t dp) const { return train.global_batch / (train.micro_batch * dp); }
+  // Micro-batches per step on each of `dp` data-parallel ranks: global_batch / (micro_batch x
+  // dp). Throws an input error naming the keys and the nearest valid global_batch unless the
+  // split is exact, leaves at least one micro-batch, and suits the pipeline schedule (the
+  // interleaved one needs a multiple of parallel.pp).
+  int64_t accum_steps(int64_t dp) const;
 };
 
 // Sections that are accepted but hold no keys yet (the driver and observability work).

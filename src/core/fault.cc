@@ -19,8 +19,16 @@ std::string action(const std::string& point) {
 }
 
 void trigger(const std::string& point) {
-  const std::string a = action(point);
+  std::string a = action(point);
+  // "rank=R:ACTION" acts on the process whose MYRIAD_RANK is R only.
+  if (a.rfind("rank=", 0) == 0) {
+    const size_t colon = a.find(':');
+    const char* rank = std::getenv("MYRIAD_RANK");
+    if (colon == std::string::npos || a.substr(5, colon - 5) != (rank ? rank : "0")) return;
+    a = a.substr(colon + 1);
+  }
   if (a == "kill") raise(SIGKILL);
+  if (a == "stop") raise(SIGSTOP);  // a hung process: alive, holding its sockets, silent
   if (a == "fail") throw_runtime("injected fault at ", point, ": write failed (No space left on device)");
 }
 

@@ -3,6 +3,7 @@
 //   checkpoint_write:fail    a save fails halfway, as on a full disk (runtime fault)
 //   checkpoint_write:kill    the process is killed halfway through a save
 //   step:7:kill              the process is killed after step 7 completes (and its save, if any)
+//   step:2:rank=1:stop       rank 1 (MYRIAD_RANK) stops itself (SIGSTOP) after step 2: a hang
 // Unset in normal runs; reading it costs one getenv per check.
 #pragma once
 

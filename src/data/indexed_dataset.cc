@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace myriad::data {
 
@@ -317,7 +318,12 @@ IndexedDataset::IndexedDataset(const std::string& path_or_prefix, int64_t vocab_
     const uint64_t limit = uint64_t{1} << 56;
     const uint64_t need =
         kHeaderBytes + (seqs < limit ? seqs : limit) * 12 + (docs < limit ? docs : limit) * 8;
-    if (seqs >= limit || docs >= limit || need != n)
+    // Megatron's builder with multimodal=True appends one mode byte per sequence; Megatron
+    // reads such files as text when the modes are ignored, and so do we.
+    const bool multimodal = seqs < limit && docs < limit && need + seqs == n && seqs > 0;
+    if (multimodal)
+      log::info(idx_path, ": a multimodal index (one mode byte per sequence): the modes are ignored");
+    if (seqs >= limit || docs >= limit || (need != n && !multimodal))
       throw_input(idx_path, ": ", need > n ? "truncated index" : "inconsistent index",
                   ": header says ", seqs, " sequences and ", docs, " document-index entries (",
                   need, " bytes) but the file has ", n, " bytes");

@@ -90,6 +90,10 @@ PrepareStats prepare(const PrepareOptions& o) {
   const auto start = std::chrono::steady_clock::now();
   if (o.inputs.empty()) throw_input("prepare: no input files");
   if (o.output_prefix.empty()) throw_input("prepare: no output prefix");
+  if (o.output_prefix.back() == '/' || std::filesystem::is_directory(o.output_prefix))
+    throw_input("prepare: --output ", o.output_prefix, " is a directory, but it names the files "
+                "PREFIX.bin, PREFIX.idx and PREFIX.json: give a prefix such as ",
+                (std::filesystem::path(o.output_prefix) / "corpus").lexically_normal().string());
   if (!(o.valid_fraction >= 0 && o.valid_fraction <= 0.5))
     throw_input("prepare: valid_fraction ", o.valid_fraction, " is outside [0, 0.5]");
   PrepareStats stats;
@@ -137,7 +141,7 @@ PrepareStats prepare(const PrepareOptions& o) {
   for (size_t s = 0; s < out.size(); ++s)
     if (out[s]->documents() == 0)
       throw_input("prepare: no documents for ", prefixes[s], " (", j, " documents in all",
-                  every > 0 ? cat(", every ", every, "th to validation") : std::string(),
+                  every > 0 ? cat(", one document in ", every, " to validation") : std::string(),
                   "): give more input", every > 0 ? " or a larger valid_fraction" : "");
   for (size_t s = 0; s < out.size(); ++s) {
     out[s]->finish();

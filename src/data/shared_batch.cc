@@ -9,15 +9,18 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "core/error.h"
+#include "core/fault.h"
 
 namespace myriad::data {
 
 struct SharedBatch::Header {
   std::atomic<int64_t> published[2];  // the step each slot holds (0 = none yet)
   std::atomic<int32_t> taken[2];      // members (readers excluded) done with that step
+  std::atomic<int32_t> attached;      // members (readers excluded) that have mapped it
 };
 
 namespace {
@@ -48,6 +51,8 @@ SharedBatch::SharedBatch(const std::string& name, bool reader, int members, int6
     fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0 || ftruncate(fd, bytes_) != 0)
       throw_runtime("shared batch: cannot create ", name, ": ", std::strerror(errno));
+    linked_ = true;
+    fault::trigger("shared_batch_created");
   } else {
     wait_until([&] { return (fd = shm_open(name.c_str(), O_RDWR, 0600)) >= 0; }, timeout_s, "creating " + name);
     // The reader sizes the segment right after creating it.
@@ -57,11 +62,27 @@ SharedBatch::SharedBatch(const std::string& name, bool reader, int members, int6
   base_ = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);
   if (base_ == MAP_FAILED) throw_runtime("shared batch: cannot map ", name, ": ", std::strerror(errno));
+  if (!reader) header()->attached.fetch_add(1, std::memory_order_acq_rel);
 }
 
 SharedBatch::~SharedBatch() {
   if (base_ && base_ != MAP_FAILED) munmap(base_, bytes_);
-  if (reader_) shm_unlink(name_.c_str());
+  if (linked_) shm_unlink(name_.c_str());
+}
+
+std::string node_segment_prefix(const std::string& job, const std::string& attempt, int node) {
+  return cat("/myriad-", job, "-", attempt, "-n", node, "-");
+}
+
+int remove_node_segments(const std::string& job, const std::string& attempt, int node) {
+  const std::string prefix = node_segment_prefix(job, attempt, node).substr(1);
+  int n = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) == 0 && shm_unlink(("/" + name).c_str()) == 0) ++n;
+  }
+  return n;
 }
 
 SharedBatch::Header* SharedBatch::header() const { return static_cast<Header*>(base_); }
@@ -80,6 +101,11 @@ void SharedBatch::publish(int64_t step, const int32_t* tokens) {
   std::memcpy(slot(step), tokens, ints_ * sizeof(int32_t));
   h->taken[s].store(0, std::memory_order_relaxed);
   h->published[s].store(step, std::memory_order_release);
+  // Every member has mapped the segment once it has taken a batch; the name is no longer needed.
+  if (linked_ && h->attached.load(std::memory_order_acquire) == members_ - 1) {
+    shm_unlink(name_.c_str());
+    linked_ = false;
+  }
 }
 
 void SharedBatch::take(int64_t step, int32_t* tokens) {

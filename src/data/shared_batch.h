@@ -5,7 +5,9 @@
 // The reader publishes step s's tokens into slot s % 2 of a POSIX shared-memory segment; the
 // other members copy them out and count themselves done; the reader reuses a slot only after
 // every member has taken what it held. Blocking calls give up after `timeout_s` with a
-// communication error (a member that died is a lost peer).
+// communication error (a member that died is a lost peer). The reader unlinks the name as soon
+// as every member has mapped the segment, so a kill after start-up leaks nothing; before that,
+// the launcher's remove_node_segments cleans up.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +15,13 @@
 #include <vector>
 
 namespace myriad::data {
+
+// Segment names: "/myriad-<job>-<attempt>-n<node>-" then what the job adds. Every segment of a
+// node's workers starts so, which lets the launcher remove what killed workers leave behind.
+std::string node_segment_prefix(const std::string& job, const std::string& attempt, int node);
+// Unlinks the node's segments of that job and attempt (only once its workers have ended);
+// returns how many there were.
+int remove_node_segments(const std::string& job, const std::string& attempt, int node);
 
 class SharedBatch {
  public:
@@ -40,6 +49,7 @@ class SharedBatch {
   double timeout_s_;
   void* base_ = nullptr;
   size_t bytes_ = 0;
+  bool linked_ = false;  // the reader's name is still in /dev/shm
 };
 
 }  // namespace myriad::data

@@ -36,6 +36,12 @@ class ByteTokenizer final : public Tokenizer {
 
 std::vector<std::string> tokenizer_names() { return {"byte", "gpt2"}; }
 
+int64_t tokenizer_vocab_size(const std::string& name) {
+  if (name == "byte") return 256;
+  if (name == "gpt2") return 50257;
+  return make_tokenizer(name)->vocab_size();  // throws, naming the choices
+}
+
 std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
 
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name) {

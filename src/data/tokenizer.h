@@ -31,6 +31,9 @@ class Tokenizer {
 
 // The names make_tokenizer accepts.
 std::vector<std::string> tokenizer_names();
+// The vocabulary of a named tokenizer without loading it: 256 (byte), 50257 (gpt2); an unknown
+// name is an input error, as in make_tokenizer.
+int64_t tokenizer_vocab_size(const std::string& name);
 // "byte" or "gpt2"; anything else is an input error naming `name` and the choices.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name);
 

@@ -492,10 +492,11 @@ std::vector<Launcher::Event> Launcher::wait(double timeout_s) {
   }
 }
 
-RunResult Launcher::run() {
+RunResult Launcher::run(const std::function<void()>& tick) {
   RunResult r;
   const double t0 = now_s();
   while (running() > 0) {
+    if (tick) tick();
     for (const Event& e : wait(1.0)) {
       if (e.kind == Event::Kind::kSignal) {
         if (!stopping()) {

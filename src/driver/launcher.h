@@ -29,6 +29,7 @@
 #include <signal.h>
 #include <sys/types.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -127,8 +128,9 @@ class Launcher {
 
   // The policy of `myriad launch`: waits until every worker has ended. The first worker observed
   // to fail (nonzero exit or killed by a signal, not after a stop) stops the others; a SIGINT or
-  // SIGTERM to the launcher is forwarded to the workers (a second one sends SIGKILL).
-  RunResult run();
+  // SIGTERM to the launcher is forwarded to the workers (a second one sends SIGKILL). `tick`,
+  // when given, runs about once a second meanwhile (watching the store, say).
+  RunResult run(const std::function<void()>& tick = nullptr);
 
  private:
   struct Stream {

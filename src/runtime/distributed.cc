@@ -33,6 +33,7 @@ std::unique_ptr<Distributed> Distributed::from_env(const Config& cfg) {
 
 Distributed::Distributed(const Config& cfg, int rank, int world)
     : rank_(rank), topo_(parallel::Topology::from_config(cfg.parallel, world)) {
+  cfg.accum_steps(topo_.dp());  // a batch that does not split over dp fails before any rendezvous
   const char* url = std::getenv("MYRIAD_RDZV");
   if (!url) throw_input("environment: MYRIAD_RDZV is not set: start multi-process runs with myriad launch");
   const char* attempt = std::getenv("MYRIAD_ATTEMPT");
@@ -64,12 +65,25 @@ Distributed::Distributed(const Config& cfg, int rank, int world)
   for (size_t i = 0; i < specs.size(); ++i) {
     const std::string& n = specs[i].name;
     comm::Communicator* g = groups_[i].get();
-    if (n == "world") world_ = g;
-    else if (n == topo_.group_name(parallel::Dim::kTp, rank)) ctx_.tp = g;
-    else if (n == pp_name) ctx_.pp = g;
-    else if (n == topo_.group_name(parallel::Dim::kDp, rank)) ctx_.dp = g;
+    std::vector<int> members;
+    if (n == "world") {
+      world_ = g;
+      for (int r = 0; r < world; ++r) members.push_back(r);
+    } else if (n == topo_.group_name(parallel::Dim::kTp, rank)) {
+      ctx_.tp = g, members = topo_.group(parallel::Dim::kTp, rank);
+    } else if (n == pp_name) {
+      ctx_.pp = g, members = topo_.group(parallel::Dim::kPp, rank);
+    } else if (n == topo_.group_name(parallel::Dim::kDp, rank)) {
+      ctx_.dp = g, members = topo_.group(parallel::Dim::kDp, rank);
+    }
     for (const Link& l : links)
-      if (l.name == n) *l.slot = g;
+      if (l.name == n) {
+        *l.slot = g;
+        const std::vector<int> stages = topo_.group(parallel::Dim::kPp, rank);
+        const int from = std::stoi(n.substr(n.rfind('.') + 1)), to = std::stoi(n.substr(n.rfind("to") + 2));
+        members = {stages[from], stages[to]};
+      }
+    g->set_members(members);
   }
   MYRIAD_CHECK(world_ != nullptr, "no world group among the group specs");
   // Names of node-local resources must differ between two starts of the same job: a segment a
@@ -105,8 +119,10 @@ std::unique_ptr<data::SharedBatch> Distributed::shared_batch(int64_t ints, doubl
     if (m / local != rank_ / local) return nullptr;  // the group spans nodes
   const char* job = std::getenv("MYRIAD_JOB");
   const char* attempt = std::getenv("MYRIAD_ATTEMPT");
-  const std::string name = cat("/myriad-", job ? job : "job", "-", attempt ? attempt : "0", "-",
-                               start_id_, "-", topo_.group_name(Dim::kTp, rank_), "-batch");
+  const std::string name =
+      data::node_segment_prefix(job ? job : "job", attempt ? attempt : "0",
+                                env_int("MYRIAD_NODE_RANK", rank_ / local)) +
+      cat(start_id_, "-", topo_.group_name(Dim::kTp, rank_), "-batch");
   return std::make_unique<data::SharedBatch>(name, tp_rank() == 0, static_cast<int>(members.size()),
                                              ints, timeout_s);
 }

@@ -25,9 +25,9 @@ LoadedModel load_for_inference(const std::string& path) {
     dir = *latest;
   }
   nlohmann::json meta = checkpoint::read_meta(dir);
-  Config cfg = parse_config(meta.at("config").get<std::string>(), dir + "/meta.json",
-                            {"train.micro_batch=1", "train.global_batch=1"});
-  cfg.parallel = ParallelConfig{};  // sampling runs the whole model in this process
+  Config cfg = parse_config(meta.at("config").get<std::string>(), dir + "/meta.json");
+  cfg.parallel = ParallelConfig{};  // sampling runs the whole model in this process, one row
+  cfg.train.global_batch = cfg.train.micro_batch = 1;
   std::unique_ptr<Engine> engine = make_engine(cfg);
   std::vector<checkpoint::Shard> shards;
   for (const ParamSpec& p : engine->layout().tensors()) {
@@ -73,6 +73,7 @@ std::vector<int32_t> generate(Engine& engine, const Config& cfg, std::vector<int
     }
     if (next == opt.stop) break;
     out.push_back(next);
+    if (opt.on_token) opt.on_token(next);
     prompt.push_back(next);
   }
   return out;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,7 +28,11 @@ struct SampleOptions {
   int64_t top_k = 40;        // 0 = the whole vocabulary
   int64_t seed = 0;
   int32_t stop = -1;         // token that ends the sample (the tokenizer's end-of-text), -1 none
+  std::function<void(int32_t)> on_token;  // called with each new token as it is drawn
 };
+
+// The most tokens one sample may ask for: a bound on the time a typo can cost.
+inline constexpr int64_t kMaxSampleTokens = 1 << 20;
 
 // Continues `prompt` (at least one token) and returns the new tokens only. The context is the
 // last seq_len tokens. Deterministic for a given seed.

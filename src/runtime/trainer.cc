@@ -4,11 +4,17 @@
 #include <filesystem>
 #include <fstream>
 
+#include <unistd.h>
+
+#include <cstring>
+
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/fault.h"
 #include "core/memory.h"
+#include "data/tokenizer.h"
 #include "core/log.h"
+#include "model/params.h"
 #include "optim/optimizer.h"
 #include "runtime/engine.h"
 
@@ -39,7 +45,8 @@ std::string model_difference(const Config& saved, const Config& now) {
     return [&out](const char* s, const char* k, const auto& field) {
       if (std::string(s) != "model" || std::string(k) == "seed") return;
       using T = std::decay_t<decltype(field)>;
-      if constexpr (std::is_arithmetic_v<T>) out.emplace_back(cat(s, ".", k), cat(field));
+      if constexpr (std::is_same_v<T, bool>) out.emplace_back(cat(s, ".", k), field ? "true" : "false");
+      else if constexpr (std::is_arithmetic_v<T>) out.emplace_back(cat(s, ".", k), cat(field));
     };
   };
   a.visit(collect(va));
@@ -51,13 +58,56 @@ std::string model_difference(const Config& saved, const Config& now) {
   return "";
 }
 
+// The run directory and its logs/; an input error naming it when it cannot be created or
+// written (a regular file, a read-only place).
+void check_run_dir(const std::string& run_dir) {
+  std::error_code ec;
+  const fs::path logs = fs::path(run_dir) / "logs";
+  fs::create_directories(logs, ec);
+  if (ec || !fs::is_directory(logs))
+    throw_input("run directory ", run_dir, ": cannot create ", logs.string(), " (",
+                ec ? ec.message() : "a file of that name exists",
+                "): choose a writable --run-dir");
+  const fs::path probe = fs::path(run_dir) / cat(".write-test-", ::getpid());
+  if (!std::ofstream(probe))
+    throw_input("run directory ", run_dir, ": not writable (", std::strerror(errno),
+                "): choose a writable --run-dir");
+  fs::remove(probe, ec);
+}
+
+// Building the engine allocates every buffer the model plan holds: running out of memory there
+// is a plan that cannot fit, which a retry does not fix (an input error, not a runtime fault).
+std::unique_ptr<Engine> make_planned_engine(const Config& cfg, const parallel::ParallelContext* ctx) {
+  try {
+    return make_engine(cfg, ctx);
+  } catch (const std::bad_alloc&) {
+    const double P = double(ParamLayout(cfg).total());
+    const int ranks = ctx ? ctx->tp_size() * ctx->pp_size() : 1;
+    throw_input("out of host memory while allocating the model: ", cat(int64_t(P)),
+                " parameters, about ", fmt("%.1f", P * 16 / ranks / double(1 << 30)),
+                " GiB per rank for weights, gradients and two optimizer moments before activations"
+                " (over tp x pp = ", ranks, "); use a smaller model or more ranks (parallel.tp, parallel.pp)");
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<data::IndexedDataset> Trainer::open_data(const std::string& prefix, const char* key) {
+  // A model smaller than the tokenizer's vocabulary trains on these ids but cannot be sampled
+  // (nor trained on other text of the same tokenizer). Larger is fine: 64000 on gpt2 data.
+  const int64_t tokenizer_vocab = data::tokenizer_vocab_size(cfg_.data.tokenizer);
+  if (cfg_.model.vocab_size < tokenizer_vocab)
+    throw_input("config: model.vocab_size (", cfg_.model.vocab_size, ") is below the ",
+                cfg_.data.tokenizer, " tokenizer's vocabulary (", tokenizer_vocab,
+                "): set model.vocab_size to at least ", tokenizer_vocab);
   auto d = std::make_unique<data::IndexedDataset>(prefix, cfg_.model.vocab_size);
   if (!d->tokenizer().empty() && d->tokenizer() != cfg_.data.tokenizer)
     throw_input(prefix, ".json: ", key, " was prepared with the ", d->tokenizer(),
                 " tokenizer but data.tokenizer = \"", cfg_.data.tokenizer, "\"");
+  if (cfg_.model.vocab_size < d->info().vocab_size)
+    throw_input(prefix, ".json: ", key, " has a vocabulary of ", d->info().vocab_size,
+                " but model.vocab_size = ", cfg_.model.vocab_size,
+                ": set model.vocab_size to at least ", d->info().vocab_size);
   // Fewer than one sample is an input error naming the file.
   data::num_samples(*d, cfg_.model.seq_len);
   return d;
@@ -76,16 +126,22 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir) : cfg_(cfg), run
   train_data_ = open_data(cfg_.data.train, "data.train");
   if (!cfg_.data.valid.empty()) valid_data_ = open_data(cfg_.data.valid, "data.valid");
 
-  engine_ = make_engine(cfg_, dist_ ? dist_->context() : nullptr);
+  // Where the run writes must be writable before anything trains: a save that fails at the
+  // first checkpoint would lose the steps before it.
+  check_run_dir(run_dir_);
+  checkpoint::check_writable(checkpoint_root());
+  if (!dist_ || dist_->rank() == 0) checkpoint::remove_leftovers(checkpoint_root());
 
-  fs::create_directories(fs::path(run_dir_) / "logs");
+  engine_ = make_planned_engine(cfg_, dist_ ? dist_->context() : nullptr);
+
   std::string resume = cfg_.checkpoint.resume;
-  if (resume == "auto") {
-    if (auto dir = checkpoint::latest(checkpoint_root())) resume_from(*dir);
-    else log::info("resume: no committed checkpoint under ", checkpoint_root(), ", starting fresh");
-  } else if (resume != "none") {
-    resume_from(resume);
-  }
+  if (resume == "auto") resume_latest_good();
+  else if (resume != "none") resume_from(resume);
+  if (step_ > cfg_.train.steps)
+    throw_input("config: train.steps = ", cfg_.train.steps, " but the checkpoint resumed is at step ",
+                step_, ": raise train.steps above ", step_, " to train on, or use a new run directory");
+  if (step_ == cfg_.train.steps && step_ > 0)
+    log::info("resume: the run is complete (train.steps = ", step_, "); nothing to train");
   // One process writes what is written once per run: the rank holding the final loss.
   if (!dist_ || dist_->writes_metrics()) {
     std::ofstream out(fs::path(run_dir_) / "config.toml");
@@ -228,6 +284,34 @@ void Trainer::save_checkpoint() {
   std::string dir = checkpoint::save(checkpoint_root(), step_, meta, shards(true), group);
   log::info("checkpoint: saved ", dir, " in ", fmt("%.2f", now_s() - t0), " s");
   if (group.rank == 0) checkpoint::prune(checkpoint_root(), cfg_.checkpoint.keep_last, cfg_.checkpoint.keep_every);
+}
+
+// Newest first; a corrupt checkpoint is passed over with a warning (keep_last keeps older ones
+// for this). Every rank must resume from the same one: a checkpoint counts as good only when it
+// loaded on all ranks.
+void Trainer::resume_latest_good() {
+  const std::vector<std::string> dirs = checkpoint::committed_newest_first(checkpoint_root());
+  std::string newest_bad;
+  for (const std::string& dir : dirs) {
+    std::string bad;
+    try {
+      resume_from(dir);
+    } catch (const checkpoint::Corrupt& e) {
+      bad = e.what();
+    }
+    float failed = bad.empty() ? 0.0f : 1.0f;
+    if (dist_) dist_->world_comm().all_reduce(&failed, 1)->wait();
+    if (failed == 0) return;
+    if (bad.empty()) bad = "it failed to load on another rank";
+    log::warn("resume: passing over ", dir, ": ", bad);
+    if (newest_bad.empty()) newest_bad = bad;
+    step_ = consumed_ = 0;
+  }
+  if (!dirs.empty())
+    throw_input("resume: none of the ", dirs.size(), " committed checkpoints under ",
+                checkpoint_root(), " loads (the newest: ", newest_bad,
+                "); resume from a copy with --resume DIR or start a new run directory");
+  log::info("resume: no committed checkpoint under ", checkpoint_root(), ", starting fresh");
 }
 
 void Trainer::resume_from(const std::string& dir) {

@@ -36,6 +36,8 @@ class Trainer {
 
  private:
   void resume_from(const std::string& dir);
+  // --resume auto: the newest committed checkpoint that loads on every rank, or a fresh start.
+  void resume_latest_good();
   // The next step's global batch (global_batch, T+1): read, or taken from the node's reader.
   data::Batch next_batch();
   // Opens a token file and checks it against the model (vocabulary) and the tokenizer.

@@ -179,13 +179,19 @@ TEST_F(Launch, CommCheckOnThreeRanks) {
   EXPECT_TRUE(processes_of_job(j).empty());
 }
 
+// The temporary directory is removed after a launch that succeeded, and kept (and named) when
+// its logs tell of a failure.
 TEST_F(Launch, WithoutRunDirTheLogsGoToATemporaryDirectory) {
   Result r = run(dir_, "launch --nproc-per-node 2 -- comm-check --size-kb 1");
   ASSERT_EQ(r.code, 0) << r.output;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.output, m, std::regex("logs in (/\\S+)/logs\n"))) << r.output;
+  EXPECT_FALSE(fs::exists(m[1].str())) << "left behind: " << m[1].str();
+  Result f = run(dir_, "launch --nproc-per-node 2 -- comm-check --size-kb 1", "MYRIAD_INJECT_FAULT=comm_check:1:fail");
+  ASSERT_EQ(f.code, 3) << f.output;
+  ASSERT_TRUE(std::regex_search(f.output, m, std::regex("logs in (/\\S+)/logs\n"))) << f.output;
   const fs::path run_dir = m[1].str();
-  EXPECT_TRUE(contains(log_of(run_dir, 1), "comm-check ok: rank 1 of 2")) << log_of(run_dir, 1);
+  EXPECT_TRUE(contains(log_of(run_dir, 1), "injected fault at comm_check")) << log_of(run_dir, 1);
   fs::remove_all(run_dir);
 }
 

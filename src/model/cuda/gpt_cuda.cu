@@ -79,8 +79,17 @@ std::string mib(size_t bytes) {
 // carving code runs twice: first to measure (take() returns null and counts), then for real.
 class Arena {
  public:
+  // The plan is fixed at start, so a plan that does not fit is an input error, never a retry.
   void allocate() {
-    CUDA_CHECK(cudaMalloc(&base_, used_));
+    if (cudaMalloc(&base_, used_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      throw_input("GPU memory: the plan needs ", used_ >> 20, " MiB (weights, gradients, moments "
+                  "and activations) but ", free_b >> 20, " MiB of ", total_b >> 20,
+                  " MiB are free: lower train.micro_batch, set train.recompute = \"full\", or "
+                  "split the model (parallel.tp, parallel.pp)");
+    }
     size_ = used_, used_ = 0;
     // Debug knob: fill with NaNs, so that any read of memory nothing wrote shows up.
     if (std::getenv("MYRIAD_CUDA_POISON")) CUDA_CHECK(cudaMemset(base_, 0xFF, size_));

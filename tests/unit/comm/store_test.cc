@@ -59,6 +59,32 @@ TEST_P(StoreTest, SetGetDelete) {
   EXPECT_EQ(t->get("group/x/id"), binary);
 }
 
+// A relaunch drops the keys of the job's earlier numbered attempts, and only those: its own,
+// later ones, the launchers' namespace and other jobs keep theirs.
+TEST_P(StoreTest, DropAttemptsBelowKeepsTheRest) {
+  for (const char* a : {"0", "1", "2", "3", "launch"}) {
+    auto s = open(a);
+    s->set("k", a);
+    s->add("n", 1);
+    s->set("group/x/id", a);
+  }
+  auto other = make_store(url(job_ + "x"), "0", 5);
+  other->set("k", "other");
+  EXPECT_GT(open("2")->drop_attempts_below(2), 0);
+  EXPECT_EQ(open("0")->try_get("k"), std::nullopt);
+  EXPECT_EQ(open("1")->try_get("group/x/id"), std::nullopt);
+  EXPECT_EQ(open("1")->try_get("n"), std::nullopt);
+  EXPECT_EQ(open("2")->try_get("k"), "2");
+  EXPECT_EQ(open("3")->try_get("group/x/id"), "3");
+  EXPECT_EQ(open("launch")->try_get("n"), "1");
+  EXPECT_EQ(other->try_get("k"), "other");
+  EXPECT_EQ(open("2")->drop_attempts_below(2), 0);  // nothing left to drop
+  // A dropped key that is set again notifies its waiters as before.
+  auto s = open("0");
+  s->set("k", "again");
+  EXPECT_EQ(s->get("k"), "again");
+}
+
 TEST_P(StoreTest, AddIsAtomicAcrossConnections) {
   auto s = open();
   EXPECT_EQ(s->add("n"), 1);

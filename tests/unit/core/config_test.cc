@@ -104,7 +104,7 @@ TEST(Config, WrongTypesNameTheKey) {
 TEST(Config, ImpossibleShapes) {
   std::string e = input_error([] { parse_config(kSmall, "my.toml", {"model.d_model=30"}); });
   EXPECT_NE(e.find("model.d_model (30) must be divisible by model.heads (4)"), std::string::npos) << e;
-  EXPECT_NE(e.find("my.toml"), std::string::npos) << e;
+  EXPECT_EQ(e.rfind("--set model.d_model=30: ", 0), 0u) << "the value came from --set, not the file: " << e;
   e = input_error([] { parse_config(kSmall, "my.toml", {"model.window=-1"}); });
   EXPECT_NE(e.find("model.window"), std::string::npos) << e;
   e = input_error([] { parse_config(kSmall, "my.toml", {"model.positions=8"}); });
@@ -123,4 +123,30 @@ TEST(Config, PaddedVocab) {
   c.parallel.tp = 4;
   EXPECT_EQ(c.padded_vocab(), 50688);  // a multiple of 128 x 4
   EXPECT_EQ(parse_config(kSmall, "x", {"model.vocab_size=256"}).padded_vocab(), 256);
+}
+
+// A batch that does not split: the keys, the factors and the nearest valid global_batch; the
+// message names where the value came from (the file, or the --set that gave it).
+TEST(Config, GlobalBatchMustSplitIntoMicroBatches) {
+  const std::string base = "[train]\nglobal_batch = 12\nmicro_batch = 4\n";
+  Config c = parse_config(base, "a.toml");
+  EXPECT_EQ(c.accum_steps(1), 3);
+  EXPECT_EQ(c.accum_steps(3), 1);
+  std::string e = myriad::test::input_error([&] { c.accum_steps(2); });
+  EXPECT_EQ(e, "config: train.global_batch (12) must be a multiple of train.micro_batch (4) x "
+               "parallel.dp (2) = 8; use train.global_batch = 8 or 16");
+  e = myriad::test::input_error([&] { c.accum_steps(4); });
+  EXPECT_NE(e.find("= 16; use train.global_batch = 16"), std::string::npos) << e;
+  e = myriad::test::input_error([&] { parse_config(base, "a.toml", {"train.micro_batch=5"}); });
+  EXPECT_EQ(e.rfind("--set train.micro_batch=5: train.global_batch (12) must be a multiple of "
+                    "train.micro_batch (5) = 5; use train.global_batch = 10 or 15", 0), 0u) << e;
+  e = myriad::test::input_error([&] {
+    parse_config(base + "[parallel]\npp = 2\nvirtual_stages = 2\n", "a.toml", {"train.global_batch=4"});
+  });
+  EXPECT_EQ(e, "--set train.global_batch=4: train.global_batch (4) must be a multiple of "
+               "train.micro_batch (4) x parallel.pp (2, for the interleaved schedule) = 8; use "
+               "train.global_batch = 8") << e;
+  // From the file itself, the file is named.
+  e = myriad::test::input_error([&] { parse_config("[train]\nglobal_batch = 6\nmicro_batch = 4\n", "b.toml"); });
+  EXPECT_EQ(e.rfind("b.toml: train.global_batch (6)", 0), 0u) << e;
 }

@@ -236,3 +236,19 @@ TEST(IndexedDataset, UnfinishedWriterLeavesNothing) {
   }
   EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
 }
+
+// Megatron's builder with multimodal=True writes one mode byte per sequence after the document
+// index; the tokens read as text data, the modes ignored. One byte more or less stays an error.
+TEST(IndexedDataset, MultimodalIndexReadsAsText) {
+  TempDir dir;
+  std::string idx = make_index(1, {2, 1, 3}, {0, 2, 3}, {0, 2, 3});
+  write_file(dir / "m.bin", std::string("\x01\x02\x03\x04\x05\x06", 6));
+  write_file(dir / "m.idx", idx + std::string("\x00\x01\x00", 3));
+  IndexedDataset d(dir / "m", 256);
+  EXPECT_EQ(d.num_sequences(), 3);
+  EXPECT_EQ(d.num_documents(), 2);
+  EXPECT_EQ(d.read(0, 6), (std::vector<int32_t>{1, 2, 3, 4, 5, 6}));
+  write_file(dir / "m.idx", idx + std::string("\x00\x01", 2));
+  EXPECT_NE(input_error([&] { IndexedDataset e(dir / "m", 256); }).find("inconsistent index"),
+            std::string::npos);
+}

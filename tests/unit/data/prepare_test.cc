@@ -149,7 +149,17 @@ TEST(Prepare, InputErrors) {
   input_error([&] { prepare(o); });
   o.valid_fraction = 0.1;  // two documents: nothing would go to validation
   o.doc_separator = "%";
-  EXPECT_NE(input_error([&] { prepare(o); }).find("_valid"), std::string::npos);
+  std::string e = input_error([&] { prepare(o); });
+  EXPECT_NE(e.find("_valid"), std::string::npos) << e;
+  EXPECT_NE(e.find("one document in 10 to validation"), std::string::npos) << e;
+  // An output that names a directory would write hidden files (dir/.bin): refused, with an example.
+  o.valid_fraction = 0;
+  for (const std::string& out : {dir.path().string() + "/", dir.path().string()}) {
+    o.output_prefix = out;
+    e = input_error([&] { prepare(o); });
+    EXPECT_NE(e.find("is a directory"), std::string::npos) << e;
+    EXPECT_NE(e.find(dir / "corpus"), std::string::npos) << e;
+  }
   EXPECT_TRUE(std::filesystem::exists(dir / "t.txt"));
   for (const auto& e : std::filesystem::directory_iterator(dir.path()))  // nothing half-written
     EXPECT_TRUE(e.path().extension() == ".txt" || e.path().extension() == ".jsonl") << e.path();

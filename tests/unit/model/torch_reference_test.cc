@@ -139,9 +139,14 @@ TEST_P(TorchReference, LogitsLossGradsAndOneOptimizerStep) {
     clip_grad_norm(g.data(), P, oc.grad_clip);
     make_optimizer(oc, layout)->step(w.data(), g.data(), oc.lr);
     std::vector<float> ref = read_f32(dir / cat("ref_", name, ".bin"), P);
-    // The key bias's gradient is zero in exact arithmetic (it adds one constant to a row of
-    // scores), so both sides hold rounding noise there, which Adam's first step turns into
-    // arbitrary +-lr steps. Those elements are compared at the gradient level only, above.
+    // Adam's first step divides each gradient by its own magnitude, so where the gradient is at
+    // rounding-noise scale the step is noise too. The key bias's gradient is zero in exact
+    // arithmetic (it adds one constant to a row of scores); an fc weight whose rows sit deep in
+    // GELU's negative tail gets 1e-8-sized gradients whose float value depends on the libm's
+    // tanh. Those elements (|g| within 100 x eps of zero) are compared at the gradient level
+    // only, above.
+    for (int64_t i = 0; i < P; ++i)
+      if (std::abs(g[i]) < 100 * oc.eps) w[i] = ref[i] = w0[i];
     for (int64_t l = 0; l < cfg.model.layers && cfg.model.bias; ++l) {
       const ParamSpec& b = layout.find(cat("h.", l, ".attn.qkv.b"));
       const int64_t D = cfg.model.d_model / cfg.model.heads;
