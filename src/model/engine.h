@@ -37,10 +37,18 @@ class Engine {
   // Peak dense FLOP/s of the device for MFU, with its name; 0 when unknown (CPU).
   virtual double peak_flops() const { return 0; }
 
-  // One optimizer step on tokens (global_batch, T+1) in host memory: forward and backward over
-  // the micro-batches, global-norm clipping, the update at learning rate lr. `step` (1-based)
-  // names the step in errors. Throws a numerics Error when the loss is not finite.
+  // One optimizer step on this data-parallel rank's rows of the global batch, tokens
+  // (global_batch / dp, T+1) in host memory (the whole batch with one rank): forward and
+  // backward over the micro-batches, global-norm clipping, the update at learning rate lr.
+  // `step` (1-based) names the step in errors. Throws a numerics Error when the loss is not
+  // finite.
   virtual StepResult train_step(const int32_t* tokens, int64_t step, double lr) = 0;
+
+  // Who writes what to a checkpoint, so that every stored region has exactly one writer:
+  // whether this rank writes tensor p's parameters (params = true), or the optimizer state of
+  // the pieces of p it owns (params = false). Loading reads everything a rank holds. One
+  // process writes everything.
+  virtual bool writes_to_checkpoint(const ParamSpec& p, bool params) const { return true; }
   // Mean loss over tokens (B, T+1), B <= micro_batch; no gradients.
   virtual float loss(const int32_t* tokens, int B) = 0;
   // Logits (B, Vp) of the last position of each row of tokens (B, T), T <= seq_len.

@@ -69,10 +69,8 @@ class CpuEngine final : public Engine {
 
   // One optimizer step; every group's collectives are issued in the same order on each rank.
   StepResult train_step(const int32_t* tokens, int64_t step, double lr) override {
-    const int64_t row = cfg_.model.seq_len + 1;
     const int dp = ctx_.dp_size(), accum = pipeline_->schedule().m;
-    // This data-parallel rank's rows of the global batch (global_batch, T+1).
-    const int32_t* mine = tokens + int64_t(ctx_.dp_rank()) * accum * cfg_.train.micro_batch * row;
+    const int32_t* mine = tokens;  // (accum x micro_batch, T+1): this data-parallel rank's rows
     const double dp_waited = dp_.waited_s();
     model_.zero_grads();
     Pipeline::Hooks hooks{[this](int c) { dp_.wait_params(c); },
@@ -111,6 +109,15 @@ class CpuEngine final : public Engine {
     model_.last_logits(tokens, B, T, out);
   }
   double flops_per_token() const override { return model_.flops_per_token(); }
+
+  // Parameters by data-parallel rank 0 (the owners of the optimizer state write theirs);
+  // replicated tensors by tensor-parallel rank 0; the tied embedding by the first stage (the
+  // last one holds a copy).
+  bool writes_to_checkpoint(const ParamSpec& p, bool params) const override {
+    if (params && ctx_.dp_rank() != 0) return false;
+    if (p.replicated() && ctx_.tp_rank() != 0) return false;
+    return p.name != "wte" || part_.embedding;
+  }
 
   HostState host_state() override {
     return {model_.params(), optimizer_->m().data(), optimizer_->v().data(),

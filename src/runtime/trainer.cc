@@ -148,13 +148,19 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir) : cfg_(cfg), run
     out << to_toml(cfg_);
     metrics_ = std::make_unique<MetricsWriter>((fs::path(run_dir_) / "metrics.jsonl").string(), step_);
   }
-  const int64_t batch_ints = cfg_.train.global_batch * (cfg_.model.seq_len + 1);
-  if (dist_) shared_ = dist_->shared_batch(batch_ints, cfg_.comm.timeout_s);
+  // Each data-parallel rank reads only its rows of the global batch: [dp_rank x rows, + rows).
+  const int64_t dp = dist_ ? dist_->context()->dp_size() : 1;
+  rows_ = cfg_.train.global_batch / dp;
+  const int64_t first_row = dist_ ? dist_->dp_rank() * rows_ : 0;
+  if (dist_) shared_ = dist_->shared_batch(rows_ * (cfg_.model.seq_len + 1), cfg_.comm.timeout_s);
+  if (dp > 1)
+    log::info("data: this rank reads rows [", first_row, ", ", first_row + rows_, ") of each global batch of ",
+              cfg_.train.global_batch);
   if (shared_) log::info("data: one reader per tensor-parallel group, batches shared through memory");
   if (!shared_ || dist_->tp_rank() == 0)
     loader_ = std::make_unique<data::BatchLoader>(*train_data_, cfg_.model.seq_len, cfg_.train.seed,
-                                                  /*shuffle=*/true, cfg_.train.global_batch, 0,
-                                                  cfg_.train.global_batch, consumed_);
+                                                  /*shuffle=*/true, cfg_.train.global_batch,
+                                                  first_row, rows_, consumed_);
 }
 
 Trainer::~Trainer() = default;
@@ -174,7 +180,7 @@ void Trainer::run() {
   int64_t timed = 0;
   while (step_ < t.steps) {
     const double t0 = now_s();
-    data::Batch batch = next_batch();  // (global_batch, T+1)
+    data::Batch batch = next_batch();  // (global_batch / dp, T+1): this rank's rows
     StepResult r = engine_->train_step(batch.tokens.data(), step_ + 1,
                                        lr_at(cfg_.optim, step_, t.steps));
     ++step_;
@@ -215,7 +221,7 @@ data::Batch Trainer::next_batch() {
     b = loader_->next();
     if (shared_) shared_->publish(step_ + 1, b.tokens.data());
   } else {
-    b.B = cfg_.train.global_batch, b.T = cfg_.model.seq_len;
+    b.B = rows_, b.T = cfg_.model.seq_len;
     b.tokens.resize(b.B * (b.T + 1));
     shared_->take(step_ + 1, b.tokens.data());
   }
@@ -238,27 +244,22 @@ std::string Trainer::checkpoint_root() const {
   return cfg_.checkpoint.dir.empty() ? (fs::path(run_dir_) / "checkpoints").string() : cfg_.checkpoint.dir;
 }
 
-// Every region of the checkpoint is written by one rank: parameters by data-parallel rank 0,
-// the optimizer state by the rank that owns it (ZeRO); replicated tensors by tensor-parallel
-// rank 0; the tied embedding by the first pipeline stage (the last one holds a copy). Loading
-// reads every region this rank holds.
+// Saving: the regions this rank writes (the engine says which: each has one writer). Loading:
+// every region this rank holds, whatever layout wrote them.
 std::vector<checkpoint::Shard> Trainer::shards(bool for_save) {
   std::vector<checkpoint::Shard> out;
   Engine::HostState st = engine_->host_state();
   const ParamLayout& layout = engine_->layout();
-  const bool tp_leader = !dist_ || dist_->tp_rank() == 0;
-  const bool dp_leader = !dist_ || dist_->dp_rank() == 0;
-  const bool has_embedding = layout.get("wpe") != nullptr;
-  auto writes = [&](const ParamSpec& p) {
-    return !for_save || ((tp_leader || !p.replicated()) && (p.name != "wte" || has_embedding));
+  auto writes = [&](const ParamSpec& p, bool params) {
+    return !for_save || engine_->writes_to_checkpoint(p, params);
   };
   for (const ParamSpec& p : layout.tensors()) {
-    if (!writes(p) || (for_save && !dp_leader)) continue;
+    if (!writes(p, /*params=*/true)) continue;
     for (const auto& r : layout.stored_regions(p, 0, p.numel))
       out.push_back({"model/" + p.name, r.global_shape, r.offset, r.shape, st.params + p.offset + r.local_begin});
   }
   for (const OwnedPiece& piece : owned_pieces(layout, st.owned)) {
-    if (!writes(*piece.tensor)) continue;
+    if (!writes(*piece.tensor, /*params=*/false)) continue;
     for (const auto& r : layout.stored_regions(*piece.tensor, piece.local_begin, piece.local_end)) {
       const int64_t at = piece.packed + (r.local_begin - piece.local_begin);
       out.push_back({"optim/m/" + piece.tensor->name, r.global_shape, r.offset, r.shape, st.m + at});

@@ -38,7 +38,8 @@ class Trainer {
   void resume_from(const std::string& dir);
   // --resume auto: the newest committed checkpoint that loads on every rank, or a fresh start.
   void resume_latest_good();
-  // The next step's global batch (global_batch, T+1): read, or taken from the node's reader.
+  // This rank's rows of the next step's global batch (global_batch / dp, T+1): read, or taken
+  // from the node's reader.
   data::Batch next_batch();
   // Opens a token file and checks it against the model (vocabulary) and the tokenizer.
   std::unique_ptr<data::IndexedDataset> open_data(const std::string& prefix, const char* key);
@@ -55,6 +56,7 @@ class Trainer {
   std::unique_ptr<data::BatchLoader> loader_;      // null on the members that take shared batches
   std::unique_ptr<data::SharedBatch> shared_;      // the node-shared batch, with tensor parallelism
   std::unique_ptr<MetricsWriter> metrics_;
+  int64_t rows_ = 0;          // sequences of each global batch this rank reads: global_batch / dp
   int64_t step_ = 0;          // optimizer steps completed
   int64_t consumed_ = 0;      // training samples consumed by completed steps
 };

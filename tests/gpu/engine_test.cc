@@ -2,6 +2,7 @@
 // same batches, compared step by step; and the CUDA engine against itself for determinism.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -177,6 +178,28 @@ TEST(EngineDeterminism, OneStepNoClip) {
       if (diff) differing += cat(p.name, "(", diff, ") ");
     }
     EXPECT_EQ(differing, "") << clip;
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// The phase timers on the GPU: CUDA events around each micro-batch's forward and backward and
+// the update, the same StepTimes as the CPU engine fills; disjoint, so they fit in the step.
+TEST(EngineTimers, PhasesAreTimedOnTheDevice) {
+  Config cfg = config({"timers", {"train.global_batch=8"}}, "cuda");  // 4 micro-batches
+  auto gpu = make_engine(cfg);
+  for (int step = 1; step <= 3; ++step) {
+    std::vector<int32_t> tokens = batch(cfg, 7 + step);
+    const auto t0 = std::chrono::steady_clock::now();
+    StepResult r = gpu->train_step(tokens.data(), step, 1e-3);
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_GT(r.times.forward_s, 0) << "step " << step;
+    EXPECT_GT(r.times.backward_s, r.times.forward_s * 0.5) << "backward costs about twice the forward";
+    EXPECT_GT(r.times.optimizer_s, 0);
+    EXPECT_EQ(r.times.bubble_s, 0);
+    EXPECT_LE(r.times.forward_s + r.times.backward_s + r.times.optimizer_s, wall) << "step " << step;
   }
 }
 

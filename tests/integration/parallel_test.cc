@@ -165,6 +165,13 @@ TEST_P(Parallel, MatchesTheSingleProcessRun) {
     // m and v, and LAMB's update
     const int states = l.extra.find("optim.name=lamb") != std::string::npos ? 3 : 2;
     const int64_t whole = ParamLayout(cfg).total() * states * int64_t(sizeof(float));
+    // Each data-parallel rank reads only its own rows of the global batch (8 in the demo).
+    for (int r = 0; r < l.nproc; ++r) {
+      const int tp = l.extra.find("parallel.tp=2") != std::string::npos ? 2 : 1;
+      const int rows = 8 / dp, first = rows * ((r / tp) % dp);  // order tp-dp-pp: tp fastest
+      EXPECT_NE(log_line(dir / "tp", r, cat("data: this rank reads rows [", first, ", ", first + rows,
+                                            ") of each global batch of 8")), "") << "rank " << r;
+    }
     for (int r = 0; r < l.nproc; ++r) {
       const int64_t mine = optimizer_bytes(dir / "tp", r);
       EXPECT_GT(mine, 0) << "rank " << r;

@@ -164,6 +164,11 @@ class GptCuda final : public Engine {
   Recompute recompute_;
   size_t layer_bytes_ = 0;  // the layers' activations in the arena (carve_layers)
   cudaStream_t stream_ = nullptr;
+  // The phase timers: events around each micro-batch's forward (loss included) and backward,
+  // and the update, read after the step's one synchronization (the loss copy), never with a
+  // sync of their own. marks_[2i], [2i+1], [2i+2]: forward i starts, ends (backward i
+  // starts), backward i ends; marks_.back(): the update ends.
+  std::vector<cudaEvent_t> marks_;
   cuda::Matmul mm_;
   Arena arena_;
 
@@ -242,6 +247,8 @@ GptCuda::GptCuda(const Config& cfg)
             mib(layer_bytes_), " (", mib(stored_bytes), " when all are kept), device arena ",
             mib(arena_.size()));
   num_groups_.assign(cfg.accum_steps(1), 0);
+  marks_.resize(2 * cfg.accum_steps(1) + 2);
+  for (cudaEvent_t& e : marks_) CUDA_CHECK(cudaEventCreate(&e));
 
   const int64_t P = layout_.total(), BT = int64_t(maxB_) * maxT_;
   const int64_t accum = cfg.accum_steps(1);
@@ -345,6 +352,7 @@ size_t GptCuda::carve_layers(Arena& arena, Recompute mode) {
 
 GptCuda::~GptCuda() {
   cudaStreamSynchronize(stream_);
+  for (cudaEvent_t e : marks_) cudaEventDestroy(e);
   cudaFreeHost(h_inputs_), cudaFreeHost(h_targets_), cudaFreeHost(h_groups_), cudaFreeHost(h_losses_);
   cudaStreamDestroy(stream_);
 }
@@ -530,11 +538,14 @@ StepResult GptCuda::train_step(const int32_t* tokens, int64_t step, double lr) {
   stage(tokens, static_cast<int>(accum), B, T, T + 1, /*groups=*/true);
   CUDA_CHECK(cudaMemsetAsync(grads_, 0, P * 4, s));
   for (int i = 0; i < accum; ++i) {
+    CUDA_CHECK(cudaEventRecord(marks_[2 * i], s));
     forward(i, B, T);
     cuda::crossentropy(losses_ + int64_t(i) * N, logits_, targets_ + int64_t(i) * N,
                        1.0f / (accum * N), N, V_, Vp_, s);
+    CUDA_CHECK(cudaEventRecord(marks_[2 * i + 1], s));
     backward(i, B, T);
   }
+  CUDA_CHECK(cudaEventRecord(marks_[2 * accum], s));
   // Global-norm clipping, then the update, without leaving the device.
   cuda::segment_sum_squares(sumsq_, red_scratch_, grads_, whole_, 1, P, s);
   StepResult r;
@@ -551,6 +562,7 @@ StepResult GptCuda::train_step(const int32_t* tokens, int64_t step, double lr) {
     cuda::lamb_step(master_, params_, m_, v_, grads_, update_, opt_scratch_, segments_, decay_, count, P, ap, s);
   else
     cuda::adamw_step(master_, params_, m_, v_, grads_, segments_, decay_, count, P, ap, s);
+  CUDA_CHECK(cudaEventRecord(marks_.back(), s));
   float sumsq = 0;
   CUDA_CHECK(cudaMemcpyAsync(&sumsq, sumsq_, 4, cudaMemcpyDeviceToHost, s));
   CUDA_CHECK(cudaMemcpyAsync(h_losses_, losses_, accum * N * 4, cudaMemcpyDeviceToHost, s));
@@ -559,6 +571,14 @@ StepResult GptCuda::train_step(const int32_t* tokens, int64_t step, double lr) {
   for (int64_t i = 0; i < accum * N; ++i) sum += h_losses_[i];
   r.loss = static_cast<float>(sum / (accum * N));
   r.grad_norm = std::sqrt(double(sumsq));
+  auto seconds = [&](int64_t a, int64_t b) {
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, marks_[a], marks_[b]));
+    return ms / 1e3;
+  };
+  for (int64_t i = 0; i < accum; ++i)
+    r.times.forward_s += seconds(2 * i, 2 * i + 1), r.times.backward_s += seconds(2 * i + 1, 2 * i + 2);
+  r.times.optimizer_s = seconds(2 * accum, int64_t(marks_.size()) - 1);
   if (!std::isfinite(r.loss))
     throw Error(ErrorClass::kNumerics, cat("step ", step, ": loss is ", r.loss,
                                            "; lower optim.lr or resume from an earlier checkpoint"));
