@@ -10,6 +10,12 @@
 // unbound buffers, under slot prefixes Gloo does not use. A send is posted by the worker and
 // completed by a second thread, so that two ranks may each send to the other before receiving
 // (Gloo's send waits for the matching recv to be posted).
+//
+// Device memory: Gloo's transport reads and writes host memory only, so a device buffer (the
+// CUDA engine's, several ranks sharing one GPU) is staged through a pinned host copy: on the
+// worker thread, copied out on the caller's stream (so after the work that produced it), the
+// operation runs on the copy, and the result is copied back on the same stream before the Work
+// completes. Slow, but every layout's GPU code runs through it.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -38,10 +44,86 @@
 #include "core/error.h"
 #include "core/log.h"
 
+#ifdef MYRIAD_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
 namespace myriad::comm {
 namespace {
 
 using UnboundBuffer = gloo::transport::UnboundBuffer;
+
+// A buffer the operation works on in host memory: `data` itself, or, when `data` is device
+// memory, a pinned copy that is filled from it (in()) and written back to it (out()) on `stream`.
+class Staged {
+ public:
+  Staged(void* data, int64_t bytes, Stream stream) : data_(data), bytes_(bytes), stream_(stream) {
+#ifdef MYRIAD_HAVE_CUDA
+    if (!cuda_usable() || bytes <= 0) return;
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, data) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+    if (a.type != cudaMemoryTypeDevice) return;
+    device_ = a.device;
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    check(cudaMallocHost(&host_, static_cast<size_t>(bytes)), "cudaMallocHost");
+#endif
+  }
+  ~Staged() {
+#ifdef MYRIAD_HAVE_CUDA
+    if (host_) cudaFreeHost(host_);
+#endif
+  }
+  Staged(const Staged&) = delete;
+  Staged& operator=(const Staged&) = delete;
+
+  template <class T = float>
+  T* host() const { return static_cast<T*>(host_ ? host_ : data_); }
+  bool staged() const { return host_ != nullptr; }
+  // Device -> host copy; returns once the copy holds the data.
+  void in() {
+#ifdef MYRIAD_HAVE_CUDA
+    if (!host_) return;
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    check(cudaMemcpyAsync(host_, data_, bytes_, cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync");
+    check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+#endif
+  }
+  // Host -> device; returns once the device buffer holds the result.
+  void out() {
+#ifdef MYRIAD_HAVE_CUDA
+    if (!host_) return;
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    check(cudaMemcpyAsync(data_, host_, bytes_, cudaMemcpyHostToDevice, stream()), "cudaMemcpyAsync");
+    check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+#endif
+  }
+
+ private:
+#ifdef MYRIAD_HAVE_CUDA
+  cudaStream_t stream() const { return static_cast<cudaStream_t>(stream_); }
+  static bool cuda_usable() {
+    static const bool usable = [] {
+      int n = 0;
+      const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+      (void)cudaGetLastError();
+      return ok;
+    }();
+    return usable;
+  }
+  static void check(cudaError_t e, const char* what) {
+    if (e != cudaSuccess)
+      throw Error(ErrorClass::kRuntime, cat("gloo staging of device memory: ", what, ": ", cudaGetErrorString(e)));
+  }
+#endif
+  void* data_;
+  int64_t bytes_;
+  Stream stream_;
+  void* host_ = nullptr;
+  int device_ = 0;
+};
 
 constexpr uint8_t kReduceScatterSlot = 0x4d;  // Gloo's own prefixes are 0x01..0x08
 constexpr uint8_t kPointToPointSlot = 0x4e;
@@ -175,83 +257,99 @@ class GlooCommunicator final : public Communicator {
 
   const char* backend() const override { return "gloo"; }
 
-  WorkPtr all_reduce(float* data, int64_t count, Stream) override {
+  WorkPtr all_reduce(float* data, int64_t count, Stream stream) override {
     check_count(count);
-    return enqueue(OpKind::kAllReduce, count * 4, -1, [this, data, count](uint32_t tag) {
+    return enqueue(OpKind::kAllReduce, count * 4, -1, [this, data, count, stream](uint32_t tag) {
       if (count == 0 || size() == 1) return none();
+      Staged buf(data, count * 4, stream);
+      buf.in();
       gloo::AllreduceOptions o(context_);
-      o.setOutput(data, static_cast<size_t>(count));
+      o.setOutput(buf.host(), static_cast<size_t>(count));
       o.setReduceFunction(
           static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
       o.setTag(tag);
       o.setTimeout(timeout_ms());
       gloo::allreduce(o);
+      buf.out();
       return none();
     });
   }
 
-  WorkPtr reduce_scatter(const float* in, float* out, int64_t chunk, Stream) override {
+  WorkPtr reduce_scatter(const float* in, float* out, int64_t chunk, Stream stream) override {
     check_count(chunk);
-    return enqueue(OpKind::kReduceScatter, chunk * 4, -1, [this, in, out, chunk](uint32_t tag) {
-      return ring_reduce_scatter(in, out, chunk, tag);
+    return enqueue(OpKind::kReduceScatter, chunk * 4, -1, [this, in, out, chunk, stream](uint32_t tag) {
+      Staged src(const_cast<float*>(in), chunk * 4 * size(), stream), dst(out, chunk * 4, stream);
+      src.in();
+      ring_reduce_scatter(src.host(), dst.host(), chunk, tag);
+      dst.out();
+      return none();
     });
   }
 
-  WorkPtr all_gather(const float* in, float* out, int64_t chunk, Stream) override {
+  WorkPtr all_gather(const float* in, float* out, int64_t chunk, Stream stream) override {
     check_count(chunk);
-    return enqueue(OpKind::kAllGather, chunk * 4, -1, [this, in, out, chunk](uint32_t tag) {
+    return enqueue(OpKind::kAllGather, chunk * 4, -1, [this, in, out, chunk, stream](uint32_t tag) {
       const size_t n = static_cast<size_t>(chunk);
-      float* mine = out + static_cast<size_t>(rank()) * n;
       if (chunk == 0) return none();
+      Staged src(const_cast<float*>(in), chunk * 4, stream), dst(out, chunk * 4 * size(), stream);
+      src.in();
+      float* mine = dst.host() + static_cast<size_t>(rank()) * n;
       if (size() == 1) {
-        if (in != mine) std::memmove(mine, in, n * 4);
+        if (src.host() != mine) std::memmove(mine, src.host(), n * 4);
+        dst.out();
         return none();
       }
       std::vector<float> copy;
-      const float* src = in;
-      if (in == mine) {  // in place: Gloo wants an input apart from the output
-        copy.assign(in, in + n);
-        src = copy.data();
+      const float* from = src.host();
+      if (from == mine) {  // in place: Gloo wants an input apart from the output
+        copy.assign(from, from + n);
+        from = copy.data();
       }
       gloo::AllgatherOptions o(context_);
-      o.setInput(const_cast<float*>(src), n);
-      o.setOutput(out, n * static_cast<size_t>(size()));
+      o.setInput(const_cast<float*>(from), n);
+      o.setOutput(dst.host(), n * static_cast<size_t>(size()));
       o.setTag(tag);
       o.setTimeout(timeout_ms());
       gloo::allgather(o);
+      dst.out();
       return none();
     });
   }
 
-  WorkPtr broadcast(float* data, int64_t count, int root, Stream) override {
+  WorkPtr broadcast(float* data, int64_t count, int root, Stream stream) override {
     check_count(count);
-    return broadcast_raw(data, count * 4, root);
+    return broadcast_raw(data, count * 4, root, stream);
   }
-  WorkPtr broadcast_bytes(void* data, int64_t bytes, int root, Stream) override {
+  WorkPtr broadcast_bytes(void* data, int64_t bytes, int root, Stream stream) override {
     check_count(bytes);
-    return broadcast_raw(data, bytes, root);
+    return broadcast_raw(data, bytes, root, stream);
   }
 
-  WorkPtr send(const float* data, int64_t count, int peer, Stream) override {
+  WorkPtr send(const float* data, int64_t count, int peer, Stream stream) override {
     check_count(count);
     check_peer(peer, "send");
-    return enqueue(OpKind::kSend, count * 4, peer, [this, data, count, peer](uint32_t tag) {
+    // The staging copy lives in the task, which lives until the completer has finished the send.
+    auto staged = std::make_shared<std::unique_ptr<Staged>>();
+    return enqueue(OpKind::kSend, count * 4, peer, [this, data, count, peer, stream, staged](uint32_t tag) {
       if (count == 0) return none();
-      auto buf =
-          context_->createUnboundBuffer(const_cast<float*>(data), static_cast<size_t>(count) * 4);
+      *staged = std::make_unique<Staged>(const_cast<float*>(data), count * 4, stream);
+      (*staged)->in();
+      auto buf = context_->createUnboundBuffer((*staged)->host(), static_cast<size_t>(count) * 4);
       buf->send(peer, gloo::Slot::build(kPointToPointSlot, tag));
       return buf;  // completed by the completer thread
     });
   }
 
-  WorkPtr recv(float* data, int64_t count, int peer, Stream) override {
+  WorkPtr recv(float* data, int64_t count, int peer, Stream stream) override {
     check_count(count);
     check_peer(peer, "recv");
-    return enqueue(OpKind::kRecv, count * 4, peer, [this, data, count, peer](uint32_t tag) {
+    return enqueue(OpKind::kRecv, count * 4, peer, [this, data, count, peer, stream](uint32_t tag) {
       if (count == 0) return none();
-      auto buf = context_->createUnboundBuffer(data, static_cast<size_t>(count) * 4);
+      Staged dst(data, count * 4, stream);
+      auto buf = context_->createUnboundBuffer(dst.host(), static_cast<size_t>(count) * 4);
       buf->recv(peer, gloo::Slot::build(kPointToPointSlot, tag));
       wait_recv(*buf);
+      dst.out();
       return none();
     });
   }
@@ -362,17 +460,20 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
-  WorkPtr broadcast_raw(void* data, int64_t bytes, int root) {
+  WorkPtr broadcast_raw(void* data, int64_t bytes, int root, Stream stream) {
     if (root < 0 || root >= size())
       throw_input("comm group '", name(), "': broadcast from root ", root, " (size ", size(), ")");
-    return enqueue(OpKind::kBroadcast, bytes, root, [this, data, bytes, root](uint32_t tag) {
+    return enqueue(OpKind::kBroadcast, bytes, root, [this, data, bytes, root, stream](uint32_t tag) {
       if (bytes == 0 || size() == 1) return none();
+      Staged buf(data, bytes, stream);
+      if (rank() == root) buf.in();
       gloo::BroadcastOptions o(context_);
-      o.setOutput(static_cast<uint8_t*>(data), static_cast<size_t>(bytes));
+      o.setOutput(buf.host<uint8_t>(), static_cast<size_t>(bytes));
       o.setRoot(root);
       o.setTag(tag);
       o.setTimeout(timeout_ms());
       gloo::broadcast(o);
+      buf.out();
       return none();
     });
   }
