@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "runtime/engine.h"
 
 namespace myriad {
 namespace {
@@ -23,6 +24,42 @@ int env_int(const char* name, int fallback) {
   }
 }
 
+// The communication backend for this rank. NCCL moves device memory between GPUs and refuses
+// two ranks on one GPU; Gloo moves host memory (and device memory through staging copies). So
+// "auto" is NCCL only for a GPU engine whose node's ranks each have a GPU of their own.
+std::string resolve_backend(const Config& cfg, int rank) {
+  const std::string& asked = cfg.comm.backend;
+  const bool gpu = cfg.train.device == "cuda" || (cfg.train.device == "auto" && cuda_available());
+  const int gpus = gpu ? cuda_device_count_or_zero() : 0;
+  if (gpu && gpus == 0)  // the engine's own message, before any rendezvous
+    throw_input("config: train.device = \"cuda\" but no GPU is visible; use cpu or auto");
+  if (asked == "gloo") return asked;
+  const int local = env_int("MYRIAD_LOCAL_WORLD_SIZE", 1), local_rank = env_int("MYRIAD_LOCAL_RANK", 0);
+  const bool shared = gpu && local > gpus;
+  if (asked == "nccl") {
+    if (!gpu)
+      throw_input("config: comm.backend = \"nccl\" moves GPU memory, but train.device = \"",
+                  cfg.train.device, "\" trains on the CPU here: use comm.backend = \"gloo\" or \"auto\"");
+    if (shared) {
+      const int first = rank - local_rank, dev = local_rank % gpus;
+      throw_input("config: comm.backend = \"nccl\" but the ", local, " ranks of this node (", first,
+                  "..", first + local - 1, ") share ", gpus, " GPU(s): rank ", rank,
+                  " and rank ", first + (local_rank + gpus) % local, " both use cuda:", dev,
+                  ", and NCCL refuses two ranks on one device; use comm.backend = \"auto\" (Gloo "
+                  "with host staging) or one rank per GPU");
+    }
+    return asked;
+  }
+  if (!gpu) return "gloo";
+  if (shared) {
+    if (local_rank == 0)
+      log::info("comm: ", local, " ranks share ", gpus, " GPU(s) on this node: Gloo with host "
+                "staging (NCCL refuses two ranks on one device)");
+    return "gloo";
+  }
+  return "nccl";
+}
+
 }  // namespace
 
 std::unique_ptr<Distributed> Distributed::from_env(const Config& cfg) {
@@ -34,6 +71,7 @@ std::unique_ptr<Distributed> Distributed::from_env(const Config& cfg) {
 Distributed::Distributed(const Config& cfg, int rank, int world)
     : rank_(rank), topo_(parallel::Topology::from_config(cfg.parallel, world)) {
   cfg.accum_steps(topo_.dp());  // a batch that does not split over dp fails before any rendezvous
+  const std::string backend = resolve_backend(cfg, rank);  // a bad choice fails here too
   const char* url = std::getenv("MYRIAD_RDZV");
   if (!url) throw_input("environment: MYRIAD_RDZV is not set: start multi-process runs with myriad launch");
   const char* attempt = std::getenv("MYRIAD_ATTEMPT");
@@ -61,7 +99,9 @@ Distributed::Distributed(const Config& cfg, int rank, int world)
         // p = 2: a rank is both ends of different links only; never both of one.
         specs.push_back({name, links.back().rank, 2});
       }
-  groups_ = comm::make_groups(store_, specs, comm::comm_options(cfg.comm));
+  CommConfig comm = cfg.comm;
+  comm.backend = backend;
+  groups_ = comm::make_groups(store_, specs, comm::comm_options(comm));
   for (size_t i = 0; i < specs.size(); ++i) {
     const std::string& n = specs[i].name;
     comm::Communicator* g = groups_[i].get();

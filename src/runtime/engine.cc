@@ -256,6 +256,14 @@ class CpuEngine final : public Engine {
 
 }  // namespace
 
+int cuda_device_count_or_zero() {
+#ifdef MYRIAD_HAVE_CUDA
+  return cuda_device_count();
+#else
+  return 0;
+#endif
+}
+
 bool cuda_available() {
 #ifdef MYRIAD_HAVE_CUDA
   return cuda_device_count() > 0;

@@ -22,5 +22,7 @@ std::unique_ptr<Engine> make_engine(const Config& cfg,
 
 // Whether this build can run on a GPU here.
 bool cuda_available();
+// GPUs visible to this process (0 without CUDA).
+int cuda_device_count_or_zero();
 
 }  // namespace myriad

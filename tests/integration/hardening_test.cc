@@ -18,6 +18,7 @@
 
 #include "comm/local_redis.h"
 #include "core/error.h"
+#include "runtime/engine.h"
 
 namespace fs = std::filesystem;
 using myriad::cat;
@@ -337,6 +338,29 @@ TEST_F(Hardening, TimeoutNamesTheRankThatNeverArrived) {
   EXPECT_TRUE(contains(r.output, "[rank 0] myriad: communication fault: ")) << r.output;
   EXPECT_TRUE(contains(r.output, "waiting on global rank 1 (group rank 1), which did not take part in time"))
       << r.output;
+}
+
+}  // namespace
+
+namespace {
+
+// The communication backend follows the engine's device: NCCL moves GPU memory only, so asking
+// for it on the CPU engine is refused before any rendezvous, and so is a GPU run whose node has
+// no GPU. (On a GPU machine, NCCL with two ranks sharing a GPU is refused naming both: test_gpu
+// cannot launch; scripts/gpu_session.sh checks it.)
+TEST_F(Hardening, BackendFollowsTheDevice) {
+  Result cpu = run(launch(2, dir_ / "backend", "--set train.device=cpu --set comm.backend=nccl"));
+  EXPECT_EQ(cpu.code, 2) << cpu.output;
+  EXPECT_TRUE(contains(cpu.output, "comm.backend = \"nccl\" moves GPU memory, but train.device = \"cpu\""))
+      << cpu.output;
+  // auto on the CPU engine: Gloo, on a GPU machine as here.
+  Result ok = run(launch(2, dir_ / "backend", "--set train.device=cpu --set train.steps=2"));
+  EXPECT_EQ(ok.code, 0) << ok.output;
+  if (!myriad::cuda_available()) {  // CI: no GPU
+    Result none = run(launch(2, dir_ / "backend", "--set train.device=cuda"));
+    EXPECT_EQ(none.code, 2) << none.output;
+    EXPECT_TRUE(contains(none.output, "no GPU is visible")) << none.output;
+  }
 }
 
 }  // namespace

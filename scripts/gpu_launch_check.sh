@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# On a GPU machine, after scripts/gpu_check.sh unpacked the build into /tmp/m: multi-process
+# runs on the one GPU, through the launcher, checked by their exit code and one-line message.
+#   - comm.backend = nccl with two ranks sharing the GPU: refused (exit 2), naming both ranks;
+#   - comm.backend = auto: Gloo with host staging, said in the log.
+# Prints one line per check ("ok: ..." or "FAIL: ...") and exits nonzero on a failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+B=/tmp/m/bin/myriad
+export LD_LIBRARY_PATH=/tmp/m/lib:${LD_LIBRARY_PATH:-}
+W=$(mktemp -d)
+$B prepare --input README.md --input docs/ARCHITECTURE.md --tokenizer byte --output "$W/d" >/dev/null 2>&1
+args=(train --config configs/demo.toml --set data.train="$W/d" --set data.valid= --set train.steps=2
+      --set model.layers=2 --set model.d_model=64 --set model.seq_len=32 --set train.device=cuda)
+fail=0
+check() {  # NAME EXPECTED_CODE NEEDLE OUTPUT CODE
+  if [ "$5" = "$2" ] && grep -qF -- "$3" <<<"$4"; then echo "ok: $1"; else echo "FAIL: $1 (exit $5)"; echo "$4" | tail -5; fail=1; fi
+}
+out=$($B launch --nproc-per-node 2 -- "${args[@]}" --set comm.backend=nccl --run-dir "$W/nccl" 2>&1); code=$?
+check "nccl with two ranks on one GPU is refused" 2 "both use cuda:0, and NCCL refuses two ranks on one device" "$out" $code
+out=$($B launch --nproc-per-node 2 -- "${args[@]}" --run-dir "$W/auto" 2>&1); code=$?
+check "auto picks Gloo with host staging" "$code" "ranks share 1 GPU(s) on this node: Gloo with host staging" "$out" $code
+rm -rf "$W"
+exit $fail
