@@ -1,8 +1,11 @@
-// The GPT decoder on the CPU backend: hand-written forward and backward over flat buffers.
+// The GPT decoder: the one layer schedule, hand-written forward and backward over flat buffers,
+// written against an op set (ops/cpu/cpu_ops.h says what an op set is) so that every device
+// runs the same layers, tensor-parallel regions and micro-batch slots. GptModel<Ops> is the
+// schedule; `Gpt` is it on the CPU op set (fp32, the oracle).
 //
 // One object owns this rank's parameters and their gradients, and the activations of the
 // micro-batches in flight, up to (micro_batch, seq_len) tokens each. Not thread-safe: one
-// forward or backward at a time (the ops inside use OpenMP threads).
+// forward or backward at a time (the ops inside use their own threads).
 //
 // Pipeline parallelism: the object holds a ModelPart, one or more chunks of consecutive layers
 // (virtual stages); the first chunk of the model also embeds, the last also runs the final norm,
@@ -41,23 +44,31 @@
 
 #include "core/config.h"
 #include "model/params.h"
+#include "ops/cpu/cpu_ops.h"
 #include "parallel/mappings.h"
 
 namespace myriad {
 
-class Gpt {
+template <class Ops>
+class GptModel {
  public:
+  using Act = typename Ops::Act;      // activations and their gradients
+  using Param = typename Ops::Param;  // the weights the kernels read
+  template <class T>
+  using Buffer = typename Ops::template Buffer<T>;
+
   // par: the tensor-parallel group; nullptr (or a group of one) = the whole model here. The tp
   // group's size must equal parallel.tp. part: the layers (in chunks) this pipeline rank holds,
   // default the whole model. flat_size: elements of the parameter and gradient buffers, at
   // least layout().total(): data parallelism pads them so that its buckets divide evenly.
-  explicit Gpt(const Config& cfg, const parallel::ParallelContext* par = nullptr,
-               const ModelPart* part = nullptr, int64_t flat_size = 0);
+  explicit GptModel(const Config& cfg, const parallel::ParallelContext* par = nullptr,
+                    const ModelPart* part = nullptr, int64_t flat_size = 0, Ops ops = {});
+  const Ops& ops() const { return ops_; }
 
   const ParamLayout& layout() const { return layout_; }
   const ModelPart& part() const { return part_; }
-  float* params() { return params_.data(); }  // (flat_size) this rank's layout, then padding
-  float* grads() { return grads_.data(); }    // (flat_size) same layout as params
+  Param* params() { return params_.data(); }  // (flat_size) this rank's layout, then padding
+  float* grads() { return grads_.data(); }    // (flat_size) same layout as params, fp32
   int64_t num_params() const { return layout_.total(); }
   void zero_grads();
 
@@ -67,13 +78,13 @@ class Gpt {
   // previous virtual stage's output otherwise. The chunk keeps what its backward needs until
   // backward_chunk(c, mb) (or drop_chunk). Returns the mean loss over the B*T tokens on the
   // model's last chunk, else 0.
-  float forward_chunk(int c, int mb, int B, const int32_t* tokens, const float* input);
+  float forward_chunk(int c, int mb, int B, const int32_t* tokens, const Act* input);
   // The chunk's output (R, C) for the next virtual stage; valid until its backward.
-  const float* chunk_output(int c, int mb) const;
+  const Act* chunk_output(int c, int mb) const;
   // Backward of chunk c for micro-batch mb: doutput (R, C) is the gradient of its output (null
   // on the last chunk: the loss makes it, as grad_scale * mean-token-loss); the gradient of its
   // input goes to dinput (R, C) (null on the first chunk). Parameter gradients are ADDED.
-  void backward_chunk(int c, int mb, const float* doutput, float* dinput, float grad_scale);
+  void backward_chunk(int c, int mb, const Act* doutput, Act* dinput, float grad_scale);
   // Forgets a forward-only micro-batch.
   void drop_chunk(int c, int mb);
   int num_chunks() const { return static_cast<int>(chunks_.size()); }
@@ -92,7 +103,7 @@ class Gpt {
   // (T <= seq_len). With TP the vocabulary shards are gathered: every rank gets all Vp.
   void last_logits(const int32_t* tokens, int B, int T, float* out);
   // The logits (B, T, Vp) of the last forward; with TP this rank's (B, T, Vp/t) columns.
-  const float* logits() const { return last_logits_; }
+  const Act* logits() const { return last_logits_; }
 
   // With sequence parallelism the replicated tensors' gradients are partial sums of this
   // rank's tokens: sums them over the tp group on [begin, end) of the flat buffer (the engine
@@ -110,26 +121,30 @@ class Gpt {
   // Activations saved for backward (per layer, each (B,T,·) unless noted; widths are this
   // rank's: 3C/t, C/t, 4C/t with TP).
   struct LayerActs {
-    float *in;            // (B,T,C) the layer's input: the residual stream (R rows)
-    float *ln1, *ln1_mean, *ln1_rstd;  // (B,T,C) (all N rows, gathered with SP), (R), (R)
-    float *qkv;           // (B,T,3C) laid out (H,3,D)
-    float *probs;         // (B,H,T,T)
-    float *atty;          // (B,T,C) attention output before the projection
-    float *mid;           // (B,T,C) residual after attention (sequential block only; R rows)
-    float *ln2, *ln2_mean, *ln2_rstd;  // (B,T,C), (R), (R) (sequential block only)
-    float *fc;            // (B,T,4C) before GELU
-    float *gelu;          // (B,T,4C)
+    Act *in;              // (B,T,C) the layer's input: the residual stream (R rows)
+    Act *ln1;             // (B,T,C) (all N rows, gathered with SP)
+    float *ln1_mean, *ln1_rstd;  // (R), (R)
+    Act *qkv;             // (B,T,3C) laid out (H,3,D)
+    Act *saved;           // what attention keeps for backward (Ops::attention_saved)
+    Act *atty;            // (B,T,C) attention output before the projection
+    Act *mid;             // (B,T,C) residual after attention (sequential block only; R rows)
+    Act *ln2;             // (B,T,C) (sequential block only)
+    float *ln2_mean, *ln2_rstd;  // (R), (R)
+    Act *fc;              // (B,T,4C) before GELU
+    Act *gelu;            // (B,T,4C)
   };
   // One micro-batch in flight through one chunk: what its backward needs.
   struct Slot {
     int mb = -1, B = 0;   // the micro-batch held (-1: free) and its rows
-    std::vector<float> storage;
+    Buffer<Act> storage;  // the layers' activations, out and lnf
+    Buffer<float> stats;  // the LayerNorms' means and rstds
     std::vector<LayerActs> layers;  // the chunk's layers, in order
-    float* out;                     // (B,T,C) the chunk's output, R rows
-    float *lnf, *lnf_mean, *lnf_rstd;  // head: (B,T,C) (all N rows), (R), (R)
-    std::vector<float> logits;      // head: (B,T,Vp/t); backward turns it into dlogits in place
-    std::vector<float> losses, ce_max, ce_sum;  // head: (B,T) each (ce_*: TP cross-entropy)
-    std::vector<int32_t> inputs, targets;       // (B,T) contiguous copies
+    Act* out;                       // (B,T,C) the chunk's output, R rows
+    Act* lnf;                       // head: (B,T,C) (all N rows)
+    float *lnf_mean, *lnf_rstd;     // head: (R), (R)
+    Buffer<Act> logits;             // head: (B,T,Vp/t); backward turns it into dlogits in place
+    Buffer<float> losses, ce_max, ce_sum, ce_parts;  // head: (B,T) each, parts (B,T,2) (TP)
+    Buffer<int32_t> inputs, targets;                 // (B,T) contiguous copies
   };
   struct Chunk {
     int l0, l1;              // layers [l0, l1)
@@ -142,46 +157,48 @@ class Gpt {
   void set_shape(int B, int T);
   // Runs chunk ch on slot s: tokens (row stride `stride`) for the embedding and targets, input
   // (R, C) otherwise; the head's logits (B, T, Vp/t) and, with targets, its losses.
-  void forward(Chunk& ch, Slot& s, const int32_t* tokens, int64_t stride, const float* input,
+  void forward(Chunk& ch, Slot& s, const int32_t* tokens, int64_t stride, const Act* input,
                bool targets);
   float mean_loss(const Slot& s) const;
-  void backward(Chunk& ch, Slot& s, const float* doutput, float* dinput, float grad_scale);
+  void backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput, float grad_scale);
 
   // Pointers into a flat buffer (params or grads) for each tensor; null where absent (layers
   // of other pipeline ranks too).
+  template <class T>
   struct LayerTensors {
-    float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b,
-        *fcproj_w, *fcproj_b;
+    T *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
   };
+  template <class T>
   struct Tensors {
-    float *wte, *wpe, *lnf_w, *lnf_b;
-    std::vector<LayerTensors> layers;
+    T *wte, *wpe, *lnf_w, *lnf_b;
+    std::vector<LayerTensors<T>> layers;
   };
-  Tensors tensors_in(float* base) const;
+  template <class T>
+  Tensors<T> tensors_in(T* base) const;
 
   // The TP pieces (used only when tp_ is set); N = B*T rows, R = rows of the residual stream
   // here (N, or N/t with SP).
   // Where a LayerNorm writes its R rows of a (N, C) buffer that is then gathered.
-  float* local_rows(float* full, int64_t width) const;
+  Act* local_rows(Act* full, int64_t width) const;
   // The input of a column-parallel GEMM: gathers `full`'s local rows (SP); returns full.
-  void column_input_forward(float* full, int64_t width);
+  void column_input_forward(Act* full, int64_t width);
   // Its gradient: dfull (N, width) holds this rank's partial sum; all-reduced (replicated) or
   // reduce-scattered into local_rows(dfull) (SP). Returns the gradient of the R local rows.
-  float* column_input_backward(float* dfull, int64_t width);
+  Act* column_input_backward(Act* dfull, int64_t width);
   // out (R, OC) = reduction over the ranks of inp (N, IC) @ w^T, + bias.
-  void row_parallel_forward(float* out, const float* inp, const float* w, const float* b, int IC,
-                            int OC);
+  void row_parallel_forward(Act* out, const Act* inp, const Param* w, const Param* b, int IC, int OC);
   // The gradient of the row-parallel output as the GEMM needs it: dout (R, OC) itself, or
   // gathered into full_ (SP).
-  const float* row_parallel_dout(const float* dout, int OC);
+  const Act* row_parallel_dout(const Act* dout, int OC);
   // Backward of row_parallel_forward: dout_full from row_parallel_dout, dout the local rows.
-  void row_parallel_backward(float* dinp, float* dw, float* db, const float* dout_full,
-                             const float* dout, const float* inp, const float* w, int IC, int OC);
-  void embedding_forward_tp(const Slot& s, float* out);
-  void embedding_backward_tp(const Slot& s, const float* dresid);
+  void row_parallel_backward(Act* dinp, float* dw, float* db, const Act* dout_full, const Act* dout,
+                             const Act* inp, const Param* w, int IC, int OC);
+  void embedding_forward_tp(const Slot& s, Act* out);
+  void embedding_backward_tp(const Slot& s, const Act* dresid);
   void crossentropy_forward_tp(Slot& s);
   void crossentropy_backward_tp(Slot& s, const float* dlosses);
 
+  Ops ops_;
   Config cfg_;
   parallel::Communicator* tp_ = nullptr;  // null without TP (t = 1)
   int tpr_ = 0, tps_ = 1;
@@ -197,16 +214,23 @@ class Gpt {
   int B_ = 0, T_ = 0, N_ = 0, R_ = 0, r0_ = 0;
   bool sp_ = false;
 
-  std::vector<float> params_, grads_;
-  Tensors p_, g_;  // into params_ and grads_
+  Buffer<Param> params_;
+  Buffer<float> grads_;
+  Tensors<Param> p_;  // into params_
+  Tensors<float> g_;  // into grads_
   std::vector<Chunk> chunks_;
-  const float* last_logits_ = nullptr;  // logits() of the whole-model path
+  const Act* last_logits_ = nullptr;  // logits() of the whole-model path
 
   // Scratch shared by every forward and backward (one runs at a time), zeroed per use.
-  std::vector<float> tmp_;     // (B,T,C) the MLP's output before the residual add
-  std::vector<float> full_;    // (B,T,C) TP scratch: partial sums, gathered gradients
-  std::vector<float> dresid_;  // (B,T,C) gradient of the residual stream
-  std::vector<float> dln_, datty_, dqkv_, dfc_, dgelu_;  // (B,T,C) (B,T,C) (B,T,3C) (B,T,4C) x2
+  Buffer<Act> tmp_;     // (B,T,C) the MLP's output before the residual add
+  Buffer<Act> full_;    // (B,T,C) TP scratch: partial sums, gathered gradients
+  Buffer<Act> dresid_;  // (B,T,C) gradient of the residual stream
+  Buffer<Act> dln_, datty_, dqkv_, dfc_, dgelu_;  // (B,T,C) (B,T,C) (B,T,3C) (B,T,4C) x2
+  Buffer<Act> dout_, din_;  // (R,C) the chunks' boundary gradients of forward_backward
 };
+
+// The CPU GPT, fp32: the oracle every other op set and every layout is tested against.
+using Gpt = GptModel<cpu::CpuOps>;
+extern template class GptModel<cpu::CpuOps>;
 
 }  // namespace myriad

@@ -1,0 +1,210 @@
+#include "ops/cpu/cpu_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "ops/cpu/ops.h"
+#include "ops/cpu/vecmath.h"
+
+namespace myriad::cpu {
+namespace {
+constexpr int kColumnBlock = 16;  // channels per thread block in the row-sum loops below
+}  // namespace
+
+template <class T>
+void CpuOps::zero(T* x, int64_t n) const {
+  std::memset(x, 0, static_cast<size_t>(n) * sizeof(T));
+}
+template <class T>
+void CpuOps::copy(T* dst, const T* src, int64_t n) const {
+  if (dst != src) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(T));
+}
+template void CpuOps::zero<float>(float*, int64_t) const;
+template void CpuOps::zero<int32_t>(int32_t*, int64_t) const;
+template void CpuOps::copy<float>(float*, const float*, int64_t) const;
+template void CpuOps::copy<int32_t>(int32_t*, const int32_t*, int64_t) const;
+
+void CpuOps::fill(float* x, float value, int64_t n) const { std::fill(x, x + n, value); }
+
+double CpuOps::sum(const float* x, int64_t n) const {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += x[i];
+  return s;
+}
+
+void CpuOps::embedding_forward(Act* out, const int32_t* tokens, const Param* wte, const Param* wpe, int B, int T,
+                               int C) const {
+  cpu::embedding_forward(out, tokens, wte, wpe, B, T, C);
+}
+void CpuOps::embedding_backward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens, int B, int T,
+                                int C) const {
+  cpu::embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
+}
+void CpuOps::layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b,
+                               int N, int C) const {
+  cpu::layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+}
+void CpuOps::layernorm_backward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
+                                const float* mean, const float* rstd, int N, int C) const {
+  cpu::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+}
+void CpuOps::linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC) const {
+  cpu::linear_forward(out, inp, w, b, N, IC, OC);
+}
+void CpuOps::linear_backward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
+                             int N, int IC, int OC) const {
+  cpu::linear_backward(dinp, dw, db, dout, inp, w, N, IC, OC);
+}
+void CpuOps::gelu_forward(Act* out, const Act* inp, int64_t n) const { cpu::gelu_forward(out, inp, n); }
+void CpuOps::gelu_backward(Act* dinp, const Act* inp, const Act* dout, int64_t n) const {
+  cpu::gelu_backward(dinp, inp, dout, n);
+}
+void CpuOps::add(Act* out, const Act* a, const Act* b, int64_t n) const { cpu::residual_forward(out, a, b, n); }
+void CpuOps::attention_forward(Act* out, Act* saved, const Act* qkv, int B, int T, int C, int H, int window) const {
+  cpu::attention_forward(out, saved, qkv, B, T, C, H, window);
+}
+void CpuOps::attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* saved, int B, int T, int C,
+                                int H, int window) const {
+  cpu::attention_backward(dqkv, dout, qkv, saved, B, T, C, H, window);
+}
+void CpuOps::crossentropy_forward(float* losses, const Act* logits, const int32_t* targets, int N, int V,
+                                  int Vp) const {
+  cpu::crossentropy_forward(losses, logits, targets, N, V, Vp);
+}
+void CpuOps::crossentropy_backward(Act* dlogits, const Act* logits, const int32_t* targets, const float* dlosses,
+                                   int N, int V, int Vp) const {
+  cpu::crossentropy_backward(dlogits, logits, targets, dlosses, N, V, Vp);
+}
+
+// Columns in blocks across threads, rows in order.
+void CpuOps::bias_backward(float* db, const Act* dout, int rows, int OC) const {
+  const int blocks = (OC + kColumnBlock - 1) / kColumnBlock;
+#pragma omp parallel for schedule(static)
+  for (int blk = 0; blk < blocks; ++blk) {
+    const int c0 = blk * kColumnBlock, c1 = std::min(OC, c0 + kColumnBlock);
+    float acc[kColumnBlock] = {};
+    for (int n = 0; n < rows; ++n) {
+      const float* d = dout + static_cast<int64_t>(n) * OC + c0;
+#pragma omp simd
+      for (int c = 0; c < c1 - c0; ++c) acc[c] += d[c];
+    }
+    for (int c = c0; c < c1; ++c) db[c] += acc[c - c0];
+  }
+}
+
+void CpuOps::add_bias(Act* out, const Param* bias, int rows, int C) const {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < rows; ++n) {
+    float* o = out + static_cast<int64_t>(n) * C;
+#pragma omp simd
+    for (int c = 0; c < C; ++c) o[c] += bias[c];
+  }
+}
+
+void CpuOps::vocab_rows_forward(Act* out, const int32_t* tokens, const Param* wte, int64_t v0, int64_t Vl, int N,
+                                int C) const {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t v = int64_t(tokens[n]) - v0;
+    float* o = out + n * C;
+    if (v >= 0 && v < Vl)
+      std::memcpy(o, wte + v * C, C * sizeof(float));
+    else
+      std::memset(o, 0, C * sizeof(float));
+  }
+}
+
+// Channel blocks across threads, tokens in order (deterministic).
+void CpuOps::vocab_rows_backward(float* dwte, const Act* dfull, const int32_t* tokens, int64_t v0, int64_t Vl, int N,
+                                 int C) const {
+  const int blocks = (C + kColumnBlock - 1) / kColumnBlock;
+#pragma omp parallel for schedule(static)
+  for (int blk = 0; blk < blocks; ++blk) {
+    const int c0 = blk * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
+    for (int n = 0; n < N; ++n) {
+      const int64_t v = int64_t(tokens[n]) - v0;
+      if (v < 0 || v >= Vl) continue;
+      const float* d = dfull + int64_t(n) * C;
+      float* w = dwte + v * C;
+#pragma omp simd
+      for (int c = c0; c < c1; ++c) w[c] += d[c];
+    }
+  }
+}
+
+void CpuOps::add_positions(Act* out, const Param* wpe, int r0, int rows, int T, int C) const {
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < rows; ++i) {
+    const float* pe = wpe + int64_t((r0 + i) % T) * C;
+    float* o = out + int64_t(i) * C;
+#pragma omp simd
+    for (int c = 0; c < C; ++c) o[c] += pe[c];
+  }
+}
+
+void CpuOps::positions_backward(float* dwpe, const Act* dout, int r0, int rows, int T, int C) const {
+  const int blocks = (C + kColumnBlock - 1) / kColumnBlock;
+#pragma omp parallel for schedule(static)
+  for (int blk = 0; blk < blocks; ++blk) {
+    const int c0 = blk * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
+    for (int i = 0; i < rows; ++i) {
+      const float* d = dout + int64_t(i) * C;
+      float* p = dwpe + int64_t((r0 + i) % T) * C;
+#pragma omp simd
+      for (int c = c0; c < c1; ++c) p[c] += d[c];
+    }
+  }
+}
+
+void CpuOps::ce_row_max(float* mx, const Act* logits, int N, int64_t Vl, int live) const {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) mx[n] = live > 0 ? detail::max_of(logits + n * Vl, live) : -INFINITY;
+}
+
+void CpuOps::ce_partials(float* parts, const Act* logits, const float* mx, const int32_t* targets, int64_t v0, int N,
+                         int64_t Vl, int live) const {
+  constexpr int kChunk = 256;
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const float* x = logits + n * Vl;
+    const float m = mx[n];
+    float e[kChunk];
+    float sum = 0;
+    for (int j0 = 0; j0 < live; j0 += kChunk) {
+      const int len = std::min(kChunk, live - j0);
+#pragma omp simd
+      for (int j = 0; j < len; ++j) e[j] = detail::exp_real(x[j0 + j] - m);
+      sum += detail::lane_sum<float>(len, [&e](int64_t j) { return e[j]; });
+    }
+    const int64_t t = int64_t(targets[n]) - v0;
+    parts[2 * n] = sum;
+    parts[2 * n + 1] = t >= 0 && t < live ? x[t] - m : 0.0f;
+  }
+}
+
+void CpuOps::ce_losses(float* losses, float* sums, const float* parts, int N) const {
+  for (int n = 0; n < N; ++n) {
+    sums[n] = parts[2 * n];
+    losses[n] = std::log(parts[2 * n]) - parts[2 * n + 1];
+  }
+}
+
+void CpuOps::ce_tp_backward(Act* dlogits, const float* mx, const float* sums, const float* dlosses,
+                            const int32_t* targets, int64_t v0, int N, int64_t Vl, int live) const {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    float* d = dlogits + n * Vl;
+    const float m = mx[n], inv = 1.0f / sums[n], dl = dlosses[n];
+    const int64_t t = int64_t(targets[n]) - v0;
+    const bool owned = t >= 0 && t < live;
+    const float xt = owned ? d[t] : 0.0f;
+    const float scale = inv * dl;
+#pragma omp simd
+    for (int j = 0; j < live; ++j) d[j] = detail::exp_real(d[j] - m) * scale;
+    if (owned) d[t] = (detail::exp_real(xt - m) * inv - 1.0f) * dl;
+    std::fill(d + live, d + Vl, 0.0f);
+  }
+}
+
+}  // namespace myriad::cpu

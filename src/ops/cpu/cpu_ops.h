@@ -1,0 +1,99 @@
+// The CPU op set: what the one layer schedule (model/gpt.h) runs on, in fp32 on the host.
+//
+// An op set is a class the schedule is instantiated with (GptModel<Ops>); it names the element
+// types and owns the kernels and the buffers:
+//   Act        activations and their gradients (fp32 here; bf16 on a GPU)
+//   Param      the weights the kernels read (here the fp32 parameters themselves)
+//   Buffer<T>  an owned buffer of T in the op set's memory: zeros(n), data(), size()
+// Every pointer an op takes is the op set's memory, shapes in comments as in ops/cpu/ops.h,
+// whose conventions hold: row-major; backward ops ACCUMULATE into their gradients unless marked
+// (=); results independent of thread timing.
+//
+// Besides the kernels of ops/cpu/ops.h, the pieces of the tensor-parallel layers that are
+// row loops (vocabulary-parallel embedding and cross-entropy, biases and positions on the rows a
+// rank holds) live here, so that the schedule itself touches no element.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace myriad::cpu {
+
+class CpuOps {
+ public:
+  using Act = float;
+  using Param = float;
+  template <class T>
+  class Buffer {
+   public:
+    void zeros(int64_t n) { v_.assign(static_cast<size_t>(n), T{}); }
+    T* data() { return v_.data(); }
+    const T* data() const { return v_.data(); }
+    int64_t size() const { return static_cast<int64_t>(v_.size()); }
+
+   private:
+    std::vector<T> v_;
+  };
+
+  const char* name() const { return "cpu"; }
+
+  // ---- moving data ----
+  template <class T>
+  void zero(T* x, int64_t n) const;
+  template <class T>
+  void copy(T* dst, const T* src, int64_t n) const;
+  // From and to host memory (token ids in, logits and losses out): plain copies here.
+  void upload(int32_t* dst, const int32_t* host, int64_t n) const { copy(dst, host, n); }
+  void download(float* host, const float* src, int64_t n) const { copy(host, src, n); }
+  void fill(float* x, float value, int64_t n) const;
+  // Sum of x[0, n) in double, in order (the mean loss: bitwise reproducible).
+  double sum(const float* x, int64_t n) const;
+
+  // ---- the kernels of ops/cpu/ops.h ----
+  void embedding_forward(Act* out, const int32_t* tokens, const Param* wte, const Param* wpe, int B, int T, int C) const;
+  void embedding_backward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens, int B, int T, int C) const;
+  void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b, int N, int C) const;
+  void layernorm_backward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
+                          const float* mean, const float* rstd, int N, int C) const;
+  void linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC) const;
+  void linear_backward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
+                       int N, int IC, int OC) const;
+  void gelu_forward(Act* out, const Act* inp, int64_t n) const;
+  void gelu_backward(Act* dinp, const Act* inp, const Act* dout, int64_t n) const;
+  void add(Act* out, const Act* a, const Act* b, int64_t n) const;  // out may alias a or b
+  // What attention keeps for its backward, per micro-batch: the softmax rows (B,H,T,T).
+  int64_t attention_saved(int B, int H, int T) const { return int64_t(B) * H * T * T; }
+  void attention_forward(Act* out, Act* saved, const Act* qkv, int B, int T, int C, int H, int window) const;
+  void attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* saved, int B, int T, int C, int H,
+                          int window) const;
+  void crossentropy_forward(float* losses, const Act* logits, const int32_t* targets, int N, int V, int Vp) const;
+  // dlogits (=) may alias logits.
+  void crossentropy_backward(Act* dlogits, const Act* logits, const int32_t* targets, const float* dlosses, int N,
+                             int V, int Vp) const;
+
+  // ---- rows a rank holds (tensor parallelism) ----
+  void add_bias(Act* out, const Param* bias, int rows, int C) const;             // out (rows,C) += bias
+  void bias_backward(float* db, const Act* dout, int rows, int OC) const;        // db += column sums
+  // out (N,C): row n = wte row tokens[n] - v0 when this rank holds it (in [0, Vl)), else 0.
+  void vocab_rows_forward(Act* out, const int32_t* tokens, const Param* wte, int64_t v0, int64_t Vl, int N,
+                          int C) const;
+  // dwte (Vl,C) += the rows of dfull (N,C) whose token this rank holds.
+  void vocab_rows_backward(float* dwte, const Act* dfull, const int32_t* tokens, int64_t v0, int64_t Vl, int N,
+                           int C) const;
+  // out (rows,C) += wpe[(r0 + i) % T] for row i; its gradient the same way round.
+  void add_positions(Act* out, const Param* wpe, int r0, int rows, int T, int C) const;
+  void positions_backward(float* dwpe, const Act* dout, int r0, int rows, int T, int C) const;
+  // Vocabulary-parallel cross-entropy over logits (N,Vl), columns [v0, v0 + Vl) of the
+  // vocabulary, the first `live` of them real: the row maxima; then each row's sum of
+  // exp(x - max) and its target's shifted logit (0 unless held here) into parts (N,2); then,
+  // once parts are summed over the ranks, the losses; and the backward, in place.
+  void ce_row_max(float* mx, const Act* logits, int N, int64_t Vl, int live) const;
+  void ce_partials(float* parts, const Act* logits, const float* mx, const int32_t* targets, int64_t v0, int N,
+                   int64_t Vl, int live) const;
+  void ce_losses(float* losses, float* sums, const float* parts, int N) const;
+  void ce_tp_backward(Act* dlogits, const float* mx, const float* sums, const float* dlosses,
+                      const int32_t* targets, int64_t v0, int N, int64_t Vl, int live) const;
+};
+
+}  // namespace myriad::cpu
