@@ -125,7 +125,7 @@ class GptModel {
     Act *ln1;             // (B,T,C) (all N rows, gathered with SP)
     float *ln1_mean, *ln1_rstd;  // (R), (R)
     Act *qkv;             // (B,T,3C) laid out (H,3,D)
-    Act *saved;           // what attention keeps for backward (Ops::attention_saved)
+    float *saved;         // what attention keeps for backward (Ops::attention_saved floats)
     Act *atty;            // (B,T,C) attention output before the projection
     Act *mid;             // (B,T,C) residual after attention (sequential block only; R rows)
     Act *ln2;             // (B,T,C) (sequential block only)
@@ -137,7 +137,7 @@ class GptModel {
   struct Slot {
     int mb = -1, B = 0;   // the micro-batch held (-1: free) and its rows
     Buffer<Act> storage;  // the layers' activations, out and lnf
-    Buffer<float> stats;  // the LayerNorms' means and rstds
+    Buffer<float> stats;  // the LayerNorms' means and rstds, attention's saved floats
     std::vector<LayerActs> layers;  // the chunk's layers, in order
     Act* out;                       // (B,T,C) the chunk's output, R rows
     Act* lnf;                       // head: (B,T,C) (all N rows)
@@ -196,7 +196,7 @@ class GptModel {
   void embedding_forward_tp(const Slot& s, Act* out);
   void embedding_backward_tp(const Slot& s, const Act* dresid);
   void crossentropy_forward_tp(Slot& s);
-  void crossentropy_backward_tp(Slot& s, const float* dlosses);
+  void crossentropy_backward_tp(Slot& s, float dloss);
 
   Ops ops_;
   Config cfg_;

@@ -25,8 +25,6 @@ template void CpuOps::zero<int32_t>(int32_t*, int64_t) const;
 template void CpuOps::copy<float>(float*, const float*, int64_t) const;
 template void CpuOps::copy<int32_t>(int32_t*, const int32_t*, int64_t) const;
 
-void CpuOps::fill(float* x, float value, int64_t n) const { std::fill(x, x + n, value); }
-
 double CpuOps::sum(const float* x, int64_t n) const {
   double s = 0;
   for (int64_t i = 0; i < n; ++i) s += x[i];
@@ -58,23 +56,26 @@ void CpuOps::linear_backward(Act* dinp, float* dw, float* db, const Act* dout, c
 }
 void CpuOps::gelu_forward(Act* out, const Act* inp, int64_t n) const { cpu::gelu_forward(out, inp, n); }
 void CpuOps::gelu_backward(Act* dinp, const Act* inp, const Act* dout, int64_t n) const {
+  zero(dinp, n);
   cpu::gelu_backward(dinp, inp, dout, n);
 }
 void CpuOps::add(Act* out, const Act* a, const Act* b, int64_t n) const { cpu::residual_forward(out, a, b, n); }
-void CpuOps::attention_forward(Act* out, Act* saved, const Act* qkv, int B, int T, int C, int H, int window) const {
+void CpuOps::attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int C, int H, int window) const {
   cpu::attention_forward(out, saved, qkv, B, T, C, H, window);
 }
-void CpuOps::attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* saved, int B, int T, int C,
-                                int H, int window) const {
+void CpuOps::attention_backward(Act* dqkv, const Act* dout, const Act*, const Act* qkv, const float* saved, int B,
+                                int T, int C, int H, int window) const {
+  zero(dqkv, int64_t(B) * T * 3 * C);
   cpu::attention_backward(dqkv, dout, qkv, saved, B, T, C, H, window);
 }
 void CpuOps::crossentropy_forward(float* losses, const Act* logits, const int32_t* targets, int N, int V,
                                   int Vp) const {
   cpu::crossentropy_forward(losses, logits, targets, N, V, Vp);
 }
-void CpuOps::crossentropy_backward(Act* dlogits, const Act* logits, const int32_t* targets, const float* dlosses,
-                                   int N, int V, int Vp) const {
-  cpu::crossentropy_backward(dlogits, logits, targets, dlosses, N, V, Vp);
+void CpuOps::crossentropy_backward(Act* dlogits, const Act* logits, const int32_t* targets, float dloss, int N,
+                                   int V, int Vp) const {
+  const std::vector<float> dlosses(static_cast<size_t>(N), dloss);
+  cpu::crossentropy_backward(dlogits, logits, targets, dlosses.data(), N, V, Vp);
 }
 
 // Columns in blocks across threads, rows in order.
@@ -190,12 +191,12 @@ void CpuOps::ce_losses(float* losses, float* sums, const float* parts, int N) co
   }
 }
 
-void CpuOps::ce_tp_backward(Act* dlogits, const float* mx, const float* sums, const float* dlosses,
-                            const int32_t* targets, int64_t v0, int N, int64_t Vl, int live) const {
+void CpuOps::ce_tp_backward(Act* dlogits, const float* mx, const float* sums, float dloss, const int32_t* targets,
+                            int64_t v0, int N, int64_t Vl, int live) const {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     float* d = dlogits + n * Vl;
-    const float m = mx[n], inv = 1.0f / sums[n], dl = dlosses[n];
+    const float m = mx[n], inv = 1.0f / sums[n], dl = dloss;
     const int64_t t = int64_t(targets[n]) - v0;
     const bool owned = t >= 0 && t < live;
     const float xt = owned ? d[t] : 0.0f;

@@ -7,7 +7,7 @@
 //   Buffer<T>  an owned buffer of T in the op set's memory: zeros(n), data(), size()
 // Every pointer an op takes is the op set's memory, shapes in comments as in ops/cpu/ops.h,
 // whose conventions hold: row-major; backward ops ACCUMULATE into their gradients unless marked
-// (=); results independent of thread timing.
+// (=); results independent of thread timing. Parameter gradients are fp32 whatever Act is.
 //
 // Besides the kernels of ops/cpu/ops.h, the pieces of the tensor-parallel layers that are
 // row loops (vocabulary-parallel embedding and cross-entropy, biases and positions on the rows a
@@ -46,7 +46,6 @@ class CpuOps {
   // From and to host memory (token ids in, logits and losses out): plain copies here.
   void upload(int32_t* dst, const int32_t* host, int64_t n) const { copy(dst, host, n); }
   void download(float* host, const float* src, int64_t n) const { copy(host, src, n); }
-  void fill(float* x, float value, int64_t n) const;
   // Sum of x[0, n) in double, in order (the mean loss: bitwise reproducible).
   double sum(const float* x, int64_t n) const;
 
@@ -60,17 +59,18 @@ class CpuOps {
   void linear_backward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
                        int N, int IC, int OC) const;
   void gelu_forward(Act* out, const Act* inp, int64_t n) const;
-  void gelu_backward(Act* dinp, const Act* inp, const Act* dout, int64_t n) const;
+  void gelu_backward(Act* dinp, const Act* inp, const Act* dout, int64_t n) const;  // dinp (=)
   void add(Act* out, const Act* a, const Act* b, int64_t n) const;  // out may alias a or b
-  // What attention keeps for its backward, per micro-batch: the softmax rows (B,H,T,T).
+  // Floats attention keeps for its backward, per micro-batch: the softmax rows (B,H,T,T).
   int64_t attention_saved(int B, int H, int T) const { return int64_t(B) * H * T * T; }
-  void attention_forward(Act* out, Act* saved, const Act* qkv, int B, int T, int C, int H, int window) const;
-  void attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* saved, int B, int T, int C, int H,
-                          int window) const;
+  void attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int C, int H, int window) const;
+  // dqkv (=); out is attention_forward's output.
+  void attention_backward(Act* dqkv, const Act* dout, const Act* out, const Act* qkv, const float* saved, int B,
+                          int T, int C, int H, int window) const;
   void crossentropy_forward(float* losses, const Act* logits, const int32_t* targets, int N, int V, int Vp) const;
-  // dlogits (=) may alias logits.
-  void crossentropy_backward(Act* dlogits, const Act* logits, const int32_t* targets, const float* dlosses, int N,
-                             int V, int Vp) const;
+  // dlogits (=) may alias logits; every token's loss has the derivative dloss (the mean's).
+  void crossentropy_backward(Act* dlogits, const Act* logits, const int32_t* targets, float dloss, int N, int V,
+                             int Vp) const;
 
   // ---- rows a rank holds (tensor parallelism) ----
   void add_bias(Act* out, const Param* bias, int rows, int C) const;             // out (rows,C) += bias
@@ -92,8 +92,8 @@ class CpuOps {
   void ce_partials(float* parts, const Act* logits, const float* mx, const int32_t* targets, int64_t v0, int N,
                    int64_t Vl, int live) const;
   void ce_losses(float* losses, float* sums, const float* parts, int N) const;
-  void ce_tp_backward(Act* dlogits, const float* mx, const float* sums, const float* dlosses,
-                      const int32_t* targets, int64_t v0, int N, int64_t Vl, int live) const;
+  void ce_tp_backward(Act* dlogits, const float* mx, const float* sums, float dloss, const int32_t* targets,
+                      int64_t v0, int N, int64_t Vl, int live) const;
 };
 
 }  // namespace myriad::cpu

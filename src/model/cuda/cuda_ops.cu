@@ -1,0 +1,204 @@
+#include "model/cuda/cuda_ops.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "core/error.h"
+#include "model/cuda/cuda_check.h"
+#include "model/cuda/matmul.h"
+#include "ops/cuda/ops.cuh"
+
+namespace myriad::cuda {
+
+struct CudaOps::State {
+  cudaStream_t stream = nullptr;
+  Matmul mm;
+  float* scratch = nullptr;
+  size_t scratch_floats = 0;
+  int32_t* groups = nullptr;  // the embedding backward's positions, starts and ids
+  size_t groups_ints = 0;
+  ~State() {
+    if (stream) cudaStreamSynchronize(stream);
+    cudaFree(scratch);
+    cudaFree(groups);
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+
+template <class T>
+void CudaOps::Buffer<T>::zeros(int64_t n) {
+  T* p = nullptr;
+  if (n > 0) {
+    CUDA_CHECK(cudaMalloc(&p, static_cast<size_t>(n) * sizeof(T)));
+    CUDA_CHECK(cudaMemset(p, 0, static_cast<size_t>(n) * sizeof(T)));
+  }
+  p_.reset(p);
+  n_ = n;
+}
+template class CudaOps::Buffer<__nv_bfloat16>;
+template class CudaOps::Buffer<float>;
+template class CudaOps::Buffer<int32_t>;
+
+CudaOps::CudaOps() : st_(std::make_shared<State>()) {
+  CUDA_CHECK(cudaStreamCreateWithFlags(&st_->stream, cudaStreamNonBlocking));
+}
+
+cudaStream_t CudaOps::stream() const { return st_->stream; }
+
+void CudaOps::not_yet() {
+  throw_input("tensor parallelism is not on the CUDA op set yet: set parallel.tp = 1");
+}
+
+float* CudaOps::scratch(size_t n) const {
+  if (n > st_->scratch_floats) {
+    CUDA_CHECK(cudaStreamSynchronize(st_->stream));
+    cudaFree(st_->scratch);
+    st_->scratch = nullptr;
+    CUDA_CHECK(cudaMalloc(&st_->scratch, n * sizeof(float)));
+    st_->scratch_floats = n;
+  }
+  return st_->scratch;
+}
+
+template <class T>
+void CudaOps::zero(T* x, int64_t n) const {
+  if (n > 0) CUDA_CHECK(cudaMemsetAsync(x, 0, static_cast<size_t>(n) * sizeof(T), st_->stream));
+}
+template <class T>
+void CudaOps::copy(T* dst, const T* src, int64_t n) const {
+  if (n > 0 && dst != src)
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(T), cudaMemcpyDeviceToDevice, st_->stream));
+}
+template void CudaOps::zero<__nv_bfloat16>(__nv_bfloat16*, int64_t) const;
+template void CudaOps::zero<float>(float*, int64_t) const;
+template void CudaOps::zero<int32_t>(int32_t*, int64_t) const;
+template void CudaOps::copy<__nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, int64_t) const;
+template void CudaOps::copy<float>(float*, const float*, int64_t) const;
+template void CudaOps::copy<int32_t>(int32_t*, const int32_t*, int64_t) const;
+
+void CudaOps::upload(int32_t* dst, const int32_t* host, int64_t n) const {
+  // Pageable host memory: the copy has left `host` when the call returns.
+  CUDA_CHECK(cudaMemcpyAsync(dst, host, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, st_->stream));
+}
+
+void CudaOps::upload_params(Param* dst, const float* host, int64_t n) const {
+  float* f = scratch(static_cast<size_t>(n));
+  CUDA_CHECK(cudaMemcpyAsync(f, host, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, st_->stream));
+  cast_to_bf16(dst, f, n, st_->stream);
+  CUDA_CHECK(cudaStreamSynchronize(st_->stream));
+}
+
+void CudaOps::download(float* host, const Act* src, int64_t n) const {
+  std::vector<Act> h(static_cast<size_t>(n));
+  CUDA_CHECK(cudaMemcpyAsync(h.data(), src, static_cast<size_t>(n) * 2, cudaMemcpyDeviceToHost, st_->stream));
+  CUDA_CHECK(cudaStreamSynchronize(st_->stream));
+  for (int64_t i = 0; i < n; ++i) host[i] = __bfloat162float(h[static_cast<size_t>(i)]);
+}
+
+double CudaOps::sum(const float* x, int64_t n) const {
+  std::vector<float> h(static_cast<size_t>(n));
+  CUDA_CHECK(cudaMemcpyAsync(h.data(), x, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, st_->stream));
+  CUDA_CHECK(cudaStreamSynchronize(st_->stream));
+  double s = 0;
+  for (float v : h) s += v;  // in order: reproducible
+  return s;
+}
+
+void CudaOps::embedding_forward(Act* out, const int32_t* tokens, const Param* wte, const Param* wpe, int B, int T,
+                                int C) const {
+  cuda::embedding_forward(out, tokens, wte, wpe, B, T, C, st_->stream);
+}
+
+void CudaOps::embedding_backward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens, int B, int T,
+                                 int C) const {
+  // Positions grouped by token id (a counting sort over the ids present), for a deterministic
+  // backward: [positions (N)] [starts (G+1)] [ids (G)].
+  const int N = B * T;
+  std::vector<int32_t> in(static_cast<size_t>(N));
+  CUDA_CHECK(cudaMemcpyAsync(in.data(), tokens, static_cast<size_t>(N) * 4, cudaMemcpyDeviceToHost, st_->stream));
+  CUDA_CHECK(cudaStreamSynchronize(st_->stream));
+  const int32_t V = *std::max_element(in.begin(), in.end()) + 1;
+  std::vector<int32_t> count(static_cast<size_t>(V) + 1, 0), fill(static_cast<size_t>(V));
+  for (int32_t t : in) ++count[static_cast<size_t>(t) + 1];
+  for (int32_t v = 0; v < V; ++v) count[v + 1] += count[v];
+  std::copy(count.begin(), count.end() - 1, fill.begin());
+  std::vector<int32_t> g(3 * static_cast<size_t>(N) + 1);
+  for (int n = 0; n < N; ++n) g[static_cast<size_t>(fill[in[n]]++)] = n;
+  int32_t* starts = g.data() + N;
+  int groups = 0;
+  for (int32_t v = 0; v < V; ++v)
+    if (count[v + 1] > count[v]) starts[groups++] = count[v];
+  starts[groups] = N;
+  int32_t* ids = starts + groups + 1;
+  for (int32_t v = 0, k = 0; v < V; ++v)
+    if (count[v + 1] > count[v]) ids[k++] = v;
+  if (g.size() > st_->groups_ints) {
+    CUDA_CHECK(cudaStreamSynchronize(st_->stream));
+    cudaFree(st_->groups);
+    st_->groups = nullptr;
+    CUDA_CHECK(cudaMalloc(&st_->groups, g.size() * 4));
+    st_->groups_ints = g.size();
+  }
+  CUDA_CHECK(cudaMemcpyAsync(st_->groups, g.data(), g.size() * 4, cudaMemcpyHostToDevice, st_->stream));
+  const int32_t* d = st_->groups;
+  cuda::embedding_backward(dwte, dwpe, dout, d, d + N, d + N + groups + 1, groups, B, T, C, st_->stream);
+  CUDA_CHECK(cudaStreamSynchronize(st_->stream));  // `g` is pageable and leaves with this call
+}
+
+void CudaOps::layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b,
+                                int N, int C) const {
+  cuda::layernorm_forward(out, mean, rstd, inp, w, b, N, C, st_->stream);
+}
+
+void CudaOps::layernorm_backward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
+                                 const float* mean, const float* rstd, int N, int C) const {
+  cuda::layernorm_backward(dinp, dw, db, scratch(layernorm_scratch_floats(N, C)), dout, inp, w, mean, rstd, N, C,
+                           st_->stream);
+}
+
+void CudaOps::linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC) const {
+  st_->mm.forward(out, inp, w, b, N, IC, OC, st_->stream);
+}
+
+void CudaOps::linear_backward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w, int N,
+                              int IC, int OC) const {
+  if (dinp) st_->mm.backward_input(dinp, dout, w, N, IC, OC, /*accumulate=*/true, st_->stream);
+  st_->mm.backward_weight(dw, dout, inp, N, IC, OC, st_->stream);
+  if (db) bias_backward(db, dout, N, OC);
+}
+
+void CudaOps::bias_backward(float* db, const Act* dout, int rows, int OC) const {
+  cuda::bias_backward(db, scratch(bias_scratch_floats(rows, OC)), dout, rows, OC, st_->stream);
+}
+
+void CudaOps::gelu_forward(Act* out, const Act* inp, int64_t n) const {
+  cuda::gelu_forward(out, inp, n, st_->stream);
+}
+void CudaOps::gelu_backward(Act* dinp, const Act* inp, const Act* dout, int64_t n) const {
+  cuda::gelu_backward(dinp, inp, dout, n, st_->stream);
+}
+void CudaOps::add(Act* out, const Act* a, const Act* b, int64_t n) const { cuda::add(out, a, b, n, st_->stream); }
+
+void CudaOps::attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int C, int H,
+                                int window) const {
+  cuda::attention_forward(out, saved, qkv, B, T, H, C / H, window, st_->stream);
+}
+void CudaOps::attention_backward(Act* dqkv, const Act* dout, const Act* out, const Act* qkv, const float* saved,
+                                 int B, int T, int C, int H, int window) const {
+  const int D = C / H;
+  cuda::attention_backward(dqkv, scratch(attention_scratch_floats(B, T, H, D)), dout, out, qkv, saved, B, T, H, D,
+                           window, st_->stream);
+}
+
+void CudaOps::crossentropy_forward(float* losses, const Act* logits, const int32_t* targets, int N, int V,
+                                   int Vp) const {
+  // dloss 0: the losses only, the logits untouched.
+  cuda::crossentropy(losses, const_cast<Act*>(logits), targets, 0.0f, N, V, Vp, st_->stream);
+}
+void CudaOps::crossentropy_backward(Act* dlogits, const Act* logits, const int32_t* targets, float dloss, int N,
+                                    int V, int Vp) const {
+  MYRIAD_CHECK(dlogits == logits, "the CUDA cross-entropy backward runs in place");
+  cuda::crossentropy(scratch(static_cast<size_t>(N)), dlogits, targets, dloss, N, V, Vp, st_->stream);
+}
+
+}  // namespace myriad::cuda

@@ -1,0 +1,104 @@
+// The CUDA op set: the one layer schedule (model/gpt.h) on one GPU, bf16 activations and
+// weights, fp32 statistics and parameter gradients, the kernels of ops/cuda and cuBLASLt
+// (matmul.h). Every op is enqueued on the op set's stream; the ops that hand results to the host
+// (download, sum) synchronize it. Copies of a CudaOps share its stream and scratch.
+//
+// Contracts as the CPU op set's (ops/cpu/cpu_ops.h), with these CUDA facts:
+// - attention keeps the log-sum-exp of each score row (B,H,T) for its backward, and needs a
+//   head size of 64, 80 or 128;
+// - cross-entropy's backward recomputes from the logits in place (dlogits must alias logits);
+// - the embedding's backward groups the positions by token on the host (deterministic without
+//   atomics), so it reads the tokens back once per micro-batch.
+// The tensor-parallel row ops are not here yet: the schedule refuses tensor parallelism on this
+// op set before reaching them (its communication regions need bf16 collectives).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace myriad::cuda {
+
+class Matmul;
+
+class CudaOps {
+ public:
+  using Act = __nv_bfloat16;
+  using Param = __nv_bfloat16;
+
+  // Device memory of n elements of T, zeroed; moves, never copies.
+  template <class T>
+  class Buffer {
+   public:
+    void zeros(int64_t n);
+    T* data() { return p_.get(); }
+    const T* data() const { return p_.get(); }
+    int64_t size() const { return n_; }
+
+   private:
+    struct Free {
+      void operator()(T* p) const { cudaFree(p); }
+    };
+    std::unique_ptr<T, Free> p_;
+    int64_t n_ = 0;
+  };
+
+  // The current device's op set, on a stream of its own.
+  CudaOps();
+  const char* name() const { return "cuda"; }
+  cudaStream_t stream() const;
+
+  template <class T>
+  void zero(T* x, int64_t n) const;
+  template <class T>
+  void copy(T* dst, const T* src, int64_t n) const;
+  void upload(int32_t* dst, const int32_t* host, int64_t n) const;
+  void upload_params(Param* dst, const float* host, int64_t n) const;  // rounded to bf16
+  void download(float* host, const Act* src, int64_t n) const;         // widened to fp32
+  double sum(const float* x, int64_t n) const;
+
+  void embedding_forward(Act* out, const int32_t* tokens, const Param* wte, const Param* wpe, int B, int T, int C) const;
+  void embedding_backward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens, int B, int T, int C) const;
+  void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b, int N, int C) const;
+  void layernorm_backward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
+                          const float* mean, const float* rstd, int N, int C) const;
+  void linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC) const;
+  void linear_backward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
+                       int N, int IC, int OC) const;
+  void gelu_forward(Act* out, const Act* inp, int64_t n) const;
+  void gelu_backward(Act* dinp, const Act* inp, const Act* dout, int64_t n) const;
+  void add(Act* out, const Act* a, const Act* b, int64_t n) const;
+  void bias_backward(float* db, const Act* dout, int rows, int OC) const;  // db += column sums
+  int64_t attention_saved(int B, int H, int T) const { return int64_t(B) * H * T; }
+  void attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int C, int H, int window) const;
+  void attention_backward(Act* dqkv, const Act* dout, const Act* out, const Act* qkv, const float* saved, int B,
+                          int T, int C, int H, int window) const;
+  void crossentropy_forward(float* losses, const Act* logits, const int32_t* targets, int N, int V, int Vp) const;
+  void crossentropy_backward(Act* dlogits, const Act* logits, const int32_t* targets, float dloss, int N, int V,
+                             int Vp) const;
+
+  // Tensor parallelism's row ops: not on this op set yet (see above); each refuses.
+  void add_bias(Act*, const Param*, int, int) const { not_yet(); }
+  void vocab_rows_forward(Act*, const int32_t*, const Param*, int64_t, int64_t, int, int) const { not_yet(); }
+  void vocab_rows_backward(float*, const Act*, const int32_t*, int64_t, int64_t, int, int) const { not_yet(); }
+  void add_positions(Act*, const Param*, int, int, int, int) const { not_yet(); }
+  void positions_backward(float*, const Act*, int, int, int, int) const { not_yet(); }
+  void ce_row_max(float*, const Act*, int, int64_t, int) const { not_yet(); }
+  void ce_partials(float*, const Act*, const float*, const int32_t*, int64_t, int, int64_t, int) const { not_yet(); }
+  void ce_losses(float*, float*, const float*, int) const { not_yet(); }
+  void ce_tp_backward(Act*, const float*, const float*, float, const int32_t*, int64_t, int, int64_t, int) const {
+    not_yet();
+  }
+
+ private:
+  [[noreturn]] static void not_yet();
+  struct State;
+  // Scratch of at least n floats, shared by the ops (one runs at a time).
+  float* scratch(size_t n) const;
+  std::shared_ptr<State> st_;
+};
+
+}  // namespace myriad::cuda

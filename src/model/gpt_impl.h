@@ -1,0 +1,544 @@
+// The definitions of the layer schedule, GptModel<Ops> (model/gpt.h), for the files that
+// instantiate it with an op set: gpt.cc (the CPU op set) and model/cuda/ (the CUDA one).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "core/error.h"
+#include "model/gpt.h"
+
+namespace myriad {
+
+namespace gpt_detail {
+
+// The tensor-parallel degree of `par`, after the checks that need the config.
+inline int checked_tp_size(const Config& cfg, const parallel::ParallelContext* par) {
+  const int t = par ? par->tp_size() : 1;
+  if (t == 1) return 1;
+  MYRIAD_CHECK(t == cfg.parallel.tp, "the tensor-parallel group has ", t,
+               " ranks but parallel.tp = ", cfg.parallel.tp);
+  if (cfg.model.heads % t != 0)
+    throw_input("config: model.heads (", cfg.model.heads, ") must be divisible by parallel.tp (",
+                t, ")");
+  if (cfg.parallel.sequence_parallel && cfg.model.seq_len % t != 0)
+    throw_input("config: model.seq_len (", cfg.model.seq_len,
+                ") must be divisible by parallel.tp (", t,
+                ") with parallel.sequence_parallel = true: the tokens of a micro-batch are split "
+                "evenly over the tensor-parallel ranks");
+  return t;
+}
+
+// The communication regions move fp32 today. A bf16 op set (the GPU's) runs tensor parallelism
+// once the collectives take bf16 (docs/notes/one-model-seam.md); until then it is refused here.
+template <class T>
+auto* comm_floats(T* p) {
+  if constexpr (std::is_same_v<std::remove_const_t<T>, float>) {
+    return p;
+  } else {
+    throw_input("tensor parallelism on this op set needs bf16 collectives, which are not there "
+                "yet: set parallel.tp = 1 (or train.device = \"cpu\")");
+    return static_cast<std::conditional_t<std::is_const_v<T>, const float*, float*>>(nullptr);
+  }
+}
+
+}  // namespace gpt_detail
+
+template <class Ops>
+GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par, const ModelPart* part,
+                        int64_t flat_size, Ops ops)
+    : ops_(std::move(ops)),
+      cfg_(cfg),
+      tp_(gpt_detail::checked_tp_size(cfg, par) > 1 ? par->tp : nullptr),
+      tpr_(parallel::group_rank(tp_)),
+      tps_(parallel::group_size(tp_)),
+      sp_cfg_(tp_ != nullptr && cfg.parallel.sequence_parallel),
+      part_(part ? *part : ModelPart::whole(cfg)),
+      layout_(cfg, tpr_, tps_, &part_),
+      L_(cfg.model.layers),
+      C_(cfg.model.d_model),
+      H_(cfg.model.heads),
+      maxT_(cfg.model.seq_len),
+      maxB_(cfg.train.micro_batch),
+      V_(cfg.model.vocab_size),
+      Vp_(cfg.padded_vocab()),
+      window_(cfg.model.window),
+      Hl_(H_ / tps_),
+      Cl_(C_ / tps_),
+      Fl_(4 * C_ / tps_),
+      Vl_(Vp_ / tps_),
+      v0_(Vl_ * tpr_),
+      parallel_block_(cfg.model.parallel_block) {
+  MYRIAD_CHECK(flat_size == 0 || flat_size >= layout_.total(), "flat size ", flat_size);
+  params_.zeros(std::max(flat_size, layout_.total()));
+  grads_.zeros(params_.size());
+  if constexpr (std::is_same_v<Param, float>) {
+    init_params(params_.data(), layout_, cfg.model.seed);
+  } else {  // drawn in fp32 on the host, held in the op set's Param type
+    std::vector<float> host(static_cast<size_t>(params_.size()), 0.0f);
+    init_params(host.data(), layout_, cfg.model.seed);
+    ops_.upload_params(params_.data(), host.data(), params_.size());
+  }
+  p_ = tensors_in(params_.data());
+  g_ = tensors_in(grads_.data());
+  for (size_t c = 0; c < part_.chunks.size(); ++c)
+    chunks_.push_back({part_.chunks[c].first, part_.chunks[c].second, part_.embedding && c == 0,
+                       part_.head && c + 1 == part_.chunks.size(), {}});
+
+  const int64_t BT = maxB_ * maxT_, C = C_;
+  tmp_.zeros(BT * C);
+  if (tp_) full_.zeros(BT * C);
+  dresid_.zeros(BT * C);
+  dln_.zeros(BT * C);
+  datty_.zeros(BT * Cl_);
+  dqkv_.zeros(BT * 3 * Cl_);
+  dfc_.zeros(BT * Fl_);
+  dgelu_.zeros(BT * Fl_);
+}
+
+template <class Ops>
+typename GptModel<Ops>::Slot& GptModel<Ops>::acquire(Chunk& ch, int mb, int B) {
+  for (auto& s : ch.slots)
+    MYRIAD_CHECK(s->mb != mb, "micro-batch ", mb, " is already in flight in layers [", ch.l0,
+                 ", ", ch.l1, ")");
+  for (auto& s : ch.slots)
+    if (s->mb < 0) {
+      s->mb = mb, s->B = B;
+      return *s;
+    }
+  // A new slot: the schedule keeps one more micro-batch in flight than so far.
+  auto s = std::make_unique<Slot>();
+  const int64_t BT = maxB_ * maxT_, C = C_, layers = ch.l1 - ch.l0;
+  const int64_t saved = ops_.attention_saved(maxB_, Hl_, maxT_);
+  const int64_t per_layer = BT * C * 4 + BT * Cl_ + BT * 3 * Cl_ + BT * Fl_ * 2;
+  s->storage.zeros(per_layer * layers + BT * C * 2);
+  s->stats.zeros((BT * 4 + saved) * layers + BT * 2);
+  Act* a = s->storage.data();
+  float* st = s->stats.data();
+  auto take = [&](int64_t n) { Act* p = a; a += n; return p; };
+  auto stat = [&](int64_t n) { float* p = st; st += n; return p; };
+  s->layers.resize(layers);
+  for (auto& l : s->layers) {
+    l.in = take(BT * C);
+    l.ln1 = take(BT * C), l.ln1_mean = stat(BT), l.ln1_rstd = stat(BT);
+    l.qkv = take(BT * 3 * Cl_);
+    l.saved = stat(saved);
+    l.atty = take(BT * Cl_);
+    l.mid = take(BT * C);
+    l.ln2 = take(BT * C), l.ln2_mean = stat(BT), l.ln2_rstd = stat(BT);
+    l.fc = take(BT * Fl_);
+    l.gelu = take(BT * Fl_);
+  }
+  s->out = take(BT * C);
+  s->lnf = take(BT * C), s->lnf_mean = stat(BT), s->lnf_rstd = stat(BT);
+  MYRIAD_CHECK(a <= s->storage.data() + s->storage.size() && st <= s->stats.data() + s->stats.size());
+  s->inputs.zeros(BT);
+  s->targets.zeros(BT);
+  if (ch.head) {
+    s->logits.zeros(BT * Vl_);
+    s->losses.zeros(BT);
+    if (tp_) s->ce_max.zeros(BT), s->ce_sum.zeros(BT), s->ce_parts.zeros(2 * BT);
+  }
+  s->mb = mb, s->B = B;
+  ch.slots.push_back(std::move(s));
+  return *ch.slots.back();
+}
+
+template <class Ops>
+typename GptModel<Ops>::Slot& GptModel<Ops>::held(int c, int mb) const {
+  MYRIAD_CHECK(c >= 0 && c < num_chunks(), "chunk ", c, " of ", num_chunks());
+  Slot* found = nullptr;
+  for (auto& s : chunks_[c].slots)
+    if (s->mb == mb) found = s.get();
+  MYRIAD_CHECK(found != nullptr, "micro-batch ", mb, " is not in flight in chunk ", c);
+  return *found;
+}
+
+template <class Ops>
+void GptModel<Ops>::set_shape(int B, int T) {
+  MYRIAD_CHECK(B <= maxB_ && T <= maxT_, "batch ", B, "x", T, " exceeds ", maxB_, "x", maxT_);
+  B_ = B, T_ = T, N_ = B * T;
+  sp_ = sp_cfg_ && N_ % tps_ == 0;
+  R_ = sp_ ? N_ / tps_ : N_;
+  r0_ = sp_ ? tpr_ * R_ : 0;
+}
+
+template <class Ops>
+int64_t GptModel<Ops>::boundary_elems(int B) const {
+  const int64_t N = int64_t(B) * maxT_;
+  return (sp_cfg_ && N % tps_ == 0 ? N / tps_ : N) * C_;
+}
+
+template <class Ops>
+template <class T>
+typename GptModel<Ops>::template Tensors<T> GptModel<Ops>::tensors_in(T* base) const {
+  auto at = [&](const std::string& name) -> T* {
+    const ParamSpec* p = layout_.get(name);
+    return p ? base + p->offset : nullptr;
+  };
+  Tensors<T> t{at("wte"), at("wpe"), at("lnf.w"), at("lnf.b"), {}};
+  for (int64_t l = 0; l < L_; ++l) {
+    std::string h = "h." + std::to_string(l) + ".";
+    t.layers.push_back({at(h + "ln1.w"), at(h + "ln1.b"), at(h + "attn.qkv.w"),
+                        at(h + "attn.qkv.b"), at(h + "attn.proj.w"), at(h + "attn.proj.b"),
+                        at(h + "ln2.w"), at(h + "ln2.b"), at(h + "mlp.fc.w"), at(h + "mlp.fc.b"),
+                        at(h + "mlp.proj.w"), at(h + "mlp.proj.b")});
+  }
+  return t;
+}
+
+template <class Ops>
+void GptModel<Ops>::zero_grads() { ops_.zero(grads_.data(), grads_.size()); }
+
+// ---- the tensor-parallel pieces (the identity, or the plain op, without TP) ----
+
+template <class Ops>
+typename GptModel<Ops>::Act* GptModel<Ops>::local_rows(Act* full, int64_t width) const {
+  return sp_ ? full + int64_t(r0_) * width : full;
+}
+
+template <class Ops>
+void GptModel<Ops>::column_input_forward(Act* full, int64_t width) {
+  if (sp_)  // without SP, CopyToTp's forward: the identity
+    parallel::GatherFromSequence::forward(tp_, gpt_detail::comm_floats(full + int64_t(r0_) * width),
+                                          gpt_detail::comm_floats(full), int64_t(R_) * width);
+}
+
+template <class Ops>
+typename GptModel<Ops>::Act* GptModel<Ops>::column_input_backward(Act* dfull, int64_t width) {
+  if (!tp_) return dfull;
+  if (sp_) {
+    Act* local = dfull + int64_t(r0_) * width;
+    parallel::GatherFromSequence::backward(tp_, gpt_detail::comm_floats(dfull), gpt_detail::comm_floats(local),
+                                           int64_t(R_) * width);
+    return local;
+  }
+  parallel::CopyToTp::backward(tp_, gpt_detail::comm_floats(dfull), int64_t(N_) * width);
+  return dfull;
+}
+
+template <class Ops>
+void GptModel<Ops>::row_parallel_forward(Act* out, const Act* inp, const Param* w, const Param* b, int IC,
+                                         int OC) {
+  if (!tp_) {
+    ops_.linear_forward(out, inp, w, b, N_, IC, OC);
+    return;
+  }
+  // The partial product of this rank's input features, reduced over the ranks; the bias once.
+  Act* partial = sp_ ? full_.data() : out;
+  ops_.linear_forward(partial, inp, w, static_cast<const Param*>(nullptr), N_, IC, OC);
+  if (sp_)
+    parallel::ReduceScatterToSequence::forward(tp_, gpt_detail::comm_floats(partial), gpt_detail::comm_floats(out),
+                                               int64_t(R_) * OC);
+  else
+    parallel::ReduceFromTp::forward(tp_, gpt_detail::comm_floats(out), int64_t(N_) * OC);
+  if (b) ops_.add_bias(out, b, R_, OC);
+}
+
+template <class Ops>
+const typename GptModel<Ops>::Act* GptModel<Ops>::row_parallel_dout(const Act* dout, int OC) {
+  if (!sp_) return dout;  // ReduceFromTp's backward: the identity
+  parallel::ReduceScatterToSequence::backward(tp_, gpt_detail::comm_floats(dout),
+                                              gpt_detail::comm_floats(full_.data()), int64_t(R_) * OC);
+  return full_.data();
+}
+
+template <class Ops>
+void GptModel<Ops>::row_parallel_backward(Act* dinp, float* dw, float* db, const Act* dout_full,
+                                          const Act* dout, const Act* inp, const Param* w, int IC, int OC) {
+  if (!sp_) {
+    ops_.linear_backward(dinp, dw, db, dout_full, inp, w, N_, IC, OC);
+    return;
+  }
+  ops_.linear_backward(dinp, dw, static_cast<float*>(nullptr), dout_full, inp, w, N_, IC, OC);
+  if (db) ops_.bias_backward(db, dout, R_, OC);  // this rank's rows: summed in finish_grads()
+}
+
+template <class Ops>
+void GptModel<Ops>::embedding_forward_tp(const Slot& s, Act* out) {
+  // This rank's rows of wte for the tokens it owns, zero for the others; summed over the ranks
+  // (exactly one rank contributes each row, so the sum is exact).
+  Act* partial = sp_ ? full_.data() : out;
+  ops_.vocab_rows_forward(partial, s.inputs.data(), p_.wte, v0_, Vl_, N_, C_);
+  if (sp_)
+    parallel::ReduceScatterToSequence::forward(tp_, gpt_detail::comm_floats(partial), gpt_detail::comm_floats(out),
+                                               int64_t(R_) * C_);
+  else
+    parallel::ReduceFromTp::forward(tp_, gpt_detail::comm_floats(out), int64_t(N_) * C_);
+  ops_.add_positions(out, p_.wpe, r0_, R_, T_, C_);  // positions (replicated) on the rows held here
+}
+
+template <class Ops>
+void GptModel<Ops>::embedding_backward_tp(const Slot& s, const Act* dresid) {
+  // wpe from the rows held here (with SP a partial sum, completed in finish_grads()).
+  ops_.positions_backward(g_.wpe, dresid, r0_, R_, T_, C_);
+  // wte: every row's gradient (ReduceFromTp: the identity; SP: gathered), into the rows owned here.
+  const Act* dfull = dresid;
+  if (sp_) {
+    parallel::ReduceScatterToSequence::backward(tp_, gpt_detail::comm_floats(dresid),
+                                                gpt_detail::comm_floats(full_.data()), int64_t(R_) * C_);
+    dfull = full_.data();
+  }
+  ops_.vocab_rows_backward(g_.wte, dfull, s.inputs.data(), v0_, Vl_, N_, C_);
+}
+
+// Vocab-parallel cross-entropy over s.logits (N, Vl): columns [v0, v0 + Vl) of the vocabulary,
+// the first `live` of them real (the rest padding).
+template <class Ops>
+void GptModel<Ops>::crossentropy_forward_tp(Slot& s) {
+  const int live = static_cast<int>(std::clamp<int64_t>(V_ - v0_, 0, Vl_));
+  ops_.ce_row_max(s.ce_max.data(), s.logits.data(), N_, Vl_, live);
+  parallel::max_over_group(tp_, s.ce_max.data(), N_);
+  ops_.ce_partials(s.ce_parts.data(), s.logits.data(), s.ce_max.data(), s.targets.data(), v0_, N_, Vl_, live);
+  parallel::sum_over_group(tp_, s.ce_parts.data(), 2 * int64_t(N_));
+  ops_.ce_losses(s.losses.data(), s.ce_sum.data(), s.ce_parts.data(), N_);
+}
+
+// dlogits = (softmax - onehot) * dlosses on this rank's live columns, 0 on the padding; in place.
+template <class Ops>
+void GptModel<Ops>::crossentropy_backward_tp(Slot& s, float dloss) {
+  const int live = static_cast<int>(std::clamp<int64_t>(V_ - v0_, 0, Vl_));
+  ops_.ce_tp_backward(s.logits.data(), s.ce_max.data(), s.ce_sum.data(), dloss, s.targets.data(), v0_, N_, Vl_,
+                      live);
+}
+
+// ---- the model ----
+
+template <class Ops>
+void GptModel<Ops>::forward(Chunk& ch, Slot& s, const int32_t* tokens, int64_t stride, const Act* input,
+                            bool targets) {
+  const int B = B_, T = T_, C = C_, N = N_, R = R_, W = window_;
+  const int Cl = static_cast<int>(Cl_), Hl = static_cast<int>(Hl_), Fl = static_cast<int>(Fl_);
+  Act* first_in = ch.l1 > ch.l0 ? s.layers[0].in : s.out;
+  if (ch.embedding) {
+    for (int b = 0; b < B; ++b) ops_.upload(s.inputs.data() + b * T, tokens + b * stride, T);
+    if (tp_)
+      embedding_forward_tp(s, first_in);
+    else
+      ops_.embedding_forward(first_in, s.inputs.data(), p_.wte, p_.wpe, B, T, C);
+  } else {
+    ops_.copy(first_in, input, int64_t(R) * C);
+  }
+  for (int64_t l = ch.l0; l < ch.l1; ++l) {
+    LayerActs& a = s.layers[l - ch.l0];
+    const LayerTensors<Param>& w = p_.layers[l];
+    Act* next = l + 1 < ch.l1 ? s.layers[l + 1 - ch.l0].in : s.out;  // (R,C)
+
+    ops_.layernorm_forward(local_rows(a.ln1, C), a.ln1_mean, a.ln1_rstd, a.in, w.ln1_w, w.ln1_b, R, C);
+    column_input_forward(a.ln1, C);
+    ops_.linear_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, C, 3 * Cl);
+    ops_.attention_forward(a.atty, a.saved, a.qkv, B, T, Cl, Hl, W);
+    // Both block forms start with the attention branch added to the residual stream.
+    Act* attn_sum = parallel_block_ ? next : a.mid;
+    row_parallel_forward(attn_sum, a.atty, w.proj_w, w.proj_b, Cl, C);
+    ops_.add(attn_sum, attn_sum, a.in, int64_t(R) * C);
+    // The MLP reads LN2(mid) in the sequential block and the shared LN1(in) in the parallel one.
+    const Act* mlp_in = a.ln1;
+    if (!parallel_block_) {
+      ops_.layernorm_forward(local_rows(a.ln2, C), a.ln2_mean, a.ln2_rstd, a.mid, w.ln2_w, w.ln2_b, R, C);
+      column_input_forward(a.ln2, C);
+      mlp_in = a.ln2;
+    }
+    ops_.linear_forward(a.fc, mlp_in, w.fc_w, w.fc_b, N, C, Fl);
+    ops_.gelu_forward(a.gelu, a.fc, int64_t(N) * Fl);
+    Act* mlp_out = tmp_.data();
+    row_parallel_forward(mlp_out, a.gelu, w.fcproj_w, w.fcproj_b, Fl, C);
+    ops_.add(next, attn_sum, mlp_out, int64_t(R) * C);
+  }
+  if (!ch.head) return;
+  ops_.layernorm_forward(local_rows(s.lnf, C), s.lnf_mean, s.lnf_rstd, s.out, p_.lnf_w, p_.lnf_b, R, C);
+  column_input_forward(s.lnf, C);
+  ops_.linear_forward(s.logits.data(), s.lnf, p_.wte, static_cast<const Param*>(nullptr), N, C,
+                      static_cast<int>(Vl_));
+  last_logits_ = s.logits.data();
+  if (!targets) return;
+  for (int b = 0; b < B; ++b) ops_.upload(s.targets.data() + b * T, tokens + b * stride + 1, T);
+  if (tp_)
+    crossentropy_forward_tp(s);
+  else
+    ops_.crossentropy_forward(s.losses.data(), s.logits.data(), s.targets.data(), N, V_, Vp_);
+}
+
+template <class Ops>
+float GptModel<Ops>::mean_loss(const Slot& s) const {
+  const int N = s.B * maxT_;
+  return static_cast<float>(ops_.sum(s.losses.data(), N) / N);  // fixed order: reproducible
+}
+
+template <class Ops>
+void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput, float grad_scale) {
+  const int B = B_, T = T_, C = C_, N = N_, R = R_, W = window_;
+  const int Cl = static_cast<int>(Cl_), Hl = static_cast<int>(Hl_), Fl = static_cast<int>(Fl_);
+  const int64_t NC = int64_t(N) * C;
+  if (ch.head) {
+    // d(mean loss)/d(loss_i) = grad_scale / N; dlogits overwrite the logits in place.
+    const float dloss = grad_scale / N;
+    Act* dlogits = s.logits.data();
+    if (tp_)
+      crossentropy_backward_tp(s, dloss);
+    else
+      ops_.crossentropy_backward(dlogits, dlogits, s.targets.data(), dloss, N, V_, Vp_);
+    ops_.zero(dln_.data(), NC);
+    ops_.linear_backward(dln_.data(), g_.wte, static_cast<float*>(nullptr), dlogits, s.lnf, p_.wte, N, C,
+                         static_cast<int>(Vl_));
+    Act* dlnf = column_input_backward(dln_.data(), C);
+    ops_.zero(dresid_.data(), NC);
+    ops_.layernorm_backward(dresid_.data(), g_.lnf_w, g_.lnf_b, dlnf, s.out, p_.lnf_w, s.lnf_mean, s.lnf_rstd,
+                            R, C);
+  } else {
+    ops_.copy(dresid_.data(), doutput, int64_t(R) * C);
+  }
+
+  // dresid_ holds the gradient of the residual stream; walking down a layer adds each
+  // branch's input gradient into it in place (the backward ops accumulate).
+  for (int64_t l = ch.l1 - 1; l >= ch.l0; --l) {
+    LayerActs& a = s.layers[l - ch.l0];
+    const LayerTensors<Param>& w = p_.layers[l];
+    const LayerTensors<float>& g = g_.layers[l];
+    Act* dresid = dresid_.data();
+    // The gradient at the layer's output as the row-parallel GEMMs need it (all rows).
+    const Act* dout = row_parallel_dout(dresid, C);
+
+    // MLP branch: its output gradient is the residual gradient at the layer's output.
+    ops_.zero(dgelu_.data(), int64_t(N) * Fl);
+    ops_.zero(dln_.data(), NC);
+    row_parallel_backward(dgelu_.data(), g.fcproj_w, g.fcproj_b, dout, dresid, a.gelu, w.fcproj_w, Fl, C);
+    ops_.gelu_backward(dfc_.data(), a.fc, dgelu_.data(), int64_t(N) * Fl);
+    ops_.linear_backward(dln_.data(), g.fc_w, g.fc_b, dfc_.data(), parallel_block_ ? a.ln1 : a.ln2, w.fc_w, N, C,
+                         Fl);
+    if (!parallel_block_) {
+      // dresid becomes the gradient at mid: the pass-through plus LN2's input gradient.
+      Act* dln2 = column_input_backward(dln_.data(), C);
+      ops_.layernorm_backward(dresid, g.ln2_w, g.ln2_b, dln2, a.mid, w.ln2_w, a.ln2_mean, a.ln2_rstd, R, C);
+      ops_.zero(dln_.data(), NC);
+      dout = row_parallel_dout(dresid, C);
+    }
+    // Attention branch (in the parallel block dln_ still holds the MLP's share of LN1's output
+    // gradient, and the attention's share adds to it).
+    ops_.zero(datty_.data(), int64_t(N) * Cl);
+    row_parallel_backward(datty_.data(), g.proj_w, g.proj_b, dout, dresid, a.atty, w.proj_w, Cl, C);
+    ops_.attention_backward(dqkv_.data(), datty_.data(), a.atty, a.qkv, a.saved, B, T, Cl, Hl, W);
+    ops_.linear_backward(dln_.data(), g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, w.qkv_w, N, C, 3 * Cl);
+    Act* dln1 = column_input_backward(dln_.data(), C);
+    ops_.layernorm_backward(dresid, g.ln1_w, g.ln1_b, dln1, a.in, w.ln1_w, a.ln1_mean, a.ln1_rstd, R, C);
+  }
+  if (!ch.embedding)
+    ops_.copy(dinput, dresid_.data(), int64_t(R) * C);
+  else if (tp_)
+    embedding_backward_tp(s, dresid_.data());
+  else
+    ops_.embedding_backward(g_.wte, g_.wpe, dresid_.data(), s.inputs.data(), B, T, C);
+}
+
+template <class Ops>
+float GptModel<Ops>::forward_chunk(int c, int mb, int B, const int32_t* tokens, const Act* input) {
+  MYRIAD_CHECK(c >= 0 && c < num_chunks(), "chunk ", c, " of ", num_chunks());
+  Chunk& ch = chunks_[c];
+  set_shape(B, maxT_);
+  Slot& s = acquire(ch, mb, B);
+  forward(ch, s, tokens, maxT_ + 1, input, /*targets=*/true);
+  return ch.head ? mean_loss(s) : 0.0f;
+}
+
+template <class Ops>
+const typename GptModel<Ops>::Act* GptModel<Ops>::chunk_output(int c, int mb) const {
+  return held(c, mb).out;
+}
+
+template <class Ops>
+void GptModel<Ops>::backward_chunk(int c, int mb, const Act* doutput, Act* dinput, float grad_scale) {
+  Slot& s = held(c, mb);
+  set_shape(s.B, maxT_);
+  backward(chunks_[c], s, doutput, dinput, grad_scale);
+  s.mb = -1;
+}
+
+template <class Ops>
+void GptModel<Ops>::drop_chunk(int c, int mb) { held(c, mb).mb = -1; }
+
+// ---- the whole model in this process ----
+
+// The micro-batch number of the whole-model forwards (loss, sampling): never a schedule's.
+inline constexpr int kWholeModel = 1 << 30;
+
+template <class Ops>
+float GptModel<Ops>::forward_backward(const int32_t* tokens, int B, float grad_scale) {
+  float loss = 0;
+  for (int c = 0; c < num_chunks(); ++c)
+    loss = forward_chunk(c, 0, B, tokens, c > 0 ? chunk_output(c - 1, 0) : nullptr);
+  // Several chunks here (pp = 1 with virtual stages) pass their gradients in memory.
+  for (int c = num_chunks() - 1; c >= 0; --c) {
+    if (c > 0) din_.zeros(boundary_elems(B));
+    backward_chunk(c, 0, c + 1 < num_chunks() ? dout_.data() : nullptr, c > 0 ? din_.data() : nullptr,
+                   grad_scale);
+    std::swap(dout_, din_);
+  }
+  return loss;
+}
+
+template <class Ops>
+float GptModel<Ops>::loss(const int32_t* tokens, int B) {
+  float loss = 0;
+  for (int c = 0; c < num_chunks(); ++c)
+    loss = forward_chunk(c, kWholeModel, B, tokens, c > 0 ? chunk_output(c - 1, kWholeModel) : nullptr);
+  for (int c = 0; c < num_chunks(); ++c) drop_chunk(c, kWholeModel);
+  return loss;
+}
+
+template <class Ops>
+void GptModel<Ops>::last_logits(const int32_t* tokens, int B, int T, float* out) {
+  MYRIAD_CHECK(part_.embedding && part_.head, "last_logits needs the whole model in one process");
+  set_shape(B, T);
+  for (int c = 0; c < num_chunks(); ++c) {
+    Slot& s = acquire(chunks_[c], kWholeModel, B);
+    forward(chunks_[c], s, tokens, T, c > 0 ? held(c - 1, kWholeModel).out : nullptr,
+            /*targets=*/false);
+  }
+  for (int c = 0; c < num_chunks(); ++c) drop_chunk(c, kWholeModel);
+  const Act* logits = last_logits_;
+  if (!tp_) {
+    for (int b = 0; b < B; ++b) ops_.download(out + b * Vp_, logits + (int64_t(b) * T + T - 1) * Vp_, Vp_);
+    return;
+  }
+  // This rank's vocabulary columns of each row's last position, gathered over the ranks:
+  // rank q's block is columns [q Vl, (q+1) Vl).
+  const int64_t chunk = int64_t(B) * Vl_;
+  std::vector<float> all(chunk * tps_);
+  float* mine = all.data() + tpr_ * chunk;
+  for (int b = 0; b < B; ++b) ops_.download(mine + b * Vl_, logits + (int64_t(b) * T + T - 1) * Vl_, Vl_);
+  parallel::GatherFromSequence::forward(tp_, mine, all.data(), chunk);
+  for (int q = 0; q < tps_; ++q)
+    for (int b = 0; b < B; ++b)
+      std::memcpy(out + b * Vp_ + q * Vl_, all.data() + q * chunk + b * Vl_, Vl_ * sizeof(float));
+}
+
+template <class Ops>
+void GptModel<Ops>::finish_grads(int64_t begin, int64_t end) {
+  if (!sp_cfg_) return;
+  // Every replicated tensor (norms, row-parallel biases, wpe) saw only this rank's tokens: one
+  // all-reduce of their elements in [begin, end), packed in layout order. Every tp rank has
+  // the same layout shape, so the ranks pack the same elements.
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  int64_t n = 0;
+  for (const ParamSpec& p : layout_.tensors()) {
+    const int64_t a = std::max(begin, p.offset), b = std::min(end, p.offset + p.numel);
+    if (p.replicated() && a < b) runs.emplace_back(a, b), n += b - a;
+  }
+  Buffer<float> packed;
+  packed.zeros(n);
+  int64_t at = 0;
+  for (auto [a, b] : runs) ops_.copy(packed.data() + at, grads_.data() + a, b - a), at += b - a;
+  parallel::sum_over_group(tp_, packed.data(), n);
+  at = 0;
+  for (auto [a, b] : runs) ops_.copy(grads_.data() + a, packed.data() + at, b - a), at += b - a;
+}
+
+template <class Ops>
+double GptModel<Ops>::flops_per_token() const {
+  const double t_att = window_ > 0 ? std::min(window_, maxT_) : maxT_;
+  return 6.0 * layout_.matmul_params() + 12.0 * L_ * C_ * t_att;
+}
+
+}  // namespace myriad

@@ -1,0 +1,117 @@
+// The one layer schedule on the CUDA op set against the same schedule on the CPU op set (the
+// oracle): GptModel<CudaOps> and Gpt from the same (bf16-representable) weights, the same tokens,
+// compared loss for loss and gradient for gradient; and chunk by chunk, as a pipeline runs it,
+// against the whole model in one pass, bit for bit.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/config.h"
+#include "core/error.h"
+#include "model/cuda/cuda_ops.h"
+#include "model/gpt.h"
+
+using namespace myriad;
+using GpuGpt = GptModel<cuda::CudaOps>;
+
+namespace {
+
+Config config(std::vector<std::string> extra) {
+  std::vector<std::string> sets = {"model.layers=2", "model.d_model=256", "model.heads=4", "model.seq_len=96",
+                                   "model.vocab_size=300", "train.micro_batch=2", "train.global_batch=2"};
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  return parse_config("", "schedule parity", sets);
+}
+
+// The op set's stream is non-blocking: wait for its work before reading device memory.
+std::vector<float> grads_of(GpuGpt& g) {
+  cudaDeviceSynchronize();
+  std::vector<float> h(g.num_params());
+  cudaMemcpy(h.data(), g.grads(), h.size() * 4, cudaMemcpyDeviceToHost);
+  return h;
+}
+
+double rel(const float* a, const float* b, int64_t n) {
+  double d = 0, r = 0;
+  for (int64_t i = 0; i < n; ++i) d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), r += double(b[i]) * b[i];
+  return std::sqrt(d / std::max(r, 1e-30));
+}
+
+struct Variant {
+  const char* name;
+  std::vector<std::string> sets;
+};
+
+class ScheduleParity : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(ScheduleParity, CudaOpSetMatchesTheCpuOpSet) {
+  const Config cfg = config(GetParam().sets);
+  GpuGpt gpu(cfg);
+  Gpt cpu(cfg);
+  const int64_t P = cpu.num_params();
+  ASSERT_EQ(gpu.num_params(), P);
+  // The CPU model takes the GPU's bf16 weights, widened: both start from the same values.
+  std::vector<__nv_bfloat16> wb(P);
+  cudaMemcpy(wb.data(), gpu.params(), P * 2, cudaMemcpyDeviceToHost);
+  for (int64_t i = 0; i < P; ++i) cpu.params()[i] = __bfloat162float(wb[i]);
+
+  std::mt19937_64 gen(GetParam().sets.size() * 31 + 7);
+  const int B = 2, T = static_cast<int>(cfg.model.seq_len);
+  std::vector<int32_t> tokens(B * (T + 1));
+  for (auto& t : tokens) t = static_cast<int32_t>(gen() % cfg.model.vocab_size);
+
+  cpu.zero_grads();
+  gpu.zero_grads();
+  const float lc = cpu.forward_backward(tokens.data(), B, 0.5f);
+  const float lg = gpu.forward_backward(tokens.data(), B, 0.5f);
+  EXPECT_TRUE(std::isfinite(lg));
+  EXPECT_NEAR(lg, lc, 0.01 * lc);
+  const std::vector<float> gg = grads_of(gpu);
+  EXPECT_LT(rel(gg.data(), cpu.grads(), P), 0.05) << "all gradients";
+  for (const ParamSpec& p : cpu.layout().tensors())
+    EXPECT_LT(rel(gg.data() + p.offset, cpu.grads() + p.offset, p.numel), 0.15) << p.name;
+  EXPECT_NEAR(gpu.loss(tokens.data(), B), cpu.loss(tokens.data(), B), 0.01 * lc);
+
+  // Two chunks, run as a pipeline runs them (forward 0, forward 1, backward 1, backward 0),
+  // the boundary activation and its gradient in device memory: bitwise the one-pass result.
+  ModelPart two{{{0, 1}, {1, 2}}, true, true};
+  GpuGpt chunked(cfg, nullptr, &two);
+  cudaMemcpy(chunked.params(), gpu.params(), P * 2, cudaMemcpyDeviceToDevice);
+  chunked.zero_grads();
+  gpu.zero_grads();
+  const float whole = gpu.forward_backward(tokens.data(), B, 0.5f);
+  chunked.forward_chunk(0, 7, B, tokens.data(), nullptr);
+  const float last = chunked.forward_chunk(1, 7, B, tokens.data(), chunked.chunk_output(0, 7));
+  GpuGpt::Buffer<cuda::CudaOps::Act> dboundary;
+  dboundary.zeros(chunked.boundary_elems(B));
+  chunked.backward_chunk(1, 7, nullptr, dboundary.data(), 0.5f);
+  chunked.backward_chunk(0, 7, dboundary.data(), nullptr, 0.5f);
+  EXPECT_EQ(last, whole);
+  EXPECT_EQ(grads_of(chunked), grads_of(gpu));
+}
+
+INSTANTIATE_TEST_SUITE_P(Blocks, ScheduleParity,
+                         ::testing::Values(Variant{"sequential", {}},
+                                           Variant{"parallel_window", {"model.parallel_block=true", "model.window=40"}},
+                                           Variant{"nobias_d128", {"model.bias=false", "model.heads=2"}}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// Tensor parallelism needs bf16 collectives, not there yet: the schedule says so rather than
+// computing with the wrong type. (Checked without a tp group of two: the op set refuses the
+// tensor-parallel row ops it does not have.)
+TEST(ScheduleOnCuda, TensorParallelRowOpsAreRefused) {
+  cuda::CudaOps ops;
+  try {
+    ops.add_positions(nullptr, nullptr, 0, 1, 1, 1);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.cls(), ErrorClass::kInput);
+    EXPECT_NE(std::string(e.what()).find("parallel.tp = 1"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
