@@ -2,13 +2,15 @@
 // and `myriad comm-check`, a hidden worker that checks the rank environment and the world group.
 //
 //   myriad launch --nproc-per-node N [--nnodes M --node-rank R] [--rdzv URL] [--job NAME]
-//                 [--grace-period S] -- <subcommand> [its arguments...]
+//                 [--grace-period S] [--max-restarts N] -- <subcommand> [its arguments...]
 //   myriad comm-check [--size-kb K] [--timeout S] [--run-dir DIR]      (under myriad launch)
 #include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -126,6 +128,30 @@ struct StoreWatch {
   }
 };
 
+// RUN_DIR/driver/events.jsonl (events.node<R>.jsonl on the other nodes): one JSON object per
+// event of a supervised launch (--max-restarts), each also shown on the console as one line.
+struct Events {
+  Events(const driver::LaunchPlan& plan, bool on) : node(plan.node_rank) {
+    if (!on) return;
+    const std::filesystem::path dir = std::filesystem::path(plan.run_dir) / "driver";
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    path = (dir / (node == 0 ? std::string("events.jsonl") : cat("events.node", node, ".jsonl"))).string();
+  }
+  void write(const std::string& event, int rank, const std::string& cls, const std::string& detail) {
+    if (path.empty()) return;
+    nlohmann::json j = {{"time", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()},
+                        {"event", event}, {"attempt", attempt}, {"node", node}};
+    if (rank >= 0) j["rank"] = rank;
+    if (!cls.empty()) j["class"] = cls;
+    if (!detail.empty()) j["detail"] = detail;
+    std::ofstream(path, std::ios::app) << j.dump() << "\n";
+    log::warn("launch: ", event, " (attempt ", attempt, rank >= 0 ? cat(", rank ", rank) : "", "): ", detail);
+  }
+  std::string path;
+  int node = 0, attempt = 0;
+};
+
 }  // namespace
 
 int cmd_launch(int argc, char** argv) {
@@ -136,7 +162,7 @@ int cmd_launch(int argc, char** argv) {
     throw_input("launch: expected '--' and then the subcommand to run, e.g. "
                 "myriad launch --nproc-per-node 4 -- train --config FILE");
   Args args("launch", sep, argv,
-            {"nproc-per-node", "nnodes", "node-rank", "rdzv", "job", "grace-period"});
+            {"nproc-per-node", "nnodes", "node-rank", "rdzv", "job", "grace-period", "max-restarts"});
   driver::LaunchFlags flags;
   args.required("nproc-per-node");
   flags.nproc_per_node = args.get_int("nproc-per-node", 0);
@@ -151,22 +177,56 @@ int cmd_launch(int argc, char** argv) {
   if (!(options.grace_s >= 0 && options.grace_s <= 3600))
     throw_input("launch: --grace-period must be 0..3600 seconds, got ", args.get("grace-period"));
 
+  const long long max_restarts = args.get_int("max-restarts", 0);
+  if (max_restarts < 0 || max_restarts > 1000)
+    throw_input("launch: --max-restarts must be 0..1000, got ", max_restarts);
+
   driver::LaunchPlan plan = driver::plan_launch(flags, driver::process_env());
   const bool temporary_run_dir = plan.run_dir.empty();
   driver::prepare_run_dir(plan);
-  std::unique_ptr<comm::Store> store = claim_attempt(plan);
-  const int first = plan.node_rank * plan.nproc_per_node;
-  log::info("launch: ", plan.command[0], " on ranks ", first, "..", first + plan.nproc_per_node - 1,
-            " of ", plan.world_size, ", ", plan.origin, "; job ", plan.job, ", attempt ",
-            plan.attempt, ", store ", driver::without_password(plan.rdzv), "; logs in ", plan.log_dir);
-
+  Events events(plan, max_restarts > 0);
+  bool restarted = false, resumed = false;
+  std::string resumed_from;
+  options.on_line = [&](int rank, std::string_view line) {
+    if (!restarted || resumed) return;
+    if (const size_t at = line.find(" I resume: "); at != std::string_view::npos)
+      resumed_from = std::string(line.substr(at + 11));
+    // "HH:MM:SS I step S/N | ...": the first step the restarted attempt completed.
+    if (line.size() > 17 && line.substr(8, 8) == " I step " && line.find('/') != std::string_view::npos) {
+      resumed = true;
+      events.write("resumed", rank, "", cat(line.substr(11, line.find(' ', 16) - 11),
+                                            resumed_from.empty() ? "" : ", from " + resumed_from));
+    }
+  };
   driver::Launcher launcher(options);
-  for (const driver::WorkerSpec& spec : driver::worker_specs(plan, "/proc/self/exe", self_path()))
-    launcher.spawn(spec);
-  const driver::RunResult r = launcher.run(StoreWatch{store.get()});
-  // What the workers of this node left in shared memory (a killed reader never unlinks).
-  if (int n = data::remove_node_segments(plan.job, plan.attempt, plan.node_rank); n > 0)
-    log::info("launch: removed ", n, " shared-memory segment(s) the workers left");
+  driver::RunResult r;
+  std::string restarting;  // the restart event, written once the new attempt has its number
+  for (long long restarts = 0;; ++restarts) {
+    std::unique_ptr<comm::Store> store = claim_attempt(plan);
+    events.attempt = std::stoi(plan.attempt);
+    if (!restarting.empty()) events.write("restart", -1, "", restarting);
+    const int first = plan.node_rank * plan.nproc_per_node;
+    log::info("launch: ", plan.command[0], " on ranks ", first, "..", first + plan.nproc_per_node - 1,
+              " of ", plan.world_size, ", ", plan.origin, "; job ", plan.job, ", attempt ",
+              plan.attempt, ", store ", driver::without_password(plan.rdzv), "; logs in ", plan.log_dir);
+    for (const driver::WorkerSpec& spec : driver::worker_specs(plan, "/proc/self/exe", self_path()))
+      launcher.spawn(spec);
+    r = launcher.run(StoreWatch{store.get()});
+    // What the workers of this node left in shared memory (a killed reader never unlinks).
+    if (int n = data::remove_node_segments(plan.job, plan.attempt, plan.node_rank); n > 0)
+      log::info("launch: removed ", n, " shared-memory segment(s) the workers left");
+    if (!r.failure) break;
+    const ErrorClass cls = r.failure->error_class();
+    events.write("fault", r.failure->rank, class_name(cls), r.failure->describe());
+    events.write("stop", -1, "", cat("the other workers of this node were stopped"));
+    // Bad input fails the same way every time, and a bug is not a fault of the machine.
+    if (cls == ErrorClass::kInput || cls == ErrorClass::kInternal || restarts >= max_restarts) break;
+    // The restarted attempt resumes from the latest committed checkpoint by itself.
+    if (!restarted) plan.command.insert(plan.command.end(), {"--resume", "auto"});
+    restarted = true, resumed = false, resumed_from.clear();
+    restarting = cat("restart ", restarts + 1, " of ", max_restarts, " after rank ", r.failure->rank, " ",
+                     r.failure->describe(), "; resuming from the latest committed checkpoint");
+  }
   if (r.failure) {
     std::fprintf(stderr, "myriad: launch: rank %d %s; logs in %s\n", r.failure->rank,
                  r.failure->describe().c_str(), plan.log_dir.c_str());
@@ -175,7 +235,7 @@ int cmd_launch(int argc, char** argv) {
                  driver::signal_name(r.signal).c_str(), class_name(ErrorClass::kRuntime),
                  plan.log_dir.c_str());
   } else {
-    log::info("launch: all ", r.exits.size(), " worker(s) exited with code 0 in ",
+    log::info("launch: all ", plan.nproc_per_node, " worker(s) exited with code 0 in ",
               static_cast<int64_t>(r.seconds * 1000), " ms");
     // A run directory nobody asked for is kept only when its logs tell of a failure.
     if (temporary_run_dir) {

@@ -27,6 +27,13 @@ void trigger(const std::string& point) {
     if (colon == std::string::npos || a.substr(5, colon - 5) != (rank ? rank : "0")) return;
     a = a.substr(colon + 1);
   }
+  // A fault fires in one attempt of a launch: the first (MYRIAD_ATTEMPT 0), or the one named
+  // by "ACTION@attempt=A", so that the restart it causes runs clean.
+  std::string attempt = "0";
+  if (const size_t at = a.find("@attempt="); at != std::string::npos)
+    attempt = a.substr(at + 9), a = a.substr(0, at);
+  const char* now = std::getenv("MYRIAD_ATTEMPT");
+  if (attempt != (now && *now ? now : "0")) return;
   if (a == "kill") raise(SIGKILL);
   if (a == "stop") raise(SIGSTOP);  // a hung process: alive, holding its sockets, silent
   if (a == "fail") throw_runtime("injected fault at ", point, ": write failed (No space left on device)");

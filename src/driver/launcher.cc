@@ -335,6 +335,7 @@ void Launcher::emit(Worker& w, Stream& s, const char* data, size_t n) {
     const bool error_line = len >= 8 && std::memcmp(line, "myriad: ", 8) == 0;
     if (echo_all || (options_.echo_errors && error_line))
       console.append(prefix).append(line, len + 1);
+    if (options_.on_line) options_.on_line(w.spec.rank, std::string_view(line, len));
   }
   s.partial.erase(0, start);
   if (s.partial.size() >= kMaxLine) {  // no newline in sight: pass it on as a line

@@ -32,6 +32,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -93,6 +94,9 @@ class Launcher {
     double grace_s = 10;  // between the stop signal and SIGKILL
     int echo_rank = 0;    // the rank whose every line the console shows; -1: none
     bool echo_errors = true;  // show the "myriad: " lines of every other rank
+    // Called with every complete line any worker writes (after it is logged): a supervisor
+    // reads progress from it (`myriad launch --max-restarts`: the first step after a restart).
+    std::function<void(int rank, std::string_view line)> on_line;
   };
 
   explicit Launcher(Options options);

@@ -1,0 +1,127 @@
+// `myriad launch --max-restarts N`: a worker killed mid-run is restarted by the launch itself,
+// which resumes from the latest committed checkpoint and ends with the weights of the run that
+// never broke; bad input is never retried; restarts run out. Real processes through the
+// launcher, a real fault (SIGKILL) injected with MYRIAD_INJECT_FAULT.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace fs = std::filesystem;
+using myriad::cat;
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string output;
+};
+
+Result run(const std::string& args, const std::string& env = "") {
+  const std::string cmd = cat("env -u MYRIAD_RDZV -u MYRIAD_JOB -u MYRIAD_INJECT_FAULT OMP_NUM_THREADS=1 ", env, " ",
+                              MYRIAD_BINARY_DIR, "/myriad ", args, " 2>&1");
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<nlohmann::json> jsonl(const fs::path& p) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(p);
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+class Restart : public ::testing::Test {
+ protected:
+  static fs::path dir_;
+  static std::string data_;
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / cat("myriad_restart_", getpid());
+    fs::create_directories(dir_);
+    data_ = (dir_ / "corpus").string();
+    ASSERT_EQ(run(cat("prepare --input /usr/share/games/fortunes/computers --tokenizer byte --output ", data_,
+                      " --doc-separator %")).code, 0);
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+  static std::string launch(const fs::path& rd, const std::string& flags, const std::string& extra = "") {
+    return cat("launch --nproc-per-node 2 ", flags, " -- train --config ", MYRIAD_SOURCE_DIR, "/configs/demo.toml",
+               " --run-dir ", rd.string(), " --set model.layers=2 --set model.d_model=32 --set model.seq_len=16",
+               " --set parallel.dp=2 --set train.steps=12 --set checkpoint.every=4 --set checkpoint.keep_last=0",
+               " --set train.log_every=1 --set train.eval_every=0 --set data.train=", data_, " --set data.valid= ",
+               extra);
+  }
+};
+fs::path Restart::dir_;
+std::string Restart::data_;
+
+TEST_F(Restart, KilledWorkerIsRestartedAndEndsWithTheWeightsOfTheRunThatNeverBroke) {
+  const fs::path straight = dir_ / "straight", broken = dir_ / "broken";
+  ASSERT_EQ(run(launch(straight, "")).code, 0);
+  // Rank 1 is killed after step 6 (its checkpoint of step 4 committed) in the first attempt.
+  Result r = run(launch(broken, "--max-restarts 2"), "MYRIAD_INJECT_FAULT=step:6:rank=1:kill");
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::vector<nlohmann::json> ev = jsonl(broken / "driver/events.jsonl");
+  std::vector<std::string> kinds;
+  for (const auto& e : ev) kinds.push_back(e["event"]);
+  ASSERT_EQ(kinds, (std::vector<std::string>{"fault", "stop", "restart", "resumed"})) << r.output;
+  EXPECT_EQ(ev[0]["rank"], 1);
+  EXPECT_EQ(ev[0]["class"], "runtime fault");
+  EXPECT_EQ(ev[0]["attempt"], 0);
+  EXPECT_EQ(ev[2]["attempt"], 1);  // the attempt the restart starts
+  EXPECT_EQ(ev[3]["attempt"], 1);
+  EXPECT_NE(ev[3]["detail"].get<std::string>().find("step 5/12, from "), std::string::npos) << ev[3].dump();
+  EXPECT_NE(ev[3]["detail"].get<std::string>().find("step_00000004"), std::string::npos) << ev[3].dump();
+  for (const auto& e : ev) EXPECT_GT(e["time"].get<double>(), 1.7e9);
+  // The same weights and optimizer state, bit for bit, and the same losses.
+  for (const char* shard : {"shard_00000.bin", "shard_00001.bin"})
+    EXPECT_EQ(read_file(broken / "checkpoints/step_00000012" / shard),
+              read_file(straight / "checkpoints/step_00000012" / shard)) << shard;
+  std::vector<nlohmann::json> a = jsonl(straight / "metrics.jsonl"), b = jsonl(broken / "metrics.jsonl");
+  ASSERT_EQ(a.size(), 12u);
+  ASSERT_EQ(b.size(), 12u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()) << i;
+}
+
+TEST_F(Restart, BadInputIsNeverRetried) {
+  const fs::path rd = dir_ / "bad";
+  Result r = run(launch(rd, "--max-restarts 3", "--set train.global_batch=12 --set train.micro_batch=4"));
+  EXPECT_EQ(r.code, 2) << r.output;
+  std::vector<nlohmann::json> ev = jsonl(rd / "driver/events.jsonl");
+  ASSERT_EQ(ev.size(), 2u) << r.output;
+  EXPECT_EQ(ev[0]["event"], "fault");
+  EXPECT_EQ(ev[0]["class"], "input error");
+  EXPECT_EQ(r.output.find("attempt 1,"), std::string::npos) << r.output;
+}
+
+TEST_F(Restart, RestartsRunOut) {
+  const fs::path rd = dir_ / "runout";
+  Result r = run(launch(rd, "--max-restarts 1"), "MYRIAD_INJECT_FAULT=step:2:kill,step:3:kill@attempt=1");
+  EXPECT_EQ(r.code, 3) << r.output;
+  int faults = 0, restarts = 0;
+  for (const auto& e : jsonl(rd / "driver/events.jsonl"))
+    faults += e["event"] == "fault", restarts += e["event"] == "restart";
+  EXPECT_EQ(faults, 2);
+  EXPECT_EQ(restarts, 1);
+  EXPECT_NE(r.output.find("myriad: launch: rank "), std::string::npos) << r.output;
+}
+
+}  // namespace
