@@ -117,21 +117,8 @@ void CudaOps::embedding_backward(float* dwte, float* dwpe, const Act* dout, cons
   std::vector<int32_t> in(static_cast<size_t>(N));
   CUDA_CHECK(cudaMemcpyAsync(in.data(), tokens, static_cast<size_t>(N) * 4, cudaMemcpyDeviceToHost, st_->stream));
   CUDA_CHECK(cudaStreamSynchronize(st_->stream));
-  const int32_t V = *std::max_element(in.begin(), in.end()) + 1;
-  std::vector<int32_t> count(static_cast<size_t>(V) + 1, 0), fill(static_cast<size_t>(V));
-  for (int32_t t : in) ++count[static_cast<size_t>(t) + 1];
-  for (int32_t v = 0; v < V; ++v) count[v + 1] += count[v];
-  std::copy(count.begin(), count.end() - 1, fill.begin());
   std::vector<int32_t> g(3 * static_cast<size_t>(N) + 1);
-  for (int n = 0; n < N; ++n) g[static_cast<size_t>(fill[in[n]]++)] = n;
-  int32_t* starts = g.data() + N;
-  int groups = 0;
-  for (int32_t v = 0; v < V; ++v)
-    if (count[v + 1] > count[v]) starts[groups++] = count[v];
-  starts[groups] = N;
-  int32_t* ids = starts + groups + 1;
-  for (int32_t v = 0, k = 0; v < V; ++v)
-    if (count[v + 1] > count[v]) ids[k++] = v;
+  const int groups = group_positions_by_token(in.data(), N, *std::max_element(in.begin(), in.end()) + 1, g.data());
   if (g.size() > st_->groups_ints) {
     CUDA_CHECK(cudaStreamSynchronize(st_->stream));
     cudaFree(st_->groups);

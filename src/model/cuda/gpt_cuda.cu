@@ -392,25 +392,9 @@ void GptCuda::stage(const int32_t* tokens, int micro, int B, int T, int64_t stri
   if (!groups) return;
   // Positions grouped by token id (a counting sort) for a deterministic embedding backward:
   // [positions (N)] [starts (G+1)] [ids (G)] in each micro-batch's slot.
-  std::vector<int32_t> count(Vp_ + 1), fill(Vp_);
-  for (int i = 0; i < micro; ++i) {
-    const int32_t* in = h_inputs_ + int64_t(i) * BT;
-    int32_t* pos = h_groups_ + int64_t(i) * group_slot();
-    std::fill(count.begin(), count.end(), 0);
-    for (int n = 0; n < N; ++n) ++count[in[n] + 1];
-    for (int v = 0; v < Vp_; ++v) count[v + 1] += count[v];
-    std::copy(count.begin(), count.end() - 1, fill.begin());
-    for (int n = 0; n < N; ++n) pos[fill[in[n]]++] = n;
-    int32_t* starts = pos + N;
-    int g = 0;
-    for (int v = 0; v < Vp_; ++v)
-      if (count[v + 1] > count[v]) starts[g++] = count[v];
-    starts[g] = N;
-    int32_t* ids = starts + g + 1;
-    for (int v = 0, k = 0; v < Vp_; ++v)
-      if (count[v + 1] > count[v]) ids[k++] = v;
-    num_groups_[i] = g;
-  }
+  for (int i = 0; i < micro; ++i)
+    num_groups_[i] = cuda::group_positions_by_token(h_inputs_ + int64_t(i) * BT, N, Vp_,
+                                                    h_groups_ + int64_t(i) * group_slot());
   CUDA_CHECK(cudaMemcpyAsync(groups_, h_groups_, int64_t(micro) * group_slot() * 4,
                              cudaMemcpyHostToDevice, stream_));
 }

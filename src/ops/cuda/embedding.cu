@@ -1,6 +1,7 @@
 // Token + position embedding, forward and backward (deterministic without atomics: dwte rows
 // are owned by the groups of positions the host built, dwpe rows by the threads of one kernel).
 #include <algorithm>
+#include <vector>
 
 #include "core/error.h"
 #include "ops/cuda/kernel_util.cuh"
@@ -215,6 +216,23 @@ void embedding_backward(float* dwte, float* dwpe, const bf16* dout, const int32_
     launch_backward<8>(dwte, dwpe, dout, positions, starts, ids, groups, B, T, C, stream);
   else
     launch_backward<1>(dwte, dwpe, dout, positions, starts, ids, groups, B, T, C, stream);
+}
+
+int group_positions_by_token(const int32_t* tokens, int N, int vocab, int32_t* out) {
+  std::vector<int32_t> count(static_cast<size_t>(vocab) + 1, 0), fill(static_cast<size_t>(vocab));
+  for (int n = 0; n < N; ++n) ++count[static_cast<size_t>(tokens[n]) + 1];
+  for (int v = 0; v < vocab; ++v) count[v + 1] += count[v];
+  std::copy(count.begin(), count.end() - 1, fill.begin());
+  for (int n = 0; n < N; ++n) out[fill[tokens[n]]++] = n;
+  int32_t* starts = out + N;
+  int g = 0;
+  for (int v = 0; v < vocab; ++v)
+    if (count[v + 1] > count[v]) starts[g++] = count[v];
+  starts[g] = N;
+  int32_t* ids = starts + g + 1;
+  for (int v = 0, k = 0; v < vocab; ++v)
+    if (count[v + 1] > count[v]) ids[k++] = v;
+  return g;
 }
 
 }  // namespace myriad::cuda

@@ -41,6 +41,11 @@ void embedding_backward(float* dwte,               // (Vp,C) +=
                         const int32_t* ids,        // (groups)
                         int groups, int B, int T, int C, cudaStream_t stream);
 
+// The host side of embedding_backward: writes the groups of tokens[N] (ids in [0, vocab)) into
+// out (3N + 1 ints): [positions (N)] [starts (G+1)] [ids (G)], a counting sort, positions
+// ascending within a group; returns G, the number of distinct tokens.
+int group_positions_by_token(const int32_t* tokens, int N, int vocab, int32_t* out);
+
 // LayerNorm over the last dimension, eps 1e-5, statistics in fp32. bias may be null.
 void layernorm_forward(bf16* out, float* mean, float* rstd,  // (N,C), (N), (N)
                        const bf16* inp,                        // (N,C)
