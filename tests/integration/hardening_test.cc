@@ -15,6 +15,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "comm/local_redis.h"
 #include "core/error.h"
@@ -361,6 +362,27 @@ TEST_F(Hardening, BackendFollowsTheDevice) {
     EXPECT_EQ(none.code, 2) << none.output;
     EXPECT_TRUE(contains(none.output, "no GPU is visible")) << none.output;
   }
+}
+
+}  // namespace
+
+namespace {
+
+// 14. The store lost while the workers train: they no longer need it, so the run goes on, but
+// the launcher says so (a restart or a late rendezvous would fail).
+TEST_F(Hardening, LostStoreMidRunIsReported) {
+  myriad::comm::LocalRedis redis;
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    redis.kill();
+  });
+  Result r = run(launch(2, dir_ / "lostredis",
+                        "--set train.steps=400 --set model.d_model=64 --set model.seq_len=64 --set train.log_every=100",
+                        cat("--rdzv ", redis.url("lostredis"))));
+  killer.join();
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "does not answer")) << r.output;
+  EXPECT_GT(r.seconds, 7) << "the run must outlast a check after the store went away";
 }
 
 }  // namespace
