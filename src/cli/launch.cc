@@ -128,6 +128,79 @@ struct StoreWatch {
   }
 };
 
+// Hang detection from the workers' heartbeats (runtime/heartbeat.h), once a second:
+// - a worker whose beat stops for kFrozen_s is frozen (stopped, or stuck in the kernel): the
+//   culprit, killed with SIGKILL, which fails the attempt the usual way;
+// - workers that beat on but none of which completes a step within its allowance are stuck
+//   together (a hung collective, a stuck kernel): all are stopped; the culprit is unknown here.
+// Workers that never beat (comm-check) are not watched. Detection does not wait for a
+// collective's timeout.
+struct HangWatch {
+  static constexpr double kFrozen_s = 10;
+  struct Rank {
+    int rank = 0;
+    int index = -1;  // the launcher's worker index
+    std::string path;
+    long long beat = -1, step = -1;
+    double beat_at = 0, step_at = 0, allowance = 0;
+    std::string phase;
+  };
+  HangWatch(driver::Launcher& l, const std::string& run_dir) : launcher(l), dir(std::filesystem::path(run_dir) / "driver") {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+  }
+  std::string add(int rank, int index) {
+    Rank r;
+    r.rank = rank, r.index = index;
+    r.path = (dir / cat("heartbeat_rank_", rank)).string();
+    std::error_code ec;
+    std::filesystem::remove(r.path, ec);  // the last attempt's
+    ranks.push_back(r);
+    return r.path;
+  }
+  void operator()() {
+    if (!verdict.empty()) return;
+    const double now = comm::steady_now_s();
+    bool all_stuck = !ranks.empty();
+    for (Rank& r : ranks) {
+      if (r.index < 0 || r.index >= launcher.size() || !launcher.running(r.index)) {
+        all_stuck = false;  // ended: its exit speaks for it
+        continue;
+      }
+      std::ifstream in(r.path);
+      long long beat = -1, step = -1;
+      std::string phase;
+      double allowance = 0;
+      if (!(in >> beat >> step >> phase >> allowance)) {
+        all_stuck = false;  // not beating yet (or never: not a trainer)
+        continue;
+      }
+      if (beat != r.beat) r.beat = beat, r.beat_at = now;
+      if (step != r.step) r.step = step, r.step_at = now;
+      r.phase = phase, r.allowance = allowance;
+      if (now - r.beat_at > kFrozen_s) {
+        culprit = r.rank;
+        verdict = cat("hang: rank ", r.rank, " is frozen, no heartbeat for ", static_cast<int>(now - r.beat_at),
+                      " s (last step ", r.step, ", ", r.phase, "); killed");
+        ::kill(-launcher.pid(r.index), SIGKILL);  // its process group, as the launcher stops it
+        return;
+      }
+      all_stuck = all_stuck && now - r.step_at > r.allowance;
+    }
+    if (all_stuck) {
+      verdict = cat("hang: no rank of this node completed a step for ", static_cast<int>(now - ranks[0].step_at),
+                    " s (allowance ", ranks[0].allowance, " s, after step ", ranks[0].step, ", ", ranks[0].phase,
+                    "); all stopped");
+      launcher.stop(SIGTERM);
+    }
+  }
+  driver::Launcher& launcher;
+  std::filesystem::path dir;
+  std::vector<Rank> ranks;
+  std::string verdict;  // empty: no hang seen
+  int culprit = -1;
+};
+
 // RUN_DIR/driver/events.jsonl (events.node<R>.jsonl on the other nodes): one JSON object per
 // event of a supervised launch (--max-restarts), each also shown on the console as one line.
 struct Events {
@@ -201,49 +274,65 @@ int cmd_launch(int argc, char** argv) {
   driver::Launcher launcher(options);
   driver::RunResult r;
   std::string restarting;  // the restart event, written once the new attempt has its number
+  std::string failed;      // the last attempt's failure, as the console's last line says it
+  ErrorClass failed_class = ErrorClass::kRuntime;
   for (long long restarts = 0;; ++restarts) {
     std::unique_ptr<comm::Store> store = claim_attempt(plan);
     events.attempt = std::stoi(plan.attempt);
     if (!restarting.empty()) events.write("restart", -1, "", restarting);
+    failed.clear();
     const int first = plan.node_rank * plan.nproc_per_node;
     log::info("launch: ", plan.command[0], " on ranks ", first, "..", first + plan.nproc_per_node - 1,
               " of ", plan.world_size, ", ", plan.origin, "; job ", plan.job, ", attempt ",
               plan.attempt, ", store ", driver::without_password(plan.rdzv), "; logs in ", plan.log_dir);
-    for (const driver::WorkerSpec& spec : driver::worker_specs(plan, "/proc/self/exe", self_path()))
+    std::vector<driver::WorkerSpec> specs = driver::worker_specs(plan, "/proc/self/exe", self_path());
+    HangWatch hangs(launcher, plan.run_dir);
+    for (driver::WorkerSpec& spec : specs) {
+      spec.env.emplace_back("MYRIAD_HEARTBEAT", hangs.add(spec.rank, launcher.size()));
       launcher.spawn(spec);
-    r = launcher.run(StoreWatch{store.get()});
+    }
+    StoreWatch store_watch{store.get()};
+    r = launcher.run([&] {
+      store_watch();
+      hangs();
+    });
     // What the workers of this node left in shared memory (a killed reader never unlinks).
     if (int n = data::remove_node_segments(plan.job, plan.attempt, plan.node_rank); n > 0)
       log::info("launch: removed ", n, " shared-memory segment(s) the workers left");
-    if (!r.failure) break;
-    const ErrorClass cls = r.failure->error_class();
-    events.write("fault", r.failure->rank, class_name(cls), r.failure->describe());
+    if (!r.failure && hangs.verdict.empty()) break;
+    // A hang is the launcher's own finding (it killed the frozen rank, or stopped them all).
+    const int rank = !hangs.verdict.empty() ? hangs.culprit : r.failure->rank;
+    failed_class = !hangs.verdict.empty() ? ErrorClass::kRuntime : r.failure->error_class();
+    failed = !hangs.verdict.empty() ? hangs.verdict : cat("rank ", rank, " ", r.failure->describe());
+    events.write("fault", rank, class_name(failed_class), failed);
     events.write("stop", -1, "", cat("the other workers of this node were stopped"));
     // Bad input fails the same way every time, and a bug is not a fault of the machine.
-    if (cls == ErrorClass::kInput || cls == ErrorClass::kInternal || restarts >= max_restarts) break;
+    if (failed_class == ErrorClass::kInput || failed_class == ErrorClass::kInternal || restarts >= max_restarts)
+      break;
     // The restarted attempt resumes from the latest committed checkpoint by itself.
     if (!restarted) plan.command.insert(plan.command.end(), {"--resume", "auto"});
     restarted = true, resumed = false, resumed_from.clear();
-    restarting = cat("restart ", restarts + 1, " of ", max_restarts, " after rank ", r.failure->rank, " ",
-                     r.failure->describe(), "; resuming from the latest committed checkpoint");
+    restarting = cat("restart ", restarts + 1, " of ", max_restarts, " after ", failed,
+                     "; resuming from the latest committed checkpoint");
   }
-  if (r.failure) {
-    std::fprintf(stderr, "myriad: launch: rank %d %s; logs in %s\n", r.failure->rank,
-                 r.failure->describe().c_str(), plan.log_dir.c_str());
-  } else if (r.signal != 0) {
+  if (!failed.empty() && (r.failure || r.signal == 0)) {
+    std::fprintf(stderr, "myriad: launch: %s; logs in %s\n", failed.c_str(), plan.log_dir.c_str());
+    return exit_code(failed_class);
+  }
+  if (r.signal != 0) {
     std::fprintf(stderr, "myriad: launch: %s received, the workers were stopped (%s); logs in %s\n",
                  driver::signal_name(r.signal).c_str(), class_name(ErrorClass::kRuntime),
                  plan.log_dir.c_str());
-  } else {
-    log::info("launch: all ", plan.nproc_per_node, " worker(s) exited with code 0 in ",
-              static_cast<int64_t>(r.seconds * 1000), " ms");
-    // A run directory nobody asked for is kept only when its logs tell of a failure.
-    if (temporary_run_dir) {
-      std::error_code ec;
-      std::filesystem::remove_all(plan.run_dir, ec);
-    }
+    return r.exit_code();
   }
-  return r.exit_code();
+  log::info("launch: all ", plan.nproc_per_node, " worker(s) exited with code 0 in ",
+            static_cast<int64_t>(r.seconds * 1000), " ms");
+  // A run directory nobody asked for is kept only when its logs tell of a failure.
+  if (temporary_run_dir) {
+    std::error_code ec;
+    std::filesystem::remove_all(plan.run_dir, ec);
+  }
+  return 0;
 }
 
 int cmd_comm_check(int argc, char** argv) {

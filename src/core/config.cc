@@ -242,6 +242,8 @@ void Config::validate() const {
   positive("comm.timeout_s", comm.timeout_s);
   require_one_of("comm.backend", comm.backend, {"auto", "gloo", "nccl"});
 
+  non_negative("fault.step_timeout_s", fault.step_timeout_s);
+  positive("fault.startup_timeout_s", fault.startup_timeout_s);
   non_negative("checkpoint.every", checkpoint.every);
   non_negative("checkpoint.keep_last", checkpoint.keep_last);
   non_negative("checkpoint.keep_every", checkpoint.keep_every);

@@ -77,6 +77,12 @@ struct CommConfig {
   std::map<std::string, std::string> nccl_env;
 };
 
+// What a supervised launch (myriad launch) reads from each worker's heartbeat.
+struct FaultConfig {
+  double step_timeout_s = 0;       // no new step for this long is a hang; 0 = 10 x the median step, at least 60 s
+  double startup_timeout_s = 1800;  // allowance before the first step, and around evaluations and saves
+};
+
 struct CheckpointConfig {
   int64_t every = 0;       // steps between saves; 0 = only at the end
   int64_t keep_last = 3;   // committed checkpoints kept, newest first; 0 = all
@@ -93,6 +99,7 @@ struct Config {
   ParallelConfig parallel;
   CommConfig comm;
   CheckpointConfig checkpoint;
+  FaultConfig fault;
 
   // Calls f(section, key, field&) for every key. The one list of keys: parsing, printing and
   // the unknown-key check all walk it.
@@ -149,6 +156,8 @@ struct Config {
     f("checkpoint", "keep_every", checkpoint.keep_every);
     f("checkpoint", "dir", checkpoint.dir);
     f("checkpoint", "resume", checkpoint.resume);
+    f("fault", "step_timeout_s", fault.step_timeout_s);
+    f("fault", "startup_timeout_s", fault.startup_timeout_s);
   }
   template <class F>
   void visit(F&& f) const { const_cast<Config*>(this)->visit(f); }
@@ -167,7 +176,7 @@ struct Config {
 };
 
 // Sections that are accepted but hold no keys yet (the driver and observability work).
-inline const char* const kReservedSections[] = {"fault", "observe"};
+inline const char* const kReservedSections[] = {"observe"};
 
 // Reads `path`, applies `overrides` ("section.key=value"), binds and validates.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});

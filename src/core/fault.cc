@@ -2,7 +2,9 @@
 
 #include <signal.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 #include <sstream>
 
 #include "core/error.h"
@@ -36,6 +38,8 @@ void trigger(const std::string& point) {
   if (attempt != (now && *now ? now : "0")) return;
   if (a == "kill") raise(SIGKILL);
   if (a == "stop") raise(SIGSTOP);  // a hung process: alive, holding its sockets, silent
+  if (a == "stall")  // a stuck kernel: this thread never returns, the process's others run on
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   if (a == "fail") throw_runtime("injected fault at ", point, ": write failed (No space left on device)");
 }
 

@@ -207,6 +207,8 @@ int Launcher::running() const {
       std::count_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; }));
 }
 
+bool Launcher::running(int index) const { return workers_.at(static_cast<size_t>(index)).running; }
+
 pid_t Launcher::pid(int index) const { return workers_.at(static_cast<size_t>(index)).pid; }
 
 const WorkerSpec& Launcher::spec(int index) const {

@@ -127,6 +127,7 @@ class Launcher {
 
   int size() const { return static_cast<int>(workers_.size()); }
   int running() const;
+  bool running(int index) const;  // whether that worker has not ended yet
   pid_t pid(int index) const;
   const WorkerSpec& spec(int index) const;
 

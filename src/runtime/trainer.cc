@@ -1,5 +1,6 @@
 #include "runtime/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -113,7 +114,8 @@ std::unique_ptr<data::IndexedDataset> Trainer::open_data(const std::string& pref
   return d;
 }
 
-Trainer::Trainer(const Config& cfg, const std::string& run_dir) : cfg_(cfg), run_dir_(run_dir) {
+Trainer::Trainer(const Config& cfg, const std::string& run_dir)
+    : cfg_(cfg), heartbeat_(cfg.fault.startup_timeout_s), run_dir_(run_dir) {
   dist_ = Distributed::from_env(cfg_);
   if (!dist_ && cfg_.parallel.tp * cfg_.parallel.pp * std::max<int64_t>(1, cfg_.parallel.dp) != 1)
     throw_input("config: parallel.tp x pp x dp = ",
@@ -199,6 +201,15 @@ void Trainer::run() {
     }
     if (engine_->peak_flops() > 0)
       rec["mfu"] = tokens_per_step / dt * engine_->flops_per_token() / engine_->peak_flops();
+    // How long the launcher may see no new step: a multiple of the recent median step, or
+    // fault.step_timeout_s; evaluations and saves get the start-up allowance.
+    recent_step_s_.push_back(dt);
+    if (recent_step_s_.size() > 21) recent_step_s_.erase(recent_step_s_.begin());
+    std::vector<double> sorted = recent_step_s_;
+    std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+    const double allowance = cfg_.fault.step_timeout_s > 0 ? cfg_.fault.step_timeout_s
+                                                          : std::max(60.0, 10 * sorted[sorted.size() / 2]);
+    heartbeat_.set(step_, "eval", cfg_.fault.startup_timeout_s);
     if (valid_data_ && t.eval_every > 0 && (step_ % t.eval_every == 0 || step_ == t.steps))
       rec["val_loss"] = evaluate();
     if (step_ % t.log_every == 0 || step_ == t.steps || rec.contains("val_loss")) {
@@ -210,7 +221,9 @@ void Trainer::run() {
                 fmt("%.0f", tokens_per_step / dt), " tok/s | ETA ", human_duration(eta));
     }
     const int64_t every = cfg_.checkpoint.every;
+    heartbeat_.set(step_, "checkpoint", cfg_.fault.startup_timeout_s);
     if ((every > 0 && step_ % every == 0) || step_ == t.steps) save_checkpoint();
+    heartbeat_.set(step_, "train", allowance);
     fault::trigger(cat("step:", step_));
   }
 }

@@ -13,6 +13,7 @@
 #include "model/engine.h"
 #include "observe/metrics.h"
 #include "runtime/distributed.h"
+#include "runtime/heartbeat.h"
 
 namespace myriad {
 
@@ -49,6 +50,7 @@ class Trainer {
   std::vector<checkpoint::Shard> shards(bool for_save);
 
   Config cfg_;
+  Heartbeat heartbeat_;  // to a supervising launcher, from construction on
   std::string run_dir_;
   std::unique_ptr<Distributed> dist_;  // null in a single-process run
   std::unique_ptr<Engine> engine_;
@@ -56,6 +58,7 @@ class Trainer {
   std::unique_ptr<data::BatchLoader> loader_;      // null on the members that take shared batches
   std::unique_ptr<data::SharedBatch> shared_;      // the node-shared batch, with tensor parallelism
   std::unique_ptr<MetricsWriter> metrics_;
+  std::vector<double> recent_step_s_;  // the last steps' times, for the heartbeat's allowance
   int64_t rows_ = 0;          // sequences of each global batch this rank reads: global_batch / dp
   int64_t step_ = 0;          // optimizer steps completed
   int64_t consumed_ = 0;      // training samples consumed by completed steps

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -99,6 +100,37 @@ TEST_F(Restart, KilledWorkerIsRestartedAndEndsWithTheWeightsOfTheRunThatNeverBro
   ASSERT_EQ(a.size(), 12u);
   ASSERT_EQ(b.size(), 12u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()) << i;
+}
+
+// Hangs, found from the heartbeats long before the collectives' timeout (comm.timeout_s = 300):
+// a frozen rank (SIGSTOP: no heartbeat) is the culprit and is killed; a stalled one (its
+// training thread stuck, its heartbeat alive) leaves every rank without a new step, and all
+// are stopped. Either way the run restarts from step 4 and ends as the run that never broke.
+TEST_F(Restart, HangsAreFoundAndTheRunRestarts) {
+  const fs::path straight = dir_ / "hang_straight";
+  ASSERT_EQ(run(launch(straight, "")).code, 0);
+  for (const char* action : {"stop", "stall"}) {
+    const fs::path rd = dir_ / cat("hang_", action);
+    const auto t0 = std::chrono::steady_clock::now();
+    Result r = run(launch(rd, "--max-restarts 1", "--set fault.step_timeout_s=3"),
+                   cat("MYRIAD_INJECT_FAULT=step:5:rank=1:", action));
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_LT(took, 60) << "found by the heartbeats, not by a collective timeout";
+    std::vector<nlohmann::json> ev = jsonl(rd / "driver/events.jsonl");
+    ASSERT_GE(ev.size(), 4u) << r.output;
+    EXPECT_EQ(ev[0]["event"], "fault");
+    const std::string detail = ev[0]["detail"];
+    if (std::string(action) == "stop") {
+      EXPECT_NE(detail.find("hang: rank 1 is frozen"), std::string::npos) << detail;
+      EXPECT_EQ(ev[0]["rank"], 1);
+    } else {
+      EXPECT_NE(detail.find("hang: no rank of this node completed a step"), std::string::npos) << detail;
+    }
+    EXPECT_EQ(ev.back()["event"], "resumed");
+    EXPECT_EQ(read_file(rd / "checkpoints/step_00000012/shard_00000.bin"),
+              read_file(straight / "checkpoints/step_00000012/shard_00000.bin")) << action;
+  }
 }
 
 TEST_F(Restart, BadInputIsNeverRetried) {

@@ -83,7 +83,7 @@ TEST(Config, UnknownKeySuggestsNearest) {
   e = input_error([] { parse_config(kSmall, "my.toml", {"train.step=3"}); });
   EXPECT_NE(e.find("--set train.step=3"), std::string::npos) << e;
   EXPECT_NE(e.find("'train.steps'"), std::string::npos) << e;
-  e = input_error([] { parse_config("[fault]\nx = 1\n", "my.toml"); });
+  e = input_error([] { parse_config("[observe]\nx = 1\n", "my.toml"); });
   EXPECT_NE(e.find("reserved"), std::string::npos) << e;
 }
 
