@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/fault.h"
+#include "core/files.h"
 #include "core/log.h"
 
 namespace fs = std::filesystem;
@@ -293,19 +294,7 @@ nlohmann::json read_meta(const std::string& dir) {
 }
 
 void check_writable(const std::string& root) {
-  std::error_code ec;
-  fs::create_directories(root, ec);
-  if (ec || !fs::is_directory(root))
-    throw_input("checkpoint directory ", root, ": cannot create it (",
-                ec ? ec.message() : "a file of that name exists",
-                "): set checkpoint.dir (or --run-dir) to a writable directory");
-  const fs::path probe = fs::path(root) / cat(".write-test-", ::getpid());
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    throw_input("checkpoint directory ", root, ": not writable (", std::strerror(errno),
-                "): set checkpoint.dir (or --run-dir) to a writable directory");
-  ::close(fd);
-  fs::remove(probe, ec);
+  require_writable_dir(root, "checkpoint directory", "set checkpoint.dir (or --run-dir) to a writable directory");
 }
 
 void remove_leftovers(const std::string& root) {

@@ -5,16 +5,13 @@
 #include <filesystem>
 #include <fstream>
 
-#include <unistd.h>
-
-#include <cstring>
-
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/fault.h"
+#include "core/files.h"
+#include "core/log.h"
 #include "core/memory.h"
 #include "data/tokenizer.h"
-#include "core/log.h"
 #include "model/params.h"
 #include "optim/optimizer.h"
 #include "runtime/engine.h"
@@ -57,23 +54,6 @@ std::string model_difference(const Config& saved, const Config& now) {
       return cat(va[i].first, " = ", va[i].second, " in the checkpoint but ", vb[i].second,
                  " in the config");
   return "";
-}
-
-// The run directory and its logs/; an input error naming it when it cannot be created or
-// written (a regular file, a read-only place).
-void check_run_dir(const std::string& run_dir) {
-  std::error_code ec;
-  const fs::path logs = fs::path(run_dir) / "logs";
-  fs::create_directories(logs, ec);
-  if (ec || !fs::is_directory(logs))
-    throw_input("run directory ", run_dir, ": cannot create ", logs.string(), " (",
-                ec ? ec.message() : "a file of that name exists",
-                "): choose a writable --run-dir");
-  const fs::path probe = fs::path(run_dir) / cat(".write-test-", ::getpid());
-  if (!std::ofstream(probe))
-    throw_input("run directory ", run_dir, ": not writable (", std::strerror(errno),
-                "): choose a writable --run-dir");
-  fs::remove(probe, ec);
 }
 
 // Building the engine allocates every buffer the model plan holds: running out of memory there
@@ -130,7 +110,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
 
   // Where the run writes must be writable before anything trains: a save that fails at the
   // first checkpoint would lose the steps before it.
-  check_run_dir(run_dir_);
+  require_writable_dir((fs::path(run_dir_) / "logs").string(), "run directory", "choose a writable --run-dir");
   checkpoint::check_writable(checkpoint_root());
   if (!dist_ || dist_->rank() == 0) checkpoint::remove_leftovers(checkpoint_root());
 
