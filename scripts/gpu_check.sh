@@ -12,3 +12,4 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,driver_version --format=csv,noheader
 $M/bin/test_gpu "$@" 2>&1 | tee "$OUT/test_gpu.log" | grep -vE "^\[ +(RUN|OK) +\]" | tail -60
 bash scripts/gpu_launch_check.sh 2>&1 | tee "$OUT/launch_check.txt"
+bash scripts/gpu_layouts_check.sh 2>&1 | tee "$OUT/layouts_check.txt"

@@ -114,8 +114,15 @@ class Communicator {
   // for the matching recv, so two ranks may each send to the other before receiving. NCCL: a send
   // and its recv are kernels that wait for each other, so such an exchange puts the send and
   // the recv on different streams.
-  virtual WorkPtr send(const float* data, int64_t count, int peer, Stream stream = nullptr) = 0;
-  virtual WorkPtr recv(float* data, int64_t count, int peer, Stream stream = nullptr) = 0;
+  // The bytes forms carry any element type (bf16 activations between pipeline stages).
+  virtual WorkPtr send_bytes(const void* data, int64_t bytes, int peer, Stream stream = nullptr) = 0;
+  virtual WorkPtr recv_bytes(void* data, int64_t bytes, int peer, Stream stream = nullptr) = 0;
+  WorkPtr send(const float* data, int64_t count, int peer, Stream stream = nullptr) {
+    return send_bytes(data, count * int64_t(sizeof(float)), peer, stream);
+  }
+  WorkPtr recv(float* data, int64_t count, int peer, Stream stream = nullptr) {
+    return recv_bytes(data, count * int64_t(sizeof(float)), peer, stream);
+  }
   virtual WorkPtr barrier(Stream stream = nullptr) = 0;
 
   // Fails every pending operation (state aborted, waiters get an Error(kComm) carrying `why`) at

@@ -325,28 +325,28 @@ class GlooCommunicator final : public Communicator {
     return broadcast_raw(data, bytes, root, stream);
   }
 
-  WorkPtr send(const float* data, int64_t count, int peer, Stream stream) override {
-    check_count(count);
+  WorkPtr send_bytes(const void* data, int64_t bytes, int peer, Stream stream) override {
+    check_count(bytes);
     check_peer(peer, "send");
     // The staging copy lives in the task, which lives until the completer has finished the send.
     auto staged = std::make_shared<std::unique_ptr<Staged>>();
-    return enqueue(OpKind::kSend, count * 4, peer, [this, data, count, peer, stream, staged](uint32_t tag) {
-      if (count == 0) return none();
-      *staged = std::make_unique<Staged>(const_cast<float*>(data), count * 4, stream);
+    return enqueue(OpKind::kSend, bytes, peer, [this, data, bytes, peer, stream, staged](uint32_t tag) {
+      if (bytes == 0) return none();
+      *staged = std::make_unique<Staged>(const_cast<void*>(data), bytes, stream);
       (*staged)->in();
-      auto buf = context_->createUnboundBuffer((*staged)->host(), static_cast<size_t>(count) * 4);
+      auto buf = context_->createUnboundBuffer((*staged)->host<char>(), static_cast<size_t>(bytes));
       buf->send(peer, gloo::Slot::build(kPointToPointSlot, tag));
       return buf;  // completed by the completer thread
     });
   }
 
-  WorkPtr recv(float* data, int64_t count, int peer, Stream stream) override {
-    check_count(count);
+  WorkPtr recv_bytes(void* data, int64_t bytes, int peer, Stream stream) override {
+    check_count(bytes);
     check_peer(peer, "recv");
-    return enqueue(OpKind::kRecv, count * 4, peer, [this, data, count, peer, stream](uint32_t tag) {
-      if (count == 0) return none();
-      Staged dst(data, count * 4, stream);
-      auto buf = context_->createUnboundBuffer(dst.host(), static_cast<size_t>(count) * 4);
+    return enqueue(OpKind::kRecv, bytes, peer, [this, data, bytes, peer, stream](uint32_t tag) {
+      if (bytes == 0) return none();
+      Staged dst(data, bytes, stream);
+      auto buf = context_->createUnboundBuffer(dst.host<char>(), static_cast<size_t>(bytes));
       buf->recv(peer, gloo::Slot::build(kPointToPointSlot, tag));
       wait_recv(*buf);
       dst.out();

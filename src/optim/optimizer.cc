@@ -155,4 +155,10 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, const ParamLay
   throw_input("config: optim.name = \"", cfg.name, "\" is not one of: adamw, lamb");
 }
 
+std::unique_ptr<Optimizer> make_optimizer(const cpu::CpuOps&, const OptimConfig& cfg,
+                                          const ParamLayout& layout, std::vector<FlatRange> owned,
+                                          NormReducer reduce) {
+  return make_optimizer(cfg, layout, std::move(owned), std::move(reduce));
+}
+
 }  // namespace myriad

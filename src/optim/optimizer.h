@@ -57,7 +57,12 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // One update at learning rate lr of params from grads, both full flat buffers in layout
   // order: reads and writes only the owned elements. Advances the step count.
+  // A device optimizer (optim/cuda) takes device pointers and keeps its state there.
   virtual void step(float* params, const float* grads, double lr) = 0;
+  // A device optimizer's m() and v() are host copies: made current, or installed on the
+  // device. No-ops for the host optimizers, whose m() and v() are the state itself.
+  virtual void state_to_host() {}
+  virtual void state_from_host() {}
 
   // State, for checkpoints: first and second moments of the owned elements, packed in
   // ascending offset order (the whole layout by default: then the parameter layout), and the
@@ -89,5 +94,13 @@ class Optimizer {
 std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, const ParamLayout& layout,
                                           std::vector<FlatRange> owned = {},
                                           NormReducer reduce = {});
+
+namespace cpu {
+class CpuOps;
+}
+// The same for the engine on the CPU op set (runtime/model_engine.h picks by op set).
+std::unique_ptr<Optimizer> make_optimizer(const cpu::CpuOps& ops, const OptimConfig& cfg,
+                                          const ParamLayout& layout, std::vector<FlatRange> owned,
+                                          NormReducer reduce);
 
 }  // namespace myriad

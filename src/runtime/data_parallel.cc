@@ -7,7 +7,7 @@ namespace myriad {
 DataParallel::DataParallel(comm::Communicator* dp, int64_t total, int64_t bucket_elems,
                            std::vector<FlatRange> chunk_ranges,
                            std::vector<std::vector<FlatRange>> chunk_reads, FlatRange held_back,
-                           bool overlap)
+                           bool overlap, comm::Stream stream)
     : dp_(dp && dp->size() > 1 ? dp : nullptr),
       rank_(dp_ ? dp_->rank() : 0),
       plan_(plan_buckets(total, dp_ ? dp_->size() : 1, bucket_elems)),
@@ -15,6 +15,7 @@ DataParallel::DataParallel(comm::Communicator* dp, int64_t total, int64_t bucket
       chunk_reads_(std::move(chunk_reads)),
       held_back_(held_back),
       overlap_(overlap),
+      stream_(stream),
       chunk_final_(chunk_ranges_.size(), false),
       reduce_(plan_.buckets.size()),
       gather_(plan_.buckets.size()) {}
@@ -34,7 +35,7 @@ void DataParallel::start_reduce(int bucket, float* grads) {
   const FlatRange& b = plan_.buckets[bucket];
   const int64_t piece = b.size() / dp_->size();
   // In place: this rank's piece of the sum lands where its piece was.
-  reduce_[bucket] = dp_->reduce_scatter(grads + b.begin, grads + b.begin + rank_ * piece, piece);
+  reduce_[bucket] = dp_->reduce_scatter(grads + b.begin, grads + b.begin + rank_ * piece, piece, stream_);
 }
 
 void DataParallel::chunk_done(int c, float* grads) {
@@ -65,7 +66,7 @@ void DataParallel::gather_params(float* params) {
   for (int k = static_cast<int>(plan_.buckets.size()) - 1; k >= 0; --k) {
     const FlatRange& b = plan_.buckets[k];
     const int64_t piece = b.size() / dp_->size();
-    gather_[k] = dp_->all_gather(params + b.begin + rank_ * piece, params + b.begin, piece);
+    gather_[k] = dp_->all_gather(params + b.begin + rank_ * piece, params + b.begin, piece, stream_);
   }
   if (!overlap_) wait_all_params();
 }

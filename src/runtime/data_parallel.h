@@ -14,6 +14,9 @@
 // reduce-scatter waits for finish_reduce() and every all-gather is waited for at once: the same
 // collectives on the same buffers, so the same bits, only serialized.
 //
+// The buffers are fp32 in the op set's memory: host floats on the CPU, device memory on a GPU
+// (the master weights there; the engine casts them to the compute copy after the gather).
+//
 // The rank's copy of the tied embedding (when the pipeline puts the embedding and the LM head on
 // different stages) becomes final only once the two stages have exchanged their gradients, at
 // the end of backward: the buckets holding it wait for finish_reduce().
@@ -33,9 +36,10 @@ class DataParallel {
   // chunk_ranges[c]: the flat ranges whose gradients are final after chunk c's last backward;
   // chunk_reads[c]: the ranges chunk c's forward reads. held_back: a range final only at
   // finish_reduce (the tied embedding), may be empty.
+  // stream: the op set's (comm::Stream; null on the CPU): the buffers are its memory.
   DataParallel(comm::Communicator* dp, int64_t total, int64_t bucket_elems,
                std::vector<FlatRange> chunk_ranges, std::vector<std::vector<FlatRange>> chunk_reads,
-               FlatRange held_back, bool overlap = true);
+               FlatRange held_back, bool overlap = true, comm::Stream stream = nullptr);
 
   int64_t flat_size() const { return plan_.padded_total; }  // params and grads buffers
   std::vector<FlatRange> owned() const { return plan_.owned(rank_); }
@@ -67,6 +71,7 @@ class DataParallel {
   std::vector<std::vector<FlatRange>> chunk_reads_;
   FlatRange held_back_;
   bool overlap_;
+  comm::Stream stream_;
   double waited_s_ = 0;
   std::vector<bool> chunk_final_;
   std::vector<comm::WorkPtr> reduce_, gather_;  // per bucket, null = not started / done

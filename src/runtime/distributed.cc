@@ -72,6 +72,8 @@ Distributed::Distributed(const Config& cfg, int rank, int world)
     : rank_(rank), topo_(parallel::Topology::from_config(cfg.parallel, world)) {
   cfg.accum_steps(topo_.dp());  // a batch that does not split over dp fails before any rendezvous
   const std::string backend = resolve_backend(cfg, rank);  // a bad choice fails here too
+  if (cfg.train.device == "cuda" || (cfg.train.device == "auto" && cuda_available()))
+    use_local_gpu();  // before the communicators: NCCL binds to the current device
   const char* url = std::getenv("MYRIAD_RDZV");
   if (!url) throw_input("environment: MYRIAD_RDZV is not set: start multi-process runs with myriad launch");
   const char* attempt = std::getenv("MYRIAD_ATTEMPT");

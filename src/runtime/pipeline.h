@@ -12,6 +12,10 @@
 // receives. A receive occupies its communicator's worker until the data arrives (Gloo), so
 // sends must never queue behind receives; and each link's messages match in order, which the
 // schedule guarantees. With p = 1 the chunks pass activations and gradients in memory.
+//
+// The executor is written once for every device: Model is a GptModel<Ops>, and the messages
+// are the op set's buffers of its activation type (bf16 device memory on a GPU), passed to the
+// links with the op set's stream. Definitions in pipeline_impl.h.
 #pragma once
 
 #include <functional>
@@ -32,17 +36,31 @@ struct PipelineLinks {
   comm::Communicator* grad_from_next = nullptr;  // this rank receives
 };
 
+struct PipelineHooks {
+  std::function<void(int chunk)> before_forward;  // e.g. wait for the chunk's parameters
+  std::function<void(int chunk)> chunk_done;      // the chunk's last backward of the step
+};
+
+// Wall seconds of the last train(): in the chunks' forwards and backwards (tensor-parallel
+// collectives run inside them and count here), and blocked on receives: this rank's share of
+// the bubble. On a GPU the compute seconds are host seconds of issuing it (the engine times the
+// device with events).
+struct PipelineTimes {
+  double forward_s = 0, backward_s = 0, wait_s = 0;
+};
+
+template <class Model>
 class Pipeline {
  public:
+  using Act = typename Model::Act;
+  using Hooks = PipelineHooks;
+  using Times = PipelineTimes;
+
   // stage: this rank's pipeline coordinate; the model holds its v chunks. Micro-batches are
   // micro_batch rows of seq_len + 1 tokens.
-  Pipeline(Gpt& model, parallel::Schedule schedule, int stage, PipelineLinks links,
+  Pipeline(Model& model, parallel::Schedule schedule, int stage, PipelineLinks links,
            int micro_batch, int seq_len);
 
-  struct Hooks {
-    std::function<void(int chunk)> before_forward;  // e.g. wait for the chunk's parameters
-    std::function<void(int chunk)> chunk_done;      // the chunk's last backward of the step
-  };
   // One step's forward and backward over m micro-batches: tokens (m * micro_batch, T+1), this
   // data-parallel rank's rows. Returns the mean loss over the micro-batches on the rank holding
   // the last virtual stage, 0 on the others.
@@ -52,28 +70,26 @@ class Pipeline {
   float evaluate(const int32_t* tokens, int B);
 
   const parallel::Schedule& schedule() const { return schedule_; }
-  // Wall seconds of the last train(): in the chunks' forwards and backwards (tensor-parallel
-  // collectives run inside them and count here), and blocked on receives: this rank's share of
-  // the bubble.
-  struct Times {
-    double forward_s = 0, backward_s = 0, wait_s = 0;
-  };
   const Times& times() const { return times_; }
 
  private:
   using Key = std::tuple<parallel::ActionKind, int, int>;  // (what, micro-batch, chunk)
+  using Buffer = typename Model::template Buffer<Act>;
   struct Message {
-    std::vector<float> data;
+    Buffer data;  // (R, C) in the op set's memory
     comm::WorkPtr work;
   };
   int global_stage(int chunk) const { return chunk * p_ + stage_; }
   bool first(int chunk) const { return global_stage(chunk) == 0; }
   bool last(int chunk) const { return global_stage(chunk) == p_ * v_ - 1; }
   // Waits for a posted receive (counted as bubble) and returns its data.
-  const float* received(parallel::ActionKind kind, int mb, int chunk);
+  const Act* received(parallel::ActionKind kind, int mb, int chunk);
+  // A boundary message of n elements: posted on `link` with the op set's stream.
+  comm::WorkPtr send(comm::Communicator* link, const Act* data, int64_t n);
+  comm::WorkPtr recv(comm::Communicator* link, Act* data, int64_t n);
   void reap_sends(bool all);
 
-  Gpt& model_;
+  Model& model_;
   parallel::Schedule schedule_;
   int stage_, p_, v_;
   PipelineLinks links_;
@@ -81,7 +97,7 @@ class Pipeline {
   int64_t boundary_;        // elements of one activation or gradient message
   std::map<Key, Message> recvs_;       // posted receives, until consumed
   std::map<Key, Message> sends_;       // posted sends (gradients with their buffers), until done
-  std::map<Key, std::vector<float>> local_grads_;  // p = 1: chunk c's input gradient for c-1
+  std::map<Key, Buffer> local_grads_;  // p = 1: chunk c's input gradient for c-1
   Times times_;
 };
 

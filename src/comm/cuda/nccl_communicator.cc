@@ -202,18 +202,18 @@ class NcclCommunicator final : public Communicator {
       return ncclBroadcast(data, data, static_cast<size_t>(bytes), ncclUint8, root, c, s);
     });
   }
-  WorkPtr send(const float* data, int64_t count, int peer, Stream stream) override {
-    check_count(count);
+  WorkPtr send_bytes(const void* data, int64_t bytes, int peer, Stream stream) override {
+    check_count(bytes);
     check_peer(peer, "send");
-    return issue(OpKind::kSend, count * 4, peer, stream, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclSend(data, static_cast<size_t>(count), ncclFloat32, peer, c, s);
+    return issue(OpKind::kSend, bytes, peer, stream, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclSend(data, static_cast<size_t>(bytes), ncclUint8, peer, c, s);
     });
   }
-  WorkPtr recv(float* data, int64_t count, int peer, Stream stream) override {
-    check_count(count);
+  WorkPtr recv_bytes(void* data, int64_t bytes, int peer, Stream stream) override {
+    check_count(bytes);
     check_peer(peer, "recv");
-    return issue(OpKind::kRecv, count * 4, peer, stream, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclRecv(data, static_cast<size_t>(count), ncclFloat32, peer, c, s);
+    return issue(OpKind::kRecv, bytes, peer, stream, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclRecv(data, static_cast<size_t>(bytes), ncclUint8, peer, c, s);
     });
   }
   WorkPtr barrier(Stream stream) override {

@@ -31,6 +31,9 @@ void CudaOps::Buffer<T>::zeros(int64_t n) {
   if (n > 0) {
     CUDA_CHECK(cudaMalloc(&p, static_cast<size_t>(n) * sizeof(T)));
     CUDA_CHECK(cudaMemset(p, 0, static_cast<size_t>(n) * sizeof(T)));
+    // cudaMemset runs on the legacy stream, which the op set's stream does not wait for: the
+    // zeros must be there before any op or staging copy writes the buffer.
+    CUDA_CHECK(cudaStreamSynchronize(nullptr));
   }
   p_.reset(p);
   n_ = n;
@@ -38,6 +41,8 @@ void CudaOps::Buffer<T>::zeros(int64_t n) {
 template class CudaOps::Buffer<__nv_bfloat16>;
 template class CudaOps::Buffer<float>;
 template class CudaOps::Buffer<int32_t>;
+template class CudaOps::Buffer<int64_t>;
+template class CudaOps::Buffer<uint8_t>;
 
 CudaOps::CudaOps() : st_(std::make_shared<State>()) {
   CUDA_CHECK(cudaStreamCreateWithFlags(&st_->stream, cudaStreamNonBlocking));
@@ -102,6 +107,85 @@ double CudaOps::sum(const float* x, int64_t n) const {
   double s = 0;
   for (float v : h) s += v;  // in order: reproducible
   return s;
+}
+
+double peak_bf16_flops(const cudaDeviceProp& p) {
+  if (p.major == 9) return 989.4e12;                // H100 / H200 SXM
+  if (p.major == 8 && p.minor == 0) return 312e12;  // A100
+  return 0;
+}
+
+namespace {
+
+__global__ void scale_kernel(float* x, int64_t n, float c) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] *= c;
+}
+__global__ void accumulate_kernel(float* dst, const float* src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] += src[i];
+}
+unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65536)); }
+
+}  // namespace
+
+std::string CudaOps::device_name() const {
+  int d = 0;
+  CUDA_CHECK(cudaGetDevice(&d));
+  cudaDeviceProp p{};
+  CUDA_CHECK(cudaGetDeviceProperties(&p, d));
+  return "cuda:" + std::to_string(d) + " " + p.name;
+}
+
+double CudaOps::peak_flops() const {
+  int d = 0;
+  CUDA_CHECK(cudaGetDevice(&d));
+  cudaDeviceProp p{};
+  CUDA_CHECK(cudaGetDeviceProperties(&p, d));
+  return peak_bf16_flops(p);
+}
+
+void CudaOps::upload(float* dst, const float* host, int64_t n) const {
+  if (n <= 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, host, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, st_->stream));
+  CUDA_CHECK(cudaStreamSynchronize(st_->stream));
+}
+
+void CudaOps::download(float* host, const float* src, int64_t n) const {
+  if (n <= 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(host, src, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, st_->stream));
+  CUDA_CHECK(cudaStreamSynchronize(st_->stream));
+}
+
+void CudaOps::cast_params(Param* dst, const float* src, int64_t n) const {
+  if (n > 0) cast_to_bf16(dst, src, n, st_->stream);
+}
+
+double CudaOps::sum_squares(const float* x, int64_t n) const {
+  if (n <= 0) return 0;
+  // [0, n) as one segment of segment_sum_squares: its fixed order makes the sum reproducible.
+  const size_t need = 1 + sumsq_scratch_floats(n, 1) + 1;  // result, scratch, the segments (2 int64)
+  float* f = scratch(need + 4);
+  int64_t* seg = reinterpret_cast<int64_t*>((reinterpret_cast<uintptr_t>(f + need) + 7) & ~uintptr_t(7));
+  const int64_t h_seg[2] = {0, n};
+  CUDA_CHECK(cudaMemcpyAsync(seg, h_seg, sizeof h_seg, cudaMemcpyHostToDevice, st_->stream));
+  segment_sum_squares(f, f + 1, x, seg, 1, n, st_->stream);
+  float out = 0;
+  CUDA_CHECK(cudaMemcpyAsync(&out, f, 4, cudaMemcpyDeviceToHost, st_->stream));
+  CUDA_CHECK(cudaStreamSynchronize(st_->stream));
+  return out;
+}
+
+void CudaOps::scale(float* x, int64_t n, float c) const {
+  if (n <= 0) return;
+  scale_kernel<<<grid_for(n), 256, 0, st_->stream>>>(x, n, c);
+  check_launch("scale");
+}
+
+void CudaOps::accumulate(float* dst, const float* src, int64_t n) const {
+  if (n <= 0) return;
+  accumulate_kernel<<<grid_for(n), 256, 0, st_->stream>>>(dst, src, n);
+  check_launch("accumulate");
 }
 
 void CudaOps::embedding_forward(Act* out, const int32_t* tokens, const Param* wte, const Param* wpe, int B, int T,

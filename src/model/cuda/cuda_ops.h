@@ -19,10 +19,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 namespace myriad::cuda {
 
 class Matmul;
+
+// Peak dense bf16 tensor FLOP/s of a device (the H100/H200 SXM and A100 datasheets); 0 unknown.
+double peak_bf16_flops(const cudaDeviceProp& p);
 
 class CudaOps {
  public:
@@ -59,6 +63,17 @@ class CudaOps {
   void upload_params(Param* dst, const float* host, int64_t n) const;  // rounded to bf16
   void download(float* host, const Act* src, int64_t n) const;         // widened to fp32
   double sum(const float* x, int64_t n) const;
+
+  // ---- what the step needs besides the model (runtime/model_engine.h) ----
+  std::string device_name() const;  // "cuda:0 NVIDIA H200"
+  double peak_flops() const;        // dense bf16, for MFU; 0 when unknown
+  void* comm_stream() const { return stream(); }  // collectives run in order with the ops
+  void upload(float* dst, const float* host, int64_t n) const;
+  void download(float* host, const float* src, int64_t n) const;
+  void cast_params(Param* dst, const float* src, int64_t n) const;  // the compute copy of master
+  double sum_squares(const float* x, int64_t n) const;              // synchronizes
+  void scale(float* x, int64_t n, float c) const;                   // x *= c
+  void accumulate(float* dst, const float* src, int64_t n) const;   // dst += src
 
   void embedding_forward(Act* out, const int32_t* tokens, const Param* wte, const Param* wpe, int B, int T, int C) const;
   void embedding_backward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens, int B, int T, int C) const;

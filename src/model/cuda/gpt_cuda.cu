@@ -13,10 +13,13 @@
 #include <cublas_api.h>
 
 #include "model/cuda/cuda_check.h"
+#include "model/cuda/cuda_ops.h"
 #include "model/cuda/matmul.h"
 #include "ops/cuda/ops.cuh"
 
 namespace myriad {
+
+void cuda_use_device(int index) { CUDA_CHECK(cudaSetDevice(index)); }
 
 int cuda_device_count() {
   int n = 0;
@@ -30,13 +33,6 @@ int cuda_device_count() {
 namespace {
 
 using cuda::bf16;
-
-// Peak dense bf16 tensor FLOP/s by device, for MFU (the H100/H200 SXM and A100 datasheets).
-double peak_bf16_flops(const cudaDeviceProp& p) {
-  if (p.major == 9) return 989.4e12;  // H100 / H200 SXM
-  if (p.major == 8 && p.minor == 0) return 312e12;  // A100
-  return 0;
-}
 
 // The driver must be at least as new as the runtime we were built with, and cuBLASLt at least
 // the major version we compiled against; say which and what to do rather than fail obscurely.
@@ -117,7 +113,7 @@ class GptCuda final : public Engine {
 
   const ParamLayout& layout() const override { return layout_; }
   std::string device() const override { return cat("cuda:", device_, " ", prop_.name); }
-  double peak_flops() const override { return peak_bf16_flops(prop_); }
+  double peak_flops() const override { return cuda::peak_bf16_flops(prop_); }
   StepResult train_step(const int32_t* tokens, int64_t step, double lr) override;
   float loss(const int32_t* tokens, int B) override;
   void last_logits(const int32_t* tokens, int B, int T, float* out) override;

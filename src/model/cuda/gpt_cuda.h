@@ -12,6 +12,8 @@ namespace myriad {
 
 // GPUs visible to this process (0 when the driver or device is missing).
 int cuda_device_count();
+// Makes GPU `index` this process's device (before any allocation or communicator).
+void cuda_use_device(int index);
 
 // The CUDA engine for cfg on the current device. Allocates everything up front: parameters,
 // gradients, optimizer state and the activations of one micro-batch: every layer's, or with

@@ -4,7 +4,10 @@
 #include <cmath>
 #include <cstring>
 
+#include <omp.h>
+
 #include "ops/cpu/ops.h"
+#include "ops/cpu/reduce.h"
 #include "ops/cpu/vecmath.h"
 
 namespace myriad::cpu {
@@ -29,6 +32,21 @@ double CpuOps::sum(const float* x, int64_t n) const {
   double s = 0;
   for (int64_t i = 0; i < n; ++i) s += x[i];
   return s;
+}
+
+std::string CpuOps::device_name() const {
+  return "cpu (" + std::to_string(omp_get_max_threads()) + " threads)";
+}
+
+double CpuOps::sum_squares(const float* x, int64_t n) const { return cpu::sum_squares(x, n); }
+
+void CpuOps::scale(float* x, int64_t n, float c) const {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) x[i] *= c;
+}
+
+void CpuOps::accumulate(float* dst, const float* src, int64_t n) const {
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
 void CpuOps::embedding_forward(Act* out, const int32_t* tokens, const Param* wte, const Param* wpe, int B, int T,

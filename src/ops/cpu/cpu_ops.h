@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace myriad::cpu {
@@ -48,6 +49,15 @@ class CpuOps {
   void download(float* host, const float* src, int64_t n) const { copy(host, src, n); }
   // Sum of x[0, n) in double, in order (the mean loss: bitwise reproducible).
   double sum(const float* x, int64_t n) const;
+
+  // ---- what the step needs besides the model (runtime/model_engine.h) ----
+  std::string device_name() const;                  // for logs: "cpu (2 threads)"
+  double peak_flops() const { return 0; }           // unknown: no MFU
+  void* comm_stream() const { return nullptr; }     // collectives on host memory need none
+  void upload(float* dst, const float* host, int64_t n) const { copy(dst, host, n); }
+  double sum_squares(const float* x, int64_t n) const;       // in double, fixed chunk order
+  void scale(float* x, int64_t n, float c) const;            // x *= c
+  void accumulate(float* dst, const float* src, int64_t n) const;  // dst += src
 
   // ---- the kernels of ops/cpu/ops.h ----
   void embedding_forward(Act* out, const int32_t* tokens, const Param* wte, const Param* wpe, int B, int T, int C) const;

@@ -119,6 +119,14 @@ void adamw_step(float* w, bf16* w_bf16, float* m, float* v, const float* g,
 // per-tensor norms of w and u (segment_sum_squares), then w -= lr * trust_i * u with
 // trust_i = ||w_i|| / ||u_i|| (1 when either is 0); w_bf16 refreshed.
 // scratch: at least lamb_scratch_floats(total, count) floats.
+// Its two passes apart, for a sharded LAMB whose norms are completed over ranks in between:
+// lamb_direction writes u and leaves the norms to the caller; lamb_apply takes ||w_i||^2 and
+// ||u_i||^2 per segment.
+void lamb_direction(const float* w, float* m, float* v, const float* g, float* update,
+                    const int64_t* segments, const uint8_t* decay, int count, int64_t total,
+                    AdamParams p, cudaStream_t stream);
+void lamb_apply(float* w, bf16* w_bf16, const float* update, const float* wn2, const float* un2,
+                const int64_t* segments, int count, int64_t total, float lr, cudaStream_t stream);
 size_t lamb_scratch_floats(int64_t total, int count);
 void lamb_step(float* w, bf16* w_bf16, float* m, float* v, const float* g, float* update,
                float* scratch, const int64_t* segments, const uint8_t* decay, int count,

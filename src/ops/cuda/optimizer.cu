@@ -198,15 +198,11 @@ size_t lamb_scratch_floats(int64_t total, int count) {
   return 2 * static_cast<size_t>(count) + sumsq_scratch_floats(total, count);
 }
 
-void lamb_step(float* w, bf16* w_bf16, float* m, float* v, const float* g, float* update,
-               float* scratch, const int64_t* segments, const uint8_t* decay, int count,
-               int64_t total, AdamParams p, cudaStream_t stream) {
+void lamb_direction(const float* w, float* m, float* v, const float* g, float* update,
+                    const int64_t* segments, const uint8_t* decay, int count, int64_t total,
+                    AdamParams p, cudaStream_t stream) {
   if (total <= 0 || count <= 0) return;
-  float* wn2 = scratch;          // (count) ||w_i||^2
-  float* un2 = scratch + count;  // (count) ||u_i||^2
-  float* rest = scratch + 2 * count;
-  const bool vec = vec_ok(w, m, v, g, w_bf16) && aligned16(update);
-  if (vec)
+  if (all_aligned16(w, m, v, g) && aligned16(update))
     lamb_update_kernel<4><<<blocks_for(total, 4), kThreads, 0, stream>>>(w, m, v, g, update,
                                                                          segments, decay, count,
                                                                          total, p);
@@ -215,17 +211,33 @@ void lamb_step(float* w, bf16* w_bf16, float* m, float* v, const float* g, float
                                                                          segments, decay, count,
                                                                          total, p);
   check_launch("lamb_step (update)");
-  segment_sum_squares(wn2, rest, w, segments, count, total, stream);
-  segment_sum_squares(un2, rest, update, segments, count, total, stream);
-  if (vec)
+}
+
+void lamb_apply(float* w, bf16* w_bf16, const float* update, const float* wn2, const float* un2,
+                const int64_t* segments, int count, int64_t total, float lr, cudaStream_t stream) {
+  if (total <= 0 || count <= 0) return;
+  if (vec_ok(w, update, update, update, w_bf16))
     lamb_apply_kernel<4><<<blocks_for(total, 4), kThreads, 0, stream>>>(w, w_bf16, update, wn2,
                                                                         un2, segments, count,
-                                                                        total, p.lr);
+                                                                        total, lr);
   else
     lamb_apply_kernel<1><<<blocks_for(total, 1), kThreads, 0, stream>>>(w, w_bf16, update, wn2,
                                                                         un2, segments, count,
-                                                                        total, p.lr);
+                                                                        total, lr);
   check_launch("lamb_step (apply)");
+}
+
+void lamb_step(float* w, bf16* w_bf16, float* m, float* v, const float* g, float* update,
+               float* scratch, const int64_t* segments, const uint8_t* decay, int count,
+               int64_t total, AdamParams p, cudaStream_t stream) {
+  if (total <= 0 || count <= 0) return;
+  float* wn2 = scratch;          // (count) ||w_i||^2
+  float* un2 = scratch + count;  // (count) ||u_i||^2
+  float* rest = scratch + 2 * count;
+  lamb_direction(w, m, v, g, update, segments, decay, count, total, p, stream);
+  segment_sum_squares(wn2, rest, w, segments, count, total, stream);
+  segment_sum_squares(un2, rest, update, segments, count, total, stream);
+  lamb_apply(w, w_bf16, update, wn2, un2, segments, count, total, p.lr, stream);
 }
 
 }  // namespace myriad::cuda

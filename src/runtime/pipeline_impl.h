@@ -1,17 +1,15 @@
-#include "runtime/pipeline.h"
+// The definitions of the pipeline executor (runtime/pipeline.h), for the files that instantiate
+// it with a model: runtime/engine.cc (the CPU op set) and runtime/cuda/ (the CUDA one).
+#pragma once
 
 #include "core/clock.h"
 #include "core/error.h"
+#include "runtime/pipeline.h"
 
 namespace myriad {
-namespace {
 
-using parallel::Action;
-using parallel::ActionKind;
-
-}  // namespace
-
-Pipeline::Pipeline(Gpt& model, parallel::Schedule schedule, int stage, PipelineLinks links,
+template <class Model>
+Pipeline<Model>::Pipeline(Model& model, parallel::Schedule schedule, int stage, PipelineLinks links,
                    int micro_batch, int seq_len)
     : model_(model),
       schedule_(std::move(schedule)),
@@ -29,7 +27,18 @@ Pipeline::Pipeline(Gpt& model, parallel::Schedule schedule, int stage, PipelineL
                "pipeline links missing");
 }
 
-const float* Pipeline::received(ActionKind kind, int mb, int chunk) {
+template <class Model>
+comm::WorkPtr Pipeline<Model>::send(comm::Communicator* link, const Act* data, int64_t n) {
+  return link->send_bytes(data, n * int64_t(sizeof(Act)), 1, model_.ops().comm_stream());
+}
+template <class Model>
+comm::WorkPtr Pipeline<Model>::recv(comm::Communicator* link, Act* data, int64_t n) {
+  return link->recv_bytes(data, n * int64_t(sizeof(Act)), 0, model_.ops().comm_stream());
+}
+
+template <class Model>
+const typename Model::Act* Pipeline<Model>::received(parallel::ActionKind kind, int mb, int chunk) {
+  using parallel::ActionKind;
   auto it = recvs_.find({kind, mb, chunk});
   MYRIAD_CHECK(it != recvs_.end(), "pipeline stage ", stage_, ": no receive posted for ",
                kind == ActionKind::kRecvActivation ? "the activation" : "the gradient",
@@ -38,7 +47,8 @@ const float* Pipeline::received(ActionKind kind, int mb, int chunk) {
   return it->second.data.data();
 }
 
-void Pipeline::reap_sends(bool all) {
+template <class Model>
+void Pipeline<Model>::reap_sends(bool all) {
   for (auto it = sends_.begin(); it != sends_.end();) {
     if (!it->second.work) {  // a gradient whose send action comes next
       ++it;
@@ -51,7 +61,10 @@ void Pipeline::reap_sends(bool all) {
   }
 }
 
-float Pipeline::train(const int32_t* tokens, float grad_scale, const Hooks& hooks) {
+template <class Model>
+float Pipeline<Model>::train(const int32_t* tokens, float grad_scale, const Hooks& hooks) {
+  using parallel::Action;
+  using parallel::ActionKind;
   const int m = schedule_.m;
   const int64_t row = int64_t(T_) + 1;
   std::vector<int> backwards(v_, 0);
@@ -63,19 +76,19 @@ float Pipeline::train(const int32_t* tokens, float grad_scale, const Hooks& hook
     switch (a.kind) {
       case ActionKind::kRecvActivation: {
         Message& msg = recvs_[{a.kind, mb, c}];
-        msg.data.resize(boundary_);
-        msg.work = links_.act_from_prev->recv(msg.data.data(), boundary_, 0);
+        msg.data.zeros(boundary_);
+        msg.work = recv(links_.act_from_prev, msg.data.data(), boundary_);
         break;
       }
       case ActionKind::kRecvGrad: {
         Message& msg = recvs_[{a.kind, mb, c}];
-        msg.data.resize(boundary_);
-        msg.work = links_.grad_from_next->recv(msg.data.data(), boundary_, 0);
+        msg.data.zeros(boundary_);
+        msg.work = recv(links_.grad_from_next, msg.data.data(), boundary_);
         break;
       }
       case ActionKind::kForward: {
         if (hooks.before_forward) hooks.before_forward(c);
-        const float* input = nullptr;
+        const Act* input = nullptr;
         if (first(c)) input = nullptr;
         else if (p_ == 1) input = model_.chunk_output(c - 1, mb);
         else input = received(ActionKind::kRecvActivation, mb, c);
@@ -89,11 +102,11 @@ float Pipeline::train(const int32_t* tokens, float grad_scale, const Hooks& hook
       case ActionKind::kSendActivation: {
         // Sent from the chunk's slot, which stays until the chunk's backward.
         Message& msg = sends_[{a.kind, mb, c}];
-        msg.work = links_.act_to_next->send(model_.chunk_output(c, mb), boundary_, 1);
+        msg.work = send(links_.act_to_next, model_.chunk_output(c, mb), boundary_);
         break;
       }
       case ActionKind::kBackward: {
-        const float* dout = nullptr;
+        const Act* dout = nullptr;
         if (last(c)) dout = nullptr;
         else if (p_ == 1) dout = local_grads_.at({ActionKind::kBackward, mb, c + 1}).data();
         else dout = received(ActionKind::kRecvGrad, mb, c);
@@ -102,7 +115,8 @@ float Pipeline::train(const int32_t* tokens, float grad_scale, const Hooks& hook
           s->second.work->wait();
           sends_.erase(s);
         }
-        std::vector<float> din(first(c) ? 0 : boundary_);
+        Buffer din;
+        if (!first(c)) din.zeros(boundary_);
         const double t0 = now_s();
         model_.backward_chunk(c, mb, dout, first(c) ? nullptr : din.data(), grad_scale);
         times_.backward_s += now_s() - t0;
@@ -119,7 +133,7 @@ float Pipeline::train(const int32_t* tokens, float grad_scale, const Hooks& hook
       }
       case ActionKind::kSendGrad: {
         Message& msg = sends_.at({a.kind, mb, c});
-        msg.work = links_.grad_to_prev->send(msg.data.data(), boundary_, 1);
+        msg.work = send(links_.grad_to_prev, msg.data.data(), boundary_);
         break;
       }
     }
@@ -130,23 +144,25 @@ float Pipeline::train(const int32_t* tokens, float grad_scale, const Hooks& hook
   return static_cast<float>(loss / m);
 }
 
-float Pipeline::evaluate(const int32_t* tokens, int B) {
+template <class Model>
+float Pipeline<Model>::evaluate(const int32_t* tokens, int B) {
   // The virtual stages in order, one micro-batch; no overlap needed for validation.
   constexpr int kEval = 1 << 29;
   const int64_t n = model_.boundary_elems(B);
-  std::vector<float> in(n);
+  Buffer in;
+  if (p_ > 1) in.zeros(n);
   float loss = 0;
   for (int c = 0; c < v_; ++c) {
-    const float* input = nullptr;
+    const Act* input = nullptr;
     if (!first(c) && p_ > 1) {
-      links_.act_from_prev->recv(in.data(), n, 0)->wait();
+      recv(links_.act_from_prev, in.data(), n)->wait();
       input = in.data();
     } else if (!first(c)) {
       input = model_.chunk_output(c - 1, kEval);
     }
     const float l = model_.forward_chunk(c, kEval, B, tokens, input);
     if (last(c)) loss = l;
-    if (!last(c) && p_ > 1) links_.act_to_next->send(model_.chunk_output(c, kEval), n, 1)->wait();
+    if (!last(c) && p_ > 1) send(links_.act_to_next, model_.chunk_output(c, kEval), n)->wait();
     if (p_ > 1) model_.drop_chunk(c, kEval);
   }
   if (p_ == 1)

@@ -1,0 +1,324 @@
+// The one training step, for every device and every 3D layout: ModelEngine<Ops> runs the layer
+// schedule GptModel<Ops> (model/gpt.h) under the pipeline executor (runtime/pipeline.h) and
+// the sharded data-parallel update (runtime/data_parallel.h), with the optimizers of optim/.
+// runtime/engine.cc instantiates it on the CPU op set (fp32: the oracle); runtime/cuda/ on the
+// CUDA one (bf16 compute, fp32 master weights, gradients and moments in device memory).
+//
+// The step's phases, in order (docs/ARCHITECTURE.md):
+//   1 zero the gradients          2 forward and backward over the micro-batches (the pipeline;
+//   3 reduce-scatter per bucket     overlapped with backward)
+//   4 the tied embedding's exchange between the first and last stage
+//   5 finish the reduce-scatters  6 the global gradient norm  7 clipping
+//   8 the update of the owned ranges   9 all-gather the parameters (awaited by the next forward)
+//
+// Where the op set keeps a compute copy of the weights (Param is not float), the engine keeps
+// the fp32 master weights: the optimizer and the all-gathers work on them, and each chunk's
+// compute copy is refreshed from them before its first forward after an update.
+#pragma once
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "model/engine.h"
+#include "model/gpt.h"
+#include "optim/optimizer.h"
+#include "parallel/mappings.h"
+#include "parallel/schedule.h"
+#include "runtime/data_parallel.h"
+#include "runtime/pipeline.h"
+
+namespace myriad {
+
+template <class Ops>
+class ModelEngine final : public Engine {
+ public:
+  using Model = GptModel<Ops>;
+  using Param = typename Ops::Param;
+  // Whether the kernels read the fp32 parameters themselves (the CPU) or a compute copy.
+  static constexpr bool kMasterIsParams = std::is_same_v<Param, float>;
+
+  ModelEngine(const Config& cfg, const parallel::ParallelContext* par, Ops ops = {})
+      : cfg_(cfg),
+        ctx_(par ? *par : parallel::ParallelContext{}),
+        part_(model_part(cfg, ctx_)),
+        model_(cfg, &ctx_, &part_,
+               plan_buckets(ParamLayout(cfg, ctx_.tp_rank(), ctx_.tp_size(), &part_).total(),
+                            ctx_.dp_size(), bucket_elems(cfg))
+                   .padded_total,
+               std::move(ops)),
+        dp_(ctx_.dp, model_.layout().total(), bucket_elems(cfg), chunk_ranges(), chunk_reads(),
+            tied_embedding(), cfg.parallel.overlap_dp, model_.ops().comm_stream()),
+        stale_(model_.num_chunks(), false) {
+    if constexpr (!kMasterIsParams) {
+      // The same draw as the model's compute copy, kept in fp32.
+      h_params_.assign(static_cast<size_t>(model_.layout().total()), 0.0f);
+      init_params(h_params_.data(), model_.layout(), cfg.model.seed);
+      master_.zeros(dp_.flat_size());
+      model_.ops().upload(master_.data(), h_params_.data(), model_.layout().total());
+    }
+    const FlatRange tied = tied_embedding();
+    if (tied.size() > 0) tied_other_.zeros(tied.size());
+    // The op set's optimizer: found by overload (the CPU's, optim/optimizer.h) or by argument-
+    // dependent lookup (the CUDA one, optim/cuda/cuda_optimizer.h).
+    optimizer_ = make_optimizer(model_.ops(), cfg.optim, model_.layout(), dp_.owned(),
+                                [this](std::vector<double>& sums) { reduce_norms(sums); });
+    const int m = static_cast<int>(cfg.accum_steps(ctx_.dp_size()));
+    const int v = static_cast<int>(cfg.parallel.virtual_stages);
+    std::string kind = cfg.parallel.schedule;
+    if (kind == "auto") kind = v > 1 ? "interleaved" : "1f1b";
+    pipeline_ = std::make_unique<Pipeline<Model>>(
+        model_, parallel::make_schedule(parallel::schedule_kind(kind), ctx_.pp_size(), v, m),
+        ctx_.pp_rank(),
+        PipelineLinks{ctx_.act_to_next, ctx_.act_from_prev, ctx_.grad_to_prev, ctx_.grad_from_next},
+        static_cast<int>(cfg.train.micro_batch), static_cast<int>(cfg.model.seq_len));
+    if (ctx_.pp_size() > 1) {
+      std::string layers;
+      for (auto [a, b] : part_.chunks) layers += cat(layers.empty() ? "" : ", ", "[", a, ", ", b, ")");
+      const parallel::Schedule& sch = pipeline_->schedule();
+      log::info("pipeline: stage ", ctx_.pp_rank(), " of ", sch.p, ", layers ", layers, "; ", sch.m,
+                " micro-batches per step, ideal bubble ",
+                cat(static_cast<int>(parallel::simulate(sch).bubble * 1000 + 0.5) / 10.0), "% of compute");
+    }
+    if (ctx_.dp_size() > 1)
+      log::info("data parallel: ", ctx_.dp_size(), " ranks, ", dp_.plan().buckets.size(),
+                " gradient buckets; this rank updates ", optimizer_->m().size(), " of ",
+                model_.layout().total(), " parameters");
+  }
+
+  const ParamLayout& layout() const override { return model_.layout(); }
+  std::string device() const override { return model_.ops().device_name(); }
+  double peak_flops() const override { return model_.ops().peak_flops(); }
+
+  // One optimizer step; every group's collectives are issued in the same order on each rank.
+  StepResult train_step(const int32_t* tokens, int64_t step, double lr) override {
+    const int dp = ctx_.dp_size(), accum = pipeline_->schedule().m;
+    const int32_t* mine = tokens;  // (accum x micro_batch, T+1): this data-parallel rank's rows
+    const double dp_waited = dp_.waited_s();
+    model_.zero_grads();
+    PipelineHooks hooks{[this](int c) { ready_to_read(c); },
+                        [this](int c) { dp_.chunk_done(c, model_.grads()); }};
+    StepResult r;
+    r.loss = step_loss(pipeline_->train(mine, 1.0f / float(accum * dp), hooks));
+    if (!std::isfinite(r.loss))
+      throw Error(ErrorClass::kNumerics, cat("step ", step, ": loss is ", r.loss,
+                                             "; lower optim.lr or resume from an earlier checkpoint"));
+    sync_tied_embedding();
+    dp_.finish_reduce(model_.grads());  // the owned ranges now hold the sums over dp
+    const double t_update = now_s();
+    const std::vector<FlatRange> owned = dp_.owned();
+    for (const FlatRange& o : owned) model_.finish_grads(o.begin, o.end);
+    r.grad_norm = grad_norm(owned);
+    clip(owned, r.grad_norm);
+    r.lr = lr;
+    optimizer_->step(master(), model_.grads(), lr);
+    mark_stale();
+    const double t_updated = now_s();
+    dp_.gather_params(master());  // awaited chunk by chunk by the next forward
+    const PipelineTimes& pt = pipeline_->times();
+    r.times = {pt.forward_s, pt.backward_s, pt.wait_s, dp_.waited_s() - dp_waited,
+               t_updated - t_update};
+    return r;
+  }
+
+  float loss(const int32_t* tokens, int B) override {
+    ready_to_read_all();
+    return step_loss(ctx_.pp_size() > 1 ? pipeline_->evaluate(tokens, B) : model_.loss(tokens, B),
+                     /*over_dp=*/false);
+  }
+  void last_logits(const int32_t* tokens, int B, int T, float* out) override {
+    if (ctx_.pp_size() > 1)
+      throw_input("sampling runs on the whole model: use myriad sample on the checkpoint");
+    ready_to_read_all();
+    model_.last_logits(tokens, B, T, out);
+  }
+  double flops_per_token() const override { return model_.flops_per_token(); }
+
+  // Parameters by data-parallel rank 0 (the owners of the optimizer state write theirs);
+  // replicated tensors by tensor-parallel rank 0; the tied embedding by the first stage (the
+  // last one holds a copy).
+  bool writes_to_checkpoint(const ParamSpec& p, bool params) const override {
+    if (params && ctx_.dp_rank() != 0) return false;
+    if (p.replicated() && ctx_.tp_rank() != 0) return false;
+    return p.name != "wte" || part_.embedding;
+  }
+
+  HostState host_state() override {
+    float* params = nullptr;
+    if constexpr (kMasterIsParams) params = model_.params();
+    else params = h_params_.data();
+    return {params, optimizer_->m().data(), optimizer_->v().data(), &optimizer_->steps_taken(),
+            optimizer_->owned()};
+  }
+  void state_to_host() override {
+    dp_.wait_all_params();
+    if constexpr (!kMasterIsParams)
+      model_.ops().download(h_params_.data(), master_.data(), model_.layout().total());
+    optimizer_->state_to_host();
+  }
+  void state_from_host() override {
+    if constexpr (!kMasterIsParams) {
+      model_.ops().upload(master_.data(), h_params_.data(), model_.layout().total());
+      mark_stale();
+    }
+    optimizer_->state_from_host();
+  }
+
+ private:
+  // The fp32 weights the optimizer updates and data parallelism gathers.
+  float* master() {
+    if constexpr (kMasterIsParams) return model_.params();
+    else return master_.data();
+  }
+  void mark_stale() {
+    if constexpr (!kMasterIsParams) stale_.assign(stale_.size(), true);
+  }
+  // Before chunk c's forward: its parameters gathered and, with a compute copy, refreshed.
+  void ready_to_read(int c) {
+    dp_.wait_params(c);
+    if constexpr (!kMasterIsParams) {
+      if (!stale_[c]) return;
+      for (const FlatRange& r : chunk_reads_[c])
+        model_.ops().cast_params(model_.params() + r.begin, master_.data() + r.begin, r.size());
+      stale_[c] = false;
+    }
+  }
+  void ready_to_read_all() {
+    for (int c = 0; c < model_.num_chunks(); ++c) ready_to_read(c);
+  }
+
+  // This pipeline rank's chunks: virtual stage g = c * pp + stage.
+  static ModelPart model_part(const Config& cfg, const parallel::ParallelContext& ctx) {
+    const int p = ctx.pp_size(), s = ctx.pp_rank(), v = static_cast<int>(cfg.parallel.virtual_stages);
+    const double C = cfg.model.d_model, T = cfg.model.window > 0 ? std::min(cfg.model.window, cfg.model.seq_len) : cfg.model.seq_len;
+    // Forward FLOPs per token: a layer's GEMMs and attention; the head's logits; the embedding
+    // is a lookup.
+    const auto ranges = parallel::stage_layer_ranges(
+        cfg.parallel.stage_layers, static_cast<int>(cfg.model.layers), p, v, 24 * C * C + 4 * C * T,
+        0, 2 * C * double(cfg.padded_vocab()));
+    ModelPart part{{}, s == 0, s == p - 1};
+    for (int c = 0; c < v; ++c) part.chunks.push_back(ranges[c * p + s]);
+    return part;
+  }
+
+  // The flat range whose gradients chunk c completes: from its first layer to the next chunk's
+  // (the first chunk from 0, the last to the end: embeddings and final norm included).
+  std::vector<FlatRange> chunk_ranges() const {
+    const ParamLayout& l = model_.layout();
+    auto first_of = [&](int layer) {
+      for (const ParamSpec& p : l.tensors())
+        if (p.layer == layer) return p.offset;
+      MYRIAD_CHECK(false, "layer ", layer, " not in this rank's layout");
+      return int64_t(0);
+    };
+    const auto& chunks = part_.chunks;
+    std::vector<FlatRange> out;
+    for (size_t c = 0; c < chunks.size(); ++c)
+      out.push_back({c == 0 ? 0 : first_of(chunks[c].first),
+                     c + 1 < chunks.size() ? first_of(chunks[c + 1].first) : l.total()});
+    return out;
+  }
+  // The ranges chunk c's forward reads: its own, and the tied embedding for the LM head.
+  std::vector<std::vector<FlatRange>> chunk_reads() {
+    std::vector<std::vector<FlatRange>> out;
+    for (const FlatRange& r : chunk_ranges()) out.push_back({r});
+    if (part_.head) {
+      const ParamSpec& wte = model_.layout().find("wte");
+      out.back().push_back({wte.offset, wte.offset + wte.numel});
+    }
+    chunk_reads_ = out;
+    return out;
+  }
+  // The wte copy that pipeline stages share (embedding on the first, LM head on the last).
+  FlatRange tied_embedding() const {
+    if (ctx_.pp_size() == 1 || !(part_.embedding || part_.head)) return {};
+    const ParamSpec& wte = model_.layout().find("wte");
+    return {wte.offset, wte.offset + wte.numel};
+  }
+
+  // The first and the last stage add their wte gradients (embedding + LM head); both get the
+  // same bits (a + b == b + a), so both copies take the same update.
+  void sync_tied_embedding() {
+    const FlatRange t = tied_embedding();
+    if (t.size() == 0) return;
+    const int p = ctx_.pp_size(), s = ctx_.pp_rank(), peer = s == 0 ? p - 1 : 0;
+    float* g = model_.grads() + t.begin;
+    comm::Stream stream = model_.ops().comm_stream();
+    comm::WorkPtr sent = ctx_.pp->send(g, t.size(), peer, stream);
+    ctx_.pp->recv(tied_other_.data(), t.size(), peer, stream)->wait();
+    sent->wait();
+    model_.ops().accumulate(g, tied_other_.data(), t.size());
+  }
+
+  // The step's loss lives on the last stage: broadcast over the pipeline, averaged over dp.
+  float step_loss(float local, bool over_dp = true) {
+    if (ctx_.pp_size() > 1) ctx_.pp->broadcast(&local, 1, ctx_.pp_size() - 1)->wait();
+    if (over_dp && ctx_.dp_size() > 1)
+      local = static_cast<float>(parallel::sum_over_group(ctx_.dp, double(local)) / ctx_.dp_size());
+    return local;
+  }
+
+  // The global L2 norm over every shard: split tensors summed over tp, replicated ones once,
+  // the stages' disjoint layers over pp (the tied wte counted on the first stage only), the
+  // owned pieces over dp. Identical bits on every rank.
+  double grad_norm(const std::vector<FlatRange>& owned) {
+    double split = 0, replicated = 0;
+    const float* g = model_.grads();
+    for (const ParamSpec& p : model_.layout().tensors()) {
+      if (p.name == "wte" && !part_.embedding) continue;  // the first stage's copy counts
+      for (const FlatRange& o : owned) {
+        const int64_t a = std::max(o.begin, p.offset), b = std::min(o.end, p.offset + p.numel);
+        if (a < b) (p.replicated() ? replicated : split) += model_.ops().sum_squares(g + a, b - a);
+      }
+    }
+    double sq = parallel::sum_over_group(ctx_.tp, split) + replicated;
+    sq = parallel::sum_over_group(ctx_.pp, sq);
+    sq = parallel::sum_over_group(ctx_.dp, sq);
+    return std::sqrt(sq);
+  }
+
+  // PyTorch's clipping rule on the owned gradients.
+  void clip(const std::vector<FlatRange>& owned, double norm) {
+    const double coef = cfg_.optim.grad_clip / (norm + 1e-6);
+    if (cfg_.optim.grad_clip <= 0 || coef >= 1.0) return;
+    for (const FlatRange& o : owned)
+      model_.ops().scale(model_.grads() + o.begin, o.size(), static_cast<float>(coef));
+  }
+
+  // LAMB's per-tensor sums of squares: over dp for every tensor, over tp for the split ones.
+  void reduce_norms(std::vector<double>& sums) {
+    parallel::sum_over_group(ctx_.dp, sums.data(), static_cast<int64_t>(sums.size()));
+    if (ctx_.tp_size() == 1) return;
+    const auto& tensors = model_.layout().tensors();
+    std::vector<double> split;
+    for (size_t k = 0; k < tensors.size(); ++k)
+      if (!tensors[k].replicated()) split.push_back(sums[2 * k]), split.push_back(sums[2 * k + 1]);
+    parallel::sum_over_group(ctx_.tp, split.data(), static_cast<int64_t>(split.size()));
+    for (size_t k = 0, i = 0; k < tensors.size(); ++k)
+      if (!tensors[k].replicated()) sums[2 * k] = split[i++], sums[2 * k + 1] = split[i++];
+  }
+
+  static int64_t bucket_elems(const Config& cfg) {
+    return static_cast<int64_t>(cfg.parallel.bucket_mb * (1 << 20) / sizeof(float));
+  }
+
+  Config cfg_;
+  parallel::ParallelContext ctx_;
+  ModelPart part_;
+  std::vector<std::vector<FlatRange>> chunk_reads_;  // set while dp_ is built
+  Model model_;
+  DataParallel dp_;
+  std::vector<bool> stale_;  // per chunk: its compute copy predates the last update
+  typename Ops::template Buffer<float> master_;  // (flat size) fp32 master weights (compute copy only)
+  std::vector<float> h_params_;                  // (layout total) their host copy for checkpoints
+  typename Ops::template Buffer<float> tied_other_;  // (wte) the other stage's wte gradient
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<Pipeline<Model>> pipeline_;
+};
+
+}  // namespace myriad
