@@ -193,6 +193,17 @@ class GptModel {
   // Backward of row_parallel_forward: dout_full from row_parallel_dout, dout the local rows.
   void row_parallel_backward(Act* dinp, float* dw, float* db, const Act* dout_full, const Act* dout,
                              const Act* inp, const Param* w, int IC, int OC);
+  // Runs a region of parallel/mappings.h (fp32 buffers) on activations: `in` (n_in elements)
+  // and `out` (n_out) themselves when Act is float, else fp32 copies of them in wide_ (out
+  // narrowed back after), laid out alike when one lies inside the other. region(in, out).
+  template <class Region>
+  void tp_region(const Act* in, int64_t n_in, Act* out, int64_t n_out, Region region);
+  // partial (N, width), this rank's partial sum -> out: the sum over the ranks, all N rows
+  // (ReduceFromTp; in place) or this rank's R (ReduceScatterToSequence).
+  void reduce_partial(Act* partial, Act* out, int64_t width);
+  // dlocal (R, width) of every rank -> dfull (N, width) (ReduceScatterToSequence's backward).
+  void gather_rows(const Act* dlocal, Act* dfull, int64_t width);
+  void* stream() const { return ops_.comm_stream(); }
   void embedding_forward_tp(const Slot& s, Act* out);
   void embedding_backward_tp(const Slot& s, const Act* dresid);
   void crossentropy_forward_tp(Slot& s);
@@ -224,6 +235,7 @@ class GptModel {
   // Scratch shared by every forward and backward (one runs at a time), zeroed per use.
   Buffer<Act> tmp_;     // (B,T,C) the MLP's output before the residual add
   Buffer<Act> full_;    // (B,T,C) TP scratch: partial sums, gathered gradients
+  Buffer<float> wide_;  // (2,B,T,C) TP with a narrower Act: the regions' fp32 copies
   Buffer<Act> dresid_;  // (B,T,C) gradient of the residual stream
   Buffer<Act> dln_, datty_, dqkv_, dfc_, dgelu_;  // (B,T,C) (B,T,C) (B,T,3C) (B,T,4C) x2
   Buffer<Act> dout_, din_;  // (R,C) the chunks' boundary gradients of forward_backward

@@ -31,19 +31,6 @@ inline int checked_tp_size(const Config& cfg, const parallel::ParallelContext* p
   return t;
 }
 
-// The communication regions move fp32 today. A bf16 op set (the GPU's) runs tensor parallelism
-// once the collectives take bf16 (docs/notes/one-model-seam.md); until then it is refused here.
-template <class T>
-auto* comm_floats(T* p) {
-  if constexpr (std::is_same_v<std::remove_const_t<T>, float>) {
-    return p;
-  } else {
-    throw_input("tensor parallelism on this op set needs bf16 collectives, which are not there "
-                "yet: set parallel.tp = 1 (or train.device = \"cpu\")");
-    return static_cast<std::conditional_t<std::is_const_v<T>, const float*, float*>>(nullptr);
-  }
-}
-
 }  // namespace gpt_detail
 
 template <class Ops>
@@ -90,6 +77,7 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
   const int64_t BT = maxB_ * maxT_, C = C_;
   tmp_.zeros(BT * C);
   if (tp_) full_.zeros(BT * C);
+  if (tp_ && !std::is_same_v<Act, float>) wide_.zeros(2 * BT * C);
   dresid_.zeros(BT * C);
   dln_.zeros(BT * C);
   datty_.zeros(BT * Cl_);
@@ -195,27 +183,73 @@ void GptModel<Ops>::zero_grads() { ops_.zero(grads_.data(), grads_.size()); }
 // ---- the tensor-parallel pieces (the identity, or the plain op, without TP) ----
 
 template <class Ops>
+template <class Region>
+void GptModel<Ops>::tp_region(const Act* in, int64_t n_in, Act* out, int64_t n_out, Region region) {
+  if constexpr (std::is_same_v<Act, float>) {
+    region(in, out);
+  } else {  // fp32 copies in wide_, laid out as the buffers are (one may lie inside the other)
+    float* a = wide_.data();
+    if (in >= out && in + n_in <= out + n_out) {
+      ops_.widen(a, out, n_out);
+      region(a + (in - out), a);
+      ops_.narrow(out, a, n_out);
+    } else if (out >= in && out + n_out <= in + n_in) {
+      ops_.widen(a, in, n_in);
+      region(a, a + (out - in));
+      ops_.narrow(out, a + (out - in), n_out);
+    } else {
+      ops_.widen(a, in, n_in);
+      region(a, a + n_in);
+      ops_.narrow(out, a + n_in, n_out);
+    }
+  }
+}
+
+template <class Ops>
+void GptModel<Ops>::reduce_partial(Act* partial, Act* out, int64_t width) {
+  const int64_t n = int64_t(N_) * width, chunk = int64_t(R_) * width;
+  if (sp_)
+    tp_region(partial, n, out, chunk, [&](const float* p, float* o) {
+      parallel::ReduceScatterToSequence::forward(tp_, p, o, chunk, stream());
+    });
+  else
+    tp_region(out, n, out, n, [&](const float*, float* x) { parallel::ReduceFromTp::forward(tp_, x, n, stream()); });
+}
+
+template <class Ops>
+void GptModel<Ops>::gather_rows(const Act* dlocal, Act* dfull, int64_t width) {
+  const int64_t chunk = int64_t(R_) * width;
+  tp_region(dlocal, chunk, dfull, int64_t(N_) * width, [&](const float* l, float* f) {
+    parallel::ReduceScatterToSequence::backward(tp_, l, f, chunk, stream());
+  });
+}
+
+template <class Ops>
 typename GptModel<Ops>::Act* GptModel<Ops>::local_rows(Act* full, int64_t width) const {
   return sp_ ? full + int64_t(r0_) * width : full;
 }
 
 template <class Ops>
 void GptModel<Ops>::column_input_forward(Act* full, int64_t width) {
-  if (sp_)  // without SP, CopyToTp's forward: the identity
-    parallel::GatherFromSequence::forward(tp_, gpt_detail::comm_floats(full + int64_t(r0_) * width),
-                                          gpt_detail::comm_floats(full), int64_t(R_) * width);
+  if (!sp_) return;  // without SP, CopyToTp's forward: the identity
+  const int64_t chunk = int64_t(R_) * width;
+  tp_region(full + int64_t(r0_) * width, chunk, full, int64_t(N_) * width, [&](const float* local, float* f) {
+    parallel::GatherFromSequence::forward(tp_, local, f, chunk, stream());
+  });
 }
 
 template <class Ops>
 typename GptModel<Ops>::Act* GptModel<Ops>::column_input_backward(Act* dfull, int64_t width) {
   if (!tp_) return dfull;
+  const int64_t n = int64_t(N_) * width, chunk = int64_t(R_) * width;
   if (sp_) {
     Act* local = dfull + int64_t(r0_) * width;
-    parallel::GatherFromSequence::backward(tp_, gpt_detail::comm_floats(dfull), gpt_detail::comm_floats(local),
-                                           int64_t(R_) * width);
+    tp_region(dfull, n, local, chunk, [&](const float* f, float* l) {
+      parallel::GatherFromSequence::backward(tp_, f, l, chunk, stream());
+    });
     return local;
   }
-  parallel::CopyToTp::backward(tp_, gpt_detail::comm_floats(dfull), int64_t(N_) * width);
+  tp_region(dfull, n, dfull, n, [&](const float*, float* x) { parallel::CopyToTp::backward(tp_, x, n, stream()); });
   return dfull;
 }
 
@@ -229,19 +263,14 @@ void GptModel<Ops>::row_parallel_forward(Act* out, const Act* inp, const Param* 
   // The partial product of this rank's input features, reduced over the ranks; the bias once.
   Act* partial = sp_ ? full_.data() : out;
   ops_.linear_forward(partial, inp, w, static_cast<const Param*>(nullptr), N_, IC, OC);
-  if (sp_)
-    parallel::ReduceScatterToSequence::forward(tp_, gpt_detail::comm_floats(partial), gpt_detail::comm_floats(out),
-                                               int64_t(R_) * OC);
-  else
-    parallel::ReduceFromTp::forward(tp_, gpt_detail::comm_floats(out), int64_t(N_) * OC);
+  reduce_partial(partial, out, OC);
   if (b) ops_.add_bias(out, b, R_, OC);
 }
 
 template <class Ops>
 const typename GptModel<Ops>::Act* GptModel<Ops>::row_parallel_dout(const Act* dout, int OC) {
   if (!sp_) return dout;  // ReduceFromTp's backward: the identity
-  parallel::ReduceScatterToSequence::backward(tp_, gpt_detail::comm_floats(dout),
-                                              gpt_detail::comm_floats(full_.data()), int64_t(R_) * OC);
+  gather_rows(dout, full_.data(), OC);
   return full_.data();
 }
 
@@ -262,11 +291,7 @@ void GptModel<Ops>::embedding_forward_tp(const Slot& s, Act* out) {
   // (exactly one rank contributes each row, so the sum is exact).
   Act* partial = sp_ ? full_.data() : out;
   ops_.vocab_rows_forward(partial, s.inputs.data(), p_.wte, v0_, Vl_, N_, C_);
-  if (sp_)
-    parallel::ReduceScatterToSequence::forward(tp_, gpt_detail::comm_floats(partial), gpt_detail::comm_floats(out),
-                                               int64_t(R_) * C_);
-  else
-    parallel::ReduceFromTp::forward(tp_, gpt_detail::comm_floats(out), int64_t(N_) * C_);
+  reduce_partial(partial, out, C_);
   ops_.add_positions(out, p_.wpe, r0_, R_, T_, C_);  // positions (replicated) on the rows held here
 }
 
@@ -277,8 +302,7 @@ void GptModel<Ops>::embedding_backward_tp(const Slot& s, const Act* dresid) {
   // wte: every row's gradient (ReduceFromTp: the identity; SP: gathered), into the rows owned here.
   const Act* dfull = dresid;
   if (sp_) {
-    parallel::ReduceScatterToSequence::backward(tp_, gpt_detail::comm_floats(dresid),
-                                                gpt_detail::comm_floats(full_.data()), int64_t(R_) * C_);
+    gather_rows(dresid, full_.data(), C_);
     dfull = full_.data();
   }
   ops_.vocab_rows_backward(g_.wte, dfull, s.inputs.data(), v0_, Vl_, N_, C_);
@@ -290,9 +314,12 @@ template <class Ops>
 void GptModel<Ops>::crossentropy_forward_tp(Slot& s) {
   const int live = static_cast<int>(std::clamp<int64_t>(V_ - v0_, 0, Vl_));
   ops_.ce_row_max(s.ce_max.data(), s.logits.data(), N_, Vl_, live);
-  parallel::max_over_group(tp_, s.ce_max.data(), N_);
+  std::vector<float> mx(static_cast<size_t>(N_));  // the maxima meet on the host, in rank order
+  ops_.download(mx.data(), s.ce_max.data(), N_);
+  parallel::max_over_group(tp_, mx.data(), N_);
+  ops_.upload(s.ce_max.data(), mx.data(), N_);
   ops_.ce_partials(s.ce_parts.data(), s.logits.data(), s.ce_max.data(), s.targets.data(), v0_, N_, Vl_, live);
-  parallel::sum_over_group(tp_, s.ce_parts.data(), 2 * int64_t(N_));
+  parallel::sum_over_group(tp_, s.ce_parts.data(), 2 * int64_t(N_), stream());
   ops_.ce_losses(s.losses.data(), s.ce_sum.data(), s.ce_parts.data(), N_);
 }
 
@@ -530,7 +557,7 @@ void GptModel<Ops>::finish_grads(int64_t begin, int64_t end) {
   packed.zeros(n);
   int64_t at = 0;
   for (auto [a, b] : runs) ops_.copy(packed.data() + at, grads_.data() + a, b - a), at += b - a;
-  parallel::sum_over_group(tp_, packed.data(), n);
+  parallel::sum_over_group(tp_, packed.data(), n, stream());
   at = 0;
   for (auto [a, b] : runs) ops_.copy(grads_.data() + a, packed.data() + at, b - a), at += b - a;
 }

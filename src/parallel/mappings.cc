@@ -26,33 +26,34 @@ void copy(const float* from, float* to, int64_t n) {
 }
 }  // namespace
 
-void CopyToTp::backward(Communicator* tp, float* grad, int64_t count) {
-  if (active(tp)) tp->all_reduce(grad, count)->wait();
+void CopyToTp::backward(Communicator* tp, float* grad, int64_t count, Stream s) {
+  if (active(tp)) tp->all_reduce(grad, count, s)->wait();
 }
 
-void ReduceFromTp::forward(Communicator* tp, float* x, int64_t count) {
-  if (active(tp)) tp->all_reduce(x, count)->wait();
+void ReduceFromTp::forward(Communicator* tp, float* x, int64_t count, Stream s) {
+  if (active(tp)) tp->all_reduce(x, count, s)->wait();
 }
 
-void GatherFromSequence::forward(Communicator* tp, const float* local, float* full, int64_t chunk) {
+void GatherFromSequence::forward(Communicator* tp, const float* local, float* full, int64_t chunk,
+                                 Stream s) {
   if (!active(tp)) return copy(local, full, chunk);
-  tp->all_gather(local, full, chunk)->wait();
+  tp->all_gather(local, full, chunk, s)->wait();
 }
 
 void GatherFromSequence::backward(Communicator* tp, const float* dfull, float* dlocal,
-                                  int64_t chunk) {
+                                  int64_t chunk, Stream s) {
   if (!active(tp)) return copy(dfull, dlocal, chunk);
-  tp->reduce_scatter(dfull, dlocal, chunk)->wait();
+  tp->reduce_scatter(dfull, dlocal, chunk, s)->wait();
 }
 
 void ReduceScatterToSequence::forward(Communicator* tp, const float* full, float* local,
-                                      int64_t chunk) {
-  GatherFromSequence::backward(tp, full, local, chunk);
+                                      int64_t chunk, Stream s) {
+  GatherFromSequence::backward(tp, full, local, chunk, s);
 }
 
 void ReduceScatterToSequence::backward(Communicator* tp, const float* dlocal, float* dfull,
-                                       int64_t chunk) {
-  GatherFromSequence::forward(tp, dlocal, dfull, chunk);
+                                       int64_t chunk, Stream s) {
+  GatherFromSequence::forward(tp, dlocal, dfull, chunk, s);
 }
 
 void sum_over_group(Communicator* c, double* x, int64_t count) {
@@ -80,8 +81,8 @@ double sum_over_group(Communicator* c, double local) {
   return local;
 }
 
-void sum_over_group(Communicator* c, float* x, int64_t count) {
-  if (active(c)) c->all_reduce(x, count)->wait();
+void sum_over_group(Communicator* c, float* x, int64_t count, Stream stream) {
+  if (active(c)) c->all_reduce(x, count, stream)->wait();
 }
 
 void max_over_group(Communicator* c, float* x, int64_t count) {

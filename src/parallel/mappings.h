@@ -19,8 +19,9 @@
 //
 // "Along the tokens": the (rows, width) activation is split into size() contiguous chunks of
 // rows, chunk r on rank r. Every function takes the tensor-parallel communicator; nullptr or a
-// group of one is the identity (a copy when the buffers differ). The collectives are issued and
-// waited for in place: a layer's GEMM needs their result at once on the CPU. Sums are Gloo's,
+// group of one is the identity (a copy when the buffers differ), and the stream of the buffers'
+// device (nullptr for host memory). The collectives are issued and waited for in place: a
+// layer's GEMM needs their result at once. Sums are Gloo's,
 // whose order is fixed by the algorithm (not by timing), and every rank receives the same bits.
 #pragma once
 
@@ -28,11 +29,13 @@
 
 namespace myriad::comm {
 class Communicator;
+using Stream = void*;
 }
 
 namespace myriad::parallel {
 
 using comm::Communicator;
+using comm::Stream;
 
 // The groups of one rank of a 3D-parallel job; nullptr (or a group of one) where that dimension
 // is 1. All null is a single process holding the whole model.
@@ -57,24 +60,24 @@ int group_size(const Communicator* c);
 int group_rank(const Communicator* c);
 
 struct CopyToTp {
-  static void forward(Communicator*, float*, int64_t) {}
-  static void backward(Communicator* tp, float* grad, int64_t count);  // all-reduce in place
+  static void forward(Communicator*, float*, int64_t, Stream = nullptr) {}
+  static void backward(Communicator* tp, float* grad, int64_t count, Stream s = nullptr);  // all-reduce in place
 };
 
 struct ReduceFromTp {
-  static void forward(Communicator* tp, float* x, int64_t count);  // all-reduce in place
-  static void backward(Communicator*, float*, int64_t) {}
+  static void forward(Communicator* tp, float* x, int64_t count, Stream s = nullptr);  // all-reduce in place
+  static void backward(Communicator*, float*, int64_t, Stream = nullptr) {}
 };
 
 // local (chunk) <-> full (size() * chunk); local may be full + rank() * chunk (in place).
 struct GatherFromSequence {
-  static void forward(Communicator* tp, const float* local, float* full, int64_t chunk);
-  static void backward(Communicator* tp, const float* dfull, float* dlocal, int64_t chunk);
+  static void forward(Communicator* tp, const float* local, float* full, int64_t chunk, Stream s = nullptr);
+  static void backward(Communicator* tp, const float* dfull, float* dlocal, int64_t chunk, Stream s = nullptr);
 };
 
 struct ReduceScatterToSequence {
-  static void forward(Communicator* tp, const float* full, float* local, int64_t chunk);
-  static void backward(Communicator* tp, const float* dlocal, float* dfull, int64_t chunk);
+  static void forward(Communicator* tp, const float* full, float* local, int64_t chunk, Stream s = nullptr);
+  static void backward(Communicator* tp, const float* dlocal, float* dfull, int64_t chunk, Stream s = nullptr);
 };
 
 // Sum of one double per rank, identical bits on every rank and independent of timing: every
@@ -86,11 +89,12 @@ double sum_over_group(Communicator* c, double local);
 void sum_over_group(Communicator* c, double* x, int64_t count);
 
 // Sum over the ranks of x[i], for each i, in place (x[count]): an all-reduce whose order of
-// additions is fixed by the algorithm, the same bits on every rank.
-void sum_over_group(Communicator* c, float* x, int64_t count);
+// additions is fixed by the algorithm, the same bits on every rank. x may be device memory
+// (then on `stream`).
+void sum_over_group(Communicator* c, float* x, int64_t count, Stream stream = nullptr);
 
-// The largest of x[i] over the ranks, for each i, in place (x[count]): all-gather then max in
-// rank order.
+// The largest of x[i] over the ranks, for each i, in place (x[count], host memory): all-gather
+// then max in rank order.
 void max_over_group(Communicator* c, float* x, int64_t count);
 
 }  // namespace myriad::parallel

@@ -47,10 +47,6 @@ std::unique_ptr<Engine> make_engine(const Config& cfg, const parallel::ParallelC
 #ifdef MYRIAD_HAVE_CUDA
     if (!cuda_available())
       throw_input("config: train.device = \"cuda\" but no GPU is visible; use cpu or auto");
-    if (parallel && parallel->tp_size() > 1)
-      throw_input("config: parallel.tp = ", parallel->tp_size(), " with train.device = \"cuda\": "
-                  "tensor parallelism on the GPU needs bf16 collectives, which are not there yet; "
-                  "use parallel.pp or parallel.dp, or train.device = \"cpu\"");
     // One process: the single-GPU engine, with its fusions and recomputation, until they are
     // entry points of the CUDA op set (docs/notes/one-model-seam.md).
     if (world == 1) return make_cuda_engine(cfg);

@@ -17,13 +17,13 @@ struct ParallelContext;
 // parallel: this rank's tensor-parallel group (nullptr = the whole model in this process). With
 // a group of more than one rank the engine holds this rank's shards (layout() is the local
 // layout; host_state() the local shards). With several processes on the GPU the engine is the
-// one step on the CUDA op set; tensor parallelism there is refused so far.
+// one step on the CUDA op set.
 std::unique_ptr<Engine> make_engine(const Config& cfg,
                                     const parallel::ParallelContext* parallel = nullptr);
 
 #ifdef MYRIAD_HAVE_CUDA
-// The one step (runtime/model_engine.h) on the CUDA op set, in any layout but tensor
-// parallelism (so far): pipeline and data parallelism, one process or many.
+// The one step (runtime/model_engine.h) on the CUDA op set, in any 3D layout, one process or
+// many.
 std::unique_ptr<Engine> make_cuda_model_engine(const Config& cfg,
                                                const parallel::ParallelContext* parallel);
 #endif

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -14,9 +15,12 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "model/cuda/cuda_ops.h"
+#include "gpu_test_util.h"
 #include "model/gpt.h"
+#include "ops/cpu/cpu_ops.h"
 
 using namespace myriad;
+using gpu_test::bf16;
 using GpuGpt = GptModel<cuda::CudaOps>;
 
 namespace {
@@ -136,18 +140,84 @@ TEST(ScheduleParityAccumulate, TwoMicroBatchesOneRepeated) {
   }
 }
 
-// Tensor parallelism needs bf16 collectives, not there yet: the schedule says so rather than
-// computing with the wrong type. (Checked without a tp group of two: the op set refuses the
-// tensor-parallel row ops it does not have.)
-TEST(ScheduleOnCuda, TensorParallelRowOpsAreRefused) {
-  cuda::CudaOps ops;
-  try {
-    ops.add_positions(nullptr, nullptr, 0, 1, 1, 1);
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.cls(), ErrorClass::kInput);
-    EXPECT_NE(std::string(e.what()).find("parallel.tp = 1"), std::string::npos) << e.what();
-  }
+// The tensor-parallel row ops of the CUDA op set against the CPU op set's, on the same
+// (bf16-representable) inputs: this rank holding vocabulary rows [v0, v0 + Vl), the last block
+// partly padding; positions from an offset that is not a multiple of T (sequence parallelism).
+TEST(TensorParallelRowOps, MatchTheCpuOpSet) {
+  using gpu_test::Dev;
+  using gpu_test::round_bf16;
+  using gpu_test::to_bf16;
+  using gpu_test::to_float;
+  std::mt19937_64 gen(gpu_test::seed());
+  const int N = 96, C = 64, T = 40, r0 = 13, V = 300, v0 = 256, Vl = 64, live = V - v0;
+  cpu::CpuOps c;
+  cuda::CudaOps g;
+  auto dev = [](const std::vector<float>& h) {
+    auto d = std::make_unique<Dev<bf16>>(h.size());
+    d->upload(to_bf16(h));
+    return d;
+  };
+  auto f32 = [](const std::vector<float>& h) {
+    auto d = std::make_unique<Dev<float>>(h.size());
+    d->upload(h);
+    return d;
+  };
+  std::vector<int32_t> tokens(N);
+  for (auto& t : tokens) t = static_cast<int32_t>(gen() % V);
+  tokens[3] = tokens[7] = tokens[50] = v0 + 5;  // a repeated held token
+  Dev<int32_t> dtok(N);
+  dtok.upload(tokens);
+  auto sync = [&] { cudaStreamSynchronize(g.stream()); };
+  auto back = [&](const Dev<bf16>& d) { sync(); return to_float(d.download()); };
+  auto backf = [&](const Dev<float>& d) { sync(); return d.download(); };
+
+  // add_bias, add_positions
+  auto out = round_bf16(gpu_test::randn(N * C, gen)), bias = round_bf16(gpu_test::randn(C, gen)),
+       wpe = round_bf16(gpu_test::randn(T * C, gen));
+  auto dout = dev(out), dbias = dev(bias), dwpe_p = dev(wpe);
+  c.add_bias(out.data(), bias.data(), N, C), g.add_bias(dout->p, dbias->p, N, C);
+  EXPECT_LT(gpu_test::rel_err(back(*dout), out), 1e-2) << "add_bias";
+  c.add_positions(out.data(), wpe.data(), r0, N, T, C), g.add_positions(dout->p, dwpe_p->p, r0, N, T, C);
+  EXPECT_LT(gpu_test::rel_err(back(*dout), out), 1e-2) << "add_positions";
+  // vocab_rows_forward / backward, positions_backward
+  auto wte = round_bf16(gpu_test::randn(Vl * C, gen));
+  auto dwte_p = dev(wte);
+  std::vector<float> rows(N * C);
+  Dev<bf16> drows(N * C);
+  drows.poison();
+  c.vocab_rows_forward(rows.data(), tokens.data(), wte.data(), v0, Vl, N, C);
+  g.vocab_rows_forward(drows.p, dtok.p, dwte_p->p, v0, Vl, N, C);
+  EXPECT_EQ(gpu_test::rel_err(back(drows), rows), 0.0) << "vocab_rows_forward";
+  auto grad = round_bf16(gpu_test::randn(N * C, gen));
+  auto dgrad = dev(grad);
+  std::vector<float> dwte = gpu_test::randn(Vl * C, gen), dpos = gpu_test::randn(T * C, gen);
+  auto ddwte = f32(dwte), ddpos = f32(dpos);
+  c.vocab_rows_backward(dwte.data(), grad.data(), tokens.data(), v0, Vl, N, C);
+  g.vocab_rows_backward(ddwte->p, dgrad->p, dtok.p, v0, Vl, N, C);
+  EXPECT_LT(gpu_test::rel_err(backf(*ddwte), dwte), 1e-6) << "vocab_rows_backward";
+  c.positions_backward(dpos.data(), grad.data(), r0, N, T, C);
+  g.positions_backward(ddpos->p, dgrad->p, r0, N, T, C);
+  EXPECT_LT(gpu_test::rel_err(backf(*ddpos), dpos), 1e-6) << "positions_backward";
+  // The cross-entropy's pieces over this rank's columns (the sums as the ranks' all-reduce
+  // would leave them: here one rank's).
+  std::vector<int32_t> targets(N);
+  for (auto& t : targets) t = static_cast<int32_t>(v0 + gen() % (V - v0 + 40)) - 20;
+  Dev<int32_t> dtgt(N);
+  dtgt.upload(targets);
+  auto logits = round_bf16(gpu_test::randn(N * Vl, gen, 2.0f));
+  auto dlog = dev(logits);
+  std::vector<float> mx(N), parts(2 * N), losses(N), sums(N);
+  Dev<float> dmx(N), dparts(2 * N), dlosses(N), dsums(N);
+  c.ce_row_max(mx.data(), logits.data(), N, Vl, live), g.ce_row_max(dmx.p, dlog->p, N, Vl, live);
+  EXPECT_EQ(gpu_test::rel_err(backf(dmx), mx), 0.0) << "ce_row_max";
+  c.ce_partials(parts.data(), logits.data(), mx.data(), targets.data(), v0, N, Vl, live);
+  g.ce_partials(dparts.p, dlog->p, dmx.p, dtgt.p, v0, N, Vl, live);
+  EXPECT_LT(gpu_test::rel_err(backf(dparts), parts), 1e-4) << "ce_partials";
+  c.ce_losses(losses.data(), sums.data(), parts.data(), N), g.ce_losses(dlosses.p, dsums.p, dparts.p, N);
+  EXPECT_LT(gpu_test::rel_err(backf(dlosses), losses), 1e-4) << "ce_losses";
+  c.ce_tp_backward(logits.data(), mx.data(), sums.data(), 0.01f, targets.data(), v0, N, Vl, live);
+  g.ce_tp_backward(dlog->p, dmx.p, dsums.p, 0.01f, dtgt.p, v0, N, Vl, live);
+  EXPECT_LT(gpu_test::rel_err(back(*dlog), logits), 1e-2) << "ce_tp_backward";
 }
 
 }  // namespace

@@ -50,10 +50,6 @@ CudaOps::CudaOps() : st_(std::make_shared<State>()) {
 
 cudaStream_t CudaOps::stream() const { return st_->stream; }
 
-void CudaOps::not_yet() {
-  throw_input("tensor parallelism is not on the CUDA op set yet: set parallel.tp = 1");
-}
-
 float* CudaOps::scratch(size_t n) const {
   if (n > st_->scratch_floats) {
     CUDA_CHECK(cudaStreamSynchronize(st_->stream));
@@ -125,6 +121,103 @@ __global__ void accumulate_kernel(float* dst, const float* src, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     dst[i] += src[i];
 }
+// ---- tensor parallelism's row ops: simple kernels (correctness first; one GPU runs them
+// for parity) ----
+__global__ void add_bias_kernel(__nv_bfloat16* out, const __nv_bfloat16* bias, int64_t n, int C) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = __float2bfloat16(__bfloat162float(out[i]) + __bfloat162float(bias[i % C]));
+}
+__global__ void vocab_rows_kernel(__nv_bfloat16* out, const int32_t* tokens, const __nv_bfloat16* wte, int64_t v0,
+                                  int64_t Vl, int64_t n, int C) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t v = int64_t(tokens[i / C]) - v0;
+    out[i] = v >= 0 && v < Vl ? wte[v * C + i % C] : __float2bfloat16(0.0f);
+  }
+}
+__global__ void add_positions_kernel(__nv_bfloat16* out, const __nv_bfloat16* wpe, int r0, int64_t n, int T, int C) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / C;
+    out[i] = __float2bfloat16(__bfloat162float(out[i]) +
+                              __bfloat162float(wpe[((r0 + row) % T) * C + i % C]));
+  }
+}
+// dwpe[p, c] += dout[i, c] over the rows i whose position (r0 + i) % T is p, in order.
+__global__ void positions_backward_kernel(float* dwpe, const __nv_bfloat16* dout, int r0, int rows, int T, int C) {
+  const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (k >= int64_t(T) * C) return;
+  const int p = static_cast<int>(k / C), c = static_cast<int>(k % C);
+  float acc = dwpe[k];
+  for (int i = ((p - r0) % T + T) % T; i < rows; i += T) acc += __bfloat162float(dout[int64_t(i) * C + c]);
+  dwpe[k] = acc;
+}
+// Cross-entropy over this rank's vocabulary columns: one block per row, a fixed reduction order.
+constexpr int kRowThreads = 256;
+__device__ float block_reduce(float v, bool max, float* shared) {
+  for (int o = 16; o > 0; o /= 2) {
+    const float u = __shfl_xor_sync(0xffffffffu, v, o);
+    v = max ? fmaxf(v, u) : v + u;
+  }
+  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    v = threadIdx.x < kRowThreads / 32 ? shared[threadIdx.x] : (max ? -INFINITY : 0.0f);
+    for (int o = 16; o > 0; o /= 2) {
+      const float u = __shfl_xor_sync(0xffffffffu, v, o);
+      v = max ? fmaxf(v, u) : v + u;
+    }
+    if (threadIdx.x == 0) shared[0] = v;
+  }
+  __syncthreads();
+  const float r = shared[0];
+  __syncthreads();
+  return r;
+}
+__global__ void ce_row_max_kernel(float* mx, const __nv_bfloat16* logits, int64_t Vl, int live) {
+  __shared__ float shared[32];
+  const __nv_bfloat16* x = logits + blockIdx.x * Vl;
+  float m = -INFINITY;
+  for (int j = threadIdx.x; j < live; j += kRowThreads) m = fmaxf(m, __bfloat162float(x[j]));
+  m = block_reduce(m, true, shared);
+  if (threadIdx.x == 0) mx[blockIdx.x] = m;
+}
+__global__ void ce_partials_kernel(float* parts, const __nv_bfloat16* logits, const float* mx, const int32_t* targets,
+                                   int64_t v0, int64_t Vl, int live) {
+  __shared__ float shared[32];
+  const int64_t n = blockIdx.x;
+  const __nv_bfloat16* x = logits + n * Vl;
+  const float m = mx[n];
+  float sum = 0;
+  for (int j = threadIdx.x; j < live; j += kRowThreads) sum += __expf(__bfloat162float(x[j]) - m);
+  sum = block_reduce(sum, false, shared);
+  if (threadIdx.x == 0) {
+    const int64_t t = int64_t(targets[n]) - v0;
+    parts[2 * n] = sum;
+    parts[2 * n + 1] = t >= 0 && t < live ? __bfloat162float(x[t]) - m : 0.0f;
+  }
+}
+__global__ void ce_losses_kernel(float* losses, float* sums, const float* parts, int N) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  sums[n] = parts[2 * n];
+  losses[n] = logf(parts[2 * n]) - parts[2 * n + 1];
+}
+__global__ void ce_tp_backward_kernel(__nv_bfloat16* d, const float* mx, const float* sums, float dloss,
+                                      const int32_t* targets, int64_t v0, int64_t Vl, int live) {
+  const int64_t n = blockIdx.x;
+  __nv_bfloat16* row = d + n * Vl;
+  const float m = mx[n], scale = dloss / sums[n];
+  const int64_t t = int64_t(targets[n]) - v0;
+  for (int64_t j = threadIdx.x; j < Vl; j += kRowThreads) {
+    float g = 0.0f;
+    if (j < live) g = __expf(__bfloat162float(row[j]) - m) * scale - (j == t ? dloss : 0.0f);
+    row[j] = __float2bfloat16(g);
+  }
+}
+__global__ void widen_kernel(float* dst, const __nv_bfloat16* src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = __bfloat162float(src[i]);
+}
+
 unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65536)); }
 
 }  // namespace
@@ -270,6 +363,101 @@ void CudaOps::crossentropy_backward(Act* dlogits, const Act* logits, const int32
                                     int V, int Vp) const {
   MYRIAD_CHECK(dlogits == logits, "the CUDA cross-entropy backward runs in place");
   cuda::crossentropy(scratch(static_cast<size_t>(N)), dlogits, targets, dloss, N, V, Vp, st_->stream);
+}
+
+// ---- tensor parallelism ----
+
+void CudaOps::add_bias(Act* out, const Param* bias, int rows, int C) const {
+  const int64_t n = int64_t(rows) * C;
+  if (n <= 0) return;
+  add_bias_kernel<<<grid_for(n), 256, 0, st_->stream>>>(out, bias, n, C);
+  check_launch("add_bias");
+}
+
+void CudaOps::vocab_rows_forward(Act* out, const int32_t* tokens, const Param* wte, int64_t v0, int64_t Vl, int N,
+                                 int C) const {
+  const int64_t n = int64_t(N) * C;
+  if (n <= 0) return;
+  vocab_rows_kernel<<<grid_for(n), 256, 0, st_->stream>>>(out, tokens, wte, v0, Vl, n, C);
+  check_launch("vocab_rows_forward");
+}
+
+void CudaOps::vocab_rows_backward(float* dwte, const Act* dfull, const int32_t* tokens, int64_t v0, int64_t Vl,
+                                  int N, int C) const {
+  // The embedding backward's grouping over this rank's rows; the tokens it does not hold go to
+  // one extra id, Vl, whose group (the last, ids ascending) is left out.
+  std::vector<int32_t> local(static_cast<size_t>(N));
+  CUDA_CHECK(cudaMemcpyAsync(local.data(), tokens, static_cast<size_t>(N) * 4, cudaMemcpyDeviceToHost, st_->stream));
+  CUDA_CHECK(cudaStreamSynchronize(st_->stream));
+  for (auto& t : local) {
+    const int64_t v = int64_t(t) - v0;
+    t = static_cast<int32_t>(v >= 0 && v < Vl ? v : Vl);
+  }
+  std::vector<int32_t> g(3 * static_cast<size_t>(N) + 1);
+  int groups = group_positions_by_token(local.data(), N, static_cast<int>(Vl) + 1, g.data());
+  const int32_t* ids = g.data() + N + groups + 1;
+  const int held = groups > 0 && ids[groups - 1] == Vl ? groups - 1 : groups;
+  if (g.size() > st_->groups_ints) {
+    CUDA_CHECK(cudaStreamSynchronize(st_->stream));
+    cudaFree(st_->groups);
+    st_->groups = nullptr;
+    CUDA_CHECK(cudaMalloc(&st_->groups, g.size() * 4));
+    st_->groups_ints = g.size();
+  }
+  CUDA_CHECK(cudaMemcpyAsync(st_->groups, g.data(), g.size() * 4, cudaMemcpyHostToDevice, st_->stream));
+  const int32_t* d = st_->groups;
+  cuda::embedding_backward(dwte, nullptr, dfull, d, d + N, d + N + groups + 1, held, 1, N, C, st_->stream);
+  CUDA_CHECK(cudaStreamSynchronize(st_->stream));  // `g` is pageable and leaves with this call
+}
+
+void CudaOps::add_positions(Act* out, const Param* wpe, int r0, int rows, int T, int C) const {
+  const int64_t n = int64_t(rows) * C;
+  if (n <= 0) return;
+  add_positions_kernel<<<grid_for(n), 256, 0, st_->stream>>>(out, wpe, r0, n, T, C);
+  check_launch("add_positions");
+}
+
+void CudaOps::positions_backward(float* dwpe, const Act* dout, int r0, int rows, int T, int C) const {
+  const int64_t n = int64_t(T) * C;
+  if (rows <= 0) return;
+  positions_backward_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, st_->stream>>>(dwpe, dout, r0, rows, T, C);
+  check_launch("positions_backward");
+}
+
+void CudaOps::ce_row_max(float* mx, const Act* logits, int N, int64_t Vl, int live) const {
+  if (N <= 0) return;
+  ce_row_max_kernel<<<N, kRowThreads, 0, st_->stream>>>(mx, logits, Vl, live);
+  check_launch("ce_row_max");
+}
+
+void CudaOps::ce_partials(float* parts, const Act* logits, const float* mx, const int32_t* targets, int64_t v0,
+                          int N, int64_t Vl, int live) const {
+  if (N <= 0) return;
+  ce_partials_kernel<<<N, kRowThreads, 0, st_->stream>>>(parts, logits, mx, targets, v0, Vl, live);
+  check_launch("ce_partials");
+}
+
+void CudaOps::ce_losses(float* losses, float* sums, const float* parts, int N) const {
+  if (N <= 0) return;
+  ce_losses_kernel<<<(N + 255) / 256, 256, 0, st_->stream>>>(losses, sums, parts, N);
+  check_launch("ce_losses");
+}
+
+void CudaOps::ce_tp_backward(Act* dlogits, const float* mx, const float* sums, float dloss, const int32_t* targets,
+                             int64_t v0, int N, int64_t Vl, int live) const {
+  if (N <= 0) return;
+  ce_tp_backward_kernel<<<N, kRowThreads, 0, st_->stream>>>(dlogits, mx, sums, dloss, targets, v0, Vl, live);
+  check_launch("ce_tp_backward");
+}
+
+void CudaOps::widen(float* dst, const Act* src, int64_t n) const {
+  if (n <= 0) return;
+  widen_kernel<<<grid_for(n), 256, 0, st_->stream>>>(dst, src, n);
+  check_launch("widen");
+}
+
+void CudaOps::narrow(Act* dst, const float* src, int64_t n) const {
+  if (n > 0) cast_to_bf16(dst, src, n, st_->stream);
 }
 
 }  // namespace myriad::cuda

@@ -9,8 +9,7 @@
 // - cross-entropy's backward recomputes from the logits in place (dlogits must alias logits);
 // - the embedding's backward groups the positions by token on the host (deterministic without
 //   atomics), so it reads the tokens back once per micro-batch.
-// The tensor-parallel row ops are not here yet: the schedule refuses tensor parallelism on this
-// op set before reaching them (its communication regions need bf16 collectives).
+// - the tensor-parallel regions move fp32: the schedule widens bf16 activations around them.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -95,21 +94,27 @@ class CudaOps {
   void crossentropy_backward(Act* dlogits, const Act* logits, const int32_t* targets, float dloss, int N, int V,
                              int Vp) const;
 
-  // Tensor parallelism's row ops: not on this op set yet (see above); each refuses.
-  void add_bias(Act*, const Param*, int, int) const { not_yet(); }
-  void vocab_rows_forward(Act*, const int32_t*, const Param*, int64_t, int64_t, int, int) const { not_yet(); }
-  void vocab_rows_backward(float*, const Act*, const int32_t*, int64_t, int64_t, int, int) const { not_yet(); }
-  void add_positions(Act*, const Param*, int, int, int, int) const { not_yet(); }
-  void positions_backward(float*, const Act*, int, int, int, int) const { not_yet(); }
-  void ce_row_max(float*, const Act*, int, int64_t, int) const { not_yet(); }
-  void ce_partials(float*, const Act*, const float*, const int32_t*, int64_t, int, int64_t, int) const { not_yet(); }
-  void ce_losses(float*, float*, const float*, int) const { not_yet(); }
-  void ce_tp_backward(Act*, const float*, const float*, float, const int32_t*, int64_t, int, int64_t, int) const {
-    not_yet();
-  }
+  // ---- rows a rank holds (tensor parallelism; ops/cpu/cpu_ops.h has the contracts) ----
+  void add_bias(Act* out, const Param* bias, int rows, int C) const;
+  void vocab_rows_forward(Act* out, const int32_t* tokens, const Param* wte, int64_t v0, int64_t Vl, int N,
+                          int C) const;
+  // Deterministic: the rows of each token summed in order (grouped on the host, as the
+  // embedding's backward).
+  void vocab_rows_backward(float* dwte, const Act* dfull, const int32_t* tokens, int64_t v0, int64_t Vl, int N,
+                           int C) const;
+  void add_positions(Act* out, const Param* wpe, int r0, int rows, int T, int C) const;
+  void positions_backward(float* dwpe, const Act* dout, int r0, int rows, int T, int C) const;
+  void ce_row_max(float* mx, const Act* logits, int N, int64_t Vl, int live) const;
+  void ce_partials(float* parts, const Act* logits, const float* mx, const int32_t* targets, int64_t v0, int N,
+                   int64_t Vl, int live) const;
+  void ce_losses(float* losses, float* sums, const float* parts, int N) const;
+  void ce_tp_backward(Act* dlogits, const float* mx, const float* sums, float dloss, const int32_t* targets,
+                      int64_t v0, int N, int64_t Vl, int live) const;
+  // The tensor-parallel regions reduce in fp32: activations widened before, narrowed after.
+  void widen(float* dst, const Act* src, int64_t n) const;
+  void narrow(Act* dst, const float* src, int64_t n) const;
 
  private:
-  [[noreturn]] static void not_yet();
   struct State;
   // Scratch of at least n floats, shared by the ops (one runs at a time).
   float* scratch(size_t n) const;

@@ -176,9 +176,11 @@ void launch_backward(float* dwte, float* dwpe, const bf16* dout, const int32_t* 
                      const int32_t* starts, const int32_t* ids, int groups, int B, int T, int C,
                      cudaStream_t stream) {
   const int nvec = C / VW;
-  embedding_dwpe_kernel<VW><<<ceil_div(int64_t(T) * nvec, kThreads), kThreads, 0, stream>>>(
-      dwpe, dout, B, T, C);
-  check_launch("embedding_backward (dwpe)");
+  if (dwpe) {  // null: the tensor-parallel vocabulary rows, whose positions are apart
+    embedding_dwpe_kernel<VW><<<ceil_div(int64_t(T) * nvec, kThreads), kThreads, 0, stream>>>(
+        dwpe, dout, B, T, C);
+    check_launch("embedding_backward (dwpe)");
+  }
   if (groups <= 0) return;
   const int chunks = ceil_div(nvec, kWarp);
   const int warps = std::min(kMaxWarps, chunks);

@@ -34,7 +34,7 @@ void embedding_forward(bf16* out,             // (B,T,C)
 // (`positions`, ascending within a group), with group g covering positions[starts[g] ..
 // starts[g+1]) and holding token ids[g] (built on the host, where the tokens come from).
 void embedding_backward(float* dwte,               // (Vp,C) +=
-                        float* dwpe,               // (P,C) +=
+                        float* dwpe,               // (P,C) +=; may be null (then B, T only shape dout)
                         const bf16* dout,          // (B,T,C)
                         const int32_t* positions,  // (B*T) flat indices b*T+t grouped by token
                         const int32_t* starts,     // (groups+1)
