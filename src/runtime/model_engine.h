@@ -22,7 +22,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "model/engine.h"
@@ -94,12 +93,14 @@ class ModelEngine final : public Engine {
   const ParamLayout& layout() const override { return model_.layout(); }
   std::string device() const override { return model_.ops().device_name(); }
   double peak_flops() const override { return model_.ops().peak_flops(); }
+  int64_t peak_memory() const override { return model_.ops().peak_bytes(); }
 
   // One optimizer step; every group's collectives are issued in the same order on each rank.
   StepResult train_step(const int32_t* tokens, int64_t step, double lr) override {
     const int dp = ctx_.dp_size(), accum = pipeline_->schedule().m;
     const int32_t* mine = tokens;  // (accum x micro_batch, T+1): this data-parallel rank's rows
     const double dp_waited = dp_.waited_s();
+    model_.ops().clear_marks();
     model_.zero_grads();
     PipelineHooks hooks{[this](int c) { ready_to_read(c); },
                         [this](int c) { dp_.chunk_done(c, model_.grads()); }};
@@ -110,7 +111,7 @@ class ModelEngine final : public Engine {
                                              "; lower optim.lr or resume from an earlier checkpoint"));
     sync_tied_embedding();
     dp_.finish_reduce(model_.grads());  // the owned ranges now hold the sums over dp
-    const double t_update = now_s();
+    const int update_begins = model_.ops().mark();
     const std::vector<FlatRange> owned = dp_.owned();
     for (const FlatRange& o : owned) model_.finish_grads(o.begin, o.end);
     r.grad_norm = grad_norm(owned);
@@ -118,11 +119,17 @@ class ModelEngine final : public Engine {
     r.lr = lr;
     optimizer_->step(master(), model_.grads(), lr);
     mark_stale();
-    const double t_updated = now_s();
+    const int update_ends = model_.ops().mark();
     dp_.gather_params(master());  // awaited chunk by chunk by the next forward
+    // The device's phase times, once the update is done (on a GPU: its event, not the device).
     const PipelineTimes& pt = pipeline_->times();
     r.times = {pt.forward_s, pt.backward_s, pt.wait_s, dp_.waited_s() - dp_waited,
-               t_updated - t_update};
+               model_.ops().seconds(update_begins, update_ends)};
+    // Activations are held from the first step on (a slot per micro-batch in flight).
+    if (step == 1 && model_.ops().peak_bytes() > 0)
+      log::info("device memory: ", model_.ops().peak_bytes() >> 20, " MiB held by this rank after its first "
+                "step (weights and their compute copy, gradients, moments, activations of ",
+                cfg_.train.micro_batch, "-row micro-batches)");
     return r;
   }
 

@@ -43,8 +43,8 @@ struct PipelineHooks {
 
 // Wall seconds of the last train(): in the chunks' forwards and backwards (tensor-parallel
 // collectives run inside them and count here), and blocked on receives: this rank's share of
-// the bubble. On a GPU the compute seconds are host seconds of issuing it (the engine times the
-// device with events).
+// the bubble. The compute is timed on the op set's timeline (CUDA events on a GPU), read by
+// times() after the step.
 struct PipelineTimes {
   double forward_s = 0, backward_s = 0, wait_s = 0;
 };
@@ -70,7 +70,8 @@ class Pipeline {
   float evaluate(const int32_t* tokens, int B);
 
   const parallel::Schedule& schedule() const { return schedule_; }
-  const Times& times() const { return times_; }
+  // Resolves the compute marks of the last train() (waits for the last of them).
+  const Times& times();
 
  private:
   using Key = std::tuple<parallel::ActionKind, int, int>;  // (what, micro-batch, chunk)
@@ -99,6 +100,7 @@ class Pipeline {
   std::map<Key, Message> sends_;       // posted sends (gradients with their buffers), until done
   std::map<Key, Buffer> local_grads_;  // p = 1: chunk c's input gradient for c-1
   Times times_;
+  std::vector<std::pair<int, int>> forward_marks_, backward_marks_;  // the op set's marks
 };
 
 }  // namespace myriad

@@ -2,7 +2,6 @@
 // it with a model: runtime/engine.cc (the CPU op set) and runtime/cuda/ (the CUDA one).
 #pragma once
 
-#include "core/clock.h"
 #include "core/error.h"
 #include "runtime/pipeline.h"
 
@@ -70,6 +69,7 @@ float Pipeline<Model>::train(const int32_t* tokens, float grad_scale, const Hook
   std::vector<int> backwards(v_, 0);
   double loss = 0;
   times_ = {};
+  forward_marks_.clear(), backward_marks_.clear();
   for (const Action& a : schedule_.ranks[stage_]) {
     const int mb = a.microbatch, c = a.chunk;
     const int32_t* mb_tokens = tokens + int64_t(mb) * B_ * row;
@@ -92,9 +92,9 @@ float Pipeline<Model>::train(const int32_t* tokens, float grad_scale, const Hook
         if (first(c)) input = nullptr;
         else if (p_ == 1) input = model_.chunk_output(c - 1, mb);
         else input = received(ActionKind::kRecvActivation, mb, c);
-        const double t0 = now_s();
+        const int t0 = model_.ops().mark();
         const float l = model_.forward_chunk(c, mb, B_, mb_tokens, input);
-        times_.forward_s += now_s() - t0;
+        forward_marks_.emplace_back(t0, model_.ops().mark());
         if (last(c)) loss += l;
         recvs_.erase({ActionKind::kRecvActivation, mb, c});
         break;
@@ -117,9 +117,9 @@ float Pipeline<Model>::train(const int32_t* tokens, float grad_scale, const Hook
         }
         Buffer din;
         if (!first(c)) din.zeros(boundary_);
-        const double t0 = now_s();
+        const int t0 = model_.ops().mark();
         model_.backward_chunk(c, mb, dout, first(c) ? nullptr : din.data(), grad_scale);
-        times_.backward_s += now_s() - t0;
+        backward_marks_.emplace_back(t0, model_.ops().mark());
         recvs_.erase({ActionKind::kRecvGrad, mb, c});
         if (p_ == 1) {
           local_grads_.erase({ActionKind::kBackward, mb, c + 1});
@@ -142,6 +142,14 @@ float Pipeline<Model>::train(const int32_t* tokens, float grad_scale, const Hook
   MYRIAD_CHECK(recvs_.empty() && local_grads_.empty(), "pipeline stage ", stage_,
                ": messages left over after the step");
   return static_cast<float>(loss / m);
+}
+
+template <class Model>
+const PipelineTimes& Pipeline<Model>::times() {
+  for (auto [a, b] : forward_marks_) times_.forward_s += model_.ops().seconds(a, b);
+  for (auto [a, b] : backward_marks_) times_.backward_s += model_.ops().seconds(a, b);
+  forward_marks_.clear(), backward_marks_.clear();
+  return times_;
 }
 
 template <class Model>

@@ -4,6 +4,7 @@
 // The multi-process layouts are checked through the launcher by scripts/gpu_layouts_check.sh.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -123,6 +124,25 @@ TEST(OneStepOnCudaCheckpoint, StateRoundTripsThroughTheHost) {
     EXPECT_EQ(rel(a->host_state().params, b->host_state().params, P), 0.0) << opt;
     EXPECT_EQ(rel(a->host_state().v, b->host_state().v, P), 0.0) << opt;
   }
+}
+
+// The phase timers come from CUDA events: every phase positive, their sum within the step's
+// wall time, and backward (two GEMMs per forward one) longer than forward.
+TEST(OneStepOnCudaTimers, PhasesAreTimedOnTheDevice) {
+  const Config cfg = config(Case{"t", {"model.layers=4", "model.d_model=512", "model.heads=8"}}, "cuda");
+  auto e = make_cuda_model_engine(cfg, nullptr);
+  for (int step = 1; step <= 3; ++step) {
+    std::vector<int32_t> tokens = batch(cfg, step);
+    const auto t0 = std::chrono::steady_clock::now();
+    const StepResult r = e->train_step(tokens.data(), step, 1e-3);
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (step == 1) continue;  // warm-up
+    EXPECT_GT(r.times.forward_s, 0);
+    EXPECT_GT(r.times.backward_s, r.times.forward_s);
+    EXPECT_GT(r.times.optimizer_s, 0);
+    EXPECT_LT(r.times.forward_s + r.times.backward_s + r.times.optimizer_s, wall);
+  }
+  EXPECT_GT(e->peak_memory(), 0);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "model/cuda/cuda_ops.h"
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "core/error.h"
@@ -17,25 +18,55 @@ struct CudaOps::State {
   size_t scratch_floats = 0;
   int32_t* groups = nullptr;  // the embedding backward's positions, starts and ids
   size_t groups_ints = 0;
+  std::vector<cudaEvent_t> events;  // the phase timers' marks, reused step after step
+  int marks = 0;                    // of them in use
   ~State() {
     if (stream) cudaStreamSynchronize(stream);
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
     cudaFree(scratch);
     cudaFree(groups);
     if (stream) cudaStreamDestroy(stream);
   }
 };
 
+namespace {
+std::atomic<int64_t> g_held{0}, g_peak{0};
+}  // namespace
+
+int64_t CudaOps::held_bytes() { return g_held.load(); }
+int64_t CudaOps::peak_bytes() { return g_peak.load(); }
+
+template <class T>
+void CudaOps::Buffer<T>::Free::operator()(T* p) const {
+  cudaFree(p);
+  g_held -= static_cast<int64_t>(bytes);
+}
+
 template <class T>
 void CudaOps::Buffer<T>::zeros(int64_t n) {
+  p_.reset();
+  n_ = 0;
   T* p = nullptr;
-  if (n > 0) {
-    CUDA_CHECK(cudaMalloc(&p, static_cast<size_t>(n) * sizeof(T)));
-    CUDA_CHECK(cudaMemset(p, 0, static_cast<size_t>(n) * sizeof(T)));
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 0)) * sizeof(T);
+  if (bytes > 0) {
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      throw_input("GPU memory: a buffer of ", bytes >> 20, " MiB does not fit (", g_held.load() >> 20,
+                  " MiB held by this rank, ", free_b >> 20, " MiB of ", total_b >> 20,
+                  " MiB free): lower train.micro_batch, or split the model further (parallel.tp, "
+                  "parallel.pp)");
+    }
+    CUDA_CHECK(cudaMemset(p, 0, bytes));
     // cudaMemset runs on the legacy stream, which the op set's stream does not wait for: the
     // zeros must be there before any op or staging copy writes the buffer.
     CUDA_CHECK(cudaStreamSynchronize(nullptr));
+    const int64_t held = g_held += static_cast<int64_t>(bytes);
+    for (int64_t peak = g_peak.load(); held > peak && !g_peak.compare_exchange_weak(peak, held);) {
+    }
   }
-  p_.reset(p);
+  p_ = std::unique_ptr<T, Free>(p, Free{bytes});
   n_ = n;
 }
 template class CudaOps::Buffer<__nv_bfloat16>;
@@ -253,6 +284,25 @@ void CudaOps::download(float* host, const float* src, int64_t n) const {
 void CudaOps::cast_params(Param* dst, const float* src, int64_t n) const {
   if (n > 0) cast_to_bf16(dst, src, n, st_->stream);
 }
+
+int CudaOps::mark() const {
+  if (st_->marks == static_cast<int>(st_->events.size())) {
+    cudaEvent_t e;
+    CUDA_CHECK(cudaEventCreate(&e));
+    st_->events.push_back(e);
+  }
+  CUDA_CHECK(cudaEventRecord(st_->events[st_->marks], st_->stream));
+  return st_->marks++;
+}
+
+double CudaOps::seconds(int from, int to) const {
+  CUDA_CHECK(cudaEventSynchronize(st_->events[to]));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, st_->events[from], st_->events[to]));
+  return ms / 1e3;
+}
+
+void CudaOps::clear_marks() const { st_->marks = 0; }
 
 double CudaOps::sum_squares(const float* x, int64_t n) const {
   if (n <= 0) return 0;

@@ -43,7 +43,8 @@ class CudaOps {
 
    private:
     struct Free {
-      void operator()(T* p) const { cudaFree(p); }
+      size_t bytes = 0;  // counted in held_bytes() until freed
+      void operator()(T* p) const;
     };
     std::unique_ptr<T, Free> p_;
     int64_t n_ = 0;
@@ -51,6 +52,10 @@ class CudaOps {
 
   // The current device's op set, on a stream of its own.
   CudaOps();
+  // Device memory in this process's Buffers: now and at most so far. A Buffer that does not
+  // fit is an input error naming its size and what to change.
+  static int64_t held_bytes();
+  static int64_t peak_bytes();
   const char* name() const { return "cuda"; }
   cudaStream_t stream() const;
 
@@ -73,6 +78,11 @@ class CudaOps {
   double sum_squares(const float* x, int64_t n) const;              // synchronizes
   void scale(float* x, int64_t n, float c) const;                   // x *= c
   void accumulate(float* dst, const float* src, int64_t n) const;   // dst += src
+  // Phase timers: CUDA events recorded on the stream (cpu_ops.h has the contract); seconds()
+  // waits for its later event only, never for the device.
+  int mark() const;
+  double seconds(int from, int to) const;
+  void clear_marks() const;
 
   void embedding_forward(Act* out, const int32_t* tokens, const Param* wte, const Param* wpe, int B, int T, int C) const;
   void embedding_backward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens, int B, int T, int C) const;

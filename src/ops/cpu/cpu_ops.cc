@@ -6,6 +6,7 @@
 
 #include <omp.h>
 
+#include "core/clock.h"
 #include "ops/cpu/ops.h"
 #include "ops/cpu/reduce.h"
 #include "ops/cpu/vecmath.h"
@@ -37,6 +38,13 @@ double CpuOps::sum(const float* x, int64_t n) const {
 std::string CpuOps::device_name() const {
   return "cpu (" + std::to_string(omp_get_max_threads()) + " threads)";
 }
+
+int CpuOps::mark() const {
+  marks_->push_back(now_s());
+  return static_cast<int>(marks_->size()) - 1;
+}
+
+double CpuOps::seconds(int from, int to) const { return (*marks_)[to] - (*marks_)[from]; }
 
 double CpuOps::sum_squares(const float* x, int64_t n) const { return cpu::sum_squares(x, n); }
 

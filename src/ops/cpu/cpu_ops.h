@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -54,10 +55,17 @@ class CpuOps {
   std::string device_name() const;                  // for logs: "cpu (2 threads)"
   double peak_flops() const { return 0; }           // unknown: no MFU
   void* comm_stream() const { return nullptr; }     // collectives on host memory need none
+  static int64_t peak_bytes() { return 0; }          // not tracked here (core/memory.h counts)
   void upload(float* dst, const float* host, int64_t n) const { copy(dst, host, n); }
   double sum_squares(const float* x, int64_t n) const;       // in double, fixed chunk order
   void scale(float* x, int64_t n, float c) const;            // x *= c
   void accumulate(float* dst, const float* src, int64_t n) const;  // dst += src
+  // Phase timers on the op set's timeline (here the host clock; CUDA events on a GPU): mark()
+  // is a point after everything issued so far; seconds(a, b) between two marks, waiting for b
+  // to be reached; clear_marks() forgets the step's marks.
+  int mark() const;
+  double seconds(int from, int to) const;
+  void clear_marks() const { marks_->clear(); }
 
   // ---- the kernels of ops/cpu/ops.h ----
   void embedding_forward(Act* out, const int32_t* tokens, const Param* wte, const Param* wpe, int B, int T, int C) const;
@@ -104,6 +112,9 @@ class CpuOps {
   void ce_losses(float* losses, float* sums, const float* parts, int N) const;
   void ce_tp_backward(Act* dlogits, const float* mx, const float* sums, float dloss, const int32_t* targets,
                       int64_t v0, int N, int64_t Vl, int live) const;
+
+ private:
+  std::shared_ptr<std::vector<double>> marks_ = std::make_shared<std::vector<double>>();  // shared by copies
 };
 
 }  // namespace myriad::cpu
