@@ -47,6 +47,19 @@ TEST(NcclOneRank, CollectivesOnDeviceMemory) {
   ASSERT_EQ(rec.size(), 5u);
   for (const comm::OpRecord& r : rec) EXPECT_EQ(r.state, comm::OpState::kDone) << comm::op_name(r.op);
   EXPECT_EQ(rec[0].step, 3);
+  // Host memory (the step's loss, norms and maxima) is staged through device copies: each
+  // operation returns with its result in place.
+  std::vector<float> ha = h, hb(n);
+  world.all_reduce(ha.data(), n, s)->wait();
+  world.reduce_scatter(ha.data(), hb.data(), n, s)->wait();
+  std::fill(ha.begin(), ha.end(), 0.0f);
+  world.all_gather(hb.data(), ha.data(), n, s)->wait();
+  double x = 2.5;
+  world.broadcast_bytes(&x, sizeof x, 0, s)->wait();
+  world.broadcast(ha.data(), n, 0, s)->wait();
+  EXPECT_EQ(ha, h);
+  EXPECT_EQ(x, 2.5);
+  EXPECT_THROW(world.send(ha.data(), 1, 0, s), Error) << "point to point takes device memory";
   cudaFree(a), cudaFree(b);
   cudaStreamDestroy(s);
   std::filesystem::remove_all(dir);

@@ -43,6 +43,45 @@ std::string nccl_text(ncclResult_t r, ncclComm_t comm) {
   return s;
 }
 
+// A buffer an operation hands to NCCL: `data` itself when it is device memory, else (host
+// memory: the step's scalars, norms and loss) a device copy filled before the operation and
+// copied back after it, on the operation's stream; the copy back waits for the stream, so a
+// host buffer holds its result when the call returns.
+class HostStaged {
+ public:
+  HostStaged(void* data, int64_t bytes, cudaStream_t stream, bool fill)
+      : data_(data), bytes_(bytes), stream_(stream) {
+    if (bytes <= 0) return;
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, data) != cudaSuccess) (void)cudaGetLastError();
+    else if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) return;
+    check(cudaMalloc(&dev_, static_cast<size_t>(bytes)), "cudaMalloc");
+    if (fill) check(cudaMemcpyAsync(dev_, data, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
+  }
+  ~HostStaged() {
+    if (dev_) cudaFree(dev_);
+  }
+  HostStaged(const HostStaged&) = delete;
+  HostStaged& operator=(const HostStaged&) = delete;
+  template <class T = float>
+  T* ptr() const { return static_cast<T*>(dev_ ? dev_ : data_); }
+  bool staged() const { return dev_ != nullptr; }
+  void back() {
+    if (!dev_) return;
+    check(cudaMemcpyAsync(data_, dev_, bytes_, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+ private:
+  static void check(cudaError_t e, const char* what) {
+    if (e != cudaSuccess) throw_runtime("NCCL host staging: ", what, ": ", cudaGetErrorString(e));
+  }
+  void* data_;
+  void* dev_ = nullptr;
+  int64_t bytes_;
+  cudaStream_t stream_;
+};
+
 // Makes `device` current for a scope, restoring the caller's device.
 class DeviceScope {
  public:
@@ -170,41 +209,57 @@ class NcclCommunicator final : public Communicator {
 
   const char* backend() const override { return "nccl"; }
 
+  // Host buffers are staged through device copies (HostStaged); device buffers go as they are.
   WorkPtr all_reduce(float* data, int64_t count, Stream stream) override {
     check_count(count);
-    return issue(OpKind::kAllReduce, count * 4, -1, stream, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat32, ncclSum, c, s);
+    HostStaged buf(data, count * 4, cuda_stream(stream), true);
+    WorkPtr w = issue(OpKind::kAllReduce, count * 4, -1, stream, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclAllReduce(buf.ptr(), buf.ptr(), static_cast<size_t>(count), ncclFloat32, ncclSum, c, s);
     });
+    return finish(w, buf);
   }
   WorkPtr reduce_scatter(const float* in, float* out, int64_t chunk, Stream stream) override {
     check_count(chunk);
-    return issue(OpKind::kReduceScatter, chunk * 4, -1, stream, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclReduceScatter(in, out, static_cast<size_t>(chunk), ncclFloat32, ncclSum, c, s);
+    HostStaged src(const_cast<float*>(in), chunk * 4 * size(), cuda_stream(stream), true),
+        dst(out, chunk * 4, cuda_stream(stream), false);
+    WorkPtr w = issue(OpKind::kReduceScatter, chunk * 4, -1, stream, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclReduceScatter(src.ptr(), dst.ptr(), static_cast<size_t>(chunk), ncclFloat32, ncclSum, c, s);
     });
+    return finish(w, dst);
   }
   WorkPtr all_gather(const float* in, float* out, int64_t chunk, Stream stream) override {
     check_count(chunk);
-    return issue(OpKind::kAllGather, chunk * 4, -1, stream, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclAllGather(in, out, static_cast<size_t>(chunk), ncclFloat32, c, s);
+    HostStaged src(const_cast<float*>(in), chunk * 4, cuda_stream(stream), true),
+        dst(out, chunk * 4 * size(), cuda_stream(stream), false);
+    WorkPtr w = issue(OpKind::kAllGather, chunk * 4, -1, stream, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclAllGather(src.ptr(), dst.ptr(), static_cast<size_t>(chunk), ncclFloat32, c, s);
     });
+    return finish(w, dst);
   }
   WorkPtr broadcast(float* data, int64_t count, int root, Stream stream) override {
     check_count(count);
     check_root(root);
-    return issue(OpKind::kBroadcast, count * 4, root, stream, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclBroadcast(data, data, static_cast<size_t>(count), ncclFloat32, root, c, s);
+    HostStaged buf(data, count * 4, cuda_stream(stream), true);
+    WorkPtr w = issue(OpKind::kBroadcast, count * 4, root, stream, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclBroadcast(buf.ptr(), buf.ptr(), static_cast<size_t>(count), ncclFloat32, root, c, s);
     });
+    return finish(w, buf);
   }
   WorkPtr broadcast_bytes(void* data, int64_t bytes, int root, Stream stream) override {
     check_count(bytes);
     check_root(root);
-    return issue(OpKind::kBroadcast, bytes, root, stream, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclBroadcast(data, data, static_cast<size_t>(bytes), ncclUint8, root, c, s);
+    HostStaged buf(data, bytes, cuda_stream(stream), true);
+    WorkPtr w = issue(OpKind::kBroadcast, bytes, root, stream, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclBroadcast(buf.ptr(), buf.ptr(), static_cast<size_t>(bytes), ncclUint8, root, c, s);
     });
+    return finish(w, buf);
   }
+  // Point to point takes device memory only: a staged send would have to wait for its receive
+  // inside the call, and two ranks that both send first would wait on each other.
   WorkPtr send_bytes(const void* data, int64_t bytes, int peer, Stream stream) override {
     check_count(bytes);
     check_peer(peer, "send");
+    check_device(data, bytes, "send");
     return issue(OpKind::kSend, bytes, peer, stream, [&](ncclComm_t c, cudaStream_t s) {
       return ncclSend(data, static_cast<size_t>(bytes), ncclUint8, peer, c, s);
     });
@@ -212,6 +267,7 @@ class NcclCommunicator final : public Communicator {
   WorkPtr recv_bytes(void* data, int64_t bytes, int peer, Stream stream) override {
     check_count(bytes);
     check_peer(peer, "recv");
+    check_device(data, bytes, "recv");
     return issue(OpKind::kRecv, bytes, peer, stream, [&](ncclComm_t c, cudaStream_t s) {
       return ncclRecv(data, static_cast<size_t>(bytes), ncclUint8, peer, c, s);
     });
@@ -223,6 +279,27 @@ class NcclCommunicator final : public Communicator {
   }
 
   void abort(const std::string& why) override { abort_shared(*shared_, why); }
+
+ private:
+  static cudaStream_t cuda_stream(Stream s) { return static_cast<cudaStream_t>(s); }
+  // A staged operation's result is copied back, and the call returns with it in place.
+  WorkPtr finish(WorkPtr w, HostStaged& staged) {
+    if (staged.staged()) {
+      w->wait();
+      staged.back();
+    }
+    return w;
+  }
+  void check_device(const void* data, int64_t bytes, const char* op) const {
+    if (bytes <= 0) return;
+    cudaPointerAttributes a{};
+    const bool device = cudaPointerGetAttributes(&a, data) == cudaSuccess &&
+                        (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged);
+    if (!device) (void)cudaGetLastError();
+    MYRIAD_CHECK(device, "comm group '", name(), "' (nccl): ", op, " takes device memory");
+  }
+
+ public:
 
   std::unique_ptr<Communicator> split(const std::string& name,
                                       const std::vector<int>& ranks) override {
