@@ -81,7 +81,7 @@ compare "tp 2 x pp 2 x dp 2 + sp (8 processes)" tp2_pp2_dp2 one
 for rd in pp2 pp2_v2 pp2_dp2 tp2 tp2_sp tp2_pp2_dp2; do compare "$rd against dp 2" $rd dp2 0.001; done
 
 # Bitwise resume in 3D: killed at step 14 in the first attempt, restarted from step 10.
-MYRIAD_INJECT_FAULT=step:14:rank=5:kill LFLAGS="--max-restarts 1" launch tp2_pp2_dp2_killed 8 \
+MYRIAD_INJECT_FAULT=step:14:kill@rank=5 LFLAGS="--max-restarts 1" launch tp2_pp2_dp2_killed 8 \
   --set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.sequence_parallel=true
 same=1
 for f in "$W"/tp2_pp2_dp2/checkpoints/step_00000020/shard_*.bin; do

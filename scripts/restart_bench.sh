@@ -11,7 +11,7 @@ W=$(mktemp -d)
 "$B" prepare --input README.md --input docs/ARCHITECTURE.md --input docs/CONFIG.md --tokenizer byte --output "$W/d" >/dev/null 2>&1
 for i in $(seq 1 "${REPEAT:-3}"); do
   rm -rf "$W/run"
-  OMP_NUM_THREADS=1 MYRIAD_INJECT_FAULT=step:6:rank=1:kill "$B" launch --nproc-per-node 2 --max-restarts 2 -- \
+  OMP_NUM_THREADS=1 MYRIAD_INJECT_FAULT=step:6:kill@rank=1 "$B" launch --nproc-per-node 2 --max-restarts 2 -- \
     train --config configs/demo.toml --run-dir "$W/run" --set parallel.dp=2 --set train.device=cpu \
     --set train.steps=8 --set checkpoint.every=4 --set train.log_every=1 --set train.eval_every=0 \
     --set data.train="$W/d" --set data.valid= >"$W/out" 2>&1 || { tail -5 "$W/out"; exit 1; }

@@ -58,29 +58,21 @@ int env_int(const char* name) {
   throw_input("comm-check: ", name, " must be an integer 0..", 1 << 24, ", got '", v, "'");
 }
 
-// The fault point "comm_check" (core/fault.h), reached before the store is opened:
-//   comm_check:kill | fail               every rank (fault::trigger)
-//   comm_check:R:kill | R:fail           rank R only
-//   comm_check:[R:]hang                  sleeps until killed
-//   comm_check:[R:]hang_ignore_term      the same, ignoring SIGTERM and SIGINT (only SIGKILL ends it)
+// The fault point "comm_check" (core/fault.h's grammar, e.g. comm_check:fail@rank=1), reached
+// before the store is opened. Besides kill: fail (or throw) names the rank; sleep sleeps until a
+// signal ends it; sleep_ignore_term ignores SIGTERM and SIGINT (only SIGKILL ends it).
 void comm_check_fault(int rank) {
-  std::string a = fault::action("comm_check");
+  const std::string a = fault::action("comm_check");
   if (a.empty()) return;
-  const size_t colon = a.find(':');
-  if (colon == std::string::npos && (a == "kill" || a == "fail")) fault::trigger("comm_check");
-  if (colon != std::string::npos) {
-    if (a.substr(0, colon) != std::to_string(rank)) return;
-    a = a.substr(colon + 1);
-  }
-  if (a == "kill") raise(SIGKILL);
-  if (a == "fail") throw_runtime("injected fault at comm_check: rank ", rank, " failed");
-  if (a == "hang" || a == "hang_ignore_term") {
-    if (a == "hang_ignore_term") signal(SIGTERM, SIG_IGN), signal(SIGINT, SIG_IGN);
-    log::info("comm-check: rank ", rank, " hangs (injected fault ", a, ")");
+  if (a == "fail" || a == "throw") throw_runtime("injected fault at comm_check: rank ", rank, " failed");
+  if (a == "sleep" || a == "sleep_ignore_term") {
+    if (a == "sleep_ignore_term") signal(SIGTERM, SIG_IGN), signal(SIGINT, SIG_IGN);
+    log::info("comm-check: rank ", rank, " sleeps (injected fault ", a, ")");
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
-  throw_input("comm-check: unknown fault '", a, "' in MYRIAD_INJECT_FAULT (comm_check:[RANK:]"
-              "kill|fail|hang|hang_ignore_term)");
+  fault::trigger("comm_check");  // kill
+  throw_input("comm-check: unknown fault '", a, "' in MYRIAD_INJECT_FAULT (comm_check:kill|fail|sleep|"
+              "sleep_ignore_term, with @rank=R, @node=N, @attempt=A)");
 }
 
 // Every launch of a job is an attempt with a namespace of its own in the store, so that a

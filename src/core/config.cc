@@ -244,6 +244,10 @@ void Config::validate() const {
 
   non_negative("fault.step_timeout_s", fault.step_timeout_s);
   positive("fault.startup_timeout_s", fault.startup_timeout_s);
+  non_negative("fault.spike_factor", fault.spike_factor);
+  non_negative("fault.sdc_check_every", fault.sdc_check_every);
+  if (fault.spike_factor > 0 && fault.spike_factor <= 1)
+    throw_input("config: fault.spike_factor (", fault.spike_factor, ") must be above 1 (or 0: off)");
   non_negative("checkpoint.every", checkpoint.every);
   non_negative("checkpoint.keep_last", checkpoint.keep_last);
   non_negative("checkpoint.keep_every", checkpoint.keep_every);

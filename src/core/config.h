@@ -81,6 +81,8 @@ struct CommConfig {
 struct FaultConfig {
   double step_timeout_s = 0;       // no new step for this long is a hang; 0 = 10 x the median step, at least 60 s
   double startup_timeout_s = 1800;  // allowance before the first step, and around evaluations and saves
+  double spike_factor = 0;          // a loss above this x the median of the last 21 is a numerics fault; 0 = off
+  int64_t sdc_check_every = 0;      // steps between the data-parallel replicas' parameter check; 0 = off
 };
 
 struct CheckpointConfig {
@@ -158,6 +160,8 @@ struct Config {
     f("checkpoint", "resume", checkpoint.resume);
     f("fault", "step_timeout_s", fault.step_timeout_s);
     f("fault", "startup_timeout_s", fault.startup_timeout_s);
+    f("fault", "spike_factor", fault.spike_factor);
+    f("fault", "sdc_check_every", fault.sdc_check_every);
   }
   template <class F>
   void visit(F&& f) const { const_cast<Config*>(this)->visit(f); }

@@ -2,45 +2,72 @@
 
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
-#include <thread>
 #include <sstream>
+#include <thread>
 
 #include "core/error.h"
 
 namespace myriad::fault {
+namespace {
+
+std::atomic<int> g_delay_ms{0};
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+}  // namespace
 
 std::string action(const std::string& point) {
   const char* env = std::getenv("MYRIAD_INJECT_FAULT");
   if (!env) return "";
   std::stringstream ss(env);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (item.size() > point.size() && item.rfind(point + ":", 0) == 0) return item.substr(point.size() + 1);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (item.size() <= point.size() || item.rfind(point + ":", 0) != 0) continue;
+    std::string a = item.substr(point.size() + 1);
+    std::string rank, node, attempt = "0";
+    for (size_t at; (at = a.rfind('@')) != std::string::npos;) {
+      const std::string q = a.substr(at + 1);
+      a = a.substr(0, at);
+      const size_t eq = q.find('=');
+      const std::string key = q.substr(0, eq), value = eq == std::string::npos ? "" : q.substr(eq + 1);
+      if (key == "rank") rank = value;
+      else if (key == "node") node = value;
+      else if (key == "attempt") attempt = value;
+      else throw_input("environment: MYRIAD_INJECT_FAULT item '", item, "': unknown qualifier @", key,
+                       " (use @rank=R, @node=N, @attempt=A)");
+    }
+    if (!rank.empty() && rank != env_or("MYRIAD_RANK", "0")) continue;
+    if (!node.empty() && node != env_or("MYRIAD_NODE_RANK", "0")) continue;
+    if (attempt != env_or("MYRIAD_ATTEMPT", "0")) continue;
+    return a;
+  }
   return "";
 }
 
-void trigger(const std::string& point) {
-  std::string a = action(point);
-  // "rank=R:ACTION" acts on the process whose MYRIAD_RANK is R only.
-  if (a.rfind("rank=", 0) == 0) {
-    const size_t colon = a.find(':');
-    const char* rank = std::getenv("MYRIAD_RANK");
-    if (colon == std::string::npos || a.substr(5, colon - 5) != (rank ? rank : "0")) return;
-    a = a.substr(colon + 1);
-  }
-  // A fault fires in one attempt of a launch: the first (MYRIAD_ATTEMPT 0), or the one named
-  // by "ACTION@attempt=A", so that the restart it causes runs clean.
-  std::string attempt = "0";
-  if (const size_t at = a.find("@attempt="); at != std::string::npos)
-    attempt = a.substr(at + 9), a = a.substr(0, at);
-  const char* now = std::getenv("MYRIAD_ATTEMPT");
-  if (attempt != (now && *now ? now : "0")) return;
+std::string trigger(const std::string& point) {
+  const std::string a = action(point);
   if (a == "kill") raise(SIGKILL);
-  if (a == "stop") raise(SIGSTOP);  // a hung process: alive, holding its sockets, silent
+  if (a == "hang") raise(SIGSTOP);  // a hung process: alive, holding its sockets, silent
   if (a == "stall")  // a stuck kernel: this thread never returns, the process's others run on
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-  if (a == "fail") throw_runtime("injected fault at ", point, ": write failed (No space left on device)");
+  if (a == "throw" || a == "fail")
+    throw_runtime("injected fault at ", point, ": write failed (No space left on device)");
+  if (a.rfind("slow:", 0) == 0) {
+    try {
+      g_delay_ms = std::stoi(a.substr(5));
+    } catch (...) {
+      throw_input("environment: MYRIAD_INJECT_FAULT: '", point, ":", a, "' needs slow:MS, MS an integer");
+    }
+    return "";
+  }
+  return a;
 }
+
+int delay_ms() { return g_delay_ms.load(); }
 
 }  // namespace myriad::fault

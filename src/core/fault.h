@@ -1,23 +1,35 @@
 // Fault injection for the fault tests (the leveldb Env idea, as one environment knob):
-// MYRIAD_INJECT_FAULT holds comma-separated "point:action" items, e.g.
-//   checkpoint_write:fail    a save fails halfway, as on a full disk (runtime fault)
-//   checkpoint_write:kill    the process is killed halfway through a save
-//   step:7:kill              the process is killed after step 7 completes (and its save, if any)
-//   step:2:rank=1:stop       rank 1 (MYRIAD_RANK) stops itself (SIGSTOP) after step 2: a hang
-//   step:2:rank=1:stall      rank 1's training thread sleeps forever, its heartbeat beats on
-// An action fires in the launch's first attempt (MYRIAD_ATTEMPT 0) only, or in attempt A when
-// written ACTION@attempt=A (step:5:kill@attempt=1): a restarted attempt runs clean.
-// Unset in normal runs; reading it costs one getenv per check.
+// MYRIAD_INJECT_FAULT holds comma-separated items POINT:ACTION[:ARG][@rank=R][@node=N][@attempt=A]
+//   POINT    where it fires: step:S (after step S completes), checkpoint_write (halfway through
+//            a save), shared_batch_created, comm_check (the launcher's communication check)
+//   ACTION   kill     the process is killed (SIGKILL)
+//            hang     the process stops itself (SIGSTOP): frozen, heartbeat included
+//            stall    the training thread sleeps forever; the rest of the process runs on
+//            throw    a runtime fault (fail: the same)
+//            nan      that step's loss is not finite (step:S only)
+//            flip     one bit of this rank's parameters is flipped (step:S only)
+//            slow:MS  the rank sleeps MS milliseconds every step from then on (step:S only)
+//   @rank=R  only the process whose MYRIAD_RANK is R; @node=N only on node N (MYRIAD_NODE_RANK)
+//   @attempt=A  in attempt A of the launch (MYRIAD_ATTEMPT); default 0, so that the restart a
+//            fault causes runs clean
+// e.g. step:20:kill@rank=1, step:5:slow:200@rank=3, checkpoint_write:fail. Unset in normal runs;
+// reading it costs one getenv per check.
 #pragma once
 
 #include <string>
 
 namespace myriad::fault {
 
-// The action injected at `point` ("" when none), e.g. action("checkpoint_write") == "fail".
+// The action injected at `point` for this process and attempt ("" when none), its argument
+// included: action("step:5") == "slow:200".
 std::string action(const std::string& point);
 
-// Carries out an action: "kill" raises SIGKILL, "fail" throws a runtime fault naming the point.
-void trigger(const std::string& point);
+// Carries out what the process itself can: kill, hang, stall, throw/fail, and slow (remembered:
+// see delay_ms). Returns the action for the caller to carry out otherwise (nan, flip), "" when
+// none.
+std::string trigger(const std::string& point);
+
+// The per-step delay a slow:MS fault set (0 when none).
+int delay_ms();
 
 }  // namespace myriad::fault

@@ -498,9 +498,21 @@ std::vector<Launcher::Event> Launcher::wait(double timeout_s) {
 RunResult Launcher::run(const std::function<void()>& tick) {
   RunResult r;
   const double t0 = now_s();
+  // A communication fault is most often the echo of a peer that left on an error of its own
+  // (its groups aborted): before stopping the rest, give the cause a moment to exit and be the
+  // failure reported.
+  constexpr double kEchoGrace_s = 2.0;
+  double stop_at = -1;  // when a communication fault's grace ends
+  auto stop_others = [&](const WorkerExit& x) {
+    stop_at = -1;
+    if (running() == 0) return;
+    log::warn("launch: rank ", x.rank, " ", x.describe(), ": stopping the other ", running(), " worker(s)");
+    stop(SIGTERM);
+  };
   while (running() > 0) {
     if (tick) tick();
-    for (const Event& e : wait(1.0)) {
+    if (stop_at >= 0 && now_s() >= stop_at) stop_others(*r.failure);
+    for (const Event& e : wait(stop_at >= 0 ? 0.1 : 1.0)) {
       if (e.kind == Event::Kind::kSignal) {
         if (!stopping()) {
           if (!r.failure && r.signal == 0) r.signal = e.signal;
@@ -511,12 +523,15 @@ RunResult Launcher::run(const std::function<void()>& tick) {
                     running(), " worker(s)");
         }
         stop(e.signal);
-      } else if (!e.exit.ok() && !e.exit.stopped && !r.failure && r.signal == 0) {
-        r.failure = e.exit;
-        if (running() > 0) {
-          log::warn("launch: rank ", e.exit.rank, " ", e.exit.describe(), ": stopping the other ",
-                    running(), " worker(s)");
-          stop(SIGTERM);
+      } else if (!e.exit.ok() && !e.exit.stopped && r.signal == 0 && !stopping()) {
+        const bool echo = e.exit.error_class() == ErrorClass::kComm;
+        if (!r.failure) {
+          r.failure = e.exit;
+          if (echo) stop_at = now_s() + kEchoGrace_s;
+          else stop_others(e.exit);
+        } else if (!echo && r.failure->error_class() == ErrorClass::kComm) {
+          r.failure = e.exit;  // the cause, after its echo
+          stop_others(e.exit);
         }
       }
     }

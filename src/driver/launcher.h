@@ -22,7 +22,8 @@
 // stop ends when no worker is left running; workers spawned after that start afresh.
 //
 // This class is the mechanism; the policy of `myriad launch` (the first failure stops the rest,
-// signals are forwarded) is run(). The per-node agent of the fault-tolerant driver will drive
+// signals are forwarded) is run(). A communication fault waits 2 s before it stops the rest:
+// it is most often the echo of a peer that failed on its own, which then is the failure. The per-node agent of the fault-tolerant driver will drive
 // spawn()/wait()/stop() from its own loop instead, between heartbeats.
 #pragma once
 

@@ -71,6 +71,15 @@ class Engine {
     std::vector<FlatRange> owned;
   };
   virtual HostState host_state() = 0;
+
+  // The silent-corruption check (fault.sdc_check_every): after the parameters' all-gather every
+  // data-parallel replica must hold its peers' pieces bit for bit as their owners' updates left
+  // them. replica_hashes() = {the hash of this rank's owned ranges as its update of a checked
+  // step left them, then the hash of each dp rank o's owned ranges as this rank holds them}.
+  // Empty where not kept.
+  virtual std::vector<uint64_t> replica_hashes() { return {}; }
+  // Fault injection (flip): one bit of this rank's copy of the parameters, after the gathers.
+  virtual void flip_parameter_bit() {}
   virtual void state_to_host() = 0;
   virtual void state_from_host() = 0;
 };

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -119,6 +120,8 @@ class ModelEngine final : public Engine {
     r.lr = lr;
     optimizer_->step(master(), model_.grads(), lr);
     mark_stale();
+    if (cfg_.fault.sdc_check_every > 0 && step % cfg_.fault.sdc_check_every == 0)
+      owned_hash_ = hash_of(dp_.owned());
     const int update_ends = model_.ops().mark();
     dp_.gather_params(master());  // awaited chunk by chunk by the next forward
     // The device's phase times, once the update is done (on a GPU: its event, not the device).
@@ -162,6 +165,25 @@ class ModelEngine final : public Engine {
     return {params, optimizer_->m().data(), optimizer_->v().data(), &optimizer_->steps_taken(),
             optimizer_->owned()};
   }
+  std::vector<uint64_t> replica_hashes() override {
+    dp_.wait_all_params();
+    std::vector<uint64_t> out = {owned_hash_};
+    for (int o = 0; o < ctx_.dp_size(); ++o) out.push_back(hash_of(dp_.plan().owned(o)));
+    return out;
+  }
+  void flip_parameter_bit() override {
+    dp_.wait_all_params();  // the flip must not travel with a gather still reading the buffer
+    float x = 0;
+    const int64_t at = model_.layout().total() / 2;
+    model_.ops().download(&x, master() + at, 1);
+    uint32_t bits;
+    std::memcpy(&bits, &x, 4);
+    bits ^= 1u << 20;
+    std::memcpy(&x, &bits, 4);
+    model_.ops().upload(master() + at, &x, 1);
+    mark_stale();
+  }
+
   void state_to_host() override {
     dp_.wait_all_params();
     if constexpr (!kMasterIsParams)
@@ -177,6 +199,19 @@ class ModelEngine final : public Engine {
   }
 
  private:
+  // FNV-1a over the bytes of the master weights in `ranges`, in order (read to the host).
+  uint64_t hash_of(const std::vector<FlatRange>& ranges) {
+    uint64_t h = 1469598103934665603ull;
+    std::vector<float> host;
+    for (const FlatRange& r : ranges) {
+      host.resize(static_cast<size_t>(r.size()));
+      model_.ops().download(host.data(), master() + r.begin, r.size());
+      const auto* b = reinterpret_cast<const unsigned char*>(host.data());
+      for (size_t i = 0; i < host.size() * sizeof(float); ++i) h = (h ^ b[i]) * 1099511628211ull;
+    }
+    return h;
+  }
+
   // The fp32 weights the optimizer updates and data parallelism gathers.
   float* master() {
     if constexpr (kMasterIsParams) return model_.params();
@@ -326,6 +361,7 @@ class ModelEngine final : public Engine {
   typename Ops::template Buffer<float> tied_other_;  // (wte) the other stage's wte gradient
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Pipeline<Model>> pipeline_;
+  uint64_t owned_hash_ = 0;  // replica_hashes()[0]: this rank's owned ranges after a checked update
 };
 
 }  // namespace myriad

@@ -1,10 +1,15 @@
 #include "runtime/trainer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstring>
+#include <limits>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 
+#include "comm/communicator.h"
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/fault.h"
@@ -167,6 +172,12 @@ void Trainer::run() {
                                        lr_at(cfg_.optim, step_, t.steps));
     ++step_;
     consumed_ += t.global_batch;
+    // Injected faults that act on the step's results, then the checks that catch such faults.
+    const std::string injected = fault::action(cat("step:", step_));
+    if (injected == "nan") r.loss = std::numeric_limits<float>::quiet_NaN();
+    if (injected == "flip") engine_->flip_parameter_bit();
+    check_loss(r.loss);
+    if (cfg_.fault.sdc_check_every > 0 && step_ % cfg_.fault.sdc_check_every == 0) check_replicas();
     const double dt = now_s() - t0;
     if (step_ > 1 || t.steps == 1) elapsed += dt, ++timed;  // the first step warms caches
 
@@ -205,7 +216,62 @@ void Trainer::run() {
     if ((every > 0 && step_ % every == 0) || step_ == t.steps) save_checkpoint();
     heartbeat_.set(step_, "train", allowance);
     fault::trigger(cat("step:", step_));
+    if (const int ms = fault::delay_ms(); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
   }
+}
+
+// A non-finite loss, or (fault.spike_factor) one far above the recent median: a numerics fault,
+// raised before the step is saved, so that the restart resumes from the checkpoint before it.
+void Trainer::check_loss(float loss) {
+  if (!std::isfinite(loss))
+    throw Error(ErrorClass::kNumerics, cat("step ", step_, ": loss is ", loss,
+                                           "; lower optim.lr or resume from an earlier checkpoint"));
+  const double f = cfg_.fault.spike_factor;
+  if (f > 0 && recent_loss_.size() >= 5) {
+    std::vector<double> sorted = recent_loss_;
+    std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+    const double median = sorted[sorted.size() / 2];
+    if (loss > f * median)
+      throw Error(ErrorClass::kNumerics,
+                  cat("step ", step_, ": loss ", fmt("%.4f", loss), " is above fault.spike_factor (", f,
+                      ") x the median of the last ", recent_loss_.size(), " steps (", fmt("%.4f", median),
+                      "): a loss spike; resume from the checkpoint before it"));
+  }
+  recent_loss_.push_back(loss);
+  if (recent_loss_.size() > 21) recent_loss_.erase(recent_loss_.begin());
+}
+
+// fault.sdc_check_every: the data-parallel replicas exchange the hashes of what they hold after
+// the all-gather (Engine::replica_hashes) and compare each copy with what its owner's update
+// left. The rank whose copy differs stops with a runtime fault naming it; the others say so.
+void Trainer::check_replicas() {
+  comm::Communicator* dp = dist_ ? dist_->context()->dp : nullptr;
+  if (!dp || dp->size() < 2) return;
+  const int n = dp->size();
+  std::vector<uint64_t> mine = engine_->replica_hashes();  // (1 + n)
+  if (mine.size() != static_cast<size_t>(n) + 1) return;
+  mine.insert(mine.begin(), static_cast<uint64_t>(dist_->rank()));
+  // Each rank's words travel exactly, their bytes carried as floats, which a gather only copies.
+  const int64_t per = static_cast<int64_t>(mine.size()) * 2;
+  std::vector<float> all(static_cast<size_t>(per * n));
+  std::memcpy(all.data() + per * dp->rank(), mine.data(), static_cast<size_t>(per) * 4);
+  dp->all_gather(all.data() + per * dp->rank(), all.data(), per)->wait();
+  auto word = [&](int q, int k) {
+    uint64_t v;
+    std::memcpy(&v, all.data() + per * q + 2 * k, 8);
+    return v;
+  };
+  for (int q = 0; q < n; ++q)
+    for (int o = 0; o < n; ++o) {
+      if (word(q, 2 + o) == word(o, 1)) continue;
+      const std::string what =
+          cat("silent data corruption at step ", step_, ": rank ", word(q, 0), "'s copy of the parameters rank ",
+              word(o, 0), " updates differs from what that update left");
+      if (q == dp->rank())
+        throw Error(ErrorClass::kRuntime, cat(what, "; restarting from the latest checkpoint (check this rank's "
+                                                    "device if it recurs)"));
+      log::warn(what);
+    }
 }
 
 data::Batch Trainer::next_batch() {

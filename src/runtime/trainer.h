@@ -29,6 +29,8 @@ class Trainer {
 
   // Mean validation loss over train.eval_steps global batches from the start of the valid set.
   float evaluate();
+  void check_loss(float loss);
+  void check_replicas();
   // Saves RUN_DIR/checkpoints/step_<step> (or checkpoint.dir) and prunes old ones.
   void save_checkpoint();
 
@@ -59,6 +61,7 @@ class Trainer {
   std::unique_ptr<data::SharedBatch> shared_;      // the node-shared batch, with tensor parallelism
   std::unique_ptr<MetricsWriter> metrics_;
   std::vector<double> recent_step_s_;  // the last steps' times, for the heartbeat's allowance
+  std::vector<double> recent_loss_;    // the last steps' losses, for fault.spike_factor
   int64_t rows_ = 0;          // sequences of each global batch this rank reads: global_batch / dp
   int64_t step_ = 0;          // optimizer steps completed
   int64_t consumed_ = 0;      // training samples consumed by completed steps

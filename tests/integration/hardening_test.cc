@@ -162,7 +162,7 @@ TEST_F(Hardening, RelaunchUnderTheSameRedisJob) {
   EXPECT_TRUE(contains(again.output, "attempt 1,")) << again.output;
   EXPECT_TRUE(contains(again.output, "store entries of the job's earlier attempts")) << again.output;
   Result failed = run(cat("launch --nproc-per-node 2 ", flags, " -- comm-check --run-dir ", rd.string()),
-                      "MYRIAD_INJECT_FAULT=comm_check:1:fail");
+                      "MYRIAD_INJECT_FAULT=comm_check:fail@rank=1@attempt=2");
   EXPECT_EQ(failed.code, 3) << failed.output;
   // The retry that exit 3 asks for, now a training run.
   Result retry = run(launch(2, dir_ / "relaunch_train", "--set train.steps=2", flags));
@@ -334,7 +334,7 @@ namespace {
 // one that exit 4 tells the supervisor to leave out).
 TEST_F(Hardening, TimeoutNamesTheRankThatNeverArrived) {
   Result r = run(launch(2, dir_ / "stopped", "--set train.steps=50 --set comm.timeout_s=3", "--grace-period 1"),
-                 "MYRIAD_INJECT_FAULT=step:2:rank=1:stop");
+                 "MYRIAD_INJECT_FAULT=step:2:hang@rank=1");
   EXPECT_EQ(r.code, 4) << r.output;
   EXPECT_TRUE(contains(r.output, "[rank 0] myriad: communication fault: ")) << r.output;
   EXPECT_TRUE(contains(r.output, "waiting on global rank 1 (group rank 1), which did not take part in time"))

@@ -187,7 +187,7 @@ TEST_F(Launch, WithoutRunDirTheLogsGoToATemporaryDirectory) {
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.output, m, std::regex("logs in (/\\S+)/logs\n"))) << r.output;
   EXPECT_FALSE(fs::exists(m[1].str())) << "left behind: " << m[1].str();
-  Result f = run(dir_, "launch --nproc-per-node 2 -- comm-check --size-kb 1", "MYRIAD_INJECT_FAULT=comm_check:1:fail");
+  Result f = run(dir_, "launch --nproc-per-node 2 -- comm-check --size-kb 1", "MYRIAD_INJECT_FAULT=comm_check:fail@rank=1");
   ASSERT_EQ(f.code, 3) << f.output;
   ASSERT_TRUE(std::regex_search(f.output, m, std::regex("logs in (/\\S+)/logs\n"))) << f.output;
   const fs::path run_dir = m[1].str();
@@ -211,7 +211,7 @@ TEST_F(Launch, FailingWorkerGivesTheLaunchItsExitClass) {
 TEST_F(Launch, ErrorLinesOfEveryRankReachTheConsole) {
   const std::string j = job("fail");
   Result r = run(dir_, cat("launch --nproc-per-node 3 --job ", j, " -- comm-check --run-dir fail"),
-                 "MYRIAD_INJECT_FAULT=comm_check:2:fail");
+                 "MYRIAD_INJECT_FAULT=comm_check:fail@rank=2");
   EXPECT_EQ(r.code, 3) << r.output;
   EXPECT_TRUE(contains(r.output, "[rank 2] myriad: runtime fault: injected fault at comm_check: rank 2 failed\n"))
       << r.output;
@@ -225,7 +225,7 @@ TEST_F(Launch, KilledWorkerStopsTheOthers) {
   const std::string j = job("killed");
   const double t0 = now_s();
   Result r = run(dir_, cat("launch --nproc-per-node 3 --job ", j, " -- comm-check --run-dir killed"),
-                 "MYRIAD_INJECT_FAULT=comm_check:1:kill");
+                 "MYRIAD_INJECT_FAULT=comm_check:kill@rank=1");
   EXPECT_LT(now_s() - t0, 8.0) << "the others should go at SIGTERM, not wait for the grace period";
   EXPECT_EQ(r.code, 3) << r.output;
   EXPECT_EQ(last_line(r.output),
@@ -239,10 +239,10 @@ TEST_F(Launch, KilledWorkerStopsTheOthers) {
 TEST_F(Launch, SigtermToTheLauncherStopsTheWorkers) {
   const std::string j = job("term");
   Background b(dir_, cat("launch --nproc-per-node 3 --job ", j, " -- comm-check --run-dir term"),
-               "MYRIAD_INJECT_FAULT=comm_check:hang", dir_ / "term.out");
+               "MYRIAD_INJECT_FAULT=comm_check:sleep", dir_ / "term.out");
   ASSERT_TRUE(eventually([&] { return processes_of_job(j).size() == 3; }, 20)) << b.output();
   for (int rank : {0, 1, 2})
-    ASSERT_TRUE(eventually([&] { return contains(log_of(dir_ / "term", rank), "hangs"); }, 20));
+    ASSERT_TRUE(eventually([&] { return contains(log_of(dir_ / "term", rank), "sleeps"); }, 20));
   kill(b.pid(), SIGTERM);
   EXPECT_EQ(b.wait(20), 3) << b.output();
   EXPECT_TRUE(processes_of_job(j).empty()) << b.output();
@@ -255,9 +255,9 @@ TEST_F(Launch, WorkersThatIgnoreTheSignalAreKilledAfterTheGracePeriod) {
   const std::string j = job("deaf");
   Background b(dir_, cat("launch --nproc-per-node 2 --grace-period 1 --job ", j,
                          " -- comm-check --run-dir deaf"),
-               "MYRIAD_INJECT_FAULT=comm_check:hang_ignore_term", dir_ / "deaf.out");
+               "MYRIAD_INJECT_FAULT=comm_check:sleep_ignore_term", dir_ / "deaf.out");
   for (int rank : {0, 1})
-    ASSERT_TRUE(eventually([&] { return contains(log_of(dir_ / "deaf", rank), "hangs"); }, 20))
+    ASSERT_TRUE(eventually([&] { return contains(log_of(dir_ / "deaf", rank), "sleeps"); }, 20))
         << b.output();
   const double t0 = now_s();
   kill(b.pid(), SIGINT);
@@ -271,7 +271,7 @@ TEST_F(Launch, WorkersThatIgnoreTheSignalAreKilledAfterTheGracePeriod) {
 TEST_F(Launch, KilledLauncherLeavesNoOrphans) {
   const std::string j = job("orphans");
   Background b(dir_, cat("launch --nproc-per-node 2 --job ", j, " -- comm-check --run-dir orphans"),
-               "MYRIAD_INJECT_FAULT=comm_check:hang_ignore_term", dir_ / "orphans.out");
+               "MYRIAD_INJECT_FAULT=comm_check:sleep_ignore_term", dir_ / "orphans.out");
   ASSERT_TRUE(eventually([&] { return processes_of_job(j).size() == 2; }, 20)) << b.output();
   kill(b.pid(), SIGKILL);
   EXPECT_EQ(b.wait(20), 128 + SIGKILL);

@@ -78,7 +78,7 @@ TEST_F(Restart, KilledWorkerIsRestartedAndEndsWithTheWeightsOfTheRunThatNeverBro
   const fs::path straight = dir_ / "straight", broken = dir_ / "broken";
   ASSERT_EQ(run(launch(straight, "")).code, 0);
   // Rank 1 is killed after step 6 (its checkpoint of step 4 committed) in the first attempt.
-  Result r = run(launch(broken, "--max-restarts 2"), "MYRIAD_INJECT_FAULT=step:6:rank=1:kill");
+  Result r = run(launch(broken, "--max-restarts 2"), "MYRIAD_INJECT_FAULT=step:6:kill@rank=1");
   ASSERT_EQ(r.code, 0) << r.output;
   std::vector<nlohmann::json> ev = jsonl(broken / "driver/events.jsonl");
   std::vector<std::string> kinds;
@@ -109,11 +109,11 @@ TEST_F(Restart, KilledWorkerIsRestartedAndEndsWithTheWeightsOfTheRunThatNeverBro
 TEST_F(Restart, HangsAreFoundAndTheRunRestarts) {
   const fs::path straight = dir_ / "hang_straight";
   ASSERT_EQ(run(launch(straight, "")).code, 0);
-  for (const char* action : {"stop", "stall"}) {
+  for (const char* action : {"hang", "stall"}) {
     const fs::path rd = dir_ / cat("hang_", action);
     const auto t0 = std::chrono::steady_clock::now();
     Result r = run(launch(rd, "--max-restarts 1", "--set fault.step_timeout_s=3"),
-                   cat("MYRIAD_INJECT_FAULT=step:5:rank=1:", action));
+                   cat("MYRIAD_INJECT_FAULT=step:5:", action, "@rank=1"));
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ASSERT_EQ(r.code, 0) << r.output;
     EXPECT_LT(took, 60) << "found by the heartbeats, not by a collective timeout";
@@ -121,7 +121,7 @@ TEST_F(Restart, HangsAreFoundAndTheRunRestarts) {
     ASSERT_GE(ev.size(), 4u) << r.output;
     EXPECT_EQ(ev[0]["event"], "fault");
     const std::string detail = ev[0]["detail"];
-    if (std::string(action) == "stop") {
+    if (std::string(action) == "hang") {
       EXPECT_NE(detail.find("hang: rank 1 is frozen"), std::string::npos) << detail;
       EXPECT_EQ(ev[0]["rank"], 1);
     } else {
@@ -154,6 +154,58 @@ TEST_F(Restart, RestartsRunOut) {
   EXPECT_EQ(faults, 2);
   EXPECT_EQ(restarts, 1);
   EXPECT_NE(r.output.find("myriad: launch: rank "), std::string::npos) << r.output;
+}
+
+
+// Faults the step's own checks catch (core/fault.h's nan and flip; fault.spike_factor and
+// fault.sdc_check_every): each is raised before the step is saved, names its rank and class,
+// and the restart from the checkpoint before it ends as the run that never broke. The unbroken
+// run checks its replicas every step too: no false alarm.
+TEST_F(Restart, BadNumericsAndSilentCorruptionAreFoundAndTheRunRestarts) {
+  const fs::path straight = dir_ / "checked_straight";
+  const std::string checked = "--set fault.sdc_check_every=1";
+  ASSERT_EQ(run(launch(straight, "", checked)).code, 0);
+  struct Case {
+    const char *fault, *cls, *needle;
+    int rank;
+  };
+  for (const Case& c : {Case{"step:6:flip@rank=1", "runtime fault",
+                             "silent data corruption at step 6: rank 1's copy of the parameters rank ", 1},
+                        Case{"step:6:nan@rank=0", "numerics fault", "step 6: loss is nan", 0}}) {
+    const fs::path rd = dir_ / cat("checked_", c.rank);
+    Result r = run(launch(rd, "--max-restarts 1", checked), cat("MYRIAD_INJECT_FAULT=", c.fault));
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find(c.needle), std::string::npos) << r.output;
+    std::vector<nlohmann::json> ev = jsonl(rd / "driver/events.jsonl");
+    ASSERT_GE(ev.size(), 4u) << r.output;
+    EXPECT_EQ(ev[0]["event"], "fault");
+    EXPECT_EQ(ev[0]["rank"], c.rank) << c.fault;
+    EXPECT_EQ(ev[0]["class"], c.cls) << c.fault;
+    EXPECT_NE(ev.back()["detail"].get<std::string>().find("step_00000004"), std::string::npos) << ev.back().dump();
+    for (const char* shard : {"shard_00000.bin", "shard_00001.bin"})
+      EXPECT_EQ(read_file(rd / "checkpoints/step_00000012" / shard),
+                read_file(straight / "checkpoints/step_00000012" / shard)) << c.fault << " " << shard;
+  }
+}
+
+// A loss far above the recent median is a numerics fault (exit 5) before the step is saved;
+// without fault.spike_factor the same run trains on.
+TEST_F(Restart, LossSpikeIsANumericsFault) {
+  const std::string args = cat("train --config ", MYRIAD_SOURCE_DIR, "/configs/demo.toml --set model.layers=2",
+                               " --set model.d_model=32 --set model.seq_len=16 --set train.steps=80",
+                               " --set checkpoint.every=10 --set train.eval_every=0 --set data.train=", data_,
+                               " --set data.valid= ");
+  Result r = run(cat(args, "--run-dir ", (dir_ / "spike").string(), " --set fault.spike_factor=1.02"));
+  EXPECT_EQ(r.code, 5) << r.output;
+  const size_t at = r.output.find(" is above fault.spike_factor (1.02) x the median of the last ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  // Nothing of the spike's step was saved: the newest checkpoint comes before it.
+  const int spike = std::stoi(r.output.substr(r.output.rfind("step ", at) + 5));
+  int newest = 0;
+  for (const auto& e : fs::directory_iterator(dir_ / "spike/checkpoints"))
+    newest = std::max(newest, std::stoi(e.path().filename().string().substr(5)));
+  EXPECT_LT(newest, spike);
+  EXPECT_EQ(run(cat(args, "--run-dir ", (dir_ / "no_spike_check").string())).code, 0);
 }
 
 }  // namespace

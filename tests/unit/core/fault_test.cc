@@ -1,0 +1,75 @@
+// The fault-injection grammar (core/fault.h): POINT:ACTION[:ARG][@rank=R][@node=N][@attempt=A].
+#include "core/fault.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include "core/error.h"
+
+using namespace myriad;
+
+namespace {
+
+struct Env {
+  Env(const char* faults, const char* rank, const char* node, const char* attempt) {
+    setenv("MYRIAD_INJECT_FAULT", faults, 1);
+    setenv("MYRIAD_RANK", rank, 1);
+    setenv("MYRIAD_NODE_RANK", node, 1);
+    setenv("MYRIAD_ATTEMPT", attempt, 1);
+  }
+  ~Env() {
+    for (const char* v : {"MYRIAD_INJECT_FAULT", "MYRIAD_RANK", "MYRIAD_NODE_RANK", "MYRIAD_ATTEMPT"}) unsetenv(v);
+  }
+};
+
+TEST(Fault, QualifiersChooseTheProcessAndTheAttempt) {
+  const char* items = "step:20:kill@rank=1,step:5:slow:200@rank=3@node=1,step:7:nan@attempt=1,checkpoint_write:fail";
+  {
+    Env e(items, "1", "0", "0");
+    EXPECT_EQ(fault::action("step:20"), "kill");
+    EXPECT_EQ(fault::action("step:2"), "");  // another step ("step:20" is not "step:2")
+    EXPECT_EQ(fault::action("step:5"), "");  // rank 3 on node 1 only
+    EXPECT_EQ(fault::action("step:7"), "");  // attempt 1 only
+    EXPECT_EQ(fault::action("checkpoint_write"), "fail");  // every rank, attempt 0
+  }
+  {
+    Env e(items, "3", "1", "0");
+    EXPECT_EQ(fault::action("step:20"), "");
+    EXPECT_EQ(fault::action("step:5"), "slow:200");
+  }
+  {
+    Env e(items, "3", "0", "1");
+    EXPECT_EQ(fault::action("step:5"), "");  // node 0
+    EXPECT_EQ(fault::action("step:7"), "nan");
+    EXPECT_EQ(fault::action("checkpoint_write"), "");  // a restarted attempt runs clean
+  }
+}
+
+TEST(Fault, TriggerCarriesOutWhatTheProcessCan) {
+  Env e("step:1:throw,step:2:slow:40,step:3:flip,step:4:slow:x,step:5:kill@rank=9", "0", "0", "0");
+  try {
+    fault::trigger("step:1");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.cls(), ErrorClass::kRuntime);
+  }
+  EXPECT_EQ(fault::delay_ms(), 0);
+  EXPECT_EQ(fault::trigger("step:2"), "");
+  EXPECT_EQ(fault::delay_ms(), 40);  // from then on
+  EXPECT_EQ(fault::trigger("step:3"), "flip");  // for the trainer to carry out
+  EXPECT_THROW(fault::trigger("step:4"), Error);
+  EXPECT_EQ(fault::trigger("step:5"), "");  // rank 9 only: this process lives on
+}
+
+TEST(Fault, AnUnknownQualifierIsAnInputError) {
+  Env e("step:1:kill@rnak=1", "0", "0", "0");
+  try {
+    fault::action("step:1");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.cls(), ErrorClass::kInput);
+    EXPECT_NE(std::string(err.what()).find("@rnak"), std::string::npos) << err.what();
+  }
+}
+
+}  // namespace
