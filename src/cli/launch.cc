@@ -134,8 +134,16 @@ struct HangWatch {
     int index = -1;  // the launcher's worker index
     std::string path;
     long long beat = -1, step = -1;
-    double beat_at = 0, step_at = 0, allowance = 0;
+    double beat_at = 0, step_at = 0, allowance = 0, own_ms = 0;
     std::string phase;
+    bool straggler = false;  // reported in this attempt
+  };
+  // A straggler: a rank whose own step time (heartbeat.h) is over kSlower x the median of the
+  // node's ranks, and kMargin_ms more, over its last 10 steps.
+  static constexpr double kSlower = 2, kMargin_ms = 50;
+  struct Report {
+    int rank;
+    std::string detail;
   };
   HangWatch(driver::Launcher& l, const std::string& run_dir) : launcher(l), dir(std::filesystem::path(run_dir) / "driver") {
     std::error_code ec;
@@ -162,11 +170,12 @@ struct HangWatch {
       std::ifstream in(r.path);
       long long beat = -1, step = -1;
       std::string phase;
-      double allowance = 0;
-      if (!(in >> beat >> step >> phase >> allowance)) {
+      double allowance = 0, own_ms = 0;
+      if (!(in >> beat >> step >> phase >> allowance >> own_ms)) {
         all_stuck = false;  // not beating yet (or never: not a trainer)
         continue;
       }
+      r.own_ms = own_ms;
       if (beat != r.beat) r.beat = beat, r.beat_at = now;
       if (step != r.step) r.step = step, r.step_at = now;
       r.phase = phase, r.allowance = allowance;
@@ -179,6 +188,7 @@ struct HangWatch {
       }
       all_stuck = all_stuck && now - r.step_at > r.allowance;
     }
+    find_stragglers();
     if (all_stuck) {
       verdict = cat("hang: no rank of this node completed a step for ", static_cast<int>(now - ranks[0].step_at),
                     " s (allowance ", ranks[0].allowance, " s, after step ", ranks[0].step, ", ", ranks[0].phase,
@@ -186,11 +196,29 @@ struct HangWatch {
       launcher.stop(SIGTERM);
     }
   }
+  void find_stragglers() {
+    std::vector<double> own;
+    for (const Rank& r : ranks)
+      if (r.own_ms > 0) own.push_back(r.own_ms);
+    if (own.size() < 2 || own.size() < ranks.size()) return;  // every rank's time known
+    // The lower median: with two ranks, the faster one's time.
+    std::nth_element(own.begin(), own.begin() + (own.size() - 1) / 2, own.end());
+    const double median = own[(own.size() - 1) / 2];
+    for (Rank& r : ranks)
+      if (!r.straggler && r.own_ms > kSlower * median && r.own_ms > median + kMargin_ms) {
+        r.straggler = true;
+        reports.push_back({r.rank, cat("straggler: rank ", r.rank, "'s steps take ", static_cast<int>(r.own_ms),
+                                       " ms of their own, ", static_cast<int>(r.own_ms / median * 10) / 10.0,
+                                       " x the median of this node's ranks (", static_cast<int>(median),
+                                       " ms), over its last 10 steps up to step ", r.step)});
+      }
+  }
   driver::Launcher& launcher;
   std::filesystem::path dir;
   std::vector<Rank> ranks;
   std::string verdict;  // empty: no hang seen
   int culprit = -1;
+  std::vector<Report> reports;  // stragglers found, for the caller to record (then cleared)
 };
 
 // RUN_DIR/driver/events.jsonl (events.node<R>.jsonl on the other nodes): one JSON object per
@@ -287,6 +315,11 @@ int cmd_launch(int argc, char** argv) {
     r = launcher.run([&] {
       store_watch();
       hangs();
+      for (const HangWatch::Report& s : hangs.reports) {
+        if (events.path.empty()) log::warn("launch: ", s.detail);
+        events.write("diagnose", s.rank, "", s.detail);
+      }
+      hangs.reports.clear();
     });
     // What the workers of this node left in shared memory (a killed reader never unlinks).
     if (int n = data::remove_node_segments(plan.job, plan.attempt, plan.node_rank); n > 0)

@@ -36,8 +36,8 @@ void Heartbeat::beat() {
   const std::string tmp = path_ + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "w");
   if (!f) return;
-  std::fprintf(f, "%lld %lld %s %.3f\n", static_cast<long long>(++beats_), static_cast<long long>(step_.load()),
-               phase_.load(), allowance_s_.load());
+  std::fprintf(f, "%lld %lld %s %.3f %.3f\n", static_cast<long long>(++beats_),
+               static_cast<long long>(step_.load()), phase_.load(), allowance_s_.load(), own_ms_.load());
   if (std::fclose(f) == 0) std::rename(tmp.c_str(), path_.c_str());
 }
 

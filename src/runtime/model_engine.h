@@ -23,6 +23,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "model/engine.h"
@@ -126,7 +127,7 @@ class ModelEngine final : public Engine {
     dp_.gather_params(master());  // awaited chunk by chunk by the next forward
     // The device's phase times, once the update is done (on a GPU: its event, not the device).
     const PipelineTimes& pt = pipeline_->times();
-    r.times = {pt.forward_s, pt.backward_s, pt.wait_s, dp_.waited_s() - dp_waited,
+    r.times = {pt.forward_s, pt.backward_s, pt.wait_s + loss_wait_[0], dp_.waited_s() - dp_waited + loss_wait_[1],
                model_.ops().seconds(update_begins, update_ends)};
     // Activations are held from the first step on (a slot per micro-batch in flight).
     if (step == 1 && model_.ops().peak_bytes() > 0)
@@ -298,10 +299,15 @@ class ModelEngine final : public Engine {
   }
 
   // The step's loss lives on the last stage: broadcast over the pipeline, averaged over dp.
+  // The first exchanges of a step after its compute: the time they block is waiting for the
+  // slowest peer (loss_wait_: pipeline, data parallel), counted with the phases' waits.
   float step_loss(float local, bool over_dp = true) {
+    double t = now_s();
     if (ctx_.pp_size() > 1) ctx_.pp->broadcast(&local, 1, ctx_.pp_size() - 1)->wait();
+    loss_wait_[0] = now_s() - t, t = now_s();
     if (over_dp && ctx_.dp_size() > 1)
       local = static_cast<float>(parallel::sum_over_group(ctx_.dp, double(local)) / ctx_.dp_size());
+    loss_wait_[1] = now_s() - t;
     return local;
   }
 
@@ -361,6 +367,7 @@ class ModelEngine final : public Engine {
   typename Ops::template Buffer<float> tied_other_;  // (wte) the other stage's wte gradient
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Pipeline<Model>> pipeline_;
+  double loss_wait_[2] = {0, 0};  // seconds the step's loss exchanges blocked: over pp, over dp
   uint64_t owned_hash_ = 0;  // replica_hashes()[0]: this rank's owned ranges after a checked update
 };
 

@@ -215,6 +215,16 @@ void Trainer::run() {
     heartbeat_.set(step_, "checkpoint", cfg_.fault.startup_timeout_s);
     if ((every > 0 && step_ % every == 0) || step_ == t.steps) save_checkpoint();
     heartbeat_.set(step_, "train", allowance);
+    // This step's own time: from the end of the last one, less the waits on its peers.
+    const double end = now_s();
+    if (last_end_ > 0) {
+      recent_own_s_.push_back(end - last_end_ - r.times.bubble_s - r.times.dp_wait_s);
+      if (recent_own_s_.size() > 10) recent_own_s_.erase(recent_own_s_.begin());
+      std::vector<double> own = recent_own_s_;
+      std::nth_element(own.begin(), own.begin() + own.size() / 2, own.end());
+      heartbeat_.set_own_ms(own[own.size() / 2] * 1e3);
+    }
+    last_end_ = end;
     fault::trigger(cat("step:", step_));
     if (const int ms = fault::delay_ms(); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
   }

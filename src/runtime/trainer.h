@@ -62,6 +62,8 @@ class Trainer {
   std::unique_ptr<MetricsWriter> metrics_;
   std::vector<double> recent_step_s_;  // the last steps' times, for the heartbeat's allowance
   std::vector<double> recent_loss_;    // the last steps' losses, for fault.spike_factor
+  std::vector<double> recent_own_s_;   // the last steps' own times (the heartbeat's own_ms)
+  double last_end_ = 0;                // when the last step ended (its checks and save included)
   int64_t rows_ = 0;          // sequences of each global batch this rank reads: global_batch / dp
   int64_t step_ = 0;          // optimizer steps completed
   int64_t consumed_ = 0;      // training samples consumed by completed steps

@@ -208,4 +208,27 @@ TEST_F(Restart, LossSpikeIsANumericsFault) {
   EXPECT_EQ(run(cat(args, "--run-dir ", (dir_ / "no_spike_check").string())).code, 0);
 }
 
+
+// A straggler (from step 3 rank 1 sleeps 200 ms a step) is reported by the launcher within 20
+// steps, as a diagnose event naming it, while the run trains on to its end; 1,000 clean steps
+// of a tiny model raise no such report.
+TEST_F(Restart, StragglerIsReportedAndCleanRunsRaiseNoAlarm) {
+  const fs::path rd = dir_ / "straggler";
+  Result r = run(launch(rd, "--max-restarts 1", "--set train.steps=30"), "MYRIAD_INJECT_FAULT=step:3:slow:200@rank=1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::vector<nlohmann::json> ev = jsonl(rd / "driver/events.jsonl");
+  ASSERT_EQ(ev.size(), 1u) << r.output;
+  EXPECT_EQ(ev[0]["event"], "diagnose");
+  EXPECT_EQ(ev[0]["rank"], 1);
+  const std::string detail = ev[0]["detail"];
+  ASSERT_EQ(detail.rfind("straggler: rank 1's steps take ", 0), 0u) << detail;
+  EXPECT_LE(std::stoi(detail.substr(detail.rfind("up to step ") + 11)), 23) << detail;
+  const fs::path clean = dir_ / "clean_1000";
+  Result c = run(launch(clean, "--max-restarts 1",
+                        "--set train.steps=1000 --set model.layers=1 --set model.d_model=16 --set model.seq_len=8 "
+                        "--set checkpoint.every=0 --set train.log_every=100"));
+  ASSERT_EQ(c.code, 0) << c.output;
+  EXPECT_FALSE(fs::exists(clean / "driver/events.jsonl")) << read_file(clean / "driver/events.jsonl");
+}
+
 }  // namespace
