@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "engine_cases.h"
 #include "core/error.h"
 #include "optim/optimizer.h"
 #include "runtime/engine.h"
@@ -16,32 +17,7 @@ using namespace myriad;
 
 namespace {
 
-struct Case {
-  const char* name;
-  std::vector<std::string> sets;
-};
-
-Config config(const Case& c, const char* device) {
-  std::vector<std::string> sets = {"model.layers=2", "model.d_model=256", "model.heads=4",
-                                   "model.seq_len=96", "model.vocab_size=300", "train.micro_batch=2",
-                                   "train.global_batch=4", "optim.lr=3e-3", "optim.warmup_steps=0",
-                                   "train.steps=6", cat("train.device=", device)};
-  sets.insert(sets.end(), c.sets.begin(), c.sets.end());
-  return parse_config("", "gpu test", sets);
-}
-
-std::vector<int32_t> batch(const Config& cfg, uint64_t seed) {
-  std::mt19937_64 gen(seed);
-  std::vector<int32_t> t(cfg.train.global_batch * (cfg.model.seq_len + 1));
-  for (auto& x : t) x = static_cast<int32_t>(gen() % cfg.model.vocab_size);
-  return t;
-}
-
-double rel(const float* a, const float* b, int64_t n) {
-  double d = 0, r = 0;
-  for (int64_t i = 0; i < n; ++i) d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), r += double(b[i]) * b[i];
-  return std::sqrt(d / std::max(r, 1e-30));
-}
+using namespace engine_cases;
 
 class EngineParity : public ::testing::TestWithParam<Case> {};
 

@@ -336,16 +336,15 @@ void CudaOps::embedding_forward(Act* out, const int32_t* tokens, const Param* wt
   cuda::embedding_forward(out, tokens, wte, wpe, B, T, C, st_->stream);
 }
 
-void CudaOps::embedding_backward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens, int B, int T,
-                                 int C) const {
-  // Positions grouped by token id (a counting sort over the ids present), for a deterministic
-  // backward: [positions (N)] [starts (G+1)] [ids (G)].
+// Positions grouped by id (a counting sort over the ids present), for a deterministic backward:
+// [positions (N)] [starts (G+1)] [ids (G)], uploaded for cuda::embedding_backward.
+void CudaOps::rows_by_id_backward(float* dwte, float* dwpe, const Act* dout, const std::vector<int32_t>& ids,
+                                  int vocab, int skip, int B, int T, int C) const {
   const int N = B * T;
-  std::vector<int32_t> in(static_cast<size_t>(N));
-  CUDA_CHECK(cudaMemcpyAsync(in.data(), tokens, static_cast<size_t>(N) * 4, cudaMemcpyDeviceToHost, st_->stream));
-  CUDA_CHECK(cudaStreamSynchronize(st_->stream));
   std::vector<int32_t> g(3 * static_cast<size_t>(N) + 1);
-  const int groups = group_positions_by_token(in.data(), N, *std::max_element(in.begin(), in.end()) + 1, g.data());
+  const int groups = group_positions_by_token(ids.data(), N, vocab, g.data());
+  const int32_t* last = g.data() + N + groups + 1 + groups - 1;  // ids ascend: skip is the last
+  const int summed = groups > 0 && *last == skip ? groups - 1 : groups;
   if (g.size() > st_->groups_ints) {
     CUDA_CHECK(cudaStreamSynchronize(st_->stream));
     cudaFree(st_->groups);
@@ -355,8 +354,17 @@ void CudaOps::embedding_backward(float* dwte, float* dwpe, const Act* dout, cons
   }
   CUDA_CHECK(cudaMemcpyAsync(st_->groups, g.data(), g.size() * 4, cudaMemcpyHostToDevice, st_->stream));
   const int32_t* d = st_->groups;
-  cuda::embedding_backward(dwte, dwpe, dout, d, d + N, d + N + groups + 1, groups, B, T, C, st_->stream);
+  cuda::embedding_backward(dwte, dwpe, dout, d, d + N, d + N + groups + 1, summed, B, T, C, st_->stream);
   CUDA_CHECK(cudaStreamSynchronize(st_->stream));  // `g` is pageable and leaves with this call
+}
+
+void CudaOps::embedding_backward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens, int B, int T,
+                                 int C) const {
+  const int N = B * T;
+  std::vector<int32_t> ids(static_cast<size_t>(N));
+  CUDA_CHECK(cudaMemcpyAsync(ids.data(), tokens, static_cast<size_t>(N) * 4, cudaMemcpyDeviceToHost, st_->stream));
+  CUDA_CHECK(cudaStreamSynchronize(st_->stream));
+  rows_by_id_backward(dwte, dwpe, dout, ids, *std::max_element(ids.begin(), ids.end()) + 1, -1, B, T, C);
 }
 
 void CudaOps::layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b,
@@ -434,8 +442,7 @@ void CudaOps::vocab_rows_forward(Act* out, const int32_t* tokens, const Param* w
 
 void CudaOps::vocab_rows_backward(float* dwte, const Act* dfull, const int32_t* tokens, int64_t v0, int64_t Vl,
                                   int N, int C) const {
-  // The embedding backward's grouping over this rank's rows; the tokens it does not hold go to
-  // one extra id, Vl, whose group (the last, ids ascending) is left out.
+  // The tokens this rank does not hold go to one extra id, Vl, whose rows are left out.
   std::vector<int32_t> local(static_cast<size_t>(N));
   CUDA_CHECK(cudaMemcpyAsync(local.data(), tokens, static_cast<size_t>(N) * 4, cudaMemcpyDeviceToHost, st_->stream));
   CUDA_CHECK(cudaStreamSynchronize(st_->stream));
@@ -443,21 +450,7 @@ void CudaOps::vocab_rows_backward(float* dwte, const Act* dfull, const int32_t* 
     const int64_t v = int64_t(t) - v0;
     t = static_cast<int32_t>(v >= 0 && v < Vl ? v : Vl);
   }
-  std::vector<int32_t> g(3 * static_cast<size_t>(N) + 1);
-  int groups = group_positions_by_token(local.data(), N, static_cast<int>(Vl) + 1, g.data());
-  const int32_t* ids = g.data() + N + groups + 1;
-  const int held = groups > 0 && ids[groups - 1] == Vl ? groups - 1 : groups;
-  if (g.size() > st_->groups_ints) {
-    CUDA_CHECK(cudaStreamSynchronize(st_->stream));
-    cudaFree(st_->groups);
-    st_->groups = nullptr;
-    CUDA_CHECK(cudaMalloc(&st_->groups, g.size() * 4));
-    st_->groups_ints = g.size();
-  }
-  CUDA_CHECK(cudaMemcpyAsync(st_->groups, g.data(), g.size() * 4, cudaMemcpyHostToDevice, st_->stream));
-  const int32_t* d = st_->groups;
-  cuda::embedding_backward(dwte, nullptr, dfull, d, d + N, d + N + groups + 1, held, 1, N, C, st_->stream);
-  CUDA_CHECK(cudaStreamSynchronize(st_->stream));  // `g` is pageable and leaves with this call
+  rows_by_id_backward(dwte, nullptr, dfull, local, static_cast<int>(Vl) + 1, static_cast<int>(Vl), 1, N, C);
 }
 
 void CudaOps::add_positions(Act* out, const Param* wpe, int r0, int rows, int T, int C) const {

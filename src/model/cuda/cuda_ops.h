@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace myriad::cuda {
 
@@ -128,6 +129,10 @@ class CudaOps {
   struct State;
   // Scratch of at least n floats, shared by the ops (one runs at a time).
   float* scratch(size_t n) const;
+  // dwte rows += the rows of dout (B*T, C) of each id in ids (host, [0, vocab)), id `skip`
+  // left out (-1: none); dwpe as the embedding's (may be null). Deterministic.
+  void rows_by_id_backward(float* dwte, float* dwpe, const Act* dout, const std::vector<int32_t>& ids, int vocab,
+                           int skip, int B, int T, int C) const;
   std::shared_ptr<State> st_;
 };
 
