@@ -40,6 +40,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include "core/config.h"
@@ -73,17 +74,22 @@ class GptModel {
   void zero_grads();
 
   // ---- one micro-batch through one chunk (what a pipeline schedule runs) ----
-  // Forward of local chunk c for micro-batch mb of B <= micro_batch rows. tokens (B, T+1) feed
-  // the embedding (the model's first chunk) and the loss (its last); input (R, C) is the
-  // previous virtual stage's output otherwise. The chunk keeps what its backward needs until
-  // backward_chunk(c, mb) (or drop_chunk). Returns the mean loss over the B*T tokens on the
-  // model's last chunk, else 0.
-  float forward_chunk(int c, int mb, int B, const int32_t* tokens, const Act* input);
+  // Forward of local chunk c for micro-batch mb of B <= micro_batch rows. tokens (B, T+1), host
+  // memory, feed the embedding (the model's first chunk) and the loss (its last); input (R, C)
+  // is the previous virtual stage's output otherwise. The chunk keeps what its backward needs
+  // until backward_chunk(c, mb) (or drop_chunk). On the model's last chunk the mean loss over
+  // the B*T tokens is added to the loss that take_loss() reads. grad_scale: the backward's that
+  // follows (> 0; the loss's gradient is then made in the same pass), or 0 for a forward only.
+  void forward_chunk(int c, int mb, int B, const int32_t* tokens, const Act* input, float grad_scale);
+  // The sum of the mean losses added since the last call, read from the op set's memory (on a
+  // GPU the one wait for the device of a training step), then cleared.
+  double take_loss();
   // The chunk's output (R, C) for the next virtual stage; valid until its backward.
   const Act* chunk_output(int c, int mb) const;
   // Backward of chunk c for micro-batch mb: doutput (R, C) is the gradient of its output (null
-  // on the last chunk: the loss makes it, as grad_scale * mean-token-loss); the gradient of its
-  // input goes to dinput (R, C) (null on the first chunk). Parameter gradients are ADDED.
+  // on the last chunk: the loss makes it, as grad_scale * mean-token-loss, grad_scale the
+  // forward's); the gradient of its input goes to dinput (R, C) (null on the first chunk).
+  // Parameter gradients are ADDED.
   void backward_chunk(int c, int mb, const Act* doutput, Act* dinput, float grad_scale);
   // Forgets a forward-only micro-batch.
   void drop_chunk(int c, int mb);
@@ -119,7 +125,11 @@ class GptModel {
 
  private:
   // Activations saved for backward (per layer, each (B,T,·) unless noted; widths are this
-  // rank's: 3C/t, C/t, 4C/t with TP).
+  // rank's: 3C/t, C/t, 4C/t with TP). train.recompute decides which a slot keeps per layer and
+  // which live once in shared_, refilled by recompute() just before a layer's backward:
+  //   none: all per layer;  selective: fc and gelu shared (the fc GEMM and GELU run again);
+  //   full: only `in` per layer (LN1 and the layer up to the GELU run again).
+  enum class Recompute { kNone, kSelective, kFull };
   struct LayerActs {
     Act *in;              // (B,T,C) the layer's input: the residual stream (R rows)
     Act *ln1;             // (B,T,C) (all N rows, gathered with SP)
@@ -144,7 +154,8 @@ class GptModel {
     float *lnf_mean, *lnf_rstd;     // head: (R), (R)
     Buffer<Act> logits;             // head: (B,T,Vp/t); backward turns it into dlogits in place
     Buffer<float> losses, ce_max, ce_sum, ce_parts;  // head: (B,T) each, parts (B,T,2) (TP)
-    Buffer<int32_t> inputs, targets;                 // (B,T) contiguous copies
+    float dlogits_scale = 0;  // head: the grad_scale whose dlogits the logits already hold (0: none)
+    typename Ops::Tokens inputs, targets;  // (B,T) contiguous copies
   };
   struct Chunk {
     int l0, l1;              // layers [l0, l1)
@@ -152,14 +163,22 @@ class GptModel {
     std::vector<std::unique_ptr<Slot>> slots;  // grows to the schedule's in-flight bound
   };
   Slot& acquire(Chunk& ch, int mb, int B);
+  // Points l into activations `a` and floats `st`, advancing them: what a slot keeps per layer
+  // (`set`: everything but `in`, fc and gelu; `mlp`: fc and gelu). Counts only when a and st
+  // are null (a slot's size).
+  void carve_layer(LayerActs& l, int64_t& acts, int64_t& floats, Act* a, float* st, bool set, bool mlp) const;
   Slot& held(int c, int mb) const;
   // The shape of the forward or backward about to run: N = B*T rows, R of them here.
   void set_shape(int B, int T);
   // Runs chunk ch on slot s: tokens (row stride `stride`) for the embedding and targets, input
   // (R, C) otherwise; the head's logits (B, T, Vp/t) and, with targets, its losses.
   void forward(Chunk& ch, Slot& s, const int32_t* tokens, int64_t stride, const Act* input,
-               bool targets);
-  float mean_loss(const Slot& s) const;
+               bool targets, float grad_scale);
+  // Layer l from its LN1 output (local rows written) up to the MLP's GELU: every activation its
+  // backward reads. The MLP projection and the residual add that follow make the next input.
+  void layer_forward(int64_t l, LayerActs& a);
+  // Refills what train.recompute dropped of slot s's layer l (l - ch.l0 of its layers).
+  void recompute(const Chunk& ch, Slot& s, int64_t l);
   void backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput, float grad_scale);
 
   // Pointers into a flat buffer (params or grads) for each tensor; null where absent (layers
@@ -190,9 +209,10 @@ class GptModel {
   // The gradient of the row-parallel output as the GEMM needs it: dout (R, OC) itself, or
   // gathered into full_ (SP).
   const Act* row_parallel_dout(const Act* dout, int OC);
-  // Backward of row_parallel_forward: dout_full from row_parallel_dout, dout the local rows.
+  // Backward of row_parallel_forward: dout_full from row_parallel_dout, dout the local rows;
+  // dinp (=), through GELU's derivative when gelu_pre (the GELU's input) is given.
   void row_parallel_backward(Act* dinp, float* dw, float* db, const Act* dout_full, const Act* dout,
-                             const Act* inp, const Param* w, int IC, int OC);
+                             const Act* inp, const Param* w, int IC, int OC, const Act* gelu_pre);
   // Runs a region of parallel/mappings.h (fp32 buffers) on activations: `in` (n_in elements)
   // and `out` (n_out) themselves when Act is float, else fp32 copies of them in wide_ (out
   // narrowed back after), laid out alike when one lies inside the other. region(in, out).
@@ -219,6 +239,7 @@ class GptModel {
   int64_t L_, C_, H_, maxT_, maxB_, V_, Vp_, window_;
   int64_t Hl_, Cl_, Fl_, Vl_, v0_;  // this rank's heads, attention width, MLP width, vocab rows
   bool parallel_block_;
+  Recompute recompute_;
 
   // The current forward's or backward's shape: N = B*T rows, R rows of the residual stream
   // here, the first of them at row r0 of the micro-batch; sp_ when it runs sequence-parallel.
@@ -232,12 +253,22 @@ class GptModel {
   std::vector<Chunk> chunks_;
   const Act* last_logits_ = nullptr;  // logits() of the whole-model path
 
-  // Scratch shared by every forward and backward (one runs at a time), zeroed per use.
-  Buffer<Act> tmp_;     // (B,T,C) the MLP's output before the residual add
+  // train.recompute's shared activations (LayerActs whose kept pointers are null), and whose
+  // they hold now: (slot, micro-batch, layer); written by every forward and recompute().
+  Buffer<Act> shared_acts_;
+  Buffer<float> shared_stats_;
+  LayerActs shared_{};
+  std::tuple<const Slot*, int, int64_t> shared_holds_{nullptr, -1, -1};
+
+  Buffer<double> loss_;  // (1) the sum of the mean losses since take_loss()
+
+  // Scratch shared by every forward and backward (one runs at a time).
+  Buffer<Act> tmp_;     // (B,T,C) a branch's output (attention projection) before the residual add
+  Buffer<Act> tmp2_;    // (B,T,C) the MLP's output (plus the attention's, parallel block)
   Buffer<Act> full_;    // (B,T,C) TP scratch: partial sums, gathered gradients
   Buffer<float> wide_;  // (2,B,T,C) TP with a narrower Act: the regions' fp32 copies
   Buffer<Act> dresid_;  // (B,T,C) gradient of the residual stream
-  Buffer<Act> dln_, datty_, dqkv_, dfc_, dgelu_;  // (B,T,C) (B,T,C) (B,T,3C) (B,T,4C) x2
+  Buffer<Act> dln_, datty_, dqkv_, dfc_;  // (B,T,C) (B,T,C) (B,T,3C) (B,T,4C)
   Buffer<Act> dout_, din_;  // (R,C) the chunks' boundary gradients of forward_backward
 };
 

@@ -31,6 +31,15 @@ inline int checked_tp_size(const Config& cfg, const parallel::ParallelContext* p
   return t;
 }
 
+// train.recompute, checked again for a Config that did not come through parse_config.
+template <class Recompute>
+Recompute recompute_mode(const std::string& mode) {
+  if (mode == "none") return Recompute::kNone;
+  if (mode == "selective") return Recompute::kSelective;
+  if (mode == "full") return Recompute::kFull;
+  throw_input("config: train.recompute = \"", mode, "\" is not one of: none, selective, full");
+}
+
 }  // namespace gpt_detail
 
 template <class Ops>
@@ -57,7 +66,8 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
       Fl_(4 * C_ / tps_),
       Vl_(Vp_ / tps_),
       v0_(Vl_ * tpr_),
-      parallel_block_(cfg.model.parallel_block) {
+      parallel_block_(cfg.model.parallel_block),
+      recompute_(gpt_detail::recompute_mode<Recompute>(cfg.train.recompute)) {
   MYRIAD_CHECK(flat_size == 0 || flat_size >= layout_.total(), "flat size ", flat_size);
   params_.zeros(std::max(flat_size, layout_.total()));
   grads_.zeros(params_.size());
@@ -76,6 +86,7 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
 
   const int64_t BT = maxB_ * maxT_, C = C_;
   tmp_.zeros(BT * C);
+  tmp2_.zeros(BT * C);
   if (tp_) full_.zeros(BT * C);
   if (tp_ && !std::is_same_v<Act, float>) wide_.zeros(2 * BT * C);
   dresid_.zeros(BT * C);
@@ -83,7 +94,34 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
   datty_.zeros(BT * Cl_);
   dqkv_.zeros(BT * 3 * Cl_);
   dfc_.zeros(BT * Fl_);
-  dgelu_.zeros(BT * Fl_);
+  loss_.zeros(1);
+  if (recompute_ != Recompute::kNone) {
+    const bool set = recompute_ == Recompute::kFull;
+    int64_t acts = 0, floats = 0;
+    carve_layer(shared_, acts, floats, nullptr, nullptr, set, true);
+    shared_acts_.zeros(acts), shared_stats_.zeros(floats);
+    acts = 0, floats = 0;
+    carve_layer(shared_, acts, floats, shared_acts_.data(), shared_stats_.data(), set, true);
+  }
+}
+
+template <class Ops>
+void GptModel<Ops>::carve_layer(LayerActs& l, int64_t& acts, int64_t& floats, Act* a, float* st, bool set,
+                                bool mlp) const {
+  const int64_t BT = maxB_ * maxT_, C = C_;
+  auto take = [&](int64_t n) { Act* p = a ? a + acts : nullptr; acts += n; return p; };
+  auto stat = [&](int64_t n) { float* p = st ? st + floats : nullptr; floats += n; return p; };
+  if (set) {
+    l.ln1 = take(BT * C), l.ln1_mean = stat(BT), l.ln1_rstd = stat(BT);
+    l.qkv = take(BT * 3 * Cl_);
+    l.saved = stat(ops_.attention_saved(maxB_, Hl_, maxT_));
+    l.atty = take(BT * Cl_);
+    if (!parallel_block_) {
+      l.mid = take(BT * C);
+      l.ln2 = take(BT * C), l.ln2_mean = stat(BT), l.ln2_rstd = stat(BT);
+    }
+  }
+  if (mlp) l.fc = take(BT * Fl_), l.gelu = take(BT * Fl_);
 }
 
 template <class Ops>
@@ -96,32 +134,29 @@ typename GptModel<Ops>::Slot& GptModel<Ops>::acquire(Chunk& ch, int mb, int B) {
       s->mb = mb, s->B = B;
       return *s;
     }
-  // A new slot: the schedule keeps one more micro-batch in flight than so far.
+  // A new slot: the schedule keeps one more micro-batch in flight than so far. Each layer
+  // keeps `in` and what train.recompute does not share (shared_ holds the rest).
   auto s = std::make_unique<Slot>();
   const int64_t BT = maxB_ * maxT_, C = C_, layers = ch.l1 - ch.l0;
-  const int64_t saved = ops_.attention_saved(maxB_, Hl_, maxT_);
-  const int64_t per_layer = BT * C * 4 + BT * Cl_ + BT * 3 * Cl_ + BT * Fl_ * 2;
-  s->storage.zeros(per_layer * layers + BT * C * 2);
-  s->stats.zeros((BT * 4 + saved) * layers + BT * 2);
+  const bool set = recompute_ != Recompute::kFull, mlp = recompute_ == Recompute::kNone;
+  int64_t acts = 0, floats = 0;
+  LayerActs probe{};
+  carve_layer(probe, acts, floats, nullptr, nullptr, set, mlp);
+  s->storage.zeros((acts + BT * C) * layers + BT * C * 2);
+  s->stats.zeros(floats * layers + BT * 2);
+  acts = 0, floats = 0;
   Act* a = s->storage.data();
   float* st = s->stats.data();
-  auto take = [&](int64_t n) { Act* p = a; a += n; return p; };
-  auto stat = [&](int64_t n) { float* p = st; st += n; return p; };
-  s->layers.resize(layers);
+  auto take = [&](int64_t n) { Act* p = a + acts; acts += n; return p; };
+  s->layers.assign(layers, shared_);
   for (auto& l : s->layers) {
     l.in = take(BT * C);
-    l.ln1 = take(BT * C), l.ln1_mean = stat(BT), l.ln1_rstd = stat(BT);
-    l.qkv = take(BT * 3 * Cl_);
-    l.saved = stat(saved);
-    l.atty = take(BT * Cl_);
-    l.mid = take(BT * C);
-    l.ln2 = take(BT * C), l.ln2_mean = stat(BT), l.ln2_rstd = stat(BT);
-    l.fc = take(BT * Fl_);
-    l.gelu = take(BT * Fl_);
+    carve_layer(l, acts, floats, a, st, set, mlp);
   }
   s->out = take(BT * C);
-  s->lnf = take(BT * C), s->lnf_mean = stat(BT), s->lnf_rstd = stat(BT);
-  MYRIAD_CHECK(a <= s->storage.data() + s->storage.size() && st <= s->stats.data() + s->stats.size());
+  s->lnf = take(BT * C), s->lnf_mean = st + floats, s->lnf_rstd = st + floats + BT;
+  floats += 2 * BT;
+  MYRIAD_CHECK(acts <= s->storage.size() && floats <= s->stats.size());
   s->inputs.zeros(BT);
   s->targets.zeros(BT);
   if (ch.head) {
@@ -276,13 +311,14 @@ const typename GptModel<Ops>::Act* GptModel<Ops>::row_parallel_dout(const Act* d
 
 template <class Ops>
 void GptModel<Ops>::row_parallel_backward(Act* dinp, float* dw, float* db, const Act* dout_full,
-                                          const Act* dout, const Act* inp, const Param* w, int IC, int OC) {
-  if (!sp_) {
-    ops_.linear_backward(dinp, dw, db, dout_full, inp, w, N_, IC, OC);
-    return;
-  }
-  ops_.linear_backward(dinp, dw, static_cast<float*>(nullptr), dout_full, inp, w, N_, IC, OC);
-  if (db) ops_.bias_backward(db, dout, R_, OC);  // this rank's rows: summed in finish_grads()
+                                          const Act* dout, const Act* inp, const Param* w, int IC, int OC,
+                                          const Act* gelu_pre) {
+  if (gelu_pre)
+    ops_.linear_backward_input_dgelu(dinp, dout_full, w, gelu_pre, N_, IC, OC);
+  else
+    ops_.linear_backward_input(dinp, dout_full, w, N_, IC, OC, /*accumulate=*/false);
+  ops_.linear_backward_weight(dw, sp_ ? nullptr : db, dout_full, inp, N_, IC, OC);
+  if (sp_ && db) ops_.bias_backward(db, dout, R_, OC);  // this rank's rows: summed in finish_grads()
 }
 
 template <class Ops>
@@ -305,7 +341,7 @@ void GptModel<Ops>::embedding_backward_tp(const Slot& s, const Act* dresid) {
     gather_rows(dresid, full_.data(), C_);
     dfull = full_.data();
   }
-  ops_.vocab_rows_backward(g_.wte, dfull, s.inputs.data(), v0_, Vl_, N_, C_);
+  ops_.vocab_rows_backward(g_.wte, dfull, s.inputs, v0_, Vl_, N_, C_);
 }
 
 // Vocab-parallel cross-entropy over s.logits (N, Vl): columns [v0, v0 + Vl) of the vocabulary,
@@ -335,12 +371,13 @@ void GptModel<Ops>::crossentropy_backward_tp(Slot& s, float dloss) {
 
 template <class Ops>
 void GptModel<Ops>::forward(Chunk& ch, Slot& s, const int32_t* tokens, int64_t stride, const Act* input,
-                            bool targets) {
-  const int B = B_, T = T_, C = C_, N = N_, R = R_, W = window_;
-  const int Cl = static_cast<int>(Cl_), Hl = static_cast<int>(Hl_), Fl = static_cast<int>(Fl_);
+                            bool targets, float grad_scale) {
+  const int B = B_, T = T_, C = C_, N = N_, R = R_;
+  const int Cl = static_cast<int>(Cl_), Fl = static_cast<int>(Fl_);
   Act* first_in = ch.l1 > ch.l0 ? s.layers[0].in : s.out;
   if (ch.embedding) {
-    for (int b = 0; b < B; ++b) ops_.upload(s.inputs.data() + b * T, tokens + b * stride, T);
+    // With a backward to follow, the lookup's backward is prepared from the host's tokens.
+    ops_.load_tokens(s.inputs, tokens, B, T, stride, v0_, grad_scale > 0 ? Vl_ : 0);
     if (tp_)
       embedding_forward_tp(s, first_in);
     else
@@ -348,70 +385,125 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, const int32_t* tokens, int64_t s
   } else {
     ops_.copy(first_in, input, int64_t(R) * C);
   }
+  // The first norm of the chunk; every later one is fused with the residual add before it.
+  if (ch.l1 > ch.l0) {
+    LayerActs& a = s.layers[0];
+    const LayerTensors<Param>& w = p_.layers[ch.l0];
+    ops_.layernorm_forward(local_rows(a.ln1, C), a.ln1_mean, a.ln1_rstd, a.in, w.ln1_w, w.ln1_b, R, C);
+  } else if (ch.head) {
+    ops_.layernorm_forward(local_rows(s.lnf, C), s.lnf_mean, s.lnf_rstd, s.out, p_.lnf_w, p_.lnf_b, R, C);
+  }
   for (int64_t l = ch.l0; l < ch.l1; ++l) {
     LayerActs& a = s.layers[l - ch.l0];
     const LayerTensors<Param>& w = p_.layers[l];
-    Act* next = l + 1 < ch.l1 ? s.layers[l + 1 - ch.l0].in : s.out;  // (R,C)
-
-    ops_.layernorm_forward(local_rows(a.ln1, C), a.ln1_mean, a.ln1_rstd, a.in, w.ln1_w, w.ln1_b, R, C);
-    column_input_forward(a.ln1, C);
-    ops_.linear_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, C, 3 * Cl);
-    ops_.attention_forward(a.atty, a.saved, a.qkv, B, T, Cl, Hl, W);
-    // Both block forms start with the attention branch added to the residual stream.
-    Act* attn_sum = parallel_block_ ? next : a.mid;
-    row_parallel_forward(attn_sum, a.atty, w.proj_w, w.proj_b, Cl, C);
-    ops_.add(attn_sum, attn_sum, a.in, int64_t(R) * C);
-    // The MLP reads LN2(mid) in the sequential block and the shared LN1(in) in the parallel one.
-    const Act* mlp_in = a.ln1;
-    if (!parallel_block_) {
-      ops_.layernorm_forward(local_rows(a.ln2, C), a.ln2_mean, a.ln2_rstd, a.mid, w.ln2_w, w.ln2_b, R, C);
-      column_input_forward(a.ln2, C);
-      mlp_in = a.ln2;
+    layer_forward(l, a);
+    // The layer's output (R,C): the residual stream (mid in the sequential block, whose
+    // attention branch is in it already; in in the parallel one) plus the branches.
+    Act* branches = tmp2_.data();
+    row_parallel_forward(branches, a.gelu, w.fcproj_w, w.fcproj_b, Fl, C);
+    const Act* resid = a.mid;
+    if (parallel_block_) {
+      row_parallel_forward(tmp_.data(), a.atty, w.proj_w, w.proj_b, Cl, C);
+      ops_.add(branches, branches, tmp_.data(), int64_t(R) * C);
+      resid = a.in;
     }
-    ops_.linear_forward(a.fc, mlp_in, w.fc_w, w.fc_b, N, C, Fl);
-    ops_.gelu_forward(a.gelu, a.fc, int64_t(N) * Fl);
-    Act* mlp_out = tmp_.data();
-    row_parallel_forward(mlp_out, a.gelu, w.fcproj_w, w.fcproj_b, Fl, C);
-    ops_.add(next, attn_sum, mlp_out, int64_t(R) * C);
+    if (l + 1 < ch.l1) {  // + the next layer's LN1
+      LayerActs& n = s.layers[l + 1 - ch.l0];
+      const LayerTensors<Param>& nw = p_.layers[l + 1];
+      ops_.residual_layernorm_forward(n.in, local_rows(n.ln1, C), n.ln1_mean, n.ln1_rstd, resid, branches,
+                                      nw.ln1_w, nw.ln1_b, R, C);
+    } else if (ch.head) {  // + the final norm
+      ops_.residual_layernorm_forward(s.out, local_rows(s.lnf, C), s.lnf_mean, s.lnf_rstd, resid, branches,
+                                      p_.lnf_w, p_.lnf_b, R, C);
+    } else {
+      ops_.add(s.out, resid, branches, int64_t(R) * C);
+    }
   }
+  if (ch.l1 > ch.l0) shared_holds_ = {&s, s.mb, ch.l1 - 1};
   if (!ch.head) return;
-  ops_.layernorm_forward(local_rows(s.lnf, C), s.lnf_mean, s.lnf_rstd, s.out, p_.lnf_w, p_.lnf_b, R, C);
   column_input_forward(s.lnf, C);
   ops_.linear_forward(s.logits.data(), s.lnf, p_.wte, static_cast<const Param*>(nullptr), N, C,
                       static_cast<int>(Vl_));
   last_logits_ = s.logits.data();
+  s.dlogits_scale = 0;
   if (!targets) return;
-  for (int b = 0; b < B; ++b) ops_.upload(s.targets.data() + b * T, tokens + b * stride + 1, T);
-  if (tp_)
-    crossentropy_forward_tp(s);
-  else
+  ops_.load_tokens(s.targets, tokens + 1, B, T, stride);
+  if (tp_) {
+    crossentropy_forward_tp(s);  // its dlogits in backward, after the maxima met
+  } else if (grad_scale > 0) {   // d(mean loss)/d(loss_i) = grad_scale / N; in place, one pass
+    ops_.crossentropy_forward_backward(s.losses.data(), s.logits.data(), s.targets.data(), grad_scale / N, N, V_,
+                                       Vp_);
+    s.dlogits_scale = grad_scale;
+  } else {
     ops_.crossentropy_forward(s.losses.data(), s.logits.data(), s.targets.data(), N, V_, Vp_);
+  }
+  ops_.mean_into(loss_.data(), s.losses.data(), N);
 }
 
 template <class Ops>
-float GptModel<Ops>::mean_loss(const Slot& s) const {
-  const int N = s.B * maxT_;
-  return static_cast<float>(ops_.sum(s.losses.data(), N) / N);  // fixed order: reproducible
+void GptModel<Ops>::layer_forward(int64_t l, LayerActs& a) {
+  const int B = B_, T = T_, C = C_, N = N_, R = R_, W = window_;
+  const int Cl = static_cast<int>(Cl_), Hl = static_cast<int>(Hl_), Fl = static_cast<int>(Fl_);
+  const LayerTensors<Param>& w = p_.layers[l];
+  column_input_forward(a.ln1, C);
+  ops_.linear_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, C, 3 * Cl);
+  ops_.attention_forward(a.atty, a.saved, a.qkv, B, T, Cl, Hl, W);
+  // The MLP reads LN2(mid = in + attention) in the sequential block and the shared LN1(in) in
+  // the parallel one, whose attention projection only the layer's output needs.
+  const Act* mlp_in = a.ln1;
+  if (!parallel_block_) {
+    row_parallel_forward(tmp_.data(), a.atty, w.proj_w, w.proj_b, Cl, C);
+    ops_.residual_layernorm_forward(a.mid, local_rows(a.ln2, C), a.ln2_mean, a.ln2_rstd, a.in, tmp_.data(),
+                                    w.ln2_w, w.ln2_b, R, C);
+    column_input_forward(a.ln2, C);
+    mlp_in = a.ln2;
+  }
+  ops_.linear_gelu_forward(a.gelu, a.fc, mlp_in, w.fc_w, w.fc_b, N, C, Fl);
+}
+
+// With the forward's kernels on the forward's inputs, so the refill is bitwise what the forward
+// computed (LN1 too: the fused residual + norm rounds the residual to Act before its statistics,
+// exactly what layernorm_forward reads back from `in`).
+template <class Ops>
+void GptModel<Ops>::recompute(const Chunk& ch, Slot& s, int64_t l) {
+  if (recompute_ == Recompute::kNone || shared_holds_ == std::make_tuple(&s, s.mb, l)) return;
+  LayerActs& a = s.layers[l - ch.l0];
+  const LayerTensors<Param>& w = p_.layers[l];
+  if (recompute_ == Recompute::kSelective) {
+    ops_.linear_gelu_forward(a.gelu, a.fc, parallel_block_ ? a.ln1 : a.ln2, w.fc_w, w.fc_b, N_, C_,
+                             static_cast<int>(Fl_));
+  } else {
+    ops_.layernorm_forward(local_rows(a.ln1, C_), a.ln1_mean, a.ln1_rstd, a.in, w.ln1_w, w.ln1_b, R_, C_);
+    layer_forward(l, a);
+  }
+  shared_holds_ = {&s, s.mb, l};
+}
+
+template <class Ops>
+double GptModel<Ops>::take_loss() {
+  double sum = 0;
+  ops_.download(&sum, loss_.data(), 1);
+  ops_.zero(loss_.data(), 1);
+  return sum;
 }
 
 template <class Ops>
 void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput, float grad_scale) {
   const int B = B_, T = T_, C = C_, N = N_, R = R_, W = window_;
   const int Cl = static_cast<int>(Cl_), Hl = static_cast<int>(Hl_), Fl = static_cast<int>(Fl_);
-  const int64_t NC = int64_t(N) * C;
   if (ch.head) {
-    // d(mean loss)/d(loss_i) = grad_scale / N; dlogits overwrite the logits in place.
+    // dlogits overwrite the logits in place (the forward made them already where it could).
     const float dloss = grad_scale / N;
     Act* dlogits = s.logits.data();
     if (tp_)
       crossentropy_backward_tp(s, dloss);
-    else
-      ops_.crossentropy_backward(dlogits, dlogits, s.targets.data(), dloss, N, V_, Vp_);
-    ops_.zero(dln_.data(), NC);
-    ops_.linear_backward(dln_.data(), g_.wte, static_cast<float*>(nullptr), dlogits, s.lnf, p_.wte, N, C,
-                         static_cast<int>(Vl_));
+    else if (s.dlogits_scale != grad_scale)
+      ops_.crossentropy_forward_backward(s.losses.data(), dlogits, s.targets.data(), dloss, N, V_, Vp_);
+    s.dlogits_scale = 0;
+    ops_.linear_backward_input(dln_.data(), dlogits, p_.wte, N, C, static_cast<int>(Vl_), /*accumulate=*/false);
+    ops_.linear_backward_weight(g_.wte, static_cast<float*>(nullptr), dlogits, s.lnf, N, C, static_cast<int>(Vl_));
     Act* dlnf = column_input_backward(dln_.data(), C);
-    ops_.zero(dresid_.data(), NC);
+    ops_.zero(dresid_.data(), int64_t(R) * C);
     ops_.layernorm_backward(dresid_.data(), g_.lnf_w, g_.lnf_b, dlnf, s.out, p_.lnf_w, s.lnf_mean, s.lnf_rstd,
                             R, C);
   } else {
@@ -419,8 +511,9 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
   }
 
   // dresid_ holds the gradient of the residual stream; walking down a layer adds each
-  // branch's input gradient into it in place (the backward ops accumulate).
+  // branch's input gradient into it in place (the LayerNorm backwards accumulate).
   for (int64_t l = ch.l1 - 1; l >= ch.l0; --l) {
+    recompute(ch, s, l);
     LayerActs& a = s.layers[l - ch.l0];
     const LayerTensors<Param>& w = p_.layers[l];
     const LayerTensors<float>& g = g_.layers[l];
@@ -428,26 +521,24 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
     // The gradient at the layer's output as the row-parallel GEMMs need it (all rows).
     const Act* dout = row_parallel_dout(dresid, C);
 
-    // MLP branch: its output gradient is the residual gradient at the layer's output.
-    ops_.zero(dgelu_.data(), int64_t(N) * Fl);
-    ops_.zero(dln_.data(), NC);
-    row_parallel_backward(dgelu_.data(), g.fcproj_w, g.fcproj_b, dout, dresid, a.gelu, w.fcproj_w, Fl, C);
-    ops_.gelu_backward(dfc_.data(), a.fc, dgelu_.data(), int64_t(N) * Fl);
-    ops_.linear_backward(dln_.data(), g.fc_w, g.fc_b, dfc_.data(), parallel_block_ ? a.ln1 : a.ln2, w.fc_w, N, C,
-                         Fl);
+    // MLP branch: its output gradient is the residual gradient at the layer's output; the
+    // projection's input gradient goes through GELU's derivative in the same GEMM.
+    const Act* mlp_in = parallel_block_ ? a.ln1 : a.ln2;
+    row_parallel_backward(dfc_.data(), g.fcproj_w, g.fcproj_b, dout, dresid, a.gelu, w.fcproj_w, Fl, C, a.fc);
+    ops_.linear_backward_input(dln_.data(), dfc_.data(), w.fc_w, N, C, Fl, /*accumulate=*/false);
+    ops_.linear_backward_weight(g.fc_w, g.fc_b, dfc_.data(), mlp_in, N, C, Fl);
     if (!parallel_block_) {
       // dresid becomes the gradient at mid: the pass-through plus LN2's input gradient.
       Act* dln2 = column_input_backward(dln_.data(), C);
       ops_.layernorm_backward(dresid, g.ln2_w, g.ln2_b, dln2, a.mid, w.ln2_w, a.ln2_mean, a.ln2_rstd, R, C);
-      ops_.zero(dln_.data(), NC);
       dout = row_parallel_dout(dresid, C);
     }
     // Attention branch (in the parallel block dln_ still holds the MLP's share of LN1's output
     // gradient, and the attention's share adds to it).
-    ops_.zero(datty_.data(), int64_t(N) * Cl);
-    row_parallel_backward(datty_.data(), g.proj_w, g.proj_b, dout, dresid, a.atty, w.proj_w, Cl, C);
+    row_parallel_backward(datty_.data(), g.proj_w, g.proj_b, dout, dresid, a.atty, w.proj_w, Cl, C, nullptr);
     ops_.attention_backward(dqkv_.data(), datty_.data(), a.atty, a.qkv, a.saved, B, T, Cl, Hl, W);
-    ops_.linear_backward(dln_.data(), g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, w.qkv_w, N, C, 3 * Cl);
+    ops_.linear_backward_input(dln_.data(), dqkv_.data(), w.qkv_w, N, C, 3 * Cl, /*accumulate=*/parallel_block_);
+    ops_.linear_backward_weight(g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, N, C, 3 * Cl);
     Act* dln1 = column_input_backward(dln_.data(), C);
     ops_.layernorm_backward(dresid, g.ln1_w, g.ln1_b, dln1, a.in, w.ln1_w, a.ln1_mean, a.ln1_rstd, R, C);
   }
@@ -456,17 +547,17 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
   else if (tp_)
     embedding_backward_tp(s, dresid_.data());
   else
-    ops_.embedding_backward(g_.wte, g_.wpe, dresid_.data(), s.inputs.data(), B, T, C);
+    ops_.embedding_backward(g_.wte, g_.wpe, dresid_.data(), s.inputs, B, T, C);
 }
 
 template <class Ops>
-float GptModel<Ops>::forward_chunk(int c, int mb, int B, const int32_t* tokens, const Act* input) {
+void GptModel<Ops>::forward_chunk(int c, int mb, int B, const int32_t* tokens, const Act* input,
+                                  float grad_scale) {
   MYRIAD_CHECK(c >= 0 && c < num_chunks(), "chunk ", c, " of ", num_chunks());
   Chunk& ch = chunks_[c];
   set_shape(B, maxT_);
   Slot& s = acquire(ch, mb, B);
-  forward(ch, s, tokens, maxT_ + 1, input, /*targets=*/true);
-  return ch.head ? mean_loss(s) : 0.0f;
+  forward(ch, s, tokens, maxT_ + 1, input, /*targets=*/true, grad_scale);
 }
 
 template <class Ops>
@@ -492,9 +583,8 @@ inline constexpr int kWholeModel = 1 << 30;
 
 template <class Ops>
 float GptModel<Ops>::forward_backward(const int32_t* tokens, int B, float grad_scale) {
-  float loss = 0;
   for (int c = 0; c < num_chunks(); ++c)
-    loss = forward_chunk(c, 0, B, tokens, c > 0 ? chunk_output(c - 1, 0) : nullptr);
+    forward_chunk(c, 0, B, tokens, c > 0 ? chunk_output(c - 1, 0) : nullptr, grad_scale);
   // Several chunks here (pp = 1 with virtual stages) pass their gradients in memory.
   for (int c = num_chunks() - 1; c >= 0; --c) {
     if (c > 0) din_.zeros(boundary_elems(B));
@@ -502,16 +592,15 @@ float GptModel<Ops>::forward_backward(const int32_t* tokens, int B, float grad_s
                    grad_scale);
     std::swap(dout_, din_);
   }
-  return loss;
+  return static_cast<float>(take_loss());
 }
 
 template <class Ops>
 float GptModel<Ops>::loss(const int32_t* tokens, int B) {
-  float loss = 0;
   for (int c = 0; c < num_chunks(); ++c)
-    loss = forward_chunk(c, kWholeModel, B, tokens, c > 0 ? chunk_output(c - 1, kWholeModel) : nullptr);
+    forward_chunk(c, kWholeModel, B, tokens, c > 0 ? chunk_output(c - 1, kWholeModel) : nullptr, 0.0f);
   for (int c = 0; c < num_chunks(); ++c) drop_chunk(c, kWholeModel);
-  return loss;
+  return static_cast<float>(take_loss());
 }
 
 template <class Ops>
@@ -521,7 +610,7 @@ void GptModel<Ops>::last_logits(const int32_t* tokens, int B, int T, float* out)
   for (int c = 0; c < num_chunks(); ++c) {
     Slot& s = acquire(chunks_[c], kWholeModel, B);
     forward(chunks_[c], s, tokens, T, c > 0 ? held(c - 1, kWholeModel).out : nullptr,
-            /*targets=*/false);
+            /*targets=*/false, 0.0f);
   }
   for (int c = 0; c < num_chunks(); ++c) drop_chunk(c, kWholeModel);
   const Act* logits = last_logits_;

@@ -157,7 +157,7 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, const ParamLay
 
 std::unique_ptr<Optimizer> make_optimizer(const cpu::CpuOps&, const OptimConfig& cfg,
                                           const ParamLayout& layout, std::vector<FlatRange> owned,
-                                          NormReducer reduce) {
+                                          NormReducer reduce, float*) {
   return make_optimizer(cfg, layout, std::move(owned), std::move(reduce));
 }
 

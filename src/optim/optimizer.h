@@ -98,9 +98,11 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, const ParamLay
 namespace cpu {
 class CpuOps;
 }
-// The same for the engine on the CPU op set (runtime/model_engine.h picks by op set).
+// The same for the engine on the CPU op set (runtime/model_engine.h picks by op set). `compute`
+// is the op set's compute copy of the parameters, which a device optimizer refreshes on the
+// owned ranges as it updates them; here the kernels read the parameters themselves.
 std::unique_ptr<Optimizer> make_optimizer(const cpu::CpuOps& ops, const OptimConfig& cfg,
                                           const ParamLayout& layout, std::vector<FlatRange> owned,
-                                          NormReducer reduce);
+                                          NormReducer reduce, float* compute);
 
 }  // namespace myriad

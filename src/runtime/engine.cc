@@ -6,7 +6,7 @@
 #include "runtime/model_engine.h"
 #include "runtime/pipeline_impl.h"
 #ifdef MYRIAD_HAVE_CUDA
-#include "model/cuda/gpt_cuda.h"
+#include "model/cuda/device.h"
 #endif
 
 namespace myriad {
@@ -42,14 +42,11 @@ void use_local_gpu() {
 
 std::unique_ptr<Engine> make_engine(const Config& cfg, const parallel::ParallelContext* parallel) {
   const std::string& d = cfg.train.device;
-  const int world = parallel ? parallel->tp_size() * parallel->pp_size() * parallel->dp_size() : 1;
   if (d == "cuda" || (d == "auto" && cuda_available())) {
 #ifdef MYRIAD_HAVE_CUDA
     if (!cuda_available())
       throw_input("config: train.device = \"cuda\" but no GPU is visible; use cpu or auto");
-    // One process: the single-GPU engine, with its fusions and recomputation, until they are
-    // entry points of the CUDA op set (docs/notes/one-model-seam.md).
-    if (world == 1) return make_cuda_engine(cfg);
+    check_cuda_config(cfg);
     return make_cuda_model_engine(cfg, parallel);
 #else
     throw_input("config: train.device = \"cuda\" but this build has no CUDA (nvcc was not found "

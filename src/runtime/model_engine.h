@@ -16,6 +16,7 @@
 // compute copy is refreshed from them before its first forward after an update.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -55,7 +56,7 @@ class ModelEngine final : public Engine {
                std::move(ops)),
         dp_(ctx_.dp, model_.layout().total(), bucket_elems(cfg), chunk_ranges(), chunk_reads(),
             tied_embedding(), cfg.parallel.overlap_dp, model_.ops().comm_stream()),
-        stale_(model_.num_chunks(), false) {
+        stale_(model_.num_chunks(), Stale::kNone) {
     if constexpr (!kMasterIsParams) {
       // The same draw as the model's compute copy, kept in fp32.
       h_params_.assign(static_cast<size_t>(model_.layout().total()), 0.0f);
@@ -67,8 +68,13 @@ class ModelEngine final : public Engine {
     if (tied.size() > 0) tied_other_.zeros(tied.size());
     // The op set's optimizer: found by overload (the CPU's, optim/optimizer.h) or by argument-
     // dependent lookup (the CUDA one, optim/cuda/cuda_optimizer.h).
+    // The update refreshes the compute copy of what it owns: only what the all-gather brings
+    // from the other data-parallel ranks is cast before a chunk's next forward.
     optimizer_ = make_optimizer(model_.ops(), cfg.optim, model_.layout(), dp_.owned(),
-                                [this](std::vector<double>& sums) { reduce_norms(sums); });
+                                [this](std::vector<double>& sums) { reduce_norms(sums); },
+                                kMasterIsParams ? nullptr : model_.params());
+    for (const std::vector<FlatRange>& reads : chunk_reads_)
+      gathered_reads_.push_back(subtract(reads, dp_.owned()));
     const int m = static_cast<int>(cfg.accum_steps(ctx_.dp_size()));
     const int v = static_cast<int>(cfg.parallel.virtual_stages);
     std::string kind = cfg.parallel.schedule;
@@ -120,7 +126,7 @@ class ModelEngine final : public Engine {
     clip(owned, r.grad_norm);
     r.lr = lr;
     optimizer_->step(master(), model_.grads(), lr);
-    mark_stale();
+    mark_stale(Stale::kGathered);
     if (cfg_.fault.sdc_check_every > 0 && step % cfg_.fault.sdc_check_every == 0)
       owned_hash_ = hash_of(dp_.owned());
     const int update_ends = model_.ops().mark();
@@ -182,7 +188,7 @@ class ModelEngine final : public Engine {
     bits ^= 1u << 20;
     std::memcpy(&x, &bits, 4);
     model_.ops().upload(master() + at, &x, 1);
-    mark_stale();
+    mark_stale(Stale::kAll);
   }
 
   void state_to_host() override {
@@ -194,7 +200,7 @@ class ModelEngine final : public Engine {
   void state_from_host() override {
     if constexpr (!kMasterIsParams) {
       model_.ops().upload(master_.data(), h_params_.data(), model_.layout().total());
-      mark_stale();
+      mark_stale(Stale::kAll);
     }
     optimizer_->state_from_host();
   }
@@ -218,18 +224,35 @@ class ModelEngine final : public Engine {
     if constexpr (kMasterIsParams) return model_.params();
     else return master_.data();
   }
-  void mark_stale() {
-    if constexpr (!kMasterIsParams) stale_.assign(stale_.size(), true);
+  // What of a chunk's compute copy predates its master weights: nothing, what the all-gather
+  // brought from other ranks (the update refreshed the owned ranges), or all of it.
+  enum class Stale { kNone, kGathered, kAll };
+  void mark_stale(Stale how) {
+    if constexpr (!kMasterIsParams)
+      for (Stale& s : stale_) s = std::max(s, how);
   }
   // Before chunk c's forward: its parameters gathered and, with a compute copy, refreshed.
   void ready_to_read(int c) {
     dp_.wait_params(c);
     if constexpr (!kMasterIsParams) {
-      if (!stale_[c]) return;
-      for (const FlatRange& r : chunk_reads_[c])
+      if (stale_[c] == Stale::kNone) return;
+      for (const FlatRange& r : stale_[c] == Stale::kAll ? chunk_reads_[c] : gathered_reads_[c])
         model_.ops().cast_params(model_.params() + r.begin, master_.data() + r.begin, r.size());
-      stale_[c] = false;
+      stale_[c] = Stale::kNone;
     }
+  }
+  // The parts of `ranges` outside every range of `minus` (both ascending).
+  static std::vector<FlatRange> subtract(const std::vector<FlatRange>& ranges, const std::vector<FlatRange>& minus) {
+    std::vector<FlatRange> out;
+    for (FlatRange r : ranges) {
+      for (const FlatRange& m : minus) {
+        if (m.end <= r.begin || m.begin >= r.end) continue;
+        if (m.begin > r.begin) out.push_back({r.begin, m.begin});
+        r.begin = std::min(r.end, m.end);
+      }
+      if (r.begin < r.end) out.push_back(r);
+    }
+    return out;
   }
   void ready_to_read_all() {
     for (int c = 0; c < model_.num_chunks(); ++c) ready_to_read(c);
@@ -302,12 +325,17 @@ class ModelEngine final : public Engine {
   // The first exchanges of a step after its compute: the time they block is waiting for the
   // slowest peer (loss_wait_: pipeline, data parallel), counted with the phases' waits.
   float step_loss(float local, bool over_dp = true) {
-    double t = now_s();
-    if (ctx_.pp_size() > 1) ctx_.pp->broadcast(&local, 1, ctx_.pp_size() - 1)->wait();
-    loss_wait_[0] = now_s() - t, t = now_s();
-    if (over_dp && ctx_.dp_size() > 1)
+    loss_wait_[0] = loss_wait_[1] = 0;
+    if (ctx_.pp_size() > 1) {
+      const double t = now_s();
+      ctx_.pp->broadcast(&local, 1, ctx_.pp_size() - 1)->wait();
+      loss_wait_[0] = now_s() - t;
+    }
+    if (over_dp && ctx_.dp_size() > 1) {
+      const double t = now_s();
       local = static_cast<float>(parallel::sum_over_group(ctx_.dp, double(local)) / ctx_.dp_size());
-    loss_wait_[1] = now_s() - t;
+      loss_wait_[1] = now_s() - t;
+    }
     return local;
   }
 
@@ -315,16 +343,19 @@ class ModelEngine final : public Engine {
   // the stages' disjoint layers over pp (the tied wte counted on the first stage only), the
   // owned pieces over dp. Identical bits on every rank.
   double grad_norm(const std::vector<FlatRange>& owned) {
-    double split = 0, replicated = 0;
-    const float* g = model_.grads();
+    std::vector<std::pair<int64_t, int64_t>> pieces;  // ascending: tensors in layout order
+    std::vector<bool> replicated;
     for (const ParamSpec& p : model_.layout().tensors()) {
       if (p.name == "wte" && !part_.embedding) continue;  // the first stage's copy counts
       for (const FlatRange& o : owned) {
         const int64_t a = std::max(o.begin, p.offset), b = std::min(o.end, p.offset + p.numel);
-        if (a < b) (p.replicated() ? replicated : split) += model_.ops().sum_squares(g + a, b - a);
+        if (a < b) pieces.emplace_back(a, b), replicated.push_back(p.replicated());
       }
     }
-    double sq = parallel::sum_over_group(ctx_.tp, split) + replicated;
+    const std::vector<double> sums = model_.ops().sums_of_squares(model_.grads(), pieces);
+    double split = 0, repl = 0;
+    for (size_t i = 0; i < sums.size(); ++i) (replicated[i] ? repl : split) += sums[i];
+    double sq = parallel::sum_over_group(ctx_.tp, split) + repl;
     sq = parallel::sum_over_group(ctx_.pp, sq);
     sq = parallel::sum_over_group(ctx_.dp, sq);
     return std::sqrt(sq);
@@ -361,7 +392,8 @@ class ModelEngine final : public Engine {
   std::vector<std::vector<FlatRange>> chunk_reads_;  // set while dp_ is built
   Model model_;
   DataParallel dp_;
-  std::vector<bool> stale_;  // per chunk: its compute copy predates the last update
+  std::vector<std::vector<FlatRange>> gathered_reads_;  // chunk_reads_ less the owned ranges
+  std::vector<Stale> stale_;  // per chunk
   typename Ops::template Buffer<float> master_;  // (flat size) fp32 master weights (compute copy only)
   std::vector<float> h_params_;                  // (layout total) their host copy for checkpoints
   typename Ops::template Buffer<float> tied_other_;  // (wte) the other stage's wte gradient

@@ -62,8 +62,9 @@ class Pipeline {
            int micro_batch, int seq_len);
 
   // One step's forward and backward over m micro-batches: tokens (m * micro_batch, T+1), this
-  // data-parallel rank's rows. Returns the mean loss over the micro-batches on the rank holding
-  // the last virtual stage, 0 on the others.
+  // data-parallel rank's rows, host memory. Returns the mean loss over the micro-batches on the
+  // rank holding the last virtual stage (read once, after the last backward is issued), 0 on
+  // the others.
   float train(const int32_t* tokens, float grad_scale, const Hooks& hooks);
   // Forward only of B rows of tokens (B, T+1) through every virtual stage; the mean loss on the
   // last stage's rank, 0 elsewhere.

@@ -67,7 +67,6 @@ float Pipeline<Model>::train(const int32_t* tokens, float grad_scale, const Hook
   const int m = schedule_.m;
   const int64_t row = int64_t(T_) + 1;
   std::vector<int> backwards(v_, 0);
-  double loss = 0;
   times_ = {};
   forward_marks_.clear(), backward_marks_.clear();
   for (const Action& a : schedule_.ranks[stage_]) {
@@ -93,9 +92,8 @@ float Pipeline<Model>::train(const int32_t* tokens, float grad_scale, const Hook
         else if (p_ == 1) input = model_.chunk_output(c - 1, mb);
         else input = received(ActionKind::kRecvActivation, mb, c);
         const int t0 = model_.ops().mark();
-        const float l = model_.forward_chunk(c, mb, B_, mb_tokens, input);
+        model_.forward_chunk(c, mb, B_, mb_tokens, input, grad_scale);
         forward_marks_.emplace_back(t0, model_.ops().mark());
-        if (last(c)) loss += l;
         recvs_.erase({ActionKind::kRecvActivation, mb, c});
         break;
       }
@@ -141,7 +139,8 @@ float Pipeline<Model>::train(const int32_t* tokens, float grad_scale, const Hook
   reap_sends(true);
   MYRIAD_CHECK(recvs_.empty() && local_grads_.empty(), "pipeline stage ", stage_,
                ": messages left over after the step");
-  return static_cast<float>(loss / m);
+  // The micro-batches' mean losses, summed in the model's memory: one read for the step.
+  return last(v_ - 1) ? static_cast<float>(model_.take_loss() / m) : 0.0f;
 }
 
 template <class Model>
@@ -168,8 +167,8 @@ float Pipeline<Model>::evaluate(const int32_t* tokens, int B) {
     } else if (!first(c)) {
       input = model_.chunk_output(c - 1, kEval);
     }
-    const float l = model_.forward_chunk(c, kEval, B, tokens, input);
-    if (last(c)) loss = l;
+    model_.forward_chunk(c, kEval, B, tokens, input, 0.0f);
+    if (last(c)) loss = static_cast<float>(model_.take_loss());
     if (!last(c) && p_ > 1) send(links_.act_to_next, model_.chunk_output(c, kEval), n)->wait();
     if (p_ > 1) model_.drop_chunk(c, kEval);
   }

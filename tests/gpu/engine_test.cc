@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <vector>
 
@@ -54,9 +55,16 @@ TEST_P(EngineParity, TrainingStepsMatchTheCpu) {
       }
     }
   }
-  // After six steps the weights still agree closely.
+  // After six steps the weights and moments still agree closely.
   gpu->state_to_host();
-  EXPECT_LT(rel(gpu->host_state().params, cpu->host_state().params, P), 2e-2);
+  const double dw = rel(gpu->host_state().params, cpu->host_state().params, P),
+               dm = rel(gpu->host_state().m, cpu->host_state().m, P),
+               dv = rel(gpu->host_state().v, cpu->host_state().v, P);
+  std::printf("  %s after 6 steps, against the CPU: weights %.2e, first moments %.2e, second %.2e\n",
+              GetParam().name, dw, dm, dv);
+  EXPECT_LT(dw, 2e-2);
+  // bf16 activations where the CPU keeps fp32: measured 0.024-0.032 on the H200 (2026-12-01).
+  EXPECT_LT(dm, 5e-2);
   // Validation loss and sampling logits.
   std::vector<int32_t> tokens = batch(ccfg, 7);
   EXPECT_NEAR(gpu->loss(tokens.data(), 2), cpu->loss(tokens.data(), 2), 0.01 * cpu->loss(tokens.data(), 2));
@@ -73,7 +81,7 @@ INSTANTIATE_TEST_SUITE_P(
     Variants, EngineParity,
     ::testing::Values(Case{"sequential", {}}, Case{"window", {"model.window=17"}},
                       Case{"parallel_nobias", {"model.parallel_block=true", "model.bias=false"}},
-                      Case{"lamb", {"optim.name=lamb"}},
+                      Case{"lamb", {"optim.name=lamb"}}, Case{"clipped", {"optim.grad_clip=0.05"}},
                       Case{"head80", {"model.d_model=320", "model.heads=4"}},
                       Case{"head128_window", {"model.d_model=256", "model.heads=2", "model.window=40",
                                               "model.parallel_block=true"}}),
@@ -108,20 +116,32 @@ TEST(EngineDeterminism, SameSeedSameLossesBitwise) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(losses[0][i], losses[1][i]) << "step " << i + 1;
 }
 
+// Parameters, moments and step count out to the host and into a fresh engine: the next step is
+// bitwise the same in both; and the same state loaded into the CPU engine trains on alike.
 TEST(EngineCheckpoint, StateRoundTripsThroughTheHost) {
-  Config cfg = config(Case{"c", {}}, "cuda");
-  auto a = make_engine(cfg), b = make_engine(cfg);
-  std::vector<int32_t> tokens = batch(cfg, 3);
-  a->train_step(tokens.data(), 1, 1e-3);
-  a->state_to_host();
-  const int64_t P = a->layout().total();
-  std::copy(a->host_state().params, a->host_state().params + P, b->host_state().params);
-  std::copy(a->host_state().m, a->host_state().m + P, b->host_state().m);
-  std::copy(a->host_state().v, a->host_state().v + P, b->host_state().v);
-  *b->host_state().steps_taken = *a->host_state().steps_taken;
-  b->state_from_host();
-  std::vector<int32_t> next = batch(cfg, 4);
-  EXPECT_EQ(a->train_step(next.data(), 2, 1e-3).loss, b->train_step(next.data(), 2, 1e-3).loss);
+  for (const char* opt : {"optim.name=adamw", "optim.name=lamb"}) {
+    const Config cfg = config(Case{"c", {opt}}, "cuda"), ccfg = config(Case{"c", {opt}}, "cpu");
+    auto a = make_engine(cfg), b = make_engine(cfg), c = make_engine(ccfg);
+    std::vector<int32_t> tokens = batch(cfg, 3);
+    a->train_step(tokens.data(), 1, 1e-3);
+    a->train_step(tokens.data(), 2, 1e-3);
+    a->state_to_host();
+    const int64_t P = a->layout().total();
+    for (Engine* to : {b.get(), c.get()}) {
+      std::copy(a->host_state().params, a->host_state().params + P, to->host_state().params);
+      std::copy(a->host_state().m, a->host_state().m + P, to->host_state().m);
+      std::copy(a->host_state().v, a->host_state().v + P, to->host_state().v);
+      *to->host_state().steps_taken = *a->host_state().steps_taken;
+      to->state_from_host();
+    }
+    std::vector<int32_t> next = batch(cfg, 4);
+    const float la = a->train_step(next.data(), 3, 1e-3).loss;
+    EXPECT_EQ(la, b->train_step(next.data(), 3, 1e-3).loss) << opt;
+    EXPECT_NEAR(la, c->train_step(next.data(), 3, 1e-3).loss, 0.01 * la) << opt;
+    a->state_to_host(), b->state_to_host();
+    EXPECT_EQ(rel(a->host_state().params, b->host_state().params, P), 0.0) << opt;
+    EXPECT_EQ(rel(a->host_state().v, b->host_state().v, P), 0.0) << opt;
+  }
 }
 
 }  // namespace
@@ -177,6 +197,7 @@ TEST(EngineTimers, PhasesAreTimedOnTheDevice) {
     EXPECT_EQ(r.times.bubble_s, 0);
     EXPECT_LE(r.times.forward_s + r.times.backward_s + r.times.optimizer_s, wall) << "step " << step;
   }
+  EXPECT_GT(gpu->peak_memory(), 0);
 }
 
 }  // namespace

@@ -89,8 +89,9 @@ TEST_P(ScheduleParity, CudaOpSetMatchesTheCpuOpSet) {
   chunked.zero_grads();
   gpu.zero_grads();
   const float whole = gpu.forward_backward(tokens.data(), B, 0.5f);
-  chunked.forward_chunk(0, 7, B, tokens.data(), nullptr);
-  const float last = chunked.forward_chunk(1, 7, B, tokens.data(), chunked.chunk_output(0, 7));
+  chunked.forward_chunk(0, 7, B, tokens.data(), nullptr, 0.5f);
+  chunked.forward_chunk(1, 7, B, tokens.data(), chunked.chunk_output(0, 7), 0.5f);
+  const float last = static_cast<float>(chunked.take_loss());
   GpuGpt::Buffer<cuda::CudaOps::Act> dboundary;
   dboundary.zeros(chunked.boundary_elems(B));
   chunked.backward_chunk(1, 7, nullptr, dboundary.data(), 0.5f);
@@ -192,8 +193,14 @@ TEST(TensorParallelRowOps, MatchTheCpuOpSet) {
   auto dgrad = dev(grad);
   std::vector<float> dwte = gpu_test::randn(Vl * C, gen), dpos = gpu_test::randn(T * C, gen);
   auto ddwte = f32(dwte), ddpos = f32(dpos);
-  c.vocab_rows_backward(dwte.data(), grad.data(), tokens.data(), v0, Vl, N, C);
-  g.vocab_rows_backward(ddwte->p, dgrad->p, dtok.p, v0, Vl, N, C);
+  cpu::CpuOps::Tokens ctok;
+  ctok.zeros(N);
+  c.load_tokens(ctok, tokens.data(), 1, N, N, v0, Vl);
+  cuda::CudaOps::Tokens gtok;
+  gtok.zeros(N);
+  g.load_tokens(gtok, tokens.data(), 1, N, N, v0, Vl);
+  c.vocab_rows_backward(dwte.data(), grad.data(), ctok, v0, Vl, N, C);
+  g.vocab_rows_backward(ddwte->p, dgrad->p, gtok, v0, Vl, N, C);
   EXPECT_LT(gpu_test::rel_err(backf(*ddwte), dwte), 1e-6) << "vocab_rows_backward";
   c.positions_backward(dpos.data(), grad.data(), r0, N, T, C);
   g.positions_backward(ddpos->p, dgrad->p, r0, N, T, C);

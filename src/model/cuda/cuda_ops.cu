@@ -1,13 +1,51 @@
 #include "model/cuda/cuda_ops.h"
 
+#include <cublas_api.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <vector>
 
 #include "core/error.h"
 #include "model/cuda/cuda_check.h"
+#include "model/cuda/device.h"
 #include "model/cuda/matmul.h"
 #include "ops/cuda/ops.cuh"
+
+namespace myriad {
+
+void cuda_use_device(int index) { CUDA_CHECK(cudaSetDevice(index)); }
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n;
+}
+
+void check_cuda_config(const Config& cfg) {
+  int driver = 0, runtime = 0;
+  CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+  if (cudaDriverGetVersion(&driver) != cudaSuccess || driver < runtime)
+    throw_runtime("CUDA driver supports CUDA ", driver / 1000, ".", (driver % 1000) / 10,
+                  " but Myriad was built with CUDA ", runtime / 1000, ".", (runtime % 1000) / 10,
+                  ": update the NVIDIA driver or rebuild with an older toolkit");
+  const size_t lt = cublasLtGetVersion();
+  if (lt / 10000 < CUBLAS_VER_MAJOR)
+    throw_runtime("cuBLASLt ", lt, " is older than the ", CUBLAS_VER_MAJOR,
+                  ".x Myriad was built with: put a matching libcublasLt on LD_LIBRARY_PATH");
+  const int64_t D = cfg.model.d_model / cfg.model.heads;
+  if (D != 64 && D != 80 && D != 128)
+    throw_input("config: head size model.d_model / model.heads = ", D,
+                " is not supported by the CUDA attention (64, 80 or 128); use train.device = cpu");
+  if (cfg.model.d_model % 8 != 0)
+    throw_input("config: model.d_model must be a multiple of 8 on CUDA, got ", cfg.model.d_model);
+}
+
+}  // namespace myriad
 
 namespace myriad::cuda {
 
@@ -16,15 +54,18 @@ struct CudaOps::State {
   Matmul mm;
   float* scratch = nullptr;
   size_t scratch_floats = 0;
-  int32_t* groups = nullptr;  // the embedding backward's positions, starts and ids
-  size_t groups_ints = 0;
+  std::vector<int64_t> bounds;  // sums_of_squares' segments, cached on the device
+  int64_t* d_bounds = nullptr;
+  float* h_sums = nullptr;        // pinned: their results
+  size_t h_sums_floats = 0;
   std::vector<cudaEvent_t> events;  // the phase timers' marks, reused step after step
   int marks = 0;                    // of them in use
   ~State() {
     if (stream) cudaStreamSynchronize(stream);
     for (cudaEvent_t e : events) cudaEventDestroy(e);
     cudaFree(scratch);
-    cudaFree(groups);
+    cudaFree(d_bounds);
+    cudaFreeHost(h_sums);
     if (stream) cudaStreamDestroy(stream);
   }
 };
@@ -74,6 +115,30 @@ template class CudaOps::Buffer<float>;
 template class CudaOps::Buffer<int32_t>;
 template class CudaOps::Buffer<int64_t>;
 template class CudaOps::Buffer<uint8_t>;
+template class CudaOps::Buffer<double>;
+
+CudaOps::Tokens::Tokens() = default;
+CudaOps::Tokens::Tokens(Tokens&& o) noexcept { *this = std::move(o); }
+CudaOps::Tokens& CudaOps::Tokens::operator=(Tokens&& o) noexcept {
+  std::swap(ids_, o.ids_), std::swap(groups_, o.groups_);
+  std::swap(n_, o.n_), std::swap(loaded_, o.loaded_), std::swap(v0_, o.v0_), std::swap(Vl_, o.Vl_);
+  std::swap(summed_, o.summed_), std::swap(groups_count_, o.groups_count_);
+  std::swap(h_ids_, o.h_ids_), std::swap(h_groups_, o.h_groups_), std::swap(staged_, o.staged_);
+  return *this;
+}
+CudaOps::Tokens::~Tokens() {
+  if (staged_) cudaEventSynchronize(staged_), cudaEventDestroy(staged_);
+  cudaFreeHost(h_ids_), cudaFreeHost(h_groups_);
+}
+void CudaOps::Tokens::zeros(int64_t n) {
+  *this = Tokens();
+  ids_.zeros(n);
+  groups_.zeros(3 * n + 1);
+  n_ = n;
+  CUDA_CHECK(cudaMallocHost(&h_ids_, std::max<int64_t>(n, 1) * 4));
+  CUDA_CHECK(cudaMallocHost(&h_groups_, (3 * n + 1) * 4));
+  CUDA_CHECK(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming));
+}
 
 CudaOps::CudaOps() : st_(std::make_shared<State>()) {
   CUDA_CHECK(cudaStreamCreateWithFlags(&st_->stream, cudaStreamNonBlocking));
@@ -104,13 +169,37 @@ void CudaOps::copy(T* dst, const T* src, int64_t n) const {
 template void CudaOps::zero<__nv_bfloat16>(__nv_bfloat16*, int64_t) const;
 template void CudaOps::zero<float>(float*, int64_t) const;
 template void CudaOps::zero<int32_t>(int32_t*, int64_t) const;
+template void CudaOps::zero<double>(double*, int64_t) const;
 template void CudaOps::copy<__nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, int64_t) const;
 template void CudaOps::copy<float>(float*, const float*, int64_t) const;
 template void CudaOps::copy<int32_t>(int32_t*, const int32_t*, int64_t) const;
 
-void CudaOps::upload(int32_t* dst, const int32_t* host, int64_t n) const {
-  // Pageable host memory: the copy has left `host` when the call returns.
-  CUDA_CHECK(cudaMemcpyAsync(dst, host, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, st_->stream));
+void CudaOps::load_tokens(Tokens& t, const int32_t* host, int B, int T, int64_t stride, int64_t v0,
+                          int64_t Vl) const {
+  const int64_t N = int64_t(B) * T;
+  MYRIAD_CHECK(N <= t.n_, "tokens ", B, "x", T, " exceed the buffer's ", t.n_);
+  // The staging is reused: the previous load's copies must have left it (they have, unless the
+  // host runs a whole micro-batch ahead of the device).
+  CUDA_CHECK(cudaEventSynchronize(t.staged_));
+  for (int b = 0; b < B; ++b) std::memcpy(t.h_ids_ + int64_t(b) * T, host + b * stride, size_t(T) * 4);
+  CUDA_CHECK(cudaMemcpyAsync(t.ids_.data(), t.h_ids_, N * 4, cudaMemcpyHostToDevice, st_->stream));
+  t.loaded_ = N, t.v0_ = v0, t.Vl_ = Vl;
+  if (Vl > 0) {
+    // Ids outside [v0, v0 + Vl) go to one extra id, Vl, whose group (the last) is left out.
+    std::vector<int32_t> local(static_cast<size_t>(N));
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t v = int64_t(t.h_ids_[i]) - v0;
+      local[i] = static_cast<int32_t>(v >= 0 && v < Vl ? v : Vl);
+    }
+    const int groups = group_positions_by_token(local.data(), static_cast<int>(N), static_cast<int>(Vl) + 1,
+                                                t.h_groups_);
+    const int32_t last = t.h_groups_[N + groups + 1 + groups - 1];  // ids ascend
+    t.groups_count_ = groups;
+    t.summed_ = groups > 0 && last == Vl ? groups - 1 : groups;
+    CUDA_CHECK(cudaMemcpyAsync(t.groups_.data(), t.h_groups_, (N + 2 * int64_t(groups) + 1) * 4,
+                               cudaMemcpyHostToDevice, st_->stream));
+  }
+  CUDA_CHECK(cudaEventRecord(t.staged_, st_->stream));
 }
 
 void CudaOps::upload_params(Param* dst, const float* host, int64_t n) const {
@@ -127,13 +216,10 @@ void CudaOps::download(float* host, const Act* src, int64_t n) const {
   for (int64_t i = 0; i < n; ++i) host[i] = __bfloat162float(h[static_cast<size_t>(i)]);
 }
 
-double CudaOps::sum(const float* x, int64_t n) const {
-  std::vector<float> h(static_cast<size_t>(n));
-  CUDA_CHECK(cudaMemcpyAsync(h.data(), x, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, st_->stream));
+void CudaOps::download(double* host, const double* src, int64_t n) const {
+  if (n <= 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(host, src, static_cast<size_t>(n) * 8, cudaMemcpyDeviceToHost, st_->stream));
   CUDA_CHECK(cudaStreamSynchronize(st_->stream));
-  double s = 0;
-  for (float v : h) s += v;  // in order: reproducible
-  return s;
 }
 
 double peak_bf16_flops(const cudaDeviceProp& p) {
@@ -249,6 +335,21 @@ __global__ void widen_kernel(float* dst, const __nv_bfloat16* src, int64_t n) {
     dst[i] = __bfloat162float(src[i]);
 }
 
+// *acc += float(sum of x / n), the sum in double over one block in a fixed order.
+constexpr int kMeanThreads = 512;
+__global__ void mean_into_kernel(double* acc, const float* x, int64_t n) {
+  __shared__ double part[kMeanThreads];
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < n; i += kMeanThreads) s += x[i];
+  part[threadIdx.x] = s;
+  __syncthreads();
+  for (int w = kMeanThreads / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *acc += static_cast<float>(part[0] / n);
+}
+
 unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65536)); }
 
 }  // namespace
@@ -304,19 +405,54 @@ double CudaOps::seconds(int from, int to) const {
 
 void CudaOps::clear_marks() const { st_->marks = 0; }
 
-double CudaOps::sum_squares(const float* x, int64_t n) const {
-  if (n <= 0) return 0;
-  // [0, n) as one segment of segment_sum_squares: its fixed order makes the sum reproducible.
-  const size_t need = 1 + sumsq_scratch_floats(n, 1) + 1;  // result, scratch, the segments (2 int64)
-  float* f = scratch(need + 4);
-  int64_t* seg = reinterpret_cast<int64_t*>((reinterpret_cast<uintptr_t>(f + need) + 7) & ~uintptr_t(7));
-  const int64_t h_seg[2] = {0, n};
-  CUDA_CHECK(cudaMemcpyAsync(seg, h_seg, sizeof h_seg, cudaMemcpyHostToDevice, st_->stream));
-  segment_sum_squares(f, f + 1, x, seg, 1, n, st_->stream);
-  float out = 0;
-  CUDA_CHECK(cudaMemcpyAsync(&out, f, 4, cudaMemcpyDeviceToHost, st_->stream));
+const int64_t* CudaOps::segments(const std::vector<int64_t>& bounds) const {
+  if (bounds != st_->bounds) {
+    CUDA_CHECK(cudaStreamSynchronize(st_->stream));
+    cudaFree(st_->d_bounds);
+    st_->d_bounds = nullptr;
+    CUDA_CHECK(cudaMalloc(&st_->d_bounds, bounds.size() * 8));
+    CUDA_CHECK(cudaMemcpy(st_->d_bounds, bounds.data(), bounds.size() * 8, cudaMemcpyHostToDevice));
+    st_->bounds = bounds;
+  }
+  return st_->d_bounds;
+}
+
+std::vector<double> CudaOps::sums_of_squares(const float* x,
+                                             const std::vector<std::pair<int64_t, int64_t>>& pieces) const {
+  std::vector<double> out(pieces.size(), 0.0);
+  if (pieces.empty()) return out;
+  // The pieces ascend; as segments of segment_sum_squares from the first piece's start, the
+  // gaps between them segments too (their sums unread). Its fixed order: reproducible.
+  const int64_t base = pieces.front().first;
+  std::vector<int64_t> bounds = {0};
+  std::vector<int> index;  // the segment of each piece
+  for (auto [a, b] : pieces) {
+    MYRIAD_CHECK(a - base >= bounds.back() && b >= a, "sums_of_squares: pieces must ascend");
+    if (a - base > bounds.back()) bounds.push_back(a - base);
+    index.push_back(static_cast<int>(bounds.size()) - 1);
+    bounds.push_back(b - base);
+  }
+  const int count = static_cast<int>(bounds.size()) - 1;
+  const int64_t total = bounds.back();
+  const size_t need = count + sumsq_scratch_floats(total, count);
+  float* f = scratch(need);
+  segment_sum_squares(f, f + count, x + base, segments(bounds), count, total, st_->stream);
+  if (static_cast<size_t>(count) > st_->h_sums_floats) {
+    cudaFreeHost(st_->h_sums);
+    st_->h_sums = nullptr;
+    CUDA_CHECK(cudaMallocHost(&st_->h_sums, count * sizeof(float)));
+    st_->h_sums_floats = count;
+  }
+  CUDA_CHECK(cudaMemcpyAsync(st_->h_sums, f, count * sizeof(float), cudaMemcpyDeviceToHost, st_->stream));
   CUDA_CHECK(cudaStreamSynchronize(st_->stream));
+  for (size_t i = 0; i < pieces.size(); ++i) out[i] = st_->h_sums[index[i]];
   return out;
+}
+
+void CudaOps::mean_into(double* acc, const float* x, int64_t n) const {
+  if (n <= 0) return;
+  mean_into_kernel<<<1, kMeanThreads, 0, st_->stream>>>(acc, x, n);
+  check_launch("mean_into");
 }
 
 void CudaOps::scale(float* x, int64_t n, float c) const {
@@ -336,40 +472,29 @@ void CudaOps::embedding_forward(Act* out, const int32_t* tokens, const Param* wt
   cuda::embedding_forward(out, tokens, wte, wpe, B, T, C, st_->stream);
 }
 
-// Positions grouped by id (a counting sort over the ids present), for a deterministic backward:
-// [positions (N)] [starts (G+1)] [ids (G)], uploaded for cuda::embedding_backward.
-void CudaOps::rows_by_id_backward(float* dwte, float* dwpe, const Act* dout, const std::vector<int32_t>& ids,
-                                  int vocab, int skip, int B, int T, int C) const {
-  const int N = B * T;
-  std::vector<int32_t> g(3 * static_cast<size_t>(N) + 1);
-  const int groups = group_positions_by_token(ids.data(), N, vocab, g.data());
-  const int32_t* last = g.data() + N + groups + 1 + groups - 1;  // ids ascend: skip is the last
-  const int summed = groups > 0 && *last == skip ? groups - 1 : groups;
-  if (g.size() > st_->groups_ints) {
-    CUDA_CHECK(cudaStreamSynchronize(st_->stream));
-    cudaFree(st_->groups);
-    st_->groups = nullptr;
-    CUDA_CHECK(cudaMalloc(&st_->groups, g.size() * 4));
-    st_->groups_ints = g.size();
-  }
-  CUDA_CHECK(cudaMemcpyAsync(st_->groups, g.data(), g.size() * 4, cudaMemcpyHostToDevice, st_->stream));
-  const int32_t* d = st_->groups;
-  cuda::embedding_backward(dwte, dwpe, dout, d, d + N, d + N + groups + 1, summed, B, T, C, st_->stream);
-  CUDA_CHECK(cudaStreamSynchronize(st_->stream));  // `g` is pageable and leaves with this call
+void CudaOps::rows_by_id_backward(float* dwte, float* dwpe, const Act* dout, const Tokens& t, int B, int T,
+                                  int C) const {
+  const int64_t N = int64_t(B) * T;
+  MYRIAD_CHECK(t.Vl_ > 0 && t.loaded_ == N, "a lookup's backward needs its tokens loaded with their vocabulary rows");
+  const int32_t* g = t.groups_.data();
+  cuda::embedding_backward(dwte, dwpe, dout, g, g + N, g + N + t.groups_count_ + 1, t.summed_, B, T, C,
+                           st_->stream);
 }
 
-void CudaOps::embedding_backward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens, int B, int T,
+void CudaOps::embedding_backward(float* dwte, float* dwpe, const Act* dout, const Tokens& tokens, int B, int T,
                                  int C) const {
-  const int N = B * T;
-  std::vector<int32_t> ids(static_cast<size_t>(N));
-  CUDA_CHECK(cudaMemcpyAsync(ids.data(), tokens, static_cast<size_t>(N) * 4, cudaMemcpyDeviceToHost, st_->stream));
-  CUDA_CHECK(cudaStreamSynchronize(st_->stream));
-  rows_by_id_backward(dwte, dwpe, dout, ids, *std::max_element(ids.begin(), ids.end()) + 1, -1, B, T, C);
+  MYRIAD_CHECK(tokens.v0_ == 0, "the embedding's tokens are loaded with the whole vocabulary");
+  rows_by_id_backward(dwte, dwpe, dout, tokens, B, T, C);
 }
 
 void CudaOps::layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b,
                                 int N, int C) const {
   cuda::layernorm_forward(out, mean, rstd, inp, w, b, N, C, st_->stream);
+}
+
+void CudaOps::residual_layernorm_forward(Act* resid, Act* out, float* mean, float* rstd, const Act* a, const Act* b,
+                                         const Param* w, const Param* bias, int N, int C) const {
+  cuda::residual_layernorm_forward(resid, out, mean, rstd, a, b, w, bias, N, C, st_->stream);
 }
 
 void CudaOps::layernorm_backward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
@@ -382,9 +507,23 @@ void CudaOps::linear_forward(Act* out, const Act* inp, const Param* w, const Par
   st_->mm.forward(out, inp, w, b, N, IC, OC, st_->stream);
 }
 
-void CudaOps::linear_backward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w, int N,
-                              int IC, int OC) const {
-  if (dinp) st_->mm.backward_input(dinp, dout, w, N, IC, OC, /*accumulate=*/true, st_->stream);
+void CudaOps::linear_gelu_forward(Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N, int IC,
+                                  int OC) const {
+  st_->mm.forward_gelu(out, pre, inp, w, b, N, IC, OC, st_->stream);
+}
+
+void CudaOps::linear_backward_input(Act* dinp, const Act* dout, const Param* w, int N, int IC, int OC,
+                                    bool accumulate) const {
+  st_->mm.backward_input(dinp, dout, w, N, IC, OC, accumulate, st_->stream);
+}
+
+void CudaOps::linear_backward_input_dgelu(Act* dpre, const Act* dout, const Param* w, const Act* pre, int N, int IC,
+                                          int OC) const {
+  st_->mm.backward_input_dgelu(dpre, dout, w, pre, N, IC, OC, st_->stream);
+}
+
+void CudaOps::linear_backward_weight(float* dw, float* db, const Act* dout, const Act* inp, int N, int IC,
+                                     int OC) const {
   st_->mm.backward_weight(dw, dout, inp, N, IC, OC, st_->stream);
   if (db) bias_backward(db, dout, N, OC);
 }
@@ -393,12 +532,6 @@ void CudaOps::bias_backward(float* db, const Act* dout, int rows, int OC) const 
   cuda::bias_backward(db, scratch(bias_scratch_floats(rows, OC)), dout, rows, OC, st_->stream);
 }
 
-void CudaOps::gelu_forward(Act* out, const Act* inp, int64_t n) const {
-  cuda::gelu_forward(out, inp, n, st_->stream);
-}
-void CudaOps::gelu_backward(Act* dinp, const Act* inp, const Act* dout, int64_t n) const {
-  cuda::gelu_backward(dinp, inp, dout, n, st_->stream);
-}
 void CudaOps::add(Act* out, const Act* a, const Act* b, int64_t n) const { cuda::add(out, a, b, n, st_->stream); }
 
 void CudaOps::attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int C, int H,
@@ -417,10 +550,9 @@ void CudaOps::crossentropy_forward(float* losses, const Act* logits, const int32
   // dloss 0: the losses only, the logits untouched.
   cuda::crossentropy(losses, const_cast<Act*>(logits), targets, 0.0f, N, V, Vp, st_->stream);
 }
-void CudaOps::crossentropy_backward(Act* dlogits, const Act* logits, const int32_t* targets, float dloss, int N,
-                                    int V, int Vp) const {
-  MYRIAD_CHECK(dlogits == logits, "the CUDA cross-entropy backward runs in place");
-  cuda::crossentropy(scratch(static_cast<size_t>(N)), dlogits, targets, dloss, N, V, Vp, st_->stream);
+void CudaOps::crossentropy_forward_backward(float* losses, Act* logits, const int32_t* targets, float dloss, int N,
+                                            int V, int Vp) const {
+  cuda::crossentropy(losses, logits, targets, dloss, N, V, Vp, st_->stream);
 }
 
 // ---- tensor parallelism ----
@@ -440,17 +572,11 @@ void CudaOps::vocab_rows_forward(Act* out, const int32_t* tokens, const Param* w
   check_launch("vocab_rows_forward");
 }
 
-void CudaOps::vocab_rows_backward(float* dwte, const Act* dfull, const int32_t* tokens, int64_t v0, int64_t Vl,
+void CudaOps::vocab_rows_backward(float* dwte, const Act* dfull, const Tokens& tokens, int64_t v0, int64_t Vl,
                                   int N, int C) const {
-  // The tokens this rank does not hold go to one extra id, Vl, whose rows are left out.
-  std::vector<int32_t> local(static_cast<size_t>(N));
-  CUDA_CHECK(cudaMemcpyAsync(local.data(), tokens, static_cast<size_t>(N) * 4, cudaMemcpyDeviceToHost, st_->stream));
-  CUDA_CHECK(cudaStreamSynchronize(st_->stream));
-  for (auto& t : local) {
-    const int64_t v = int64_t(t) - v0;
-    t = static_cast<int32_t>(v >= 0 && v < Vl ? v : Vl);
-  }
-  rows_by_id_backward(dwte, nullptr, dfull, local, static_cast<int>(Vl) + 1, static_cast<int>(Vl), 1, N, C);
+  MYRIAD_CHECK(tokens.v0_ == v0 && tokens.Vl_ == Vl, "tokens loaded for vocabulary rows [", tokens.v0_, ", ",
+               tokens.v0_ + tokens.Vl_, ") but looked up in [", v0, ", ", v0 + Vl, ")");
+  rows_by_id_backward(dwte, nullptr, dfull, tokens, 1, N, C);
 }
 
 void CudaOps::add_positions(Act* out, const Param* wpe, int r0, int rows, int T, int C) const {

@@ -6,10 +6,13 @@
 // Contracts as the CPU op set's (ops/cpu/cpu_ops.h), with these CUDA facts:
 // - attention keeps the log-sum-exp of each score row (B,H,T) for its backward, and needs a
 //   head size of 64, 80 or 128;
-// - cross-entropy's backward recomputes from the logits in place (dlogits must alias logits);
-// - the embedding's backward groups the positions by token on the host (deterministic without
-//   atomics), so it reads the tokens back once per micro-batch.
-// - the tensor-parallel regions move fp32: the schedule widens bf16 activations around them.
+// - cross-entropy's losses and dlogits come from one pass over the logits, in place;
+// - a lookup's backward (embedding, vocabulary rows) sums the rows of each id in order,
+//   deterministic without atomics: load_tokens groups the positions by id on the host, from
+//   the host's tokens, and uploads the groups with the ids (pinned, asynchronously);
+// - the tensor-parallel regions move fp32: the schedule widens bf16 activations around them;
+// - nothing on the step's hot path waits for the device except the reads of its few results
+//   (the loss, the norms' sums), once each per step.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -19,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace myriad::cuda {
@@ -44,11 +48,33 @@ class CudaOps {
 
    private:
     struct Free {
-      size_t bytes = 0;  // counted in held_bytes() until freed
+      size_t bytes;  // counted in held_bytes() until freed (no initializer: Buffer is used inside CudaOps)
       void operator()(T* p) const;
     };
     std::unique_ptr<T, Free> p_;
     int64_t n_ = 0;
+  };
+
+  // Token ids (B*T) in device memory; with a vocabulary range, also their positions grouped by
+  // id for the lookup's backward: [positions (N)] [starts (G+1)] [ids (G)].
+  class Tokens {
+   public:
+    Tokens();
+    Tokens(Tokens&&) noexcept;
+    Tokens& operator=(Tokens&&) noexcept;
+    ~Tokens();
+    void zeros(int64_t n);
+    int32_t* data() { return ids_.data(); }
+    const int32_t* data() const { return ids_.data(); }
+
+   private:
+    friend class CudaOps;
+    Buffer<int32_t> ids_, groups_;
+    int64_t n_ = 0, loaded_ = 0;  // capacity, and ids of the last load
+    int64_t v0_ = 0, Vl_ = 0;     // the vocabulary rows the groups are for (Vl 0: none)
+    int summed_ = 0, groups_count_ = 0;  // groups of ids held in [v0, v0 + Vl), and of all ids
+    int32_t *h_ids_ = nullptr, *h_groups_ = nullptr;  // pinned staging
+    cudaEvent_t staged_ = nullptr;  // the last uploads from the staging have been read
   };
 
   // The current device's op set, on a stream of its own.
@@ -64,10 +90,12 @@ class CudaOps {
   void zero(T* x, int64_t n) const;
   template <class T>
   void copy(T* dst, const T* src, int64_t n) const;
-  void upload(int32_t* dst, const int32_t* host, int64_t n) const;
+  void load_tokens(Tokens& t, const int32_t* host, int B, int T, int64_t stride, int64_t v0 = 0,
+                   int64_t Vl = 0) const;
   void upload_params(Param* dst, const float* host, int64_t n) const;  // rounded to bf16
   void download(float* host, const Act* src, int64_t n) const;         // widened to fp32
-  double sum(const float* x, int64_t n) const;
+  void download(double* host, const double* src, int64_t n) const;
+  void mean_into(double* acc, const float* x, int64_t n) const;        // one block, fixed order
 
   // ---- what the step needs besides the model (runtime/model_engine.h) ----
   std::string device_name() const;  // "cuda:0 NVIDIA H200"
@@ -76,7 +104,8 @@ class CudaOps {
   void upload(float* dst, const float* host, int64_t n) const;
   void download(float* host, const float* src, int64_t n) const;
   void cast_params(Param* dst, const float* src, int64_t n) const;  // the compute copy of master
-  double sum_squares(const float* x, int64_t n) const;              // synchronizes
+  // One launch over every piece, one read of the results (synchronizes).
+  std::vector<double> sums_of_squares(const float* x, const std::vector<std::pair<int64_t, int64_t>>& pieces) const;
   void scale(float* x, int64_t n, float c) const;                   // x *= c
   void accumulate(float* dst, const float* src, int64_t n) const;   // dst += src
   // Phase timers: CUDA events recorded on the stream (cpu_ops.h has the contract); seconds()
@@ -86,15 +115,19 @@ class CudaOps {
   void clear_marks() const;
 
   void embedding_forward(Act* out, const int32_t* tokens, const Param* wte, const Param* wpe, int B, int T, int C) const;
-  void embedding_backward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens, int B, int T, int C) const;
+  void embedding_backward(float* dwte, float* dwpe, const Act* dout, const Tokens& tokens, int B, int T, int C) const;
   void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b, int N, int C) const;
+  void residual_layernorm_forward(Act* resid, Act* out, float* mean, float* rstd, const Act* a, const Act* b,
+                                  const Param* w, const Param* bias, int N, int C) const;
   void layernorm_backward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
                           const float* mean, const float* rstd, int N, int C) const;
   void linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC) const;
-  void linear_backward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
-                       int N, int IC, int OC) const;
-  void gelu_forward(Act* out, const Act* inp, int64_t n) const;
-  void gelu_backward(Act* dinp, const Act* inp, const Act* dout, int64_t n) const;
+  void linear_gelu_forward(Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N, int IC,
+                           int OC) const;
+  void linear_backward_input(Act* dinp, const Act* dout, const Param* w, int N, int IC, int OC, bool accumulate) const;
+  void linear_backward_input_dgelu(Act* dpre, const Act* dout, const Param* w, const Act* pre, int N, int IC,
+                                   int OC) const;
+  void linear_backward_weight(float* dw, float* db, const Act* dout, const Act* inp, int N, int IC, int OC) const;
   void add(Act* out, const Act* a, const Act* b, int64_t n) const;
   void bias_backward(float* db, const Act* dout, int rows, int OC) const;  // db += column sums
   int64_t attention_saved(int B, int H, int T) const { return int64_t(B) * H * T; }
@@ -102,16 +135,15 @@ class CudaOps {
   void attention_backward(Act* dqkv, const Act* dout, const Act* out, const Act* qkv, const float* saved, int B,
                           int T, int C, int H, int window) const;
   void crossentropy_forward(float* losses, const Act* logits, const int32_t* targets, int N, int V, int Vp) const;
-  void crossentropy_backward(Act* dlogits, const Act* logits, const int32_t* targets, float dloss, int N, int V,
-                             int Vp) const;
+  void crossentropy_forward_backward(float* losses, Act* logits, const int32_t* targets, float dloss, int N, int V,
+                                     int Vp) const;
 
   // ---- rows a rank holds (tensor parallelism; ops/cpu/cpu_ops.h has the contracts) ----
   void add_bias(Act* out, const Param* bias, int rows, int C) const;
   void vocab_rows_forward(Act* out, const int32_t* tokens, const Param* wte, int64_t v0, int64_t Vl, int N,
                           int C) const;
-  // Deterministic: the rows of each token summed in order (grouped on the host, as the
-  // embedding's backward).
-  void vocab_rows_backward(float* dwte, const Act* dfull, const int32_t* tokens, int64_t v0, int64_t Vl, int N,
+  // Deterministic: the rows of each token summed in order (tokens loaded with [v0, v0 + Vl)).
+  void vocab_rows_backward(float* dwte, const Act* dfull, const Tokens& tokens, int64_t v0, int64_t Vl, int N,
                            int C) const;
   void add_positions(Act* out, const Param* wpe, int r0, int rows, int T, int C) const;
   void positions_backward(float* dwpe, const Act* dout, int r0, int rows, int T, int C) const;
@@ -129,10 +161,11 @@ class CudaOps {
   struct State;
   // Scratch of at least n floats, shared by the ops (one runs at a time).
   float* scratch(size_t n) const;
-  // dwte rows += the rows of dout (B*T, C) of each id in ids (host, [0, vocab)), id `skip`
-  // left out (-1: none); dwpe as the embedding's (may be null). Deterministic.
-  void rows_by_id_backward(float* dwte, float* dwpe, const Act* dout, const std::vector<int32_t>& ids, int vocab,
-                           int skip, int B, int T, int C) const;
+  // dwte rows += the rows of dout (B*T, C) of each id of t held in its vocabulary rows; dwpe as
+  // the embedding's (may be null). Deterministic.
+  void rows_by_id_backward(float* dwte, float* dwpe, const Act* dout, const Tokens& t, int B, int T, int C) const;
+  // The device's copy of boundaries (cached while they stay the same).
+  const int64_t* segments(const std::vector<int64_t>& bounds) const;
   std::shared_ptr<State> st_;
 };
 

@@ -28,11 +28,17 @@ template void CpuOps::zero<float>(float*, int64_t) const;
 template void CpuOps::zero<int32_t>(int32_t*, int64_t) const;
 template void CpuOps::copy<float>(float*, const float*, int64_t) const;
 template void CpuOps::copy<int32_t>(int32_t*, const int32_t*, int64_t) const;
+template void CpuOps::copy<double>(double*, const double*, int64_t) const;
+template void CpuOps::zero<double>(double*, int64_t) const;
 
-double CpuOps::sum(const float* x, int64_t n) const {
+void CpuOps::load_tokens(Tokens& t, const int32_t* host, int B, int T, int64_t stride, int64_t, int64_t) const {
+  for (int b = 0; b < B; ++b) copy(t.data() + int64_t(b) * T, host + b * stride, T);
+}
+
+void CpuOps::mean_into(double* acc, const float* x, int64_t n) const {
   double s = 0;
   for (int64_t i = 0; i < n; ++i) s += x[i];
-  return s;
+  *acc += static_cast<float>(s / n);
 }
 
 std::string CpuOps::device_name() const {
@@ -46,7 +52,12 @@ int CpuOps::mark() const {
 
 double CpuOps::seconds(int from, int to) const { return (*marks_)[to] - (*marks_)[from]; }
 
-double CpuOps::sum_squares(const float* x, int64_t n) const { return cpu::sum_squares(x, n); }
+std::vector<double> CpuOps::sums_of_squares(const float* x,
+                                            const std::vector<std::pair<int64_t, int64_t>>& pieces) const {
+  std::vector<double> out;
+  for (auto [a, b] : pieces) out.push_back(cpu::sum_squares(x + a, b - a));
+  return out;
+}
 
 void CpuOps::scale(float* x, int64_t n, float c) const {
 #pragma omp parallel for schedule(static)
@@ -61,13 +72,18 @@ void CpuOps::embedding_forward(Act* out, const int32_t* tokens, const Param* wte
                                int C) const {
   cpu::embedding_forward(out, tokens, wte, wpe, B, T, C);
 }
-void CpuOps::embedding_backward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens, int B, int T,
+void CpuOps::embedding_backward(float* dwte, float* dwpe, const Act* dout, const Tokens& tokens, int B, int T,
                                 int C) const {
-  cpu::embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
+  cpu::embedding_backward(dwte, dwpe, dout, tokens.data(), B, T, C);
 }
 void CpuOps::layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b,
                                int N, int C) const {
   cpu::layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+}
+void CpuOps::residual_layernorm_forward(Act* resid, Act* out, float* mean, float* rstd, const Act* a, const Act* b,
+                                        const Param* w, const Param* bias, int N, int C) const {
+  add(resid, a, b, int64_t(N) * C);
+  layernorm_forward(out, mean, rstd, resid, w, bias, N, C);
 }
 void CpuOps::layernorm_backward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
                                 const float* mean, const float* rstd, int N, int C) const {
@@ -76,14 +92,33 @@ void CpuOps::layernorm_backward(Act* dinp, float* dw, float* db, const Act* dout
 void CpuOps::linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC) const {
   cpu::linear_forward(out, inp, w, b, N, IC, OC);
 }
-void CpuOps::linear_backward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
-                             int N, int IC, int OC) const {
-  cpu::linear_backward(dinp, dw, db, dout, inp, w, N, IC, OC);
+void CpuOps::linear_gelu_forward(Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N, int IC,
+                                 int OC) const {
+  cpu::linear_forward(pre, inp, w, b, N, IC, OC);
+  cpu::gelu_forward(out, pre, int64_t(N) * OC);
 }
-void CpuOps::gelu_forward(Act* out, const Act* inp, int64_t n) const { cpu::gelu_forward(out, inp, n); }
-void CpuOps::gelu_backward(Act* dinp, const Act* inp, const Act* dout, int64_t n) const {
-  zero(dinp, n);
-  cpu::gelu_backward(dinp, inp, dout, n);
+void CpuOps::linear_backward_input(Act* dinp, const Act* dout, const Param* w, int N, int IC, int OC,
+                                   bool accumulate) const {
+  if (!accumulate) zero(dinp, int64_t(N) * IC);
+  cpu::linear_backward(dinp, static_cast<float*>(nullptr), static_cast<float*>(nullptr), dout,
+                       static_cast<const float*>(nullptr), w, N, IC, OC);
+}
+void CpuOps::linear_backward_input_dgelu(Act* dpre, const Act* dout, const Param* w, const Act* pre, int N, int IC,
+                                         int OC) const {
+  // Through a scratch of the GELU's output gradient; dpre is written (=).
+  const int64_t n = int64_t(N) * IC;
+  std::vector<float>& dgelu = *scratch_;
+  dgelu.assign(static_cast<size_t>(n), 0.0f);
+  cpu::linear_backward(dgelu.data(), static_cast<float*>(nullptr), static_cast<float*>(nullptr), dout,
+                       static_cast<const float*>(nullptr), w, N, IC, OC);
+  zero(dpre, n);
+  cpu::gelu_backward(dpre, pre, dgelu.data(), n);
+}
+void CpuOps::linear_backward_weight(float* dw, float* db, const Act* dout, const Act* inp, int N, int IC,
+                                    int OC) const {
+  cpu::linear_backward(static_cast<float*>(nullptr), dw, static_cast<float*>(nullptr), dout, inp,
+                       static_cast<const float*>(nullptr), N, IC, OC);
+  if (db) bias_backward(db, dout, N, OC);
 }
 void CpuOps::add(Act* out, const Act* a, const Act* b, int64_t n) const { cpu::residual_forward(out, a, b, n); }
 void CpuOps::attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int C, int H, int window) const {
@@ -98,10 +133,11 @@ void CpuOps::crossentropy_forward(float* losses, const Act* logits, const int32_
                                   int Vp) const {
   cpu::crossentropy_forward(losses, logits, targets, N, V, Vp);
 }
-void CpuOps::crossentropy_backward(Act* dlogits, const Act* logits, const int32_t* targets, float dloss, int N,
-                                   int V, int Vp) const {
+void CpuOps::crossentropy_forward_backward(float* losses, Act* logits, const int32_t* targets, float dloss, int N,
+                                           int V, int Vp) const {
+  cpu::crossentropy_forward(losses, logits, targets, N, V, Vp);
   const std::vector<float> dlosses(static_cast<size_t>(N), dloss);
-  cpu::crossentropy_backward(dlogits, logits, targets, dlosses.data(), N, V, Vp);
+  cpu::crossentropy_backward(logits, logits, targets, dlosses.data(), N, V, Vp);
 }
 
 // Columns in blocks across threads, rows in order.
@@ -143,14 +179,14 @@ void CpuOps::vocab_rows_forward(Act* out, const int32_t* tokens, const Param* wt
 }
 
 // Channel blocks across threads, tokens in order (deterministic).
-void CpuOps::vocab_rows_backward(float* dwte, const Act* dfull, const int32_t* tokens, int64_t v0, int64_t Vl, int N,
+void CpuOps::vocab_rows_backward(float* dwte, const Act* dfull, const Tokens& tokens, int64_t v0, int64_t Vl, int N,
                                  int C) const {
   const int blocks = (C + kColumnBlock - 1) / kColumnBlock;
 #pragma omp parallel for schedule(static)
   for (int blk = 0; blk < blocks; ++blk) {
     const int c0 = blk * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
     for (int n = 0; n < N; ++n) {
-      const int64_t v = int64_t(tokens[n]) - v0;
+      const int64_t v = int64_t(tokens.data()[n]) - v0;
       if (v < 0 || v >= Vl) continue;
       const float* d = dfull + int64_t(n) * C;
       float* w = dwte + v * C;

@@ -38,6 +38,18 @@ class CpuOps {
     std::vector<T> v_;
   };
 
+  // Token ids of a micro-batch (B,T) in the op set's memory, with whatever the backward of a
+  // lookup by them needs (nothing more here; the CUDA op set groups positions by id).
+  class Tokens {
+   public:
+    void zeros(int64_t n) { ids_.zeros(n); }
+    int32_t* data() { return ids_.data(); }
+    const int32_t* data() const { return ids_.data(); }
+
+   private:
+    Buffer<int32_t> ids_;
+  };
+
   const char* name() const { return "cpu"; }
 
   // ---- moving data ----
@@ -45,11 +57,16 @@ class CpuOps {
   void zero(T* x, int64_t n) const;
   template <class T>
   void copy(T* dst, const T* src, int64_t n) const;
-  // From and to host memory (token ids in, logits and losses out): plain copies here.
-  void upload(int32_t* dst, const int32_t* host, int64_t n) const { copy(dst, host, n); }
+  // From and to host memory: plain copies here.
   void download(float* host, const float* src, int64_t n) const { copy(host, src, n); }
-  // Sum of x[0, n) in double, in order (the mean loss: bitwise reproducible).
-  double sum(const float* x, int64_t n) const;
+  void download(double* host, const double* src, int64_t n) const { copy(host, src, n); }
+  // B rows of T token ids from the host, `stride` apart, into t (B*T). With Vl > 0 the ids will
+  // also be looked up in vocabulary rows [v0, v0 + Vl) (embedding_backward, vocab_rows_backward).
+  void load_tokens(Tokens& t, const int32_t* host, int B, int T, int64_t stride, int64_t v0 = 0,
+                   int64_t Vl = 0) const;
+  // *acc += the mean of x[0, n): summed in double in order, rounded to float (a micro-batch's mean
+  // loss), so the step's loss stays in the op set's memory until it is read once.
+  void mean_into(double* acc, const float* x, int64_t n) const;
 
   // ---- what the step needs besides the model (runtime/model_engine.h) ----
   std::string device_name() const;                  // for logs: "cpu (2 threads)"
@@ -57,7 +74,8 @@ class CpuOps {
   void* comm_stream() const { return nullptr; }     // collectives on host memory need none
   static int64_t peak_bytes() { return 0; }          // not tracked here (core/memory.h counts)
   void upload(float* dst, const float* host, int64_t n) const { copy(dst, host, n); }
-  double sum_squares(const float* x, int64_t n) const;       // in double, fixed chunk order
+  // The sum of squares of each piece [begin, end) of x, in double, fixed chunk order.
+  std::vector<double> sums_of_squares(const float* x, const std::vector<std::pair<int64_t, int64_t>>& pieces) const;
   void scale(float* x, int64_t n, float c) const;            // x *= c
   void accumulate(float* dst, const float* src, int64_t n) const;  // dst += src
   // Phase timers on the op set's timeline (here the host clock; CUDA events on a GPU): mark()
@@ -69,15 +87,25 @@ class CpuOps {
 
   // ---- the kernels of ops/cpu/ops.h ----
   void embedding_forward(Act* out, const int32_t* tokens, const Param* wte, const Param* wpe, int B, int T, int C) const;
-  void embedding_backward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens, int B, int T, int C) const;
+  // tokens loaded with the vocabulary rows [0, Vp).
+  void embedding_backward(float* dwte, float* dwpe, const Act* dout, const Tokens& tokens, int B, int T, int C) const;
   void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b, int N, int C) const;
+  // resid (N,C) = a + b, then out (N,C) = LayerNorm(resid): the residual add and the next norm.
+  void residual_layernorm_forward(Act* resid, Act* out, float* mean, float* rstd, const Act* a, const Act* b,
+                                  const Param* w, const Param* bias, int N, int C) const;
   void layernorm_backward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
                           const float* mean, const float* rstd, int N, int C) const;
   void linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC) const;
-  void linear_backward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
-                       int N, int IC, int OC) const;
-  void gelu_forward(Act* out, const Act* inp, int64_t n) const;
-  void gelu_backward(Act* dinp, const Act* inp, const Act* dout, int64_t n) const;  // dinp (=)
+  // The MLP's first GEMM and its GELU: pre (N,OC) = inp @ w^T + b (kept for backward), out = gelu(pre).
+  void linear_gelu_forward(Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N, int IC,
+                           int OC) const;
+  // dinp (N,IC) = dout (N,OC) @ w (OC,IC); += when `accumulate`.
+  void linear_backward_input(Act* dinp, const Act* dout, const Param* w, int N, int IC, int OC, bool accumulate) const;
+  // The same through GELU: dpre (N,IC) (=) = (dout @ w) * gelu'(pre), pre from linear_gelu_forward.
+  void linear_backward_input_dgelu(Act* dpre, const Act* dout, const Param* w, const Act* pre, int N, int IC,
+                                   int OC) const;
+  // dw (OC,IC) += dout^T @ inp; db (OC) += column sums of dout (db may be null).
+  void linear_backward_weight(float* dw, float* db, const Act* dout, const Act* inp, int N, int IC, int OC) const;
   void add(Act* out, const Act* a, const Act* b, int64_t n) const;  // out may alias a or b
   // Floats attention keeps for its backward, per micro-batch: the softmax rows (B,H,T,T).
   int64_t attention_saved(int B, int H, int T) const { return int64_t(B) * H * T * T; }
@@ -86,9 +114,10 @@ class CpuOps {
   void attention_backward(Act* dqkv, const Act* dout, const Act* out, const Act* qkv, const float* saved, int B,
                           int T, int C, int H, int window) const;
   void crossentropy_forward(float* losses, const Act* logits, const int32_t* targets, int N, int V, int Vp) const;
-  // dlogits (=) may alias logits; every token's loss has the derivative dloss (the mean's).
-  void crossentropy_backward(Act* dlogits, const Act* logits, const int32_t* targets, float dloss, int N, int V,
-                             int Vp) const;
+  // The losses, and the logits turned into dlogits (=) in place, every token's loss having the
+  // derivative dloss (the mean's): one pass where the device can.
+  void crossentropy_forward_backward(float* losses, Act* logits, const int32_t* targets, float dloss, int N, int V,
+                                     int Vp) const;
 
   // ---- rows a rank holds (tensor parallelism) ----
   void add_bias(Act* out, const Param* bias, int rows, int C) const;             // out (rows,C) += bias
@@ -96,8 +125,8 @@ class CpuOps {
   // out (N,C): row n = wte row tokens[n] - v0 when this rank holds it (in [0, Vl)), else 0.
   void vocab_rows_forward(Act* out, const int32_t* tokens, const Param* wte, int64_t v0, int64_t Vl, int N,
                           int C) const;
-  // dwte (Vl,C) += the rows of dfull (N,C) whose token this rank holds.
-  void vocab_rows_backward(float* dwte, const Act* dfull, const int32_t* tokens, int64_t v0, int64_t Vl, int N,
+  // dwte (Vl,C) += the rows of dfull (N,C) whose token this rank holds; tokens loaded with [v0, v0 + Vl).
+  void vocab_rows_backward(float* dwte, const Act* dfull, const Tokens& tokens, int64_t v0, int64_t Vl, int N,
                            int C) const;
   // out (rows,C) += wpe[(r0 + i) % T] for row i; its gradient the same way round.
   void add_positions(Act* out, const Param* wpe, int r0, int rows, int T, int C) const;
@@ -115,6 +144,7 @@ class CpuOps {
 
  private:
   std::shared_ptr<std::vector<double>> marks_ = std::make_shared<std::vector<double>>();  // shared by copies
+  std::shared_ptr<std::vector<float>> scratch_ = std::make_shared<std::vector<float>>();  // one op at a time
 };
 
 }  // namespace myriad::cpu

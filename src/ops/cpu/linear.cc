@@ -31,9 +31,9 @@ template <class Real>
 void linear_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout, const Real* inp,
                      const Real* weight, int N, int IC, int OC) {
   // dinp (N,IC) += dout (N,OC) @ weight (OC,IC)
-  detail::gemm(false, false, N, IC, OC, Real(1), dout, OC, weight, IC, Real(1), dinp, IC);
+  if (dinp) detail::gemm(false, false, N, IC, OC, Real(1), dout, OC, weight, IC, Real(1), dinp, IC);
   // dweight (OC,IC) += dout^T (OC,N) @ inp (N,IC)
-  detail::gemm(true, false, OC, IC, N, Real(1), dout, OC, inp, IC, Real(1), dweight, IC);
+  if (dweight) detail::gemm(true, false, OC, IC, N, Real(1), dout, OC, inp, IC, Real(1), dweight, IC);
   if (dbias) {
     const int blocks = (OC + kColumnBlock - 1) / kColumnBlock;
 #pragma omp parallel for schedule(static)

@@ -61,8 +61,8 @@ void linear_forward(Real* out,            // (N,OC)
                     const Real* bias,     // (OC) or null
                     int N, int IC, int OC);
 template <class Real>
-void linear_backward(Real* dinp,           // (N,IC) +=
-                     Real* dweight,        // (OC,IC) +=
+void linear_backward(Real* dinp,           // (N,IC) += or null
+                     Real* dweight,        // (OC,IC) += or null
                      Real* dbias,          // (OC) += or null
                      const Real* dout,     // (N,OC)
                      const Real* inp,      // (N,IC)

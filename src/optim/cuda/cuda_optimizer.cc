@@ -13,8 +13,12 @@ namespace {
 class CudaOptimizer final : public Optimizer {
  public:
   CudaOptimizer(const CudaOps& ops, const OptimConfig& cfg, const ParamLayout& layout,
-                std::vector<FlatRange> owned, NormReducer reduce)
-      : Optimizer(cfg, layout, std::move(owned)), ops_(ops), reduce_(std::move(reduce)), lamb_(cfg.name == "lamb") {
+                std::vector<FlatRange> owned, NormReducer reduce, __nv_bfloat16* compute)
+      : Optimizer(cfg, layout, std::move(owned)),
+        ops_(ops),
+        reduce_(std::move(reduce)),
+        lamb_(cfg.name == "lamb"),
+        compute_(compute) {
     if (cfg.name != "adamw" && !lamb_)
       throw_input("config: optim.name = \"", cfg.name, "\" is not one of: adamw, lamb");
     // Each owned range is contiguous in the flat buffer and in the packed state; its pieces
@@ -58,7 +62,7 @@ class CudaOptimizer final : public Optimizer {
     const cudaStream_t s = ops_.stream();
     if (!lamb_) {
       for (const Range& r : ranges_)
-        adamw_step(params + r.flat, nullptr, d_m_.data() + r.packed, d_v_.data() + r.packed, grads + r.flat,
+        adamw_step(params + r.flat, compute(r), d_m_.data() + r.packed, d_v_.data() + r.packed, grads + r.flat,
                    segments_.data() + r.segments, decay_.data() + r.first_piece, r.count, r.n, p, s);
       return;
     }
@@ -90,7 +94,7 @@ class CudaOptimizer final : public Optimizer {
     float *wt = norms_.data() + 2 * n, *ut = wt + n;
     CUDA_CHECK(cudaMemcpyAsync(wt, h.data(), 2 * n * 4, cudaMemcpyHostToDevice, s));
     for (const Range& r : ranges_)
-      lamb_apply(params + r.flat, nullptr, update_.data() + r.packed, wt + r.first_piece, ut + r.first_piece,
+      lamb_apply(params + r.flat, compute(r), update_.data() + r.packed, wt + r.first_piece, ut + r.first_piece,
                  segments_.data() + r.segments, r.count, r.n, p.lr, s);
     CUDA_CHECK(cudaStreamSynchronize(s));  // `h` is pageable and leaves with this call
   }
@@ -111,9 +115,12 @@ class CudaOptimizer final : public Optimizer {
     int64_t flat, packed, n;
     int segments, first_piece, count;
   };
+  __nv_bfloat16* compute(const Range& r) const { return compute_ ? compute_ + r.flat : nullptr; }
+
   CudaOps ops_;
   NormReducer reduce_;
   bool lamb_;
+  __nv_bfloat16* compute_;  // the compute copy, or null
   std::vector<Range> ranges_;
   size_t scratch_floats_ = 0;
   CudaOps::Buffer<int64_t> segments_;
@@ -124,8 +131,9 @@ class CudaOptimizer final : public Optimizer {
 }  // namespace
 
 std::unique_ptr<Optimizer> make_optimizer(const CudaOps& ops, const OptimConfig& cfg, const ParamLayout& layout,
-                                          std::vector<FlatRange> owned, NormReducer reduce) {
-  return std::make_unique<CudaOptimizer>(ops, cfg, layout, std::move(owned), std::move(reduce));
+                                          std::vector<FlatRange> owned, NormReducer reduce,
+                                          __nv_bfloat16* compute) {
+  return std::make_unique<CudaOptimizer>(ops, cfg, layout, std::move(owned), std::move(reduce), compute);
 }
 
 }  // namespace myriad::cuda

@@ -8,6 +8,8 @@
 // (in double), and go back as the apply pass's per-piece norms.
 #pragma once
 
+#include <cuda_bf16.h>
+
 #include <memory>
 #include <vector>
 
@@ -18,8 +20,10 @@ namespace myriad::cuda {
 class CudaOps;
 
 // The optimizer for cfg.name on ops' device and stream; `owned` and `reduce` as make_optimizer's.
+// compute (the flat buffer's bf16 copy the kernels read, or null): the update rewrites its owned
+// ranges in the same pass.
 std::unique_ptr<Optimizer> make_optimizer(const CudaOps& ops, const OptimConfig& cfg,
                                           const ParamLayout& layout, std::vector<FlatRange> owned,
-                                          NormReducer reduce);
+                                          NormReducer reduce, __nv_bfloat16* compute);
 
 }  // namespace myriad::cuda

@@ -1,0 +1,17 @@
+// The process's GPU: how many are visible, which one this process uses, and whether a config
+// can run on it.
+#pragma once
+
+#include "core/config.h"
+
+namespace myriad {
+
+// GPUs visible to this process (0 when the driver or device is missing).
+int cuda_device_count();
+// Makes GPU `index` this process's device (before any allocation or communicator).
+void cuda_use_device(int index);
+// Before the engine is built: the driver and cuBLASLt are new enough (a runtime fault naming
+// what to update otherwise), and the model fits the CUDA kernels (an input error naming the key).
+void check_cuda_config(const Config& cfg);
+
+}  // namespace myriad
