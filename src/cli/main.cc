@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -58,7 +59,17 @@ int cmd_train(int argc, char** argv) {
   if (run_dir.empty()) run_dir = (fs::path("runs") / fs::path(args.get("config")).stem()).string();
   log::info("run directory: ", run_dir);
   Trainer trainer(cfg, run_dir);
-  trainer.run();
+  try {
+    trainer.run();
+  } catch (const Error& e) {
+    // A worker that fails exits at once, before the Trainer's teardown: its peers, blocked on
+    // it, fail with a communication fault as soon as its sockets close, and a slow teardown
+    // (threads joined, buffers freed, on a loaded machine) would let their echoes reach the
+    // launcher first and be reported as the cause. Every file it wrote is flushed already.
+    std::fprintf(stderr, "myriad: %s: %s\n", class_name(e.cls()), e.what());
+    std::fflush(stdout), std::fflush(stderr);
+    std::_Exit(exit_code(e.cls()));
+  }
   return 0;
 }
 

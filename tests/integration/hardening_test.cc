@@ -376,9 +376,11 @@ TEST_F(Hardening, LostStoreMidRunIsReported) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2500));
     redis.kill();
   });
+  // 20 ms a step from step 1 on: the run lasts 8 s or more however fast the machine is.
   Result r = run(launch(2, dir_ / "lostredis",
                         "--set train.steps=400 --set model.d_model=64 --set model.seq_len=64 --set train.log_every=100",
-                        cat("--rdzv ", redis.url("lostredis"))));
+                        cat("--rdzv ", redis.url("lostredis"))),
+                 "MYRIAD_INJECT_FAULT=step:1:slow:20");
   killer.join();
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "does not answer")) << r.output;
