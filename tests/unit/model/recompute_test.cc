@@ -4,6 +4,7 @@
 // test_gpu checks the same on the CUDA op set, and how much device memory each mode saves.
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -36,6 +37,8 @@ struct Case {
   const char* name;
   std::vector<std::string> sets;
 };
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 class Recompute : public ::testing::TestWithParam<std::tuple<Case, const char*>> {};
 
