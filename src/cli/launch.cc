@@ -10,6 +10,9 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <cstdio>
 #include <iostream>
@@ -25,6 +28,8 @@
 #include "core/fault.h"
 #include "core/log.h"
 #include "data/shared_batch.h"
+#include "core/config.h"
+#include "driver/job_board.h"
 #include "driver/launcher.h"
 #include "driver/plan.h"
 
@@ -121,14 +126,14 @@ struct StoreWatch {
 };
 
 // Hang detection from the workers' heartbeats (runtime/heartbeat.h), once a second:
-// - a worker whose beat stops for kFrozen_s is frozen (stopped, or stuck in the kernel): the
+// - a worker whose beat (one a second) stops for kFrozen_s is frozen (stopped, or stuck in the kernel): the
 //   culprit, killed with SIGKILL, which fails the attempt the usual way;
 // - workers that beat on but none of which completes a step within its allowance are stuck
 //   together (a hung collective, a stuck kernel): all are stopped; the culprit is unknown here.
 // Workers that never beat (comm-check) are not watched. Detection does not wait for a
 // collective's timeout.
 struct HangWatch {
-  static constexpr double kFrozen_s = 10;
+  static constexpr double kFrozen_s = 4;
   struct Rank {
     int rank = 0;
     int index = -1;  // the launcher's worker index
@@ -231,10 +236,11 @@ struct Events {
     std::filesystem::create_directories(dir, ec);
     path = (dir / (node == 0 ? std::string("events.jsonl") : cat("events.node", node, ".jsonl"))).string();
   }
-  void write(const std::string& event, int rank, const std::string& cls, const std::string& detail) {
+  // `about`: the node the event is about (default this one).
+  void write(const std::string& event, int rank, const std::string& cls, const std::string& detail, int about = -1) {
     if (path.empty()) return;
     nlohmann::json j = {{"time", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()},
-                        {"event", event}, {"attempt", attempt}, {"node", node}};
+                        {"event", event}, {"attempt", attempt}, {"node", about >= 0 ? about : node}};
     if (rank >= 0) j["rank"] = rank;
     if (!cls.empty()) j["class"] = cls;
     if (!detail.empty()) j["detail"] = detail;
@@ -244,6 +250,211 @@ struct Events {
   std::string path;
   int node = 0, attempt = 0;
 };
+
+
+// The fault section of the workers' config (a train command's --config and --set), which the
+// agent acts on too; the defaults when the command is not a train or its config does not load
+// (the workers then report why).
+FaultConfig agent_fault_config(const std::vector<std::string>& command) {
+  FaultConfig fault;
+  if (command.empty() || command[0] != "train") return fault;
+  std::string config;
+  std::vector<std::string> sets;
+  for (size_t i = 1; i + 1 < command.size(); ++i) {
+    if (command[i] == "--config") config = command[i + 1];
+    if (command[i] == "--set") sets.push_back(command[i + 1]);
+  }
+  if (config.empty()) return fault;
+  try {
+    return load_config(config, sets).fault;
+  } catch (const Error&) {
+    return fault;
+  }
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  return ::gethostname(buf, sizeof buf - 1) == 0 ? std::string(buf) : std::string("localhost");
+}
+
+// The node agent's side of the job (myriad launch --max-restarts): its heartbeat in the store,
+// the job-wide stop (a fault on any node stops every node's workers at once, without waiting
+// for a collective to time out), and the loss of a node (its agent's heartbeat gone).
+struct JobWatch {
+  JobWatch(driver::JobBoard& b, driver::Launcher& l, const driver::LaunchPlan& p, const HangWatch& h, double hb,
+           int64_t a)
+      : board(b), launcher(l), plan(p), hangs(h), heartbeat_s(hb), attempt(a) {}
+  driver::JobBoard& board;
+  driver::Launcher& launcher;
+  const driver::LaunchPlan& plan;
+  const HangWatch& hangs;
+  double heartbeat_s;
+  int64_t attempt;
+  std::vector<std::string> errors;  // the workers' recent error lines
+  std::vector<double> seen_at;      // when each peer's heartbeat was last seen this attempt (0: never)
+  std::optional<nlohmann::json> remote;  // the job's stop record, when another node made it
+  double next_s = 0;
+
+  nlohmann::json state(const char* status) const {
+    nlohmann::json workers = nlohmann::json::array();
+    for (const HangWatch::Rank& r : hangs.ranks)
+      workers.push_back({{"rank", r.rank}, {"step", r.step}, {"phase", r.phase},
+                         {"running", r.index >= 0 && r.index < launcher.size() && launcher.running(r.index)}});
+    return {{"host", host_name()}, {"node", plan.node_rank}, {"pid", ::getpid()}, {"attempt", attempt},
+            {"status", status}, {"workers", workers}, {"errors", errors}};
+  }
+  void beat(const char* status, double ttl_s) {
+    board.beat(cat("node", plan.node_rank), state(status), ttl_s);
+  }
+  void operator()() {
+    const double now = comm::steady_now_s();
+    if (now < next_s) return;
+    next_s = now + heartbeat_s;
+    try {
+      // Beating on while the workers stop (a frozen one takes the grace period): alive, not lost.
+      beat(remote ? "stopping" : "training", 5 * heartbeat_s);
+      if (remote) return;
+      // A node's own faults are recorded after its workers ended: a record seen now is another's.
+      if (std::optional<nlohmann::json> stop = board.stopped(attempt)) {
+        remote = *stop;
+        launcher.stop(SIGTERM);
+        return;
+      }
+      // Lost: seen beating this attempt, then not for 5 beats (its key expires after 5; a store
+      // restarted empty refills within one).
+      seen_at.resize(plan.nnodes, 0.0);
+      for (int m = 0; m < plan.nnodes; ++m) {
+        if (m == plan.node_rank) continue;
+        if (board.heartbeat(cat("node", m))) {
+          seen_at[m] = now;
+        } else if (seen_at[m] > 0 && now - seen_at[m] > 5 * heartbeat_s) {
+          remote = board.stop(attempt, {{"node", m}, {"rank", -1}, {"class", class_name(ErrorClass::kRuntime)},
+                                        {"detail", cat("node ", m, " lost: its agent's heartbeat stopped")}});
+          launcher.stop(SIGTERM);
+          return;
+        }
+      }
+    } catch (const Error& e) {
+      log::warn("launch: the job's store did not answer (", e.what(), ")");
+    }
+  }
+};
+
+// Stop and check: the node's self-check (myriad self-check) in a process of its own, as the
+// workers run. Returns {ok, detail}.
+nlohmann::json self_check(driver::Launcher& launcher, const driver::LaunchPlan& plan, int64_t attempt,
+                          std::string& last_line) {
+  driver::WorkerSpec spec;
+  spec.rank = -1, spec.local_rank = 0;
+  spec.exe = "/proc/self/exe";
+  spec.argv = {self_path(), "self-check", "--checkpoint-dir",
+               (std::filesystem::path(plan.run_dir) / "checkpoints").string()};
+  spec.env = {{"MYRIAD_NODE_RANK", std::to_string(plan.node_rank)}, {"MYRIAD_ATTEMPT", std::to_string(attempt)}};
+  spec.log_path = (std::filesystem::path(plan.log_dir) / cat("self_check_node", plan.node_rank, ".log")).string();
+  last_line.clear();
+  launcher.spawn(spec);
+  const driver::RunResult r = launcher.run();
+  const bool ok = r.ok() && last_line.rfind("self-check ok", 0) == 0;
+  return {{"ok", ok}, {"detail", last_line.empty() ? (r.failure ? r.failure->describe() : "no result") : last_line}};
+}
+
+// After attempt A stopped (`cause`: the job's record of why): this node checks itself, then the
+// job decides which nodes leave, a failed self-check, a lost agent, or the culprit of the last
+// fault.evict_after faults, and which spare takes each one's place. The leader (the lowest node
+// rank that stays) decides, once; the others read its decision. `beat` keeps this agent's
+// heartbeat alive meanwhile. Returns why this agent leaves the job (evicted, or a node that left
+// has no spare), nullopt to restart in place.
+std::optional<std::string> stop_and_check(driver::JobBoard& board, driver::Launcher& launcher,
+                                          const driver::LaunchPlan& plan, const FaultConfig& fault,
+                                          int64_t attempt, const nlohmann::json& cause, std::string& check_line,
+                                          Events& events, const std::function<void(const char*)>& beat) {
+  const int me = plan.node_rank;
+  beat("checking");
+  const nlohmann::json mine = self_check(launcher, plan, attempt, check_line);
+  board.diagnosed(attempt, me, mine);
+  events.write("diagnose", -1, mine["ok"] ? "" : class_name(ErrorClass::kRuntime),
+               cat("self-check of node ", me, ": ", mine["detail"].get<std::string>()));
+  // Every node's result, or its loss.
+  std::map<int, std::string> leave;  // node -> why
+  const double deadline = comm::steady_now_s() + 120;
+  for (int m = 0; m < plan.nnodes; ++m)
+    for (;;) {
+      if (std::optional<nlohmann::json> d = board.diagnosis(attempt, m)) {
+        if (!(*d)["ok"].get<bool>()) leave[m] = cat("its self-check failed: ", (*d)["detail"].get<std::string>());
+        break;
+      }
+      if (!board.heartbeat(cat("node", m))) {
+        leave[m] = "lost: its agent's heartbeat stopped";
+        break;
+      }
+      if (comm::steady_now_s() > deadline) {
+        leave[m] = "no self-check result within 120 s";
+        break;
+      }
+      beat("checking");
+      launcher.wait(0.2);
+    }
+  // The culprit of the last fault.evict_after faults in a row.
+  const int culprit = cause.value("node", -1);
+  if (culprit >= 0 && cause.value("rank", -1) >= 0 && !leave.count(culprit)) {
+    int64_t in_a_row = 0;
+    for (int64_t a = attempt; a >= 0 && in_a_row < fault.evict_after; --a, ++in_a_row) {
+      const std::optional<nlohmann::json> rec = a == attempt ? cause : board.stopped(a);
+      if (!rec || rec->value("node", -1) != culprit || rec->value("rank", -1) < 0) break;
+    }
+    if (in_a_row >= fault.evict_after)
+      leave[culprit] = cat("it caused the last ", in_a_row, " faults (fault.evict_after = ", fault.evict_after, ")");
+  }
+  if (leave.empty()) return std::nullopt;
+  if (leave.count(me)) {
+    const std::string why = cat("node ", me, " (", host_name(), ") evicted: ", leave[me]);
+    events.write("evict", -1, "", why);
+    board.block(host_name(), why);
+    if (!fault.evict_command.empty()) {
+      std::string command = fault.evict_command;
+      for (auto [from, to] : {std::pair<std::string, std::string>{"{host}", host_name()}, {"{node}", std::to_string(me)}})
+        for (size_t at; (at = command.find(from)) != std::string::npos;) command.replace(at, from.size(), to);
+      const int rc = std::system(command.c_str());
+      log::info("launch: evict command '", command, "' exited with ", rc);
+    }
+    return why;
+  }
+  // The leader: the lowest node rank that stays.
+  int leader = 0;
+  while (leave.count(leader)) ++leader;
+  nlohmann::json outcome;
+  if (me == leader) {
+    outcome = {{"evict", nlohmann::json::object()}, {"spares", nlohmann::json::object()}};
+    for (const auto& [m, why] : leave) {
+      outcome["evict"][std::to_string(m)] = why;
+      if (std::optional<int64_t> k = board.assign_spare(m)) {
+        outcome["spares"][std::to_string(m)] = *k;
+      } else {
+        outcome["error"] = cat("node ", m, " left the job (", why, ") and no spare (myriad launch --spare) is "
+                               "there to take its place; a smaller data-parallel layout is not supported yet");
+        break;
+      }
+    }
+    outcome = board.decide(attempt, outcome);
+  } else {
+    for (const double until = comm::steady_now_s() + 120;;) {
+      if (std::optional<nlohmann::json> o = board.outcome(attempt)) {
+        outcome = *o;
+        break;
+      }
+      if (comm::steady_now_s() > until) return cat("the job's leader, node ", leader, ", decided nothing within 120 s");
+      beat("checking");
+      launcher.wait(0.2);
+    }
+  }
+  for (const auto& [m, why] : outcome["evict"].items()) {
+    const std::string spare =
+        outcome["spares"].contains(m) ? cat("; spare ", outcome["spares"][m].get<int64_t>(), " takes its place") : "";
+    events.write("evict", -1, "", cat("node ", m, " evicted: ", why.get<std::string>(), spare), std::stoi(m));
+  }
+  if (outcome.contains("error")) return outcome["error"].get<std::string>();
+  return std::nullopt;
+}
 
 }  // namespace
 
@@ -255,7 +466,7 @@ int cmd_launch(int argc, char** argv) {
     throw_input("launch: expected '--' and then the subcommand to run, e.g. "
                 "myriad launch --nproc-per-node 4 -- train --config FILE");
   Args args("launch", sep, argv,
-            {"nproc-per-node", "nnodes", "node-rank", "rdzv", "job", "grace-period", "max-restarts"});
+            {"nproc-per-node", "nnodes", "node-rank", "rdzv", "job", "grace-period", "max-restarts"}, {"spare"});
   driver::LaunchFlags flags;
   args.required("nproc-per-node");
   flags.nproc_per_node = args.get_int("nproc-per-node", 0);
@@ -273,33 +484,78 @@ int cmd_launch(int argc, char** argv) {
   const long long max_restarts = args.get_int("max-restarts", 0);
   if (max_restarts < 0 || max_restarts > 1000)
     throw_input("launch: --max-restarts must be 0..1000, got ", max_restarts);
+  const bool spare = args.has("spare");
+  if (spare && max_restarts == 0)
+    throw_input("launch: --spare waits to replace a node of a supervised job: give --max-restarts too");
+  if (spare && args.has("node-rank"))
+    throw_input("launch: a --spare has no node rank until it takes one over: drop --node-rank");
+  if (spare) flags.node_rank = 0;  // until it takes a node over
 
   driver::LaunchPlan plan = driver::plan_launch(flags, driver::process_env());
+  if (spare && plan.default_store)
+    throw_input("launch: --spare needs the job's store (--rdzv URL), shared with the nodes it may replace");
   const bool temporary_run_dir = plan.run_dir.empty();
   driver::prepare_run_dir(plan);
-  Events events(plan, max_restarts > 0);
+  const bool supervised = max_restarts > 0;
+  const FaultConfig fault = agent_fault_config(plan.command);
   bool restarted = false, resumed = false;
-  std::string resumed_from;
+  std::string resumed_from, check_line;
+  std::unique_ptr<Events> events;
+  std::vector<std::string>* errors = nullptr;  // the job watch's, while it runs
   options.on_line = [&](int rank, std::string_view line) {
+    if (rank < 0) {  // the self-check
+      check_line = std::string(line);
+      return;
+    }
+    if (errors && line.rfind("myriad: ", 0) == 0) {
+      errors->push_back(cat("rank ", rank, ": ", line));
+      if (errors->size() > 5) errors->erase(errors->begin());
+    }
     if (!restarted || resumed) return;
     if (const size_t at = line.find(" I resume: "); at != std::string_view::npos)
       resumed_from = std::string(line.substr(at + 11));
     // "HH:MM:SS I step S/N | ...": the first step the restarted attempt completed.
     if (line.size() > 17 && line.substr(8, 8) == " I step " && line.find('/') != std::string_view::npos) {
       resumed = true;
-      events.write("resumed", rank, "", cat(line.substr(11, line.find(' ', 16) - 11),
-                                            resumed_from.empty() ? "" : ", from " + resumed_from));
+      events->write("resumed", rank, "", cat(line.substr(11, line.find(' ', 16) - 11),
+                                             resumed_from.empty() ? "" : ", from " + resumed_from));
     }
   };
   driver::Launcher launcher(options);
+  std::unique_ptr<driver::JobBoard> board;
+  if (supervised) board = std::make_unique<driver::JobBoard>(plan.rdzv, 30);
+
+  // A spare waits, beating, until the leader gives it a node to take over; then it is that node.
+  if (spare) {
+    const int64_t k = board->join_as_spare();
+    log::info("launch: spare ", k, " of job ", plan.job, " waits for a node to take over");
+    for (;;) {
+      board->beat(cat("spare", k), {{"host", host_name()}, {"pid", ::getpid()}}, 5 * fault.heartbeat_s);
+      if (std::optional<int> node = board->assignment(k)) {
+        plan.node_rank = *node;
+        break;
+      }
+      for (const driver::Launcher::Event& e : launcher.wait(fault.heartbeat_s))
+        if (e.kind == driver::Launcher::Event::Kind::kSignal) {
+          log::info("launch: spare ", k, " stops (", driver::signal_name(e.signal), ")");
+          return 0;
+        }
+    }
+    log::info("launch: spare ", k, " takes over node ", plan.node_rank);
+    plan.command.insert(plan.command.end(), {"--resume", "auto"});
+    restarted = true;
+  }
+  events = std::make_unique<Events>(plan, supervised);
+
   driver::RunResult r;
   std::string restarting;  // the restart event, written once the new attempt has its number
   std::string failed;      // the last attempt's failure, as the console's last line says it
   ErrorClass failed_class = ErrorClass::kRuntime;
   for (long long restarts = 0;; ++restarts) {
     std::unique_ptr<comm::Store> store = claim_attempt(plan);
-    events.attempt = std::stoi(plan.attempt);
-    if (!restarting.empty()) events.write("restart", -1, "", restarting);
+    const int64_t attempt = std::stoll(plan.attempt);
+    events->attempt = static_cast<int>(attempt);
+    if (!restarting.empty()) events->write("restart", -1, "", restarting);
     failed.clear();
     const int first = plan.node_rank * plan.nproc_per_node;
     log::info("launch: ", plan.command[0], " on ranks ", first, "..", first + plan.nproc_per_node - 1,
@@ -312,28 +568,68 @@ int cmd_launch(int argc, char** argv) {
       launcher.spawn(spec);
     }
     StoreWatch store_watch{store.get()};
+    std::optional<JobWatch> job;
+    if (board) {
+      job.emplace(*board, launcher, plan, hangs, fault.heartbeat_s, attempt);
+      errors = &job->errors;
+    }
     r = launcher.run([&] {
       store_watch();
       hangs();
+      if (job) (*job)();
       for (const HangWatch::Report& s : hangs.reports) {
-        if (events.path.empty()) log::warn("launch: ", s.detail);
-        events.write("diagnose", s.rank, "", s.detail);
+        if (events->path.empty()) log::warn("launch: ", s.detail);
+        events->write("diagnose", s.rank, "", s.detail);
       }
       hangs.reports.clear();
     });
+    errors = nullptr;
     // What the workers of this node left in shared memory (a killed reader never unlinks).
     if (int n = data::remove_node_segments(plan.job, plan.attempt, plan.node_rank); n > 0)
       log::info("launch: removed ", n, " shared-memory segment(s) the workers left");
-    if (!r.failure && hangs.verdict.empty()) break;
-    // A hang is the launcher's own finding (it killed the frozen rank, or stopped them all).
-    const int rank = !hangs.verdict.empty() ? hangs.culprit : r.failure->rank;
-    failed_class = !hangs.verdict.empty() ? ErrorClass::kRuntime : r.failure->error_class();
-    failed = !hangs.verdict.empty() ? hangs.verdict : cat("rank ", rank, " ", r.failure->describe());
-    events.write("fault", rank, class_name(failed_class), failed);
-    events.write("stop", -1, "", cat("the other workers of this node were stopped"));
+    const bool local = r.failure || !hangs.verdict.empty();
+    if (!local && !(job && job->remote)) {
+      if (job) job->beat("done", 3600);  // finished: not lost
+      break;
+    }
+    // The job's cause: this node's failure unless another node recorded its own first. A hang is
+    // the launcher's own finding (it killed the frozen rank, or stopped them all).
+    nlohmann::json cause;
+    if (local) {
+      const int rank = !hangs.verdict.empty() ? hangs.culprit : r.failure->rank;
+      const ErrorClass cls = !hangs.verdict.empty() ? ErrorClass::kRuntime : r.failure->error_class();
+      cause = {{"node", plan.node_rank}, {"rank", rank}, {"class", class_name(cls)},
+               {"detail", !hangs.verdict.empty() ? hangs.verdict : cat("rank ", rank, " ", r.failure->describe())}};
+      if (board && cls == ErrorClass::kComm) {
+        // Most often the echo of another node's fault: give its agent a moment to record the cause.
+        for (const double until = comm::steady_now_s() + 3; comm::steady_now_s() < until && !board->stopped(attempt);)
+          launcher.wait(0.1);
+      }
+      if (board) cause = board->stop(attempt, cause);
+    } else {
+      cause = *job->remote;
+    }
+    const int cause_node = cause.value("node", -1), cause_rank = cause.value("rank", -1);
+    failed_class = class_from_name(cause.value("class", ""));
+    failed = cause.value("detail", "");
+    if (cause_node != plan.node_rank) failed = cat("node ", cause_node, ": ", failed);
+    events->write("fault", cause_rank, class_name(failed_class), failed, cause_node);
+    events->write("stop", -1, "", cause_node == plan.node_rank ? "the other workers of this node were stopped"
+                                                               : "this node's workers were stopped");
     // Bad input fails the same way every time, and a bug is not a fault of the machine.
     if (failed_class == ErrorClass::kInput || failed_class == ErrorClass::kInternal || restarts >= max_restarts)
       break;
+    if (board) {
+      // Stop and check: every node checks itself; the nodes that fail, are lost, or caused the
+      // last fault.evict_after faults leave the job, and spares take their places.
+      const std::optional<std::string> why_out = stop_and_check(
+          *board, launcher, plan, fault, attempt, cause, check_line, *events,
+          [&](const char* status) { job->beat(status, 5 * fault.heartbeat_s); });
+      if (why_out) {
+        std::fprintf(stderr, "myriad: launch: %s; logs in %s\n", why_out->c_str(), plan.log_dir.c_str());
+        return exit_code(ErrorClass::kRuntime);
+      }
+    }
     // The restarted attempt resumes from the latest committed checkpoint by itself.
     if (!restarted) plan.command.insert(plan.command.end(), {"--resume", "auto"});
     restarted = true, resumed = false, resumed_from.clear();

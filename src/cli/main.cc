@@ -30,6 +30,7 @@ namespace myriad::cli {
 int cmd_bench_init(int argc, char** argv);  // bench_init.cc
 int cmd_launch(int argc, char** argv);      // launch.cc
 int cmd_comm_check(int argc, char** argv);  // launch.cc
+int cmd_self_check(int argc, char** argv);  // self_check.cc
 }
 
 namespace {
@@ -43,7 +44,7 @@ usage:
   myriad sample  --checkpoint DIR --prompt TEXT [--tokens N] [--temperature T] [--top-k K] [--seed S]
   myriad bench   --config FILE [--set section.key=value]... [--steps N] [--warmup K]
   myriad bench-init --ranks N [--store redis|file] [--url URL] [--threads T] [--tp 8] [--pp P] [--timeout S]
-  myriad launch --nproc-per-node N [--nnodes M --node-rank R] [--rdzv URL] [--job NAME] [--grace-period S] [--max-restarts N] -- COMMAND [ARGS...]
+  myriad launch --nproc-per-node N [--nnodes M --node-rank R] [--rdzv URL] [--job NAME] [--grace-period S] [--max-restarts N] [--spare] -- COMMAND [ARGS...]
   myriad help
 
 exit codes: 0 success, 1 internal error, 2 bad input or config (do not retry),
@@ -172,6 +173,7 @@ int main(int argc, char** argv) {
     if (cmd == "bench-init") return cli::cmd_bench_init(argc - 2, argv + 2);
     if (cmd == "launch") return cli::cmd_launch(argc - 2, argv + 2);
     if (cmd == "comm-check") return cli::cmd_comm_check(argc - 2, argv + 2);
+    if (cmd == "self-check") return cli::cmd_self_check(argc - 2, argv + 2);
     throw_input("myriad: unknown command '", cmd, "'", did_you_mean(cmd, commands), "; see myriad help");
   } catch (const Error& e) {
     std::fprintf(stderr, "myriad: %s: %s\n", class_name(e.cls()), e.what());

@@ -83,6 +83,9 @@ struct FaultConfig {
   double startup_timeout_s = 1800;  // allowance before the first step, and around evaluations and saves
   double spike_factor = 0;          // a loss above this x the median of the last 21 is a numerics fault; 0 = off
   int64_t sdc_check_every = 0;      // steps between the data-parallel replicas' parameter check; 0 = off
+  double heartbeat_s = 1;           // between a node agent's heartbeats in the store; lost after 5 missed
+  int64_t evict_after = 2;          // a node that causes this many faults in a row is evicted
+  std::string evict_command;        // run for an evicted node ({host}, {node} replaced); empty = none
 };
 
 struct CheckpointConfig {
@@ -162,6 +165,9 @@ struct Config {
     f("fault", "startup_timeout_s", fault.startup_timeout_s);
     f("fault", "spike_factor", fault.spike_factor);
     f("fault", "sdc_check_every", fault.sdc_check_every);
+    f("fault", "heartbeat_s", fault.heartbeat_s);
+    f("fault", "evict_after", fault.evict_after);
+    f("fault", "evict_command", fault.evict_command);
   }
   template <class F>
   void visit(F&& f) const { const_cast<Config*>(this)->visit(f); }

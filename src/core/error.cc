@@ -13,4 +13,11 @@ const char* class_name(ErrorClass c) {
   return "error";
 }
 
+ErrorClass class_from_name(const std::string& name) {
+  for (ErrorClass c : {ErrorClass::kInternal, ErrorClass::kInput, ErrorClass::kRuntime, ErrorClass::kComm,
+                       ErrorClass::kNumerics})
+    if (name == class_name(c)) return c;
+  return ErrorClass::kRuntime;
+}
+
 }  // namespace myriad

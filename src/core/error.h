@@ -22,6 +22,8 @@ enum class ErrorClass : int {
 // Process exit code of each class (the README's table); 0 is success.
 inline int exit_code(ErrorClass c) { return static_cast<int>(c); }
 const char* class_name(ErrorClass c);
+// The class of class_name(c) (a runtime fault for a name it does not know).
+ErrorClass class_from_name(const std::string& name);
 
 class Error : public std::runtime_error {
  public:

@@ -137,7 +137,7 @@ Distributed::Distributed(const Config& cfg, int rank, int world)
   start_id_ %= 1000000007;
   log::info("distributed: rank ", rank, " of ", world, ", tp ", topo_.tp(), " x pp ", topo_.pp(),
             " x dp ", topo_.dp(), " (coordinates tp ", me.tp, ", pp ", me.pp, ", dp ", me.dp, "; ",
-            groups_.size(), " groups through ", url, ")");
+            groups_.size(), " groups through ", store_->url(), ")");
 }
 
 Distributed::~Distributed() {

@@ -83,14 +83,17 @@ TEST_F(Restart, KilledWorkerIsRestartedAndEndsWithTheWeightsOfTheRunThatNeverBro
   std::vector<nlohmann::json> ev = jsonl(broken / "driver/events.jsonl");
   std::vector<std::string> kinds;
   for (const auto& e : ev) kinds.push_back(e["event"]);
-  ASSERT_EQ(kinds, (std::vector<std::string>{"fault", "stop", "restart", "resumed"})) << r.output;
+  ASSERT_EQ(kinds, (std::vector<std::string>{"fault", "stop", "diagnose", "restart", "resumed"})) << r.output;
   EXPECT_EQ(ev[0]["rank"], 1);
   EXPECT_EQ(ev[0]["class"], "runtime fault");
   EXPECT_EQ(ev[0]["attempt"], 0);
-  EXPECT_EQ(ev[2]["attempt"], 1);  // the attempt the restart starts
-  EXPECT_EQ(ev[3]["attempt"], 1);
-  EXPECT_NE(ev[3]["detail"].get<std::string>().find("step 5/12, from "), std::string::npos) << ev[3].dump();
-  EXPECT_NE(ev[3]["detail"].get<std::string>().find("step_00000004"), std::string::npos) << ev[3].dump();
+  // Stop and check: the node's self-check passed, so it restarts in place.
+  EXPECT_NE(ev[2]["detail"].get<std::string>().find("self-check of node 0: self-check ok: compute "),
+            std::string::npos) << ev[2].dump();
+  EXPECT_EQ(ev[3]["attempt"], 1);  // the attempt the restart starts
+  EXPECT_EQ(ev[4]["attempt"], 1);
+  EXPECT_NE(ev[4]["detail"].get<std::string>().find("step 5/12, from "), std::string::npos) << ev[4].dump();
+  EXPECT_NE(ev[4]["detail"].get<std::string>().find("step_00000004"), std::string::npos) << ev[4].dump();
   for (const auto& e : ev) EXPECT_GT(e["time"].get<double>(), 1.7e9);
   // The same weights and optimizer state, bit for bit, and the same losses.
   for (const char* shard : {"shard_00000.bin", "shard_00001.bin"})

@@ -1,0 +1,280 @@
+// The fault-tolerant driver on simulated nodes: two node agents (`myriad launch --nnodes 2
+// --node-rank R --max-restarts N`) of two workers each on this machine, meeting through a real
+// redis-server on loopback, and a spare agent (`--spare`) where a test needs one. Each fault is
+// injected into one node; the job must finish every step by itself, with the final weights of
+// the run that never broke, bit for bit, and the events naming the right node, rank and class.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/local_redis.h"
+#include "core/error.h"
+
+namespace fs = std::filesystem;
+using myriad::cat;
+
+namespace {
+
+// A process running `myriad ARGS` with its output in a file: started, waited for, killed.
+class Proc {
+ public:
+  Proc(const std::string& args, const std::string& env, const fs::path& out) : out_(out) {
+    const std::string cmd = cat("exec env -u MYRIAD_RDZV -u MYRIAD_JOB -u MYRIAD_INJECT_FAULT OMP_NUM_THREADS=1 ", env,
+                                " ", MYRIAD_BINARY_DIR, "/myriad ", args, " > ", out.string(), " 2>&1");
+    pid_ = fork();
+    if (pid_ == 0) {
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+  }
+  ~Proc() {
+    if (pid_ > 0 && code_ < 0) ::kill(pid_, SIGKILL), wait(10);
+  }
+  // The exit code (128 + signal when killed); -1 when it did not end within `seconds`.
+  int wait(double seconds = 240) {
+    for (auto t0 = std::chrono::steady_clock::now(); code_ < 0;) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        break;
+      }
+      if (std::chrono::steady_clock::now() - t0 > std::chrono::duration<double>(seconds)) return -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return code_;
+  }
+  void kill(int sig) { ::kill(pid_, sig); }
+  std::string output() const {
+    std::ifstream in(out_);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+
+ private:
+  fs::path out_;
+  pid_t pid_ = -1;
+  int code_ = -1;
+};
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<nlohmann::json> jsonl(const fs::path& p) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(p);
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+class Nodes : public ::testing::Test {
+ protected:
+  static fs::path dir_;
+  static std::string data_;
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / cat("myriad_nodes_", getpid());
+    fs::create_directories(dir_);
+    data_ = (dir_ / "corpus").string();
+    Proc p(cat("prepare --input /usr/share/games/fortunes/computers --tokenizer byte --output ", data_,
+               " --doc-separator %"), "", dir_ / "prepare.txt");
+    ASSERT_EQ(p.wait(), 0) << p.output();
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  // The worker command: 4 ranks in `layout`, 12 steps, a checkpoint every 4.
+  static std::string train(const fs::path& rd, const std::string& layout, const std::string& extra) {
+    return cat("train --config ", MYRIAD_SOURCE_DIR, "/configs/demo.toml --run-dir ", rd.string(),
+               " --set model.layers=2 --set model.d_model=32 --set model.seq_len=16 ", layout,
+               " --set train.steps=12 --set checkpoint.every=4 --set checkpoint.keep_last=0 --set train.log_every=1",
+               " --set train.eval_every=0 --set data.train=", data_, " --set data.valid= --set fault.heartbeat_s=0.5 ",
+               extra);
+  }
+  // Node `node`'s agent (or a spare's, node < 0) of job `job` on `redis`.
+  static std::unique_ptr<Proc> agent(const myriad::comm::LocalRedis& redis, const std::string& job, int node,
+                                     const fs::path& rd, const std::string& layout, const std::string& extra = "",
+                                     const std::string& env = "", int restarts = 2) {
+    const std::string who = node < 0 ? "--spare" : cat("--node-rank ", node);
+    return std::make_unique<Proc>(cat("launch --nnodes 2 ", who, " --nproc-per-node 2 --max-restarts ", restarts,
+                                      " --rdzv ", redis.url(job), " -- ", train(rd, layout, extra)),
+                                  env, dir_ / cat(job, "_", node < 0 ? std::string("spare") : std::to_string(node), ".txt"));
+  }
+  // The fault-free run of a layout, once.
+  static fs::path straight(const myriad::comm::LocalRedis& redis, const std::string& layout) {
+    static std::map<std::string, fs::path> done;
+    if (done.count(layout)) return done[layout];
+    const std::string job = cat("straight", done.size());
+    const fs::path rd = dir_ / job;
+    auto a = agent(redis, job, 0, rd, layout), b = agent(redis, job, 1, rd, layout);
+    EXPECT_EQ(a->wait(), 0) << a->output();
+    EXPECT_EQ(b->wait(), 0) << b->output();
+    return done[layout] = rd;
+  }
+  static void expect_same_weights(const fs::path& rd, const fs::path& ref) {
+    for (int r = 0; r < 4; ++r) {
+      const std::string shard = cat("checkpoints/step_00000012/shard_0000", r, ".bin");
+      if (!fs::exists(ref / shard)) continue;
+      EXPECT_EQ(read_file(rd / shard), read_file(ref / shard)) << shard;
+    }
+  }
+};
+fs::path Nodes::dir_;
+std::string Nodes::data_;
+
+const char* kDpTp = "--set parallel.dp=2 --set parallel.tp=2";
+const char* kPpDp = "--set parallel.pp=2 --set parallel.dp=2";
+
+struct Case {
+  const char* name;
+  const char* layout;
+  const char* fault;  // injected into node 1's ranks
+  const char* cls;
+  int rank;           // the rank the events must name; -1: any
+  int node = 1;       // the node the events must name; -1: any (a stall stops every node)
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+class NodeFaults : public Nodes, public ::testing::WithParamInterface<Case> {};
+
+// A fault on node 1 stops node 0's workers too (through the job's store, not a collective's
+// timeout: comm.timeout_s is 300 s); both nodes check themselves, pass, and restart in place
+// from the step-4 checkpoint; the job ends with the weights of the run that never broke.
+TEST_P(NodeFaults, TheJobRestartsEveryNodeAndEndsAsTheRunThatNeverBroke) {
+  const Case& c = GetParam();
+  myriad::comm::LocalRedis redis;
+  const fs::path ref = straight(redis, c.layout);
+  const std::string job = cat("fault_", c.name);
+  const fs::path rd = dir_ / job;
+  // A stall is found after fault.step_timeout_s; a frozen rank sooner, from its heartbeat (4 s).
+  const std::string extra = "--set comm.timeout_s=300 --set fault.step_timeout_s=8 --set fault.sdc_check_every=1";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto a = agent(redis, job, 0, rd, c.layout, extra), b = agent(redis, job, 1, rd, c.layout, extra,
+                                                               cat("MYRIAD_INJECT_FAULT=", c.fault));
+  ASSERT_EQ(a->wait(), 0) << a->output();
+  ASSERT_EQ(b->wait(), 0) << b->output();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 90);
+  expect_same_weights(rd, ref);
+  // Node 0's record names node 1's fault.
+  std::vector<nlohmann::json> ev = jsonl(rd / "driver/events.jsonl");
+  ASSERT_GE(ev.size(), 5u) << a->output();
+  EXPECT_EQ(ev[0]["event"], "fault");
+  if (c.node >= 0) EXPECT_EQ(ev[0]["node"], c.node) << ev[0].dump();
+  EXPECT_EQ(ev[0]["class"], c.cls) << ev[0].dump();
+  if (c.rank >= 0) EXPECT_EQ(ev[0]["rank"], c.rank) << ev[0].dump();
+  EXPECT_EQ(ev[1]["event"], "stop");
+  EXPECT_EQ(ev[2]["event"], "diagnose");
+  EXPECT_EQ(ev[3]["event"], "restart");
+  EXPECT_EQ(ev.back()["event"], "resumed");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Faults, NodeFaults,
+    ::testing::Values(Case{"kill", kDpTp, "step:6:kill@rank=2", "runtime fault", 2},
+                      Case{"hang", kDpTp, "step:6:hang@rank=3", "runtime fault", 3},
+                      Case{"stall", kDpTp, "step:6:stall@rank=3", "runtime fault", -1, -1},
+                      Case{"nan", kDpTp, "step:6:nan@rank=2", "numerics fault", 2},
+                      Case{"throw", kDpTp, "step:6:throw@rank=3", "runtime fault", 3},
+                      Case{"flip", kDpTp, "step:6:flip@rank=2", "runtime fault", 2},
+                      Case{"kill_pp", kPpDp, "step:6:kill@rank=3", "runtime fault", 3},
+                      Case{"hang_pp", kPpDp, "step:6:hang@rank=2", "runtime fault", 2}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// Node 1 fails its self-check after a fault: it is evicted (its agent runs fault.evict_command,
+// puts its host on the job's block list and exits 3), and the spare takes node 1's place; the
+// job ends as the run that never broke.
+TEST_F(Nodes, AFailedSelfCheckEvictsTheNodeAndASpareTakesItsPlace) {
+  myriad::comm::LocalRedis redis;
+  const fs::path ref = straight(redis, kDpTp);
+  const fs::path rd = dir_ / "evict", marker = dir_ / "evicted_1";
+  const std::string extra = cat("--set fault.evict_command='touch ", (dir_ / "evicted_").string(), "{node}'");
+  auto spare = agent(redis, "evict", -1, rd, kDpTp, extra);
+  auto a = agent(redis, "evict", 0, rd, kDpTp, extra),
+       b = agent(redis, "evict", 1, rd, kDpTp, extra, "MYRIAD_INJECT_FAULT=step:6:kill@rank=2,diag:fail@node=1");
+  ASSERT_EQ(b->wait(), 3) << b->output();
+  EXPECT_NE(b->output().find("node 1 ("), std::string::npos) << b->output();
+  EXPECT_NE(b->output().find("evicted: its self-check failed: "), std::string::npos) << b->output();
+  EXPECT_TRUE(fs::exists(marker)) << "the evict command ran";
+  ASSERT_EQ(a->wait(), 0) << a->output();
+  ASSERT_EQ(spare->wait(), 0) << spare->output();
+  EXPECT_NE(spare->output().find("takes over node 1"), std::string::npos) << spare->output();
+  expect_same_weights(rd, ref);
+  bool evicted = false;
+  for (const auto& e : jsonl(rd / "driver/events.jsonl"))
+    if (e["event"] == "evict" && e["node"] == 1) evicted = true;
+  EXPECT_TRUE(evicted);
+}
+
+// The same without a spare: the job cannot go on in its layout, and stops, saying why.
+TEST_F(Nodes, WithoutASpareTheJobStopsAndSaysWhy) {
+  myriad::comm::LocalRedis redis;
+  const fs::path rd = dir_ / "nospare";
+  auto a = agent(redis, "nospare", 0, rd, kDpTp), b = agent(redis, "nospare", 1, rd, kDpTp, "",
+                                                           "MYRIAD_INJECT_FAULT=step:6:kill@rank=2,diag:fail@node=1");
+  EXPECT_EQ(b->wait(), 3) << b->output();
+  EXPECT_EQ(a->wait(), 3) << a->output();
+  EXPECT_NE(a->output().find("no spare (myriad launch --spare) is there to take its place"), std::string::npos)
+      << a->output();
+}
+
+// Through restarts, the store's password stays out of every log, event and console line, and a
+// wrong one is refused before any worker starts (an input error, never retried).
+TEST_F(Nodes, TheStorePasswordNeverReachesALog) {
+  myriad::comm::LocalRedis redis({"--requirepass", "s3cret"});
+  const fs::path rd = dir_ / "secret";
+  const std::string url = cat("redis://:s3cret@127.0.0.1:", redis.port(), "/secret");
+  auto launch = [&](int node, const std::string& u, const std::string& env) {
+    return std::make_unique<Proc>(cat("launch --nnodes 2 --node-rank ", node, " --nproc-per-node 2 --max-restarts 1",
+                                      " --rdzv ", u, " -- ", train(rd, kDpTp, "")),
+                                  env, dir_ / cat("secret_", node, ".txt"));
+  };
+  auto a = launch(0, url, ""), b = launch(1, url, "MYRIAD_INJECT_FAULT=step:6:kill@rank=2");
+  ASSERT_EQ(a->wait(), 0) << a->output();
+  ASSERT_EQ(b->wait(), 0) << b->output();
+  for (const auto& e : fs::recursive_directory_iterator(rd))
+    if (e.is_regular_file() && e.path().extension() != ".bin")
+      EXPECT_EQ(read_file(e.path()).find("s3cret"), std::string::npos) << e.path();
+  EXPECT_EQ(a->output().find("s3cret"), std::string::npos);
+  auto wrong = launch(0, cat("redis://:wrong@127.0.0.1:", redis.port(), "/secret"), "");
+  EXPECT_EQ(wrong->wait(), 2) << wrong->output();
+  EXPECT_EQ(wrong->output().find("wrong"), std::string::npos) << wrong->output();
+}
+
+// A node's agent killed (SIGKILL: the node is gone, its workers with it): the other node finds
+// its heartbeat gone, the spare takes its place, and the job ends as the run that never broke.
+TEST_F(Nodes, ALostNodeIsReplacedByASpare) {
+  myriad::comm::LocalRedis redis;
+  const fs::path ref = straight(redis, kDpTp);
+  const fs::path rd = dir_ / "lost";
+  // Slow steps, so that node 1 is lost mid-run, after the step-4 checkpoint.
+  const std::string slow = "MYRIAD_INJECT_FAULT=step:4:slow:300";
+  auto spare = agent(redis, "lost", -1, rd, kDpTp);
+  auto a = agent(redis, "lost", 0, rd, kDpTp, "", slow), b = agent(redis, "lost", 1, rd, kDpTp, "", slow);
+  for (int i = 0; i < 600 && !fs::exists(rd / "checkpoints/step_00000004/COMMITTED"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  b->kill(SIGKILL);
+  ASSERT_EQ(a->wait(), 0) << a->output();
+  ASSERT_EQ(spare->wait(), 0) << spare->output();
+  expect_same_weights(rd, ref);
+  bool lost = false;
+  for (const auto& e : jsonl(rd / "driver/events.jsonl"))
+    if (e["event"] == "evict" && e["node"] == 1 && e["detail"].get<std::string>().find("lost") != std::string::npos)
+      lost = true;
+  EXPECT_TRUE(lost) << a->output();
+}
+
+}  // namespace
