@@ -87,11 +87,13 @@ void comm_check_fault(int rank) {
 // workers that used them have ended (on this node; elsewhere they belong to a job that is
 // being restarted). Opening the store here also checks its URL and reachability before any
 // worker starts.
-std::unique_ptr<comm::Store> claim_attempt(driver::LaunchPlan& plan) {
+// A supervised restart knows its attempt (`known`: the job's agents decided it together), and
+// still counts its arrival, so that a later launch by hand lands past it.
+std::unique_ptr<comm::Store> claim_attempt(driver::LaunchPlan& plan, std::optional<int64_t> known = std::nullopt) {
   constexpr double kTimeout_s = 30;
   std::unique_ptr<comm::Store> store = comm::make_store(plan.rdzv, "launch", kTimeout_s);
   const int64_t arrived = store->add("arrivals", 1);
-  const int64_t attempt = (arrived - 1) / plan.nnodes;
+  const int64_t attempt = known ? *known : (arrived - 1) / plan.nnodes;
   plan.attempt = std::to_string(attempt);
   if (attempt > 0)
     if (int64_t n = store->drop_attempts_below(attempt); n > 0)
@@ -252,23 +254,22 @@ struct Events {
 };
 
 
-// The fault section of the workers' config (a train command's --config and --set), which the
-// agent acts on too; the defaults when the command is not a train or its config does not load
-// (the workers then report why).
-FaultConfig agent_fault_config(const std::vector<std::string>& command) {
-  FaultConfig fault;
-  if (command.empty() || command[0] != "train") return fault;
+// The workers' config (a train command's --config and --set), whose fault section the agent acts
+// on and whose layout it shrinks; nullopt when the command is not a train or its config does not
+// load (the workers then report why).
+std::optional<Config> worker_config(const std::vector<std::string>& command) {
+  if (command.empty() || command[0] != "train") return std::nullopt;
   std::string config;
   std::vector<std::string> sets;
   for (size_t i = 1; i + 1 < command.size(); ++i) {
     if (command[i] == "--config") config = command[i + 1];
     if (command[i] == "--set") sets.push_back(command[i + 1]);
   }
-  if (config.empty()) return fault;
+  if (config.empty()) return std::nullopt;
   try {
-    return load_config(config, sets).fault;
+    return load_config(config, sets);
   } catch (const Error&) {
-    return fault;
+    return std::nullopt;
   }
 }
 
@@ -358,6 +359,19 @@ nlohmann::json self_check(driver::Launcher& launcher, const driver::LaunchPlan& 
   return {{"ok", ok}, {"detail", last_line.empty() ? (r.failure ? r.failure->describe() : "no result") : last_line}};
 }
 
+// Why the job cannot go on without `gone` of its nodes ("" when it can): its ranks must still
+// hold whole tensor x pipeline groups, and the global batch split over the remaining replicas.
+std::string shrink_refused(const std::optional<Config>& cfg, const driver::LaunchPlan& plan, int gone) {
+  if (!cfg) return "the workers' config is not one the launcher can read (a train --config)";
+  const int64_t world = int64_t(plan.nnodes - gone) * plan.nproc_per_node, group = cfg->parallel.tp * cfg->parallel.pp;
+  if (world < group || world % group != 0)
+    return cat("the ", world, " ranks left do not hold whole tensor x pipeline groups of ", group);
+  const int64_t dp = world / group, per = cfg->train.micro_batch * dp;
+  if (cfg->train.global_batch % per != 0)
+    return cat("train.global_batch (", cfg->train.global_batch, ") does not split over micro_batch x dp = ", per);
+  return "";
+}
+
 // After attempt A stopped (`cause`: the job's record of why): this node checks itself, then the
 // job decides which nodes leave, a failed self-check, a lost agent, or the culprit of the last
 // fault.evict_after faults, and which spare takes each one's place. The leader (the lowest node
@@ -365,7 +379,8 @@ nlohmann::json self_check(driver::Launcher& launcher, const driver::LaunchPlan& 
 // heartbeat alive meanwhile. Returns why this agent leaves the job (evicted, or a node that left
 // has no spare), nullopt to restart in place.
 std::optional<std::string> stop_and_check(driver::JobBoard& board, driver::Launcher& launcher,
-                                          const driver::LaunchPlan& plan, const FaultConfig& fault,
+                                          driver::LaunchPlan& plan, const std::optional<Config>& cfg,
+                                          const FaultConfig& fault,
                                           int64_t attempt, const nlohmann::json& cause, std::string& check_line,
                                           Events& events, const std::function<void(const char*)>& beat) {
   const int me = plan.node_rank;
@@ -425,14 +440,30 @@ std::optional<std::string> stop_and_check(driver::JobBoard& board, driver::Launc
   nlohmann::json outcome;
   if (me == leader) {
     outcome = {{"evict", nlohmann::json::object()}, {"spares", nlohmann::json::object()}};
+    std::vector<int> unfilled;
     for (const auto& [m, why] : leave) {
       outcome["evict"][std::to_string(m)] = why;
-      if (std::optional<int64_t> k = board.assign_spare(m)) {
+      if (std::optional<int64_t> k = board.assign_spare(m, attempt + 1))
         outcome["spares"][std::to_string(m)] = *k;
+      else
+        unfilled.push_back(m);
+    }
+    // No spare for every node that left: the job goes on without those nodes, on fewer
+    // data-parallel ranks, with the same global batch (the checkpoints are layout-independent).
+    if (!unfilled.empty()) {
+      std::string why = shrink_refused(cfg, plan, static_cast<int>(unfilled.size()));
+      if (why.empty() && unfilled.size() < leave.size())
+        why = "spares took some of the places, and the job does not shrink around them";
+      if (why.empty()) {
+        nlohmann::json nodes = nlohmann::json::array();
+        for (int m = 0; m < plan.nnodes; ++m)
+          if (!leave.count(m)) nodes.push_back(m);
+        const Config& c = *cfg;
+        outcome["shrink"] = {{"nodes", nodes},
+                             {"dp", int64_t(nodes.size()) * plan.nproc_per_node / (c.parallel.tp * c.parallel.pp)}};
       } else {
-        outcome["error"] = cat("node ", m, " left the job (", why, ") and no spare (myriad launch --spare) is "
-                               "there to take its place; a smaller data-parallel layout is not supported yet");
-        break;
+        outcome["error"] = cat("node ", unfilled[0], " left the job (", leave[unfilled[0]], ") and no spare (myriad "
+                               "launch --spare) is there to take its place; ", why);
       }
     }
     outcome = board.decide(attempt, outcome);
@@ -453,6 +484,18 @@ std::optional<std::string> stop_and_check(driver::JobBoard& board, driver::Launc
     events.write("evict", -1, "", cat("node ", m, " evicted: ", why.get<std::string>(), spare), std::stoi(m));
   }
   if (outcome.contains("error")) return outcome["error"].get<std::string>();
+  if (outcome.contains("shrink")) {
+    const std::vector<int> nodes = outcome["shrink"]["nodes"].get<std::vector<int>>();
+    const int64_t dp = outcome["shrink"]["dp"].get<int64_t>();
+    const int was = plan.nnodes;
+    plan.node_rank = static_cast<int>(std::find(nodes.begin(), nodes.end(), me) - nodes.begin());
+    plan.nnodes = static_cast<int>(nodes.size());
+    plan.world_size = plan.nnodes * plan.nproc_per_node;
+    plan.command.insert(plan.command.end(), {"--set", cat("parallel.dp=", dp)});
+    events.write("evict", -1, "", cat("no spare: the job goes on on ", plan.nnodes, " of its ", was,
+                                      " nodes, data parallelism ", dp, ", the same global batch; this node is now node ",
+                                      plan.node_rank));
+  }
   return std::nullopt;
 }
 
@@ -497,7 +540,8 @@ int cmd_launch(int argc, char** argv) {
   const bool temporary_run_dir = plan.run_dir.empty();
   driver::prepare_run_dir(plan);
   const bool supervised = max_restarts > 0;
-  const FaultConfig fault = agent_fault_config(plan.command);
+  const std::optional<Config> worker_cfg = worker_config(plan.command);
+  const FaultConfig fault = worker_cfg ? worker_cfg->fault : FaultConfig{};
   bool restarted = false, resumed = false;
   std::string resumed_from, check_line;
   std::unique_ptr<Events> events;
@@ -525,14 +569,17 @@ int cmd_launch(int argc, char** argv) {
   std::unique_ptr<driver::JobBoard> board;
   if (supervised) board = std::make_unique<driver::JobBoard>(plan.rdzv, 30);
 
+  // The attempt a supervised restart starts, decided by the job's agents (nullopt: count arrivals).
+  std::optional<int64_t> next_attempt;
   // A spare waits, beating, until the leader gives it a node to take over; then it is that node.
   if (spare) {
     const int64_t k = board->join_as_spare();
     log::info("launch: spare ", k, " of job ", plan.job, " waits for a node to take over");
     for (;;) {
       board->beat(cat("spare", k), {{"host", host_name()}, {"pid", ::getpid()}}, 5 * fault.heartbeat_s);
-      if (std::optional<int> node = board->assignment(k)) {
-        plan.node_rank = *node;
+      if (std::optional<std::pair<int, int64_t>> given = board->assignment(k)) {
+        plan.node_rank = given->first;
+        next_attempt = given->second;
         break;
       }
       for (const driver::Launcher::Event& e : launcher.wait(fault.heartbeat_s))
@@ -552,7 +599,7 @@ int cmd_launch(int argc, char** argv) {
   std::string failed;      // the last attempt's failure, as the console's last line says it
   ErrorClass failed_class = ErrorClass::kRuntime;
   for (long long restarts = 0;; ++restarts) {
-    std::unique_ptr<comm::Store> store = claim_attempt(plan);
+    std::unique_ptr<comm::Store> store = claim_attempt(plan, next_attempt);
     const int64_t attempt = std::stoll(plan.attempt);
     events->attempt = static_cast<int>(attempt);
     if (!restarting.empty()) events->write("restart", -1, "", restarting);
@@ -623,13 +670,14 @@ int cmd_launch(int argc, char** argv) {
       // Stop and check: every node checks itself; the nodes that fail, are lost, or caused the
       // last fault.evict_after faults leave the job, and spares take their places.
       const std::optional<std::string> why_out = stop_and_check(
-          *board, launcher, plan, fault, attempt, cause, check_line, *events,
+          *board, launcher, plan, worker_cfg, fault, attempt, cause, check_line, *events,
           [&](const char* status) { job->beat(status, 5 * fault.heartbeat_s); });
       if (why_out) {
         std::fprintf(stderr, "myriad: launch: %s; logs in %s\n", why_out->c_str(), plan.log_dir.c_str());
         return exit_code(ErrorClass::kRuntime);
       }
     }
+    if (board) next_attempt = attempt + 1;
     // The restarted attempt resumes from the latest committed checkpoint by itself.
     if (!restarted) plan.command.insert(plan.command.end(), {"--resume", "auto"});
     restarted = true, resumed = false, resumed_from.clear();

@@ -43,20 +43,21 @@ std::optional<nlohmann::json> JobBoard::outcome(int64_t attempt) { return json_a
 
 int64_t JobBoard::join_as_spare() { return store_->add("spares", 1) - 1; }
 
-std::optional<int64_t> JobBoard::assign_spare(int node) {
+std::optional<int64_t> JobBoard::assign_spare(int node, int64_t attempt) {
   const int64_t n = store_->add("spares", 0);
+  const std::string want = cat(node, " ", attempt);
   for (int64_t k = 0; k < n; ++k) {
     if (!heartbeat(cat("spare", k))) continue;  // gone
-    const std::string want = std::to_string(node);
     if (store_->compare_set(cat("spare/", k, "/node"), std::nullopt, want) == want) return k;
   }
   return std::nullopt;
 }
 
-std::optional<int> JobBoard::assignment(int64_t k) {
+std::optional<std::pair<int, int64_t>> JobBoard::assignment(int64_t k) {
   const std::optional<std::string> v = store_->try_get(cat("spare/", k, "/node"));
   if (!v) return std::nullopt;
-  return std::stoi(*v);
+  const size_t space = v->find(' ');
+  return std::make_pair(std::stoi(v->substr(0, space)), std::stoll(v->substr(space + 1)));
 }
 
 void JobBoard::block(const std::string& host, const std::string& why) { store_->set("evicted/" + host, why); }

@@ -10,7 +10,7 @@
 //   diag/<A>/<node>       JSON {ok, detail}: the node's self-check after attempt A stopped
 //   outcome/<A>           JSON {evict: [nodes], spares: {node: spare}, error}: the leader's decision
 //   spares                how many spares ever joined; spare/<k> their heartbeats;
-//   spare/<k>/node        the node rank spare k takes over (set once, by the leader)
+//   spare/<k>/node        "<node> <attempt>": what spare k takes over, from when (set once, by the leader)
 //   evicted/<host>        the block list: why that host left the job
 //
 // One Store connection per board: one thread at a time, as Store.
@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "comm/store.h"
 
@@ -47,10 +48,11 @@ class JobBoard {
 
   // A spare joins: its number k (from 0), under which it beats as "spare<k>".
   int64_t join_as_spare();
-  // Gives node `node` to a live spare that has none yet; its number, or nullopt when none is live.
-  std::optional<int64_t> assign_spare(int node);
-  // The node spare k takes over, once assigned.
-  std::optional<int> assignment(int64_t k);
+  // Gives node `node` from attempt `attempt` on to a live spare that has none yet; its number,
+  // or nullopt when none is live.
+  std::optional<int64_t> assign_spare(int node, int64_t attempt);
+  // The node spare k takes over and the attempt it starts, once assigned.
+  std::optional<std::pair<int, int64_t>> assignment(int64_t k);
 
   void block(const std::string& host, const std::string& why);
   std::optional<std::string> blocked(const std::string& host);

@@ -190,7 +190,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"throw", kDpTp, "step:6:throw@rank=3", "runtime fault", 3},
                       Case{"flip", kDpTp, "step:6:flip@rank=2", "runtime fault", 2},
                       Case{"kill_pp", kPpDp, "step:6:kill@rank=3", "runtime fault", 3},
-                      Case{"hang_pp", kPpDp, "step:6:hang@rank=2", "runtime fault", 2}),
+                      Case{"hang_pp", kPpDp, "step:6:hang@rank=2", "runtime fault", 2},
+                      Case{"stall_pp", kPpDp, "step:6:stall@rank=3", "runtime fault", -1, -1},
+                      Case{"nan_pp", kPpDp, "step:6:nan@rank=2", "numerics fault", 2},
+                      Case{"throw_pp", kPpDp, "step:6:throw@rank=3", "runtime fault", 3},
+                      Case{"flip_pp", kPpDp, "step:6:flip@rank=2", "runtime fault", 2}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // Node 1 fails its self-check after a fault: it is evicted (its agent runs fault.evict_command,
@@ -218,16 +222,38 @@ TEST_F(Nodes, AFailedSelfCheckEvictsTheNodeAndASpareTakesItsPlace) {
   EXPECT_TRUE(evicted);
 }
 
-// The same without a spare: the job cannot go on in its layout, and stops, saying why.
-TEST_F(Nodes, WithoutASpareTheJobStopsAndSaysWhy) {
+// The same without a spare: the job goes on on node 0 alone, with data parallelism 1 instead
+// of 2 and the same global batch, from the step-4 checkpoint; its losses are the fault-free
+// run's within 1e-4 (the same sums, in another order).
+TEST_F(Nodes, WithoutASpareTheDataParallelRanksShrink) {
   myriad::comm::LocalRedis redis;
-  const fs::path rd = dir_ / "nospare";
-  auto a = agent(redis, "nospare", 0, rd, kDpTp), b = agent(redis, "nospare", 1, rd, kDpTp, "",
-                                                           "MYRIAD_INJECT_FAULT=step:6:kill@rank=2,diag:fail@node=1");
+  const fs::path ref = straight(redis, kDpTp);
+  const fs::path rd = dir_ / "shrink";
+  auto a = agent(redis, "shrink", 0, rd, kDpTp), b = agent(redis, "shrink", 1, rd, kDpTp, "",
+                                                         "MYRIAD_INJECT_FAULT=step:6:kill@rank=2,diag:fail@node=1");
+  EXPECT_EQ(b->wait(), 3) << b->output();
+  ASSERT_EQ(a->wait(), 0) << a->output();
+  EXPECT_NE(a->output().find("the job goes on on 1 of its 2 nodes, data parallelism 1"), std::string::npos)
+      << a->output();
+  std::vector<nlohmann::json> want = jsonl(ref / "metrics.jsonl"), got = jsonl(rd / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 12u);
+  ASSERT_EQ(got.size(), 12u) << a->output();
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_NEAR(got[i]["loss"].get<double>(), want[i]["loss"].get<double>(), 1e-4 * want[i]["loss"].get<double>())
+        << "step " << i + 1;
+}
+
+// A layout that cannot lose a node (tensor parallelism across both) stops, saying why.
+TEST_F(Nodes, WithoutASpareAJobThatCannotShrinkStopsAndSaysWhy) {
+  myriad::comm::LocalRedis redis;
+  const fs::path rd = dir_ / "noshrink";
+  const char* tp4 = "--set parallel.tp=4";
+  auto a = agent(redis, "noshrink", 0, rd, tp4), b = agent(redis, "noshrink", 1, rd, tp4, "",
+                                                         "MYRIAD_INJECT_FAULT=step:6:kill@rank=2,diag:fail@node=1");
   EXPECT_EQ(b->wait(), 3) << b->output();
   EXPECT_EQ(a->wait(), 3) << a->output();
-  EXPECT_NE(a->output().find("no spare (myriad launch --spare) is there to take its place"), std::string::npos)
-      << a->output();
+  EXPECT_NE(a->output().find("no spare (myriad launch --spare) is there to take its place; the 2 ranks left do "
+                             "not hold whole tensor x pipeline groups of 4"), std::string::npos) << a->output();
 }
 
 // Through restarts, the store's password stays out of every log, event and console line, and a
