@@ -577,6 +577,11 @@ int cmd_launch(int argc, char** argv) {
     log::info("launch: spare ", k, " of job ", plan.job, " waits for a node to take over");
     for (;;) {
       board->beat(cat("spare", k), {{"host", host_name()}, {"pid", ::getpid()}}, 5 * fault.heartbeat_s);
+      // The job is over (its node 0 finished): nothing left to take over.
+      if (std::optional<nlohmann::json> n0 = board->heartbeat("node0"); n0 && n0->value("status", "") == "done") {
+        log::info("launch: spare ", k, ": the job finished");
+        return 0;
+      }
       if (std::optional<std::pair<int, int64_t>> given = board->assignment(k)) {
         plan.node_rank = given->first;
         next_attempt = given->second;

@@ -330,11 +330,12 @@ TEST_F(Hardening, ModelThatCannotFitIsAnInputError) {
 
 namespace {
 
-// 14. A stopped worker: the others' collective times out, naming the rank it waited on (the
-// one that exit 4 tells the supervisor to leave out).
+// 14. A stuck worker (its training thread stalled, its heartbeat alive: a stopped process would
+// be found by its heartbeat first): the others' collective times out, naming the rank it waited
+// on (the one that exit 4 tells the supervisor to leave out).
 TEST_F(Hardening, TimeoutNamesTheRankThatNeverArrived) {
   Result r = run(launch(2, dir_ / "stopped", "--set train.steps=50 --set comm.timeout_s=3", "--grace-period 1"),
-                 "MYRIAD_INJECT_FAULT=step:2:hang@rank=1");
+                 "MYRIAD_INJECT_FAULT=step:2:stall@rank=1");
   EXPECT_EQ(r.code, 4) << r.output;
   EXPECT_TRUE(contains(r.output, "[rank 0] myriad: communication fault: ")) << r.output;
   EXPECT_TRUE(contains(r.output, "waiting on global rank 1 (group rank 1), which did not take part in time"))
