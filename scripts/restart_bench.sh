@@ -29,7 +29,7 @@ for line in open(sys.argv[1]):
     if e["event"] == "fault": detail = e.get("detail", "")
 back = t["resumed"] - t["fault"]
 if sys.argv[2] == "hang":
-    found = float(re.search(r"no heartbeat for (\d+) s", detail).group(1))
+    found = float(re.search(r"no heartbeat for ([0-9.]+) s", detail).group(1))
     print("%.2f %.2f" % (found, found + back))
 else:
     print("%.2f" % back)

@@ -188,7 +188,7 @@ struct HangWatch {
       r.phase = phase, r.allowance = allowance;
       if (now - r.beat_at > kFrozen_s) {
         culprit = r.rank;
-        verdict = cat("hang: rank ", r.rank, " is frozen, no heartbeat for ", static_cast<int>(now - r.beat_at),
+        verdict = cat("hang: rank ", r.rank, " is frozen, no heartbeat for ", static_cast<int>((now - r.beat_at) * 10) / 10.0,
                       " s (last step ", r.step, ", ", r.phase, "); killed");
         ::kill(-launcher.pid(r.index), SIGKILL);  // its process group, as the launcher stops it
         return;
