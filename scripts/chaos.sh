@@ -3,7 +3,7 @@
 # workers each (default 4: 8 workers, tp 2 x dp 4) on this machine, a private redis-server on
 # loopback, one spare agent waiting; every INTERVAL seconds (default 120) a random fault from the
 # list: a worker killed (SIGKILL), a worker stopped (SIGSTOP), a node's agent killed (the node
-# lost; a new spare is started in its place). The job must finish by itself; then
+# lost); after each, one more spare starts, as a cluster would bring one back. The job must finish by itself; then
 #   ETTR = productive step time / wall time, the productive steps being those metrics.jsonl keeps
 #   (a resume drops the recomputed ones), and the final weights against a fault-free run's.
 #   STEPS=20000 INTERVAL=120 scripts/chaos.sh [MYRIAD_BINARY]
@@ -20,7 +20,7 @@ trap 'redis-cli -p $PORT shutdown nosave >/dev/null 2>&1; pkill -KILL -f "rdzv r
 train() {  # RUN_DIR
   echo train --config configs/demo.toml --run-dir "$1" --set model.layers=2 --set model.d_model=64 \
     --set model.seq_len=32 --set parallel.tp=2 --set parallel.dp=$NODES --set train.global_batch=$((2 * NODES)) \
-    --set train.micro_batch=2 --set train.steps=$STEPS --set checkpoint.every=200 --set checkpoint.keep_last=2 \
+    --set train.micro_batch=2 --set train.steps=$STEPS --set checkpoint.every=100 --set checkpoint.keep_last=2 \
     --set train.log_every=1 --set train.eval_every=0 --set data.train="$W/d" --set data.valid= \
     --set comm.timeout_s=300 --set fault.step_timeout_s=10
 }
@@ -50,10 +50,11 @@ while pgrep -f "rdzv redis://127.0.0.1:$PORT/chaos -- train" >/dev/null; do
     1) pid=${workers[$((RANDOM % ${#workers[@]}))]}; echo "chaos: $(date +%T) SIGSTOP worker $pid"; kill -STOP "$pid" ;;
     2) node=$((RANDOM % NODES))
        pid=$(redis-cli -p "$PORT" get "myriad/chaos/driver/agent/node$node" | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
-       echo "chaos: $(date +%T) node $node lost (its agent $pid killed); a new spare starts"
-       kill -KILL "$pid"; spare chaos "$W/chaos" ;;
+       echo "chaos: $(date +%T) node $node lost (its agent $pid killed)"
+       kill -KILL "$pid" ;;
   esac
   faults=$((faults + 1))
+  spare chaos "$W/chaos"  # a node lost or evicted takes a spare: one more waits (idle ones leave at the end)
 done
 wait
 end=$(date +%s.%N)
