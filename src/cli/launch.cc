@@ -203,11 +203,15 @@ struct HangWatch {
       launcher.stop(SIGTERM);
     }
   }
-  void find_stragglers() {
+  // Against the own step times of this node's ranks, or of `population` (every rank of the job:
+  // the agents share theirs through the store).
+  void find_stragglers(std::vector<double> population = {}) {
     std::vector<double> own;
-    for (const Rank& r : ranks)
-      if (r.own_ms > 0) own.push_back(r.own_ms);
-    if (own.size() < 2 || own.size() < ranks.size()) return;  // every rank's time known
+    if (population.empty())
+      for (const Rank& r : ranks) population.push_back(r.own_ms);
+    for (double ms : population)
+      if (ms > 0) own.push_back(ms);
+    if (own.size() < 2 || own.size() < population.size()) return;  // every rank's time known
     // The lower median: with two ranks, the faster one's time.
     std::nth_element(own.begin(), own.begin() + (own.size() - 1) / 2, own.end());
     const double median = own[(own.size() - 1) / 2];
@@ -216,7 +220,7 @@ struct HangWatch {
         r.straggler = true;
         reports.push_back({r.rank, cat("straggler: rank ", r.rank, "'s steps take ", static_cast<int>(r.own_ms),
                                        " ms of their own, ", static_cast<int>(r.own_ms / median * 10) / 10.0,
-                                       " x the median of this node's ranks (", static_cast<int>(median),
+                                       " x the median of the ", own.size(), " ranks (", static_cast<int>(median),
                                        " ms), over its last 10 steps up to step ", r.step)});
       }
   }
@@ -282,38 +286,45 @@ std::string host_name() {
 // the job-wide stop (a fault on any node stops every node's workers at once, without waiting
 // for a collective to time out), and the loss of a node (its agent's heartbeat gone).
 struct JobWatch {
-  JobWatch(driver::JobBoard& b, driver::Launcher& l, const driver::LaunchPlan& p, const HangWatch& h, double hb,
+  JobWatch(driver::JobBoard& b, driver::Launcher& l, const driver::LaunchPlan& p, HangWatch& h, double hb,
            int64_t a)
       : board(b), launcher(l), plan(p), hangs(h), heartbeat_s(hb), attempt(a) {}
   driver::JobBoard& board;
   driver::Launcher& launcher;
   const driver::LaunchPlan& plan;
-  const HangWatch& hangs;
+  HangWatch& hangs;
   double heartbeat_s;
   int64_t attempt;
   std::vector<std::string> errors;  // the workers' recent error lines
   std::vector<double> seen_at;      // when each peer's heartbeat was last seen this attempt (0: never)
   std::optional<nlohmann::json> remote;  // the job's stop record, when another node made it
   double next_s = 0;
+  bool store_down = false;  // the last tick found the store gone
 
   nlohmann::json state(const char* status) const {
     nlohmann::json workers = nlohmann::json::array();
     for (const HangWatch::Rank& r : hangs.ranks)
-      workers.push_back({{"rank", r.rank}, {"step", r.step}, {"phase", r.phase},
+      workers.push_back({{"rank", r.rank}, {"step", r.step}, {"phase", r.phase}, {"own_ms", r.own_ms},
                          {"running", r.index >= 0 && r.index < launcher.size() && launcher.running(r.index)}});
     return {{"host", host_name()}, {"node", plan.node_rank}, {"pid", ::getpid()}, {"attempt", attempt},
             {"status", status}, {"workers", workers}, {"errors", errors}};
   }
-  void beat(const char* status, double ttl_s) {
-    board.beat(cat("node", plan.node_rank), state(status), ttl_s);
-  }
+  void beat(const char* status, double ttl) { board.beat(cat("node", plan.node_rank), state(status), ttl); }
+  // A heartbeat's life: 5 beats (the agent's loop turns about once a second, whatever is asked).
+  double ttl_s() const { return 5 * std::max(1.0, heartbeat_s); }
   void operator()() {
     const double now = comm::steady_now_s();
     if (now < next_s) return;
     next_s = now + heartbeat_s;
     try {
       // Beating on while the workers stop (a frozen one takes the grace period): alive, not lost.
-      beat(remote ? "stopping" : "training", 5 * heartbeat_s);
+      beat(remote ? "stopping" : "training", ttl_s());
+      if (store_down) {  // back (perhaps restarted empty): the peers get 5 beats to beat again
+        log::info("launch: the job's store answers again");
+        for (double& t : seen_at)
+          if (t > 0) t = now;
+        store_down = false;
+      }
       if (remote) return;
       // A node's own faults are recorded after its workers ended: a record seen now is another's.
       if (std::optional<nlohmann::json> stop = board.stopped(attempt)) {
@@ -324,39 +335,70 @@ struct JobWatch {
       // Lost: seen beating this attempt, then not for 5 beats (its key expires after 5; a store
       // restarted empty refills within one).
       seen_at.resize(plan.nnodes, 0.0);
+      std::vector<double> own;  // every rank's own step time, job-wide (0: not known yet)
+      for (const HangWatch::Rank& r : hangs.ranks) own.push_back(r.own_ms);
       for (int m = 0; m < plan.nnodes; ++m) {
         if (m == plan.node_rank) continue;
-        if (board.heartbeat(cat("node", m))) {
+        if (std::optional<nlohmann::json> hb = board.heartbeat(cat("node", m))) {
           seen_at[m] = now;
-        } else if (seen_at[m] > 0 && now - seen_at[m] > 5 * heartbeat_s) {
+          for (const nlohmann::json& w : (*hb)["workers"]) own.push_back(w.value("own_ms", 0.0));
+        } else if (seen_at[m] > 0 && now - seen_at[m] > ttl_s()) {
           remote = board.stop(attempt, {{"node", m}, {"rank", -1}, {"class", class_name(ErrorClass::kRuntime)},
-                                        {"detail", cat("node ", m, " lost: its agent's heartbeat stopped")}});
+                                        {"detail", "lost: its agent's heartbeat stopped"}});
           launcher.stop(SIGTERM);
           return;
         }
       }
-    } catch (const Error& e) {
-      log::warn("launch: the job's store did not answer (", e.what(), ")");
+      // Stragglers against the whole job (a node whose ranks are all slow, a tensor-parallel
+      // group waiting on one of its own, has no straggler against its own median).
+      if (static_cast<int>(own.size()) == plan.world_size) hangs.find_stragglers(own);
+    } catch (const std::exception& e) {  // the store gone (or a record nobody here wrote)
+      if (!store_down) log::warn("launch: the job's store does not answer (", e.what(), "); the workers train on");
+      store_down = true;
     }
   }
 };
 
+// A SIGINT or SIGTERM to the agent during stop and check: it leaves (not evicted).
+struct Interrupted {
+  int signal;
+};
+
+// Waits up to `s` seconds, carrying output; a signal to the agent interrupts.
+void pause(driver::Launcher& launcher, double s) {
+  for (const driver::Launcher::Event& e : launcher.wait(s))
+    if (e.kind == driver::Launcher::Event::Kind::kSignal) throw Interrupted{e.signal};
+}
+
 // Stop and check: the node's self-check (myriad self-check) in a process of its own, as the
-// workers run. Returns {ok, detail}.
-nlohmann::json self_check(driver::Launcher& launcher, const driver::LaunchPlan& plan, int64_t attempt,
-                          std::string& last_line) {
+// workers run, given a minute at most (a hung disk is what it looks for). Returns {ok, detail}.
+nlohmann::json self_check(driver::Launcher& launcher, const driver::LaunchPlan& plan, const std::optional<Config>& cfg,
+                          int64_t attempt, std::string& last_line, const std::function<void(const char*)>& beat) {
   driver::WorkerSpec spec;
   spec.rank = -1, spec.local_rank = 0;
   spec.exe = "/proc/self/exe";
-  spec.argv = {self_path(), "self-check", "--checkpoint-dir",
-               (std::filesystem::path(plan.run_dir) / "checkpoints").string()};
+  const std::string dir = cfg && !cfg->checkpoint.dir.empty()
+                              ? cfg->checkpoint.dir
+                              : (std::filesystem::path(plan.run_dir) / "checkpoints").string();
+  spec.argv = {self_path(), "self-check", "--checkpoint-dir", dir};
   spec.env = {{"MYRIAD_NODE_RANK", std::to_string(plan.node_rank)}, {"MYRIAD_ATTEMPT", std::to_string(attempt)}};
   spec.log_path = (std::filesystem::path(plan.log_dir) / cat("self_check_node", plan.node_rank, ".log")).string();
   last_line.clear();
   launcher.spawn(spec);
-  const driver::RunResult r = launcher.run();
+  constexpr double kLimit_s = 60;
+  const double until = comm::steady_now_s() + kLimit_s;
+  bool late = false;
+  const driver::RunResult r = launcher.run([&] {
+    beat("checking");
+    if (!late && comm::steady_now_s() > until) late = true, launcher.stop(SIGKILL), launcher.stop(SIGKILL);
+  });
+  if (r.signal != 0) throw Interrupted{r.signal};
   const bool ok = r.ok() && last_line.rfind("self-check ok", 0) == 0;
-  return {{"ok", ok}, {"detail", last_line.empty() ? (r.failure ? r.failure->describe() : "no result") : last_line}};
+  const std::string detail = late ? cat("no result within ", kLimit_s, " s")
+                             : !last_line.empty() ? last_line
+                             : r.failure ? r.failure->describe()
+                                         : std::string("no result");
+  return {{"ok", ok}, {"detail", detail}};
 }
 
 // Why the job cannot go on without `gone` of its nodes ("" when it can): its ranks must still
@@ -366,127 +408,155 @@ std::string shrink_refused(const std::optional<Config>& cfg, const driver::Launc
   const int64_t world = int64_t(plan.nnodes - gone) * plan.nproc_per_node, group = cfg->parallel.tp * cfg->parallel.pp;
   if (world < group || world % group != 0)
     return cat("the ", world, " ranks left do not hold whole tensor x pipeline groups of ", group);
-  const int64_t dp = world / group, per = cfg->train.micro_batch * dp;
-  if (cfg->train.global_batch % per != 0)
-    return cat("train.global_batch (", cfg->train.global_batch, ") does not split over micro_batch x dp = ", per);
+  try {
+    cfg->accum_steps(world / group);  // the batch's split over the replicas left (interleaved: x pp)
+  } catch (const Error& e) {
+    return e.what();
+  }
   return "";
 }
 
-// After attempt A stopped (`cause`: the job's record of why): this node checks itself, then the
-// job decides which nodes leave, a failed self-check, a lost agent, or the culprit of the last
-// fault.evict_after faults, and which spare takes each one's place. The leader (the lowest node
-// rank that stays) decides, once; the others read its decision. `beat` keeps this agent's
-// heartbeat alive meanwhile. Returns why this agent leaves the job (evicted, or a node that left
-// has no spare), nullopt to restart in place.
-std::optional<std::string> stop_and_check(driver::JobBoard& board, driver::Launcher& launcher,
+// After attempt A stopped (`cause`: the job's record of why): this node checks itself; then the
+// job settles which nodes leave (a failed self-check, a lost agent, a straggler to evict, or on
+// several nodes the culprit of the last fault.evict_after faults): every agent proposes its view
+// and the first one written stands for all. The leader (the lowest node rank that stays) fills
+// their places, with spares when there are enough, else by shrinking data parallelism, once;
+// the others read its plan. `beat` keeps this agent's heartbeat alive meanwhile; `dp` is the
+// data parallelism a shrink set (0: the config's), updated. Returns why this agent leaves the
+// job (evicted, or the job cannot go on), nullopt to restart. Throws Interrupted.
+struct Leaving {
+  std::string why;
+  bool job_ends;         // else only this node leaves (evicted)
+  bool finished = false;  // the job had finished its steps meanwhile (a fault at its very end)
+};
+
+// Whether the job ended at or after attempt A (another node finished it, or gave up).
+std::optional<std::string> ended_since(driver::JobBoard& board, int64_t attempt) {
+  const std::optional<std::string> e = board.ended();
+  if (!e) return std::nullopt;
+  const nlohmann::json j = nlohmann::json::parse(*e, nullptr, false);
+  if (!j.is_object() || j.value("attempt", int64_t(-1)) < attempt) return std::nullopt;
+  return j.value("status", "");
+}
+std::optional<Leaving> stop_and_check(driver::JobBoard& board, driver::Launcher& launcher,
                                           driver::LaunchPlan& plan, const std::optional<Config>& cfg,
-                                          const FaultConfig& fault,
-                                          int64_t attempt, const nlohmann::json& cause, std::string& check_line,
-                                          Events& events, const std::function<void(const char*)>& beat) {
+                                          const FaultConfig& fault, int64_t attempt, const nlohmann::json& cause,
+                                          std::string& check_line, Events& events,
+                                          const std::function<void(const char*)>& beat, int64_t& dp) {
   const int me = plan.node_rank;
-  beat("checking");
-  const nlohmann::json mine = self_check(launcher, plan, attempt, check_line);
+  const nlohmann::json mine = self_check(launcher, plan, cfg, attempt, check_line, beat);
   board.diagnosed(attempt, me, mine);
   events.write("diagnose", -1, mine["ok"] ? "" : class_name(ErrorClass::kRuntime),
                cat("self-check of node ", me, ": ", mine["detail"].get<std::string>()));
-  // Every node's result, or its loss.
-  std::map<int, std::string> leave;  // node -> why
+  // This agent's view: every node's result, or its loss.
+  nlohmann::json leave = nlohmann::json::object();  // node -> why
   const double deadline = comm::steady_now_s() + 120;
   for (int m = 0; m < plan.nnodes; ++m)
     for (;;) {
       if (std::optional<nlohmann::json> d = board.diagnosis(attempt, m)) {
-        if (!(*d)["ok"].get<bool>()) leave[m] = cat("its self-check failed: ", (*d)["detail"].get<std::string>());
+        if (!d->value("ok", false)) leave[std::to_string(m)] = cat("its self-check failed: ", d->value("detail", ""));
         break;
       }
+      if (std::optional<std::string> e = ended_since(board, attempt))
+        return Leaving{cat("the job ended meanwhile (", *e, ")"), false, *e == "done"};
       if (!board.heartbeat(cat("node", m))) {
-        leave[m] = "lost: its agent's heartbeat stopped";
+        leave[std::to_string(m)] = "lost: its agent's heartbeat stopped";
         break;
       }
       if (comm::steady_now_s() > deadline) {
-        leave[m] = "no self-check result within 120 s";
+        leave[std::to_string(m)] = "no self-check result within 120 s";
         break;
       }
       beat("checking");
-      launcher.wait(0.2);
+      pause(launcher, 0.2);
     }
-  // The culprit of the last fault.evict_after faults in a row.
   const int culprit = cause.value("node", -1);
-  if (culprit >= 0 && cause.value("rank", -1) >= 0 && !leave.count(culprit)) {
+  const std::string who = std::to_string(culprit);
+  if (cause.value("evict", false) && culprit >= 0) leave[who] = cause.value("detail", "");  // "straggler: ..."
+  // The culprit of the last fault.evict_after faults in a row, counted since the job's nodes last
+  // changed (a spare in a node's place, or a shrink, starts that node's count afresh). On one
+  // node there is nowhere else to run: it restarts in place.
+  if (plan.nnodes > 1 && culprit >= 0 && cause.value("rank", -1) >= 0 && !leave.contains(who)) {
     int64_t in_a_row = 0;
     for (int64_t a = attempt; a >= 0 && in_a_row < fault.evict_after; --a, ++in_a_row) {
       const std::optional<nlohmann::json> rec = a == attempt ? cause : board.stopped(a);
       if (!rec || rec->value("node", -1) != culprit || rec->value("rank", -1) < 0) break;
+      if (a < attempt)
+        if (std::optional<nlohmann::json> p = board.settled(a); p && (p->contains("shrink") || !(*p)["spares"].empty()))
+          break;
     }
     if (in_a_row >= fault.evict_after)
-      leave[culprit] = cat("it caused the last ", in_a_row, " faults (fault.evict_after = ", fault.evict_after, ")");
+      leave[who] = cat("it caused the last ", in_a_row, " faults (fault.evict_after = ", fault.evict_after, ")");
   }
+  leave = board.leave(attempt, leave);  // the first view written stands for every agent
   if (leave.empty()) return std::nullopt;
-  if (leave.count(me)) {
-    const std::string why = cat("node ", me, " (", host_name(), ") evicted: ", leave[me]);
+  if (leave.contains(std::to_string(me))) {
+    const std::string why = cat("node ", me, " (", host_name(), ") evicted: ", leave[std::to_string(me)].get<std::string>());
     events.write("evict", -1, "", why);
     board.block(host_name(), why);
     if (!fault.evict_command.empty()) {
       std::string command = fault.evict_command;
       for (auto [from, to] : {std::pair<std::string, std::string>{"{host}", host_name()}, {"{node}", std::to_string(me)}})
-        for (size_t at; (at = command.find(from)) != std::string::npos;) command.replace(at, from.size(), to);
+        for (size_t at = 0; (at = command.find(from, at)) != std::string::npos; at += to.size())
+          command.replace(at, from.size(), to);
       const int rc = std::system(command.c_str());
       log::info("launch: evict command '", command, "' exited with ", rc);
     }
-    return why;
+    return Leaving{why, false};
   }
-  // The leader: the lowest node rank that stays.
   int leader = 0;
-  while (leave.count(leader)) ++leader;
-  nlohmann::json outcome;
+  while (leave.contains(std::to_string(leader))) ++leader;
+  nlohmann::json settled;
   if (me == leader) {
-    outcome = {{"evict", nlohmann::json::object()}, {"spares", nlohmann::json::object()}};
-    std::vector<int> unfilled;
-    for (const auto& [m, why] : leave) {
-      outcome["evict"][std::to_string(m)] = why;
-      if (std::optional<int64_t> k = board.assign_spare(m, attempt + 1))
-        outcome["spares"][std::to_string(m)] = *k;
-      else
-        unfilled.push_back(m);
-    }
-    // No spare for every node that left: the job goes on without those nodes, on fewer
-    // data-parallel ranks, with the same global batch (the checkpoints are layout-independent).
-    if (!unfilled.empty()) {
-      std::string why = shrink_refused(cfg, plan, static_cast<int>(unfilled.size()));
-      if (why.empty() && unfilled.size() < leave.size())
-        why = "spares took some of the places, and the job does not shrink around them";
+    // Spares for every place, or none (a job shrinks around no spare), or the job ends.
+    nlohmann::json p = {{"spares", nlohmann::json::object()}, {"nnodes", plan.nnodes}, {"dp", dp}};
+    std::vector<int64_t> idle = board.idle_spares();
+    size_t next = 0;
+    if (idle.size() >= leave.size())
+      for (const auto& [m, why] : leave.items())
+        while (next < idle.size())
+          if (board.assign_spare(idle[next++], std::stoi(m), attempt + 1)) {
+            p["spares"][m] = idle[next - 1];
+            break;
+          }
+    if (p["spares"].size() < leave.size()) {
+      std::string why = p["spares"].empty() ? shrink_refused(cfg, plan, static_cast<int>(leave.size()))
+                                            : "a spare left while it was being given a place";
       if (why.empty()) {
         nlohmann::json nodes = nlohmann::json::array();
         for (int m = 0; m < plan.nnodes; ++m)
-          if (!leave.count(m)) nodes.push_back(m);
-        const Config& c = *cfg;
-        outcome["shrink"] = {{"nodes", nodes},
-                             {"dp", int64_t(nodes.size()) * plan.nproc_per_node / (c.parallel.tp * c.parallel.pp)}};
+          if (!leave.contains(std::to_string(m))) nodes.push_back(m);
+        const int64_t new_dp = int64_t(nodes.size()) * plan.nproc_per_node / (cfg->parallel.tp * cfg->parallel.pp);
+        p["shrink"] = {{"nodes", nodes}, {"dp", new_dp}};
+        p["nnodes"] = nodes.size(), p["dp"] = new_dp;
       } else {
-        outcome["error"] = cat("node ", unfilled[0], " left the job (", leave[unfilled[0]], ") and no spare (myriad "
-                               "launch --spare) is there to take its place; ", why);
+        const std::string m = leave.begin().key();
+        p["error"] = cat("node ", m, " left the job (", leave[m].get<std::string>(), ") and no spare (myriad launch "
+                         "--spare) is there to take its place; ", why);
       }
     }
-    outcome = board.decide(attempt, outcome);
+    settled = board.settle(attempt, p);
   } else {
     for (const double until = comm::steady_now_s() + 120;;) {
-      if (std::optional<nlohmann::json> o = board.outcome(attempt)) {
-        outcome = *o;
+      if (std::optional<nlohmann::json> p = board.settled(attempt)) {
+        settled = *p;
         break;
       }
-      if (comm::steady_now_s() > until) return cat("the job's leader, node ", leader, ", decided nothing within 120 s");
+      if (comm::steady_now_s() > until)
+        return Leaving{cat("the job's leader, node ", leader, ", decided nothing within 120 s"), true};
       beat("checking");
-      launcher.wait(0.2);
+      pause(launcher, 0.2);
     }
   }
-  for (const auto& [m, why] : outcome["evict"].items()) {
+  for (const auto& [m, why] : leave.items()) {
     const std::string spare =
-        outcome["spares"].contains(m) ? cat("; spare ", outcome["spares"][m].get<int64_t>(), " takes its place") : "";
+        settled["spares"].contains(m) ? cat("; spare ", settled["spares"][m].get<int64_t>(), " takes its place") : "";
     events.write("evict", -1, "", cat("node ", m, " evicted: ", why.get<std::string>(), spare), std::stoi(m));
   }
-  if (outcome.contains("error")) return outcome["error"].get<std::string>();
-  if (outcome.contains("shrink")) {
-    const std::vector<int> nodes = outcome["shrink"]["nodes"].get<std::vector<int>>();
-    const int64_t dp = outcome["shrink"]["dp"].get<int64_t>();
+  if (settled.contains("error")) return Leaving{settled["error"].get<std::string>(), true};
+  if (settled.contains("shrink")) {
+    const std::vector<int> nodes = settled["shrink"]["nodes"].get<std::vector<int>>();
+    dp = settled["shrink"]["dp"].get<int64_t>();
     const int was = plan.nnodes;
     plan.node_rank = static_cast<int>(std::find(nodes.begin(), nodes.end(), me) - nodes.begin());
     plan.nnodes = static_cast<int>(nodes.size());
@@ -566,32 +636,57 @@ int cmd_launch(int argc, char** argv) {
     }
   };
   driver::Launcher launcher(options);
-  std::unique_ptr<driver::JobBoard> board;
-  if (supervised) board = std::make_unique<driver::JobBoard>(plan.rdzv, 30);
+  // The job's board: one connection patient with a store that restarts (stop and check, the
+  // spare's wait), one that is not (the ticks of a running attempt, which must not block).
+  std::unique_ptr<driver::JobBoard> board, watch_board;
+  if (supervised) {
+    board = std::make_unique<driver::JobBoard>(plan.rdzv, 30, 60);
+    watch_board = std::make_unique<driver::JobBoard>(plan.rdzv, 5);
+  }
+  int64_t shrunk_dp = 0;  // the data parallelism a shrink left the job with (0: the config's)
 
   // The attempt a supervised restart starts, decided by the job's agents (nullopt: count arrivals).
   std::optional<int64_t> next_attempt;
   // A spare waits, beating, until the leader gives it a node to take over; then it is that node.
   if (spare) {
     const int64_t k = board->join_as_spare();
+    const std::optional<std::string> ended = board->ended();  // an earlier run's, under this name
     log::info("launch: spare ", k, " of job ", plan.job, " waits for a node to take over");
-    for (;;) {
-      board->beat(cat("spare", k), {{"host", host_name()}, {"pid", ::getpid()}}, 5 * fault.heartbeat_s);
-      // The job is over (its node 0 finished): nothing left to take over.
-      if (std::optional<nlohmann::json> n0 = board->heartbeat("node0"); n0 && n0->value("status", "") == "done") {
-        log::info("launch: spare ", k, ": the job finished");
-        return 0;
-      }
-      if (std::optional<std::pair<int, int64_t>> given = board->assignment(k)) {
-        plan.node_rank = given->first;
-        next_attempt = given->second;
-        break;
-      }
-      for (const driver::Launcher::Event& e : launcher.wait(fault.heartbeat_s))
-        if (e.kind == driver::Launcher::Event::Kind::kSignal) {
-          log::info("launch: spare ", k, " stops (", driver::signal_name(e.signal), ")");
+    try {
+      for (;;) {
+        board->beat(cat("spare", k), {{"host", host_name()}, {"pid", ::getpid()}}, 5 * std::max(1.0, fault.heartbeat_s));
+        if (board->ended() != ended) {  // the job is over: nothing left to take over
+          log::info("launch: spare ", k, ": the job ended");
           return 0;
         }
+        if (std::optional<std::pair<int, int64_t>> given = board->assignment(k)) {
+          plan.node_rank = given->first;
+          next_attempt = given->second;
+          break;
+        }
+        pause(launcher, fault.heartbeat_s);
+      }
+      // The leader's plan names this spare, and gives the layout the job runs now.
+      nlohmann::json p;
+      for (const double until = comm::steady_now_s() + 120;;) {
+        if (std::optional<nlohmann::json> got = board->settled(*next_attempt - 1)) {
+          p = *got;
+          break;
+        }
+        if (comm::steady_now_s() > until) throw_runtime("launch: spare ", k, ": the job's leader settled nothing");
+        pause(launcher, 0.2);
+      }
+      if (p.contains("error") || p["spares"].value(std::to_string(plan.node_rank), int64_t(-1)) != k) {
+        log::info("launch: spare ", k, ": the job did not take it after all");
+        return 0;
+      }
+      plan.nnodes = p.value("nnodes", plan.nnodes);
+      plan.world_size = plan.nnodes * plan.nproc_per_node;
+      if ((shrunk_dp = p.value("dp", int64_t(0))) > 0)
+        plan.command.insert(plan.command.end(), {"--set", cat("parallel.dp=", shrunk_dp)});
+    } catch (const Interrupted& i) {
+      log::info("launch: spare ", k, " stops (", driver::signal_name(i.signal), ")");
+      return 0;
     }
     log::info("launch: spare ", k, " takes over node ", plan.node_rank);
     plan.command.insert(plan.command.end(), {"--resume", "auto"});
@@ -620,9 +715,10 @@ int cmd_launch(int argc, char** argv) {
       launcher.spawn(spec);
     }
     StoreWatch store_watch{store.get()};
+    std::optional<HangWatch::Report> straggler;  // to evict (fault.evict_stragglers)
     std::optional<JobWatch> job;
     if (board) {
-      job.emplace(*board, launcher, plan, hangs, fault.heartbeat_s, attempt);
+      job.emplace(*watch_board, launcher, plan, hangs, fault.heartbeat_s, attempt);
       errors = &job->errors;
     }
     r = launcher.run([&] {
@@ -632,22 +728,36 @@ int cmd_launch(int argc, char** argv) {
       for (const HangWatch::Report& s : hangs.reports) {
         if (events->path.empty()) log::warn("launch: ", s.detail);
         events->write("diagnose", s.rank, "", s.detail);
+        if (fault.evict_stragglers && board && !straggler) {  // its node leaves the job
+          straggler = s;
+          launcher.stop(SIGTERM);
+        }
       }
       hangs.reports.clear();
     });
-    errors = nullptr;
+    errors = nullptr;  // (the job watch, which owns them, ends with this attempt)
     // What the workers of this node left in shared memory (a killed reader never unlinks).
     if (int n = data::remove_node_segments(plan.job, plan.attempt, plan.node_rank); n > 0)
       log::info("launch: removed ", n, " shared-memory segment(s) the workers left");
-    const bool local = r.failure || !hangs.verdict.empty();
+    const bool local = r.failure || !hangs.verdict.empty() || straggler;
     if (!local && !(job && job->remote)) {
-      if (job) job->beat("done", 3600);  // finished: not lost
+      if (job && r.ok()) {  // finished, not lost (best effort: the job is done either way)
+        try {
+          job->beat("done", 3600);
+          board->end({{"attempt", attempt}, {"status", "done"}});
+        } catch (const Error&) {
+        }
+      }
       break;
     }
     // The job's cause: this node's failure unless another node recorded its own first. A hang is
     // the launcher's own finding (it killed the frozen rank, or stopped them all).
     nlohmann::json cause;
-    if (local) {
+    if (local && straggler) {
+      cause = {{"node", plan.node_rank}, {"rank", straggler->rank}, {"class", class_name(ErrorClass::kRuntime)},
+               {"detail", straggler->detail}, {"evict", true}};
+      cause = board->stop(attempt, cause);
+    } else if (local) {
       const int rank = !hangs.verdict.empty() ? hangs.culprit : r.failure->rank;
       const ErrorClass cls = !hangs.verdict.empty() ? ErrorClass::kRuntime : r.failure->error_class();
       cause = {{"node", plan.node_rank}, {"rank", rank}, {"class", class_name(cls)},
@@ -665,20 +775,43 @@ int cmd_launch(int argc, char** argv) {
     failed_class = class_from_name(cause.value("class", ""));
     failed = cause.value("detail", "");
     if (cause_node != plan.node_rank) failed = cat("node ", cause_node, ": ", failed);
+    const bool final_stop = failed_class == ErrorClass::kInput || failed_class == ErrorClass::kInternal ||
+                            restarts >= max_restarts;
     events->write("fault", cause_rank, class_name(failed_class), failed, cause_node);
     events->write("stop", -1, "", cause_node == plan.node_rank ? "the other workers of this node were stopped"
                                                                : "this node's workers were stopped");
     // Bad input fails the same way every time, and a bug is not a fault of the machine.
-    if (failed_class == ErrorClass::kInput || failed_class == ErrorClass::kInternal || restarts >= max_restarts)
+    if (final_stop) {
+      if (board) board->end({{"attempt", attempt}, {"status", failed}});
       break;
+    }
     if (board) {
       // Stop and check: every node checks itself; the nodes that fail, are lost, or caused the
       // last fault.evict_after faults leave the job, and spares take their places.
-      const std::optional<std::string> why_out = stop_and_check(
-          *board, launcher, plan, worker_cfg, fault, attempt, cause, check_line, *events,
-          [&](const char* status) { job->beat(status, 5 * fault.heartbeat_s); });
-      if (why_out) {
-        std::fprintf(stderr, "myriad: launch: %s; logs in %s\n", why_out->c_str(), plan.log_dir.c_str());
+      std::optional<Leaving> out;
+      try {
+        out = stop_and_check(*board, launcher, plan, worker_cfg, fault, attempt, cause, check_line, *events,
+                                 [&](const char* status) {
+                                   try {
+                                     job->beat(status, job->ttl_s());
+                                   } catch (const Error&) {  // the patient board finds out
+                                   }
+                                 },
+                                 shrunk_dp);
+      } catch (const Interrupted& i) {
+        std::fprintf(stderr, "myriad: launch: %s received during stop and check; logs in %s\n",
+                     driver::signal_name(i.signal).c_str(), plan.log_dir.c_str());
+        return exit_code(ErrorClass::kRuntime);
+      }
+      if (out && out->finished) {
+        log::info("launch: ", out->why);
+        failed.clear();
+        break;
+      }
+      if (out) {
+        // An evicted node leaves; a job that cannot go on ends (its spares then leave too).
+        if (out->job_ends) board->end({{"attempt", attempt}, {"status", out->why}});
+        std::fprintf(stderr, "myriad: launch: %s; logs in %s\n", out->why.c_str(), plan.log_dir.c_str());
         return exit_code(ErrorClass::kRuntime);
       }
     }

@@ -63,12 +63,12 @@ bool answers_ping(int port) {
 
 }  // namespace
 
-LocalRedis::LocalRedis(const std::vector<std::string>& extra) {
+LocalRedis::LocalRedis(const std::vector<std::string>& extra, int port) {
   const char* env = std::getenv("MYRIAD_REDIS_SERVER");
   const std::string server = env && *env ? env : "redis-server";
   std::string last;
   for (int attempt = 0; attempt < 3; ++attempt) {  // the free port may be taken meanwhile
-    port_ = free_port();
+    port_ = port > 0 ? port : free_port();
     std::vector<std::string> args = {server,
                                      "--port",
                                      std::to_string(port_),

@@ -14,7 +14,8 @@ class LocalRedis {
   // Starts redis-server ($MYRIAD_REDIS_SERVER, else redis-server on the PATH) on 127.0.0.1 with
   // `--save '' --appendonly no` plus `extra` arguments, and waits until it answers PING.
   // Throws Error(kRuntime) when it cannot.
-  explicit LocalRedis(const std::vector<std::string>& extra = {});
+  // `port` > 0: on that port (a server restarted where its clients look for it).
+  explicit LocalRedis(const std::vector<std::string>& extra = {}, int port = 0);
   ~LocalRedis();  // stops the server
   LocalRedis(const LocalRedis&) = delete;
   LocalRedis& operator=(const LocalRedis&) = delete;

@@ -86,6 +86,7 @@ struct FaultConfig {
   double heartbeat_s = 1;           // between a node agent's heartbeats in the store; lost after 5 missed
   int64_t evict_after = 2;          // a node that causes this many faults in a row is evicted
   std::string evict_command;        // run for an evicted node ({host}, {node} replaced); empty = none
+  bool evict_stragglers = false;    // a node with a straggler is evicted (else they are reported)
 };
 
 struct CheckpointConfig {
@@ -168,6 +169,7 @@ struct Config {
     f("fault", "heartbeat_s", fault.heartbeat_s);
     f("fault", "evict_after", fault.evict_after);
     f("fault", "evict_command", fault.evict_command);
+    f("fault", "evict_stragglers", fault.evict_stragglers);
   }
   template <class F>
   void visit(F&& f) const { const_cast<Config*>(this)->visit(f); }

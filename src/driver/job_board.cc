@@ -1,67 +1,123 @@
 #include "driver/job_board.h"
 
+#include <chrono>
+#include <thread>
+
 #include "core/error.h"
+#include "core/log.h"
 
 namespace myriad::driver {
 
-JobBoard::JobBoard(const std::string& url, double timeout_s)
-    : store_(comm::make_store(url, "driver", timeout_s)) {}
+JobBoard::JobBoard(const std::string& url, double timeout_s, double patience_s)
+    : store_(comm::make_store(url, "driver", timeout_s)), patience_(patience_s) {}
 
+template <class F>
+auto JobBoard::patiently(F fn) -> decltype(fn(std::declval<comm::Store&>())) {
+  const double until = comm::steady_now_s() + patience_;
+  for (bool warned = false;;) {
+    try {
+      return fn(*store_);
+    } catch (const Error& e) {
+      if (e.cls() != ErrorClass::kComm || comm::steady_now_s() >= until) throw;
+      if (!warned) log::warn("launch: the job's store does not answer (", e.what(), "); trying again");
+      warned = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+  }
+}
+
+// A value that does not parse is absent (nothing this code wrote).
 std::optional<nlohmann::json> JobBoard::json_at(const std::string& key) {
-  const std::optional<std::string> v = store_->try_get(key);
+  const std::optional<std::string> v = patiently([&](comm::Store& s) { return s.try_get(key); });
   if (!v) return std::nullopt;
-  return nlohmann::json::parse(*v, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j = nlohmann::json::parse(*v, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  return j;
 }
 
 void JobBoard::beat(const std::string& name, const nlohmann::json& state, double ttl_s) {
-  store_->set("agent/" + name, state.dump(), ttl_s);
+  patiently([&](comm::Store& s) { s.set("agent/" + name, state.dump(), ttl_s); return 0; });
 }
 
 std::optional<nlohmann::json> JobBoard::heartbeat(const std::string& name) { return json_at("agent/" + name); }
 
+namespace {
+nlohmann::json set_once(std::optional<std::string> held, const nlohmann::json& mine) {
+  if (!held) return mine;
+  nlohmann::json j = nlohmann::json::parse(*held, nullptr, false);
+  return j.is_object() ? j : mine;
+}
+}  // namespace
+
 nlohmann::json JobBoard::stop(int64_t attempt, const nlohmann::json& cause) {
-  const std::optional<std::string> held = store_->compare_set(cat("stop/", attempt), std::nullopt, cause.dump());
-  return held ? nlohmann::json::parse(*held) : cause;
+  return set_once(patiently([&](comm::Store& s) { return s.compare_set(cat("stop/", attempt), std::nullopt, cause.dump()); }),
+                  cause);
 }
 
 std::optional<nlohmann::json> JobBoard::stopped(int64_t attempt) { return json_at(cat("stop/", attempt)); }
 
 void JobBoard::diagnosed(int64_t attempt, int node, const nlohmann::json& result) {
-  store_->set(cat("diag/", attempt, "/", node), result.dump());
+  patiently([&](comm::Store& s) { s.set(cat("diag/", attempt, "/", node), result.dump()); return 0; });
 }
 
 std::optional<nlohmann::json> JobBoard::diagnosis(int64_t attempt, int node) {
   return json_at(cat("diag/", attempt, "/", node));
 }
 
-nlohmann::json JobBoard::decide(int64_t attempt, const nlohmann::json& outcome) {
-  const std::optional<std::string> held = store_->compare_set(cat("outcome/", attempt), std::nullopt, outcome.dump());
-  return held ? nlohmann::json::parse(*held) : outcome;
+nlohmann::json JobBoard::leave(int64_t attempt, const nlohmann::json& proposal) {
+  return set_once(
+      patiently([&](comm::Store& s) { return s.compare_set(cat("leave/", attempt), std::nullopt, proposal.dump()); }),
+      proposal);
 }
 
-std::optional<nlohmann::json> JobBoard::outcome(int64_t attempt) { return json_at(cat("outcome/", attempt)); }
+nlohmann::json JobBoard::settle(int64_t attempt, const nlohmann::json& plan) {
+  return set_once(
+      patiently([&](comm::Store& s) { return s.compare_set(cat("plan/", attempt), std::nullopt, plan.dump()); }), plan);
+}
 
-int64_t JobBoard::join_as_spare() { return store_->add("spares", 1) - 1; }
+std::optional<nlohmann::json> JobBoard::settled(int64_t attempt) { return json_at(cat("plan/", attempt)); }
 
-std::optional<int64_t> JobBoard::assign_spare(int node, int64_t attempt) {
-  const int64_t n = store_->add("spares", 0);
+void JobBoard::end(const nlohmann::json& how) {
+  patiently([&](comm::Store& s) { s.set("end", how.dump()); return 0; });
+}
+
+std::optional<std::string> JobBoard::ended() {
+  return patiently([&](comm::Store& s) { return s.try_get("end"); });
+}
+
+int64_t JobBoard::join_as_spare() {
+  return patiently([&](comm::Store& s) { return s.add("spares", 1); }) - 1;
+}
+
+std::vector<int64_t> JobBoard::idle_spares() {
+  const int64_t n = patiently([&](comm::Store& s) { return s.add("spares", 0); });
+  std::vector<int64_t> out;
+  for (int64_t k = 0; k < n; ++k)
+    if (heartbeat(cat("spare", k)) && !patiently([&](comm::Store& s) { return s.try_get(cat("spare/", k, "/node")); }))
+      out.push_back(k);
+  return out;
+}
+
+bool JobBoard::assign_spare(int64_t k, int node, int64_t attempt) {
   const std::string want = cat(node, " ", attempt);
-  for (int64_t k = 0; k < n; ++k) {
-    if (!heartbeat(cat("spare", k))) continue;  // gone
-    if (store_->compare_set(cat("spare/", k, "/node"), std::nullopt, want) == want) return k;
-  }
-  return std::nullopt;
+  return patiently([&](comm::Store& s) { return s.compare_set(cat("spare/", k, "/node"), std::nullopt, want); }) ==
+         want;
 }
 
 std::optional<std::pair<int, int64_t>> JobBoard::assignment(int64_t k) {
-  const std::optional<std::string> v = store_->try_get(cat("spare/", k, "/node"));
+  const std::optional<std::string> v = patiently([&](comm::Store& s) { return s.try_get(cat("spare/", k, "/node")); });
   if (!v) return std::nullopt;
   const size_t space = v->find(' ');
+  if (space == std::string::npos) return std::nullopt;
   return std::make_pair(std::stoi(v->substr(0, space)), std::stoll(v->substr(space + 1)));
 }
 
-void JobBoard::block(const std::string& host, const std::string& why) { store_->set("evicted/" + host, why); }
+void JobBoard::block(const std::string& host, const std::string& why) {
+  patiently([&](comm::Store& s) { s.set("evicted/" + host, why); return 0; });
+}
 
-std::optional<std::string> JobBoard::blocked(const std::string& host) { return store_->try_get("evicted/" + host); }
+std::optional<std::string> JobBoard::blocked(const std::string& host) {
+  return patiently([&](comm::Store& s) { return s.try_get("evicted/" + host); });
+}
 
 }  // namespace myriad::driver

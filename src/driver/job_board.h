@@ -8,7 +8,11 @@
 //                         recent error lines), expiring after 5 beats: absent = lost
 //   stop/<A>              JSON {node, rank, class, detail}: why attempt A stopped
 //   diag/<A>/<node>       JSON {ok, detail}: the node's self-check after attempt A stopped
-//   outcome/<A>           JSON {evict: [nodes], spares: {node: spare}, error}: the leader's decision
+//   leave/<A>             JSON {node: why}: the nodes that leave the job after attempt A (the
+//                         first agent's view to be written stands, for every agent)
+//   plan/<A>              JSON {spares: {node: k}, shrink: {nodes, dp}, nnodes, dp, error}: how
+//                         the leader fills their places, and the layout attempt A+1 runs
+//   end                   JSON {attempt, status}: the job ended (spares waiting leave)
 //   spares                how many spares ever joined; spare/<k> their heartbeats;
 //   spare/<k>/node        "<node> <attempt>": what spare k takes over, from when (set once, by the leader)
 //   evicted/<host>        the block list: why that host left the job
@@ -22,6 +26,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "comm/store.h"
 
@@ -29,8 +34,9 @@ namespace myriad::driver {
 
 class JobBoard {
  public:
-  // Opens the store of the job's rendezvous URL; fails like comm::make_store.
-  JobBoard(const std::string& url, double timeout_s);
+  // Opens the store of the job's rendezvous URL; fails like comm::make_store. Each call retries
+  // a store that does not answer for up to `patience_s` (a Redis server restarting), then throws.
+  JobBoard(const std::string& url, double timeout_s, double patience_s = 0);
 
   void beat(const std::string& name, const nlohmann::json& state, double ttl_s);
   std::optional<nlohmann::json> heartbeat(const std::string& name);
@@ -42,15 +48,22 @@ class JobBoard {
   void diagnosed(int64_t attempt, int node, const nlohmann::json& result);
   std::optional<nlohmann::json> diagnosis(int64_t attempt, int node);
 
-  // The leader's decision after attempt A stopped (set once; returns the one that stands).
-  nlohmann::json decide(int64_t attempt, const nlohmann::json& outcome);
-  std::optional<nlohmann::json> outcome(int64_t attempt);
+  // Who leaves after attempt A: set once, by the first agent to propose; returns what stands.
+  nlohmann::json leave(int64_t attempt, const nlohmann::json& proposal);
+  // How their places are filled (the leader's, set once) and the layout of attempt A+1.
+  nlohmann::json settle(int64_t attempt, const nlohmann::json& plan);
+  std::optional<nlohmann::json> settled(int64_t attempt);
+
+  // The job's end, for the spares still waiting.
+  void end(const nlohmann::json& how);
+  std::optional<std::string> ended();
 
   // A spare joins: its number k (from 0), under which it beats as "spare<k>".
   int64_t join_as_spare();
-  // Gives node `node` from attempt `attempt` on to a live spare that has none yet; its number,
-  // or nullopt when none is live.
-  std::optional<int64_t> assign_spare(int node, int64_t attempt);
+  // The live spares that have no node yet.
+  std::vector<int64_t> idle_spares();
+  // Gives node `node` from attempt `attempt` on to spare k, unless it has one already.
+  bool assign_spare(int64_t k, int node, int64_t attempt);
   // The node spare k takes over and the attempt it starts, once assigned.
   std::optional<std::pair<int, int64_t>> assignment(int64_t k);
 
@@ -61,7 +74,11 @@ class JobBoard {
 
  private:
   std::optional<nlohmann::json> json_at(const std::string& key);
+  // fn(store), retried while the store does not answer, up to patience_.
+  template <class F>
+  auto patiently(F fn) -> decltype(fn(std::declval<comm::Store&>()));
   std::unique_ptr<comm::Store> store_;
+  double patience_;
 };
 
 }  // namespace myriad::driver

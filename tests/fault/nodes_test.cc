@@ -99,10 +99,10 @@ class Nodes : public ::testing::Test {
   // The worker command: 4 ranks in `layout`, 12 steps, a checkpoint every 4.
   static std::string train(const fs::path& rd, const std::string& layout, const std::string& extra) {
     return cat("train --config ", MYRIAD_SOURCE_DIR, "/configs/demo.toml --run-dir ", rd.string(),
-               " --set model.layers=2 --set model.d_model=32 --set model.seq_len=16 ", layout,
+               " --set model.layers=2 --set model.d_model=32 --set model.seq_len=16",
                " --set train.steps=12 --set checkpoint.every=4 --set checkpoint.keep_last=0 --set train.log_every=1",
                " --set train.eval_every=0 --set data.train=", data_, " --set data.valid= --set fault.heartbeat_s=0.5 ",
-               extra);
+               layout, " ", extra);
   }
   // Node `node`'s agent (or a spare's, node < 0) of job `job` on `redis`.
   static std::unique_ptr<Proc> agent(const myriad::comm::LocalRedis& redis, const std::string& job, int node,
@@ -124,9 +124,9 @@ class Nodes : public ::testing::Test {
     EXPECT_EQ(b->wait(), 0) << b->output();
     return done[layout] = rd;
   }
-  static void expect_same_weights(const fs::path& rd, const fs::path& ref) {
+  static void expect_same_weights(const fs::path& rd, const fs::path& ref, int step = 12) {
     for (int r = 0; r < 4; ++r) {
-      const std::string shard = cat("checkpoints/step_00000012/shard_0000", r, ".bin");
+      const std::string shard = cat("checkpoints/step_000000", step < 10 ? "0" : "", step, "/shard_0000", r, ".bin");
       if (!fs::exists(ref / shard)) continue;
       EXPECT_EQ(read_file(rd / shard), read_file(ref / shard)) << shard;
     }
@@ -172,9 +172,13 @@ TEST_P(NodeFaults, TheJobRestartsEveryNodeAndEndsAsTheRunThatNeverBroke) {
   std::vector<nlohmann::json> ev = jsonl(rd / "driver/events.jsonl");
   ASSERT_GE(ev.size(), 5u) << a->output();
   EXPECT_EQ(ev[0]["event"], "fault");
-  if (c.node >= 0) EXPECT_EQ(ev[0]["node"], c.node) << ev[0].dump();
+  if (c.node >= 0) {
+    EXPECT_EQ(ev[0]["node"], c.node) << ev[0].dump();
+  }
   EXPECT_EQ(ev[0]["class"], c.cls) << ev[0].dump();
-  if (c.rank >= 0) EXPECT_EQ(ev[0]["rank"], c.rank) << ev[0].dump();
+  if (c.rank >= 0) {
+    EXPECT_EQ(ev[0]["rank"], c.rank) << ev[0].dump();
+  }
   EXPECT_EQ(ev[1]["event"], "stop");
   EXPECT_EQ(ev[2]["event"], "diagnose");
   EXPECT_EQ(ev[3]["event"], "restart");
@@ -271,12 +275,57 @@ TEST_F(Nodes, TheStorePasswordNeverReachesALog) {
   ASSERT_EQ(a->wait(), 0) << a->output();
   ASSERT_EQ(b->wait(), 0) << b->output();
   for (const auto& e : fs::recursive_directory_iterator(rd))
-    if (e.is_regular_file() && e.path().extension() != ".bin")
+    if (e.is_regular_file() && e.path().extension() != ".bin") {
       EXPECT_EQ(read_file(e.path()).find("s3cret"), std::string::npos) << e.path();
+    }
   EXPECT_EQ(a->output().find("s3cret"), std::string::npos);
   auto wrong = launch(0, cat("redis://:wrong@127.0.0.1:", redis.port(), "/secret"), "");
   EXPECT_EQ(wrong->wait(), 2) << wrong->output();
   EXPECT_EQ(wrong->output().find("wrong"), std::string::npos) << wrong->output();
+}
+
+// A straggler (rank 2 sleeps 200 ms a step): found against the whole job's step times (its
+// node's own ranks are all slow: rank 3 waits on it inside tensor parallelism) and, with
+// fault.evict_stragglers, its node evicted; the spare takes its place; bitwise the fault-free end.
+TEST_F(Nodes, AStragglerIsFoundAcrossNodesAndEvicted) {
+  myriad::comm::LocalRedis redis;
+  // 40 steps: found around step 9 (the median of its last 10), well before the end.
+  const std::string layout = cat(kDpTp, " --set train.steps=40");
+  const fs::path ref = straight(redis, layout);
+  const fs::path rd = dir_ / "straggler";
+  const std::string extra = "--set fault.evict_stragglers=true";
+  auto spare = agent(redis, "straggler", -1, rd, layout, extra);
+  auto a = agent(redis, "straggler", 0, rd, layout, extra),
+       b = agent(redis, "straggler", 1, rd, layout, extra, "MYRIAD_INJECT_FAULT=step:2:slow:200@rank=2");
+  EXPECT_EQ(b->wait(), 3) << b->output();
+  EXPECT_NE(b->output().find("evicted: straggler: rank 2's steps take "), std::string::npos) << b->output();
+  ASSERT_EQ(a->wait(), 0) << a->output();
+  ASSERT_EQ(spare->wait(), 0) << spare->output();
+  expect_same_weights(rd, ref, 40);
+}
+
+// The store lost mid-run and restarted empty on its port: the workers, done with it, train on;
+// the agents warn, then beat again, and nobody is taken for lost; the job ends as the run that
+// never broke, with every checkpoint it committed.
+TEST_F(Nodes, TheStoreRestartedMidRunLosesNothing) {
+  auto redis = std::make_unique<myriad::comm::LocalRedis>();
+  const int port = redis->port();
+  const fs::path ref = straight(*redis, kDpTp);
+  const fs::path rd = dir_ / "restarted";
+  const std::string slow = "MYRIAD_INJECT_FAULT=step:2:slow:300";
+  auto a = agent(*redis, "restarted", 0, rd, kDpTp, "", slow), b = agent(*redis, "restarted", 1, rd, kDpTp, "", slow);
+  for (int i = 0; i < 600 && !fs::exists(rd / "checkpoints/step_00000004/COMMITTED"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  redis->kill();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  redis = std::make_unique<myriad::comm::LocalRedis>(std::vector<std::string>{}, port);
+  ASSERT_EQ(a->wait(), 0) << a->output();
+  ASSERT_EQ(b->wait(), 0) << b->output();
+  EXPECT_NE(a->output().find("the job's store does not answer"), std::string::npos) << a->output();
+  EXPECT_NE(a->output().find("the job's store answers again"), std::string::npos) << a->output();
+  expect_same_weights(rd, ref);
+  for (int step : {4, 8, 12}) EXPECT_TRUE(fs::exists(rd / cat("checkpoints/step_0000000", step, "/COMMITTED")) ||
+                                          fs::exists(rd / cat("checkpoints/step_000000", step, "/COMMITTED")));
 }
 
 // A node's agent killed (SIGKILL: the node is gone, its workers with it): the other node finds
