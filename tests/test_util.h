@@ -3,7 +3,12 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 
@@ -23,6 +28,22 @@ std::string input_error(F fn) {
   }
   ADD_FAILURE() << "no error thrown";
   return "";
+}
+
+// A file's bytes ("" when it cannot be read).
+inline std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The objects of a JSON-lines file (metrics.jsonl, events.jsonl).
+inline std::vector<nlohmann::json> jsonl(const std::filesystem::path& p) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(p);
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
 }
 
 }  // namespace myriad::test

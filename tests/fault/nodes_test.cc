@@ -20,6 +20,7 @@
 
 #include "comm/local_redis.h"
 #include "core/error.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using myriad::cat;
@@ -68,19 +69,8 @@ class Proc {
   int code_ = -1;
 };
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-std::vector<nlohmann::json> jsonl(const fs::path& p) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(p);
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
+using myriad::test::jsonl;
+using myriad::test::read_file;
 
 class Nodes : public ::testing::Test {
  protected:

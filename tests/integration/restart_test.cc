@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using myriad::cat;
@@ -37,19 +38,8 @@ Result run(const std::string& args, const std::string& env = "") {
   return r;
 }
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-std::vector<nlohmann::json> jsonl(const fs::path& p) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(p);
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
+using myriad::test::jsonl;
+using myriad::test::read_file;
 
 class Restart : public ::testing::Test {
  protected:
