@@ -370,6 +370,17 @@ void pause(driver::Launcher& launcher, double s) {
     if (e.kind == driver::Launcher::Event::Kind::kSignal) throw Interrupted{e.signal};
 }
 
+// The leader's plan for the places left after attempt A, waited for up to 2 minutes (beating,
+// answering signals); nullopt when it did not come.
+std::optional<nlohmann::json> wait_for_plan(driver::JobBoard& board, driver::Launcher& launcher, int64_t attempt,
+                                            const std::function<void()>& beat) {
+  for (const double until = comm::steady_now_s() + 120; comm::steady_now_s() < until; pause(launcher, 0.2)) {
+    if (std::optional<nlohmann::json> p = board.settled(attempt)) return p;
+    beat();
+  }
+  return std::nullopt;
+}
+
 // Stop and check: the node's self-check (myriad self-check) in a process of its own, as the
 // workers run, given a minute at most (a hung disk is what it looks for). Returns {ok, detail}.
 nlohmann::json self_check(driver::Launcher& launcher, const driver::LaunchPlan& plan, const std::optional<Config>& cfg,
@@ -537,16 +548,9 @@ std::optional<Leaving> stop_and_check(driver::JobBoard& board, driver::Launcher&
     }
     settled = board.settle(attempt, p);
   } else {
-    for (const double until = comm::steady_now_s() + 120;;) {
-      if (std::optional<nlohmann::json> p = board.settled(attempt)) {
-        settled = *p;
-        break;
-      }
-      if (comm::steady_now_s() > until)
-        return Leaving{cat("the job's leader, node ", leader, ", decided nothing within 120 s"), true};
-      beat("checking");
-      pause(launcher, 0.2);
-    }
+    std::optional<nlohmann::json> p = wait_for_plan(board, launcher, attempt, [&] { beat("checking"); });
+    if (!p) return Leaving{cat("the job's leader, node ", leader, ", decided nothing within 120 s"), true};
+    settled = *p;
   }
   for (const auto& [m, why] : leave.items()) {
     const std::string spare =
@@ -667,15 +671,9 @@ int cmd_launch(int argc, char** argv) {
         pause(launcher, fault.heartbeat_s);
       }
       // The leader's plan names this spare, and gives the layout the job runs now.
-      nlohmann::json p;
-      for (const double until = comm::steady_now_s() + 120;;) {
-        if (std::optional<nlohmann::json> got = board->settled(*next_attempt - 1)) {
-          p = *got;
-          break;
-        }
-        if (comm::steady_now_s() > until) throw_runtime("launch: spare ", k, ": the job's leader settled nothing");
-        pause(launcher, 0.2);
-      }
+      const std::optional<nlohmann::json> got = wait_for_plan(*board, launcher, *next_attempt - 1, [] {});
+      if (!got) throw_runtime("launch: spare ", k, ": the job's leader settled nothing within 120 s");
+      const nlohmann::json& p = *got;
       if (p.contains("error") || p["spares"].value(std::to_string(plan.node_rank), int64_t(-1)) != k) {
         log::info("launch: spare ", k, ": the job did not take it after all");
         return 0;

@@ -116,8 +116,4 @@ void JobBoard::block(const std::string& host, const std::string& why) {
   patiently([&](comm::Store& s) { s.set("evicted/" + host, why); return 0; });
 }
 
-std::optional<std::string> JobBoard::blocked(const std::string& host) {
-  return patiently([&](comm::Store& s) { return s.try_get("evicted/" + host); });
-}
-
 }  // namespace myriad::driver

@@ -67,10 +67,8 @@ class JobBoard {
   // The node spare k takes over and the attempt it starts, once assigned.
   std::optional<std::pair<int, int64_t>> assignment(int64_t k);
 
+  // The block list: why `host` left the job (read by whoever runs the cluster).
   void block(const std::string& host, const std::string& why);
-  std::optional<std::string> blocked(const std::string& host);
-
-  const std::string& url() const { return store_->url(); }
 
  private:
   std::optional<nlohmann::json> json_at(const std::string& key);
