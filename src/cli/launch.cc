@@ -29,6 +29,7 @@
 #include "core/log.h"
 #include "data/shared_batch.h"
 #include "core/config.h"
+#include "driver/hang_report.h"
 #include "driver/job_board.h"
 #include "driver/launcher.h"
 #include "driver/plan.h"
@@ -131,7 +132,9 @@ struct StoreWatch {
 // - a worker whose beat (one a second) stops for kFrozen_s is frozen (stopped, or stuck in the kernel): the
 //   culprit, killed with SIGKILL, which fails the attempt the usual way;
 // - workers that beat on but none of which completes a step within its allowance are stuck
-//   together (a hung collective, a stuck kernel): all are stopped; the culprit is unknown here.
+//   together (a hung collective, a stuck kernel): all are stopped. The culprit is the rank the
+//   others wait for in their groups (driver/hang_report.h), from this node's heartbeats and, in a
+//   job of several nodes, the other nodes' (`remote`, which their agents publish).
 // Workers that never beat (comm-check) are not watched. Detection does not wait for a
 // collective's timeout.
 struct HangWatch {
@@ -143,6 +146,7 @@ struct HangWatch {
     long long beat = -1, step = -1;
     double beat_at = 0, step_at = 0, allowance = 0, own_ms = 0;
     std::string phase;
+    nlohmann::json last;     // its last heartbeat, as read
     bool straggler = false;  // reported in this attempt
   };
   // A straggler: a rank whose own step time (heartbeat.h) is over kSlower x the median of the
@@ -165,6 +169,18 @@ struct HangWatch {
     ranks.push_back(r);
     return r.path;
   }
+  // What this node's workers said last, each with its rank, for the job's heartbeat.
+  nlohmann::json workers() const {
+    nlohmann::json out = nlohmann::json::array();
+    for (const Rank& r : ranks) {
+      nlohmann::json w = r.last.is_object() ? r.last : nlohmann::json::object();
+      w.erase("beat");
+      w["rank"] = r.rank;
+      w["running"] = r.index >= 0 && r.index < launcher.size() && launcher.running(r.index);
+      out.push_back(std::move(w));
+    }
+    return out;
+  }
   void operator()() {
     if (!verdict.empty()) return;
     const double now = comm::steady_now_s();
@@ -175,17 +191,17 @@ struct HangWatch {
         continue;
       }
       std::ifstream in(r.path);
-      long long beat = -1, step = -1;
-      std::string phase;
-      double allowance = 0, own_ms = 0;
-      if (!(in >> beat >> step >> phase >> allowance >> own_ms)) {
+      const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+      if (!j.is_object() || !j.contains("beat")) {
         all_stuck = false;  // not beating yet (or never: not a trainer)
         continue;
       }
-      r.own_ms = own_ms;
+      r.last = j;
+      const long long beat = j.value("beat", -1LL), step = j.value("step", -1LL);
+      r.own_ms = j.value("own_ms", 0.0);
       if (beat != r.beat) r.beat = beat, r.beat_at = now;
       if (step != r.step) r.step = step, r.step_at = now;
-      r.phase = phase, r.allowance = allowance;
+      r.phase = j.value("phase", std::string("?")), r.allowance = j.value("allowance_s", 0.0);
       if (now - r.beat_at > kFrozen_s) {
         culprit = r.rank;
         verdict = cat("hang: rank ", r.rank, " is frozen, no heartbeat for ", static_cast<int>((now - r.beat_at) * 10) / 10.0,
@@ -197,9 +213,13 @@ struct HangWatch {
     }
     find_stragglers();
     if (all_stuck) {
+      nlohmann::json everyone = workers();
+      for (const nlohmann::json& w : remote) everyone.push_back(w);
+      const std::optional<driver::Holdup> holdup = driver::find_holdup(everyone);
+      culprit = holdup ? holdup->rank : -1;
       verdict = cat("hang: no rank of this node completed a step for ", static_cast<int>(now - ranks[0].step_at),
                     " s (allowance ", ranks[0].allowance, " s, after step ", ranks[0].step, ", ", ranks[0].phase,
-                    "); all stopped");
+                    "); all stopped", holdup ? "; " + holdup->detail : std::string("; no single rank holds it up"));
       launcher.stop(SIGTERM);
     }
   }
@@ -227,6 +247,7 @@ struct HangWatch {
   driver::Launcher& launcher;
   std::filesystem::path dir;
   std::vector<Rank> ranks;
+  nlohmann::json remote = nlohmann::json::array();  // the other nodes' workers (a supervised job)
   std::string verdict;  // empty: no hang seen
   int culprit = -1;
   std::vector<Report> reports;  // stragglers found, for the caller to record (then cleared)
@@ -282,32 +303,47 @@ std::string host_name() {
   return ::gethostname(buf, sizeof buf - 1) == 0 ? std::string(buf) : std::string("localhost");
 }
 
+// A corrupt replica (runtime/trainer.cc's check), as a fault's detail names it: the step and the
+// rank whose copy differed. The restart reruns that step on that rank: clean, the corruption was
+// transient; corrupt again, its device is faulty (Megatron's rerun, at the job's level).
+struct Corruption {
+  long long step = -1;
+  int rank = -1;
+  bool operator==(const Corruption&) const = default;
+};
+std::optional<Corruption> corruption_in(const std::string& detail) {
+  const size_t at = detail.find("silent data corruption at step ");
+  Corruption c;
+  if (at == std::string::npos || std::sscanf(detail.c_str() + at, "silent data corruption at step %lld: rank %d's", &c.step, &c.rank) != 2)
+    return std::nullopt;
+  return c;
+}
+
 // The node agent's side of the job (myriad launch --max-restarts): its heartbeat in the store,
 // the job-wide stop (a fault on any node stops every node's workers at once, without waiting
 // for a collective to time out), and the loss of a node (its agent's heartbeat gone).
 struct JobWatch {
   JobWatch(driver::JobBoard& b, driver::Launcher& l, const driver::LaunchPlan& p, HangWatch& h, double hb,
-           int64_t a)
-      : board(b), launcher(l), plan(p), hangs(h), heartbeat_s(hb), attempt(a) {}
+           int64_t a, std::string n)
+      : board(b), launcher(l), plan(p), hangs(h), heartbeat_s(hb), attempt(a), name(std::move(n)) {}
   driver::JobBoard& board;
   driver::Launcher& launcher;
   const driver::LaunchPlan& plan;
   HangWatch& hangs;
   double heartbeat_s;
   int64_t attempt;
+  std::string name;                 // --node-name
   std::vector<std::string> errors;  // the workers' recent error lines
   std::vector<double> seen_at;      // when each peer's heartbeat was last seen this attempt (0: never)
   std::optional<nlohmann::json> remote;  // the job's stop record, when another node made it
   double next_s = 0;
   bool store_down = false;  // the last tick found the store gone
 
+  // The node's heartbeat: who it is, and each worker's last heartbeat (step, phase, rates, the
+  // last collective started and finished, each group's progress).
   nlohmann::json state(const char* status) const {
-    nlohmann::json workers = nlohmann::json::array();
-    for (const HangWatch::Rank& r : hangs.ranks)
-      workers.push_back({{"rank", r.rank}, {"step", r.step}, {"phase", r.phase}, {"own_ms", r.own_ms},
-                         {"running", r.index >= 0 && r.index < launcher.size() && launcher.running(r.index)}});
-    return {{"host", host_name()}, {"node", plan.node_rank}, {"pid", ::getpid()}, {"attempt", attempt},
-            {"status", status}, {"workers", workers}, {"errors", errors}};
+    return {{"host", host_name()}, {"name", name}, {"node", plan.node_rank}, {"pid", ::getpid()}, {"attempt", attempt},
+            {"status", status}, {"workers", hangs.workers()}, {"errors", errors}};
   }
   void beat(const char* status, double ttl) { board.beat(cat("node", plan.node_rank), state(status), ttl); }
   // A heartbeat's life: 5 beats (the agent's loop turns about once a second, whatever is asked).
@@ -337,11 +373,12 @@ struct JobWatch {
       seen_at.resize(plan.nnodes, 0.0);
       std::vector<double> own;  // every rank's own step time, job-wide (0: not known yet)
       for (const HangWatch::Rank& r : hangs.ranks) own.push_back(r.own_ms);
+      nlohmann::json remote = nlohmann::json::array();
       for (int m = 0; m < plan.nnodes; ++m) {
         if (m == plan.node_rank) continue;
         if (std::optional<nlohmann::json> hb = board.heartbeat(cat("node", m))) {
           seen_at[m] = now;
-          for (const nlohmann::json& w : (*hb)["workers"]) own.push_back(w.value("own_ms", 0.0));
+          for (const nlohmann::json& w : (*hb)["workers"]) own.push_back(w.value("own_ms", 0.0)), remote.push_back(w);
         } else if (seen_at[m] > 0 && now - seen_at[m] > ttl_s()) {
           remote = board.stop(attempt, {{"node", m}, {"rank", -1}, {"class", class_name(ErrorClass::kRuntime)},
                                         {"detail", "lost: its agent's heartbeat stopped"}});
@@ -349,6 +386,7 @@ struct JobWatch {
           return;
         }
       }
+      hangs.remote = std::move(remote);
       // Stragglers against the whole job (a node whose ranks are all slow, a tensor-parallel
       // group waiting on one of its own, has no straggler against its own median).
       if (static_cast<int>(own.size()) == plan.world_size) hangs.find_stragglers(own);
@@ -391,7 +429,8 @@ nlohmann::json self_check(driver::Launcher& launcher, const driver::LaunchPlan& 
   const std::string dir = cfg && !cfg->checkpoint.dir.empty()
                               ? cfg->checkpoint.dir
                               : (std::filesystem::path(plan.run_dir) / "checkpoints").string();
-  spec.argv = {self_path(), "self-check", "--checkpoint-dir", dir};
+  spec.argv = {self_path(), "self-check", "--checkpoint-dir", dir, "--ranks", std::to_string(plan.nproc_per_node),
+               "--min-bus-gbps", cat(cfg ? cfg->fault.diag_min_bus_gbps : FaultConfig{}.diag_min_bus_gbps)};
   spec.env = {{"MYRIAD_NODE_RANK", std::to_string(plan.node_rank)}, {"MYRIAD_ATTEMPT", std::to_string(attempt)}};
   spec.log_path = (std::filesystem::path(plan.log_dir) / cat("self_check_node", plan.node_rank, ".log")).string();
   last_line.clear();
@@ -583,7 +622,8 @@ int cmd_launch(int argc, char** argv) {
     throw_input("launch: expected '--' and then the subcommand to run, e.g. "
                 "myriad launch --nproc-per-node 4 -- train --config FILE");
   Args args("launch", sep, argv,
-            {"nproc-per-node", "nnodes", "node-rank", "rdzv", "job", "grace-period", "max-restarts"}, {"spare"});
+            {"nproc-per-node", "nnodes", "node-rank", "rdzv", "job", "grace-period", "max-restarts", "node-name"},
+            {"spare"});
   driver::LaunchFlags flags;
   args.required("nproc-per-node");
   flags.nproc_per_node = args.get_int("nproc-per-node", 0);
@@ -609,6 +649,10 @@ int cmd_launch(int argc, char** argv) {
   if (spare) flags.node_rank = 0;  // until it takes a node over
 
   driver::LaunchPlan plan = driver::plan_launch(flags, driver::process_env());
+  // What the logs and the job's heartbeats call this node (its node rank is its identity).
+  const std::string node_name = args.has("node-name") ? args.get("node-name") : host_name();
+  if (node_name.empty() || node_name.find_first_of(" \t\n") != std::string::npos)
+    throw_input("launch: --node-name must be a non-empty word, got '", node_name, "'");
   if (spare && plan.default_store)
     throw_input("launch: --spare needs the job's store (--rdzv URL), shared with the nodes it may replace");
   const bool temporary_run_dir = plan.run_dir.empty();
@@ -620,11 +664,13 @@ int cmd_launch(int argc, char** argv) {
   std::string resumed_from, check_line;
   std::unique_ptr<Events> events;
   std::vector<std::string>* errors = nullptr;  // the job watch's, while it runs
+  std::map<int, std::string> last_error;       // rank -> its last "myriad: ..." line, this attempt
   options.on_line = [&](int rank, std::string_view line) {
     if (rank < 0) {  // the self-check
       check_line = std::string(line);
       return;
     }
+    if (line.rfind("myriad: ", 0) == 0) last_error[rank] = std::string(line.substr(8));
     if (errors && line.rfind("myriad: ", 0) == 0) {
       errors->push_back(cat("rank ", rank, ": ", line));
       if (errors->size() > 5) errors->erase(errors->begin());
@@ -658,7 +704,7 @@ int cmd_launch(int argc, char** argv) {
     log::info("launch: spare ", k, " of job ", plan.job, " waits for a node to take over");
     try {
       for (;;) {
-        board->beat(cat("spare", k), {{"host", host_name()}, {"pid", ::getpid()}}, 5 * std::max(1.0, fault.heartbeat_s));
+        board->beat(cat("spare", k), {{"host", host_name()}, {"name", node_name}, {"pid", ::getpid()}}, 5 * std::max(1.0, fault.heartbeat_s));
         if (board->ended() != ended) {  // the job is over: nothing left to take over
           log::info("launch: spare ", k, ": the job ended");
           return 0;
@@ -693,6 +739,7 @@ int cmd_launch(int argc, char** argv) {
   events = std::make_unique<Events>(plan, supervised);
 
   driver::RunResult r;
+  std::optional<Corruption> rerun;  // the last attempt's corrupt replica, whose step this one reruns
   std::string restarting;  // the restart event, written once the new attempt has its number
   std::string failed;      // the last attempt's failure, as the console's last line says it
   ErrorClass failed_class = ErrorClass::kRuntime;
@@ -704,9 +751,10 @@ int cmd_launch(int argc, char** argv) {
     failed.clear();
     const int first = plan.node_rank * plan.nproc_per_node;
     log::info("launch: ", plan.command[0], " on ranks ", first, "..", first + plan.nproc_per_node - 1,
-              " of ", plan.world_size, ", ", plan.origin, "; job ", plan.job, ", attempt ",
+              " of ", plan.world_size, ", node ", plan.node_rank, " (", node_name, "), ", plan.origin, "; job ", plan.job, ", attempt ",
               plan.attempt, ", store ", driver::without_password(plan.rdzv), "; logs in ", plan.log_dir);
     std::vector<driver::WorkerSpec> specs = driver::worker_specs(plan, "/proc/self/exe", self_path());
+    last_error.clear();
     HangWatch hangs(launcher, plan.run_dir);
     for (driver::WorkerSpec& spec : specs) {
       spec.env.emplace_back("MYRIAD_HEARTBEAT", hangs.add(spec.rank, launcher.size()));
@@ -716,13 +764,27 @@ int cmd_launch(int argc, char** argv) {
     std::optional<HangWatch::Report> straggler;  // to evict (fault.evict_stragglers)
     std::optional<JobWatch> job;
     if (board) {
-      job.emplace(*watch_board, launcher, plan, hangs, fault.heartbeat_s, attempt);
+      job.emplace(*watch_board, launcher, plan, hangs, fault.heartbeat_s, attempt, node_name);
       errors = &job->errors;
     }
+    // The rank of the last attempt's corrupt replica, if it runs here, passed the rerun of its
+    // step (its heartbeat's step moved past it, or the attempt finished).
+    auto check_rerun = [&](bool finished) {
+      if (!rerun) return;
+      for (const HangWatch::Rank& h : hangs.ranks)
+        if (h.rank == rerun->rank && (finished || h.step >= rerun->step)) {
+          events->write("diagnose", h.rank, "",
+                        cat("the silent data corruption of rank ", h.rank, " at step ", rerun->step,
+                            " was transient: the rerun of that step passed the replicas' check"));
+          rerun.reset();
+          return;
+        }
+    };
     r = launcher.run([&] {
       store_watch();
       hangs();
       if (job) (*job)();
+      check_rerun(false);
       for (const HangWatch::Report& s : hangs.reports) {
         if (events->path.empty()) log::warn("launch: ", s.detail);
         events->write("diagnose", s.rank, "", s.detail);
@@ -734,6 +796,7 @@ int cmd_launch(int argc, char** argv) {
       hangs.reports.clear();
     });
     errors = nullptr;  // (the job watch, which owns them, ends with this attempt)
+    if (r.ok()) check_rerun(true);
     // What the workers of this node left in shared memory (a killed reader never unlinks).
     if (int n = data::remove_node_segments(plan.job, plan.attempt, plan.node_rank); n > 0)
       log::info("launch: removed ", n, " shared-memory segment(s) the workers left");
@@ -757,9 +820,20 @@ int cmd_launch(int argc, char** argv) {
       cause = board->stop(attempt, cause);
     } else if (local) {
       const int rank = !hangs.verdict.empty() ? hangs.culprit : r.failure->rank;
+      // A worker's own account of its failure, when it gave one, says why.
+      const std::string why = last_error.count(rank) ? ": " + last_error[rank] : "";
+      const std::string what = !hangs.verdict.empty() ? hangs.verdict : cat("rank ", rank, " ", r.failure->describe(), why);
+      // The same replica corrupt again on the rerun of its step: a faulty device, evicted.
+      const std::optional<Corruption> again = corruption_in(what);
+      const bool persistent = again && rerun && *again == *rerun;
       const ErrorClass cls = !hangs.verdict.empty() ? ErrorClass::kRuntime : r.failure->error_class();
-      cause = {{"node", plan.node_rank}, {"rank", rank}, {"class", class_name(cls)},
-               {"detail", !hangs.verdict.empty() ? hangs.verdict : cat("rank ", rank, " ", r.failure->describe())}};
+      // A stalled job's culprit may run on another node (named from the heartbeats).
+      const int node = rank >= 0 ? rank / plan.nproc_per_node : plan.node_rank;
+      cause = {{"node", node}, {"rank", rank}, {"class", class_name(cls)}, {"detail", what}};
+      if (persistent) {
+        cause["detail"] = cat(what, "; persistent: the rerun of step ", again->step, " corrupted it again");
+        cause["evict"] = true;
+      }
       if (board && cls == ErrorClass::kComm) {
         // Most often the echo of another node's fault: give its agent a moment to record the cause.
         for (const double until = comm::steady_now_s() + 3; comm::steady_now_s() < until && !board->stopped(attempt);)
@@ -773,8 +847,12 @@ int cmd_launch(int argc, char** argv) {
     failed_class = class_from_name(cause.value("class", ""));
     failed = cause.value("detail", "");
     if (cause_node != plan.node_rank) failed = cat("node ", cause_node, ": ", failed);
+    // A persistent corruption on a job of one node has nowhere else to run.
+    const bool persistent = cause.value("evict", false) && corruption_in(failed);
+    if (persistent && plan.nnodes == 1) failed += "; replace this node's faulty device";
+    rerun = corruption_in(failed);
     const bool final_stop = failed_class == ErrorClass::kInput || failed_class == ErrorClass::kInternal ||
-                            restarts >= max_restarts;
+                            restarts >= max_restarts || (persistent && plan.nnodes == 1);
     events->write("fault", cause_rank, class_name(failed_class), failed, cause_node);
     events->write("stop", -1, "", cause_node == plan.node_rank ? "the other workers of this node were stopped"
                                                                : "this node's workers were stopped");

@@ -44,7 +44,7 @@ usage:
   myriad sample  --checkpoint DIR --prompt TEXT [--tokens N] [--temperature T] [--top-k K] [--seed S]
   myriad bench   --config FILE [--set section.key=value]... [--steps N] [--warmup K]
   myriad bench-init --ranks N [--store redis|file] [--url URL] [--threads T] [--tp 8] [--pp P] [--timeout S]
-  myriad launch --nproc-per-node N [--nnodes M --node-rank R] [--rdzv URL] [--job NAME] [--grace-period S] [--max-restarts N] [--spare] -- COMMAND [ARGS...]
+  myriad launch --nproc-per-node N [--nnodes M --node-rank R] [--rdzv URL] [--job NAME] [--grace-period S] [--max-restarts N] [--spare] [--node-name NAME] -- COMMAND [ARGS...]
   myriad help
 
 exit codes: 0 success, 1 internal error, 2 bad input or config (do not retry),

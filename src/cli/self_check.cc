@@ -5,10 +5,14 @@
 //            whose every element is known exactly
 //   memory   256 MiB written with a pattern and read back
 //   storage  a file written, synced, read back and removed in the checkpoint directory
+//   collective  the node's processes, as many as it runs workers (--ranks), all-reduce 32 MiB of
+//            integer-valued floats over Gloo through a file store, each element checked, the bus
+//            bandwidth (2(n-1)/n x bytes / time, as nccl-tests count it) at least --min-bus-gbps
 // Prints one line, "self-check ok: ..." with what each check measured, or fails with the
 // failing check's error (a runtime fault, exit 3). The fault point "diag" (core/fault.h) makes
 // it fail on purpose: diag:fail@node=1.
 #include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -19,6 +23,8 @@
 #include <vector>
 
 #include "cli/args.h"
+#include "comm/communicator.h"
+#include "comm/store.h"
 #include "core/error.h"
 #include "core/fault.h"
 #include "ops/cpu/ops.h"
@@ -81,15 +87,87 @@ double storage_check(const std::filesystem::path& dir) {
   return 2.0 * data.size() / seconds_since(t0) / 1e6;
 }
 
+// One rank of the collective check; returns the best of 3 timed all-reduces' bus bandwidth in GB/s.
+double collective_rank(const std::string& url, int rank, int n) {
+  std::shared_ptr<comm::Store> store = comm::make_store(url, "0", 30);
+  comm::CommOptions options;
+  options.backend = "gloo", options.timeout_s = 30;
+  std::unique_ptr<comm::Communicator> g = comm::make_group(store, "self_check", rank, n, options);
+  const int64_t count = (32 << 20) / int64_t(sizeof(float));
+  std::vector<float> buf(static_cast<size_t>(count));
+  double best_s = 1e30;
+  for (int iter = 0; iter < 4; ++iter) {  // the first warms the connections up
+    for (int64_t i = 0; i < count; ++i) buf[i] = float((rank + 1) * (i % 7 + 1));
+    const auto t0 = std::chrono::steady_clock::now();
+    g->all_reduce(buf.data(), count)->wait();
+    if (iter > 0) best_s = std::min(best_s, seconds_since(t0));
+    for (int64_t i = 0; i < count; ++i)
+      if (buf[i] != float(n * (n + 1) / 2 * (i % 7 + 1)))
+        throw_runtime("self-check: collective: an all-reduce of ", n, " processes gave ", buf[i], " at element ", i,
+                      ", expected ", n * (n + 1) / 2 * (i % 7 + 1), ": this node's transport corrupts data");
+  }
+  g->barrier()->wait();
+  return 2.0 * (n - 1) / n * double(count) * sizeof(float) / best_s / 1e9;
+}
+
+// The collective check: this process is rank 0, n - 1 forked children the others (forked before
+// any other check starts a thread), meeting in a fresh directory.
+double collective_check(int n, double min_gbps) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / cat("myriad-self-check-", getpid());
+  std::vector<pid_t> children;
+  for (int r = 1; r < n; ++r) {
+    const pid_t pid = ::fork();
+    if (pid < 0) throw_runtime("self-check: collective: fork failed");
+    if (pid == 0) {
+      int code = 0;
+      try {
+        collective_rank(dir.string(), r, n);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "myriad: %s\n", e.what());
+        code = 3;
+      }
+      std::fflush(nullptr);
+      ::_exit(code);
+    }
+    children.push_back(pid);
+  }
+  double gbps = 0;
+  std::string error;
+  try {
+    gbps = collective_rank(dir.string(), 0, n);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  bool children_ok = true;
+  for (pid_t pid : children) {
+    int status = 0;
+    if (::waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) children_ok = false;
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (!error.empty()) throw_runtime(error);
+  if (!children_ok) throw_runtime("self-check: collective: a process of the node's all-reduce failed");
+  if (gbps < min_gbps)
+    throw_runtime("self-check: collective: the all-reduce of ", n, " processes reached ", gbps,
+                  " GB/s of bus bandwidth, below fault.diag_min_bus_gbps (", min_gbps, "): this node's transport is slow");
+  return gbps;
+}
+
 }  // namespace
 
 int cmd_self_check(int argc, char** argv) {
-  Args args("self-check", argc, argv, {"checkpoint-dir"});
+  Args args("self-check", argc, argv, {"checkpoint-dir", "ranks", "min-bus-gbps"});
   const std::string dir = args.required("checkpoint-dir");
+  const long long ranks = args.get_int("ranks", 1);
+  if (ranks < 1 || ranks > 1024) throw_input("self-check: --ranks must be 1..1024, got ", ranks);
+  const double min_gbps = args.get_double("min-bus-gbps", 0);
   fault::trigger("diag");  // diag:fail (a runtime fault), kill, hang, ...
+  const double bus = ranks > 1 ? collective_check(static_cast<int>(ranks), min_gbps) : 0;
   const double gflops = compute_check(), mem = memory_check(), disk = storage_check(dir);
-  std::printf("self-check ok: compute %.1f GFLOP/s, memory %.1f GB/s, checkpoint directory %.0f MB/s\n", gflops,
-              mem, disk);
+  std::printf("self-check ok: compute %.1f GFLOP/s, memory %.1f GB/s, checkpoint directory %.0f MB/s", gflops, mem,
+              disk);
+  if (ranks > 1) std::printf(", all-reduce of %lld processes %.2f GB/s", ranks, bus);
+  std::printf("\n");
   return 0;
 }
 

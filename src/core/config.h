@@ -87,6 +87,7 @@ struct FaultConfig {
   int64_t evict_after = 2;          // a node that causes this many faults in a row is evicted
   std::string evict_command;        // run for an evicted node ({host}, {node} replaced); empty = none
   bool evict_stragglers = false;    // a node with a straggler is evicted (else they are reported)
+  double diag_min_bus_gbps = 0.02;  // the self-check's all-reduce among the node's processes must reach this
 };
 
 struct CheckpointConfig {
@@ -170,6 +171,7 @@ struct Config {
     f("fault", "evict_after", fault.evict_after);
     f("fault", "evict_command", fault.evict_command);
     f("fault", "evict_stragglers", fault.evict_stragglers);
+    f("fault", "diag_min_bus_gbps", fault.diag_min_bus_gbps);
   }
   template <class F>
   void visit(F&& f) const { const_cast<Config*>(this)->visit(f); }

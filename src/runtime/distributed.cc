@@ -145,6 +145,12 @@ Distributed::~Distributed() {
     for (auto& g : groups_) g->abort("this rank is leaving on an error");
 }
 
+std::vector<comm::Communicator*> Distributed::groups() const {
+  std::vector<comm::Communicator*> out;
+  for (const auto& g : groups_) out.push_back(g.get());
+  return out;
+}
+
 bool Distributed::writes_metrics() const {
   const parallel::Coord c = topo_.coord(rank_);
   return c.tp == 0 && c.dp == 0 && c.pp == topo_.pp() - 1;

@@ -29,6 +29,8 @@ class Distributed {
   const parallel::Topology& topology() const { return topo_; }
   const parallel::ParallelContext* context() const { return &ctx_; }
   comm::Communicator& world_comm() { return *world_; }
+  // Every group of this rank (world, tp, pp, dp, the pipeline links), for its heartbeat.
+  std::vector<comm::Communicator*> groups() const;
   int tp_rank() const { return topo_.coord(rank_).tp; }
   int dp_rank() const { return topo_.coord(rank_).dp; }
   // The rank that holds the final loss (last pipeline stage, tp 0, dp 0) writes metrics.jsonl.

@@ -1,25 +1,46 @@
 // A worker's heartbeat to its launcher: a small file (MYRIAD_HEARTBEAT, set by `myriad launch`)
-// rewritten every second by a thread of its own with the worker's progress:
+// rewritten every second by a thread of its own, one JSON object:
 //
-//   "<beat> <step> <phase> <allowance_s> <own_ms>\n"
+//   {"beat": 12, "step": 40, "phase": "backward", "allowance_s": 60, "own_ms": 51.2,
+//    "step_ms": 53.0, "tokens_per_s": 9650,
+//    "started":  {"group": "dp0", "op": "reduce_scatter", "seq": 88, "match": 85, "step": 41},
+//    "finished": {"group": "tp0", "op": "all_reduce", "seq": 87, "match": 60, "step": 41},
+//    "groups": [{"group": "tp0", "op": "all_reduce", "match": 60, "state": "done"}, ...]}
 //
-// beat counts up each second, step is the last completed step, phase what the worker is doing
-// (start, train, eval, checkpoint) and allowance_s how long the launcher may see step stand
-// still before it calls the run hung. own_ms is the median of the worker's recent steps' own
-// time: each step's wall time (from the end of the one before) less the time it sat blocked on
-// its peers; 0 until known. Ranks that wait for a straggler show the wait as blocked time, the
-// straggler shows it as its own, so the launcher can tell which rank is slow. A process that is frozen (stopped, or gone) stops beating;
-// one whose training is stuck (a hung collective, a stuck kernel) beats on with a step that
-// does not move: the launcher tells the two apart by that. Without MYRIAD_HEARTBEAT it does
-// nothing.
+// - beat counts up each second; step is the last completed step; phase what the worker does now
+//   (start, data, forward, backward, optimizer, eval, checkpoint: set_phase);
+// - allowance_s: how long the launcher may see step stand still before it calls the run hung;
+// - own_ms: the median of the recent steps' own time, each step's wall time (from the end of the
+//   one before) less the time it sat blocked on its peers; 0 until known. Ranks that wait for a
+//   straggler show the wait as blocked time, the straggler shows it as its own;
+// - started / finished: the operation this rank started last and the one it finished last, over
+//   all its groups (seq: this rank's numbering in the group; match: what the group's members
+//   share, the n-th collective, or the n-th message of a link);
+// - groups: each group's last issued operation and its state. A rank waiting in a group's
+//   operation #m whose peer has issued fewer than m there is waiting on that peer: the launcher
+//   names the rank that holds a stalled job up (driver/hang_report.h).
+//
+// A process that is frozen (stopped, or gone) stops beating; one whose training is stuck (a hung
+// collective, a stuck kernel) beats on with a step that does not move: the launcher tells the
+// two apart by that. Without MYRIAD_HEARTBEAT it does nothing.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace myriad {
+
+namespace comm {
+class Communicator;
+}
+
+// What this process does now (a string literal), for the heartbeat: set by the step's code at
+// each phase's start, from the thread that trains.
+void set_phase(const char* phase);
 
 class Heartbeat {
  public:
@@ -29,16 +50,21 @@ class Heartbeat {
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
 
-  // What the next beats say. phase is a string literal.
-  void set(int64_t step, const char* phase, double allowance_s);
+  // The last completed step and how long the next may take.
+  void set(int64_t step, double allowance_s);
   void set_own_ms(double ms) { own_ms_ = ms; }
+  void set_rate(double step_ms, double tokens_per_s) { step_ms_ = step_ms, tokens_per_s_ = tokens_per_s; }
+  // The groups whose operation records the beats report; they must outlive the heartbeat, or be
+  // replaced (an empty list) before they go.
+  void watch(std::vector<comm::Communicator*> groups);
 
  private:
   void beat();
   std::string path_;
   std::atomic<int64_t> step_{0}, beats_{0};
-  std::atomic<const char*> phase_{"start"};
-  std::atomic<double> allowance_s_{0}, own_ms_{0};
+  std::atomic<double> allowance_s_{0}, own_ms_{0}, step_ms_{0}, tokens_per_s_{0};
+  std::mutex groups_mu_;
+  std::vector<comm::Communicator*> groups_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/error.h"
+#include "runtime/heartbeat.h"
 #include "runtime/pipeline.h"
 
 namespace myriad {
@@ -91,6 +92,7 @@ float Pipeline<Model>::train(const int32_t* tokens, float grad_scale, const Hook
         if (first(c)) input = nullptr;
         else if (p_ == 1) input = model_.chunk_output(c - 1, mb);
         else input = received(ActionKind::kRecvActivation, mb, c);
+        set_phase("forward");
         const int t0 = model_.ops().mark();
         model_.forward_chunk(c, mb, B_, mb_tokens, input, grad_scale);
         forward_marks_.emplace_back(t0, model_.ops().mark());
@@ -115,6 +117,7 @@ float Pipeline<Model>::train(const int32_t* tokens, float grad_scale, const Hook
         }
         Buffer din;
         if (!first(c)) din.zeros(boundary_);
+        set_phase("backward");
         const int t0 = model_.ops().mark();
         model_.backward_chunk(c, mb, dout, first(c) ? nullptr : din.data(), grad_scale);
         backward_marks_.emplace_back(t0, model_.ops().mark());

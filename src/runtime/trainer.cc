@@ -100,8 +100,9 @@ std::unique_ptr<data::IndexedDataset> Trainer::open_data(const std::string& pref
 }
 
 Trainer::Trainer(const Config& cfg, const std::string& run_dir)
-    : cfg_(cfg), heartbeat_(cfg.fault.startup_timeout_s), run_dir_(run_dir) {
+    : cfg_(cfg), run_dir_(run_dir), heartbeat_(cfg.fault.startup_timeout_s) {
   dist_ = Distributed::from_env(cfg_);
+  if (dist_) heartbeat_.watch(dist_->groups());
   if (!dist_ && cfg_.parallel.tp * cfg_.parallel.pp * std::max<int64_t>(1, cfg_.parallel.dp) != 1)
     throw_input("config: parallel.tp x pp x dp = ",
                 cfg_.parallel.tp * cfg_.parallel.pp * std::max<int64_t>(1, cfg_.parallel.dp),
@@ -167,6 +168,7 @@ void Trainer::run() {
   int64_t timed = 0;
   while (step_ < t.steps) {
     const double t0 = now_s();
+    set_phase("data");
     data::Batch batch = next_batch();  // (global_batch / dp, T+1): this rank's rows
     StepResult r = engine_->train_step(batch.tokens.data(), step_ + 1,
                                        lr_at(cfg_.optim, step_, t.steps));
@@ -200,7 +202,9 @@ void Trainer::run() {
     std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
     const double allowance = cfg_.fault.step_timeout_s > 0 ? cfg_.fault.step_timeout_s
                                                           : std::max(60.0, 10 * sorted[sorted.size() / 2]);
-    heartbeat_.set(step_, "eval", cfg_.fault.startup_timeout_s);
+    heartbeat_.set_rate(dt * 1e3, tokens_per_step / dt);
+    heartbeat_.set(step_, cfg_.fault.startup_timeout_s);
+    set_phase("eval");
     if (valid_data_ && t.eval_every > 0 && (step_ % t.eval_every == 0 || step_ == t.steps))
       rec["val_loss"] = evaluate();
     if (step_ % t.log_every == 0 || step_ == t.steps || rec.contains("val_loss")) {
@@ -212,9 +216,10 @@ void Trainer::run() {
                 fmt("%.0f", tokens_per_step / dt), " tok/s | ETA ", human_duration(eta));
     }
     const int64_t every = cfg_.checkpoint.every;
-    heartbeat_.set(step_, "checkpoint", cfg_.fault.startup_timeout_s);
+    set_phase("checkpoint");
     if ((every > 0 && step_ % every == 0) || step_ == t.steps) save_checkpoint();
-    heartbeat_.set(step_, "train", allowance);
+    heartbeat_.set(step_, allowance);
+    set_phase("data");
     // This step's own time: from the end of the last one, less the waits on its peers.
     const double end = now_s();
     if (last_end_ > 0) {

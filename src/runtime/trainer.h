@@ -52,9 +52,11 @@ class Trainer {
   std::vector<checkpoint::Shard> shards(bool for_save);
 
   Config cfg_;
-  Heartbeat heartbeat_;  // to a supervising launcher, from construction on
   std::string run_dir_;
   std::unique_ptr<Distributed> dist_;  // null in a single-process run
+  // To a supervising launcher, from construction on; it reads dist_'s groups' records, so it is
+  // declared after dist_ and stops before dist_ goes.
+  Heartbeat heartbeat_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<data::IndexedDataset> train_data_, valid_data_;
   std::unique_ptr<data::BatchLoader> loader_;      // null on the members that take shared batches

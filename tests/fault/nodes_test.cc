@@ -133,8 +133,8 @@ struct Case {
   const char* layout;
   const char* fault;  // injected into node 1's ranks
   const char* cls;
-  int rank;           // the rank the events must name; -1: any
-  int node = 1;       // the node the events must name; -1: any (a stall stops every node)
+  int rank;           // the rank the events must name (a stall's: the one its peers wait for)
+  int node = 1;       // the node the events must name
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -162,13 +162,9 @@ TEST_P(NodeFaults, TheJobRestartsEveryNodeAndEndsAsTheRunThatNeverBroke) {
   std::vector<nlohmann::json> ev = jsonl(rd / "driver/events.jsonl");
   ASSERT_GE(ev.size(), 5u) << a->output();
   EXPECT_EQ(ev[0]["event"], "fault");
-  if (c.node >= 0) {
-    EXPECT_EQ(ev[0]["node"], c.node) << ev[0].dump();
-  }
+  EXPECT_EQ(ev[0]["node"], c.node) << ev[0].dump();
   EXPECT_EQ(ev[0]["class"], c.cls) << ev[0].dump();
-  if (c.rank >= 0) {
-    EXPECT_EQ(ev[0]["rank"], c.rank) << ev[0].dump();
-  }
+  EXPECT_EQ(ev[0]["rank"], c.rank) << ev[0].dump();
   EXPECT_EQ(ev[1]["event"], "stop");
   EXPECT_EQ(ev[2]["event"], "diagnose");
   EXPECT_EQ(ev[3]["event"], "restart");
@@ -179,13 +175,13 @@ INSTANTIATE_TEST_SUITE_P(
     Faults, NodeFaults,
     ::testing::Values(Case{"kill", kDpTp, "step:6:kill@rank=2", "runtime fault", 2},
                       Case{"hang", kDpTp, "step:6:hang@rank=3", "runtime fault", 3},
-                      Case{"stall", kDpTp, "step:6:stall@rank=3", "runtime fault", -1, -1},
+                      Case{"stall", kDpTp, "step:6:stall@rank=3", "runtime fault", 3},
                       Case{"nan", kDpTp, "step:6:nan@rank=2", "numerics fault", 2},
                       Case{"throw", kDpTp, "step:6:throw@rank=3", "runtime fault", 3},
                       Case{"flip", kDpTp, "step:6:flip@rank=2", "runtime fault", 2},
                       Case{"kill_pp", kPpDp, "step:6:kill@rank=3", "runtime fault", 3},
                       Case{"hang_pp", kPpDp, "step:6:hang@rank=2", "runtime fault", 2},
-                      Case{"stall_pp", kPpDp, "step:6:stall@rank=3", "runtime fault", -1, -1},
+                      Case{"stall_pp", kPpDp, "step:6:stall@rank=3", "runtime fault", 3},
                       Case{"nan_pp", kPpDp, "step:6:nan@rank=2", "numerics fault", 2},
                       Case{"throw_pp", kPpDp, "step:6:throw@rank=3", "runtime fault", 3},
                       Case{"flip_pp", kPpDp, "step:6:flip@rank=2", "runtime fault", 2}),
@@ -213,6 +209,33 @@ TEST_F(Nodes, AFailedSelfCheckEvictsTheNodeAndASpareTakesItsPlace) {
   bool evicted = false;
   for (const auto& e : jsonl(rd / "driver/events.jsonl"))
     if (e["event"] == "evict" && e["node"] == 1) evicted = true;
+  EXPECT_TRUE(evicted);
+}
+
+// Rank 2's copy of the parameters is corrupt at step 6, and again when the restart reruns step
+// 6: a persistent fault of its device. Its node is evicted at once (not after fault.evict_after
+// faults), and the spare takes its place; the job ends as the run that never broke.
+TEST_F(Nodes, APersistentCorruptionEvictsItsNode) {
+  myriad::comm::LocalRedis redis;
+  const fs::path ref = straight(redis, kDpTp);
+  const fs::path rd = dir_ / "persistent";
+  const std::string extra = "--set fault.sdc_check_every=1 --set fault.evict_after=5";
+  auto spare = agent(redis, "persistent", -1, rd, kDpTp, extra);
+  auto a = agent(redis, "persistent", 0, rd, kDpTp, extra),
+       b = agent(redis, "persistent", 1, rd, kDpTp, extra, "MYRIAD_INJECT_FAULT=step:6:flip@rank=2,step:6:flip@rank=2@attempt=1");
+  ASSERT_EQ(b->wait(), 3) << b->output();
+  EXPECT_NE(b->output().find("; persistent: the rerun of step 6 corrupted it again"), std::string::npos) << b->output();
+  ASSERT_EQ(a->wait(), 0) << a->output();
+  ASSERT_EQ(spare->wait(), 0) << spare->output();
+  expect_same_weights(rd, ref);
+  int faults = 0;
+  bool evicted = false;
+  for (const auto& e : jsonl(rd / "driver/events.jsonl")) {
+    faults += e["event"] == "fault";
+    if (e["event"] == "evict" && e["node"] == 1 && e["detail"].get<std::string>().find("persistent") != std::string::npos)
+      evicted = true;
+  }
+  EXPECT_EQ(faults, 2);
   EXPECT_TRUE(evicted);
 }
 

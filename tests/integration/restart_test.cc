@@ -80,6 +80,7 @@ TEST_F(Restart, KilledWorkerIsRestartedAndEndsWithTheWeightsOfTheRunThatNeverBro
   // Stop and check: the node's self-check passed, so it restarts in place.
   EXPECT_NE(ev[2]["detail"].get<std::string>().find("self-check of node 0: self-check ok: compute "),
             std::string::npos) << ev[2].dump();
+  EXPECT_NE(ev[2]["detail"].get<std::string>().find(", all-reduce of 2 processes "), std::string::npos) << ev[2].dump();
   EXPECT_EQ(ev[3]["attempt"], 1);  // the attempt the restart starts
   EXPECT_EQ(ev[4]["attempt"], 1);
   EXPECT_NE(ev[4]["detail"].get<std::string>().find("step 5/12, from "), std::string::npos) << ev[4].dump();
@@ -97,8 +98,9 @@ TEST_F(Restart, KilledWorkerIsRestartedAndEndsWithTheWeightsOfTheRunThatNeverBro
 
 // Hangs, found from the heartbeats long before the collectives' timeout (comm.timeout_s = 300):
 // a frozen rank (SIGSTOP: no heartbeat) is the culprit and is killed; a stalled one (its
-// training thread stuck, its heartbeat alive) leaves every rank without a new step, and all
-// are stopped. Either way the run restarts from step 4 and ends as the run that never broke.
+// training thread stuck, its heartbeat alive) leaves every rank without a new step: all are
+// stopped, and the rank its peer waits for in their groups (the heartbeats' collective records)
+// is named. Either way the run restarts from step 4 and ends as the run that never broke.
 TEST_F(Restart, HangsAreFoundAndTheRunRestarts) {
   const fs::path straight = dir_ / "hang_straight";
   ASSERT_EQ(run(launch(straight, "")).code, 0);
@@ -119,11 +121,29 @@ TEST_F(Restart, HangsAreFoundAndTheRunRestarts) {
       EXPECT_EQ(ev[0]["rank"], 1);
     } else {
       EXPECT_NE(detail.find("hang: no rank of this node completed a step"), std::string::npos) << detail;
+      EXPECT_NE(detail.find("rank 1 (its last step 5, phase data) holds the job up: rank 0 in dp0's"),
+                std::string::npos) << detail;
+      EXPECT_EQ(ev[0]["rank"], 1);
     }
     EXPECT_EQ(ev.back()["event"], "resumed");
     EXPECT_EQ(read_file(rd / "checkpoints/step_00000012/shard_00000.bin"),
               read_file(straight / "checkpoints/step_00000012/shard_00000.bin")) << action;
   }
+}
+
+// The self-check's collective: the node's processes all-reduce and check every element; a
+// bandwidth below what fault.diag_min_bus_gbps expects fails the node (the agent evicts it).
+TEST_F(Restart, SelfCheckMeasuresTheNodesCollectiveAgainstItsExpectedBandwidth) {
+  const std::string dir = (dir_ / "check").string();
+  Result ok = run(cat("self-check --checkpoint-dir ", dir, " --ranks 3"));
+  ASSERT_EQ(ok.code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("self-check ok: compute "), std::string::npos) << ok.output;
+  EXPECT_NE(ok.output.find(", all-reduce of 3 processes "), std::string::npos) << ok.output;
+  Result slow = run(cat("self-check --checkpoint-dir ", dir, " --ranks 2 --min-bus-gbps 100000"));
+  EXPECT_EQ(slow.code, 3) << slow.output;
+  EXPECT_NE(slow.output.find("GB/s of bus bandwidth, below fault.diag_min_bus_gbps (100000)"), std::string::npos)
+      << slow.output;
+  EXPECT_FALSE(fs::exists(dir + "/.self_check_0")) << "nothing left behind";
 }
 
 TEST_F(Restart, BadInputIsNeverRetried) {
@@ -174,11 +194,32 @@ TEST_F(Restart, BadNumericsAndSilentCorruptionAreFoundAndTheRunRestarts) {
     EXPECT_EQ(ev[0]["event"], "fault");
     EXPECT_EQ(ev[0]["rank"], c.rank) << c.fault;
     EXPECT_EQ(ev[0]["class"], c.cls) << c.fault;
-    EXPECT_NE(ev.back()["detail"].get<std::string>().find("step_00000004"), std::string::npos) << ev.back().dump();
+    std::string resumed, transient;
+    for (const auto& e : ev) {
+      if (e["event"] == "resumed") resumed = e["detail"];
+      if (e["event"] == "diagnose" && e["detail"].get<std::string>().find("transient") != std::string::npos)
+        transient = e["detail"];
+    }
+    EXPECT_NE(resumed.find("step_00000004"), std::string::npos) << r.output;
+    // The restart reruns step 6 on rank 1: clean, so the corruption was transient.
+    if (c.rank == 1)
+      EXPECT_EQ(transient, "the silent data corruption of rank 1 at step 6 was transient: the rerun of that step "
+                           "passed the replicas' check") << r.output;
     for (const char* shard : {"shard_00000.bin", "shard_00001.bin"})
       EXPECT_EQ(read_file(rd / "checkpoints/step_00000012" / shard),
                 read_file(straight / "checkpoints/step_00000012" / shard)) << c.fault << " " << shard;
   }
+  // Corrupt again on the rerun: a faulty device. On one node there is nowhere else to run, so
+  // the job stops (on several, that node is evicted: nodes_test), restarts left or not.
+  const fs::path rd = dir_ / "checked_persistent";
+  Result r = run(launch(rd, "--max-restarts 3", checked),
+                 "MYRIAD_INJECT_FAULT=step:6:flip@rank=1,step:6:flip@rank=1@attempt=1");
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_NE(r.output.find("; persistent: the rerun of step 6 corrupted it again; replace this node's faulty device"),
+            std::string::npos) << r.output;
+  int restarts = 0;
+  for (const auto& e : jsonl(rd / "driver/events.jsonl")) restarts += e["event"] == "restart";
+  EXPECT_EQ(restarts, 1);
 }
 
 // A loss far above the recent median is a numerics fault (exit 5) before the step is saved;
