@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <thread>
@@ -120,6 +121,10 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
   checkpoint::check_writable(checkpoint_root());
   if (!dist_ || dist_->rank() == 0) checkpoint::remove_leftovers(checkpoint_root());
 
+  // The GEMM algorithms a GPU run chooses (model/cuda/matmul.h), kept with the run: its restart
+  // does not retune and computes bit for bit as before.
+  const std::string algos = (fs::path(run_dir_) / cat("gemm_algos.rank", dist_ ? dist_->rank() : 0, ".txt")).string();
+  ::setenv("MYRIAD_GEMM_ALGOS", algos.c_str(), 1);
   engine_ = make_planned_engine(cfg_, dist_ ? dist_->context() : nullptr);
 
   std::string resume = cfg_.checkpoint.resume;

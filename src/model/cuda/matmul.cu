@@ -1,12 +1,104 @@
 #include "model/cuda/matmul.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "model/cuda/cuda_check.h"
 
 namespace myriad::cuda {
+namespace {
+
+// What picks an algorithm: sizes, transposes, leading dimensions, epilogue, fp32 output, and the
+// alignments of A, B and D.
+struct Key {
+  int m, n, k;
+  bool ta, tb;
+  int lda, ldb, epi;
+  bool f32;
+  uint32_t align_a, align_b, align_d;
+  auto tie() const { return std::tie(m, n, k, ta, tb, lda, ldb, epi, f32, align_a, align_b, align_d); }
+  bool operator<(const Key& o) const { return tie() < o.tie(); }
+  std::string text() const {
+    std::ostringstream s;
+    s << m << ' ' << n << ' ' << k << ' ' << ta << ' ' << tb << ' ' << lda << ' ' << ldb << ' ' << epi << ' ' << f32
+      << ' ' << align_a << ' ' << align_b << ' ' << align_d;
+    return s.str();
+  }
+};
+
+// The process's choices, shared by every Matmul, and the file they persist in (empty: none).
+struct Choices {
+  std::mutex mu;
+  std::map<Key, cublasLtMatmulAlgo_t> algos;
+  std::string path, header;
+  bool loaded = false;
+};
+Choices& choices() {
+  static Choices c;
+  return c;
+}
+
+// "cublasLt <version> <device>": choices saved under another library or device are not reused.
+std::string header_line() {
+  int dev = 0;
+  cudaDeviceProp p{};
+  cudaGetDevice(&dev);
+  cudaGetDeviceProperties(&p, dev);
+  std::string name = p.name;
+  std::replace(name.begin(), name.end(), ' ', '_');
+  return "cublasLt " + std::to_string(cublasLtGetVersion()) + " " + name;
+}
+
+// Reads the saved choices once (lines "<key> : <8 words of the algorithm, hex>").
+void load_choices(Choices& c) {
+  if (c.loaded) return;
+  c.loaded = true;
+  const char* p = std::getenv("MYRIAD_GEMM_ALGOS");
+  if (!p || !*p) return;
+  c.path = p, c.header = header_line();
+  std::ifstream in(c.path);
+  std::string line;
+  if (!std::getline(in, line) || line != c.header) return;
+  while (std::getline(in, line)) {
+    std::istringstream s(line);
+    Key k{};
+    std::string colon;
+    if (!(s >> k.m >> k.n >> k.k >> k.ta >> k.tb >> k.lda >> k.ldb >> k.epi >> k.f32 >> k.align_a >> k.align_b >>
+          k.align_d >> colon) || colon != ":")
+      continue;
+    cublasLtMatmulAlgo_t algo{};
+    bool ok = true;
+    for (uint64_t& w : algo.data) ok = ok && static_cast<bool>(s >> std::hex >> w);
+    if (ok) c.algos[k] = algo;
+  }
+}
+
+void save_choices(const Choices& c) {
+  if (c.path.empty()) return;
+  const std::string tmp = c.path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << c.header << "\n";
+    for (const auto& [k, algo] : c.algos) {
+      out << k.text() << " :" << std::hex;
+      for (uint64_t w : algo.data) out << ' ' << w;
+      out << std::dec << "\n";
+    }
+    if (!out) return;  // a full disk costs a retune at the next start, nothing more
+  }
+  std::rename(tmp.c_str(), c.path.c_str());
+}
+
+}  // namespace
 
 Matmul::Matmul() {
   CUBLAS_CHECK(cublasLtCreate(&handle_));
@@ -63,10 +155,22 @@ void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, i
     return a;
   };
   const uint32_t align_a = alignment(a), align_b = alignment(b), align_d = alignment(d);
-  Key key{m, n, k, trans_a, trans_b, lda, ldb, static_cast<int>(epi), d_type == CUDA_R_32F,
-          align_a, align_b, align_d};
-  auto it = algos_.find(key);
-  if (it == algos_.end()) {
+  const Key key{m, n, k, trans_a, trans_b, lda, ldb, static_cast<int>(epi), d_type == CUDA_R_32F,
+                align_a, align_b, align_d};
+  const float alpha = 1.0f;
+  Choices& c = choices();
+  std::unique_lock<std::mutex> lock(c.mu);
+  load_choices(c);
+  auto it = c.algos.find(key);
+  if (it != c.algos.end()) {  // a saved choice must still be one this library runs
+    cublasLtMatmulHeuristicResult_t check{};
+    if (cublasLtMatmulAlgoCheck(handle_, desc, la, lb, ld, ld, &it->second, &check) != CUBLAS_STATUS_SUCCESS ||
+        check.workspaceSize > workspace_bytes_) {
+      c.algos.erase(it);
+      it = c.algos.end();
+    }
+  }
+  if (it == c.algos.end()) {
     cublasLtMatmulPreference_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -80,16 +184,59 @@ void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, i
     // (no split-K) or =any (cuBLASLt's choice) are for measuring.
     const uint32_t reduction = reduction_mask_;
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction, sizeof reduction));
-    cublasLtMatmulHeuristicResult_t result;
+    const char* tune = std::getenv("MYRIAD_GEMM_TUNE");
+    const int wanted = tune && std::string(tune) == "0" ? 1 : 8;
+    cublasLtMatmulHeuristicResult_t results[8];
     int found = 0;
-    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, desc, la, lb, ld, ld, pref, 1, &result, &found));
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, desc, la, lb, ld, ld, pref, wanted, results, &found));
     cublasLtMatmulPreferenceDestroy(pref);
     if (found == 0)
       throw_runtime("cuBLASLt: no algorithm for a ", m, "x", n, "x", k, " bf16 GEMM");
-    it = algos_.emplace(key, result.algo).first;
+    int best = 0;
+    if (found > 1) {
+      // Timed on this call's operands; a call that accumulates (beta 1) writes a scratch output
+      // instead, so that its D is untouched. Each candidate: one run to warm up, then 3.
+      void* out = d;
+      if (beta != 0.0f && cudaMalloc(&out, size_t(m) * n * (d_type == CUDA_R_32F ? 4 : 2)) != cudaSuccess) {
+        cudaGetLastError();
+        out = nullptr;
+      }
+      if (out) {
+        cudaEvent_t t0, t1;
+        CUDA_CHECK(cudaEventCreate(&t0));
+        CUDA_CHECK(cudaEventCreate(&t1));
+        float best_ms = 1e30f, first_ms = 0;
+        for (int i = 0; i < found; ++i) {
+          if (cublasLtMatmul(handle_, desc, &alpha, a, la, b, lb, &beta, out, ld, out, ld, &results[i].algo,
+                             workspace_, workspace_bytes_, stream) != CUBLAS_STATUS_SUCCESS)
+            continue;
+          CUDA_CHECK(cudaEventRecord(t0, stream));
+          for (int r = 0; r < 3; ++r)
+            cublasLtMatmul(handle_, desc, &alpha, a, la, b, lb, &beta, out, ld, out, ld, &results[i].algo, workspace_,
+                           workspace_bytes_, stream);
+          CUDA_CHECK(cudaEventRecord(t1, stream));
+          CUDA_CHECK(cudaEventSynchronize(t1));
+          float ms = 0;
+          CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+          if (i == 0) first_ms = ms;
+          if (ms < best_ms) best_ms = ms, best = i;
+        }
+        if (const char* r = std::getenv("MYRIAD_GEMM_REPORT"); r && std::string(r) == "1")
+          log::info("gemm ", m, "x", n, "x", k, (trans_a ? " T" : " N"), (trans_b ? "T" : "N"), " epilogue ",
+                    static_cast<int>(epi), d_type == CUDA_R_32F ? " fp32 out" : "", ": ", found,
+                    " candidates, the heuristic's first ", first_ms / 3, " ms, the fastest (#", best, ") ",
+                    best_ms / 3, " ms = ", 2.0 * m * n * k / (best_ms / 3 * 1e-3) / 1e12, " TFLOP/s");
+        cudaEventDestroy(t0);
+        cudaEventDestroy(t1);
+        if (out != d) cudaFree(out);
+      }
+    }
+    it = c.algos.emplace(key, results[best].algo).first;
+    save_choices(c);
   }
-  const float alpha = 1.0f;
-  CUBLAS_CHECK(cublasLtMatmul(handle_, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &it->second,
+  const cublasLtMatmulAlgo_t algo = it->second;
+  lock.unlock();
+  CUBLAS_CHECK(cublasLtMatmul(handle_, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &algo,
                               workspace_, workspace_bytes_, stream));
   cublasLtMatrixLayoutDestroy(la);
   cublasLtMatrixLayoutDestroy(lb);

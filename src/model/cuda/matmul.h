@@ -1,6 +1,14 @@
 // The linear layers' GEMMs through cuBLASLt: bf16 operands, fp32 accumulation, the bias fused
-// into the forward epilogue, weight gradients accumulated in fp32. The algorithm for each
-// shape is chosen once by cuBLASLt's heuristic and cached. Not thread-safe (one per stream).
+// into the forward epilogue, weight gradients accumulated in fp32. Not thread-safe (one per
+// stream).
+//
+// The algorithm for each shape (sizes, layouts, epilogue, the pointers' alignment) is chosen at
+// its first use: cuBLASLt's heuristic proposes up to 8, each is timed on the call's own operands
+// (the output to a scratch buffer when the call accumulates), and the fastest is kept for the
+// whole process, so that every model of a process computes alike. With MYRIAD_GEMM_ALGOS set
+// (the trainer sets RUN_DIR/cuda/gemm_algos.rank<R>.txt) the choices are saved there and read
+// back at the next start: a restart does not retune, and a resumed run computes bit for bit as
+// the run it continues. MYRIAD_GEMM_TUNE=0 takes the heuristic's first choice (for measuring).
 #pragma once
 
 #include <cublasLt.h>
@@ -52,8 +60,6 @@ class Matmul {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   uint32_t reduction_mask_;  // cublasLtReductionScheme_t values cuBLASLt may use
-  using Key = std::tuple<int, int, int, bool, bool, int, int, int, bool, uint32_t, uint32_t, uint32_t>;
-  std::map<Key, cublasLtMatmulAlgo_t> algos_;
 };
 
 }  // namespace myriad::cuda
