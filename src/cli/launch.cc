@@ -128,9 +128,20 @@ struct StoreWatch {
   }
 };
 
+// The state letter of /proc/<pid>/stat: R running, S sleeping, D in uninterruptible I/O, T
+// stopped, ...; '?' when gone.
+char process_state(pid_t pid) {
+  std::ifstream in(cat("/proc/", pid, "/stat"));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t paren = text.rfind(')');  // the command name may hold spaces and parentheses
+  return paren != std::string::npos && paren + 2 < text.size() ? text[paren + 2] : '?';
+}
+
 // Hang detection from the workers' heartbeats (runtime/heartbeat.h), once a second:
-// - a worker whose beat (one a second) stops for kFrozen_s is frozen (stopped, or stuck in the kernel): the
-//   culprit, killed with SIGKILL, which fails the attempt the usual way;
+// - a worker whose beat (one a second) stops is frozen: after kFrozen_s when the process is
+//   stopped (SIGSTOP, state T), after kSilent_s whatever its state (stuck in the kernel, its
+//   threads deadlocked or starved: a loaded machine can delay a beat by seconds, which must not
+//   cost a restart). The culprit, killed with SIGKILL, which fails the attempt the usual way;
 // - workers that beat on but none of which completes a step within its allowance are stuck
 //   together (a hung collective, a stuck kernel): all are stopped. The culprit is the rank the
 //   others wait for in their groups (driver/hang_report.h), from this node's heartbeats and, in a
@@ -138,7 +149,7 @@ struct StoreWatch {
 // Workers that never beat (comm-check) are not watched. Detection does not wait for a
 // collective's timeout.
 struct HangWatch {
-  static constexpr double kFrozen_s = 4;
+  static constexpr double kFrozen_s = 4, kSilent_s = 30;
   struct Rank {
     int rank = 0;
     int index = -1;  // the launcher's worker index
@@ -202,10 +213,13 @@ struct HangWatch {
       if (beat != r.beat) r.beat = beat, r.beat_at = now;
       if (step != r.step) r.step = step, r.step_at = now;
       r.phase = j.value("phase", std::string("?")), r.allowance = j.value("allowance_s", 0.0);
-      if (now - r.beat_at > kFrozen_s) {
+      const double silent = now - r.beat_at;
+      const char state = silent > kFrozen_s ? process_state(launcher.pid(r.index)) : 'R';
+      if ((silent > kFrozen_s && (state == 'T' || state == 't')) || silent > kSilent_s) {
         culprit = r.rank;
-        verdict = cat("hang: rank ", r.rank, " is frozen, no heartbeat for ", static_cast<int>((now - r.beat_at) * 10) / 10.0,
-                      " s (last step ", r.step, ", ", r.phase, "); killed");
+        verdict = cat("hang: rank ", r.rank, " is frozen", state == 'T' || state == 't' ? " (stopped)" : "",
+                      ", no heartbeat for ", static_cast<int>(silent * 10) / 10.0, " s (last step ", r.step, ", ",
+                      r.phase, "); killed");
         ::kill(-launcher.pid(r.index), SIGKILL);  // its process group, as the launcher stops it
         return;
       }
