@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -177,8 +178,38 @@ struct HangWatch {
     r.path = (dir / cat("heartbeat_rank_", rank)).string();
     std::error_code ec;
     std::filesystem::remove(r.path, ec);  // the last attempt's
+    std::filesystem::remove(flight_path(rank), ec);
     ranks.push_back(r);
     return r.path;
+  }
+  std::filesystem::path flight_path(int rank) const { return dir / cat("flight_rank_", rank, ".json"); }
+  // Asks every running worker of this node for its flight record (SIGUSR1: runtime/heartbeat.h)
+  // and waits up to 2 s for them; `except` (a stopped rank) cannot answer.
+  void request_flight_records(int except = -1) {
+    std::vector<std::filesystem::path> want;
+    std::error_code ec;
+    for (const Rank& r : ranks)
+      if (r.rank != except && r.index >= 0 && r.index < launcher.size() && launcher.running(r.index)) {
+        std::filesystem::remove(flight_path(r.rank), ec);
+        ::kill(launcher.pid(r.index), SIGUSR1);
+        want.push_back(flight_path(r.rank));
+      }
+    for (const double until = comm::steady_now_s() + 2; comm::steady_now_s() < until;) {
+      if (std::all_of(want.begin(), want.end(), [](const auto& p) { return std::filesystem::exists(p); })) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  // On one node, the hang report from the flight records (RUN_DIR/hang_report.txt and .json);
+  // across nodes the other nodes' records come later: `myriad hang-report RUN_DIR` then.
+  void report(bool whole_job) {
+    if (!whole_job) return;
+    try {
+      const driver::HangReport r = driver::write_hang_report(dir.parent_path().string());
+      for (const std::string& line : r.findings) log::warn("launch: hang report: ", line);
+      for (const std::string& line : r.mismatches) log::warn("launch: hang report: mismatch: ", line);
+    } catch (const Error& e) {
+      log::warn("launch: no hang report: ", e.what());
+    }
   }
   // What this node's workers said last, each with its rank, for the job's heartbeat.
   nlohmann::json workers() const {
@@ -220,6 +251,8 @@ struct HangWatch {
         verdict = cat("hang: rank ", r.rank, " is frozen", state == 'T' || state == 't' ? " (stopped)" : "",
                       ", no heartbeat for ", static_cast<int>(silent * 10) / 10.0, " s (last step ", r.step, ", ",
                       r.phase, "); killed");
+        request_flight_records(r.rank);
+        report(whole_job);
         ::kill(-launcher.pid(r.index), SIGKILL);  // its process group, as the launcher stops it
         return;
       }
@@ -229,7 +262,13 @@ struct HangWatch {
     if (all_stuck) {
       nlohmann::json everyone = workers();
       for (const nlohmann::json& w : remote) everyone.push_back(w);
-      const std::optional<driver::Holdup> holdup = driver::find_holdup(everyone);
+      std::optional<driver::Holdup> holdup = driver::find_holdup(everyone);
+      request_flight_records();
+      if (whole_job) {  // the flight records hold more than the last beats (every group's members)
+        report(true);
+        const std::optional<driver::Holdup> from_records = read_holdup();
+        if (from_records) holdup = from_records;
+      }
       culprit = holdup ? holdup->rank : -1;
       verdict = cat("hang: no rank of this node completed a step for ", static_cast<int>(now - ranks[0].step_at),
                     " s (allowance ", ranks[0].allowance, " s, after step ", ranks[0].step, ", ", ranks[0].phase,
@@ -262,6 +301,13 @@ struct HangWatch {
   std::filesystem::path dir;
   std::vector<Rank> ranks;
   nlohmann::json remote = nlohmann::json::array();  // the other nodes' workers (a supervised job)
+  bool whole_job = true;  // this node runs every rank of the job (its flight records tell all)
+  std::optional<driver::Holdup> read_holdup() const {
+    std::ifstream in(dir.parent_path() / "hang_report.json");
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    if (!j.is_object() || j.value("culprits", nlohmann::json::array()).size() != 1) return std::nullopt;
+    return driver::Holdup{j["culprits"][0].get<int>(), j["findings"][0].get<std::string>()};
+  }
   std::string verdict;  // empty: no hang seen
   int culprit = -1;
   std::vector<Report> reports;  // stragglers found, for the caller to record (then cleared)
@@ -379,6 +425,8 @@ struct JobWatch {
       // A node's own faults are recorded after its workers ended: a record seen now is another's.
       if (std::optional<nlohmann::json> stop = board.stopped(attempt)) {
         remote = *stop;
+        // A hung job: this node's ranks write their flight records too, for `myriad hang-report`.
+        if (stop->value("detail", "").rfind("hang:", 0) == 0) hangs.request_flight_records();
         launcher.stop(SIGTERM);
         return;
       }
@@ -770,6 +818,7 @@ int cmd_launch(int argc, char** argv) {
     std::vector<driver::WorkerSpec> specs = driver::worker_specs(plan, "/proc/self/exe", self_path());
     last_error.clear();
     HangWatch hangs(launcher, plan.run_dir);
+    hangs.whole_job = plan.nnodes == 1;
     for (driver::WorkerSpec& spec : specs) {
       spec.env.emplace_back("MYRIAD_HEARTBEAT", hangs.add(spec.rank, launcher.size()));
       launcher.spawn(spec);
@@ -834,13 +883,15 @@ int cmd_launch(int argc, char** argv) {
       cause = board->stop(attempt, cause);
     } else if (local) {
       const int rank = !hangs.verdict.empty() ? hangs.culprit : r.failure->rank;
+      const ErrorClass cls = !hangs.verdict.empty() ? ErrorClass::kRuntime : r.failure->error_class();
       // A worker's own account of its failure, when it gave one, says why.
-      const std::string why = last_error.count(rank) ? ": " + last_error[rank] : "";
+      std::string why = last_error.count(rank) ? last_error[rank] : "";
+      if (const std::string prefix = cat(class_name(cls), ": "); why.rfind(prefix, 0) == 0) why.erase(0, prefix.size());
+      if (!why.empty()) why = ": " + why;
       const std::string what = !hangs.verdict.empty() ? hangs.verdict : cat("rank ", rank, " ", r.failure->describe(), why);
       // The same replica corrupt again on the rerun of its step: a faulty device, evicted.
       const std::optional<Corruption> again = corruption_in(what);
       const bool persistent = again && rerun && *again == *rerun;
-      const ErrorClass cls = !hangs.verdict.empty() ? ErrorClass::kRuntime : r.failure->error_class();
       // A stalled job's culprit may run on another node (named from the heartbeats).
       const int node = rank >= 0 ? rank / plan.nproc_per_node : plan.node_rank;
       cause = {{"node", node}, {"rank", rank}, {"class", class_name(cls)}, {"detail", what}};

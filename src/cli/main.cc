@@ -18,6 +18,7 @@
 #include "core/text.h"
 #include "data/prepare.h"
 #include "data/tokenizer.h"
+#include "driver/hang_report.h"
 #include "runtime/generate.h"
 #include "optim/optimizer.h"
 #include "runtime/engine.h"
@@ -45,6 +46,7 @@ usage:
   myriad bench   --config FILE [--set section.key=value]... [--steps N] [--warmup K]
   myriad bench-init --ranks N [--store redis|file] [--url URL] [--threads T] [--tp 8] [--pp P] [--timeout S]
   myriad launch --nproc-per-node N [--nnodes M --node-rank R] [--rdzv URL] [--job NAME] [--grace-period S] [--max-restarts N] [--spare] [--node-name NAME] -- COMMAND [ARGS...]
+  myriad hang-report RUN_DIR
   myriad help
 
 exit codes: 0 success, 1 internal error, 2 bad input or config (do not retry),
@@ -68,6 +70,7 @@ int cmd_train(int argc, char** argv) {
     // (threads joined, buffers freed, on a loaded machine) would let their echoes reach the
     // launcher first and be reported as the cause. Every file it wrote is flushed already.
     std::fprintf(stderr, "myriad: %s: %s\n", class_name(e.cls()), e.what());
+    trainer.dump_flight_record();  // what its groups did last, for the hang report
     std::fflush(stdout), std::fflush(stderr);
     std::_Exit(exit_code(e.cls()));
   }
@@ -158,7 +161,7 @@ int cmd_bench(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> commands = {"train", "prepare", "sample", "bench", "bench-init", "launch", "help"};
+  const std::vector<std::string> commands = {"train", "prepare", "sample", "bench", "bench-init", "launch", "hang-report", "help"};
   if (argc < 2 || std::string(argv[1]) == "help" || std::string(argv[1]) == "--help" ||
       std::string(argv[1]) == "-h") {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
@@ -174,6 +177,12 @@ int main(int argc, char** argv) {
     if (cmd == "launch") return cli::cmd_launch(argc - 2, argv + 2);
     if (cmd == "comm-check") return cli::cmd_comm_check(argc - 2, argv + 2);
     if (cmd == "self-check") return cli::cmd_self_check(argc - 2, argv + 2);
+    if (cmd == "hang-report") {
+      // Matches the flight records a hung job's ranks wrote (driver/hang_report.h).
+      if (argc != 3) throw_input("usage: myriad hang-report RUN_DIR");
+      std::fputs(driver::write_hang_report(argv[2]).text().c_str(), stdout);
+      return 0;
+    }
     throw_input("myriad: unknown command '", cmd, "'", did_you_mean(cmd, commands), "; see myriad help");
   } catch (const Error& e) {
     std::fprintf(stderr, "myriad: %s: %s\n", class_name(e.cls()), e.what());

@@ -143,6 +143,7 @@ class Communicator {
   // The members' ranks in the job (global ranks), in group rank order, when the caller knows
   // them: a timed-out operation then names the ranks it was waiting on.
   void set_members(std::vector<int> global_ranks) { members_ = std::move(global_ranks); }
+  const std::vector<int>& members() const { return members_; }
 
  protected:
   Communicator(std::string name, int rank, int size, CommOptions options);

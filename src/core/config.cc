@@ -121,22 +121,16 @@ Config bind(const toml::table& root, const Origins& origins) {
   std::set<std::string> sections;
   for (const auto& k : keys) sections.insert(k.substr(0, k.find('.')));
   std::vector<std::string> section_list(sections.begin(), sections.end());
-  for (const char* r : kReservedSections) section_list.push_back(r);
 
   // Unknown sections and keys first: a typo must not silently leave a default in place.
   for (const auto& [sec, node] : root) {
     std::string s(sec.str());
-    bool reserved = std::find(std::begin(kReservedSections), std::end(kReservedSections), s) !=
-                    std::end(kReservedSections);
-    if (!sections.count(s) && !reserved)
+    if (!sections.count(s))
       throw_input(origins.of(s), ": unknown section [", s, "]", did_you_mean(s, section_list));
     if (!node.is_table())
       throw_input(origins.of(s), ": ", s, " must be a section ([", s, "]), got ", type_name(node));
     for (const auto& [key, value] : *node.as_table()) {
       std::string dotted = s + "." + std::string(key.str());
-      if (reserved)
-        throw_input(origins.of(dotted), ": unknown key ", dotted, ": section [", s,
-                    "] is reserved and takes no keys yet");
       if (std::find(keys.begin(), keys.end(), dotted) == keys.end())
         throw_input(origins.of(dotted), ": unknown key ", dotted, did_you_mean(dotted, keys));
     }

@@ -90,6 +90,10 @@ struct FaultConfig {
   double diag_min_bus_gbps = 0.02;  // the self-check's all-reduce among the node's processes must reach this
 };
 
+struct ObserveConfig {
+  bool tensorboard = true;  // RUN_DIR/tensorboard/: the logged steps' scalars, for TensorBoard
+};
+
 struct CheckpointConfig {
   int64_t every = 0;       // steps between saves; 0 = only at the end
   int64_t keep_last = 3;   // committed checkpoints kept, newest first; 0 = all
@@ -107,6 +111,7 @@ struct Config {
   CommConfig comm;
   CheckpointConfig checkpoint;
   FaultConfig fault;
+  ObserveConfig observe;
 
   // Calls f(section, key, field&) for every key. The one list of keys: parsing, printing and
   // the unknown-key check all walk it.
@@ -172,6 +177,7 @@ struct Config {
     f("fault", "evict_command", fault.evict_command);
     f("fault", "evict_stragglers", fault.evict_stragglers);
     f("fault", "diag_min_bus_gbps", fault.diag_min_bus_gbps);
+    f("observe", "tensorboard", observe.tensorboard);
   }
   template <class F>
   void visit(F&& f) const { const_cast<Config*>(this)->visit(f); }
@@ -189,8 +195,6 @@ struct Config {
   int64_t accum_steps(int64_t dp) const;
 };
 
-// Sections that are accepted but hold no keys yet (the driver and observability work).
-inline const char* const kReservedSections[] = {"observe"};
 
 // Reads `path`, applies `overrides` ("section.key=value"), binds and validates.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});

@@ -1,7 +1,10 @@
 // Fault injection for the fault tests (the leveldb Env idea, as one environment knob):
 // MYRIAD_INJECT_FAULT holds comma-separated items POINT:ACTION[:ARG][@rank=R][@node=N][@attempt=A]
-//   POINT    where it fires: step:S (after step S completes), checkpoint_write (halfway through
-//            a save), shared_batch_created, comm_check (the launcher's communication check)
+//   POINT    where it fires: step:S (after step S completes), fwd:S (before step S's first
+//            forward), bwd:S (when step S's backward of the first chunk it finishes is done,
+//            before the gradients' reduction), dp_gather:S (before step S's parameter
+//            all-gather), checkpoint_write (halfway through a save), shared_batch_created,
+//            comm_check (the launcher's communication check), diag (a node's self-check)
 //   ACTION   kill     the process is killed (SIGKILL)
 //            hang     the process stops itself (SIGSTOP): frozen, heartbeat included
 //            stall    the training thread sleeps forever; the rest of the process runs on

@@ -8,7 +8,9 @@
 
 namespace myriad {
 
-MetricsWriter::MetricsWriter(const std::string& path, int64_t keep_through_step) : path_(path) {
+MetricsWriter::MetricsWriter(const std::string& path, int64_t keep_through_step, const std::string& tensorboard_dir)
+    : path_(path) {
+  if (!tensorboard_dir.empty()) tensorboard_ = std::make_unique<TensorBoardWriter>(tensorboard_dir);
   std::vector<std::string> kept;
   {
     std::ifstream in(path);
@@ -30,6 +32,28 @@ MetricsWriter::~MetricsWriter() {
 void MetricsWriter::write(const nlohmann::json& record) {
   std::fprintf(f_, "%s\n", record.dump().c_str());
   std::fflush(f_);
+  if (!tensorboard_) return;
+  // metrics.jsonl's key -> TensorBoard's tag, and the factor to its unit.
+  static const struct {
+    const char *key, *tag;
+    double scale;
+  } kTags[] = {{"loss", "lm loss", 1},
+               {"val_loss", "lm loss validation", 1},
+               {"lr", "learning-rate", 1},
+               {"grad_norm", "grad-norm", 1},
+               {"step_ms", "iteration-time", 1e-3},
+               {"tokens_per_s", "throughput/tokens_per_s", 1},
+               {"mfu", "throughput/mfu", 1},
+               {"forward_ms", "phase/forward_ms", 1},
+               {"backward_ms", "phase/backward_ms", 1},
+               {"bubble_ms", "phase/bubble_ms", 1},
+               {"dp_wait_ms", "phase/dp_wait_ms", 1},
+               {"optimizer_ms", "phase/optimizer_ms", 1},
+               {"peak_memory_gib", "memory/peak_gib", 1}};
+  std::vector<std::pair<std::string, double>> scalars;
+  for (const auto& t : kTags)
+    if (record.contains(t.key) && record[t.key].is_number()) scalars.emplace_back(t.tag, record[t.key].get<double>() * t.scale);
+  tensorboard_->write(record.value("step", int64_t(0)), scalars);
 }
 
 }  // namespace myriad

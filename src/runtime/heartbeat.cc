@@ -1,8 +1,11 @@
 #include "runtime/heartbeat.h"
 
+#include <signal.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <nlohmann/json.hpp>
 
 #include "comm/communicator.h"
@@ -11,6 +14,29 @@ namespace myriad {
 namespace {
 
 std::atomic<const char*> g_phase{"start"};
+volatile sig_atomic_t g_dump_requested = 0;  // SIGUSR1: the launcher asks for the flight record
+void request_dump(int) { g_dump_requested = 1; }
+
+nlohmann::json record_json(const comm::OpRecord& r) {
+  nlohmann::json j = {{"seq", r.seq}, {"match", r.match}, {"op", comm::op_name(r.op)}, {"bytes", r.bytes},
+                      {"state", comm::state_name(r.state)}, {"queued_us", r.queued_us}};
+  if (r.peer >= 0) j["peer"] = r.peer;
+  if (r.step >= 0) j["step"] = r.step;
+  if (r.started_us) j["started_us"] = r.started_us;
+  if (r.ended_us) j["ended_us"] = r.ended_us;
+  if (!r.error.empty()) j["error"] = r.error;
+  return j;
+}
+
+// Written to a temporary name and renamed, so that a reader never sees half a file.
+void write_json(const std::string& path, const nlohmann::json& j) {
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (!f) return;
+  const std::string text = j.dump() + "\n";
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) == 0 && ok) std::rename(tmp.c_str(), path.c_str());
+}
 
 nlohmann::json describe(const std::string& group, const comm::OpRecord& r) {
   nlohmann::json j = {{"group", group}, {"op", comm::op_name(r.op)}, {"seq", r.seq}, {"match", r.match}};
@@ -29,10 +55,18 @@ Heartbeat::Heartbeat(double startup_s) {
   const char* p = std::getenv("MYRIAD_HEARTBEAT");
   if (!p || !*p) return;
   path_ = p;
+  // heartbeat_rank_<R> -> flight_rank_<R>.json
+  const size_t slash = path_.rfind('/') + 1, at = path_.find("heartbeat_", slash);
+  flight_path_ = at == std::string::npos ? path_ + ".flight.json"
+                                         : path_.substr(0, at) + "flight_" + path_.substr(at + 10) + ".json";
+  signal(SIGUSR1, request_dump);
   beat();
   thread_ = std::thread([this] {
     while (!stop_.load()) {
-      for (int i = 0; i < 10 && !stop_.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      for (int i = 0; i < 10 && !stop_.load(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        if (g_dump_requested) g_dump_requested = 0, dump_flight_record();
+      }
       beat();
     }
   });
@@ -50,8 +84,36 @@ void Heartbeat::watch(std::vector<comm::Communicator*> groups) {
   groups_ = std::move(groups);
 }
 
-// Written to a temporary name and renamed, so the launcher never reads half a file. A failed
-// write only skips a beat: the launcher waits several before it calls a worker frozen.
+void Heartbeat::set_batch(const std::string& group, const std::vector<int>& members, int64_t step, const char* op,
+                          bool done) {
+  std::lock_guard<std::mutex> lock(groups_mu_);
+  if (batch_.group != group) batch_.group = group, batch_.members = members;
+  batch_.step = step, batch_.op = op, batch_.done = done;
+}
+
+void Heartbeat::dump_flight_record() {
+  if (flight_path_.empty()) return;
+  nlohmann::json j = {{"step", step_.load()}, {"phase", g_phase.load(std::memory_order_relaxed)},
+                      {"time_us", comm::wall_us()}};
+  if (const char* r = std::getenv("MYRIAD_RANK")) j["rank"] = std::atoi(r);
+  nlohmann::json groups = nlohmann::json::array();
+  {
+    std::lock_guard<std::mutex> lock(groups_mu_);
+    for (comm::Communicator* g : groups_) {
+      nlohmann::json records = nlohmann::json::array();
+      for (const comm::OpRecord& r : g->records()) records.push_back(record_json(r));
+      groups.push_back({{"group", g->name()}, {"members", g->members()}, {"records", std::move(records)}});
+    }
+    if (!batch_.group.empty())
+      groups.push_back({{"group", batch_.group}, {"members", batch_.members},
+                        {"records", {{{"seq", batch_.step}, {"match", batch_.step}, {"op", batch_.op}, {"bytes", 0},
+                                      {"state", batch_.done ? "done" : "running"}}}}});
+  }
+  j["groups"] = std::move(groups);
+  write_json(flight_path_, j);
+}
+
+// A failed write only skips a beat: the launcher waits several before it calls a worker frozen.
 void Heartbeat::beat() {
   if (path_.empty()) return;
   nlohmann::json j = {{"beat", ++beats_}, {"step", step_.load()}, {"phase", g_phase.load(std::memory_order_relaxed)},
@@ -73,14 +135,12 @@ void Heartbeat::beat() {
           ended_us = r.ended_us, j["finished"] = describe(g->name(), r);
       }
     }
+    if (!batch_.group.empty())
+      groups.push_back({{"group", batch_.group}, {"op", batch_.op}, {"match", batch_.step},
+                        {"state", batch_.done ? "done" : "running"}});
     j["groups"] = std::move(groups);
   }
-  const std::string tmp = path_ + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "w");
-  if (!f) return;
-  const std::string text = j.dump() + "\n";
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (std::fclose(f) == 0 && ok) std::rename(tmp.c_str(), path_.c_str());
+  write_json(path_, j);
 }
 
 }  // namespace myriad

@@ -20,6 +20,12 @@
 //   operation #m whose peer has issued fewer than m there is waiting on that peer: the launcher
 //   names the rank that holds a stalled job up (driver/hang_report.h).
 //
+// The flight record: on SIGUSR1 (the launcher's request before it stops a hung job), and when the
+// worker fails (a collective timed out), it writes flight_rank_<R>.json beside the heartbeat:
+// its step and phase, and for each group its members (global ranks) and last operations (seq,
+// match, op, bytes, peer, step, state, times). `myriad hang-report` matches them (driver/
+// hang_report.h).
+//
 // A process that is frozen (stopped, or gone) stops beating; one whose training is stuck (a hung
 // collective, a stuck kernel) beats on with a step that does not move: the launcher tells the
 // two apart by that. Without MYRIAD_HEARTBEAT it does nothing.
@@ -57,14 +63,27 @@ class Heartbeat {
   // The groups whose operation records the beats report; they must outlive the heartbeat, or be
   // replaced (an empty list) before they go.
   void watch(std::vector<comm::Communicator*> groups);
+  // Writes the flight record now (a failing worker, before it exits).
+  void dump_flight_record();
+  // The node-shared batch (data/shared_batch.h) as one more group, `group` of `members`: its
+  // reader publishes step S (op "publish"), the others wait to take it ("take", done once taken).
+  // A rank waiting for a batch its reader never published waits on that reader.
+  void set_batch(const std::string& group, const std::vector<int>& members, int64_t step, const char* op, bool done);
 
  private:
   void beat();
-  std::string path_;
+  std::string path_, flight_path_;
   std::atomic<int64_t> step_{0}, beats_{0};
   std::atomic<double> allowance_s_{0}, own_ms_{0}, step_ms_{0}, tokens_per_s_{0};
   std::mutex groups_mu_;
   std::vector<comm::Communicator*> groups_;
+  struct Batch {
+    std::string group;  // empty: no shared batch
+    std::vector<int> members;
+    int64_t step = 0;
+    const char* op = "";
+    bool done = true;
+  } batch_;  // guarded by groups_mu_
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

@@ -26,6 +26,7 @@
 
 #include "core/clock.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/log.h"
 #include "model/engine.h"
 #include "model/gpt.h"
@@ -111,8 +112,14 @@ class ModelEngine final : public Engine {
     const double dp_waited = dp_.waited_s();
     model_.ops().clear_marks();
     model_.zero_grads();
-    PipelineHooks hooks{[this](int c) { ready_to_read(c); },
-                        [this](int c) { dp_.chunk_done(c, model_.grads()); }};
+    PipelineHooks hooks{[this, step](int c) {
+                          fault::trigger(cat("fwd:", step));
+                          ready_to_read(c);
+                        },
+                        [this, step](int c) {
+                          fault::trigger(cat("bwd:", step));
+                          dp_.chunk_done(c, model_.grads());
+                        }};
     StepResult r;
     r.loss = step_loss(pipeline_->train(mine, 1.0f / float(accum * dp), hooks));
     if (!std::isfinite(r.loss))
@@ -132,6 +139,7 @@ class ModelEngine final : public Engine {
     if (cfg_.fault.sdc_check_every > 0 && step % cfg_.fault.sdc_check_every == 0)
       owned_hash_ = hash_of(dp_.owned());
     const int update_ends = model_.ops().mark();
+    fault::trigger(cat("dp_gather:", step));
     dp_.gather_params(master());  // awaited chunk by chunk by the next forward
     // The device's phase times, once the update is done (on a GPU: its event, not the device).
     const PipelineTimes& pt = pipeline_->times();

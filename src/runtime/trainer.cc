@@ -139,7 +139,9 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
   if (!dist_ || dist_->writes_metrics()) {
     std::ofstream out(fs::path(run_dir_) / "config.toml");
     out << to_toml(cfg_);
-    metrics_ = std::make_unique<MetricsWriter>((fs::path(run_dir_) / "metrics.jsonl").string(), step_);
+    metrics_ = std::make_unique<MetricsWriter>(
+        (fs::path(run_dir_) / "metrics.jsonl").string(), step_,
+        cfg_.observe.tensorboard ? (fs::path(run_dir_) / "tensorboard").string() : "");
   }
   // Each data-parallel rank reads only its rows of the global batch: [dp_rank x rows, + rows).
   const int64_t dp = dist_ ? dist_->context()->dp_size() : 1;
@@ -197,6 +199,7 @@ void Trainer::run() {
       if (dist_ && dist_->context()->dp_size() > 1) rec["dp_wait_ms"] = r.times.dp_wait_s * 1e3;
       rec["optimizer_ms"] = r.times.optimizer_s * 1e3;
     }
+    if (engine_->peak_memory() > 0) rec["peak_memory_gib"] = double(engine_->peak_memory()) / (1 << 30);
     if (engine_->peak_flops() > 0)
       rec["mfu"] = tokens_per_step / dt * engine_->flops_per_token() / engine_->peak_flops();
     // How long the launcher may see no new step: a multiple of the recent median step, or
@@ -296,13 +299,21 @@ void Trainer::check_replicas() {
 
 data::Batch Trainer::next_batch() {
   data::Batch b;
+  // The shared batch's wait, as a group of the tensor-parallel ranks, for the hang report.
+  const std::string group = shared_ ? cat("batch.", dist_->context()->tp->name()) : "";
+  const std::vector<int> members = shared_ ? dist_->topology().group(parallel::Dim::kTp, dist_->rank()) : std::vector<int>{};
   if (loader_) {
     b = loader_->next();
-    if (shared_) shared_->publish(step_ + 1, b.tokens.data());
+    if (shared_) {
+      shared_->publish(step_ + 1, b.tokens.data());
+      heartbeat_.set_batch(group, members, step_ + 1, "publish", true);
+    }
   } else {
     b.B = rows_, b.T = cfg_.model.seq_len;
     b.tokens.resize(b.B * (b.T + 1));
+    heartbeat_.set_batch(group, members, step_ + 1, "take", false);
     shared_->take(step_ + 1, b.tokens.data());
+    heartbeat_.set_batch(group, members, step_ + 1, "take", true);
   }
   return b;
 }

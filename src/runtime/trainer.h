@@ -26,6 +26,8 @@ class Trainer {
 
   // Trains from the current step to train.steps, logging, evaluating and checkpointing.
   void run();
+  // Writes this rank's flight record (runtime/heartbeat.h), as a failing worker does.
+  void dump_flight_record() { heartbeat_.dump_flight_record(); }
 
   // Mean validation loss over train.eval_steps global batches from the start of the valid set.
   float evaluate();

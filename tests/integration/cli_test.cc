@@ -5,11 +5,14 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <algorithm>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/error.h"
+#include "observe/tensorboard.h"
 
 namespace fs = std::filesystem;
 using myriad::cat;
@@ -110,6 +113,24 @@ TEST_F(Cli, ResumeIsBitwiseIdentical) {
     EXPECT_EQ(ma[i]["loss"].get<double>(), mb[i]["loss"].get<double>()) << "step " << i + 1;
     EXPECT_EQ(ma[i]["grad_norm"].get<double>(), mb[i]["grad_norm"].get<double>()) << "step " << i + 1;
   }
+  // TensorBoard: every logged step's scalars, the loss as metrics.jsonl has it. The resumed run
+  // wrote a second file from step 5 on (TensorBoard drops the first file's step 5).
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(straight / "tensorboard")) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 1u);
+  std::map<std::string, int> tags;
+  for (const myriad::TensorBoardScalar& s : myriad::read_tensorboard(files[0].string())) {
+    ++tags[s.tag];
+    if (s.tag == "lm loss") EXPECT_EQ(s.value, float(ma[s.step - 1]["loss"].get<double>())) << s.step;
+  }
+  for (const char* t : {"lm loss", "learning-rate", "grad-norm", "iteration-time", "throughput/tokens_per_s",
+                        "phase/forward_ms", "phase/backward_ms", "phase/optimizer_ms"})
+    EXPECT_EQ(tags[t], 8) << t;
+  files.clear();
+  for (const auto& e : fs::directory_iterator(split / "tensorboard")) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 2u);
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(myriad::read_tensorboard(files[1].string()).at(0).step, 5);
   // Weights and optimizer state, bit for bit.
   const std::string wa = read_file(straight / "checkpoints/step_00000008/shard_00000.bin");
   ASSERT_FALSE(wa.empty());

@@ -201,7 +201,7 @@ TEST_F(Launch, FailingWorkerGivesTheLaunchItsExitClass) {
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_TRUE(std::regex_match(last_line(r.output),
                                std::regex("myriad: launch: rank [01] exited with code 2 \\(input "
-                                          "error\\); logs in runs/nonexistent/logs")))
+                                          "error\\): .*/nonexistent.toml.*; logs in runs/nonexistent/logs")))
       << r.output;
   EXPECT_TRUE(std::regex_search(r.output, std::regex("\\[rank [01]\\] myriad: input error: .*/nonexistent.toml")))
       << r.output;
@@ -216,7 +216,8 @@ TEST_F(Launch, ErrorLinesOfEveryRankReachTheConsole) {
   EXPECT_TRUE(contains(r.output, "[rank 2] myriad: runtime fault: injected fault at comm_check: rank 2 failed\n"))
       << r.output;
   EXPECT_EQ(last_line(r.output),
-            "myriad: launch: rank 2 exited with code 3 (runtime fault); logs in fail/logs");
+            "myriad: launch: rank 2 exited with code 3 (runtime fault): injected fault at comm_check: rank 2 failed; "
+            "logs in fail/logs");
   EXPECT_TRUE(processes_of_job(j).empty());
 }
 

@@ -83,8 +83,9 @@ TEST(Config, UnknownKeySuggestsNearest) {
   e = input_error([] { parse_config(kSmall, "my.toml", {"train.step=3"}); });
   EXPECT_NE(e.find("--set train.step=3"), std::string::npos) << e;
   EXPECT_NE(e.find("'train.steps'"), std::string::npos) << e;
-  e = input_error([] { parse_config("[observe]\nx = 1\n", "my.toml"); });
-  EXPECT_NE(e.find("reserved"), std::string::npos) << e;
+  e = input_error([] { parse_config("[observe]\ntensorbord = true\n", "my.toml"); });
+  EXPECT_NE(e.find("unknown key observe.tensorbord"), std::string::npos) << e;
+  EXPECT_NE(e.find("'observe.tensorboard'"), std::string::npos) << e;
 }
 
 TEST(Config, WrongTypesNameTheKey) {

@@ -53,3 +53,50 @@ TEST(HangReport, TwoRanksHeldUpApartAreNotGuessed) {
 
 }  // namespace
 }  // namespace myriad::driver
+
+namespace myriad::driver {
+namespace {
+
+nlohmann::json rec(uint64_t seq, uint64_t match, const std::string& op, int64_t bytes, const std::string& state) {
+  return {{"seq", seq}, {"match", match}, {"op", op}, {"bytes", bytes}, {"state", state}};
+}
+
+// Flight records: rank 3 left none (stopped); ranks 1 and 2 wait for it in dp1 and on the
+// pipeline link it feeds; rank 0 waits for rank 1. Rank 3 alone holds the job up.
+TEST(HangReport, ARankWithoutARecordIsTheOneWaitedFor) {
+  const nlohmann::json ranks = {
+      {{"rank", 0}, {"step", 6}, {"phase", "forward"},
+       {"groups", {{{"group", "tp0"}, {"members", {0, 1}}, {"records", {rec(1, 1, "all_reduce", 64, "done"),
+                                                                         rec(2, 2, "all_reduce", 64, "running")}}}}}},
+      {{"rank", 1}, {"step", 6}, {"phase", "backward"},
+       {"groups", {{{"group", "tp0"}, {"members", {0, 1}}, {"records", {rec(1, 1, "all_reduce", 64, "done")}}},
+                   {{"group", "dp1"}, {"members", {1, 3}}, {"records", {rec(2, 5, "reduce_scatter", 32, "running")}}}}}},
+      {{"rank", 2}, {"step", 6}, {"phase", "forward"},
+       {"groups", {{{"group", "pp0.act.1to0"}, {"members", {3, 2}}, {"records", {rec(3, 9, "recv", 128, "queued")}}}}}}};
+  const HangReport r = analyze_hang(ranks);
+  ASSERT_EQ(r.culprits, std::vector<int>{3});
+  EXPECT_NE(r.findings[0].find("rank 3 (it left no record: stopped or gone) holds the job up: "), std::string::npos)
+      << r.findings[0];
+  EXPECT_NE(r.findings[0].find("rank 1 in dp1's reduce_scatter #5"), std::string::npos) << r.findings[0];
+  EXPECT_NE(r.findings[0].find("rank 2 in pp0.act.1to0's recv #9"), std::string::npos) << r.findings[0];
+  EXPECT_TRUE(r.mismatches.empty());
+  EXPECT_EQ(r.json()["culprits"], nlohmann::json::array({3}));
+}
+
+// The same operation number with different sizes in one group: a mismatch (a send and its
+// receive of equal size are not one).
+TEST(HangReport, DifferentSizesAtOneNumberAreAMismatch) {
+  const nlohmann::json ranks = {
+      {{"rank", 0}, {"groups", {{{"group", "dp0"}, {"members", {0, 1}}, {"records", {rec(1, 7, "all_reduce", 4096, "running")}}},
+                                {{"group", "l"}, {"members", {0, 1}}, {"records", {rec(2, 1, "send", 8, "done")}}}}}},
+      {{"rank", 1}, {"groups", {{{"group", "dp0"}, {"members", {0, 1}}, {"records", {rec(1, 7, "all_reduce", 2048, "running")}}},
+                                {{"group", "l"}, {"members", {0, 1}}, {"records", {rec(2, 1, "recv", 8, "done")}}}}}}};
+  const HangReport r = analyze_hang(ranks);
+  EXPECT_TRUE(r.culprits.empty());
+  ASSERT_EQ(r.mismatches.size(), 1u);
+  EXPECT_EQ(r.mismatches[0], "group dp0, operation #7: rank 0 all_reduce of 4096 bytes; rank 1 all_reduce of 2048 bytes");
+  EXPECT_NE(r.text().find("mismatch: group dp0"), std::string::npos) << r.text();
+}
+
+}  // namespace
+}  // namespace myriad::driver

@@ -1,0 +1,108 @@
+// The hang report: a job of 8 processes (tp 2 x pp 2 x dp 2) in which one rank stops (SIGSTOP)
+// or stalls (its training thread stuck) at a chosen point. The launcher finds the hang from the
+// heartbeats, asks every live rank for its flight record, and writes RUN_DIR/hang_report.json,
+// which must name that rank alone; `myriad hang-report RUN_DIR` says the same. comm.timeout_s is
+// 300 s: nothing waits for a collective to time out.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+using myriad::cat;
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string output;
+};
+
+Result run(const std::string& args, const std::string& env = "") {
+  const std::string cmd = cat("env -u MYRIAD_RDZV -u MYRIAD_JOB -u MYRIAD_INJECT_FAULT OMP_NUM_THREADS=1 ", env, " ",
+                              MYRIAD_BINARY_DIR, "/myriad ", args, " 2>&1");
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+struct Case {
+  const char* name;
+  const char* layout;
+  const char* fault;
+  int rank;
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+class HangReport : public ::testing::TestWithParam<Case> {
+ protected:
+  static fs::path dir_;
+  static std::string data_;
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / cat("myriad_hang_", getpid());
+    fs::create_directories(dir_);
+    data_ = (dir_ / "corpus").string();
+    ASSERT_EQ(run(cat("prepare --input /usr/share/games/fortunes/computers --tokenizer byte --output ", data_,
+                      " --doc-separator %")).code, 0);
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+};
+fs::path HangReport::dir_;
+std::string HangReport::data_;
+
+const char* k3d = "--nproc-per-node 8 -- train --set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2";
+const char* kTpDp = "--nproc-per-node 4 -- train --set parallel.tp=2 --set parallel.dp=2";
+
+TEST_P(HangReport, NamesTheRankThatHoldsTheJobUpAlone) {
+  const Case& c = GetParam();
+  const fs::path rd = dir_ / c.name;
+  Result r = run(cat("launch ", c.layout, " --config ", MYRIAD_SOURCE_DIR, "/configs/demo.toml --run-dir ", rd.string(),
+                     " --set model.layers=4 --set model.d_model=32 --set model.seq_len=16 --set train.global_batch=8",
+                     " --set train.micro_batch=2 --set train.steps=12 --set train.eval_every=0 --set data.train=", data_,
+                     " --set data.valid= --set comm.timeout_s=300 --set fault.step_timeout_s=4"),
+                 cat("MYRIAD_INJECT_FAULT=", c.fault));
+  EXPECT_EQ(r.code, 3) << r.output;
+  std::ifstream in(rd / "hang_report.json");
+  const nlohmann::json report = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_TRUE(report.is_object()) << r.output;
+  EXPECT_EQ(report["culprits"], nlohmann::json::array({c.rank})) << report.dump(2) << r.output;
+  EXPECT_TRUE(report["mismatches"].empty()) << report.dump(2);
+  // The launcher's last line names it too, and the command reads the same records again.
+  EXPECT_NE(r.output.find(cat("hang report: rank ", c.rank, " (")), std::string::npos) << r.output;
+  Result again = run(cat("hang-report ", rd.string()));
+  EXPECT_EQ(again.code, 0) << again.output;
+  EXPECT_EQ(again.output, myriad::test::read_file(rd / "hang_report.txt"));
+  EXPECT_NE(again.output.find(cat("hang report: rank ", c.rank, " (")), std::string::npos) << again.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Points, HangReport,
+    ::testing::Values(Case{"stopped_in_forward", k3d, "fwd:6:hang@rank=5", 5},
+                      Case{"stopped_in_backward", k3d, "bwd:6:hang@rank=6", 6},
+                      Case{"stopped_before_the_all_gather", k3d, "dp_gather:6:hang@rank=3", 3},
+                      Case{"stalled_in_forward", k3d, "fwd:6:stall@rank=1", 1},
+                      // Rank 3 waits for rank 2 in the node-shared batch, not in a collective.
+                      Case{"stalled_with_a_shared_batch", kTpDp, "step:6:stall@rank=2", 2}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(HangReportCommand, ARunWithoutFlightRecordsIsAnInputError) {
+  const fs::path rd = fs::temp_directory_path() / cat("myriad_nohang_", getpid());
+  fs::create_directories(rd);
+  Result r = run(cat("hang-report ", rd.string()));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("holds no flight records"), std::string::npos) << r.output;
+  fs::remove_all(rd);
+}
+
+}  // namespace
