@@ -10,7 +10,7 @@ namespace myriad {
 
 MetricsWriter::MetricsWriter(const std::string& path, int64_t keep_through_step, const std::string& tensorboard_dir)
     : path_(path) {
-  if (!tensorboard_dir.empty()) tensorboard_ = std::make_unique<TensorBoardWriter>(tensorboard_dir);
+  if (!tensorboard_dir.empty()) tensorboard_ = std::make_unique<TensorBoardWriter>(tensorboard_dir, keep_through_step + 1);
   std::vector<std::string> kept;
   {
     std::ifstream in(path);

@@ -57,13 +57,13 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-std::string event(int64_t step, const std::string& version, const std::string& summary) {
+// field 3 (file version), 5 (summary) or 7 (session log): what the event holds.
+std::string event(int64_t step, int field, const std::string& body) {
   std::string e;
   fixed_field(e, 1, now_s());
   tag(e, 2, 0);
   varint(e, static_cast<uint64_t>(step));
-  if (!version.empty()) bytes_field(e, 3, version);
-  if (!summary.empty()) bytes_field(e, 5, summary);
+  if (field) bytes_field(e, field, body);
   return e;
 }
 
@@ -115,7 +115,7 @@ uint32_t crc32c(const void* data, size_t n) {
   return c ^ 0xFFFFFFFFu;
 }
 
-TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
+TensorBoardWriter::TensorBoardWriter(const std::string& dir, int64_t first_step) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   char host[256] = {};
@@ -131,7 +131,8 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   path_ = (std::filesystem::path(dir) / cat(prefix, t, ".", host, ".", ::getpid())).string();
   f_ = std::fopen(path_.c_str(), "wb");
   if (!f_) throw_runtime("tensorboard: cannot write ", path_, ": choose a writable --run-dir (or observe.tensorboard = false)");
-  record(event(0, "brain.Event:2", ""));
+  record(event(0, 3, "brain.Event:2"));
+  record(event(first_step, 7, std::string("\x08\x01", 2)));  // SessionLog{status: START}
   std::fflush(f_);
 }
 
@@ -158,7 +159,7 @@ void TensorBoardWriter::write(int64_t step, const std::vector<std::pair<std::str
     fixed_field(value, 2, static_cast<float>(v));
     bytes_field(summary, 1, value);
   }
-  record(event(step, "", summary));
+  record(event(step, 5, summary));
   std::fflush(f_);
 }
 

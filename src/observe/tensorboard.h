@@ -7,9 +7,11 @@
 // (little-endian; masked = ((crc >> 15) | (crc << 17)) + 0xa282ead8), each data an Event
 // protobuf message:
 //   1 wall_time (double), 2 step (int64), 3 file_version (string; the first record's is
-//   "brain.Event:2"), 5 summary { repeated 1 value { 1 tag (string), 2 simple_value (float) } }.
-// A restarted run writes a new file whose steps begin below the old file's last: TensorBoard then
-// drops the old file's steps from there on (it purges "orphaned" data), as metrics.jsonl does.
+//   "brain.Event:2"), 5 summary { repeated 1 value { 1 tag (string), 2 simple_value (float) } },
+//   7 session_log { 1 status (enum; 1 = START) }.
+// Each file's second record is a session START at the first step the run will write: a restart
+// resumed from a checkpoint thus tells TensorBoard to drop what the files before it hold from
+// that step on (the steps the crash made it recompute), as metrics.jsonl drops them.
 #pragma once
 
 #include <cstdint>
@@ -22,8 +24,9 @@ namespace myriad {
 
 class TensorBoardWriter {
  public:
-  // Creates `dir` and a new event file in it; a runtime fault naming it when it cannot.
-  explicit TensorBoardWriter(const std::string& dir);
+  // Creates `dir` and a new event file in it, for steps from `first_step` on; a runtime fault
+  // naming it when it cannot.
+  TensorBoardWriter(const std::string& dir, int64_t first_step);
   ~TensorBoardWriter();
   TensorBoardWriter(const TensorBoardWriter&) = delete;
   TensorBoardWriter& operator=(const TensorBoardWriter&) = delete;

@@ -28,14 +28,15 @@ TEST(TensorBoard, Crc32cOfTheStandardCheckString) {
   EXPECT_EQ(crc32c("", 0), 0u);
 }
 
-// An event with the scalar "a" = 1.0 at step 3 is, by the protobuf wire format:
+// The file version, then a session START at the first step (2), then an event with the scalar
+// "a" = 1.0 at step 3, which by the protobuf wire format is
 //   09 <wall_time, 8 bytes>  10 03  2a 0a  [0a 08 [0a 01 'a' 15 00 00 80 3f]]
-// framed as a TFRecord: length, its masked CRC, the data, its masked CRC.
+// each framed as a TFRecord: length, its masked CRC, the data, its masked CRC.
 TEST(TensorBoard, BytesFollowTheSpecifications) {
   const fs::path dir = fs::temp_directory_path() / cat("myriad_tb_", getpid());
   std::string path;
   {
-    TensorBoardWriter w(dir.string());
+    TensorBoardWriter w(dir.string(), 2);
     w.write(3, {{"a", 1.0}});
     path = w.path();
   }
@@ -47,8 +48,15 @@ TEST(TensorBoard, BytesFollowTheSpecifications) {
   ASSERT_EQ(n0, 9u + 2 + 15);  // wall_time, step 0, file_version "brain.Event:2"
   EXPECT_EQ(b.substr(12 + 9, 2), std::string("\x10\x00", 2));
   EXPECT_EQ(b.substr(12 + 11, 15), std::string("\x1a\x0d") + "brain.Event:2");
-  // The second: the scalar.
-  const size_t at = 12 + n0 + 4;
+  // The second: SessionLog{status: START} at step 2 (Event.session_log is field 7; 6 is the
+  // deprecated log_message, which TensorBoard ignores: a real TensorBoard caught that).
+  const size_t at1 = 12 + n0 + 4;
+  uint64_t n1 = 0;
+  std::memcpy(&n1, b.data() + at1, 8);
+  ASSERT_EQ(n1, 9u + 2 + 4);
+  EXPECT_EQ(b.substr(at1 + 12 + 9, 6), std::string("\x10\x02\x3a\x02\x08\x01", 6));
+  // The third: the scalar.
+  const size_t at = at1 + 12 + n1 + 4;
   uint64_t n = 0;
   std::memcpy(&n, b.data() + at, 8);
   const std::string data = b.substr(at + 12, n);
@@ -72,7 +80,7 @@ TEST(TensorBoard, ScalarsReadBackAndDamageIsNamed) {
   const fs::path dir = fs::temp_directory_path() / cat("myriad_tb2_", getpid());
   std::string path;
   {
-    TensorBoardWriter w(dir.string());
+    TensorBoardWriter w(dir.string(), 1);
     for (int64_t s = 1; s <= 300; ++s) w.write(s, {{"lm loss", 10.0 / double(s)}, {"learning-rate", 3e-4}});
     path = w.path();
   }
