@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <limits>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -19,6 +21,7 @@
 #include "data/prepare.h"
 #include "data/tokenizer.h"
 #include "driver/hang_report.h"
+#include "observe/trace.h"
 #include "runtime/generate.h"
 #include "optim/optimizer.h"
 #include "runtime/engine.h"
@@ -47,6 +50,7 @@ usage:
   myriad bench-init --ranks N [--store redis|file] [--url URL] [--threads T] [--tp 8] [--pp P] [--timeout S]
   myriad launch --nproc-per-node N [--nnodes M --node-rank R] [--rdzv URL] [--job NAME] [--grace-period S] [--max-restarts N] [--spare] [--node-name NAME] -- COMMAND [ARGS...]
   myriad hang-report RUN_DIR
+  myriad trace RUN_DIR [--steps A:B] [--output FILE]
   myriad help
 
 exit codes: 0 success, 1 internal error, 2 bad input or config (do not retry),
@@ -74,6 +78,28 @@ int cmd_train(int argc, char** argv) {
     std::fflush(stdout), std::fflush(stderr);
     std::_Exit(exit_code(e.cls()));
   }
+  return 0;
+}
+
+// Every rank's timeline in one Chrome trace (observe/trace.h), by default RUN_DIR/traces/timeline.json.
+int cmd_trace(int argc, char** argv) {
+  if (argc < 1 || argv[0][0] == '-') throw_input("usage: myriad trace RUN_DIR [--steps A:B] [--output FILE]");
+  const std::string run_dir = argv[0];
+  cli::Args args("trace", argc - 1, argv + 1, {"steps", "output"});
+  long long first = 0, last = std::numeric_limits<long long>::max();
+  if (args.has("steps")) {
+    const std::string s = args.get("steps");
+    char tail = 0;
+    if (std::sscanf(s.c_str(), "%lld:%lld%c", &first, &last, &tail) != 2 || first < 0 || last < first)
+      throw_input("trace: --steps must be A:B with 0 <= A <= B, got '", s, "'");
+  }
+  const std::string out = args.has("output") ? args.get("output") : (fs::path(run_dir) / "traces" / "timeline.json").string();
+  const nlohmann::json merged = trace::merge(run_dir, first, last);
+  std::ofstream f(out);
+  f << merged.dump() << "\n";
+  if (!f) throw_input("trace: cannot write ", out, ": choose another --output");
+  std::printf("trace: %zu events of %s in %s (open it in https://ui.perfetto.dev or chrome://tracing)\n",
+              merged["traceEvents"].size(), run_dir.c_str(), out.c_str());
   return 0;
 }
 
@@ -161,7 +187,7 @@ int cmd_bench(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> commands = {"train", "prepare", "sample", "bench", "bench-init", "launch", "hang-report", "help"};
+  const std::vector<std::string> commands = {"train", "prepare", "sample", "bench", "bench-init", "launch", "hang-report", "trace", "help"};
   if (argc < 2 || std::string(argv[1]) == "help" || std::string(argv[1]) == "--help" ||
       std::string(argv[1]) == "-h") {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
@@ -177,6 +203,7 @@ int main(int argc, char** argv) {
     if (cmd == "launch") return cli::cmd_launch(argc - 2, argv + 2);
     if (cmd == "comm-check") return cli::cmd_comm_check(argc - 2, argv + 2);
     if (cmd == "self-check") return cli::cmd_self_check(argc - 2, argv + 2);
+    if (cmd == "trace") return cmd_trace(argc - 2, argv + 2);
     if (cmd == "hang-report") {
       // Matches the flight records a hung job's ranks wrote (driver/hang_report.h).
       if (argc != 3) throw_input("usage: myriad hang-report RUN_DIR");

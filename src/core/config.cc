@@ -243,6 +243,7 @@ void Config::validate() const {
   if (!(fault.heartbeat_s >= 0.1 && fault.heartbeat_s <= 60))
     throw_input("config: fault.heartbeat_s (", fault.heartbeat_s, ") must be 0.1..60 seconds");
   non_negative("fault.diag_min_bus_gbps", fault.diag_min_bus_gbps);
+  if (observe.trace_every < 1) throw_input("config: observe.trace_every (", observe.trace_every, ") must be at least 1");
   if (fault.evict_after < 1) throw_input("config: fault.evict_after (", fault.evict_after, ") must be at least 1");
   if (fault.spike_factor > 0 && fault.spike_factor <= 1)
     throw_input("config: fault.spike_factor (", fault.spike_factor, ") must be above 1 (or 0: off)");

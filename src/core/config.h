@@ -92,6 +92,8 @@ struct FaultConfig {
 
 struct ObserveConfig {
   bool tensorboard = true;  // RUN_DIR/tensorboard/: the logged steps' scalars, for TensorBoard
+  bool trace = false;       // RUN_DIR/traces/: every rank's timeline (observe/trace.h)
+  int64_t trace_every = 1;  // trace the steps that are multiples of this
 };
 
 struct CheckpointConfig {
@@ -178,6 +180,8 @@ struct Config {
     f("fault", "evict_stragglers", fault.evict_stragglers);
     f("fault", "diag_min_bus_gbps", fault.diag_min_bus_gbps);
     f("observe", "tensorboard", observe.tensorboard);
+    f("observe", "trace", observe.trace);
+    f("observe", "trace_every", observe.trace_every);
   }
   template <class F>
   void visit(F&& f) const { const_cast<Config*>(this)->visit(f); }

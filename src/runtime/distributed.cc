@@ -1,5 +1,9 @@
 #include "runtime/distributed.h"
 
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
 #include <cstdlib>
 #include <chrono>
 #include <exception>
@@ -9,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "observe/trace.h"
 #include "runtime/engine.h"
 
 namespace myriad {
@@ -143,6 +148,43 @@ Distributed::Distributed(const Config& cfg, int rank, int world)
 Distributed::~Distributed() {
   if (std::uncaught_exceptions() > 0)
     for (auto& g : groups_) g->abort("this rank is leaving on an error");
+}
+
+int64_t Distributed::clock_offset_us() {
+  // NTP's exchange with rank 0, rank by rank: rank 0 sends its time t1; rank r notes when it
+  // arrives (t2) and answers with its time t3; rank 0 notes the answer's arrival (t4). Then
+  // offset = ((t2 - t1) + (t3 - t4)) / 2, wrong by at most half the round trip: of 8 rounds, the
+  // shortest round trip's counts. Rank 0 then tells every rank its offset.
+  constexpr int kRounds = 8;
+  comm::Communicator& w = *world_;
+  std::vector<int64_t> offsets(static_cast<size_t>(world()), 0);
+  for (int r = 1; r < world(); ++r) {
+    int64_t best_rtt = std::numeric_limits<int64_t>::max();
+    for (int k = 0; k < kRounds; ++k) {
+      if (rank_ == 0) {
+        const int64_t t1 = trace::now_us();
+        w.send_bytes(&t1, 8, r)->wait();
+        int64_t t23[2];
+        w.recv_bytes(t23, 16, r)->wait();
+        const int64_t t4 = trace::now_us();
+        if (t4 - t1 - (t23[1] - t23[0]) < best_rtt)
+          best_rtt = t4 - t1 - (t23[1] - t23[0]), offsets[r] = ((t23[0] - t1) + (t23[1] - t4)) / 2;
+      } else if (rank_ == r) {
+        int64_t t1 = 0;
+        w.recv_bytes(&t1, 8, 0)->wait();
+        int64_t t23[2] = {trace::now_us(), 0};
+        t23[1] = trace::now_us();
+        w.send_bytes(t23, 16, 0)->wait();
+      }
+    }
+  }
+  w.broadcast_bytes(offsets.data(), static_cast<int64_t>(offsets.size() * 8), 0)->wait();
+  return offsets[static_cast<size_t>(rank_)];
+}
+
+std::string Distributed::coordinates() const {
+  const parallel::Coord c = topo_.coord(rank_);
+  return cat("tp ", c.tp, ", pp ", c.pp, ", dp ", c.dp);
 }
 
 std::vector<comm::Communicator*> Distributed::groups() const {

@@ -31,6 +31,11 @@ class Distributed {
   comm::Communicator& world_comm() { return *world_; }
   // Every group of this rank (world, tp, pp, dp, the pipeline links), for its heartbeat.
   std::vector<comm::Communicator*> groups() const;
+  // How far this rank's trace clock (trace::now_us) runs ahead of rank 0's, in µs, measured with
+  // NTP's four timestamps against rank 0 (wrong by at most half a round trip). Collective.
+  int64_t clock_offset_us();
+  // "tp 0, pp 1, dp 0"
+  std::string coordinates() const;
   int tp_rank() const { return topo_.coord(rank_).tp; }
   int dp_rank() const { return topo_.coord(rank_).dp; }
   // The rank that holds the final loss (last pipeline stage, tp 0, dp 0) writes metrics.jsonl.

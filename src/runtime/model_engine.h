@@ -34,6 +34,7 @@
 #include "parallel/mappings.h"
 #include "parallel/schedule.h"
 #include "runtime/data_parallel.h"
+#include "observe/trace.h"
 #include "runtime/heartbeat.h"
 #include "runtime/pipeline.h"
 
@@ -126,6 +127,7 @@ class ModelEngine final : public Engine {
       throw Error(ErrorClass::kNumerics, cat("step ", step, ": loss is ", r.loss,
                                              "; lower optim.lr or resume from an earlier checkpoint"));
     set_phase("optimizer");  // the gradients' reductions, the norm, the update
+    trace::Span optimizer_span("optimizer");
     sync_tied_embedding();
     dp_.finish_reduce(model_.grads());  // the owned ranges now hold the sums over dp
     const int update_begins = model_.ops().mark();

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/error.h"
+#include "observe/trace.h"
 #include "runtime/heartbeat.h"
 #include "runtime/pipeline.h"
 
@@ -93,6 +94,7 @@ float Pipeline<Model>::train(const int32_t* tokens, float grad_scale, const Hook
         else if (p_ == 1) input = model_.chunk_output(c - 1, mb);
         else input = received(ActionKind::kRecvActivation, mb, c);
         set_phase("forward");
+        trace::Span span("forward", {{"microbatch", mb}, {"chunk", c}});
         const int t0 = model_.ops().mark();
         model_.forward_chunk(c, mb, B_, mb_tokens, input, grad_scale);
         forward_marks_.emplace_back(t0, model_.ops().mark());
@@ -118,6 +120,7 @@ float Pipeline<Model>::train(const int32_t* tokens, float grad_scale, const Hook
         Buffer din;
         if (!first(c)) din.zeros(boundary_);
         set_phase("backward");
+        trace::Span span("backward", {{"microbatch", mb}, {"chunk", c}});
         const int t0 = model_.ops().mark();
         model_.backward_chunk(c, mb, dout, first(c) ? nullptr : din.data(), grad_scale);
         backward_marks_.emplace_back(t0, model_.ops().mark());

@@ -19,6 +19,7 @@
 #include "core/memory.h"
 #include "data/tokenizer.h"
 #include "model/params.h"
+#include "observe/trace.h"
 #include "optim/optimizer.h"
 #include "runtime/engine.h"
 
@@ -126,6 +127,17 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
   const std::string algos = (fs::path(run_dir_) / cat("gemm_algos.rank", dist_ ? dist_->rank() : 0, ".txt")).string();
   ::setenv("MYRIAD_GEMM_ALGOS", algos.c_str(), 1);
   engine_ = make_planned_engine(cfg_, dist_ ? dist_->context() : nullptr);
+  if (cfg_.observe.trace) {
+    const int64_t offset = dist_ ? dist_->clock_offset_us() : 0;
+    const int rank = dist_ ? dist_->rank() : 0;
+    trace::open((fs::path(run_dir_) / "traces").string(), rank,
+                dist_ ? cat("rank ", rank, " (", dist_->coordinates(), ")") : std::string("rank 0"),
+                cfg_.observe.trace_every, offset);
+    if (offset != 0) log::info("trace: this rank's clock runs ", offset, " us ahead of rank 0's");
+    if (dist_)  // the start-up's operations are not the steps'
+      for (comm::Communicator* g : dist_->groups())
+        if (const std::vector<comm::OpRecord> recs = g->records(); !recs.empty()) traced_seq_[g->name()] = recs.back().seq;
+  }
 
   std::string resume = cfg_.checkpoint.resume;
   if (resume == "auto") resume_latest_good();
@@ -158,7 +170,41 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
                                                   first_row, rows_, consumed_);
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() { trace::close(); }
+
+// The communication of the steps traced: each group's operations completed since the last call,
+// on lane 1, with the flows that tie them across ranks (observe/trace.h). Called after every
+// step: the operations of steps not traced (and of the start-up) are passed over.
+void Trainer::trace_collectives() {
+  if (!dist_) return;
+  const bool keep = trace::active();
+  for (comm::Communicator* g : dist_->groups()) {
+    uint64_t& seen = traced_seq_[g->name()];
+    const std::vector<int>& members = g->members();
+    auto global = [&](int group_rank) {
+      return group_rank >= 0 && group_rank < int(members.size()) ? members[group_rank] : group_rank;
+    };
+    for (const comm::OpRecord& r : g->records()) {
+      if (r.seq <= seen || r.state == comm::OpState::kQueued || r.state == comm::OpState::kRunning) continue;
+      seen = r.seq;
+      if (!keep || r.state != comm::OpState::kDone) continue;
+      const int64_t t0 = trace::from_system_us(r.started_us ? r.started_us : r.queued_us);
+      const int64_t t1 = trace::from_system_us(r.ended_us);
+      nlohmann::json args = {{"group", g->name()}, {"match", r.match}, {"bytes", r.bytes}};
+      if (r.peer >= 0) args["peer"] = global(r.peer);
+      trace::complete(cat(comm::op_name(r.op), " ", g->name()), "comm", t0, t1, 1, std::move(args));
+      // A message is the n-th between its sender and receiver; a collective the n-th of the group.
+      const std::hash<std::string> h;
+      const int me = dist_->rank();
+      if (r.op == comm::OpKind::kSend) trace::flow(true, h(cat(g->name(), "#", r.match, "#", me, ">", global(r.peer))), t0, 1);
+      else if (r.op == comm::OpKind::kRecv) trace::flow(false, h(cat(g->name(), "#", r.match, "#", global(r.peer), ">", me)), t1, 1);
+      else if (g->size() > 1 && g->rank() == 0)
+        for (int m = 1; m < g->size(); ++m) trace::flow(true, h(cat(g->name(), "#", r.match, "#", m)), t0, 1);
+      else if (g->size() > 1)
+        trace::flow(false, h(cat(g->name(), "#", r.match, "#", g->rank())), t0, 1);
+    }
+  }
+}
 
 void Trainer::run() {
   const TrainConfig& t = cfg_.train;
@@ -176,7 +222,12 @@ void Trainer::run() {
   while (step_ < t.steps) {
     const double t0 = now_s();
     set_phase("data");
-    data::Batch batch = next_batch();  // (global_batch / dp, T+1): this rank's rows
+    trace::set_step(step_ + 1);
+    data::Batch batch;  // (global_batch / dp, T+1): this rank's rows
+    {
+      trace::Span span("data");
+      batch = next_batch();
+    }
     StepResult r = engine_->train_step(batch.tokens.data(), step_ + 1,
                                        lr_at(cfg_.optim, step_, t.steps));
     ++step_;
@@ -213,8 +264,10 @@ void Trainer::run() {
     heartbeat_.set_rate(dt * 1e3, tokens_per_step / dt);
     heartbeat_.set(step_, cfg_.fault.startup_timeout_s);
     set_phase("eval");
-    if (valid_data_ && t.eval_every > 0 && (step_ % t.eval_every == 0 || step_ == t.steps))
+    if (valid_data_ && t.eval_every > 0 && (step_ % t.eval_every == 0 || step_ == t.steps)) {
+      trace::Span span("eval");
       rec["val_loss"] = evaluate();
+    }
     if (step_ % t.log_every == 0 || step_ == t.steps || rec.contains("val_loss")) {
       if (metrics_) metrics_->write(rec);
       const double eta = timed ? elapsed / timed * (t.steps - step_) : 0;
@@ -225,7 +278,11 @@ void Trainer::run() {
     }
     const int64_t every = cfg_.checkpoint.every;
     set_phase("checkpoint");
-    if ((every > 0 && step_ % every == 0) || step_ == t.steps) save_checkpoint();
+    if ((every > 0 && step_ % every == 0) || step_ == t.steps) {
+      trace::Span span("checkpoint");
+      save_checkpoint();
+    }
+    trace_collectives();
     heartbeat_.set(step_, allowance);
     set_phase("data");
     // This step's own time: from the end of the last one, less the waits on its peers.

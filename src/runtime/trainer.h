@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -49,6 +50,7 @@ class Trainer {
   // Opens a token file and checks it against the model (vocabulary) and the tokenizer.
   std::unique_ptr<data::IndexedDataset> open_data(const std::string& prefix, const char* key);
   std::string checkpoint_root() const;
+  void trace_collectives();
   // Every tensor of this rank a checkpoint holds: the model, then the optimizer state. For
   // saving, tensors replicated over tensor parallelism come from tp rank 0 only.
   std::vector<checkpoint::Shard> shards(bool for_save);
@@ -71,6 +73,7 @@ class Trainer {
   int64_t rows_ = 0;          // sequences of each global batch this rank reads: global_batch / dp
   int64_t step_ = 0;          // optimizer steps completed
   int64_t consumed_ = 0;      // training samples consumed by completed steps
+  std::map<std::string, uint64_t> traced_seq_;  // per group: the last operation traced
 };
 
 }  // namespace myriad

@@ -1,0 +1,172 @@
+#include "observe/trace.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+
+namespace myriad::trace {
+namespace {
+
+struct Tracer {
+  std::string path;
+  int rank = 0;
+  int64_t every = 1;
+  std::atomic<bool> keep{false};  // the current step is traced
+  std::atomic<int64_t> step{0};
+  std::mutex mu;
+  std::vector<std::string> buffer;  // event lines not yet written
+  std::atomic<bool> stop{false};
+  std::thread flusher;
+
+  void flush() {
+    std::vector<std::string> lines;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      lines.swap(buffer);
+    }
+    if (lines.empty()) return;
+    if (std::FILE* f = std::fopen(path.c_str(), "a")) {
+      for (const std::string& l : lines) std::fputs(l.c_str(), f), std::fputc('\n', f);
+      std::fclose(f);
+    }
+  }
+  void add(nlohmann::json e) {
+    e["pid"] = rank;
+    std::string line = e.dump();
+    std::lock_guard<std::mutex> lock(mu);
+    buffer.push_back(std::move(line));
+  }
+};
+
+std::unique_ptr<Tracer> g_tracer;
+
+// The test knob: MYRIAD_TRACE_CLOCK_SKEW = "R:US" moves rank R's trace clock US ahead.
+int64_t clock_skew_us() {
+  static const int64_t skew = [] {
+    const char* s = std::getenv("MYRIAD_TRACE_CLOCK_SKEW");
+    const char* me = std::getenv("MYRIAD_RANK");
+    int r = -1;
+    long long us = 0;
+    if (s && me && std::sscanf(s, "%d:%lld", &r, &us) == 2 && r == std::atoi(me)) return static_cast<int64_t>(us);
+    return int64_t(0);
+  }();
+  return skew;
+}
+
+}  // namespace
+
+void open(const std::string& dir, int rank, const std::string& name, int64_t every, int64_t clock_offset_us) {
+  close();
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  auto t = std::make_unique<Tracer>();
+  t->path = (std::filesystem::path(dir) / cat("rank_", rank, ".jsonl")).string();
+  t->rank = rank, t->every = every > 0 ? every : 1;
+  std::FILE* f = std::fopen(t->path.c_str(), "a");
+  if (!f) throw_runtime("trace: cannot write ", t->path, ": choose a writable --run-dir (or observe.trace = false)");
+  const nlohmann::json header = {{"rank", rank}, {"name", name}, {"clock_offset_us", clock_offset_us}};
+  std::fprintf(f, "%s\n", header.dump().c_str());
+  std::fclose(f);
+  Tracer* raw = t.get();
+  t->flusher = std::thread([raw] {
+    while (!raw->stop.load()) {
+      for (int i = 0; i < 10 && !raw->stop.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      raw->flush();
+    }
+  });
+  g_tracer = std::move(t);
+}
+
+void close() {
+  if (!g_tracer) return;
+  g_tracer->stop = true;
+  if (g_tracer->flusher.joinable()) g_tracer->flusher.join();
+  g_tracer->flush();
+  g_tracer.reset();
+}
+
+void set_step(int64_t step) {
+  if (g_tracer) g_tracer->keep = step % g_tracer->every == 0, g_tracer->step = step;
+}
+
+bool active() { return g_tracer && g_tracer->keep.load(); }
+
+int64_t from_system_us(int64_t us) { return us + clock_skew_us(); }
+
+int64_t now_us() {
+  return from_system_us(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+}
+
+void complete(const std::string& name, const char* cat, int64_t t0_us, int64_t t1_us, int tid, nlohmann::json args) {
+  if (!active()) return;
+  args["step"] = g_tracer->step.load();
+  g_tracer->add({{"ph", "X"}, {"name", name}, {"cat", cat}, {"ts", t0_us}, {"dur", std::max<int64_t>(0, t1_us - t0_us)},
+                 {"tid", tid}, {"args", std::move(args)}});
+}
+
+void flow(bool start, uint64_t id, int64_t ts_us, int tid) {
+  if (!active()) return;
+  char hex[24];
+  std::snprintf(hex, sizeof hex, "0x%llx", static_cast<unsigned long long>(id));
+  nlohmann::json e = {{"ph", start ? "s" : "f"}, {"name", "flow"}, {"cat", "flow"}, {"id", hex}, {"ts", ts_us},
+                      {"tid", tid}, {"args", {{"step", g_tracer->step.load()}}}};
+  if (!start) e["bp"] = "e";  // bound to the enclosing slice
+  g_tracer->add(std::move(e));
+}
+
+Span::Span(const char* name, nlohmann::json args) : name_(name), args_(std::move(args)) {
+  if (active()) t0_ = now_us();
+}
+
+Span::~Span() {
+  if (t0_ >= 0) complete(name_, "step", t0_, now_us(), 0, std::move(args_));
+}
+
+nlohmann::json merge(const std::string& run_dir, int64_t first, int64_t last) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(run_dir) / "traces";
+  nlohmann::json events = nlohmann::json::array();
+  int files = 0;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("rank_", 0) != 0 || entry.path().extension() != ".jsonl") continue;
+    ++files;
+    std::ifstream in(entry.path());
+    int64_t offset = 0;
+    for (std::string line; std::getline(in, line);) {
+      nlohmann::json e = nlohmann::json::parse(line, nullptr, false);
+      if (!e.is_object()) continue;  // a line cut by a crash
+      if (e.contains("clock_offset_us")) {  // a header (one per start of the rank)
+        offset = e.value("clock_offset_us", int64_t(0));
+        const int rank = e.value("rank", 0);
+        events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"args", {{"name", e.value("name", "")}}}});
+        events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", rank}, {"args", {{"sort_index", rank}}}});
+        for (const auto& [tid, lane] : {std::pair<int, const char*>{0, "step"}, {1, "communication"}})
+          events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", tid}, {"args", {{"name", lane}}}});
+        continue;
+      }
+      const int64_t step = e.contains("args") ? e["args"].value("step", int64_t(0)) : 0;
+      if (step < first || step > last) continue;
+      e["ts"] = e.value("ts", int64_t(0)) - offset;
+      events.push_back(std::move(e));
+    }
+  }
+  if (files == 0)
+    throw_input("trace: ", dir.string(), " holds no traces (rank_*.jsonl): train with --set observe.trace=true");
+  return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
+}
+
+}  // namespace myriad::trace

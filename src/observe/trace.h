@@ -1,0 +1,64 @@
+// The per-rank event timeline (observe.trace = true): RUN_DIR/traces/rank_<R>.jsonl, one Chrome
+// trace event per line, appended by a background thread each second from a buffer the training
+// thread fills; `myriad trace RUN_DIR` merges the ranks into one Chrome trace (Perfetto,
+// chrome://tracing).
+//
+// The file's first line is its header: {"rank", "name" (the rank's tp/pp/dp coordinates),
+// "clock_offset_us"}: how far this rank's clock runs ahead of rank 0's, measured at start (see
+// Distributed::clock_offset_us); the merge subtracts it. Then events:
+//   {"ph": "X", "name", "cat", "ts" (µs, this rank's system clock), "dur", "tid", "args"}
+//   tid 0: the step's work (data, forward and backward of each micro-batch and chunk, optimizer,
+//          checkpoint, evaluation), host times: on a GPU the time the host spent issuing it;
+//   tid 1: communication, each operation from its start to its end (comm/communicator.h records);
+//   {"ph": "s" / "f", "id", ...}: flow arrows, from a pipeline send to its receive and from a
+//          collective's start on its group's first rank to its start on each other member.
+// Only steps that are multiples of observe.trace_every are traced. Off (no file, no buffer) by
+// default. One process traces at a time (a process-wide buffer).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace myriad::trace {
+
+// Every event's args carry the step it belongs to ("step"), for `myriad trace --steps`.
+// Starts tracing to DIR/rank_<rank>.jsonl (DIR created; a file of an earlier start is appended
+// to, its header repeated).
+void open(const std::string& dir, int rank, const std::string& name, int64_t every, int64_t clock_offset_us);
+// Flushes and stops (the destructor of a training process's Trainer).
+void close();
+
+// The merged timeline of RUN_DIR/traces/rank_*.jsonl, as a Chrome trace: one process per rank
+// named by its coordinates, the clocks aligned to rank 0's, only the steps in [first, last].
+// An input error naming the directory when it holds no trace.
+nlohmann::json merge(const std::string& run_dir, int64_t first, int64_t last);
+// The step about to run: whether its events are kept.
+void set_step(int64_t step);
+bool active();
+// Microseconds on this process's trace clock (the system clock; MYRIAD_TRACE_CLOCK_SKEW =
+// "R:US" adds US on rank R, a test knob for the alignment).
+int64_t now_us();
+// A time of the system clock (a communicator's record) on the trace clock.
+int64_t from_system_us(int64_t us);
+// A complete event [t0, t1) on lane `tid`.
+void complete(const std::string& name, const char* cat, int64_t t0_us, int64_t t1_us, int tid,
+              nlohmann::json args = nlohmann::json::object());
+// A flow arrow's start ("s") or end ("f") at `ts` on lane `tid`.
+void flow(bool start, uint64_t id, int64_t ts_us, int tid);
+
+// A span on lane 0 from construction to destruction, when the step is traced.
+class Span {
+ public:
+  Span(const char* name, nlohmann::json args = nlohmann::json::object());
+  ~Span();
+  Span(const Span&) = delete;
+  Span& operator=(const Span&) = delete;
+
+ private:
+  const char* name_;
+  nlohmann::json args_;
+  int64_t t0_ = -1;
+};
+
+}  // namespace myriad::trace
