@@ -1,5 +1,6 @@
 // `myriad`: the command line. The only place that turns errors into exit codes (README table).
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -162,12 +163,21 @@ int cmd_bench(int argc, char** argv) {
   std::mt19937 gen(1234);
   std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(cfg.model.vocab_size - 1));
   std::vector<double> ms;
+  // With observe.trace, the steps' spans go where a run's would (their cost is what is measured).
+  const fs::path trace_dir = fs::temp_directory_path() / cat("myriad-bench-trace-", ::getpid());
+  if (cfg.observe.trace) trace::open(trace_dir.string(), 0, "bench", cfg.observe.trace_every, 0);
   for (int64_t s = 0; s < warmup + steps; ++s) {
     for (auto& t : tokens) t = dist(gen);
+    trace::set_step(s + 1);
     auto t0 = std::chrono::steady_clock::now();
     engine->train_step(tokens.data(), s + 1, lr_at(cfg.optim, s, cfg.train.steps));
     double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (s >= warmup) ms.push_back(dt);
+  }
+  if (cfg.observe.trace) {
+    trace::close();
+    std::error_code ec;
+    fs::remove_all(trace_dir, ec);
   }
   std::sort(ms.begin(), ms.end());
   const double median = ms[ms.size() / 2], tps = G * T / (median / 1e3);
