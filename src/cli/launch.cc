@@ -199,18 +199,6 @@ struct HangWatch {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
-  // On one node, the hang report from the flight records (RUN_DIR/hang_report.txt and .json);
-  // across nodes the other nodes' records come later: `myriad hang-report RUN_DIR` then.
-  void report(bool whole_job) {
-    if (!whole_job) return;
-    try {
-      const driver::HangReport r = driver::write_hang_report(dir.parent_path().string());
-      for (const std::string& line : r.findings) log::warn("launch: hang report: ", line);
-      for (const std::string& line : r.mismatches) log::warn("launch: hang report: mismatch: ", line);
-    } catch (const Error& e) {
-      log::warn("launch: no hang report: ", e.what());
-    }
-  }
   // What this node's workers said last, each with its rank, for the job's heartbeat.
   nlohmann::json workers() const {
     nlohmann::json out = nlohmann::json::array();
@@ -222,6 +210,20 @@ struct HangWatch {
       out.push_back(std::move(w));
     }
     return out;
+  }
+  // On one node, the hang report from the flight records (RUN_DIR/hang_report.txt and .json);
+  // across nodes the other nodes' records come later: `myriad hang-report RUN_DIR` then.
+  std::optional<driver::HangReport> report() {
+    if (!whole_job) return std::nullopt;
+    try {
+      driver::HangReport r = driver::write_hang_report(dir.parent_path().string());
+      for (const std::string& line : r.findings) log::warn("launch: hang report: ", line);
+      for (const std::string& line : r.mismatches) log::warn("launch: hang report: mismatch: ", line);
+      return r;
+    } catch (const Error& e) {
+      log::warn("launch: no hang report: ", e.what());
+      return std::nullopt;
+    }
   }
   void operator()() {
     if (!verdict.empty()) return;
@@ -252,7 +254,7 @@ struct HangWatch {
                       ", no heartbeat for ", static_cast<int>(silent * 10) / 10.0, " s (last step ", r.step, ", ",
                       r.phase, "); killed");
         request_flight_records(r.rank);
-        report(whole_job);
+        report();
         ::kill(-launcher.pid(r.index), SIGKILL);  // its process group, as the launcher stops it
         return;
       }
@@ -264,11 +266,10 @@ struct HangWatch {
       for (const nlohmann::json& w : remote) everyone.push_back(w);
       std::optional<driver::Holdup> holdup = driver::find_holdup(everyone);
       request_flight_records();
-      if (whole_job) {  // the flight records hold more than the last beats (every group's members)
-        report(true);
-        const std::optional<driver::Holdup> from_records = read_holdup();
-        if (from_records) holdup = from_records;
-      }
+      // The flight records hold more than the last beats (every group's members, the ranks that
+      // left none): on one node they decide.
+      if (const std::optional<driver::HangReport> r = report(); r && r->culprits.size() == 1)
+        holdup = driver::Holdup{r->culprits[0], r->findings[0]};
       culprit = holdup ? holdup->rank : -1;
       verdict = cat("hang: no rank of this node completed a step for ", static_cast<int>(now - ranks[0].step_at),
                     " s (allowance ", ranks[0].allowance, " s, after step ", ranks[0].step, ", ", ranks[0].phase,
@@ -302,12 +303,6 @@ struct HangWatch {
   std::vector<Rank> ranks;
   nlohmann::json remote = nlohmann::json::array();  // the other nodes' workers (a supervised job)
   bool whole_job = true;  // this node runs every rank of the job (its flight records tell all)
-  std::optional<driver::Holdup> read_holdup() const {
-    std::ifstream in(dir.parent_path() / "hang_report.json");
-    const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-    if (!j.is_object() || j.value("culprits", nlohmann::json::array()).size() != 1) return std::nullopt;
-    return driver::Holdup{j["culprits"][0].get<int>(), j["findings"][0].get<std::string>()};
-  }
   std::string verdict;  // empty: no hang seen
   int culprit = -1;
   std::vector<Report> reports;  // stragglers found, for the caller to record (then cleared)

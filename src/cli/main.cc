@@ -1,5 +1,6 @@
 // `myriad`: the command line. The only place that turns errors into exit codes (README table).
 #include <omp.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -52,6 +53,7 @@ usage:
   myriad launch --nproc-per-node N [--nnodes M --node-rank R] [--rdzv URL] [--job NAME] [--grace-period S] [--max-restarts N] [--spare] [--node-name NAME] -- COMMAND [ARGS...]
   myriad hang-report RUN_DIR
   myriad trace RUN_DIR [--steps A:B] [--output FILE]
+  myriad report RUN_DIR
   myriad help
 
 exit codes: 0 success, 1 internal error, 2 bad input or config (do not retry),
@@ -102,6 +104,32 @@ int cmd_trace(int argc, char** argv) {
   std::printf("trace: %zu events of %s in %s (open it in https://ui.perfetto.dev or chrome://tracing)\n",
               merged["traceEvents"].size(), run_dir.c_str(), out.c_str());
   return 0;
+}
+
+// The heat maps and the page of a traced run (tools/report.py, which plots with matplotlib):
+// RUN_DIR/report/{heatmap.png, curves.png, index.html}.
+int cmd_report(int argc, char** argv) {
+  if (argc != 1) throw_input("usage: myriad report RUN_DIR");
+  // The script beside the build: <source>/build/myriad -> <source>/tools/report.py.
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  fs::path script = exe.parent_path().parent_path() / "tools" / "report.py";
+  if (const char* t = std::getenv("MYRIAD_TOOLS")) script = fs::path(t) / "report.py";
+  if (!fs::exists(script))
+    throw_input("report: ", script.string(), " is not there: run the myriad of a source tree's build, or set "
+                "MYRIAD_TOOLS to the tools/ folder");
+  std::fflush(stdout);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    // Debian's python3, where scripts/setup.sh installs matplotlib, before one earlier in PATH.
+    const char* python = fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+    ::execlp(python, python, script.c_str(), argv[0], static_cast<char*>(nullptr));
+    std::fprintf(stderr, "myriad: runtime fault: report: cannot run python3\n");
+    std::_Exit(exit_code(ErrorClass::kRuntime));
+  }
+  int status = 0;
+  if (pid < 0 || ::waitpid(pid, &status, 0) != pid) throw_runtime("report: cannot start python3");
+  return WIFEXITED(status) ? WEXITSTATUS(status) : exit_code(ErrorClass::kRuntime);
 }
 
 int cmd_prepare(int argc, char** argv) {
@@ -197,7 +225,7 @@ int cmd_bench(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> commands = {"train", "prepare", "sample", "bench", "bench-init", "launch", "hang-report", "trace", "help"};
+  const std::vector<std::string> commands = {"train", "prepare", "sample", "bench", "bench-init", "launch", "hang-report", "trace", "report", "help"};
   if (argc < 2 || std::string(argv[1]) == "help" || std::string(argv[1]) == "--help" ||
       std::string(argv[1]) == "-h") {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
@@ -214,6 +242,7 @@ int main(int argc, char** argv) {
     if (cmd == "comm-check") return cli::cmd_comm_check(argc - 2, argv + 2);
     if (cmd == "self-check") return cli::cmd_self_check(argc - 2, argv + 2);
     if (cmd == "trace") return cmd_trace(argc - 2, argv + 2);
+    if (cmd == "report") return cmd_report(argc - 2, argv + 2);
     if (cmd == "hang-report") {
       // Matches the flight records a hung job's ranks wrote (driver/hang_report.h).
       if (argc != 3) throw_input("usage: myriad hang-report RUN_DIR");

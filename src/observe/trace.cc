@@ -154,7 +154,7 @@ nlohmann::json merge(const std::string& run_dir, int64_t first, int64_t last) {
         const int rank = e.value("rank", 0);
         events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"args", {{"name", e.value("name", "")}}}});
         events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", rank}, {"args", {{"sort_index", rank}}}});
-        for (const auto& [tid, lane] : {std::pair<int, const char*>{0, "step"}, {1, "communication"}})
+        for (const auto& [tid, lane] : {std::pair<int, const char*>{0, "work"}, {1, "communication"}, {2, "steps"}})
           events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", tid}, {"args", {{"name", lane}}}});
         continue;
       }

@@ -10,6 +10,8 @@
 //   tid 0: the step's work (data, forward and backward of each micro-batch and chunk, optimizer,
 //          checkpoint, evaluation), host times: on a GPU the time the host spent issuing it;
 //   tid 1: communication, each operation from its start to its end (comm/communicator.h records);
+//   tid 2: each step, from the end of the one before, with args.own_ms: its time less its waits
+//          on peers (pipeline receives, data-parallel collectives), what `myriad report` maps;
 //   {"ph": "s" / "f", "id", ...}: flow arrows, from a pipeline send to its receive and from a
 //          collective's start on its group's first rank to its start on each other member.
 // Only steps that are multiples of observe.trace_every are traced. Off (no file, no buffer) by

@@ -288,7 +288,10 @@ void Trainer::run() {
     // This step's own time: from the end of the last one, less the waits on its peers.
     const double end = now_s();
     if (last_end_ > 0) {
-      recent_own_s_.push_back(end - last_end_ - r.times.bubble_s - r.times.dp_wait_s);
+      const double own_s = end - last_end_ - r.times.bubble_s - r.times.dp_wait_s;
+      const int64_t trace_end = trace::now_us();
+      trace::complete("step", "step", trace_end - int64_t((end - last_end_) * 1e6), trace_end, 2, {{"own_ms", own_s * 1e3}});
+      recent_own_s_.push_back(own_s);
       if (recent_own_s_.size() > 10) recent_own_s_.erase(recent_own_s_.begin());
       std::vector<double> own = recent_own_s_;
       std::nth_element(own.begin(), own.begin() + own.size() / 2, own.end());

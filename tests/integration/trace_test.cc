@@ -124,4 +124,34 @@ TEST(Trace, EightRanksMergeIntoOneAlignedTimeline) {
   fs::remove_all(dir);
 }
 
+// `myriad report` on a traced run in which rank 5 sleeps 50 ms a step (a slow device): pipeline
+// and data-parallel peers wait for it, which their own time leaves out, so rank 5 comes first.
+TEST(Report, TheSlowRankComesFirstAndThePicturesAreImages) {
+  const fs::path dir = fs::temp_directory_path() / cat("myriad_report_", getpid());
+  fs::create_directories(dir);
+  const std::string data = (dir / "corpus").string();
+  ASSERT_EQ(run(cat("prepare --input /usr/share/games/fortunes/computers --tokenizer byte --output ", data,
+                    " --doc-separator %")).code, 0);
+  const fs::path rd = dir / "run";
+  Result r = run(cat("launch --nproc-per-node 8 -- train --config ", MYRIAD_SOURCE_DIR, "/configs/demo.toml --run-dir ",
+                     rd.string(), " --set parallel.pp=2 --set parallel.dp=4 --set model.layers=2 --set model.d_model=32",
+                     " --set model.seq_len=16 --set train.global_batch=8 --set train.micro_batch=1 --set train.steps=8",
+                     " --set train.eval_every=0 --set data.train=", data, " --set data.valid= --set observe.trace=true"),
+                 "MYRIAD_INJECT_FAULT=step:1:slow:50@rank=5");
+  ASSERT_EQ(r.code, 0) << r.output;
+  Result rep = run(cat("report ", rd.string()));
+  ASSERT_EQ(rep.code, 0) << rep.output;
+  EXPECT_NE(rep.output.find("slowest ranks: 5 (rank 5 (tp 0, pp 1, dp 1)"), std::string::npos) << rep.output;
+  for (const char* png : {"heatmap.png", "curves.png"})
+    EXPECT_EQ(myriad::test::read_file(rd / "report" / png).substr(0, 8), "\x89PNG\r\n\x1a\n") << png;
+  const std::string page = myriad::test::read_file(rd / "report" / "index.html");
+  EXPECT_NE(page.find("<img src=heatmap.png>"), std::string::npos);
+  EXPECT_NE(page.find("<tr><td>5</td>"), std::string::npos) << page;
+  // A run that was not traced is an input error naming the folder.
+  Result none = run(cat("report ", dir.string()));
+  EXPECT_EQ(none.code, 2) << none.output;
+  EXPECT_NE(none.output.find("holds no traced steps"), std::string::npos) << none.output;
+  fs::remove_all(dir);
+}
+
 }  // namespace
