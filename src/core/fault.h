@@ -3,7 +3,8 @@
 //   POINT    where it fires: step:S (after step S completes), fwd:S (before step S's first
 //            forward), bwd:S (when step S's backward of the first chunk it finishes is done,
 //            before the gradients' reduction), dp_gather:S (before step S's parameter
-//            all-gather), checkpoint_write (halfway through a save), shared_batch_created,
+//            all-gather), pp_recv:S (before each wait for another stage's activation or
+//            gradient in step S), checkpoint_write (halfway through a save), shared_batch_created,
 //            comm_check (the launcher's communication check), diag (a node's self-check)
 //   ACTION   kill     the process is killed (SIGKILL)
 //            hang     the process stops itself (SIGSTOP): frozen, heartbeat included

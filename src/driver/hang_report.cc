@@ -88,11 +88,24 @@ HangReport analyze_hang(const nlohmann::json& ranks) {
     if (!waits_on[rank].empty()) continue;
     report.culprits.push_back(rank);
     std::string where;
-    if (const auto it = by_rank.find(rank); it == by_rank.end())
+    if (const auto it = by_rank.find(rank); it == by_rank.end()) {
       where = " (it left no record: stopped or gone)";
-    else
-      where = cat(" (its last step ", it->second->value("step", int64_t(-1)), ", phase ",
-                  it->second->value("phase", std::string("?")), ")");
+    } else {
+      // Its last finished operation: a heartbeat names it; a flight record holds the times.
+      const nlohmann::json& me = *it->second;
+      std::string last;
+      if (me.contains("finished"))
+        last = cat(me["finished"].value("group", ""), "'s ", me["finished"].value("op", ""), " #",
+                   me["finished"].value("match", uint64_t(0)));
+      int64_t latest = 0;
+      for (const nlohmann::json& g : me.value("groups", nlohmann::json::array()))
+        for (const nlohmann::json& rec : g.value("records", nlohmann::json::array()))
+          if (rec.value("state", "") == "done" && rec.value("ended_us", int64_t(0)) > latest)
+            latest = rec.value("ended_us", int64_t(0)),
+            last = cat(g.value("group", ""), "'s ", rec.value("op", ""), " #", rec.value("match", uint64_t(0)));
+      where = cat(" (its last step ", me.value("step", int64_t(-1)), ", phase ", me.value("phase", std::string("?")),
+                  last.empty() ? "" : ", its last finished operation " + last, ")");
+    }
     std::string who;
     for (const std::string& w : list) who += (who.empty() ? "" : ", ") + w;
     report.findings.push_back(cat("rank ", rank, where, " holds the job up: ", who, " waits for it"));

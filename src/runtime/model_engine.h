@@ -120,7 +120,8 @@ class ModelEngine final : public Engine {
                         [this, step](int c) {
                           fault::trigger(cat("bwd:", step));
                           dp_.chunk_done(c, model_.grads());
-                        }};
+                        },
+                        [step] { fault::trigger(cat("pp_recv:", step)); }};
     StepResult r;
     r.loss = step_loss(pipeline_->train(mine, 1.0f / float(accum * dp), hooks));
     if (!std::isfinite(r.loss))

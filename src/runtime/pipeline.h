@@ -39,6 +39,7 @@ struct PipelineLinks {
 struct PipelineHooks {
   std::function<void(int chunk)> before_forward;  // e.g. wait for the chunk's parameters
   std::function<void(int chunk)> chunk_done;      // the chunk's last backward of the step
+  std::function<void()> before_receive_wait;      // before waiting for a stage's activation or gradient
 };
 
 // Wall seconds of the last train(): in the chunks' forwards and backwards (tensor-parallel
@@ -98,6 +99,7 @@ class Pipeline {
   int B_, T_;               // rows per micro-batch, tokens per row
   int64_t boundary_;        // elements of one activation or gradient message
   std::map<Key, Message> recvs_;       // posted receives, until consumed
+  const Hooks* hooks_ = nullptr;       // train()'s, while it runs
   std::map<Key, Message> sends_;       // posted sends (gradients with their buffers), until done
   std::map<Key, Buffer> local_grads_;  // p = 1: chunk c's input gradient for c-1
   Times times_;

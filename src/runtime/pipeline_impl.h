@@ -44,6 +44,7 @@ const typename Model::Act* Pipeline<Model>::received(parallel::ActionKind kind, 
   MYRIAD_CHECK(it != recvs_.end(), "pipeline stage ", stage_, ": no receive posted for ",
                kind == ActionKind::kRecvActivation ? "the activation" : "the gradient",
                " of micro-batch ", mb, ", chunk ", chunk);
+  if (hooks_ && hooks_->before_receive_wait) hooks_->before_receive_wait();
   times_.wait_s += comm::wait_blocked_s(*it->second.work);
   return it->second.data.data();
 }
@@ -64,6 +65,11 @@ void Pipeline<Model>::reap_sends(bool all) {
 
 template <class Model>
 float Pipeline<Model>::train(const int32_t* tokens, float grad_scale, const Hooks& hooks) {
+  hooks_ = &hooks;
+  struct Unset {
+    const Hooks*& h;
+    ~Unset() { h = nullptr; }
+  } unset{hooks_};
   using parallel::Action;
   using parallel::ActionKind;
   const int m = schedule_.m;

@@ -101,6 +101,14 @@ std::unique_ptr<data::IndexedDataset> Trainer::open_data(const std::string& pref
   return d;
 }
 
+namespace {
+// A number from the launcher's environment (MYRIAD_NODE_RANK, ...), 0 when unset.
+int env_or_zero(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : 0;
+}
+}  // namespace
+
 Trainer::Trainer(const Config& cfg, const std::string& run_dir)
     : cfg_(cfg), run_dir_(run_dir), heartbeat_(cfg.fault.startup_timeout_s) {
   dist_ = Distributed::from_env(cfg_);
@@ -131,7 +139,8 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
     const int64_t offset = dist_ ? dist_->clock_offset_us() : 0;
     const int rank = dist_ ? dist_->rank() : 0;
     trace::open((fs::path(run_dir_) / "traces").string(), rank,
-                dist_ ? cat("rank ", rank, " (", dist_->coordinates(), ")") : std::string("rank 0"),
+                dist_ ? cat("rank ", rank, " (node ", env_or_zero("MYRIAD_NODE_RANK"), ", ", dist_->coordinates(), ")")
+                      : std::string("rank 0"),
                 cfg_.observe.trace_every, offset);
     if (offset != 0) log::info("trace: this rank's clock runs ", offset, " us ahead of rank 0's");
     if (dist_)  // the start-up's operations are not the steps'

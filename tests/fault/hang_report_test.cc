@@ -92,6 +92,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"stopped_in_backward", k3d, "bwd:6:hang@rank=6", 6},
                       Case{"stopped_before_the_all_gather", k3d, "dp_gather:6:hang@rank=3", 3},
                       Case{"stalled_in_forward", k3d, "fwd:6:stall@rank=1", 1},
+                      Case{"stopped_in_a_pipeline_receive", k3d, "pp_recv:6:hang@rank=6", 6},
                       // Rank 3 waits for rank 2 in the node-shared batch, not in a collective.
                       Case{"stalled_with_a_shared_batch", kTpDp, "step:6:stall@rank=2", 2}),
     [](const auto& info) { return std::string(info.param.name); });

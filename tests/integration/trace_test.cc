@@ -141,7 +141,7 @@ TEST(Report, TheSlowRankComesFirstAndThePicturesAreImages) {
   ASSERT_EQ(r.code, 0) << r.output;
   Result rep = run(cat("report ", rd.string()));
   ASSERT_EQ(rep.code, 0) << rep.output;
-  EXPECT_NE(rep.output.find("slowest ranks: 5 (rank 5 (tp 0, pp 1, dp 1)"), std::string::npos) << rep.output;
+  EXPECT_NE(rep.output.find("slowest ranks: 5 (rank 5 (node 0, tp 0, pp 1, dp 1)"), std::string::npos) << rep.output;
   for (const char* png : {"heatmap.png", "curves.png"})
     EXPECT_EQ(myriad::test::read_file(rd / "report" / png).substr(0, 8), "\x89PNG\r\n\x1a\n") << png;
   const std::string page = myriad::test::read_file(rd / "report" / "index.html");
