@@ -7,8 +7,10 @@
 // "clock_offset_us"}: how far this rank's clock runs ahead of rank 0's, measured at start (see
 // Distributed::clock_offset_us); the merge subtracts it. Then events:
 //   {"ph": "X", "name", "cat", "ts" (µs, this rank's system clock), "dur", "tid", "args"}
-//   tid 0: the step's work (data, forward and backward of each micro-batch and chunk, optimizer,
-//          checkpoint, evaluation), host times: on a GPU the time the host spent issuing it;
+//   tid 0: the step's work: data, checkpoint and evaluation in host times; forward and backward
+//          of each micro-batch and chunk, and the optimizer, from the op set's marks (CUDA events
+//          on a GPU), placed on the host clock after the step from the update's last mark, which
+//          the step already waits for (no extra synchronization);
 //   tid 1: communication, each operation from its start to its end (comm/communicator.h records);
 //   tid 2: each step, from the end of the one before, with args.own_ms: its time less its waits
 //          on peers (pipeline receives, data-parallel collectives), what `myriad report` maps;

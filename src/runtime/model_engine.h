@@ -128,7 +128,6 @@ class ModelEngine final : public Engine {
       throw Error(ErrorClass::kNumerics, cat("step ", step, ": loss is ", r.loss,
                                              "; lower optim.lr or resume from an earlier checkpoint"));
     set_phase("optimizer");  // the gradients' reductions, the norm, the update
-    trace::Span optimizer_span("optimizer");
     sync_tied_embedding();
     dp_.finish_reduce(model_.grads());  // the owned ranges now hold the sums over dp
     const int update_begins = model_.ops().mark();
@@ -148,6 +147,15 @@ class ModelEngine final : public Engine {
     const PipelineTimes& pt = pipeline_->times();
     r.times = {pt.forward_s, pt.backward_s, pt.wait_s + loss_wait_[0], dp_.waited_s() - dp_waited + loss_wait_[1],
                model_.ops().seconds(update_begins, update_ends)};
+    if (trace::active()) {
+      // The op set's timeline (CUDA events on a GPU) on the host clock: the update's last mark
+      // completed just before now (seconds() waited for it), each mark that long before it.
+      const int64_t end_us = trace::now_us();
+      auto at = [&](int mark) { return end_us - int64_t(model_.ops().seconds(mark, update_ends) * 1e6); };
+      for (const ComputeSpan& s : pipeline_->spans())
+        trace::complete(s.name, "step", at(s.from), at(s.to), 0, {{"microbatch", s.microbatch}, {"chunk", s.chunk}});
+      trace::complete("optimizer", "step", at(update_begins), end_us, 0);
+    }
     // Activations are held from the first step on (a slot per micro-batch in flight).
     if (step == 1 && model_.ops().peak_bytes() > 0)
       log::info("device memory: ", model_.ops().peak_bytes() >> 20, " MiB held by this rank after its first "

@@ -50,6 +50,14 @@ struct PipelineTimes {
   double forward_s = 0, backward_s = 0, wait_s = 0;
 };
 
+// One forward or backward of a micro-batch's chunk in the last train(), between two marks of the
+// op set's timeline (observe/trace.h places them on the host clock after the step).
+struct ComputeSpan {
+  const char* name;  // "forward", "backward"
+  int microbatch, chunk;
+  int from, to;  // op-set marks
+};
+
 template <class Model>
 class Pipeline {
  public:
@@ -74,6 +82,8 @@ class Pipeline {
   const parallel::Schedule& schedule() const { return schedule_; }
   // Resolves the compute marks of the last train() (waits for the last of them).
   const Times& times();
+  // The last train()'s forwards and backwards, in the order they ran.
+  const std::vector<ComputeSpan>& spans() const { return spans_; }
 
  private:
   using Key = std::tuple<parallel::ActionKind, int, int>;  // (what, micro-batch, chunk)
@@ -103,7 +113,7 @@ class Pipeline {
   std::map<Key, Message> sends_;       // posted sends (gradients with their buffers), until done
   std::map<Key, Buffer> local_grads_;  // p = 1: chunk c's input gradient for c-1
   Times times_;
-  std::vector<std::pair<int, int>> forward_marks_, backward_marks_;  // the op set's marks
+  std::vector<ComputeSpan> spans_;  // the last train()'s, in order
 };
 
 }  // namespace myriad

@@ -3,7 +3,6 @@
 #pragma once
 
 #include "core/error.h"
-#include "observe/trace.h"
 #include "runtime/heartbeat.h"
 #include "runtime/pipeline.h"
 
@@ -76,7 +75,7 @@ float Pipeline<Model>::train(const int32_t* tokens, float grad_scale, const Hook
   const int64_t row = int64_t(T_) + 1;
   std::vector<int> backwards(v_, 0);
   times_ = {};
-  forward_marks_.clear(), backward_marks_.clear();
+  spans_.clear();
   for (const Action& a : schedule_.ranks[stage_]) {
     const int mb = a.microbatch, c = a.chunk;
     const int32_t* mb_tokens = tokens + int64_t(mb) * B_ * row;
@@ -100,10 +99,9 @@ float Pipeline<Model>::train(const int32_t* tokens, float grad_scale, const Hook
         else if (p_ == 1) input = model_.chunk_output(c - 1, mb);
         else input = received(ActionKind::kRecvActivation, mb, c);
         set_phase("forward");
-        trace::Span span("forward", {{"microbatch", mb}, {"chunk", c}});
         const int t0 = model_.ops().mark();
         model_.forward_chunk(c, mb, B_, mb_tokens, input, grad_scale);
-        forward_marks_.emplace_back(t0, model_.ops().mark());
+        spans_.push_back({"forward", mb, c, t0, model_.ops().mark()});
         recvs_.erase({ActionKind::kRecvActivation, mb, c});
         break;
       }
@@ -126,10 +124,9 @@ float Pipeline<Model>::train(const int32_t* tokens, float grad_scale, const Hook
         Buffer din;
         if (!first(c)) din.zeros(boundary_);
         set_phase("backward");
-        trace::Span span("backward", {{"microbatch", mb}, {"chunk", c}});
         const int t0 = model_.ops().mark();
         model_.backward_chunk(c, mb, dout, first(c) ? nullptr : din.data(), grad_scale);
-        backward_marks_.emplace_back(t0, model_.ops().mark());
+        spans_.push_back({"backward", mb, c, t0, model_.ops().mark()});
         recvs_.erase({ActionKind::kRecvGrad, mb, c});
         if (p_ == 1) {
           local_grads_.erase({ActionKind::kBackward, mb, c + 1});
@@ -157,9 +154,9 @@ float Pipeline<Model>::train(const int32_t* tokens, float grad_scale, const Hook
 
 template <class Model>
 const PipelineTimes& Pipeline<Model>::times() {
-  for (auto [a, b] : forward_marks_) times_.forward_s += model_.ops().seconds(a, b);
-  for (auto [a, b] : backward_marks_) times_.backward_s += model_.ops().seconds(a, b);
-  forward_marks_.clear(), backward_marks_.clear();
+  times_.forward_s = times_.backward_s = 0;
+  for (const ComputeSpan& s : spans_)
+    (s.name[0] == 'f' ? times_.forward_s : times_.backward_s) += model_.ops().seconds(s.from, s.to);
   return times_;
 }
 
