@@ -742,6 +742,14 @@ int cmd_launch(int argc, char** argv) {
                                              resumed_from.empty() ? "" : ", from " + resumed_from));
     }
   };
+  // A collective that timed out: before the others are stopped they write their flight records
+  // too, and on one node the hang report says whom the timed-out rank waited for.
+  HangWatch* hang_watch = nullptr;  // this attempt's
+  options.before_stop = [&](const driver::WorkerExit& failure) {
+    if (!hang_watch || failure.error_class() != ErrorClass::kComm) return;
+    hang_watch->request_flight_records(failure.rank);
+    hang_watch->report();
+  };
   driver::Launcher launcher(options);
   // The job's board: one connection patient with a store that restarts (stop and check, the
   // spare's wait), one that is not (the ticks of a running attempt, which must not block).
@@ -814,6 +822,7 @@ int cmd_launch(int argc, char** argv) {
     last_error.clear();
     HangWatch hangs(launcher, plan.run_dir);
     hangs.whole_job = plan.nnodes == 1;
+    hang_watch = &hangs;
     for (driver::WorkerSpec& spec : specs) {
       spec.env.emplace_back("MYRIAD_HEARTBEAT", hangs.add(spec.rank, launcher.size()));
       launcher.spawn(spec);
@@ -854,6 +863,7 @@ int cmd_launch(int argc, char** argv) {
       hangs.reports.clear();
     });
     errors = nullptr;  // (the job watch, which owns them, ends with this attempt)
+    hang_watch = nullptr;
     if (r.ok()) check_rerun(true);
     // What the workers of this node left in shared memory (a killed reader never unlinks).
     if (int n = data::remove_node_segments(plan.job, plan.attempt, plan.node_rank); n > 0)

@@ -507,6 +507,7 @@ RunResult Launcher::run(const std::function<void()>& tick) {
     stop_at = -1;
     if (running() == 0) return;
     log::warn("launch: rank ", x.rank, " ", x.describe(), ": stopping the other ", running(), " worker(s)");
+    if (options_.before_stop) options_.before_stop(x);
     stop(SIGTERM);
   };
   while (running() > 0) {

@@ -98,6 +98,10 @@ class Launcher {
     // Called with every complete line any worker writes (after it is logged): a supervisor
     // reads progress from it (`myriad launch --max-restarts`: the first step after a restart).
     std::function<void(int rank, std::string_view line)> on_line;
+    // Called when a worker's failure is about to stop the others, before the stop signal: a
+    // supervisor may ask them for their state first (the flight records, after a collective
+    // timed out).
+    std::function<void(const WorkerExit& failure)> before_stop;
   };
 
   explicit Launcher(Options options);

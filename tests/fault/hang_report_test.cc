@@ -1,8 +1,8 @@
 // The hang report: a job of 8 processes (tp 2 x pp 2 x dp 2) in which one rank stops (SIGSTOP)
 // or stalls (its training thread stuck) at a chosen point. The launcher finds the hang from the
-// heartbeats, asks every live rank for its flight record, and writes RUN_DIR/hang_report.json,
-// which must name that rank alone; `myriad hang-report RUN_DIR` says the same. comm.timeout_s is
-// 300 s: nothing waits for a collective to time out.
+// heartbeats (or, in one case, a collective times out first), asks every live rank for its
+// flight record, and writes RUN_DIR/hang_report.json, which must name that rank alone;
+// `myriad hang-report RUN_DIR` says the same.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -42,6 +42,8 @@ struct Case {
   const char* layout;
   const char* fault;
   int rank;
+  const char* extra = "";  // more --set flags (the last one of a key wins)
+  int code = 3;            // the launch's exit code
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -70,9 +72,9 @@ TEST_P(HangReport, NamesTheRankThatHoldsTheJobUpAlone) {
   Result r = run(cat("launch ", c.layout, " --config ", MYRIAD_SOURCE_DIR, "/configs/demo.toml --run-dir ", rd.string(),
                      " --set model.layers=4 --set model.d_model=32 --set model.seq_len=16 --set train.global_batch=8",
                      " --set train.micro_batch=2 --set train.steps=12 --set train.eval_every=0 --set data.train=", data_,
-                     " --set data.valid= --set comm.timeout_s=300 --set fault.step_timeout_s=4"),
+                     " --set data.valid= --set comm.timeout_s=300 --set fault.step_timeout_s=4 ", c.extra),
                  cat("MYRIAD_INJECT_FAULT=", c.fault));
-  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_EQ(r.code, c.code) << r.output;
   std::ifstream in(rd / "hang_report.json");
   const nlohmann::json report = nlohmann::json::parse(in, nullptr, false);
   ASSERT_TRUE(report.is_object()) << r.output;
@@ -93,6 +95,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"stopped_before_the_all_gather", k3d, "dp_gather:6:hang@rank=3", 3},
                       Case{"stalled_in_forward", k3d, "fwd:6:stall@rank=1", 1},
                       Case{"stopped_in_a_pipeline_receive", k3d, "pp_recv:6:hang@rank=6", 6},
+                      // A collective times out first (comm.timeout_s 3, the hang allowance 60 s):
+                      // the launcher collects the others' records before it stops them.
+                      Case{"stalled_until_a_collective_times_out", k3d, "fwd:6:stall@rank=1", 1,
+                           "--set comm.timeout_s=3 --set fault.step_timeout_s=60", 4},
                       // Rank 3 waits for rank 2 in the node-shared batch, not in a collective.
                       Case{"stalled_with_a_shared_batch", kTpDp, "step:6:stall@rank=2", 2}),
     [](const auto& info) { return std::string(info.param.name); });
