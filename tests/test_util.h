@@ -2,7 +2,9 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -44,6 +46,24 @@ inline std::vector<nlohmann::json> jsonl(const std::filesystem::path& p) {
   std::ifstream in(p);
   for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
   return out;
+}
+
+// `myriad ARGS`, run to its end with ENV ("NAME=value ...") and one OpenMP thread, the launcher's
+// variables of an enclosing run unset; its stdout and stderr together.
+struct Result {
+  int code = -1;  // the exit code, or 128 + the signal
+  std::string output;
+};
+inline Result run_myriad(const std::string& args, const std::string& env = "") {
+  const std::string cmd = cat("env -u MYRIAD_RDZV -u MYRIAD_JOB -u MYRIAD_INJECT_FAULT OMP_NUM_THREADS=1 ", env, " ",
+                              MYRIAD_BINARY_DIR, "/myriad ", args, " 2>&1");
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
 }
 
 }  // namespace myriad::test

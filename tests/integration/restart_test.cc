@@ -21,22 +21,8 @@ using myriad::cat;
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string output;
-};
-
-Result run(const std::string& args, const std::string& env = "") {
-  const std::string cmd = cat("env -u MYRIAD_RDZV -u MYRIAD_JOB -u MYRIAD_INJECT_FAULT OMP_NUM_THREADS=1 ", env, " ",
-                              MYRIAD_BINARY_DIR, "/myriad ", args, " 2>&1");
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
+using myriad::test::Result;
+Result run(const std::string& args, const std::string& env = "") { return myriad::test::run_myriad(args, env); }
 
 using myriad::test::jsonl;
 using myriad::test::read_file;

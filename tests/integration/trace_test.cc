@@ -20,34 +20,26 @@ using myriad::cat;
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string output;
-};
-
-Result run(const std::string& args, const std::string& env = "") {
-  const std::string cmd = cat("env -u MYRIAD_RDZV -u MYRIAD_JOB -u MYRIAD_INJECT_FAULT OMP_NUM_THREADS=1 ", env, " ",
-                              MYRIAD_BINARY_DIR, "/myriad ", args, " 2>&1");
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
+using myriad::test::Result;
+Result run(const std::string& args, const std::string& env = "") { return myriad::test::run_myriad(args, env); }
 
 nlohmann::json read_json(const fs::path& p) {
   std::ifstream in(p);
   return nlohmann::json::parse(in, nullptr, false);
 }
 
-TEST(Trace, EightRanksMergeIntoOneAlignedTimeline) {
-  const fs::path dir = fs::temp_directory_path() / cat("myriad_trace_", getpid());
+// A fresh folder with a small corpus prepared in it: its prefix.
+std::string corpus_in(const fs::path& dir) {
   fs::create_directories(dir);
   const std::string data = (dir / "corpus").string();
-  ASSERT_EQ(run(cat("prepare --input /usr/share/games/fortunes/computers --tokenizer byte --output ", data,
+  EXPECT_EQ(run(cat("prepare --input /usr/share/games/fortunes/computers --tokenizer byte --output ", data,
                     " --doc-separator %")).code, 0);
+  return data;
+}
+
+TEST(Trace, EightRanksMergeIntoOneAlignedTimeline) {
+  const fs::path dir = fs::temp_directory_path() / cat("myriad_trace_", getpid());
+  const std::string data = corpus_in(dir);
   const fs::path rd = dir / "run";
   // 4 steps; each data-parallel rank takes 4 rows a step in 2 micro-batches of 2.
   Result r = run(cat("launch --nproc-per-node 8 -- train --config ", MYRIAD_SOURCE_DIR, "/configs/demo.toml --run-dir ",
@@ -128,10 +120,7 @@ TEST(Trace, EightRanksMergeIntoOneAlignedTimeline) {
 // and data-parallel peers wait for it, which their own time leaves out, so rank 5 comes first.
 TEST(Report, TheSlowRankComesFirstAndThePicturesAreImages) {
   const fs::path dir = fs::temp_directory_path() / cat("myriad_report_", getpid());
-  fs::create_directories(dir);
-  const std::string data = (dir / "corpus").string();
-  ASSERT_EQ(run(cat("prepare --input /usr/share/games/fortunes/computers --tokenizer byte --output ", data,
-                    " --doc-separator %")).code, 0);
+  const std::string data = corpus_in(dir);
   const fs::path rd = dir / "run";
   Result r = run(cat("launch --nproc-per-node 8 -- train --config ", MYRIAD_SOURCE_DIR, "/configs/demo.toml --run-dir ",
                      rd.string(), " --set parallel.pp=2 --set parallel.dp=4 --set model.layers=2 --set model.d_model=32",
