@@ -185,7 +185,7 @@ Trainer::~Trainer() { trace::close(); }
 // on lane 1, with the flows that tie them across ranks (observe/trace.h). Called after every
 // step: the operations of steps not traced (and of the start-up) are passed over.
 void Trainer::trace_collectives() {
-  if (!dist_) return;
+  if (!dist_ || !cfg_.observe.trace) return;  // untraced runs copy no records
   const bool keep = trace::active();
   for (comm::Communicator* g : dist_->groups()) {
     uint64_t& seen = traced_seq_[g->name()];
