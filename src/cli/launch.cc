@@ -866,7 +866,7 @@ int cmd_launch(int argc, char** argv) {
     hang_watch = nullptr;
     if (r.ok()) check_rerun(true);
     // What the workers of this node left in shared memory (a killed reader never unlinks).
-    if (int n = data::remove_node_segments(plan.job, plan.attempt, plan.node_rank); n > 0)
+    if (int n = data::remove_node_segments(plan.job, plan.rdzv, plan.attempt, plan.node_rank); n > 0)
       log::info("launch: removed ", n, " shared-memory segment(s) the workers left");
     const bool local = r.failure || !hangs.verdict.empty() || straggler;
     if (!local && !(job && job->remote)) {

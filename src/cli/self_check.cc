@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -111,9 +112,13 @@ double collective_rank(const std::string& url, int rank, int n) {
 }
 
 // The collective check: this process is rank 0, n - 1 forked children the others (forked before
-// any other check starts a thread), meeting in a fresh directory.
+// any other check starts a thread), meeting in a fresh directory. mkdtemp, not a name from the
+// pid: a killed check leaves its directory, and a later check given the same pid would meet
+// the dead one's members there.
 double collective_check(int n, double min_gbps) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / cat("myriad-self-check-", getpid());
+  std::string pattern = (std::filesystem::temp_directory_path() / "myriad-self-check-XXXXXX").string();
+  if (!::mkdtemp(pattern.data())) throw_runtime("self-check: collective: cannot create a directory in ", pattern);
+  const std::filesystem::path dir = pattern;
   std::vector<pid_t> children;
   for (int r = 1; r < n; ++r) {
     const pid_t pid = ::fork();

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -70,12 +71,17 @@ SharedBatch::~SharedBatch() {
   if (linked_) shm_unlink(name_.c_str());
 }
 
-std::string node_segment_prefix(const std::string& job, const std::string& attempt, int node) {
-  return cat("/myriad-", job, "-", attempt, "-n", node, "-");
+std::string node_segment_prefix(const std::string& job, const std::string& store, const std::string& attempt,
+                                int node) {
+  uint32_t h = 2166136261u;  // FNV-1a: the same on every process, unlike std::hash
+  for (unsigned char c : store) h = (h ^ c) * 16777619u;
+  char hex[9];
+  std::snprintf(hex, sizeof hex, "%08x", h);
+  return cat("/myriad-", job, "-", hex, "-", attempt, "-n", node, "-");
 }
 
-int remove_node_segments(const std::string& job, const std::string& attempt, int node) {
-  const std::string prefix = node_segment_prefix(job, attempt, node).substr(1);
+int remove_node_segments(const std::string& job, const std::string& store, const std::string& attempt, int node) {
+  const std::string prefix = node_segment_prefix(job, store, attempt, node).substr(1);
   int n = 0;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {

@@ -16,12 +16,15 @@
 
 namespace myriad::data {
 
-// Segment names: "/myriad-<job>-<attempt>-n<node>-" then what the job adds. Every segment of a
-// node's workers starts so, which lets the launcher remove what killed workers leave behind.
-std::string node_segment_prefix(const std::string& job, const std::string& attempt, int node);
+// Segment names: "/myriad-<job>-<store>-<attempt>-n<node>-" then what the job adds, <store> a
+// hash of the job's store URL (two jobs of one name, on different stores, may share a host).
+// Every segment of a node's workers starts so, which lets the launcher remove what killed
+// workers leave behind.
+std::string node_segment_prefix(const std::string& job, const std::string& store, const std::string& attempt,
+                                int node);
 // Unlinks the node's segments of that job and attempt (only once its workers have ended);
 // returns how many there were.
-int remove_node_segments(const std::string& job, const std::string& attempt, int node);
+int remove_node_segments(const std::string& job, const std::string& store, const std::string& attempt, int node);
 
 class SharedBatch {
  public:

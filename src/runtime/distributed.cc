@@ -82,6 +82,7 @@ Distributed::Distributed(const Config& cfg, int rank, int world)
   const char* url = std::getenv("MYRIAD_RDZV");
   if (!url) throw_input("environment: MYRIAD_RDZV is not set: start multi-process runs with myriad launch");
   const char* attempt = std::getenv("MYRIAD_ATTEMPT");
+  const char* store = std::getenv("MYRIAD_RDZV");
   store_ = comm::make_store(url, attempt ? attempt : "0", cfg.comm.timeout_s);
   std::vector<comm::GroupSpec> specs = topo_.group_specs(rank);
   // The pipeline links: per direction and kind a two-rank group, sender first (pipeline.h).
@@ -209,8 +210,9 @@ std::unique_ptr<data::SharedBatch> Distributed::shared_batch(int64_t ints, doubl
     if (m / local != rank_ / local) return nullptr;  // the group spans nodes
   const char* job = std::getenv("MYRIAD_JOB");
   const char* attempt = std::getenv("MYRIAD_ATTEMPT");
+  const char* store = std::getenv("MYRIAD_RDZV");
   const std::string name =
-      data::node_segment_prefix(job ? job : "job", attempt ? attempt : "0",
+      data::node_segment_prefix(job ? job : "job", store ? store : "", attempt ? attempt : "0",
                                 env_int("MYRIAD_NODE_RANK", rank_ / local)) +
       cat(start_id_, "-", topo_.group_name(Dim::kTp, rank_), "-batch");
   return std::make_unique<data::SharedBatch>(name, tp_rank() == 0, static_cast<int>(members.size()),

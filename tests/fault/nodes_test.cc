@@ -60,7 +60,12 @@ class Proc {
     std::ifstream in(out_);
     std::stringstream s;
     s << in.rdbuf();
-    return s.str();
+    // The agent's own warnings first: a failure's report may be cut after its first lines.
+    std::string warnings, line;
+    for (std::istringstream lines(s.str()); std::getline(lines, line);)
+      if (line.rfind("[rank", 0) != 0 && (line.find(" W ") != std::string::npos || line.rfind("myriad:", 0) == 0))
+        warnings += line + "\n";
+    return cat("the agent's warnings:\n", warnings, "its whole output:\n", s.str());
   }
 
  private:
