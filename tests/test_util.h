@@ -2,14 +2,18 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -65,5 +69,52 @@ inline Result run_myriad(const std::string& args, const std::string& env = "") {
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
 }
+
+// A process running `myriad ARGS` with its output in a file: started, waited for, killed.
+class Proc {
+ public:
+  Proc(const std::string& args, const std::string& env, const std::filesystem::path& out) : out_(out) {
+    const std::string cmd = cat("exec env -u MYRIAD_RDZV -u MYRIAD_JOB -u MYRIAD_INJECT_FAULT OMP_NUM_THREADS=1 ", env,
+                                " ", MYRIAD_BINARY_DIR, "/myriad ", args, " > ", out.string(), " 2>&1");
+    pid_ = fork();
+    if (pid_ == 0) {
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+  }
+  ~Proc() {
+    if (pid_ > 0 && code_ < 0) ::kill(pid_, SIGKILL), wait(10);
+  }
+  // The exit code (128 + signal when killed); -1 when it did not end within `seconds`.
+  int wait(double seconds = 240) {
+    for (auto t0 = std::chrono::steady_clock::now(); code_ < 0;) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        break;
+      }
+      if (std::chrono::steady_clock::now() - t0 > std::chrono::duration<double>(seconds)) return -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return code_;
+  }
+  void kill(int sig) { ::kill(pid_, sig); }
+  std::string output() const {
+    std::ifstream in(out_);
+    std::stringstream s;
+    s << in.rdbuf();
+    // The warnings first (a launcher's): a failure's report may be cut after its first lines.
+    std::string warnings, line;
+    for (std::istringstream lines(s.str()); std::getline(lines, line);)
+      if (line.rfind("[rank", 0) != 0 && (line.find(" W ") != std::string::npos || line.rfind("myriad:", 0) == 0))
+        warnings += line + "\n";
+    return cat("its warnings:\n", warnings, "its whole output:\n", s.str());
+  }
+
+ private:
+  std::filesystem::path out_;
+  pid_t pid_ = -1;
+  int code_ = -1;
+};
 
 }  // namespace myriad::test

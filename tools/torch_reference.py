@@ -3,6 +3,7 @@
 
     /usr/bin/python3 tools/torch_reference.py DIR      # read DIR/model.json, params.bin, tokens.bin
     /usr/bin/python3 tools/torch_reference.py --selftest
+    /usr/bin/python3 tools/torch_reference.py --gpt2 HF_DIR DIR   # GPT-2 logits of DIR/tokens.bin
 
 Given a model description, a flat float32 parameter buffer and a batch of tokens, computes in
 float64 the logits, the loss, the gradients (by torch autograd) and the parameters after one
@@ -15,6 +16,7 @@ import argparse
 import json
 import math
 import os
+import struct
 import sys
 import tempfile
 
@@ -500,13 +502,85 @@ def selftest():
     return 0 if ok else 1
 
 
+# ----------------------------------------------------------------------------------------------
+# A Hugging Face GPT-2 directory (what `myriad export` writes), read without transformers or the
+# safetensors package, run in GPT-2's own layout: Conv1D weights (in, out), c_attn's columns
+# (q/k/v, head, dim), the head tied to wte.
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        if e["dtype"] != "F32":
+            raise ValueError(f"{path}: tensor {name} is {e['dtype']}, not F32")
+        a, b = e["data_offsets"]
+        arr = np.frombuffer(data[base + a:base + b], dtype="<f4").reshape(e["shape"])
+        out[name] = torch.from_numpy(arr.astype(np.float64))
+    return out
+
+
+def gpt2_forward(cfg, W, tokens):
+    """tokens (B, T) long -> logits (B, T, vocab_size), float64."""
+    B, T = tokens.shape
+    C, H = cfg["n_embd"], cfg["n_head"]
+    D = C // H
+    eps = cfg.get("layer_norm_epsilon", 1e-5)
+
+    def ln(x, p):
+        return F.layer_norm(x, (C,), W[p + ".weight"], W[p + ".bias"], eps)
+
+    def conv1d(x, p):
+        return x @ W[p + ".weight"] + W[p + ".bias"]
+
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    h = W["wte.weight"][tokens] + W["wpe.weight"][:T]
+    for l in range(cfg["n_layer"]):
+        p = f"h.{l}."
+        q, k, v = conv1d(ln(h, p + "ln_1"), p + "attn.c_attn").split(C, dim=-1)
+        q, k, v = [t.view(B, T, H, D).transpose(1, 2) for t in (q, k, v)]
+        s = (q @ k.transpose(-2, -1)) / math.sqrt(D)
+        o = torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1) @ v
+        h = h + conv1d(o.transpose(1, 2).reshape(B, T, C), p + "attn.c_proj")
+        m = F.gelu(conv1d(ln(h, p + "ln_2"), p + "mlp.c_fc"), approximate="tanh")  # gelu_new
+        h = h + conv1d(m, p + "mlp.c_proj")
+    return ln(h, "ln_f") @ W["wte.weight"].t()
+
+
+def run_gpt2(hf_dir, io_dir):
+    """io_dir/tokens.bin (int32, B x T, B and T in io_dir/tokens.json) -> io_dir/gpt2_logits.bin."""
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        cfg = json.load(f)
+    W = read_safetensors(os.path.join(hf_dir, "model.safetensors"))
+    with open(os.path.join(io_dir, "tokens.json")) as f:
+        shape = json.load(f)
+    tokens = np.fromfile(os.path.join(io_dir, "tokens.bin"), dtype="<i4").reshape(shape["batch"], shape["seq_len"])
+    logits = gpt2_forward(cfg, W, torch.from_numpy(tokens.astype(np.int64)))
+    write_f32(os.path.join(io_dir, "gpt2_logits.bin"), logits)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dir", nargs="?", help="directory holding model.json, params.bin, tokens.bin")
     ap.add_argument("--selftest", action="store_true", help="check this script and exit")
+    ap.add_argument("--gpt2", metavar="HF_DIR", help="run the GPT-2 of HF_DIR on DIR/tokens.bin")
     args = ap.parse_args()
     if args.selftest:
         return selftest()
+    if args.gpt2:
+        torch.set_default_dtype(torch.float64)
+        try:
+            run_gpt2(args.gpt2, args.dir)
+        except (OSError, ValueError, KeyError) as e:
+            print(f"torch_reference.py: {args.gpt2}: {e}", file=sys.stderr)
+            return 2
+        return 0
     if not args.dir:
         ap.error("give DIR or --selftest")
     torch.set_default_dtype(torch.float64)

@@ -5,6 +5,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +13,8 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <thread>
+#include <utility>
 
 #include "core/error.h"
 #include "core/fault.h"
@@ -134,20 +137,36 @@ std::string step_dir_name(int64_t step) {
   return buf;
 }
 
-std::string save(const std::string& root, int64_t step, nlohmann::json meta,
-                 const std::vector<Shard>& shards, const SaveGroup& group) {
-  const fs::path final_dir = fs::path(root) / step_dir_name(step);
-  const fs::path tmp = fs::path(root) / (step_dir_name(step) + ".partial");
-  std::error_code ec;
-  if (group.rank == 0) {
-    fs::create_directories(root, ec);
-    fs::remove_all(tmp, ec);
-    if (!fs::create_directories(tmp, ec) && ec)
-      throw_runtime("checkpoint: cannot create ", tmp.string(), ": ", ec.message());
+namespace {
+// Rank 0's wait for every rank's index file of a save (each appears by an atomic rename, so one
+// that exists is whole).
+void wait_for_parts(const fs::path& tmp, int64_t step, const SaveGroup& group) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(group.timeout_s);
+  char name[32];
+  for (int r = 1; r < group.world; ++r) {
+    std::snprintf(name, sizeof name, "index_%05d.json", r);
+    for (int i = 0; !fs::exists(tmp / name); ++i) {
+      if (group.cancel && group.cancel->load())
+        throw_runtime("checkpoint: the save of step ", step, " was abandoned: the process is ending");
+      if (std::chrono::steady_clock::now() > deadline)
+        throw_runtime("checkpoint: rank ", r, "'s part of the save of step ", step, " did not arrive in ",
+                      tmp.string(), " within ", group.timeout_s, " s (comm.timeout_s)");
+      std::this_thread::sleep_for(std::chrono::milliseconds(i < 100 ? 2 : 20));
+    }
   }
-  group.barrier();
+}
+}  // namespace
 
-  // Each rank: its shard file and its part of the tensor index. A rank whose write fails (a
+namespace {
+// The save of `final_dir` through its partial directory `tmp` (save() and save_as()).
+void save_into(const fs::path& final_dir, const fs::path& tmp, int64_t step, nlohmann::json meta,
+               const std::vector<Shard>& shards, const SaveGroup& group) {
+  const fs::path root = final_dir.parent_path();
+  std::error_code ec;
+  fs::create_directories(tmp, ec);
+  if (!fs::is_directory(tmp)) throw_runtime("checkpoint: cannot create ", tmp.string(), ": ", ec.message());
+
+  // Each rank: its shard file, then its part of the tensor index. A rank whose write fails (a
   // full disk) removes what it wrote; rank 0 the whole partial directory, so that a failed save
   // frees its space for the next one.
   char name[32];
@@ -173,19 +192,21 @@ std::string save(const std::string& root, int64_t step, nlohmann::json meta,
     }
     f.sync();
     std::snprintf(name, sizeof name, "index_%05d.json", group.rank);
-    write_text((tmp / name).string(), index.dump());
+    write_text((tmp / (std::string(name) + ".tmp")).string(), index.dump());
+    fs::rename(tmp / (std::string(name) + ".tmp"), tmp / name);
   } catch (...) {
-    for (const char* f : {"shard_%05d.bin", "index_%05d.json"}) {
+    for (const char* f : {"shard_%05d.bin", "index_%05d.json", "index_%05d.json.tmp"}) {
       std::snprintf(name, sizeof name, f, group.rank);
       fs::remove(tmp / name, ec);
     }
     if (group.rank == 0) fs::remove_all(tmp, ec);
     throw;
   }
-  group.barrier();
+  if (group.rank != 0) return;
 
   // Rank 0: one index over every rank's pieces, then the commit.
-  if (group.rank == 0) try {
+  try {
+    wait_for_parts(tmp, step, group);
     nlohmann::json tensors = nlohmann::json::array();
     std::map<std::string, size_t> where;
     for (int r = 0; r < group.world; ++r) {
@@ -215,19 +236,57 @@ std::string save(const std::string& root, int64_t step, nlohmann::json meta,
     sync_dir(tmp.string());
 
     // Replace a committed checkpoint of the same step only now that the new one is complete.
-    const fs::path old = fs::path(root) / (step_dir_name(step) + ".replaced");
+    const fs::path old = root / (final_dir.filename().string() + ".replaced");
     const bool had_old = fs::exists(final_dir);
     fs::remove_all(old, ec);
     if (had_old) fs::rename(final_dir, old);
     fs::rename(tmp, final_dir);
-    sync_dir(root);
+    sync_dir(root.string());
     if (had_old) fs::remove_all(old, ec);
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;
   }
-  group.barrier();
+}
+}  // namespace
+
+std::string save(const std::string& root, int64_t step, nlohmann::json meta,
+                 const std::vector<Shard>& shards, const SaveGroup& group) {
+  const fs::path final_dir = fs::path(root) / step_dir_name(step);
+  save_into(final_dir, fs::path(root) / cat(step_dir_name(step), ".", group.id, ".partial"), step, std::move(meta),
+            shards, group);
   return final_dir.string();
+}
+
+void save_as(const std::string& dir, int64_t step, nlohmann::json meta, const std::vector<Shard>& shards) {
+  fs::path final_dir = fs::absolute(dir).lexically_normal();
+  if (final_dir.filename().empty()) final_dir = final_dir.parent_path();  // "out/"
+  std::error_code ec;
+  fs::create_directories(final_dir.parent_path(), ec);
+  save_into(final_dir, final_dir.string() + ".partial", step, std::move(meta), shards, {});
+}
+
+Writer::~Writer() {
+  cancel_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+void Writer::start(std::function<void()> save) {
+  wait();
+  done_ = false;
+  thread_ = std::thread([this, save = std::move(save)] {
+    try {
+      save();
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+    done_ = true;
+  });
+}
+
+void Writer::wait() {
+  if (thread_.joinable()) thread_.join();
+  if (std::exception_ptr e = std::exchange(error_, nullptr)) std::rethrow_exception(e);
 }
 
 std::optional<std::string> latest(const std::string& root) {
@@ -251,6 +310,16 @@ std::vector<std::string> committed_newest_first(const std::string& root) {
     if (committed(e.path())) out.push_back(e.path().string());
   std::sort(out.rbegin(), out.rend());  // step_<8 digits>: the names sort as the steps
   return out;
+}
+
+std::string resolve(const std::string& path) {
+  if (fs::exists(fs::path(path) / "meta.json")) return path;
+  std::optional<std::string> found = latest(path);
+  if (!found) found = latest((fs::path(path) / "checkpoints").string());
+  if (!found)
+    throw_input("checkpoint ", path, ": no committed checkpoint there (give a step_XXXXXXXX "
+                "directory, a checkpoints/ directory or a run directory)");
+  return *found;
 }
 
 namespace {
@@ -309,6 +378,38 @@ void remove_leftovers(const std::string& root) {
   }
 }
 
+int64_t verify(const std::string& dir) {
+  const nlohmann::json meta = read_meta(dir);
+  int64_t pieces = 0;
+  try {
+    for (const auto& t : meta.at("tensors")) {
+      const std::string name = t.at("name").get<std::string>();
+      int p = 0;
+      for (const auto& piece : t.at("pieces")) {
+        const std::string file = piece.at("file").get<std::string>();
+        const std::string where = cat("checkpoint ", (fs::path(dir) / file).string(), ": piece ", p++, " of tensor ",
+                                      name, " (bytes at ", piece.at("byte_offset").get<int64_t>(), ")");
+        int64_t n = 1;
+        for (int64_t d : piece.at("shape").get<std::vector<int64_t>>()) n *= d;
+        std::vector<float> buf(n);
+        if (!fs::exists(fs::path(dir) / file)) throw Corrupt(cat(where, ": the file is missing"));
+        try {
+          File((fs::path(dir) / file).string(), O_RDONLY).read_at(buf.data(), n * sizeof(float),
+                                                                 piece.at("byte_offset").get<int64_t>());
+        } catch (const Corrupt&) {
+          throw Corrupt(cat(where, ": the file ends before it"));
+        }
+        if (crc32_of(buf.data(), n * sizeof(float)) != piece.at("crc32").get<uint32_t>())
+          throw Corrupt(cat(where, ": checksum mismatch: the file is damaged"));
+        ++pieces;
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Corrupt(cat("checkpoint ", dir, "/meta.json: malformed tensor index (", e.what(), ")"));
+  }
+  return pieces;
+}
+
 void load(const std::string& dir, const nlohmann::json& meta, const std::vector<Shard>& shards) {
   try {
     for (const Shard& want : shards) {
@@ -350,15 +451,16 @@ void load(const std::string& dir, const nlohmann::json& meta, const std::vector<
   }
 }
 
-void prune(const std::string& root, int64_t keep_last, int64_t keep_every) {
+void prune(const std::string& root, int64_t keep_last, int64_t keep_every, const std::string& id) {
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return;
   std::vector<fs::path> done;
   for (const auto& e : fs::directory_iterator(root)) {
     const std::string name = e.path().filename().string();
-    if (name.find(".partial") != std::string::npos || name.find(".replaced") != std::string::npos) {
-      // Another live process would only own a partial save of a step we are not at; ours are
-      // renamed before prune runs. Leftovers are from failed saves.
+    // This start's partial directories may be a save under way (the other ranks write the next
+    // one as rank 0 commits this one); the others are leftovers of failed saves.
+    const bool ours = name.ends_with(cat(".", id, ".partial"));
+    if ((name.ends_with(".partial") && !ours) || name.ends_with(".replaced")) {
       fs::remove_all(e.path(), ec);
     } else if (committed(e.path())) {
       done.push_back(e.path());

@@ -15,6 +15,8 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/hf.h"
 #include "cli/args.h"
 #include "core/config.h"
 #include "core/error.h"
@@ -54,6 +56,9 @@ usage:
   myriad hang-report RUN_DIR
   myriad trace RUN_DIR [--steps A:B] [--output FILE]
   myriad report RUN_DIR
+  myriad export  --checkpoint DIR --format hf --output OUT
+  myriad import  --hf DIR --output CKPT
+  myriad verify  CHECKPOINT
   myriad help
 
 exit codes: 0 success, 1 internal error, 2 bad input or config (do not retry),
@@ -180,6 +185,35 @@ int cmd_sample(int argc, char** argv) {
   return 0;
 }
 
+// A checkpoint's model as a Hugging Face GPT-2 directory (checkpoint/hf.h).
+int cmd_export(int argc, char** argv) {
+  cli::Args args("export", argc, argv, {"checkpoint", "format", "output"});
+  if (const std::string f = args.get("format", "hf"); f != "hf")
+    throw_input("export: --format ", f, " is not known: the one format is hf (Hugging Face GPT-2, safetensors)");
+  checkpoint::export_hf(checkpoint::resolve(args.required("checkpoint")), args.required("output"));
+  return 0;
+}
+
+// A Hugging Face GPT-2 directory as a committed checkpoint of step 0.
+int cmd_import(int argc, char** argv) {
+  cli::Args args("import", argc, argv, {"hf", "output"});
+  const std::string out = args.required("output");
+  if (fs::exists(out)) throw_input("import: --output ", out, " exists: give a new directory");
+  checkpoint::import_hf(args.required("hf"), out);
+  return 0;
+}
+
+// Every piece of a checkpoint against its checksum: exit 0 when sound, 2 (with the damaged file
+// and piece named) when not.
+int cmd_verify(int argc, char** argv) {
+  if (argc != 1) throw_input("usage: myriad verify CHECKPOINT");
+  const std::string dir = checkpoint::resolve(argv[0]);
+  const int64_t pieces = checkpoint::verify(dir);
+  std::printf("verify: %s is sound: meta.json and %lld pieces match their checksums\n", dir.c_str(),
+              static_cast<long long>(pieces));
+  return 0;
+}
+
 // Training steps on fresh random tokens: the model and optimizer of a config, no data files.
 int cmd_bench(int argc, char** argv) {
   cli::Args args("bench", argc, argv, {"config", "set", "steps", "warmup"});
@@ -225,7 +259,7 @@ int cmd_bench(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> commands = {"train", "prepare", "sample", "bench", "bench-init", "launch", "hang-report", "trace", "report", "help"};
+  const std::vector<std::string> commands = {"train", "prepare", "sample", "bench", "bench-init", "launch", "hang-report", "trace", "report", "export", "import", "verify", "help"};
   if (argc < 2 || std::string(argv[1]) == "help" || std::string(argv[1]) == "--help" ||
       std::string(argv[1]) == "-h") {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
@@ -243,6 +277,9 @@ int main(int argc, char** argv) {
     if (cmd == "self-check") return cli::cmd_self_check(argc - 2, argv + 2);
     if (cmd == "trace") return cmd_trace(argc - 2, argv + 2);
     if (cmd == "report") return cmd_report(argc - 2, argv + 2);
+    if (cmd == "export") return cmd_export(argc - 2, argv + 2);
+    if (cmd == "import") return cmd_import(argc - 2, argv + 2);
+    if (cmd == "verify") return cmd_verify(argc - 2, argv + 2);
     if (cmd == "hang-report") {
       // Matches the flight records a hung job's ranks wrote (driver/hang_report.h).
       if (argc != 3) throw_input("usage: myriad hang-report RUN_DIR");

@@ -102,6 +102,9 @@ struct CheckpointConfig {
   int64_t keep_every = 0;  // also keep every checkpoint whose step is a multiple; 0 = none
   std::string dir;         // empty = RUN_DIR/checkpoints
   std::string resume = "none";  // none, auto (latest committed), or a checkpoint directory
+  std::string init_from;   // a fresh run starts from this checkpoint's weights (a fresh optimizer)
+  bool async = true;       // write in the background (the step waits only for a snapshot)
+  std::string async_policy = "wait";  // a save due while the last one is still written: wait or skip
 };
 
 struct Config {
@@ -170,6 +173,9 @@ struct Config {
     f("checkpoint", "keep_every", checkpoint.keep_every);
     f("checkpoint", "dir", checkpoint.dir);
     f("checkpoint", "resume", checkpoint.resume);
+    f("checkpoint", "init_from", checkpoint.init_from);
+    f("checkpoint", "async", checkpoint.async);
+    f("checkpoint", "async_policy", checkpoint.async_policy);
     f("fault", "step_timeout_s", fault.step_timeout_s);
     f("fault", "startup_timeout_s", fault.startup_timeout_s);
     f("fault", "spike_factor", fault.spike_factor);

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 #include <thread>
 
@@ -57,12 +58,16 @@ std::string trigger(const std::string& point) {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   if (a == "throw" || a == "fail")
     throw_runtime("injected fault at ", point, ": write failed (No space left on device)");
-  if (a.rfind("slow:", 0) == 0) {
+  for (const char* timed : {"slow:", "pause:"}) {
+    if (a.rfind(timed, 0) != 0) continue;
+    int ms = 0;
     try {
-      g_delay_ms = std::stoi(a.substr(5));
+      ms = std::stoi(a.substr(std::strlen(timed)));
     } catch (...) {
-      throw_input("environment: MYRIAD_INJECT_FAULT: '", point, ":", a, "' needs slow:MS, MS an integer");
+      throw_input("environment: MYRIAD_INJECT_FAULT: '", point, ":", a, "' needs ", timed, "MS, MS an integer");
     }
+    if (timed[0] == 's') g_delay_ms = ms;
+    else std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     return "";
   }
   return a;

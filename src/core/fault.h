@@ -13,6 +13,8 @@
 //            nan      that step's loss is not finite (step:S only)
 //            flip     one bit of this rank's parameters is flipped (step:S only)
 //            slow:MS  the rank sleeps MS milliseconds every step from then on (step:S only)
+//            pause:MS the thread that reaches the point sleeps MS milliseconds there (e.g. a
+//                     slow disk: checkpoint_write:pause:500)
 //   @rank=R  only the process whose MYRIAD_RANK is R; @node=N only on node N (MYRIAD_NODE_RANK)
 //   @attempt=A  in attempt A of the launch (MYRIAD_ATTEMPT); default 0, so that the restart a
 //            fault causes runs clean
@@ -28,7 +30,7 @@ namespace myriad::fault {
 // included: action("step:5") == "slow:200".
 std::string action(const std::string& point);
 
-// Carries out what the process itself can: kill, hang, stall, throw/fail, and slow (remembered:
+// Carries out what the process itself can: kill, hang, stall, throw/fail, pause, and slow (remembered:
 // see delay_ms). Returns the action for the caller to carry out otherwise (nan, flip), "" when
 // none.
 std::string trigger(const std::string& point);

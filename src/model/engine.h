@@ -71,6 +71,9 @@ class Engine {
     std::vector<FlatRange> owned;
   };
   virtual HostState host_state() = 0;
+  // Whether host_state() is the training state itself (the CPU), not a copy that only
+  // state_to_host() changes (a GPU): a save written while training goes on must copy it first.
+  virtual bool host_state_is_live() const = 0;
 
   // The silent-corruption check (fault.sdc_check_every): after the parameters' all-gather every
   // data-parallel replica must hold its peers' pieces bit for bit as their owners' updates left

@@ -82,7 +82,6 @@ Distributed::Distributed(const Config& cfg, int rank, int world)
   const char* url = std::getenv("MYRIAD_RDZV");
   if (!url) throw_input("environment: MYRIAD_RDZV is not set: start multi-process runs with myriad launch");
   const char* attempt = std::getenv("MYRIAD_ATTEMPT");
-  const char* store = std::getenv("MYRIAD_RDZV");
   store_ = comm::make_store(url, attempt ? attempt : "0", cfg.comm.timeout_s);
   std::vector<comm::GroupSpec> specs = topo_.group_specs(rank);
   // The pipeline links: per direction and kind a two-rank group, sender first (pipeline.h).

@@ -26,6 +26,8 @@ class Distributed {
 
   int rank() const { return rank_; }
   int world() const { return topo_.world(); }
+  // The same on every rank, new at each start of the job.
+  uint64_t start_id() const { return start_id_; }
   const parallel::Topology& topology() const { return topo_; }
   const parallel::ParallelContext* context() const { return &ctx_; }
   comm::Communicator& world_comm() { return *world_; }

@@ -15,15 +15,7 @@ namespace fs = std::filesystem;
 namespace myriad {
 
 LoadedModel load_for_inference(const std::string& path) {
-  std::string dir = path;
-  if (!fs::exists(fs::path(path) / "meta.json")) {
-    auto latest = checkpoint::latest(path);
-    if (!latest) latest = checkpoint::latest((fs::path(path) / "checkpoints").string());
-    if (!latest)
-      throw_input("checkpoint ", path, ": no committed checkpoint there (give a step_XXXXXXXX "
-                  "directory, a checkpoints/ directory or a run directory)");
-    dir = *latest;
-  }
+  const std::string dir = checkpoint::resolve(path);
   nlohmann::json meta = checkpoint::read_meta(dir);
   Config cfg = parse_config(meta.at("config").get<std::string>(), dir + "/meta.json");
   cfg.parallel = ParallelConfig{};  // sampling runs the whole model in this process, one row

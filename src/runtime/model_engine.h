@@ -193,6 +193,7 @@ class ModelEngine final : public Engine {
     return {params, optimizer_->m().data(), optimizer_->v().data(), &optimizer_->steps_taken(),
             optimizer_->owned()};
   }
+  bool host_state_is_live() const override { return kMasterIsParams; }
   std::vector<uint64_t> replica_hashes() override {
     dp_.wait_all_params();
     std::vector<uint64_t> out = {owned_hash_};

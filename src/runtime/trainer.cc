@@ -45,6 +45,7 @@ std::string fmt(const char* f, double v) {
 std::string model_difference(const Config& saved, const Config& now) {
   std::string diff;
   Config a = saved, b = now;
+  a.model.positions = a.positions(), b.model.positions = b.positions();  // 0 stands for seq_len
   std::vector<std::pair<std::string, std::string>> va, vb;
   auto collect = [](std::vector<std::pair<std::string, std::string>>& out) {
     return [&out](const char* s, const char* k, const auto& field) {
@@ -129,6 +130,8 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
   require_writable_dir((fs::path(run_dir_) / "logs").string(), "run directory", "choose a writable --run-dir");
   checkpoint::check_writable(checkpoint_root());
   if (!dist_ || dist_->rank() == 0) checkpoint::remove_leftovers(checkpoint_root());
+  start_id_ = std::to_string(dist_ ? dist_->start_id()
+                                   : static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) % 1000000007);
 
   // The GEMM algorithms a GPU run chooses (model/cuda/matmul.h), kept with the run: its restart
   // does not retune and computes bit for bit as before.
@@ -156,6 +159,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
                 step_, ": raise train.steps above ", step_, " to train on, or use a new run directory");
   if (step_ == cfg_.train.steps && step_ > 0)
     log::info("resume: the run is complete (train.steps = ", step_, "); nothing to train");
+  if (step_ == 0 && !cfg_.checkpoint.init_from.empty()) init_from(cfg_.checkpoint.init_from);
   // One process writes what is written once per run: the rank holding the final loss.
   if (!dist_ || dist_->writes_metrics()) {
     std::ofstream out(fs::path(run_dir_) / "config.toml");
@@ -277,6 +281,15 @@ void Trainer::run() {
       trace::Span span("eval");
       rec["val_loss"] = evaluate();
     }
+    const int64_t every = cfg_.checkpoint.every;
+    set_phase("checkpoint");
+    if ((every > 0 && step_ % every == 0) || step_ == t.steps) {
+      trace::Span span("checkpoint");
+      save_checkpoint();
+      // What the save cost the step: its time so far (the check and the evaluation included,
+      // as in any step) less the median step's.
+      rec["checkpoint_stall_ms"] = (now_s() - t0 - sorted[sorted.size() / 2]) * 1e3;
+    }
     if (step_ % t.log_every == 0 || step_ == t.steps || rec.contains("val_loss")) {
       if (metrics_) metrics_->write(rec);
       const double eta = timed ? elapsed / timed * (t.steps - step_) : 0;
@@ -284,12 +297,6 @@ void Trainer::run() {
                 rec.contains("val_loss") ? " | val " + fmt("%.4f", rec["val_loss"].get<double>()) : "",
                 " | lr ", fmt("%.2e", r.lr), " | grad norm ", fmt("%.3f", r.grad_norm), " | ",
                 fmt("%.0f", tokens_per_step / dt), " tok/s | ETA ", human_duration(eta));
-    }
-    const int64_t every = cfg_.checkpoint.every;
-    set_phase("checkpoint");
-    if ((every > 0 && step_ % every == 0) || step_ == t.steps) {
-      trace::Span span("checkpoint");
-      save_checkpoint();
     }
     trace_collectives();
     heartbeat_.set(step_, allowance);
@@ -310,6 +317,9 @@ void Trainer::run() {
     fault::trigger(cat("step:", step_));
     if (const int ms = fault::delay_ms(); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
   }
+  // The last save is written before the run ends, and its failure is the run's.
+  set_phase("checkpoint");
+  writer_.wait();
 }
 
 // A non-finite loss, or (fault.spike_factor) one far above the recent median: a numerics fault,
@@ -429,7 +439,33 @@ std::vector<checkpoint::Shard> Trainer::shards(bool for_save) {
 }
 
 void Trainer::save_checkpoint() {
+  const double t0 = now_s();
+  // A save due while the last one is still being written waits for it, or (async_policy skip)
+  // is skipped: by every rank, or the others would wait for its part in vain. The last step's
+  // is never skipped.
+  if (cfg_.checkpoint.async_policy == "skip" && step_ != cfg_.train.steps) {
+    float busy = writer_.busy() ? 1.0f : 0.0f;
+    if (dist_) dist_->world_comm().all_reduce(&busy, 1)->wait();
+    if (busy > 0) {
+      log::warn("checkpoint: skipped the save of step ", step_,
+                ": the last one is still being written (checkpoint.async_policy = skip)");
+      return;
+    }
+  }
+  writer_.wait();
+  // Stage 1, in the step: the state as of this step, where training does not change it.
   engine_->state_to_host();
+  std::vector<checkpoint::Shard> shards = this->shards(true);
+  if (engine_->host_state_is_live() && cfg_.checkpoint.async) {
+    int64_t total = 0;
+    for (const checkpoint::Shard& s : shards) total += s.numel();
+    snapshot_.resize(static_cast<size_t>(total));
+    float* at = snapshot_.data();
+    for (checkpoint::Shard& s : shards) {
+      std::memcpy(at, s.data, s.numel() * sizeof(float));
+      s.data = at, at += s.numel();
+    }
+  }
   nlohmann::json meta = {{"config", to_toml(cfg_)},
                          {"data", {{"consumed", consumed_}, {"seed", cfg_.train.seed}}},
                          {"optimizer", {{"name", cfg_.optim.name}, {"steps_taken", *engine_->host_state().steps_taken}}},
@@ -438,12 +474,21 @@ void Trainer::save_checkpoint() {
                          // data order: train.seed, samples consumed), so these and `consumed`
                          // are the whole RNG state.
                          {"rng", {{"model_seed", cfg_.model.seed}, {"data_seed", cfg_.train.seed}}}};
-  const double t0 = now_s();
   checkpoint::SaveGroup group;
-  if (dist_) group = {dist_->rank(), dist_->world(), [this] { dist_->barrier(); }};
-  std::string dir = checkpoint::save(checkpoint_root(), step_, meta, shards(true), group);
-  log::info("checkpoint: saved ", dir, " in ", fmt("%.2f", now_s() - t0), " s");
-  if (group.rank == 0) checkpoint::prune(checkpoint_root(), cfg_.checkpoint.keep_last, cfg_.checkpoint.keep_every);
+  if (dist_) group.rank = dist_->rank(), group.world = dist_->world();
+  group.id = start_id_, group.timeout_s = cfg_.comm.timeout_s, group.cancel = writer_.cancelled();
+  const double snapshot_s = now_s() - t0;
+  // Stage 2, on the writer's thread (or here, and waited for, without checkpoint.async).
+  writer_.start([this, root = checkpoint_root(), step = step_, meta = std::move(meta), shards = std::move(shards),
+                 group, snapshot_s] {
+    const double t1 = now_s();
+    const std::string dir = checkpoint::save(root, step, meta, shards, group);
+    if (group.rank != 0) return;
+    log::info("checkpoint: saved ", dir, " in ", fmt("%.2f", now_s() - t1), " s", cfg_.checkpoint.async ? cat(
+              " in the background (the step waited ", fmt("%.2f", snapshot_s), " s for the snapshot)") : "");
+    checkpoint::prune(root, cfg_.checkpoint.keep_last, cfg_.checkpoint.keep_every, group.id);
+  });
+  if (!cfg_.checkpoint.async) writer_.wait();
 }
 
 // Newest first; a corrupt checkpoint is passed over with a warning (keep_last keeps older ones
@@ -472,6 +517,25 @@ void Trainer::resume_latest_good() {
                 checkpoint_root(), " loads (the newest: ", newest_bad,
                 "); resume from a copy with --resume DIR or start a new run directory");
   log::info("resume: no committed checkpoint under ", checkpoint_root(), ", starting fresh");
+}
+
+// checkpoint.init_from: the model's weights only; the step, the data position and the optimizer
+// start afresh, under the run's own config.
+void Trainer::init_from(const std::string& path) {
+  const std::string dir = checkpoint::resolve(path);
+  const nlohmann::json meta = checkpoint::read_meta(dir);
+  std::vector<checkpoint::Shard> weights;
+  for (checkpoint::Shard& s : shards(false))
+    if (s.name.rfind("model/", 0) == 0) weights.push_back(std::move(s));
+  try {
+    checkpoint::load(dir, meta, weights);
+  } catch (const Error& e) {
+    if (e.cls() != ErrorClass::kInput) throw;
+    throw_input("checkpoint.init_from: ", e.what());
+  }
+  engine_->state_from_host();
+  log::info("init: the weights of ", dir, " (step ", meta.value("step", int64_t(0)),
+            "); step 0, a fresh optimizer, this run's config");
 }
 
 void Trainer::resume_from(const std::string& dir) {

@@ -34,7 +34,8 @@ class Trainer {
   float evaluate();
   void check_loss(float loss);
   void check_replicas();
-  // Saves RUN_DIR/checkpoints/step_<step> (or checkpoint.dir) and prunes old ones.
+  // Saves RUN_DIR/checkpoints/step_<step> (or checkpoint.dir) and prunes old ones: in the
+  // step only a snapshot of the state (checkpoint.async), the files on the writer's thread.
   void save_checkpoint();
 
   int64_t step() const { return step_; }
@@ -42,6 +43,7 @@ class Trainer {
 
  private:
   void resume_from(const std::string& dir);
+  void init_from(const std::string& path);
   // --resume auto: the newest committed checkpoint that loads on every rank, or a fresh start.
   void resume_latest_good();
   // This rank's rows of the next step's global batch (global_batch / dp, T+1): read, or taken
@@ -74,6 +76,13 @@ class Trainer {
   int64_t step_ = 0;          // optimizer steps completed
   int64_t consumed_ = 0;      // training samples consumed by completed steps
   std::map<std::string, uint64_t> traced_seq_;  // per group: the last operation traced
+  std::string start_id_;      // names this start's partial saves (checkpoint::SaveGroup::id)
+  // The copy of the state (every float of shards(true), in order) a save on the CPU writes
+  // while training changes the live one; allocated at the first save. A GPU's host copy of its
+  // state serves instead: only the next save, which waits for the writer, changes it.
+  std::vector<float> snapshot_;
+  // Declared last: it is destroyed (and stops) first, while the state it writes still exists.
+  checkpoint::Writer writer_;
 };
 
 }  // namespace myriad

@@ -1,0 +1,42 @@
+// Hugging Face interchange: a Myriad checkpoint's model as GPT-2 in safetensors (the layout
+// transformers' GPT2LMHeadModel loads), and back.
+//
+// safetensors (https://huggingface.co/docs/safetensors): 8 bytes, the little-endian length N
+// of a JSON header; N bytes of header, {"name": {"dtype", "shape", "data_offsets": [begin,
+// end]}, "__metadata__": {...}}; then the raw data, offsets relative to the header's end.
+//
+// GPT-2 stores its linear layers as Conv1D, weights (in, out): Myriad's are (out, in). Its
+// c_attn columns are ordered (q/k/v, head, dim), Myriad's fused QKV rows (head, q/k/v, dim).
+// The LM head is the token embedding (tied) and is not stored twice.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace myriad::checkpoint {
+
+// A float tensor, row-major.
+struct HostTensor {
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+
+// safetensors in F32, header keys sorted and no timestamps: the same tensors give the same bytes.
+void write_safetensors(const std::string& path, const std::map<std::string, HostTensor>& tensors);
+// Every tensor of a safetensors file; input errors name the file and what is wrong (a truncated
+// header, a dtype other than F32, data outside the file).
+std::map<std::string, HostTensor> read_safetensors(const std::string& path);
+
+// Writes OUT/model.safetensors and OUT/config.json (and, for the gpt2 tokenizer, its vocab.json,
+// merges.txt and tokenizer_config.json) from the committed checkpoint `dir`. A model GPT-2
+// cannot express (parallel block, a window, no biases) is an input error naming the option.
+void export_hf(const std::string& dir, const std::string& out);
+
+// Reads a GPT-2 model directory (config.json, model.safetensors) into `out`, a committed
+// checkpoint of step 0 with a fresh optimizer state, which --resume, checkpoint.init_from,
+// `export --checkpoint` and `sample` take.
+void import_hf(const std::string& hf_dir, const std::string& out);
+
+}  // namespace myriad::checkpoint
