@@ -64,6 +64,7 @@ class ModelEngine final : public Engine {
       // The same draw as the model's compute copy, kept in fp32.
       h_params_.assign(static_cast<size_t>(model_.layout().total()), 0.0f);
       init_params(h_params_.data(), model_.layout(), cfg.model.seed);
+      h_params_pinned_ = model_.ops().pin_host(h_params_.data(), h_params_.size() * sizeof(float));
       master_.zeros(dp_.flat_size());
       model_.ops().upload(master_.data(), h_params_.data(), model_.layout().total());
     }
@@ -418,6 +419,7 @@ class ModelEngine final : public Engine {
   std::vector<Stale> stale_;  // per chunk
   typename Ops::template Buffer<float> master_;  // (flat size) fp32 master weights (compute copy only)
   std::vector<float> h_params_;                  // (layout total) their host copy for checkpoints
+  std::shared_ptr<void> h_params_pinned_;        // h_params_ page-locked (declared after it: unpinned first)
   typename Ops::template Buffer<float> tied_other_;  // (wte) the other stage's wte gradient
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Pipeline<Model>> pipeline_;

@@ -181,6 +181,13 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
     loader_ = std::make_unique<data::BatchLoader>(*train_data_, cfg_.model.seq_len, cfg_.train.seed,
                                                   /*shuffle=*/true, cfg_.train.global_batch,
                                                   first_row, rows_, consumed_);
+  // The copy an asynchronous save takes of the CPU's live state: allocated, and its pages
+  // touched, here rather than in the step of the first save.
+  if (cfg_.checkpoint.async && engine_->host_state_is_live()) {
+    int64_t total = 0;
+    for (const checkpoint::Shard& s : shards(true)) total += s.numel();
+    snapshot_.assign(static_cast<size_t>(total), 0.0f);
+  }
 }
 
 Trainer::~Trainer() { trace::close(); }
@@ -290,7 +297,7 @@ void Trainer::run() {
       // as in any step) less the median step's.
       rec["checkpoint_stall_ms"] = (now_s() - t0 - sorted[sorted.size() / 2]) * 1e3;
     }
-    if (step_ % t.log_every == 0 || step_ == t.steps || rec.contains("val_loss")) {
+    if (step_ % t.log_every == 0 || step_ == t.steps || rec.contains("val_loss") || rec.contains("checkpoint_stall_ms")) {
       if (metrics_) metrics_->write(rec);
       const double eta = timed ? elapsed / timed * (t.steps - step_) : 0;
       log::info("step ", step_, "/", t.steps, " | loss ", fmt("%.4f", r.loss),
@@ -454,17 +461,26 @@ void Trainer::save_checkpoint() {
   }
   writer_.wait();
   // Stage 1, in the step: the state as of this step, where training does not change it.
+  const double t1 = now_s();
   engine_->state_to_host();
   std::vector<checkpoint::Shard> shards = this->shards(true);
   if (engine_->host_state_is_live() && cfg_.checkpoint.async) {
-    int64_t total = 0;
-    for (const checkpoint::Shard& s : shards) total += s.numel();
-    snapshot_.resize(static_cast<size_t>(total));
+    struct Copy {
+      float* to;
+      const float* from;
+      int64_t n;
+    };
+    std::vector<Copy> copies;  // in pieces of 4 Mi floats, for the threads to share large tensors
+    constexpr int64_t kPiece = int64_t(1) << 22;
     float* at = snapshot_.data();
     for (checkpoint::Shard& s : shards) {
-      std::memcpy(at, s.data, s.numel() * sizeof(float));
+      for (int64_t i = 0; i < s.numel(); i += kPiece) copies.push_back({at + i, s.data + i, std::min(kPiece, s.numel() - i)});
       s.data = at, at += s.numel();
     }
+    MYRIAD_CHECK(at == snapshot_.data() + snapshot_.size(), "the checkpoint snapshot is sized for ", snapshot_.size(),
+                 " floats, the shards hold ", at - snapshot_.data());
+#pragma omp parallel for schedule(dynamic)
+    for (size_t i = 0; i < copies.size(); ++i) std::memcpy(copies[i].to, copies[i].from, copies[i].n * sizeof(float));
   }
   nlohmann::json meta = {{"config", to_toml(cfg_)},
                          {"data", {{"consumed", consumed_}, {"seed", cfg_.train.seed}}},
@@ -477,7 +493,7 @@ void Trainer::save_checkpoint() {
   checkpoint::SaveGroup group;
   if (dist_) group.rank = dist_->rank(), group.world = dist_->world();
   group.id = start_id_, group.timeout_s = cfg_.comm.timeout_s, group.cancel = writer_.cancelled();
-  const double snapshot_s = now_s() - t0;
+  const double snapshot_s = now_s() - t1;
   // Stage 2, on the writer's thread (or here, and waited for, without checkpoint.async).
   writer_.start([this, root = checkpoint_root(), step = step_, meta = std::move(meta), shards = std::move(shards),
                  group, snapshot_s] {
@@ -485,10 +501,14 @@ void Trainer::save_checkpoint() {
     const std::string dir = checkpoint::save(root, step, meta, shards, group);
     if (group.rank != 0) return;
     log::info("checkpoint: saved ", dir, " in ", fmt("%.2f", now_s() - t1), " s", cfg_.checkpoint.async ? cat(
-              " in the background (the step waited ", fmt("%.2f", snapshot_s), " s for the snapshot)") : "");
+              " in the background (its snapshot took the step ", fmt("%.2f", snapshot_s), " s)") : "");
     checkpoint::prune(root, cfg_.checkpoint.keep_last, cfg_.checkpoint.keep_every, group.id);
   });
-  if (!cfg_.checkpoint.async) writer_.wait();
+  if (!cfg_.checkpoint.async) {
+    // A synchronous save has returned on a rank only once rank 0 committed it.
+    writer_.wait();
+    if (dist_) dist_->barrier();
+  }
 }
 
 // Newest first; a corrupt checkpoint is passed over with a warning (keep_last keeps older ones

@@ -95,7 +95,7 @@ TEST_F(AsyncCheckpoint, WritesTheSynchronousSavesBytes) {
   ASSERT_EQ(a.code, 0) << a.output;
   Result b = run_myriad(train(async, 6, 2));
   ASSERT_EQ(b.code, 0) << b.output;
-  EXPECT_NE(b.output.find("in the background (the step waited "), std::string::npos) << b.output;
+  EXPECT_NE(b.output.find("in the background (its snapshot took the step "), std::string::npos) << b.output;
   expect_same_checkpoints(sync, async, {2, 4, 6});
   EXPECT_EQ(losses(sync), losses(async));
   // The stall is recorded on the save steps, and only there.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "model/cuda/cuda_check.h"
 #include "model/cuda/device.h"
 #include "model/cuda/matmul.h"
@@ -380,6 +381,17 @@ void CudaOps::download(float* host, const float* src, int64_t n) const {
   if (n <= 0) return;
   CUDA_CHECK(cudaMemcpyAsync(host, src, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, st_->stream));
   CUDA_CHECK(cudaStreamSynchronize(st_->stream));
+}
+
+std::shared_ptr<void> CudaOps::pin_host(void* host, size_t bytes) const {
+  if (!host || bytes == 0) return nullptr;
+  if (const cudaError_t e = cudaHostRegister(host, bytes, cudaHostRegisterDefault); e != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it
+    log::warn("cuda: cannot page-lock ", bytes >> 20, " MiB of host memory (", cudaGetErrorString(e),
+              "): checkpoint copies run slower");
+    return nullptr;
+  }
+  return std::shared_ptr<void>(host, [](void* p) { cudaHostUnregister(p); });
 }
 
 void CudaOps::cast_params(Param* dst, const float* src, int64_t n) const {

@@ -103,6 +103,10 @@ class CudaOps {
   void* comm_stream() const { return stream(); }  // collectives run in order with the ops
   void upload(float* dst, const float* host, int64_t n) const;
   void download(float* host, const float* src, int64_t n) const;
+  // Page-locks `bytes` of host memory at `host` while the handle lives, so that copies to and
+  // from it (a checkpoint's snapshot) run at the bus's speed; null, with a warning, when the
+  // system refuses.
+  std::shared_ptr<void> pin_host(void* host, size_t bytes) const;
   void cast_params(Param* dst, const float* src, int64_t n) const;  // the compute copy of master
   // One launch over every piece, one read of the results (synchronizes).
   std::vector<double> sums_of_squares(const float* x, const std::vector<std::pair<int64_t, int64_t>>& pieces) const;

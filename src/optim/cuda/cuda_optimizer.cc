@@ -1,6 +1,7 @@
 #include "optim/cuda/cuda_optimizer.h"
 
 #include <cmath>
+#include <memory>
 
 #include "core/error.h"
 #include "model/cuda/cuda_check.h"
@@ -47,6 +48,8 @@ class CudaOptimizer final : public Optimizer {
     CUDA_CHECK(cudaMemcpy(decay_.data(), decay.data(), decay.size(), cudaMemcpyHostToDevice));
     d_m_.zeros(static_cast<int64_t>(m_.size()));
     d_v_.zeros(static_cast<int64_t>(v_.size()));
+    // The host copies a checkpoint reads (state_to_host), page-locked for the copy's speed.
+    pinned_ = {ops_.pin_host(m_.data(), m_.size() * sizeof(float)), ops_.pin_host(v_.data(), v_.size() * sizeof(float))};
     if (lamb_) {
       update_.zeros(static_cast<int64_t>(m_.size()));
       norms_.zeros(4 * static_cast<int64_t>(pieces_.size()));  // ||w||^2, ||u||^2 per piece; twice
@@ -118,6 +121,7 @@ class CudaOptimizer final : public Optimizer {
   __nv_bfloat16* compute(const Range& r) const { return compute_ ? compute_ + r.flat : nullptr; }
 
   CudaOps ops_;
+  std::vector<std::shared_ptr<void>> pinned_;  // m_ and v_ page-locked (unpinned before the base frees them)
   NormReducer reduce_;
   bool lamb_;
   __nv_bfloat16* compute_;  // the compute copy, or null
