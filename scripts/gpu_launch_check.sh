@@ -20,5 +20,20 @@ out=$($B launch --nproc-per-node 2 -- "${args[@]}" --set comm.backend=nccl --run
 check "nccl with two ranks on one GPU is refused" 2 "both use cuda:0, and NCCL refuses two ranks on one device" "$out" $code
 out=$($B launch --nproc-per-node 2 -- "${args[@]}" --run-dir "$W/auto" 2>&1); code=$?
 check "auto picks Gloo with host staging" "$code" "ranks share 1 GPU(s) on this node: Gloo with host staging" "$out" $code
+# Asynchronous saves on the GPU (checkpoint.async, the default): the synchronous save's bytes, and
+# a run resumed from step 2 ends with them too.
+ck=(--set train.steps=4 --set checkpoint.every=2 --set checkpoint.keep_last=0)
+$B "${args[@]}" "${ck[@]}" --set checkpoint.async=false --run-dir "$W/sync" >/dev/null 2>&1
+$B "${args[@]}" "${ck[@]}" --run-dir "$W/async" >/dev/null 2>&1
+$B "${args[@]}" "${ck[@]}" --set train.steps=2 --run-dir "$W/resumed" >/dev/null 2>&1
+out=$($B "${args[@]}" "${ck[@]}" --resume auto --run-dir "$W/resumed" 2>&1); code=$?
+same=yes
+for s in 2 4; do
+  d=checkpoints/step_0000000$s
+  cmp -s "$W/sync/$d/shard_00000.bin" "$W/async/$d/shard_00000.bin" || same="no (async, step $s)"
+done
+cmp -s "$W/sync/checkpoints/step_00000004/shard_00000.bin" "$W/resumed/checkpoints/step_00000004/shard_00000.bin" || same="no (resumed)"
+[ -s "$W/sync/checkpoints/step_00000004/shard_00000.bin" ] || same="no (nothing saved)"
+check "asynchronous saves on the GPU: the synchronous bytes, bitwise resume ($same)" 0 "resume: " "$out" "$([ "$same" = yes ] && echo $code || echo 1)"
 rm -rf "$W"
 exit $fail

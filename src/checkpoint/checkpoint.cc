@@ -428,6 +428,12 @@ void load(const std::string& dir, const nlohmann::json& meta, const std::vector<
       for (const auto& piece : entry->at("pieces")) {
         auto off = piece.at("offset").get<std::vector<int64_t>>();
         auto shape = piece.at("shape").get<std::vector<int64_t>>();
+        // Only the pieces that overlap the region are read (and checked): a rank of another
+        // layout, or holding one shard of the optimizer state, reads its part, not the tensor.
+        bool overlaps = off.size() == want.offset.size();
+        for (size_t d = 0; overlaps && d < off.size(); ++d)
+          overlaps = std::max(off[d], want.offset[d]) < std::min(off[d] + shape[d], want.offset[d] + want.shape[d]);
+        if (!overlaps) continue;
         int64_t n = 1;
         for (int64_t d : shape) n *= d;
         std::vector<float> buf(n);

@@ -206,6 +206,7 @@ void Config::validate() const {
   accum_steps(parallel.dp > 0 ? parallel.dp : 1);
   require_one_of("train.device", train.device, {"auto", "cpu", "cuda"});
   require_one_of("checkpoint.async_policy", checkpoint.async_policy, {"wait", "skip"});
+  require_one_of("checkpoint.load", checkpoint.load, {"broadcast", "all"});
   positive("train.log_every", train.log_every);
   non_negative("train.eval_every", train.eval_every);
   positive("train.eval_steps", train.eval_steps);

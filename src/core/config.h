@@ -105,6 +105,7 @@ struct CheckpointConfig {
   std::string init_from;   // a fresh run starts from this checkpoint's weights (a fresh optimizer)
   bool async = true;       // write in the background (the step waits only for a snapshot)
   std::string async_policy = "wait";  // a save due while the last one is still written: wait or skip
+  std::string load = "broadcast";     // resume: broadcast (one reader per data-parallel group) or all
 };
 
 struct Config {
@@ -176,6 +177,7 @@ struct Config {
     f("checkpoint", "init_from", checkpoint.init_from);
     f("checkpoint", "async", checkpoint.async);
     f("checkpoint", "async_policy", checkpoint.async_policy);
+    f("checkpoint", "load", checkpoint.load);
     f("fault", "step_timeout_s", fault.step_timeout_s);
     f("fault", "startup_timeout_s", fault.startup_timeout_s);
     f("fault", "spike_factor", fault.spike_factor);

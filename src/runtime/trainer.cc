@@ -567,12 +567,37 @@ void Trainer::resume_from(const std::string& dir) {
   if (saved.optim.name != cfg_.optim.name)
     throw_input("checkpoint ", dir, " holds ", saved.optim.name, " state but optim.name = ",
                 cfg_.optim.name);
-  checkpoint::load(dir, meta, shards(false));
+  const double t0 = now_s();
+  // checkpoint.load = broadcast: the parameters, the same on every rank of a data-parallel group,
+  // are read by its rank 0 and broadcast over the group; each rank reads its own shard of the
+  // optimizer state. (On the CPU: a GPU's host copies are not yet handed to the communicators.)
+  comm::Communicator* dp = dist_ ? dist_->context()->dp : nullptr;
+  const bool broadcast = dp && dp->size() > 1 && cfg_.checkpoint.load == "broadcast" && engine_->host_state_is_live();
+  std::vector<checkpoint::Shard> reads;
+  for (checkpoint::Shard& s : shards(false))
+    if (!broadcast || dp->rank() == 0 || s.name.rfind("model/", 0) != 0) reads.push_back(std::move(s));
+  std::exception_ptr failed;
+  try {
+    checkpoint::load(dir, meta, reads);
+  } catch (const Error&) {
+    failed = std::current_exception();
+  }
+  if (broadcast) {
+    // The group's ranks learn of a failed read before they would wait for its broadcast.
+    float failures = failed ? 1.0f : 0.0f;
+    dp->all_reduce(&failures, 1)->wait();
+    if (failures > 0 && !failed)
+      throw checkpoint::Corrupt(cat("checkpoint ", dir, ": another rank of data-parallel group ", dp->name(),
+                                    " could not read it"));
+    if (!failed) dp->broadcast(engine_->host_state().params, engine_->layout().total(), 0)->wait();
+  }
+  if (failed) std::rethrow_exception(failed);
   step_ = meta.at("step").get<int64_t>();
   consumed_ = meta.at("data").at("consumed").get<int64_t>();
   *engine_->host_state().steps_taken = meta.at("optimizer").at("steps_taken").get<int64_t>();
   engine_->state_from_host();
-  log::info("resume: ", dir, " (step ", step_, ", ", consumed_, " samples consumed)");
+  log::info("resume: ", dir, " (step ", step_, ", ", consumed_, " samples consumed) in ", fmt("%.2f", now_s() - t0),
+            " s", broadcast ? cat(", the parameters read by data-parallel rank 0 and broadcast") : "");
 }
 
 }  // namespace myriad

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -110,6 +111,26 @@ TEST_F(AsyncCheckpoint, WritesTheSynchronousSavesBytes) {
     ASSERT_EQ(d.code, 0) << d.output;
     expect_same_checkpoints(ls, la, {2, 4, 6});
     EXPECT_EQ(losses(ls), losses(la));
+  }
+}
+
+// One reader per data-parallel group (checkpoint.load = broadcast, the default) resumes exactly
+// as every rank reading: tensor x data and pipeline x data parallel, 4 processes each.
+TEST_F(AsyncCheckpoint, BroadcastLoadIsEveryRankReading) {
+  for (const char* layout : {"--set parallel.tp=2 --set parallel.dp=2", "--set parallel.pp=2 --set parallel.dp=2"}) {
+    const fs::path first = dir_ / cat("load_", layout[15]);
+    Result a = run_myriad(cat("launch --nproc-per-node 4 -- ", train(first, 2, 2, layout)));
+    ASSERT_EQ(a.code, 0) << a.output;
+    std::map<std::string, fs::path> runs;
+    for (const char* how : {"broadcast", "all"}) {
+      runs[how] = dir_ / cat("load_", layout[15], "_", how);
+      fs::copy(first, runs[how], fs::copy_options::recursive);
+      Result r = run_myriad(cat("launch --nproc-per-node 4 -- ", train(runs[how], 4, 2, cat(layout, " --resume auto --set checkpoint.load=", how))));
+      ASSERT_EQ(r.code, 0) << r.output;
+      EXPECT_EQ(r.output.find("broadcast") != std::string::npos, std::string(how) == "broadcast") << r.output;
+    }
+    expect_same_checkpoints(runs["broadcast"], runs["all"], {4});
+    EXPECT_EQ(losses(runs["broadcast"]), losses(runs["all"]));
   }
 }
 

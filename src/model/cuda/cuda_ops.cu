@@ -384,7 +384,9 @@ void CudaOps::download(float* host, const float* src, int64_t n) const {
 }
 
 std::shared_ptr<void> CudaOps::pin_host(void* host, size_t bytes) const {
-  if (!host || bytes == 0) return nullptr;
+  // Small buffers copy quickly anyway, and may share a page with another (which CUDA refuses to
+  // register twice).
+  if (!host || bytes < (size_t(16) << 20)) return nullptr;
   if (const cudaError_t e = cudaHostRegister(host, bytes, cudaHostRegisterDefault); e != cudaSuccess) {
     cudaGetLastError();  // not sticky: clear it
     log::warn("cuda: cannot page-lock ", bytes >> 20, " MiB of host memory (", cudaGetErrorString(e),

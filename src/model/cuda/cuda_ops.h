@@ -104,8 +104,8 @@ class CudaOps {
   void upload(float* dst, const float* host, int64_t n) const;
   void download(float* host, const float* src, int64_t n) const;
   // Page-locks `bytes` of host memory at `host` while the handle lives, so that copies to and
-  // from it (a checkpoint's snapshot) run at the bus's speed; null, with a warning, when the
-  // system refuses.
+  // from it (a checkpoint's snapshot) run at the bus's speed; null below 16 MiB, and, with a
+  // warning, when the system refuses.
   std::shared_ptr<void> pin_host(void* host, size_t bytes) const;
   void cast_params(Param* dst, const float* src, int64_t n) const;  // the compute copy of master
   // One launch over every piece, one read of the results (synchronizes).
