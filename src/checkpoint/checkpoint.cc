@@ -277,11 +277,18 @@ void Writer::start(std::function<void()> save) {
   thread_ = std::thread([this, save = std::move(save)] {
     try {
       save();
+    } catch (const std::exception& e) {
+      log::error("checkpoint: the save failed: ", e.what());
+      error_ = std::current_exception();
     } catch (...) {
       error_ = std::current_exception();
     }
     done_ = true;
   });
+}
+
+void Writer::poll() {
+  if (thread_.joinable() && done_) wait();
 }
 
 void Writer::wait() {
@@ -369,6 +376,17 @@ void check_writable(const std::string& root) {
 void remove_leftovers(const std::string& root) {
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return;
+  // A save killed while it replaced a committed checkpoint of its step (step_X moved aside,
+  // the new one not yet in place): the old one goes back.
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    const fs::path back = fs::path(root) / name.substr(0, 13);
+    if (name.size() == 22 && name.ends_with(".replaced") && is_step_dir(back) && !fs::exists(back) &&
+        fs::exists(e.path() / kCommitMarker)) {
+      fs::rename(e.path(), back, ec);
+      log::warn("checkpoint: restored ", back.string(), ", which a save killed while it replaced it had moved aside");
+    }
+  }
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const std::string name = e.path().filename().string();
     if (name.rfind("step_", 0) == 0 && (name.ends_with(".partial") || name.ends_with(".replaced"))) {
@@ -457,15 +475,19 @@ void load(const std::string& dir, const nlohmann::json& meta, const std::vector<
   }
 }
 
-void prune(const std::string& root, int64_t keep_last, int64_t keep_every, const std::string& id) {
+void prune(const std::string& root, int64_t keep_last, int64_t keep_every, const std::string& id,
+           int64_t committed_step) {
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return;
   std::vector<fs::path> done;
   for (const auto& e : fs::directory_iterator(root)) {
     const std::string name = e.path().filename().string();
-    // This start's partial directories may be a save under way (the other ranks write the next
-    // one as rank 0 commits this one); the others are leftovers of failed saves.
-    const bool ours = name.ends_with(cat(".", id, ".partial"));
+    // This start's partial directories may be a save under way (the other ranks may write the
+    // next one as rank 0 commits this one), unless their step is not past the one committed (a
+    // failed save's, which a slower rank wrote into after rank 0 removed it); the others are
+    // leftovers of failed saves.
+    const bool ours = name.ends_with(cat(".", id, ".partial")) && name.size() > 13 &&
+                      std::strtoll(name.c_str() + 5, nullptr, 10) > committed_step;
     if ((name.ends_with(".partial") && !ours) || name.ends_with(".replaced")) {
       fs::remove_all(e.path(), ec);
     } else if (committed(e.path())) {

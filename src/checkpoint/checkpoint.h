@@ -87,6 +87,9 @@ class Writer {
   void start(std::function<void()> save);
   // Until the running save ends; rethrows what it threw.
   void wait();
+  // Rethrows what a save that has ended threw (the step after a failed save fails, not the
+  // next save); does not wait.
+  void poll();
   // Set while the writer is being destroyed; for SaveGroup::cancel.
   const std::atomic<bool>* cancelled() const { return &cancel_; }
 
@@ -128,8 +131,9 @@ void check_writable(const std::string& root);
 void remove_leftovers(const std::string& root);
 
 // Deletes committed checkpoints beyond the newest keep_last (0 = keep all), except those whose
-// step is a multiple of keep_every (> 0), and the leftovers of earlier starts' failed saves
-// (partial directories of another id than `id`, this start's).
-void prune(const std::string& root, int64_t keep_last, int64_t keep_every, const std::string& id);
+// step is a multiple of keep_every (> 0), and the leftovers of failed saves: partial
+// directories of another id than `id` (this start's), and of this id up to `committed_step`.
+void prune(const std::string& root, int64_t keep_last, int64_t keep_every, const std::string& id,
+           int64_t committed_step);
 
 }  // namespace myriad::checkpoint

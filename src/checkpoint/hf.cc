@@ -1,5 +1,6 @@
 #include "checkpoint/hf.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -181,6 +182,7 @@ std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
   std::map<std::string, HostTensor> out;
   for (const auto& [name, e] : header.items()) {
     if (name == "__metadata__") continue;
+    if (!e.is_object()) throw_input("import: ", path, ": tensor ", name, "'s header entry is not a JSON object");
     const std::string dtype = e.value("dtype", "");
     if (dtype != "F32")
       throw_input("import: ", path, ": tensor ", name, " has dtype ", dtype.empty() ? "(none)" : dtype,
@@ -271,6 +273,12 @@ void import_hf(const std::string& hf_dir, const std::string& out) {
     throw_input("import: ", cfg_path.string(), ": n_inner = ", hf["n_inner"].dump(), "; Myriad's MLP is 4 x n_embd");
   if (const std::string act = hf.value("activation_function", "gelu_new"); act != "gelu_new")
     throw_input("import: ", cfg_path.string(), ": activation_function = ", act, "; Myriad's GELU is gelu_new (tanh)");
+  // Options of transformers' GPT-2 that change its arithmetic away from Myriad's.
+  if (hf.value("scale_attn_weights", true) != true || hf.value("scale_attn_by_inverse_layer_idx", false) != false)
+    throw_input("import: ", cfg_path.string(), ": scale_attn_weights must be true and scale_attn_by_inverse_layer_idx "
+                "false: Myriad scales attention by 1/sqrt(head size) only");
+  if (const double eps = hf.value("layer_norm_epsilon", 1e-5); std::abs(eps - 1e-5) > 1e-12)
+    throw_input("import: ", cfg_path.string(), ": layer_norm_epsilon = ", eps, "; Myriad's LayerNorm uses 1e-5");
   Config cfg;
   cfg.model.layers = get("n_layer"), cfg.model.d_model = get("n_embd"), cfg.model.heads = get("n_head");
   cfg.model.vocab_size = get("vocab_size");

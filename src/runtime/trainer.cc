@@ -305,6 +305,7 @@ void Trainer::run() {
                 " | lr ", fmt("%.2e", r.lr), " | grad norm ", fmt("%.3f", r.grad_norm), " | ",
                 fmt("%.0f", tokens_per_step / dt), " tok/s | ETA ", human_duration(eta));
     }
+    writer_.poll();  // a save that failed in the background fails the run now
     trace_collectives();
     heartbeat_.set(step_, allowance);
     set_phase("data");
@@ -324,8 +325,10 @@ void Trainer::run() {
     fault::trigger(cat("step:", step_));
     if (const int ms = fault::delay_ms(); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
   }
-  // The last save is written before the run ends, and its failure is the run's.
+  // The last save is written before the run ends, and its failure is the run's; meanwhile the
+  // launcher allows what it allows any save.
   set_phase("checkpoint");
+  heartbeat_.set(step_, cfg_.fault.startup_timeout_s);
   writer_.wait();
 }
 
@@ -502,7 +505,7 @@ void Trainer::save_checkpoint() {
     if (group.rank != 0) return;
     log::info("checkpoint: saved ", dir, " in ", fmt("%.2f", now_s() - t1), " s", cfg_.checkpoint.async ? cat(
               " in the background (its snapshot took the step ", fmt("%.2f", snapshot_s), " s)") : "");
-    checkpoint::prune(root, cfg_.checkpoint.keep_last, cfg_.checkpoint.keep_every, group.id);
+    checkpoint::prune(root, cfg_.checkpoint.keep_last, cfg_.checkpoint.keep_every, group.id, step);
   });
   if (!cfg_.checkpoint.async) {
     // A synchronous save has returned on a rank only once rank 0 committed it.
@@ -579,7 +582,7 @@ void Trainer::resume_from(const std::string& dir) {
   std::exception_ptr failed;
   try {
     checkpoint::load(dir, meta, reads);
-  } catch (const Error&) {
+  } catch (...) {
     failed = std::current_exception();
   }
   if (broadcast) {

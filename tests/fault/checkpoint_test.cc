@@ -148,7 +148,7 @@ TEST_F(AsyncCheckpoint, TheStepDoesNotWaitForTheWrite) {
   ASSERT_EQ(run_myriad(train(async, 4, 3), slow).code, 0);
   EXPECT_GE(stall(sync, 3), 1000);
   EXPECT_LT(stall(async, 3), 1000);
-  EXPECT_GE(stall(async, 4), 900);  // it waited for step 3's write (its own wait comes at the end)
+  EXPECT_GE(stall(async, 4), 500);  // it waited for the rest of step 3's write (its own, at the end)
   expect_same_checkpoints(sync, async, {3, 4});
 }
 
@@ -167,6 +167,20 @@ TEST_F(AsyncCheckpoint, ASaveDueWhileOneIsWrittenIsSkippedUnderSkip) {
   EXPECT_NE(bad.output.find("checkpoint.async_policy"), std::string::npos) << bad.output;
 }
 
+// A save that fails in the background (a full disk) fails the run at the next step's end, not
+// at the next save: exit 3, the committed checkpoints untouched, no partial directory left.
+TEST_F(AsyncCheckpoint, ASaveThatFailsInTheBackgroundFailsTheRunAtOnce) {
+  const fs::path rd = dir_ / "fail";
+  ASSERT_EQ(run_myriad(train(rd, 2, 2)).code, 0);
+  Result r = run_myriad(train(rd, 12, 4, "--resume auto"), "MYRIAD_INJECT_FAULT=checkpoint_write:fail");
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_NE(r.output.find("checkpoint: the save failed: injected fault at checkpoint_write"), std::string::npos) << r.output;
+  EXPECT_LT(jsonl(rd / "metrics.jsonl").back()["step"].get<int>(), 8) << "it trained on to the next save";
+  EXPECT_TRUE(fs::exists(rd / "checkpoints/step_00000002/COMMITTED"));
+  for (const auto& e : fs::directory_iterator(rd / "checkpoints"))
+    EXPECT_FALSE(e.path().filename().string().ends_with(".partial")) << e.path();
+}
+
 // 20 kills at random moments of a run that saves every step, each save's write slowed so that
 // most kills land while one is written: the resume always finds a committed checkpoint, and the
 // run ends with the weights and losses of the run that was never killed.
@@ -180,13 +194,13 @@ TEST_F(AsyncCheckpoint, AKillWhileASaveIsWrittenLosesNoCommittedCheckpoint) {
   for (int trial = 0; trial < 20; ++trial) {
     const fs::path rd = dir_ / cat("kill_", trial);
     {
-      Proc p(train(rd, steps, 1), "MYRIAD_INJECT_FAULT=checkpoint_write:pause:40", dir_ / cat("kill_", trial, ".txt"));
+      Proc p(train(rd, steps, 1), "MYRIAD_INJECT_FAULT=checkpoint_write:pause:80", dir_ / cat("kill_", trial, ".txt"));
       // Some steps in, then a random moment.
       const int after = std::uniform_int_distribution<int>(1, steps - 3)(rng);
       for (auto t0 = std::chrono::steady_clock::now();
            jsonl_lines(rd / "metrics.jsonl") < after && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60);)
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 60)(rng)));
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 100)(rng)));
       p.kill(SIGKILL);
       ASSERT_EQ(p.wait(), 128 + SIGKILL) << p.output();
     }
@@ -200,7 +214,7 @@ TEST_F(AsyncCheckpoint, AKillWhileASaveIsWrittenLosesNoCommittedCheckpoint) {
       EXPECT_EQ(m["loss"].get<double>(), want[m["step"].get<int>() - 1]) << trial << ": " << m.dump();
   }
   std::printf("%d of 20 kills landed while a save was written\n", in_stage2);
-  EXPECT_GE(in_stage2, 10) << "too few kills landed while a save was written";
+  EXPECT_GE(in_stage2, 5) << "too few kills landed while a save was written";
 }
 
 }  // namespace
