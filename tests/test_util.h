@@ -70,6 +70,18 @@ inline Result run_myriad(const std::string& args, const std::string& env = "") {
   return r;
 }
 
+// A test suite's fresh scratch directory (NAME_<pid> under the temp directory, into `dir`)
+// holding a byte-level corpus of fortunes made by `myriad prepare`; returns the corpus prefix.
+inline std::string make_corpus_dir(const std::string& name, std::filesystem::path& dir) {
+  dir = std::filesystem::temp_directory_path() / cat(name, "_", getpid());
+  std::filesystem::create_directories(dir);
+  const std::string prefix = (dir / "corpus").string();
+  const Result r = run_myriad(cat("prepare --input /usr/share/games/fortunes/computers --tokenizer byte --output ",
+                                  prefix, " --doc-separator %"));
+  EXPECT_EQ(r.code, 0) << r.output << "\n(the fortunes package comes with scripts/setup.sh)";
+  return prefix;
+}
+
 // A process running `myriad ARGS` with its output in a file: started, waited for, killed.
 class Proc {
  public:

@@ -28,6 +28,7 @@
 #include "observe/trace.h"
 #include "runtime/generate.h"
 #include "optim/optimizer.h"
+#include "plan/planner.h"
 #include "runtime/engine.h"
 #include "runtime/trainer.h"
 
@@ -59,6 +60,8 @@ usage:
   myriad export  --checkpoint DIR --format hf --output OUT
   myriad import  --hf DIR --output CKPT
   myriad verify  CHECKPOINT
+  myriad plan    --config MODEL.toml --gpus N --cluster CLUSTER.toml [--batch G] [--layout tp=8,pp=8,v=6,mb=1]
+                 [--features megatron|megascale|LIST] [--search]
   myriad help
 
 exit codes: 0 success, 1 internal error, 2 bad input or config (do not retry),
@@ -214,6 +217,32 @@ int cmd_verify(int argc, char** argv) {
   return 0;
 }
 
+// The planner's prediction for a model, a cluster and a layout (plan/planner.h); --search ranks
+// the layouts that fit.
+int cmd_plan(int argc, char** argv) {
+  cli::Args args("plan", argc, argv, {"config", "gpus", "cluster", "batch", "layout", "features"}, {"search"});
+  const Config cfg = load_config(args.required("config"), {});
+  const plan::Cluster cluster = plan::load_cluster(args.required("cluster"));
+  const int64_t gpus = args.get_int("gpus", 1), batch = args.get_int("batch", cfg.train.global_batch);
+  if (gpus < 1) throw_input("plan: --gpus must be at least 1");
+  const plan::Features features = plan::parse_features(args.get("features", "megatron"));
+  std::printf("%s on %lld x %s, global batch %lld (%.0f tokens)\n", args.get("config").c_str(),
+              static_cast<long long>(gpus), cluster.name.c_str(), static_cast<long long>(batch),
+              double(batch) * double(cfg.model.seq_len));
+  if (args.has("search")) {
+    const auto ranked = plan::search(cfg.model, batch, gpus, cluster, features);
+    if (ranked.empty()) throw_input("plan: no layout fits ", gpus, " GPUs of ", cluster.memory_gib, " GiB");
+    for (size_t i = 0; i < std::min<size_t>(ranked.size(), 5); ++i)
+      std::printf("#%zu %s", i + 1, plan::describe(ranked[i].second, ranked[i].first).c_str());
+    return 0;
+  }
+  const plan::Layout layout = plan::parse_layout(args.get("layout", "tp=1,pp=1"));
+  const plan::Prediction p = plan::predict(cfg.model, batch, gpus, cluster, layout, features);
+  std::fputs(plan::describe(p, layout).c_str(), stdout);
+  if (!p.fits && p.microbatches == 0) throw_input("plan: ", p.why_not);
+  return 0;
+}
+
 // Training steps on fresh random tokens: the model and optimizer of a config, no data files.
 int cmd_bench(int argc, char** argv) {
   cli::Args args("bench", argc, argv, {"config", "set", "steps", "warmup"});
@@ -259,7 +288,7 @@ int cmd_bench(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> commands = {"train", "prepare", "sample", "bench", "bench-init", "launch", "hang-report", "trace", "report", "export", "import", "verify", "help"};
+  const std::vector<std::string> commands = {"train", "prepare", "sample", "bench", "bench-init", "launch", "hang-report", "trace", "report", "export", "import", "verify", "plan", "help"};
   if (argc < 2 || std::string(argv[1]) == "help" || std::string(argv[1]) == "--help" ||
       std::string(argv[1]) == "-h") {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
@@ -280,6 +309,7 @@ int main(int argc, char** argv) {
     if (cmd == "export") return cmd_export(argc - 2, argv + 2);
     if (cmd == "import") return cmd_import(argc - 2, argv + 2);
     if (cmd == "verify") return cmd_verify(argc - 2, argv + 2);
+    if (cmd == "plan") return cmd_plan(argc - 2, argv + 2);
     if (cmd == "hang-report") {
       // Matches the flight records a hung job's ranks wrote (driver/hang_report.h).
       if (argc != 3) throw_input("usage: myriad hang-report RUN_DIR");

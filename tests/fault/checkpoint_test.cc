@@ -32,14 +32,7 @@ class AsyncCheckpoint : public ::testing::Test {
  protected:
   static fs::path dir_;
   static std::string data_;
-  static void SetUpTestSuite() {
-    dir_ = fs::temp_directory_path() / cat("myriad_ckpt_", getpid());
-    fs::create_directories(dir_);
-    data_ = (dir_ / "corpus").string();
-    Result r = run_myriad(cat("prepare --input /usr/share/games/fortunes/computers --tokenizer byte --output ", data_,
-                              " --doc-separator %"));
-    ASSERT_EQ(r.code, 0) << r.output;
-  }
+  static void SetUpTestSuite() { data_ = myriad::test::make_corpus_dir("myriad_ckpt", dir_); }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
 
   // A small model, a save every `every` steps, every checkpoint kept.

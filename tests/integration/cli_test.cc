@@ -230,3 +230,24 @@ TEST_F(Cli, FailedSaveNeverDamagesTheCommittedCheckpoint) {
 }
 
 }  // namespace
+
+namespace {
+// `myriad plan` end to end: a prediction, a search, and its bad input.
+TEST(Plan, PredictsSearchesAndRefusesBadInput) {
+  const std::string base = cat("plan --config ", MYRIAD_SOURCE_DIR, "/configs/gpt-175b.toml --cluster ", MYRIAD_SOURCE_DIR,
+                               "/configs/clusters/a100-megascale.toml --batch 768 --gpus 256");
+  Result p = run(cat(base, " --layout tp=8,pp=8,v=6,mb=1 --features megascale"));
+  EXPECT_EQ(p.code, 0) << p.output;
+  EXPECT_NE(p.output.find("layout tp 8 x pp 8 (v 6) x dp 4"), std::string::npos) << p.output;
+  EXPECT_NE(p.output.find("| MFU "), std::string::npos) << p.output;
+  Result s = run(cat(base, " --search"));
+  EXPECT_EQ(s.code, 0) << s.output;
+  EXPECT_NE(s.output.find("#1 layout"), std::string::npos) << s.output;
+  Result bad = run(cat(base, " --layout tp=8,pp=7"));
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("does not divide 256 GPUs"), std::string::npos) << bad.output;
+  Result missing = run(cat("plan --config ", MYRIAD_SOURCE_DIR, "/configs/gpt-175b.toml --gpus 8 --cluster /nonexistent.toml"));
+  EXPECT_EQ(missing.code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("/nonexistent.toml"), std::string::npos) << missing.output;
+}
+}  // namespace

@@ -39,14 +39,7 @@ class Interchange : public ::testing::Test {
  protected:
   static fs::path dir_;
   static std::string data_;
-  static void SetUpTestSuite() {
-    dir_ = fs::temp_directory_path() / cat("myriad_hf_", getpid());
-    fs::create_directories(dir_);
-    data_ = (dir_ / "corpus").string();
-    Result r = run_myriad(cat("prepare --input /usr/share/games/fortunes/computers --tokenizer byte --output ", data_,
-                              " --doc-separator %"));
-    ASSERT_EQ(r.code, 0) << r.output;
-  }
+  static void SetUpTestSuite() { data_ = myriad::test::make_corpus_dir("myriad_hf", dir_); }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
   static std::string train(const fs::path& rd, const std::string& extra = "") {
     return cat("train --config ", MYRIAD_SOURCE_DIR, "/configs/demo.toml --run-dir ", rd.string(),

@@ -1,0 +1,270 @@
+#include "plan/planner.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "core/error.h"
+#include "parallel/schedule.h"
+
+namespace myriad::plan {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+
+double get(const toml::table& t, const std::string& path, const char* section, const char* key, bool required = true,
+           double fallback = 0) {
+  const toml::node* n = t.at_path(cat(section, ".", key)).node();
+  if (!n) {
+    if (required) throw_input("cluster ", path, ": [", section, "] ", key, " is missing");
+    return fallback;
+  }
+  if (auto v = n->value<double>()) return *v;
+  throw_input("cluster ", path, ": [", section, "] ", key, " must be a number");
+}
+
+// The mean number of keys a query attends to: causal, within a window of W (0 = none).
+double mean_keys(int64_t T, int64_t W) {
+  double sum = 0;
+  for (int64_t i = 0; i < T; ++i) sum += static_cast<double>(W > 0 ? std::min(i + 1, W) : i + 1);
+  return sum / static_cast<double>(T);
+}
+
+}  // namespace
+
+Cluster load_cluster(const std::string& path) {
+  toml::table t;
+  try {
+    t = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    throw_input("cluster ", path, ": ", std::string(e.description()), " (line ", e.source().begin.line, ")");
+  }
+  Cluster c;
+  c.name = t["name"].value_or(path);
+  c.peak_tflops = get(t, path, "gpu", "peak_tflops");
+  c.gemm_efficiency = get(t, path, "gpu", "gemm_efficiency");
+  c.gemm_half_flops = get(t, path, "gpu", "gemm_half_gflops") * 1e9;
+  c.attention_efficiency = get(t, path, "gpu", "attention_efficiency");
+  c.hbm_gbps = get(t, path, "gpu", "hbm_gbps");
+  c.memory_gib = get(t, path, "gpu", "memory_gib");
+  c.gpus_per_node = static_cast<int>(get(t, path, "node", "gpus"));
+  c.nvlink_gbps = get(t, path, "node", "nvlink_gbps");
+  c.nvlink_latency_us = get(t, path, "node", "nvlink_latency_us");
+  c.net_gbps = get(t, path, "network", "gbps_per_gpu");
+  c.net_latency_us = get(t, path, "network", "latency_us");
+  c.nodes_per_pod = static_cast<int>(get(t, path, "network", "nodes_per_pod", false, 0));
+  c.spine_oversubscription = get(t, path, "network", "spine_oversubscription", false, 1);
+  c.unfused_memory_passes = get(t, path, "calibration", "unfused_memory_passes");
+  c.fused_memory_passes = get(t, path, "calibration", "fused_memory_passes");
+  c.tp_overlap_hidden = get(t, path, "calibration", "tp_overlap_hidden");
+  c.pp_blocking = get(t, path, "calibration", "pp_blocking");
+  c.misc_overhead = get(t, path, "calibration", "misc_overhead");
+  c.step_overhead_s = get(t, path, "calibration", "step_overhead_s");
+  c.grad_bytes = get(t, path, "calibration", "grad_bytes");
+  for (double x : {c.peak_tflops, c.gemm_efficiency, c.attention_efficiency, c.hbm_gbps, c.memory_gib, c.nvlink_gbps,
+                   c.net_gbps})
+    if (!(x > 0)) throw_input("cluster ", path, ": every [gpu], [node] and [network] figure must be positive");
+  if (c.gpus_per_node < 1) throw_input("cluster ", path, ": [node] gpus must be at least 1");
+  return c;
+}
+
+Layout parse_layout(const std::string& text) {
+  Layout l;
+  std::stringstream s(text);
+  for (std::string item; std::getline(s, item, ',');) {
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    auto number = [&] {
+      try {
+        const int n = std::stoi(value);
+        if (n >= 1) return n;
+      } catch (...) {
+      }
+      throw_input("plan: --layout ", key, "=", value, ": a positive integer is expected");
+    };
+    if (key == "tp") l.tp = number();
+    else if (key == "pp") l.pp = number();
+    else if (key == "v") l.v = number();
+    else if (key == "mb") l.mb = number();
+    else if (key == "recompute" && (value == "none" || value == "selective" || value == "full")) l.recompute = value;
+    else throw_input("plan: --layout '", item, "': expected tp=, pp=, v=, mb= or recompute=none|selective|full");
+  }
+  return l;
+}
+
+Features parse_features(const std::string& text) {
+  Features f;
+  if (text == "megatron" || text.empty()) return f;
+  // MegaScale's window is not published: 512 of the 2,048 positions is assumed (docs/PLANNER.md).
+  if (text == "megascale") return {true, 512, true, true, true, true, true, "lamb"};
+  std::stringstream s(text);
+  for (std::string item; std::getline(s, item, ',');) {
+    if (item == "parallel_block") f.parallel_block = true;
+    else if (item.rfind("window=", 0) == 0) f.window = std::atoll(item.c_str() + 7);
+    else if (item == "tp_overlap") f.tp_overlap = true;
+    else if (item == "pp_overlap") f.pp_overlap = true;
+    else if (item == "dp_overlap") f.dp_overlap = true;
+    else if (item == "fused_ops") f.fused_ops = true;
+    else if (item == "misc") f.misc = true;
+    else if (item == "lamb") f.optimizer = "lamb";
+    else
+      throw_input("plan: --features '", item, "': expected megatron, megascale, or a list of parallel_block, window=W, "
+                  "tp_overlap, pp_overlap, dp_overlap, fused_ops, misc, lamb");
+  }
+  return f;
+}
+
+double ring_all_gather_s(double bytes, int n, double gbps, double latency_us) {
+  if (n <= 1) return 0;
+  return (n - 1) * latency_us * 1e-6 + double(n - 1) / n * bytes / (gbps * 1e9);
+}
+double ring_all_reduce_s(double bytes, int n, double gbps, double latency_us) {
+  return 2 * ring_all_gather_s(bytes, n, gbps, latency_us);
+}
+
+double flops_per_token(const ModelConfig& m) {
+  const double L = double(m.layers), d = double(m.d_model);
+  const double N = 12 * L * d * d + double(m.vocab_size) * d;  // the layers' matrices and the embedding
+  return 6 * N + 12 * L * d * double(m.seq_len);
+}
+
+Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus, const Cluster& c, const Layout& l,
+                   const Features& f) {
+  Prediction p;
+  const int64_t group = int64_t(l.tp) * l.pp;
+  auto refuse = [&](const std::string& why) {
+    p.fits = false, p.why_not = why;
+    return p;
+  };
+  if (gpus % group != 0) return refuse(cat("tp x pp = ", group, " does not divide ", gpus, " GPUs"));
+  if (l.tp > c.gpus_per_node) return refuse(cat("tp ", l.tp, " spans nodes of ", c.gpus_per_node, " GPUs"));
+  if (model.layers % (int64_t(l.pp) * l.v) != 0)
+    return refuse(cat("pp x v = ", l.pp * l.v, " does not divide ", model.layers, " layers"));
+  if (model.heads % l.tp != 0) return refuse(cat("tp ", l.tp, " does not divide ", model.heads, " heads"));
+  p.dp = static_cast<int>(gpus / group);
+  if (global_batch % (int64_t(p.dp) * l.mb) != 0)
+    return refuse(cat("dp x mb = ", p.dp * l.mb, " does not divide the global batch ", global_batch));
+  const int m = static_cast<int>(global_batch / (int64_t(p.dp) * l.mb));
+  p.microbatches = m;
+  if (l.v > 1 && (l.pp == 1 || m % l.pp != 0))
+    return refuse(cat("interleaving (v ", l.v, ") needs pp > 1 and micro-batches (", m, ") a multiple of pp ", l.pp));
+
+  const double peak = c.peak_tflops * 1e12, d = double(model.d_model), T = double(model.seq_len);
+  const double t = double(l.mb) * T;  // tokens per micro-batch
+  const double tp = l.tp, V = double(model.vocab_size);
+  const double layers_per_chunk = double(model.layers) / (l.pp * l.v);
+
+  // One layer's forward on one GPU (its tensor-parallel shard), seconds.
+  auto gemm_s = [&](double flops) {
+    return flops / (peak * c.gemm_efficiency * flops / (flops + c.gemm_half_flops));
+  };
+  // The parallel block fuses QKV with fc and the two output projections (PaLM).
+  const double gemm_fwd = f.parallel_block
+                              ? gemm_s(2 * t * d * 7 * d / tp) + gemm_s(2 * t * 5 * d * d / tp)
+                              : gemm_s(2 * t * d * 3 * d / tp) + gemm_s(2 * t * d * d / tp) +
+                                    gemm_s(2 * t * d * 4 * d / tp) + gemm_s(2 * t * 4 * d * d / tp);
+  const double attn_fwd = 4 * t * mean_keys(model.seq_len, f.window) * d / tp / (peak * c.attention_efficiency);
+  const double passes = f.fused_ops ? c.fused_memory_passes : c.unfused_memory_passes;
+  const double mem_fwd = passes * t * d * 2 / tp / (c.hbm_gbps * 1e9);  // sequence parallel: 1/tp of the tokens
+  // Sequence parallelism: an all-gather before and a reduce-scatter after each of attention and
+  // the MLP, forward and backward; the parallel block shares one of each.
+  const double tp_op = ring_all_gather_s(t * d * 2, l.tp, c.nvlink_gbps, c.nvlink_latency_us);
+  const double tp_layer = (f.parallel_block ? 2 : 4) * tp_op;  // per direction
+  const double tp_exposed = f.tp_overlap ? tp_layer * (1 - c.tp_overlap_hidden) : tp_layer;
+  const double recompute = l.recompute == "full" ? gemm_fwd + attn_fwd + mem_fwd + tp_exposed : 0;
+  const double layer_fwd = gemm_fwd + attn_fwd + mem_fwd + tp_exposed;
+  const double layer_bwd = 2 * gemm_fwd + 2.5 * attn_fwd + 2 * mem_fwd + tp_exposed + recompute;
+  // The LM head and loss (last stage) spread over every chunk, as balanced stages do (the
+  // project's partition_layers gives the last stage fewer layers).
+  const double head_fwd = gemm_s(2 * t * d * V / tp) + 4 * t * V / tp * 4 / (c.hbm_gbps * 1e9);
+  const double chunks = double(l.pp) * l.v;
+  double F = layers_per_chunk * layer_fwd + head_fwd / chunks, B = layers_per_chunk * layer_bwd + 2 * head_fwd / chunks;
+
+  // Pipeline: each activation or gradient crosses the network, split over the tensor-parallel
+  // GPUs' NICs (sequence parallel shards). Without decoupled send/receive a transfer holds the
+  // compute path up.
+  double send = 0;
+  if (l.pp > 1) {
+    send = c.net_latency_us * 1e-6 + t * d * 2 / tp / (c.net_gbps * 1e9);
+    p.pp_comm_s = 2.0 * m * l.v * send;
+    if (!f.pp_overlap) F += c.pp_blocking * send, B += c.pp_blocking * send;
+  }
+  const parallel::ScheduleKind kind = l.v > 1 ? parallel::ScheduleKind::kInterleaved : parallel::ScheduleKind::kOneFOneB;
+  const parallel::SimResult sim = parallel::simulate(parallel::make_schedule(kind, l.pp, l.v, m), {F, B, send});
+  const double work = double(m) * l.v * (F + B);
+  p.bubble = sim.bubble;
+  p.bubble_s = sim.makespan - work;
+  p.tp_comm_s = 2.0 * m * l.v * layers_per_chunk * tp_layer;
+  p.tp_exposed_s = 2.0 * m * l.v * layers_per_chunk * tp_exposed;
+  p.pp_exposed_s = f.pp_overlap ? 0 : 2.0 * m * l.v * c.pp_blocking * send;
+  p.compute_s = work - p.tp_exposed_s - p.pp_exposed_s;
+
+  // Data parallelism (distributed optimizer): fp32 gradients reduce-scattered, bf16 parameters
+  // all-gathered, over the network; a ring that leaves a pod shares the spine.
+  const double params = (12 * double(model.layers) * d * d + V * d) / group;
+  const int64_t nodes = gpus / c.gpus_per_node;
+  const double net = c.nodes_per_pod > 0 && nodes > c.nodes_per_pod ? c.net_gbps / c.spine_oversubscription : c.net_gbps;
+  const double rs = ring_all_gather_s(params * c.grad_bytes, p.dp, net, c.net_latency_us),
+               ag = ring_all_gather_s(params * 2, p.dp, net, c.net_latency_us);
+  p.dp_comm_s = rs + ag;
+  // Overlapped: each chunk's reduce-scatter runs behind the backward of the chunks after it and
+  // its all-gather behind the forward of the chunks before it: one chunk's of each is left (the
+  // first chunk's all-gather, prefetched, still waits on the step's start).
+  p.dp_exposed_s = f.dp_overlap ? (rs + ag) / l.v : rs + ag;
+  // The update of this rank's shard: fp32 master, moments and gradient read, three written.
+  p.optimizer_s = params / p.dp * 4 * 7 / (c.hbm_gbps * 1e9) * (f.optimizer == "lamb" ? 1.3 : 1.0);
+  const double step = sim.makespan + p.dp_exposed_s + p.optimizer_s + c.step_overhead_s;
+  p.other_s = c.step_overhead_s + (f.misc ? 0 : step * c.misc_overhead);
+  p.step_s = step + (f.misc ? 0 : step * c.misc_overhead);
+  p.tokens_per_s = double(global_batch) * T / p.step_s;
+  p.mfu = p.tokens_per_s * flops_per_token(model) / (double(gpus) * peak);
+
+  // Memory per GPU: bf16 weights, fp32 gradients, the optimizer's fp32 master and moments over dp,
+  // activations of the micro-batches in flight (Korthikanti et al.: 34 s b h / tp bytes a layer
+  // with sequence parallelism and fused attention; 2 s b h under full recompute), the logits.
+  const double state = params * (2 + 4) + params * 12 / p.dp;
+  const double act_layer = (l.recompute == "full" ? 2 : 34) * t * d / tp;
+  const double in_flight = (double(model.layers) / l.pp) * l.pp * (l.v > 1 ? 1 + double(l.pp - 1) / (l.pp * l.v) : 1);
+  const double logits = t * V / tp * 4 * 2;
+  p.memory_gib = (state + act_layer * std::min<double>(in_flight, double(model.layers) / l.pp * m) + logits) / kGiB + 2;
+  if (p.memory_gib > c.memory_gib)
+    p.fits = false, p.why_not = cat("needs ", std::round(p.memory_gib), " GiB of ", c.memory_gib, " per GPU");
+  return p;
+}
+
+std::vector<std::pair<Layout, Prediction>> search(const ModelConfig& model, int64_t global_batch, int64_t gpus,
+                                                  const Cluster& c, const Features& f) {
+  std::vector<std::pair<Layout, Prediction>> out;
+  for (int tp = 1; tp <= c.gpus_per_node; tp *= 2)
+    for (int pp = 1; pp <= model.layers; ++pp)
+      for (int v : {1, 2, 3, 4, 6, 8})
+        for (int mb : {1, 2, 4})
+          for (const char* rc : {"none", "full"}) {
+            if (model.layers % (int64_t(pp) * v) != 0 || (v > 1 && pp == 1) || gpus % (int64_t(tp) * pp) != 0) continue;
+            const Layout l{tp, pp, v, mb, rc};
+            Prediction p = predict(model, global_batch, gpus, c, l, f);
+            if (p.fits) out.emplace_back(l, p);
+          }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.second.step_s < b.second.step_s; });
+  return out;
+}
+
+std::string describe(const Prediction& p, const Layout& l) {
+  char buf[2048];
+  std::snprintf(buf, sizeof buf,
+                "layout tp %d x pp %d (v %d) x dp %d, micro-batch %d (%d per step), recompute %s\n"
+                "step %.3f s | MFU %.1f%% | %.0f tokens/s | memory %.1f GiB per GPU | bubble %.1f%%\n"
+                "  pipeline compute %.3f s, bubble %.3f s\n"
+                "  exposed communication: TP %.3f s (of %.3f), PP %.3f s (of %.3f), DP %.3f s (of %.3f)\n"
+                "  optimizer %.3f s, other overhead %.3f s%s%s\n",
+                l.tp, l.pp, l.v, p.dp, l.mb, p.microbatches, l.recompute.c_str(), p.step_s, 100 * p.mfu,
+                p.tokens_per_s, p.memory_gib, 100 * p.bubble, p.compute_s, p.bubble_s, p.tp_exposed_s, p.tp_comm_s,
+                p.pp_exposed_s, p.pp_comm_s, p.dp_exposed_s, p.dp_comm_s, p.optimizer_s, p.other_s,
+                p.fits ? "" : "\n  DOES NOT FIT: ", p.fits ? "" : p.why_not.c_str());
+  return buf;
+}
+
+}  // namespace myriad::plan
