@@ -329,16 +329,6 @@ std::string resolve(const std::string& path) {
   return *found;
 }
 
-namespace {
-std::string read_all(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) return {};
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-}  // namespace
-
 nlohmann::json read_meta(const std::string& dir) {
   if (!fs::is_directory(dir))
     throw_input("checkpoint ", dir, ": no such directory");
@@ -347,12 +337,12 @@ nlohmann::json read_meta(const std::string& dir) {
                 " marker: the save did not finish); use an earlier checkpoint");
   // The commit marker holds the CRC32 of meta.json: the data position, the optimizer step and
   // the tensor index are trusted only when they are the bytes that were committed.
-  const std::string marker = read_all(fs::path(dir) / kCommitMarker);
+  const std::string marker = read_file((fs::path(dir) / kCommitMarker).string());
   const size_t at = marker.find("meta.json crc32 ");
   if (at == std::string::npos)
     throw Corrupt(cat("checkpoint ", dir, "/", kCommitMarker, ": no meta.json checksum (damaged, "
                       "or written by an older Myriad); use another checkpoint"));
-  const std::string text = read_all(fs::path(dir) / "meta.json");
+  const std::string text = read_file((fs::path(dir) / "meta.json").string());
   if (text.empty()) throw Corrupt(cat("checkpoint ", dir, ": missing or empty meta.json; use an earlier checkpoint"));
   const unsigned long long want = std::strtoull(marker.c_str() + at + 16, nullptr, 10);
   if (crc32_of(text.data(), text.size()) != want)

@@ -11,6 +11,7 @@
 #include "checkpoint/checkpoint.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/log.h"
 #include "data/tokenizer.h"
 
@@ -121,13 +122,6 @@ HostTensor convert(const Names& n, const HostTensor& t, const ModelConfig& m, bo
     }
   }
   return t;
-}
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 void write_text(const fs::path& p, const std::string& text) {
@@ -248,7 +242,7 @@ void export_hf(const std::string& dir, const std::string& out) {
     const fs::path src = data::gpt2_dir();
     for (const auto& [from, to] : {std::pair<const char*, const char*>{"encoder.json", "vocab.json"}, {"vocab.bpe", "merges.txt"}}) {
       if (!fs::exists(src / from)) throw_input("export: ", (src / from).string(), " is missing: run scripts/setup.sh");
-      write_text(fs::path(out) / to, read_text(src / from));
+      fs::copy_file(src / from, fs::path(out) / to, fs::copy_options::overwrite_existing);
     }
     write_text(fs::path(out) / "tokenizer_config.json",
                nlohmann::json({{"tokenizer_class", "GPT2Tokenizer"}, {"model_max_length", cfg.positions()}}).dump(2) + "\n");
@@ -260,7 +254,7 @@ void export_hf(const std::string& dir, const std::string& out) {
 void import_hf(const std::string& hf_dir, const std::string& out) {
   const fs::path cfg_path = fs::path(hf_dir) / "config.json", st_path = fs::path(hf_dir) / "model.safetensors";
   if (!fs::exists(cfg_path)) throw_input("import: ", cfg_path.string(), " is missing: give a Hugging Face GPT-2 model directory");
-  const nlohmann::json hf = nlohmann::json::parse(read_text(cfg_path), nullptr, false);
+  const nlohmann::json hf = nlohmann::json::parse(read_file(cfg_path.string()), nullptr, false);
   if (!hf.is_object()) throw_input("import: ", cfg_path.string(), " is not valid JSON");
   if (hf.value("model_type", "") != "gpt2")
     throw_input("import: ", cfg_path.string(), ": model_type is '", hf.value("model_type", ""), "', not gpt2");

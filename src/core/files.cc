@@ -6,6 +6,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "core/error.h"
 
@@ -24,6 +26,14 @@ void require_writable_dir(const std::string& dir, const std::string& what, const
   if (fd < 0) throw_input(what, " ", dir, ": not writable (", std::strerror(errno), "): ", advice);
   ::close(fd);
   fs::remove(probe, ec);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {};
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
 }
 
 }  // namespace myriad

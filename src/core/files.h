@@ -10,4 +10,7 @@ namespace myriad {
 // input error: "<what> <dir>: cannot create it (...) | not writable (...): <advice>".
 void require_writable_dir(const std::string& dir, const std::string& what, const std::string& advice);
 
+// A whole file's bytes; "" when it cannot be read (the caller says what that means).
+std::string read_file(const std::string& path);
+
 }  // namespace myriad
