@@ -3,18 +3,19 @@
 # torch.compile) on the same model, batch and GPU, one after the other in the same call.
 # Expects the binary unpacked by scripts/gpu_check.sh (or MYRIAD=path). Prints one line per
 # config and writes $OUT/bench_gpu.jsonl.
-#   bench/gpu_vs_torch.sh [NAME...]    NAME in: gpt2-124m gpt-1.3b gpt-2.7b gpt-1.3b-pw
+#   bench/gpu_vs_torch.sh [NAME...]    NAME in: gpt2-124m gpt2-350m gpt-1.3b gpt-2.7b gpt-1.3b-pw
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MYRIAD=${MYRIAD:-/tmp/m/bin/myriad}
 # The libraries scripts/stage_device.sh packed beside the binary (Gloo, OpenBLAS, ...).
-[ -d "$(dirname "$MYRIAD")/../lib" ] && export LD_LIBRARY_PATH="$(dirname "$MYRIAD")/../lib:${LD_LIBRARY_PATH:-}"
+M=$(dirname "$MYRIAD")/..; source scripts/device_env.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STEPS=${STEPS:-10}
-names=("$@"); [ ${#names[@]} -gt 0 ] || names=(gpt2-124m gpt-1.3b gpt-1.3b-pw gpt-2.7b)
+names=("$@"); [ ${#names[@]} -gt 0 ] || names=(gpt2-124m gpt2-350m gpt-1.3b gpt-1.3b-pw gpt-2.7b)
 for name in "${names[@]}"; do
   case $name in
     gpt2-124m)   cfg=configs/gpt2-124m.toml; B=32; extra=(); targs=(--preset gpt2-124m) ;;
+    gpt2-350m)   cfg=configs/gpt2-350m.toml; B=32; extra=(); targs=(--preset gpt2-350m) ;;
     gpt-1.3b)    cfg=configs/gpt-1.3b.toml;  B=8;  extra=(); targs=(--preset gpt-1.3b) ;;
     gpt-1.3b-pw) cfg=configs/gpt-1.3b.toml;  B=8;  extra=(--set model.parallel_block=true --set model.window=1024)
                  targs=(--preset gpt-1.3b --parallel-block --window 1024) ;;

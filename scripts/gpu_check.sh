@@ -6,8 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 M=/tmp/m
 mkdir -p $M && tar xzf .device/stage.tgz -C $M
-export LD_LIBRARY_PATH=$M/lib:${LD_LIBRARY_PATH:-}
-export NCCL_NVLS_ENABLE=0
+source scripts/device_env.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,driver_version --format=csv,noheader
 $M/bin/test_gpu "$@" 2>&1 | tee "$OUT/test_gpu.log" | grep -vE "^\[ +(RUN|OK) +\]" | tail -60

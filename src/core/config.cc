@@ -211,6 +211,7 @@ void Config::validate() const {
   non_negative("train.eval_every", train.eval_every);
   positive("train.eval_steps", train.eval_steps);
   require_one_of("train.recompute", train.recompute, {"none", "selective", "full"});
+  require_one_of("train.attention", train.attention, {"auto", "cudnn", "myriad"});
 
   positive("parallel.tp", parallel.tp);
   positive("parallel.pp", parallel.pp);

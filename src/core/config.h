@@ -56,6 +56,10 @@ struct TrainConfig {
   int64_t eval_every = 0;    // 0 = never
   int64_t eval_steps = 4;    // validation batches (of global_batch sequences) per evaluation
   std::string recompute = "none";  // none, selective, full
+  // The CUDA attention: auto (cuDNN's fused attention where it takes the shape, else Myriad's
+  // kernel), cudnn (an error where it cannot), myriad. The CPU has one.
+  std::string attention = "auto";
+  bool deterministic = true;  // bitwise-repeatable steps; false lets cuDNN's backward add atomically
 };
 
 struct ParallelConfig {
@@ -156,6 +160,8 @@ struct Config {
     f("train", "eval_every", train.eval_every);
     f("train", "eval_steps", train.eval_steps);
     f("train", "recompute", train.recompute);
+    f("train", "attention", train.attention);
+    f("train", "deterministic", train.deterministic);
     f("parallel", "tp", parallel.tp);
     f("parallel", "pp", parallel.pp);
     f("parallel", "dp", parallel.dp);

@@ -69,6 +69,7 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
       parallel_block_(cfg.model.parallel_block),
       recompute_(gpt_detail::recompute_mode<Recompute>(cfg.train.recompute)) {
   MYRIAD_CHECK(flat_size == 0 || flat_size >= layout_.total(), "flat size ", flat_size);
+  ops_.select_attention(cfg.train.attention, cfg.train.deterministic);
   params_.zeros(std::max(flat_size, layout_.total()));
   grads_.zeros(params_.size());
   if constexpr (std::is_same_v<Param, float>) {

@@ -449,7 +449,6 @@ std::vector<checkpoint::Shard> Trainer::shards(bool for_save) {
 }
 
 void Trainer::save_checkpoint() {
-  const double t0 = now_s();
   // A save due while the last one is still being written waits for it, or (async_policy skip)
   // is skipped: by every rank, or the others would wait for its part in vain. The last step's
   // is never skipped.

@@ -14,6 +14,7 @@
 #include "gpu/gpu_test_util.h"
 #include "ops/cpu/ops.h"
 #include "ops/cuda/attention_detail.cuh"
+#include "ops/cuda/cudnn_attention.h"
 #include "ops/cuda/ops.cuh"
 
 namespace {
@@ -68,8 +69,14 @@ double norm(const std::vector<float>& x) {
   return std::sqrt(r);
 }
 
-void run_case(const Case& c) {
-  const std::vector<Config> configs = all_configs(c.D);
+// Fresh bf16-rounded inputs and what the CPU oracle makes of them.
+struct Oracle {
+  std::vector<float> qkv, dout, out_ref, dq_ref, dk_ref, dv_ref;
+  std::vector<double> lse_ref;  // natural log
+  double floor;
+};
+
+Oracle oracle(const Case& c) {
   const int B = c.B, T = c.T, H = c.H, D = c.D, C = H * D, W = c.window;
   std::mt19937_64 gen(seed() + 1000003ull * T + 101ull * D + W);
   const size_t nqkv = size_t(B) * T * 3 * C, nout = size_t(B) * T * C, nlse = size_t(B) * H * T;
@@ -102,6 +109,18 @@ void run_case(const Case& c) {
   const std::vector<float> dq_ref = qkv_part(dqkv_ref, 0, D), dk_ref = qkv_part(dqkv_ref, 1, D),
                            dv_ref = qkv_part(dqkv_ref, 2, D);
   const double floor = 1e-2 * norm(dqkv_ref);
+  return {qkv, dout, out_ref, dq_ref, dk_ref, dv_ref, lse_ref, floor};
+}
+
+void run_case(const Case& c) {
+  const std::vector<Config> configs = all_configs(c.D);
+  const int B = c.B, T = c.T, H = c.H, D = c.D, C = H * D, W = c.window;
+  const size_t nqkv = size_t(B) * T * 3 * C, nout = size_t(B) * T * C, nlse = size_t(B) * H * T;
+  const Oracle o = oracle(c);
+  const auto &qkv = o.qkv, &dout = o.dout, &out_ref = o.out_ref, &dq_ref = o.dq_ref, &dk_ref = o.dk_ref,
+             &dv_ref = o.dv_ref;
+  const auto& lse_ref = o.lse_ref;
+  const double floor = o.floor;
 
   Dev<bf16> d_qkv(nqkv), d_out(nout), d_dout(nout), d_dqkv(nqkv);
   Dev<float> d_lse(nlse), d_scr(cu::attention_scratch_floats(B, T, H, D));
@@ -168,6 +187,83 @@ TEST(AttentionLarge, MatchesCpuOracle) {
   run_case(Case{1, 1000, 2, 128, 300});
   run_case(Case{1, 2048, 1, 64, 0});
   run_case(Case{1, 777, 2, 80, 129});
+}
+
+// cuDNN's fused attention on the same oracle: output, natural-log statistics, gradients; the
+// deterministic backward (the default) repeats bitwise. Outputs are poisoned before each call.
+void run_cudnn_case(const Case& c, bool deterministic) {
+  const int B = c.B, T = c.T, H = c.H, D = c.D, C = H * D, W = c.window;
+  SCOPED_TRACE(::testing::Message() << "cuDNN B=" << B << " T=" << T << " H=" << H << " D=" << D << " window=" << W
+                                    << (deterministic ? " deterministic" : " atomic dQ"));
+  cu::cudnn::set_deterministic(deterministic);
+  std::string why;
+  ASSERT_TRUE(cu::cudnn::supports(B, T, H, D, W, &why)) << why;
+  const size_t nqkv = size_t(B) * T * 3 * C, nout = size_t(B) * T * C, nlse = size_t(B) * H * T;
+  const Oracle o = oracle(c);
+  Dev<bf16> d_qkv(nqkv), d_out(nout), d_dout(nout), d_dqkv(nqkv);
+  Dev<float> d_lse(nlse);
+  d_qkv.upload(to_bf16(o.qkv));
+  d_dout.upload(to_bf16(o.dout));
+  d_out.poison();
+  d_lse.poison();
+  cu::cudnn::attention_forward(d_out.p, d_lse.p, d_qkv.p, B, T, H, D, W, 0);
+  CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<float> out = to_float(d_out.download()), lse = d_lse.download();
+  double e_lse = 0;
+  for (size_t i = 0; i < nlse; ++i)
+    e_lse = std::max(e_lse, std::isfinite(lse[i]) ? std::fabs(lse[i] - o.lse_ref[i]) : INFINITY);
+  EXPECT_LT(rel_err(out, o.out_ref), 1e-2);
+  EXPECT_LT(e_lse, 1e-3);
+  std::vector<bf16> g[2];
+  for (auto& gi : g) {
+    d_dqkv.poison();
+    cu::cudnn::attention_backward(d_dqkv.p, d_dout.p, d_out.p, d_qkv.p, d_lse.p, B, T, H, D, W, 0);
+    CUDA_OK(cudaDeviceSynchronize());
+    gi = d_dqkv.download();
+  }
+  if (deterministic)
+    EXPECT_EQ(std::memcmp(g[0].data(), g[1].data(), g[0].size() * sizeof(bf16)), 0) << "backward is not deterministic";
+  const std::vector<float> dqkv = to_float(g[0]);
+  const double e_dq = part_err(qkv_part(dqkv, 0, D), o.dq_ref, o.floor);
+  const double e_dk = part_err(qkv_part(dqkv, 1, D), o.dk_ref, o.floor);
+  const double e_dv = part_err(qkv_part(dqkv, 2, D), o.dv_ref, o.floor);
+  EXPECT_LT(e_dq, 1e-2);
+  EXPECT_LT(e_dk, 1e-2);
+  EXPECT_LT(e_dv, 1e-2);
+  if (::testing::Test::HasFailure() || T >= 257)
+    std::printf("  cuDNN B=%d T=%d H=%d D=%d w=%d: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", B, T, H, D, W,
+                rel_err(out, o.out_ref), e_lse, e_dq, e_dk, e_dv);
+  cu::cudnn::set_deterministic(true);
+}
+
+class CudnnAttention : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
+
+TEST_P(CudnnAttention, MatchesCpuOracle) {
+  const auto [D, T, window] = GetParam();
+  run_cudnn_case(Case{2, T, 3, D, window}, true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudnnAttention,
+                         ::testing::Combine(::testing::Values(64, 80, 128), ::testing::Values(128, 256, 384),
+                                            ::testing::Values(0, 1, 5, 64)));
+
+// Before 9.16, cuDNN's backward needs T % 128 == 0 (without a padding mask): such a shape is
+// refused, and train.attention = auto runs it on Myriad's kernel.
+TEST(CudnnAttention, RefusesWhatItCannotTake) {
+  std::string why;
+  if (cu::cudnn::version() > 0 && cu::cudnn::version() < 91600) {
+    EXPECT_FALSE(cu::cudnn::supports(2, 100, 3, 64, 0, &why));
+    EXPECT_NE(why.find("multiple of 128"), std::string::npos) << why;
+  }
+  EXPECT_FALSE(cu::cudnn::supports(2, 128, 3, 12, 0, &why));
+  EXPECT_NE(why.find("head size 12"), std::string::npos) << why;
+}
+
+TEST(CudnnAttentionLarge, MatchesCpuOracleBothBackwards) {
+  run_cudnn_case(Case{1, 1024, 2, 128, 0}, true);
+  run_cudnn_case(Case{1, 1024, 2, 128, 0}, false);
+  run_cudnn_case(Case{1, 768, 2, 80, 129}, true);
+  run_cudnn_case(Case{1, 512, 2, 64, 100}, false);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -258,7 +354,44 @@ std::vector<Config> sweep_configs(int D) {
   return r;
 }
 
+// cuDNN's fused attention on the same shapes, deterministic backward and atomic dQ.
+void bench_cudnn(const Case& c) {
+  const int B = c.B, T = c.T, H = c.H, D = c.D, W = c.window;
+  std::string why;
+  ASSERT_TRUE(cu::cudnn::supports(B, T, H, D, W, &why)) << why;
+  const size_t nqkv = size_t(B) * T * 3 * H * D, nout = size_t(B) * T * H * D;
+  Dev<bf16> qkv(nqkv), out(nout), dout(nout), dqkv(nqkv);
+  Dev<float> lse(size_t(B) * H * T);
+  fill_random<<<1024, 256>>>(qkv.p, nqkv, 3u);
+  fill_random<<<1024, 256>>>(dout.p, nout, 4u);
+  double pairs = 0.5 * double(T) * T;
+  if (W > 0) {
+    pairs = 0;
+    for (int i = 0; i < T; ++i) pairs += std::min(i + 1, W);
+  }
+  const double fwd_flop = 4.0 * B * H * D * pairs, bwd_flop = 2.5 * fwd_flop;
+  for (bool det : {true, false}) {
+    cu::cudnn::set_deterministic(det);
+    const float tf = median_ms([&] { cu::cudnn::attention_forward(out.p, lse.p, qkv.p, B, T, H, D, W, 0); });
+    const float tb = median_ms([&] {
+      cu::cudnn::attention_backward(dqkv.p, dout.p, out.p, qkv.p, lse.p, B, T, H, D, W, 0);
+    });
+    CUDA_OK(cudaDeviceSynchronize());
+    std::printf("BENCH cuDNN %d B=%d H=%d T=%d D=%d window=%d [%s]: fwd %.3f ms %.1f TFLOP/s | bwd %.3f ms %.1f "
+                "TFLOP/s | fwd+bwd %.1f TFLOP/s\n",
+                cu::cudnn::version(), B, H, T, D, W, det ? "deterministic" : "atomic dQ", tf, fwd_flop / tf * 1e-9, tb,
+                bwd_flop / tb * 1e-9, (fwd_flop + bwd_flop) / (tf + tb) * 1e-9);
+  }
+  cu::cudnn::set_deterministic(true);
+  EXPECT_TRUE(all_finite(to_float(out.download())));
+  EXPECT_TRUE(all_finite(to_float(dqkv.download())));
+}
+
 TEST(AttentionBench, D128T2048Causal) { bench(Case{8, 2048, 16, 128, 0}, sweep_configs(128)); }
+TEST(AttentionBench, CudnnD128T2048Causal) { bench_cudnn(Case{8, 2048, 16, 128, 0}); }
+TEST(AttentionBench, CudnnD64T1024Causal) { bench_cudnn(Case{8, 1024, 16, 64, 0}); }
+TEST(AttentionBench, CudnnD80T2048Causal) { bench_cudnn(Case{8, 2048, 16, 80, 0}); }
+TEST(AttentionBench, CudnnD128T4096Window1024) { bench_cudnn(Case{8, 4096, 16, 128, 1024}); }
 TEST(AttentionBench, D64T1024Causal) { bench(Case{8, 1024, 16, 64, 0}, sweep_configs(64)); }
 TEST(AttentionBench, D80T2048Causal) { bench(Case{8, 2048, 16, 80, 0}, sweep_configs(80)); }
 TEST(AttentionBench, D128T4096Window1024) {

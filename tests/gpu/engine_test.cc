@@ -5,12 +5,15 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <random>
 #include <vector>
 
 #include "core/config.h"
 #include "engine_cases.h"
 #include "core/error.h"
+#include "nlohmann/json.hpp"
 #include "optim/optimizer.h"
 #include "runtime/engine.h"
 
@@ -84,7 +87,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"lamb", {"optim.name=lamb"}}, Case{"clipped", {"optim.grad_clip=0.05"}},
                       Case{"head80", {"model.d_model=320", "model.heads=4"}},
                       Case{"head128_window", {"model.d_model=256", "model.heads=2", "model.window=40",
-                                              "model.parallel_block=true"}}),
+                                              "model.parallel_block=true"}},
+                      // The default (auto) takes cuDNN's attention where it can (before cuDNN
+                      // 9.16: T a multiple of 128); each kernel and backward on its own.
+                      Case{"myriad_attention", {"train.attention=myriad", "model.window=17"}},
+                      Case{"cudnn", {"model.seq_len=128", "model.window=40"}},
+                      Case{"cudnn_nondeterministic", {"train.deterministic=false", "model.seq_len=128"}}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(EngineDeterminism, SameSeedSameLossesBitwise) {
@@ -198,6 +206,48 @@ TEST(EngineTimers, PhasesAreTimedOnTheDevice) {
     EXPECT_LE(r.times.forward_s + r.times.backward_s + r.times.optimizer_s, wall) << "step " << step;
   }
   EXPECT_GT(gpu->peak_memory(), 0);
+}
+
+// MYRIAD_OP_PROFILE: one line per step, naming each op with its shape; the ops' times lie inside
+// the step's span, and the GEMMs and attention of every layer are there.
+TEST(OpProfile, EachStepsOpsTimedInsideItsSpan) {
+  const std::string path = ::testing::TempDir() + "/op_profile.jsonl";
+  std::remove(path.c_str());
+  ::setenv("MYRIAD_OP_PROFILE", path.c_str(), 1);
+  Config cfg = config({"profile", {"train.global_batch=8"}}, "cuda");
+  {
+    auto gpu = make_engine(cfg);
+    ::unsetenv("MYRIAD_OP_PROFILE");
+    for (int step = 1; step <= 3; ++step) {
+      std::vector<int32_t> tokens = batch(cfg, 70 + step);
+      gpu->train_step(tokens.data(), step, 1e-3);
+    }
+  }  // the last step is written when the op set goes
+  std::ifstream in(path);
+  std::string line;
+  int steps = 0;
+  const int64_t N = cfg.train.micro_batch * cfg.model.seq_len, C = cfg.model.d_model;
+  const std::string qkv = "linear_forward " + std::to_string(N) + "x" + std::to_string(C) + "x" + std::to_string(3 * C);
+  while (std::getline(in, line)) {
+    ++steps;
+    const nlohmann::json j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["step"].get<int>(), steps);
+    const double span = j["span_ms"].get<double>();
+    double sum = 0;
+    for (const auto& [name, v] : j["ops"].items()) {
+      EXPECT_GE(v[1].get<double>(), 0) << name;
+      sum += v[1].get<double>();
+    }
+    EXPECT_GT(sum, 0);
+    EXPECT_LE(sum, span * 1.001) << "ops are timed once each, nested calls as the outer op";
+    const int64_t calls = cfg.model.layers * (cfg.train.global_batch / cfg.train.micro_batch);
+    ASSERT_TRUE(j["ops"].contains(qkv)) << line;
+    EXPECT_EQ(j["ops"][qkv][0].get<int64_t>(), calls);
+    EXPECT_EQ(j["ops"]["attention_backward " + std::to_string(cfg.train.micro_batch) + "x" +
+                       std::to_string(cfg.model.seq_len) + "x" + std::to_string(cfg.model.heads) + "x" +
+                       std::to_string(C / cfg.model.heads)][0].get<int64_t>(), calls);
+  }
+  EXPECT_EQ(steps, 3);
 }
 
 }  // namespace

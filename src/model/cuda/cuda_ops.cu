@@ -4,7 +4,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <map>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/error.h"
@@ -12,6 +17,7 @@
 #include "model/cuda/cuda_check.h"
 #include "model/cuda/device.h"
 #include "model/cuda/matmul.h"
+#include "ops/cuda/cudnn_attention.h"
 #include "ops/cuda/ops.cuh"
 
 namespace myriad {
@@ -61,8 +67,27 @@ struct CudaOps::State {
   size_t h_sums_floats = 0;
   std::vector<cudaEvent_t> events;  // the phase timers' marks, reused step after step
   int marks = 0;                    // of them in use
+  std::string attention = "auto";   // train.attention
+  std::map<std::tuple<int, int, int, int, int>, bool> cudnn_takes;  // per shape (B,T,H,D,window)
+  // The op profile (MYRIAD_OP_PROFILE=FILE; off otherwise): a pair of events around each op of
+  // the step, [begin, end] at 2i and 2i+1, resolved when the next step clears its marks.
+  struct Profile {
+    std::FILE* out = nullptr;
+    std::vector<cudaEvent_t> events;
+    std::vector<std::string> names;  // pair i's op
+    int depth = 0;                   // an op that calls another is timed once, as itself
+    int64_t steps = 0;
+  } profile;
+  void flush_profile();
   ~State() {
     if (stream) cudaStreamSynchronize(stream);
+    try {
+      flush_profile();
+    } catch (const std::exception& e) {
+      log::warn("op profile: the last step was not written: ", e.what());
+    }
+    if (profile.out) std::fclose(profile.out);
+    for (cudaEvent_t e : profile.events) cudaEventDestroy(e);
     for (cudaEvent_t e : events) cudaEventDestroy(e);
     cudaFree(scratch);
     cudaFree(d_bounds);
@@ -73,7 +98,67 @@ struct CudaOps::State {
 
 namespace {
 std::atomic<int64_t> g_held{0}, g_peak{0};
+
+// Times the op it is declared in when the op profile is on: events on the op set's stream, so
+// the op's own kernels are what is measured, not the host's launch.
+class OpScope {
+ public:
+  template <class... Shape>
+  OpScope(CudaOps::State& st, const char* op, Shape... shape) : p_(st.profile.out ? &st.profile : nullptr), st_(st) {
+    if (!p_ || p_->depth++ > 0) return;
+    std::string name = op;
+    [[maybe_unused]] const char* sep = " ";
+    ((name += sep, name += std::to_string(shape), sep = "x"), ...);
+    p_->names.push_back(std::move(name));
+    record();
+  }
+  ~OpScope() {
+    if (p_ && --p_->depth == 0) record();
+  }
+
+ private:
+  void record() {
+    const size_t i = 2 * p_->names.size() - (p_->depth > 0 ? 2 : 1);
+    while (p_->events.size() <= i) {
+      cudaEvent_t e;
+      CUDA_CHECK(cudaEventCreate(&e));
+      p_->events.push_back(e);
+    }
+    CUDA_CHECK(cudaEventRecord(p_->events[i], st_.stream));
+  }
+  CudaOps::State::Profile* p_;
+  CudaOps::State& st_;
+};
 }  // namespace
+
+// One JSON line per step: each op's calls and milliseconds (summed by name), and the step's span
+// on the device, from its first op to its last event, the phase marks (the update) included.
+void CudaOps::State::flush_profile() {
+  Profile& p = profile;
+  if (!p.out || p.names.empty()) return;
+  const size_t n = p.names.size();
+  cudaEvent_t last = p.events[2 * n - 1];
+  float span = 0, ms = 0;
+  CUDA_CHECK(cudaEventSynchronize(last));
+  if (marks > 0) {  // the phase marks come after the last op when the step ends with the update
+    CUDA_CHECK(cudaEventSynchronize(events[marks - 1]));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, last, events[marks - 1]));
+    if (ms > 0) last = events[marks - 1];
+  }
+  CUDA_CHECK(cudaEventElapsedTime(&span, p.events[0], last));
+  std::map<std::string, std::pair<int, double>> by_name;
+  for (size_t i = 0; i < n; ++i) {
+    CUDA_CHECK(cudaEventElapsedTime(&ms, p.events[2 * i], p.events[2 * i + 1]));
+    auto& [calls, total] = by_name[p.names[i]];
+    ++calls, total += ms;
+  }
+  std::fprintf(p.out, "{\"step\": %lld, \"span_ms\": %.4f, \"ops\": {", static_cast<long long>(++p.steps), span);
+  const char* sep = "";
+  for (const auto& [name, v] : by_name) std::fprintf(p.out, "%s\"%s\": [%d, %.4f]", sep, name.c_str(), v.first, v.second), sep = ", ";
+  std::fprintf(p.out, "}}\n");
+  std::fflush(p.out);
+  p.names.clear();
+}
 
 int64_t CudaOps::held_bytes() { return g_held.load(); }
 int64_t CudaOps::peak_bytes() { return g_peak.load(); }
@@ -143,6 +228,12 @@ void CudaOps::Tokens::zeros(int64_t n) {
 
 CudaOps::CudaOps() : st_(std::make_shared<State>()) {
   CUDA_CHECK(cudaStreamCreateWithFlags(&st_->stream, cudaStreamNonBlocking));
+  if (const char* path = std::getenv("MYRIAD_OP_PROFILE"); path && *path) {
+    st_->profile.out = std::fopen(path, "a");
+    if (!st_->profile.out) throw_input("MYRIAD_OP_PROFILE: cannot open ", path, " for appending: ", std::strerror(errno));
+    log::warn("op profile on (MYRIAD_OP_PROFILE=", path, "): every op is timed between events, and each step "
+              "waits for the last one's");
+  }
 }
 
 cudaStream_t CudaOps::stream() const { return st_->stream; }
@@ -160,10 +251,12 @@ float* CudaOps::scratch(size_t n) const {
 
 template <class T>
 void CudaOps::zero(T* x, int64_t n) const {
+  OpScope op(*st_, "zero");
   if (n > 0) CUDA_CHECK(cudaMemsetAsync(x, 0, static_cast<size_t>(n) * sizeof(T), st_->stream));
 }
 template <class T>
 void CudaOps::copy(T* dst, const T* src, int64_t n) const {
+  OpScope op(*st_, "copy");
   if (n > 0 && dst != src)
     CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(T), cudaMemcpyDeviceToDevice, st_->stream));
 }
@@ -177,6 +270,7 @@ template void CudaOps::copy<int32_t>(int32_t*, const int32_t*, int64_t) const;
 
 void CudaOps::load_tokens(Tokens& t, const int32_t* host, int B, int T, int64_t stride, int64_t v0,
                           int64_t Vl) const {
+  OpScope op(*st_, "load_tokens");
   const int64_t N = int64_t(B) * T;
   MYRIAD_CHECK(N <= t.n_, "tokens ", B, "x", T, " exceed the buffer's ", t.n_);
   // The staging is reused: the previous load's copies must have left it (they have, unless the
@@ -397,6 +491,7 @@ std::shared_ptr<void> CudaOps::pin_host(void* host, size_t bytes) const {
 }
 
 void CudaOps::cast_params(Param* dst, const float* src, int64_t n) const {
+  OpScope op(*st_, "cast_params");
   if (n > 0) cast_to_bf16(dst, src, n, st_->stream);
 }
 
@@ -417,7 +512,10 @@ double CudaOps::seconds(int from, int to) const {
   return ms / 1e3;
 }
 
-void CudaOps::clear_marks() const { st_->marks = 0; }
+void CudaOps::clear_marks() const {
+  st_->flush_profile();
+  st_->marks = 0;
+}
 
 const int64_t* CudaOps::segments(const std::vector<int64_t>& bounds) const {
   if (bounds != st_->bounds) {
@@ -433,6 +531,7 @@ const int64_t* CudaOps::segments(const std::vector<int64_t>& bounds) const {
 
 std::vector<double> CudaOps::sums_of_squares(const float* x,
                                              const std::vector<std::pair<int64_t, int64_t>>& pieces) const {
+  OpScope op(*st_, "sums_of_squares");
   std::vector<double> out(pieces.size(), 0.0);
   if (pieces.empty()) return out;
   // The pieces ascend; as segments of segment_sum_squares from the first piece's start, the
@@ -470,12 +569,14 @@ void CudaOps::mean_into(double* acc, const float* x, int64_t n) const {
 }
 
 void CudaOps::scale(float* x, int64_t n, float c) const {
+  OpScope op(*st_, "scale");
   if (n <= 0) return;
   scale_kernel<<<grid_for(n), 256, 0, st_->stream>>>(x, n, c);
   check_launch("scale");
 }
 
 void CudaOps::accumulate(float* dst, const float* src, int64_t n) const {
+  OpScope op(*st_, "accumulate");
   if (n <= 0) return;
   accumulate_kernel<<<grid_for(n), 256, 0, st_->stream>>>(dst, src, n);
   check_launch("accumulate");
@@ -483,6 +584,7 @@ void CudaOps::accumulate(float* dst, const float* src, int64_t n) const {
 
 void CudaOps::embedding_forward(Act* out, const int32_t* tokens, const Param* wte, const Param* wpe, int B, int T,
                                 int C) const {
+  OpScope op(*st_, "embedding_forward", B, T, C);
   cuda::embedding_forward(out, tokens, wte, wpe, B, T, C, st_->stream);
 }
 
@@ -497,81 +599,124 @@ void CudaOps::rows_by_id_backward(float* dwte, float* dwpe, const Act* dout, con
 
 void CudaOps::embedding_backward(float* dwte, float* dwpe, const Act* dout, const Tokens& tokens, int B, int T,
                                  int C) const {
+  OpScope op(*st_, "embedding_backward", B, T, C);
   MYRIAD_CHECK(tokens.v0_ == 0, "the embedding's tokens are loaded with the whole vocabulary");
   rows_by_id_backward(dwte, dwpe, dout, tokens, B, T, C);
 }
 
 void CudaOps::layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b,
                                 int N, int C) const {
+  OpScope op(*st_, "layernorm_forward", N, C);
   cuda::layernorm_forward(out, mean, rstd, inp, w, b, N, C, st_->stream);
 }
 
 void CudaOps::residual_layernorm_forward(Act* resid, Act* out, float* mean, float* rstd, const Act* a, const Act* b,
                                          const Param* w, const Param* bias, int N, int C) const {
+  OpScope op(*st_, "residual_layernorm_forward", N, C);
   cuda::residual_layernorm_forward(resid, out, mean, rstd, a, b, w, bias, N, C, st_->stream);
 }
 
 void CudaOps::layernorm_backward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
                                  const float* mean, const float* rstd, int N, int C) const {
+  OpScope op(*st_, "layernorm_backward", N, C);
   cuda::layernorm_backward(dinp, dw, db, scratch(layernorm_scratch_floats(N, C)), dout, inp, w, mean, rstd, N, C,
                            st_->stream);
 }
 
 void CudaOps::linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC) const {
+  OpScope op(*st_, "linear_forward", N, IC, OC);
   st_->mm.forward(out, inp, w, b, N, IC, OC, st_->stream);
 }
 
 void CudaOps::linear_gelu_forward(Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N, int IC,
                                   int OC) const {
+  OpScope op(*st_, "linear_gelu_forward", N, IC, OC);
   st_->mm.forward_gelu(out, pre, inp, w, b, N, IC, OC, st_->stream);
 }
 
 void CudaOps::linear_backward_input(Act* dinp, const Act* dout, const Param* w, int N, int IC, int OC,
                                     bool accumulate) const {
+  OpScope op(*st_, "linear_backward_input", N, IC, OC);
   st_->mm.backward_input(dinp, dout, w, N, IC, OC, accumulate, st_->stream);
 }
 
 void CudaOps::linear_backward_input_dgelu(Act* dpre, const Act* dout, const Param* w, const Act* pre, int N, int IC,
                                           int OC) const {
+  OpScope op(*st_, "linear_backward_input_dgelu", N, IC, OC);
   st_->mm.backward_input_dgelu(dpre, dout, w, pre, N, IC, OC, st_->stream);
 }
 
 void CudaOps::linear_backward_weight(float* dw, float* db, const Act* dout, const Act* inp, int N, int IC,
                                      int OC) const {
+  OpScope op(*st_, "linear_backward_weight", N, IC, OC);
   st_->mm.backward_weight(dw, dout, inp, N, IC, OC, st_->stream);
   if (db) bias_backward(db, dout, N, OC);
 }
 
 void CudaOps::bias_backward(float* db, const Act* dout, int rows, int OC) const {
+  OpScope op(*st_, "bias_backward", rows, OC);
   cuda::bias_backward(db, scratch(bias_scratch_floats(rows, OC)), dout, rows, OC, st_->stream);
 }
 
-void CudaOps::add(Act* out, const Act* a, const Act* b, int64_t n) const { cuda::add(out, a, b, n, st_->stream); }
+void CudaOps::add(Act* out, const Act* a, const Act* b, int64_t n) const {
+  OpScope op(*st_, "add");
+  cuda::add(out, a, b, n, st_->stream);
+}
+
+void CudaOps::select_attention(const std::string& kernel, bool deterministic) const {
+  st_->attention = kernel;
+  cudnn::set_deterministic(deterministic);
+}
+
+// Whether this shape runs on cuDNN: decided at its first call, the same for its forward and backward.
+static bool use_cudnn(CudaOps::State& st, int B, int T, int H, int D, int window) {
+  if (st.attention == "myriad") return false;
+  const auto key = std::make_tuple(B, T, H, D, window);
+  if (auto it = st.cudnn_takes.find(key); it != st.cudnn_takes.end()) return it->second;
+  std::string why;
+  const bool ok = cudnn::supports(B, T, H, D, window, &why);
+  if (!ok && st.attention == "cudnn")
+    throw_input("train.attention = \"cudnn\" but cuDNN's fused attention cannot take B ", B, " T ", T, " H ", H,
+                " D ", D, " window ", window, ": ", why, "; use train.attention = \"auto\" or \"myriad\"");
+  if (!ok) log::info("attention: Myriad's kernel for B ", B, " T ", T, " H ", H, " D ", D, " (cuDNN: ", why, ")");
+  return st.cudnn_takes[key] = ok;
+}
 
 void CudaOps::attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int C, int H,
                                 int window) const {
-  cuda::attention_forward(out, saved, qkv, B, T, H, C / H, window, st_->stream);
+  OpScope op(*st_, "attention_forward", B, T, H, C / H);
+  if (use_cudnn(*st_, B, T, H, C / H, window))
+    cudnn::attention_forward(out, saved, qkv, B, T, H, C / H, window, st_->stream);
+  else
+    cuda::attention_forward(out, saved, qkv, B, T, H, C / H, window, st_->stream);
 }
 void CudaOps::attention_backward(Act* dqkv, const Act* dout, const Act* out, const Act* qkv, const float* saved,
                                  int B, int T, int C, int H, int window) const {
+  OpScope op(*st_, "attention_backward", B, T, H, C / H);
   const int D = C / H;
-  cuda::attention_backward(dqkv, scratch(attention_scratch_floats(B, T, H, D)), dout, out, qkv, saved, B, T, H, D,
-                           window, st_->stream);
+  if (use_cudnn(*st_, B, T, H, D, window))
+    cudnn::attention_backward(dqkv, dout, out, qkv, saved, B, T, H, D, window, st_->stream);
+  else
+    cuda::attention_backward(dqkv, scratch(attention_scratch_floats(B, T, H, D)), dout, out, qkv, saved, B, T, H,
+                             D, window, st_->stream);
 }
 
 void CudaOps::crossentropy_forward(float* losses, const Act* logits, const int32_t* targets, int N, int V,
                                    int Vp) const {
+  OpScope op(*st_, "crossentropy_forward", N, V);
   // dloss 0: the losses only, the logits untouched.
   cuda::crossentropy(losses, const_cast<Act*>(logits), targets, 0.0f, N, V, Vp, st_->stream);
 }
 void CudaOps::crossentropy_forward_backward(float* losses, Act* logits, const int32_t* targets, float dloss, int N,
                                             int V, int Vp) const {
+  OpScope op(*st_, "crossentropy_forward_backward", N, V);
   cuda::crossentropy(losses, logits, targets, dloss, N, V, Vp, st_->stream);
 }
 
 // ---- tensor parallelism ----
 
 void CudaOps::add_bias(Act* out, const Param* bias, int rows, int C) const {
+  OpScope op(*st_, "add_bias", rows, C);
   const int64_t n = int64_t(rows) * C;
   if (n <= 0) return;
   add_bias_kernel<<<grid_for(n), 256, 0, st_->stream>>>(out, bias, n, C);
@@ -580,6 +725,7 @@ void CudaOps::add_bias(Act* out, const Param* bias, int rows, int C) const {
 
 void CudaOps::vocab_rows_forward(Act* out, const int32_t* tokens, const Param* wte, int64_t v0, int64_t Vl, int N,
                                  int C) const {
+  OpScope op(*st_, "vocab_rows_forward", N, C);
   const int64_t n = int64_t(N) * C;
   if (n <= 0) return;
   vocab_rows_kernel<<<grid_for(n), 256, 0, st_->stream>>>(out, tokens, wte, v0, Vl, n, C);
@@ -588,12 +734,14 @@ void CudaOps::vocab_rows_forward(Act* out, const int32_t* tokens, const Param* w
 
 void CudaOps::vocab_rows_backward(float* dwte, const Act* dfull, const Tokens& tokens, int64_t v0, int64_t Vl,
                                   int N, int C) const {
+  OpScope op(*st_, "vocab_rows_backward", N, C);
   MYRIAD_CHECK(tokens.v0_ == v0 && tokens.Vl_ == Vl, "tokens loaded for vocabulary rows [", tokens.v0_, ", ",
                tokens.v0_ + tokens.Vl_, ") but looked up in [", v0, ", ", v0 + Vl, ")");
   rows_by_id_backward(dwte, nullptr, dfull, tokens, 1, N, C);
 }
 
 void CudaOps::add_positions(Act* out, const Param* wpe, int r0, int rows, int T, int C) const {
+  OpScope op(*st_, "add_positions", rows, C);
   const int64_t n = int64_t(rows) * C;
   if (n <= 0) return;
   add_positions_kernel<<<grid_for(n), 256, 0, st_->stream>>>(out, wpe, r0, n, T, C);
@@ -601,6 +749,7 @@ void CudaOps::add_positions(Act* out, const Param* wpe, int r0, int rows, int T,
 }
 
 void CudaOps::positions_backward(float* dwpe, const Act* dout, int r0, int rows, int T, int C) const {
+  OpScope op(*st_, "positions_backward", rows, C);
   const int64_t n = int64_t(T) * C;
   if (rows <= 0) return;
   positions_backward_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, st_->stream>>>(dwpe, dout, r0, rows, T, C);
@@ -608,6 +757,7 @@ void CudaOps::positions_backward(float* dwpe, const Act* dout, int r0, int rows,
 }
 
 void CudaOps::ce_row_max(float* mx, const Act* logits, int N, int64_t Vl, int live) const {
+  OpScope op(*st_, "ce_row_max", N);
   if (N <= 0) return;
   ce_row_max_kernel<<<N, kRowThreads, 0, st_->stream>>>(mx, logits, Vl, live);
   check_launch("ce_row_max");
@@ -615,12 +765,14 @@ void CudaOps::ce_row_max(float* mx, const Act* logits, int N, int64_t Vl, int li
 
 void CudaOps::ce_partials(float* parts, const Act* logits, const float* mx, const int32_t* targets, int64_t v0,
                           int N, int64_t Vl, int live) const {
+  OpScope op(*st_, "ce_partials", N);
   if (N <= 0) return;
   ce_partials_kernel<<<N, kRowThreads, 0, st_->stream>>>(parts, logits, mx, targets, v0, Vl, live);
   check_launch("ce_partials");
 }
 
 void CudaOps::ce_losses(float* losses, float* sums, const float* parts, int N) const {
+  OpScope op(*st_, "ce_losses", N);
   if (N <= 0) return;
   ce_losses_kernel<<<(N + 255) / 256, 256, 0, st_->stream>>>(losses, sums, parts, N);
   check_launch("ce_losses");
@@ -628,18 +780,21 @@ void CudaOps::ce_losses(float* losses, float* sums, const float* parts, int N) c
 
 void CudaOps::ce_tp_backward(Act* dlogits, const float* mx, const float* sums, float dloss, const int32_t* targets,
                              int64_t v0, int N, int64_t Vl, int live) const {
+  OpScope op(*st_, "ce_tp_backward", N);
   if (N <= 0) return;
   ce_tp_backward_kernel<<<N, kRowThreads, 0, st_->stream>>>(dlogits, mx, sums, dloss, targets, v0, Vl, live);
   check_launch("ce_tp_backward");
 }
 
 void CudaOps::widen(float* dst, const Act* src, int64_t n) const {
+  OpScope op(*st_, "widen");
   if (n <= 0) return;
   widen_kernel<<<grid_for(n), 256, 0, st_->stream>>>(dst, src, n);
   check_launch("widen");
 }
 
 void CudaOps::narrow(Act* dst, const float* src, int64_t n) const {
+  OpScope op(*st_, "narrow");
   if (n > 0) cast_to_bf16(dst, src, n, st_->stream);
 }
 

@@ -134,6 +134,11 @@ class CudaOps {
   void linear_backward_weight(float* dw, float* db, const Act* dout, const Act* inp, int N, int IC, int OC) const;
   void add(Act* out, const Act* a, const Act* b, int64_t n) const;
   void bias_backward(float* db, const Act* dout, int rows, int OC) const;  // db += column sums
+  // train.attention (auto, cudnn, myriad) and train.deterministic; auto picks cuDNN's fused
+  // attention per shape where it builds a plan (ops/cuda/cudnn_attention.h), else Myriad's kernel.
+  // Either keeps the log-sum-exp rows (B,H,T) for its backward (cuDNN's in natural log, Myriad's in
+  // log2): one shape always runs on one kernel.
+  void select_attention(const std::string& kernel, bool deterministic) const;
   int64_t attention_saved(int B, int H, int T) const { return int64_t(B) * H * T; }
   void attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int C, int H, int window) const;
   void attention_backward(Act* dqkv, const Act* dout, const Act* out, const Act* qkv, const float* saved, int B,
@@ -161,8 +166,9 @@ class CudaOps {
   void widen(float* dst, const Act* src, int64_t n) const;
   void narrow(Act* dst, const float* src, int64_t n) const;
 
+ struct State;  // cuda_ops.cu
+
  private:
-  struct State;
   // Scratch of at least n floats, shared by the ops (one runs at a time).
   float* scratch(size_t n) const;
   // dwte rows += the rows of dout (B*T, C) of each id of t held in its vocabulary rows; dwpe as

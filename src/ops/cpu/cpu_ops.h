@@ -107,6 +107,9 @@ class CpuOps {
   // dw (OC,IC) += dout^T @ inp; db (OC) += column sums of dout (db may be null).
   void linear_backward_weight(float* dw, float* db, const Act* dout, const Act* inp, int N, int IC, int OC) const;
   void add(Act* out, const Act* a, const Act* b, int64_t n) const;  // out may alias a or b
+  // Which attention kernel, and whether its backward must be bitwise repeatable (train.attention,
+  // train.deterministic): the CPU has one kernel, always deterministic.
+  void select_attention(const std::string&, bool) const {}
   // Floats attention keeps for its backward, per micro-batch: the softmax rows (B,H,T,T).
   int64_t attention_saved(int B, int H, int T) const { return int64_t(B) * H * T * T; }
   void attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int C, int H, int window) const;

@@ -116,6 +116,11 @@ TEST(Config, ImpossibleShapes) {
   EXPECT_NE(e.find("model.heads (4) must be divisible by parallel.tp (3)"), std::string::npos) << e;
   e = input_error([] { parse_config(kSmall, "my.toml", {"optim.name=adam"}); });
   EXPECT_NE(e.find("did you mean 'adamw'"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "my.toml", {"train.attention=flash"}); });
+  EXPECT_NE(e.find("train.attention"), std::string::npos) << e;
+  EXPECT_NE(e.find("cudnn"), std::string::npos) << "the error lists the choices: " << e;
+  e = input_error([] { parse_config(kSmall, "my.toml", {"train.deterministic=yes"}); });
+  EXPECT_NE(e.find("--set train.deterministic=yes"), std::string::npos) << e;
 }
 
 TEST(Config, PaddedVocab) {

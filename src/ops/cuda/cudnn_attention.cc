@@ -1,0 +1,547 @@
+#include "ops/cuda/cudnn_attention.h"
+
+#if __has_include(<cudnn_graph.h>)
+#define MYRIAD_HAVE_CUDNN_HEADERS 1
+#include <cudnn_graph.h>
+#endif
+
+#include <dlfcn.h>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <utility>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace myriad::cuda::cudnn {
+
+#ifndef MYRIAD_HAVE_CUDNN_HEADERS
+
+bool supports(int, int, int, int, int, std::string* why) {
+  if (why) *why = "Myriad was built without cuDNN's headers (cudnn_graph.h)";
+  return false;
+}
+void attention_forward(__nv_bfloat16*, float*, const __nv_bfloat16*, int, int, int, int, int, cudaStream_t) {
+  throw_runtime("cuDNN attention: not built");
+}
+void attention_backward(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
+                        const float*, int, int, int, int, int, cudaStream_t) {
+  throw_runtime("cuDNN attention: not built");
+}
+int version() { return 0; }
+void set_deterministic(bool) {}
+
+#else
+
+namespace {
+
+// ---- the library, loaded at run time ----
+
+struct Api {
+  size_t (*GetVersion)();
+  const char* (*GetErrorString)(cudnnStatus_t);
+  void (*GetLastErrorString)(char*, size_t);
+  cudnnStatus_t (*Create)(cudnnHandle_t*);
+  cudnnStatus_t (*SetStream)(cudnnHandle_t, cudaStream_t);
+  cudnnStatus_t (*BackendCreateDescriptor)(cudnnBackendDescriptorType_t, cudnnBackendDescriptor_t*);
+  cudnnStatus_t (*BackendDestroyDescriptor)(cudnnBackendDescriptor_t);
+  cudnnStatus_t (*BackendSetAttribute)(cudnnBackendDescriptor_t, cudnnBackendAttributeName_t,
+                                       cudnnBackendAttributeType_t, int64_t, const void*);
+  cudnnStatus_t (*BackendGetAttribute)(cudnnBackendDescriptor_t const, cudnnBackendAttributeName_t,
+                                       cudnnBackendAttributeType_t, int64_t, int64_t*, void*);
+  cudnnStatus_t (*BackendFinalize)(cudnnBackendDescriptor_t);
+  cudnnStatus_t (*BackendExecute)(cudnnHandle_t, cudnnBackendDescriptor_t, cudnnBackendDescriptor_t);
+  std::string missing;  // why the library could not be used; empty when it can
+};
+
+// The oldest cuDNN whose fused attention takes causal masks, windows and bf16 on sm_80/sm_90.
+constexpr size_t kMinVersion = 90500;
+
+const Api& api() {
+  static Api a = [] {
+    Api r{};
+    void* lib = dlopen("libcudnn_graph.so.9", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+      r.missing = cat("cannot load libcudnn_graph.so.9 (", dlerror(), ")");
+      return r;
+    }
+    auto sym = [&](auto& f, const char* name) {
+      f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(dlsym(lib, name));
+      if (!f && r.missing.empty()) r.missing = cat("libcudnn_graph.so.9 has no ", name);
+    };
+    sym(r.GetVersion, "cudnnGetVersion");
+    sym(r.GetErrorString, "cudnnGetErrorString");
+    sym(r.GetLastErrorString, "cudnnGetLastErrorString");
+    sym(r.Create, "cudnnCreate");
+    sym(r.SetStream, "cudnnSetStream");
+    sym(r.BackendCreateDescriptor, "cudnnBackendCreateDescriptor");
+    sym(r.BackendDestroyDescriptor, "cudnnBackendDestroyDescriptor");
+    sym(r.BackendSetAttribute, "cudnnBackendSetAttribute");
+    sym(r.BackendGetAttribute, "cudnnBackendGetAttribute");
+    sym(r.BackendFinalize, "cudnnBackendFinalize");
+    sym(r.BackendExecute, "cudnnBackendExecute");
+    if (r.missing.empty() && r.GetVersion() < kMinVersion)
+      r.missing = cat("cuDNN ", r.GetVersion(), " is older than ", kMinVersion);
+    return r;
+  }();
+  return a;
+}
+
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw_runtime("cuDNN attention: ", what, ": ", cudaGetErrorString(e));
+}
+
+// cuDNN's failure as an exception; `what` names the step.
+void check(cudnnStatus_t s, const char* what) {
+  if (s == CUDNN_STATUS_SUCCESS) return;
+  char last[512] = {0};
+  api().GetLastErrorString(last, sizeof last);
+  throw_runtime("cuDNN attention: ", what, ": ", api().GetErrorString(s), last[0] ? cat(" (", last, ")") : "");
+}
+
+// A backend descriptor, destroyed with its owner.
+class Desc {
+ public:
+  explicit Desc(cudnnBackendDescriptorType_t type) { check(api().BackendCreateDescriptor(type, &d_), "create"); }
+  Desc(Desc&& o) noexcept : d_(std::exchange(o.d_, nullptr)) {}
+  Desc& operator=(Desc&&) = delete;
+  ~Desc() {
+    if (d_) api().BackendDestroyDescriptor(d_);
+  }
+  cudnnBackendDescriptor_t get() const { return d_; }
+  template <class T>
+  Desc& set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, const T* v, int64_t n = 1) {
+    check(api().BackendSetAttribute(d_, name, type, n, v), "set attribute");
+    return *this;
+  }
+  Desc& set(cudnnBackendAttributeName_t name, const Desc& d) {
+    cudnnBackendDescriptor_t v = d.get();
+    return set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, &v);
+  }
+  Desc& finalize(const char* what) {
+    check(api().BackendFinalize(d_), what);
+    return *this;
+  }
+
+ private:
+  cudnnBackendDescriptor_t d_ = nullptr;
+};
+
+cudnnHandle_t handle() {
+  thread_local cudnnHandle_t h = [] {
+    cudnnHandle_t r = nullptr;
+    check(api().Create(&r), "cudnnCreate");
+    return r;
+  }();
+  return h;
+}
+
+// ---- tensors and operations of a graph ----
+
+// A 4-D tensor (B,H,rows,cols); uid names it in the variant pack.
+Desc tensor(int64_t uid, cudnnDataType_t type, std::array<int64_t, 4> dims, std::array<int64_t, 4> strides,
+            bool is_virtual = false, bool by_value = false) {
+  Desc t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+  const int64_t align = 16;
+  t.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, &type)
+      .set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, dims.data(), 4)
+      .set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, strides.data(), 4)
+      .set(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, &uid)
+      .set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, &align)
+      .set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, &is_virtual);
+  if (by_value) t.set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, &by_value);
+  return std::move(t.finalize("tensor"));
+}
+
+// Row-major strides of a virtual tensor of these dims.
+std::array<int64_t, 4> packed(std::array<int64_t, 4> d) { return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 1}; }
+
+// A graph under construction, then its plan. Owns every descriptor the plan was built from.
+class Graph {
+ public:
+  using Dims = std::array<int64_t, 4>;
+  // A tensor the caller passes (non-virtual) or a by-value scalar; uid names it in the pack.
+  cudnnBackendDescriptor_t io(int64_t uid, cudnnDataType_t type, Dims dims, Dims strides) {
+    return keep(tensor(uid, type, dims, strides));
+  }
+  cudnnBackendDescriptor_t scalar(int64_t uid, float value) {
+    scalars_.push_back({uid, std::make_unique<float>(value)});
+    return keep(tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true));
+  }
+  // An intermediate the engine keeps on chip (packed strides unless given).
+  cudnnBackendDescriptor_t virt(cudnnDataType_t type, Dims dims, std::optional<Dims> strides = std::nullopt) {
+    return keep(tensor(next_uid_++, type, dims, strides ? *strides : packed(dims), true));
+  }
+
+  void pointwise(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
+                 cudnnBackendDescriptor_t t, cudnnBackendDescriptor_t y, cudnnDataType_t prec = CUDNN_DATA_FLOAT,
+                 int64_t axis = -1) {
+    Desc pw(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    pw.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, &mode)
+        .set(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, &prec);
+    if (axis >= 0) pw.set(CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, &axis);
+    pw.finalize("pointwise");
+    Desc op(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    const float one = 1.0f;
+    op.set(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw)
+        .set(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &x)
+        .set(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &y);
+    if (b) op.set(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &b);
+    if (t) op.set(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &t);
+    op.set(CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_TYPE_FLOAT, &one)
+        .set(CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, &one)
+        .finalize("pointwise operation");
+    aux_.push_back(std::move(pw));
+    ops_.push_back(std::move(op));
+  }
+  void matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c) {
+    Desc mm(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+    mm.set(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, &f32).finalize("matmul");
+    Desc op(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    op.set(CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &a)
+        .set(CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &b)
+        .set(CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &c)
+        .set(CUDNN_ATTR_OPERATION_MATMUL_DESC, mm)
+        .finalize("matmul operation");
+    aux_.push_back(std::move(mm));
+    ops_.push_back(std::move(op));
+  }
+  void reduction(cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+    Desc red(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+    red.set(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, &f32)
+        .set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, &mode)
+        .finalize("reduction");
+    Desc op(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+    op.set(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &x)
+        .set(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &y)
+        .set(CUDNN_ATTR_OPERATION_REDUCTION_DESC, red)
+        .finalize("reduction operation");
+    aux_.push_back(std::move(red));
+    ops_.push_back(std::move(op));
+  }
+  void reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+    Desc op(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    op.set(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &x)
+        .set(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &y)
+        .finalize("reshape operation");
+    ops_.push_back(std::move(op));
+  }
+
+  // S (f32, (B,H,T,T)) with the keys a query may not see set to -inf: causal, then the window's
+  // left edge (key j kept when j + window > i).
+  cudnnBackendDescriptor_t mask(cudnnBackendDescriptor_t s, Dims st, int window, int64_t neg_inf_uid) {
+    auto band = [&](cudnnBackendDescriptor_t x, cudnnPointwiseMode_t cmp, bool shift, int64_t uid) {
+      cudnnBackendDescriptor_t row = virt(CUDNN_DATA_INT32, st), col = virt(CUDNN_DATA_INT32, st);
+      pointwise(CUDNN_POINTWISE_GEN_INDEX, x, nullptr, nullptr, row, CUDNN_DATA_FLOAT, 2);
+      pointwise(CUDNN_POINTWISE_GEN_INDEX, x, nullptr, nullptr, col, CUDNN_DATA_FLOAT, 3);
+      cudnnBackendDescriptor_t keep = virt(CUDNN_DATA_BOOLEAN, st);
+      if (shift) {  // col + window > row
+        cudnnBackendDescriptor_t shifted = virt(CUDNN_DATA_FLOAT, st);
+        pointwise(CUDNN_POINTWISE_ADD, col, scalar(uid + 1, float(window)), nullptr, shifted);
+        pointwise(cmp, shifted, row, nullptr, keep, CUDNN_DATA_BOOLEAN);
+      } else {  // row >= col
+        pointwise(cmp, row, col, nullptr, keep, CUDNN_DATA_BOOLEAN);
+      }
+      cudnnBackendDescriptor_t y = virt(CUDNN_DATA_FLOAT, st);
+      pointwise(CUDNN_POINTWISE_BINARY_SELECT, x, scalar(uid, -INFINITY), keep, y);
+      return y;
+    };
+    s = band(s, CUDNN_POINTWISE_CMP_GE, false, neg_inf_uid);
+    if (window > 0) s = band(s, CUDNN_POINTWISE_CMP_GT, true, neg_inf_uid + 10);
+    return s;
+  }
+
+  // The plan: the operation graph, cuDNN's heuristic (mode A) candidates, the first that builds.
+  void build(const char* what) {
+    std::vector<cudnnBackendDescriptor_t> ops;
+    for (const Desc& d : ops_) ops.push_back(d.get());
+    cudnnHandle_t h = handle();
+    graph_.emplace(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+    graph_->set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, &h)
+        .set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, ops.data(), int64_t(ops.size()))
+        .finalize(what);
+    Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+    cudnnBackendDescriptor_t g = graph_->get();
+    heur.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, &g)
+        .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, &mode)
+        .finalize("heuristics");
+    int64_t n = 0;
+    check(api().BackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n,
+                                    nullptr), "heuristic results");
+    std::vector<Desc> cfgs;
+    std::vector<cudnnBackendDescriptor_t> raw;
+    for (int64_t i = 0; i < n; ++i) raw.push_back(cfgs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR).get());
+    int64_t got = 0;
+    if (n > 0)
+      check(api().BackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, n,
+                                      &got, raw.data()), "heuristic results");
+    std::string last = "no engine offered";
+    for (int64_t i = 0; i < got; ++i) {
+      Desc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+      plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, &h)
+          .set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, &raw[i]);
+      const cudnnStatus_t s = api().BackendFinalize(plan.get());
+      if (s != CUDNN_STATUS_SUCCESS) {
+        char msg[512] = {0};
+        api().GetLastErrorString(msg, sizeof msg);
+        last = cat(api().GetErrorString(s), msg[0] ? cat(" (", msg, ")") : "");
+        continue;
+      }
+      check(api().BackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
+                                      &got, &workspace_), "workspace size");
+      plan_.emplace(std::move(plan));
+      return;
+    }
+    throw_runtime("cuDNN attention: ", what, ": no engine builds a plan: ", last);
+  }
+
+  // Runs the plan with these device pointers (uid, pointer) and `ws` bytes of workspace.
+  void execute(std::vector<std::pair<int64_t, void*>> ptrs, void* ws, cudaStream_t stream) {
+    for (auto& [uid, v] : scalars_) ptrs.push_back({uid, v.get()});
+    std::vector<int64_t> uids;
+    std::vector<void*> data;
+    for (auto& [uid, p] : ptrs) uids.push_back(uid), data.push_back(p);
+    Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+    pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, uids.data(), int64_t(uids.size()))
+        .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, data.data(), int64_t(data.size()))
+        .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, &ws)
+        .finalize("variant pack");
+    check(api().SetStream(handle(), stream), "set stream");
+    check(api().BackendExecute(handle(), plan_->get(), pack.get()), "execute");
+  }
+  int64_t workspace() const { return workspace_; }
+
+ private:
+  cudnnBackendDescriptor_t keep(Desc d) { return tensors_.emplace_back(std::move(d)).get(); }
+  std::deque<Desc> tensors_, ops_, aux_;
+  std::vector<std::pair<int64_t, std::unique_ptr<float>>> scalars_;  // by-value: host pointers in the pack
+  std::optional<Desc> graph_, plan_;
+  int64_t workspace_ = 0;
+  int64_t next_uid_ = 1000;
+};
+
+// The uids of the tensors the caller passes.
+// Every uid distinct within a graph, the by-value scalars included: cuDNN refuses a pack that repeats one.
+enum : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kScale = 50, kOne, kScaleDS, kNegInf = 60 };
+
+// Myriad's layouts as (B,H,T,D) views: QKV per token (H,3,D), the output (H,D).
+struct Shape {
+  int B, T, H, D, window;
+  bool deterministic;
+  auto key() const { return std::make_tuple(B, T, H, D, window, deterministic); }
+  Graph::Dims qkv_strides() const { return {int64_t(T) * 3 * H * D, 3 * D, int64_t(3) * H * D, 1}; }
+  Graph::Dims out_strides() const { return {int64_t(T) * H * D, D, int64_t(H) * D, 1}; }
+  Graph::Dims bhtd() const { return {B, H, T, D}; }
+  Graph::Dims bhdt() const { return {B, H, D, T}; }
+  Graph::Dims scores() const { return {B, H, T, T}; }
+  Graph::Dims rows() const { return {B, H, T, 1}; }
+  float scale() const { return 1.0f / std::sqrt(float(D)); }
+};
+Graph::Dims transposed(Graph::Dims s) { return {s[0], s[1], s[3], s[2]}; }
+
+// Forward: S = QK^T * scale, masked, softmax (its log-sum-exp the stats), O = PV.
+std::unique_ptr<Graph> forward_graph(const Shape& x) {
+  auto g = std::make_unique<Graph>();
+  const auto S = x.scores(), R = x.rows();
+  auto q = g->io(kQ, CUDNN_DATA_BFLOAT16, x.bhtd(), x.qkv_strides());
+  auto kt = g->io(kK, CUDNN_DATA_BFLOAT16, x.bhdt(), transposed(x.qkv_strides()));
+  auto v = g->io(kV, CUDNN_DATA_BFLOAT16, x.bhtd(), x.qkv_strides());
+  auto o = g->io(kO, CUDNN_DATA_BFLOAT16, x.bhtd(), x.out_strides());
+  auto stats = g->io(kStats, CUDNN_DATA_FLOAT, R, packed(R));
+  auto s1 = g->virt(CUDNN_DATA_FLOAT, S), s2 = g->virt(CUDNN_DATA_FLOAT, S);
+  g->matmul(q, kt, s1);
+  g->pointwise(CUDNN_POINTWISE_MUL, s1, g->scalar(kScale, x.scale()), nullptr, s2);
+  auto s3 = g->mask(s2, S, x.window, kNegInf);
+  auto mx = g->virt(CUDNN_DATA_FLOAT, R), sub = g->virt(CUDNN_DATA_FLOAT, S), e = g->virt(CUDNN_DATA_FLOAT, S);
+  auto z = g->virt(CUDNN_DATA_FLOAT, R), lz = g->virt(CUDNN_DATA_FLOAT, R), p = g->virt(CUDNN_DATA_BFLOAT16, S);
+  g->reduction(CUDNN_REDUCE_TENSOR_MAX, s3, mx);
+  g->pointwise(CUDNN_POINTWISE_SUB, s3, mx, nullptr, sub);
+  g->pointwise(CUDNN_POINTWISE_EXP, sub, nullptr, nullptr, e);
+  g->reduction(CUDNN_REDUCE_TENSOR_ADD, e, z);
+  g->pointwise(CUDNN_POINTWISE_LOG, z, nullptr, nullptr, lz);
+  g->pointwise(CUDNN_POINTWISE_ADD, mx, lz, nullptr, stats);
+  g->pointwise(CUDNN_POINTWISE_DIV, e, z, nullptr, p);
+  g->matmul(p, v, o);
+  g->build("attention forward");
+  return g;
+}
+
+// Backward from the stats: P again, dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO O)) * scale,
+// dK = dS^T Q, dQ = dS K. Deterministic: dQ straight from its GEMM; otherwise through an fp32
+// accumulator that the engine adds into from several blocks.
+std::unique_ptr<Graph> backward_graph(const Shape& x) {
+  auto g = std::make_unique<Graph>();
+  const auto S = x.scores(), R = x.rows();
+  const auto qs = x.qkv_strides(), os = x.out_strides();
+  auto q = g->io(kQ, CUDNN_DATA_BFLOAT16, x.bhtd(), qs);
+  auto kt = g->io(kK, CUDNN_DATA_BFLOAT16, x.bhdt(), transposed(qs));
+  auto vt = g->io(kV, CUDNN_DATA_BFLOAT16, x.bhdt(), transposed(qs));
+  auto o = g->io(kO, CUDNN_DATA_BFLOAT16, x.bhtd(), os);
+  auto dout = g->io(kDO, CUDNN_DATA_BFLOAT16, x.bhtd(), os);
+  auto stats = g->io(kStats, CUDNN_DATA_FLOAT, R, packed(R));
+  auto dq = g->io(kDQ, CUDNN_DATA_BFLOAT16, x.bhtd(), qs);
+  auto dk = g->io(kDK, CUDNN_DATA_BFLOAT16, x.bhtd(), qs);
+  auto dv = g->io(kDV, CUDNN_DATA_BFLOAT16, x.bhtd(), qs);
+  auto softmax_sum = g->io(kSoftmaxSum, CUDNN_DATA_FLOAT, R, packed(R));
+  // rowsum(dO * O)
+  const Graph::Dims od = {int64_t(x.H) * x.T * x.D, int64_t(x.T) * x.D, int64_t(x.H) * x.D, 1};
+  auto dot = g->virt(CUDNN_DATA_FLOAT, x.bhtd(), od), dsum = g->virt(CUDNN_DATA_FLOAT, R);
+  g->pointwise(CUDNN_POINTWISE_MUL, dout, o, nullptr, dot);
+  g->reduction(CUDNN_REDUCE_TENSOR_ADD, dot, dsum);
+  g->pointwise(CUDNN_POINTWISE_MUL, dsum, g->scalar(kOne, 1.0f), nullptr, softmax_sum);
+  // P = exp(QK^T * scale - stats), masked
+  auto s1 = g->virt(CUDNN_DATA_FLOAT, S), s2 = g->virt(CUDNN_DATA_FLOAT, S), s3 = g->virt(CUDNN_DATA_FLOAT, S);
+  g->matmul(q, kt, s1);
+  g->pointwise(CUDNN_POINTWISE_MUL, s1, g->scalar(kScale, x.scale()), nullptr, s2);
+  g->pointwise(CUDNN_POINTWISE_SUB, s2, stats, nullptr, s3);
+  auto s4 = g->mask(s3, S, x.window, kNegInf);
+  auto p = g->virt(CUDNN_DATA_FLOAT, S);
+  g->pointwise(CUDNN_POINTWISE_EXP, s4, nullptr, nullptr, p);
+  // dV = P^T dO
+  auto pt = g->virt(CUDNN_DATA_BFLOAT16, S, transposed(packed(S)));
+  g->reshape(p, pt);
+  g->matmul(pt, dout, dv);
+  // dS = P (dO V^T - softmax_sum) * scale
+  auto dp = g->virt(CUDNN_DATA_FLOAT, S), d1 = g->virt(CUDNN_DATA_FLOAT, S), d2 = g->virt(CUDNN_DATA_FLOAT, S);
+  auto ds = g->virt(CUDNN_DATA_FLOAT, S);
+  g->matmul(dout, vt, dp);
+  g->pointwise(CUDNN_POINTWISE_SUB, dp, softmax_sum, nullptr, d1);
+  g->pointwise(CUDNN_POINTWISE_MUL, d1, p, nullptr, d2);
+  g->pointwise(CUDNN_POINTWISE_MUL, d2, g->scalar(kScaleDS, x.scale()), nullptr, ds);
+  // dK = dS^T Q
+  auto dst = g->virt(CUDNN_DATA_BFLOAT16, S, transposed(packed(S)));
+  g->reshape(ds, dst);
+  g->matmul(dst, q, dk);
+  // dQ = dS K
+  auto k = g->virt(CUDNN_DATA_FLOAT, x.bhtd(), qs);
+  g->reshape(kt, k);
+  if (x.deterministic) {
+    g->matmul(ds, k, dq);
+  } else {
+    auto acc = g->io(kDQAccum, CUDNN_DATA_FLOAT, x.bhtd(), packed(x.bhtd()));
+    g->matmul(ds, k, acc);
+    g->pointwise(CUDNN_POINTWISE_IDENTITY, acc, nullptr, nullptr, dq);
+  }
+  g->build("attention backward");
+  return g;
+}
+
+// Plans by shape, and one workspace for all (grown on demand: only at a shape's first call).
+struct Plans {
+  std::mutex mu;
+  std::map<std::tuple<int, int, int, int, int, bool>, std::pair<std::unique_ptr<Graph>, std::unique_ptr<Graph>>> by_shape;
+  std::map<std::tuple<int, int, int, int, int, bool>, std::string> refused;
+  void* ws = nullptr;
+  size_t ws_bytes = 0;
+};
+Plans& plans() {
+  static Plans p;
+  return p;
+}
+
+// The backward's fp32 scratch, at the start of its workspace: rowsum(dO O) (B,H,T), then the
+// dQ accumulator (B,H,T,D) when not deterministic.
+size_t backward_scratch_bytes(const Shape& x) {
+  const size_t rows = size_t(x.B) * x.H * x.T * 4;
+  return (rows + 255) / 256 * 256 + (x.deterministic ? 0 : rows * x.D);
+}
+
+std::pair<Graph*, Graph*> plan_for(const Shape& x) {
+  Plans& ps = plans();
+  std::lock_guard<std::mutex> lock(ps.mu);
+  auto it = ps.by_shape.find(x.key());
+  if (it == ps.by_shape.end()) {
+    auto f = forward_graph(x), b = backward_graph(x);
+    const size_t need = std::max(size_t(f->workspace()), backward_scratch_bytes(x) + size_t(b->workspace()));
+    if (need > ps.ws_bytes) {
+      cuda_ok(cudaDeviceSynchronize(), "synchronize before the workspace grows");  // any stream may use it
+      cudaFree(ps.ws);
+      ps.ws = nullptr;
+      cuda_ok(cudaMalloc(&ps.ws, need), "workspace");
+      ps.ws_bytes = need;
+    }
+    log::info("attention: cuDNN ", api().GetVersion(), " fused attention for B ", x.B, " T ", x.T, " H ", x.H, " D ",
+              x.D, x.window ? cat(" window ", x.window) : "", x.deterministic ? ", deterministic" : "",
+              " (workspace ", (need + (1 << 20) - 1) >> 20, " MiB)");
+    it = ps.by_shape.emplace(x.key(), std::make_pair(std::move(f), std::move(b))).first;
+  }
+  return {it->second.first.get(), it->second.second.get()};
+}
+
+
+bool deterministic_default = true;
+
+}  // namespace
+
+int version() { return api().missing.empty() ? int(api().GetVersion()) : 0; }
+
+bool supports(int B, int T, int H, int D, int window, std::string* why) {
+  auto refuse = [&](std::string r) {
+    if (why) *why = std::move(r);
+    return false;
+  };
+  if (!api().missing.empty()) return refuse(api().missing);
+  int dev = 0, major = 0;
+  cuda_ok(cudaGetDevice(&dev), "device");
+  cuda_ok(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "compute capability");
+  if (major < 8) return refuse(cat("compute capability ", major, ".x: cuDNN's fused attention needs 8.0 or newer"));
+  if (D % 8 != 0 || D > 256) return refuse(cat("head size ", D, ": cuDNN takes multiples of 8 up to 256"));
+  // Before 9.16, cuDNN's backward needs T % 128 == 0 unless given a padding mask, not built here.
+  if (api().GetVersion() < 91600 && T % 128 != 0) return refuse(cat("T ", T, " is not a multiple of 128 (cuDNN < 9.16)"));
+  const Shape x{B, T, H, D, window, deterministic_default};
+  Plans& ps = plans();
+  {
+    std::lock_guard<std::mutex> lock(ps.mu);
+    if (auto r = ps.refused.find(x.key()); r != ps.refused.end()) return refuse(r->second);
+  }
+  try {
+    plan_for(x);
+  } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> lock(ps.mu);
+    ps.refused[x.key()] = e.what();
+    return refuse(e.what());
+  }
+  return true;
+}
+
+void set_deterministic(bool on) { deterministic_default = on; }
+
+void attention_forward(__nv_bfloat16* out, float* stats, const __nv_bfloat16* qkv, int B, int T, int H, int D,
+                       int window, cudaStream_t stream) {
+  const Shape x{B, T, H, D, window, deterministic_default};
+  auto [f, b] = plan_for(x);
+  auto* base = const_cast<__nv_bfloat16*>(qkv);
+  f->execute({{kQ, base}, {kK, base + D}, {kV, base + 2 * D}, {kO, out}, {kStats, stats}}, plans().ws, stream);
+}
+
+void attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* out,
+                        const __nv_bfloat16* qkv, const float* stats, int B, int T, int H, int D, int window,
+                        cudaStream_t stream) {
+  const Shape x{B, T, H, D, window, deterministic_default};
+  auto [f, b] = plan_for(x);
+  auto* base = const_cast<__nv_bfloat16*>(qkv);
+  char* ws = static_cast<char*>(plans().ws);
+  const size_t rows = (size_t(B) * H * T * 4 + 255) / 256 * 256;
+  std::vector<std::pair<int64_t, void*>> ptrs = {
+      {kQ, base}, {kK, base + D}, {kV, base + 2 * D}, {kO, const_cast<__nv_bfloat16*>(out)},
+      {kDO, const_cast<__nv_bfloat16*>(dout)}, {kStats, const_cast<float*>(stats)}, {kDQ, dqkv},
+      {kDK, dqkv + D}, {kDV, dqkv + 2 * D}, {kSoftmaxSum, ws}};
+  if (!x.deterministic) ptrs.push_back({kDQAccum, ws + rows});
+  b->execute(std::move(ptrs), ws + backward_scratch_bytes(x), stream);
+}
+
+#endif  // MYRIAD_HAVE_CUDNN_HEADERS
+
+}  // namespace myriad::cuda::cudnn
