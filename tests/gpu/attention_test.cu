@@ -305,6 +305,17 @@ float median_ms(F&& f, int reps = 20) {
   return ms[ms.size() / 2];
 }
 
+// The forward's FLOPs over the visible (query, key) pairs; causal without a window counts T^2/2
+// as is customary. The backward is 2.5 times as much.
+double forward_flop(const Case& c) {
+  double pairs = 0.5 * double(c.T) * c.T;
+  if (c.window > 0) {
+    pairs = 0;
+    for (int i = 0; i < c.T; ++i) pairs += std::min(i + 1, c.window);
+  }
+  return 4.0 * c.B * c.H * c.D * pairs;
+}
+
 // Times forward and backward for each config; returns finite-ness of the last outputs.
 void bench(const Case& c, const std::vector<Config>& configs) {
   const int B = c.B, T = c.T, H = c.H, D = c.D, W = c.window;
@@ -313,13 +324,7 @@ void bench(const Case& c, const std::vector<Config>& configs) {
   Dev<float> lse(size_t(B) * H * T), scr(cu::attention_scratch_floats(B, T, H, D));
   fill_random<<<1024, 256>>>(qkv.p, nqkv, 1u);
   fill_random<<<1024, 256>>>(dout.p, nout, 2u);
-  // Visible (query, key) pairs; causal without window counts T^2/2 as is customary.
-  double pairs = 0.5 * double(T) * T;
-  if (W > 0) {
-    pairs = 0;
-    for (int i = 0; i < T; ++i) pairs += std::min(i + 1, W);
-  }
-  const double fwd_flop = 4.0 * B * H * D * pairs, bwd_flop = 2.5 * fwd_flop;
+  const double fwd_flop = forward_flop(c), bwd_flop = 2.5 * fwd_flop;
   for (const Config& cfg : configs) {
     const float tf = median_ms([&] {
       cu::attn_detail::forward(cfg, out.p, lse.p, qkv.p, B, T, H, D, W, 0);
@@ -364,12 +369,7 @@ void bench_cudnn(const Case& c) {
   Dev<float> lse(size_t(B) * H * T);
   fill_random<<<1024, 256>>>(qkv.p, nqkv, 3u);
   fill_random<<<1024, 256>>>(dout.p, nout, 4u);
-  double pairs = 0.5 * double(T) * T;
-  if (W > 0) {
-    pairs = 0;
-    for (int i = 0; i < T; ++i) pairs += std::min(i + 1, W);
-  }
-  const double fwd_flop = 4.0 * B * H * D * pairs, bwd_flop = 2.5 * fwd_flop;
+  const double fwd_flop = forward_flop(c), bwd_flop = 2.5 * fwd_flop;
   for (bool det : {true, false}) {
     cu::cudnn::set_deterministic(det);
     const float tf = median_ms([&] { cu::cudnn::attention_forward(out.p, lse.p, qkv.p, B, T, H, D, W, 0); });
