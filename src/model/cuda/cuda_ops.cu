@@ -160,8 +160,9 @@ void CudaOps::State::flush_profile() {
   p.names.clear();
 }
 
-int64_t CudaOps::held_bytes() { return g_held.load(); }
-int64_t CudaOps::peak_bytes() { return g_peak.load(); }
+// cuDNN's attention workspace is held from its first use to the end, so it adds to both.
+int64_t CudaOps::held_bytes() { return g_held.load() + int64_t(cudnn::workspace_bytes()); }
+int64_t CudaOps::peak_bytes() { return g_peak.load() + int64_t(cudnn::workspace_bytes()); }
 
 template <class T>
 void CudaOps::Buffer<T>::Free::operator()(T* p) const {

@@ -79,8 +79,8 @@ class CudaOps {
 
   // The current device's op set, on a stream of its own.
   CudaOps();
-  // Device memory in this process's Buffers: now and at most so far. A Buffer that does not
-  // fit is an input error naming its size and what to change.
+  // Device memory in this process's Buffers and cuDNN's attention workspace: now and at most so
+  // far. A Buffer that does not fit is an input error naming its size and what to change.
   static int64_t held_bytes();
   static int64_t peak_bytes();
   const char* name() const { return "cuda"; }

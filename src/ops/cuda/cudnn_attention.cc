@@ -39,6 +39,7 @@ void attention_backward(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat1
 }
 int version() { return 0; }
 void set_deterministic(bool) {}
+size_t workspace_bytes() { return 0; }
 
 #else
 
@@ -517,6 +518,11 @@ bool supports(int B, int T, int H, int D, int window, std::string* why) {
 }
 
 void set_deterministic(bool on) { deterministic_default = on; }
+
+size_t workspace_bytes() {
+  std::lock_guard<std::mutex> lock(plans().mu);
+  return plans().ws_bytes;
+}
 
 void attention_forward(__nv_bfloat16* out, float* stats, const __nv_bfloat16* qkv, int B, int T, int H, int D,
                        int window, cudaStream_t stream) {

@@ -30,6 +30,9 @@ void attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __
 // adds the blocks' parts of dQ into an fp32 accumulator in whatever order they finish.
 void set_deterministic(bool on);
 
+// Device bytes held for cuDNN's plans (one workspace, grown to the largest shape's need).
+size_t workspace_bytes();
+
 // The cuDNN version loaded (e.g. 91400), 0 when none.
 int version();
 
