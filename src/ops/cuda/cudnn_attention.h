@@ -4,7 +4,8 @@
 //
 // cuDNN is loaded at run time (dlopen of libcudnn_graph.so.9): a build or a machine without it
 // still runs, on Myriad's own kernel (attention.cu). One plan per shape is built at the shape's
-// first call and kept for the process.
+// first call and kept for the process. The plans share one workspace: calls on two streams at
+// once would race on it (a process runs its op set on one stream).
 #pragma once
 
 #include <cuda_bf16.h>
