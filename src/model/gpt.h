@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "model/memory_plan.h"
 #include "model/params.h"
 #include "ops/cpu/cpu_ops.h"
 #include "parallel/mappings.h"
@@ -166,6 +167,8 @@ class GptModel {
   // Points l into activations `a` and floats `st`, advancing them: what a slot keeps per layer
   // (`set`: everything but `in`, fc and gelu; `mlp`: fc and gelu). Counts only when a and st
   // are null (a slot's size).
+  // This rank's shapes as the memory plan (model/memory_plan.h) takes them.
+  model::GptMemoryShape memory_shape() const;
   void carve_layer(LayerActs& l, int64_t& acts, int64_t& floats, Act* a, float* st, bool set, bool mlp) const;
   Slot& held(int c, int mb) const;
   // The shape of the forward or backward about to run: N = B*T rows, R of them here.

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "model/gpt.h"
+#include "model/memory_plan.h"
 
 namespace myriad {
 
@@ -104,6 +105,21 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
     acts = 0, floats = 0;
     carve_layer(shared_, acts, floats, shared_acts_.data(), shared_stats_.data(), set, true);
   }
+  const int64_t held = (tmp_.size() + tmp2_.size() + full_.size() + dresid_.size() + dln_.size() + datty_.size() +
+                        dqkv_.size() + dfc_.size() + shared_acts_.size()) * int64_t(sizeof(Act)) +
+                       (wide_.size() + shared_stats_.size()) * 4 + loss_.size() * 8;
+  MYRIAD_CHECK(held == model::buffer_bytes(memory_shape()), "the step's buffers hold ", held,
+               " bytes, the memory plan (model/memory_plan.h) says ", model::buffer_bytes(memory_shape()));
+}
+
+template <class Ops>
+model::GptMemoryShape GptModel<Ops>::memory_shape() const {
+  model::GptMemoryShape s;
+  s.B = maxB_, s.T = maxT_, s.C = C_, s.Cl = Cl_, s.Fl = Fl_, s.Hl = Hl_, s.Vl = Vl_;
+  s.tp = tp_ != nullptr, s.parallel_block = parallel_block_, s.recompute = cfg_.train.recompute;
+  s.act_bytes = sizeof(Act);
+  s.saved_per_row = ops_.attention_saved(1, 1, static_cast<int>(maxT_)) / maxT_;
+  return s;
 }
 
 template <class Ops>
@@ -165,6 +181,11 @@ typename GptModel<Ops>::Slot& GptModel<Ops>::acquire(Chunk& ch, int mb, int B) {
     s->losses.zeros(BT);
     if (tp_) s->ce_max.zeros(BT), s->ce_sum.zeros(BT), s->ce_parts.zeros(2 * BT);
   }
+  const int64_t held = (s->storage.size() + s->logits.size()) * int64_t(sizeof(Act)) +
+                       (s->stats.size() + s->losses.size() + s->ce_max.size() + s->ce_sum.size() +
+                        s->ce_parts.size()) * 4;
+  MYRIAD_CHECK(held == model::slot_bytes(memory_shape(), layers, ch.head), "a slot holds ", held,
+               " bytes, the memory plan (model/memory_plan.h) says ", model::slot_bytes(memory_shape(), layers, ch.head));
   s->mb = mb, s->B = B;
   ch.slots.push_back(std::move(s));
   return *ch.slots.back();

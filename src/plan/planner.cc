@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "model/memory_plan.h"
 #include "parallel/schedule.h"
 
 namespace myriad::plan {
@@ -222,14 +223,27 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   p.tokens_per_s = double(global_batch) * T / p.step_s;
   p.mfu = p.tokens_per_s * flops_per_token(model) / (double(gpus) * peak);
 
-  // Memory per GPU: bf16 weights, fp32 gradients, the optimizer's fp32 master and moments over dp,
-  // activations of the micro-batches in flight (Korthikanti et al.: 34 s b h / tp bytes a layer
-  // with sequence parallelism and fused attention; 2 s b h under full recompute), the logits.
+  // Memory per GPU, as Myriad's CUDA engine holds it: bf16 weights, fp32 gradients, the
+  // optimizer's fp32 master and moments over dp; the layers' activations of the micro-batches in
+  // flight, the logits and the step's buffers by the model's own memory plan
+  // (model/memory_plan.h, which GptModel checks its allocations against); cuDNN's attention
+  // workspace.
   const double state = params * (2 + 4) + params * 12 / p.dp;
-  const double act_layer = (l.recompute == "full" ? 2 : 34) * t * d / tp;
-  const double in_flight = (double(model.layers) / l.pp) * l.pp * (l.v > 1 ? 1 + double(l.pp - 1) / (l.pp * l.v) : 1);
-  const double logits = t * V / tp * 4 * 2;
-  p.memory_gib = (state + act_layer * std::min<double>(in_flight, double(model.layers) / l.pp * m) + logits) / kGiB + 2;
+  model::GptMemoryShape ms;
+  ms.B = l.mb, ms.T = model.seq_len, ms.C = model.d_model, ms.Cl = model.d_model / l.tp;
+  ms.Fl = 4 * model.d_model / l.tp, ms.Hl = model.heads / l.tp;
+  ms.Vl = (model.vocab_size + 128 * l.tp - 1) / (128 * l.tp) * 128;  // Config::padded_vocab() / tp
+  ms.tp = l.tp > 1, ms.parallel_block = f.parallel_block, ms.recompute = l.recompute, ms.act_bytes = 2;
+  const double per_layer = double(model::slot_bytes(ms, 1, false) - model::slot_bytes(ms, 0, false));
+  const double per_slot = double(model::slot_bytes(ms, 0, false) + model::slot_token_bytes(ms));
+  const double head = double(model::slot_bytes(ms, 0, true) - model::slot_bytes(ms, 0, false));
+  // Layer-micro-batches in flight at the first stage (1F1B: pp micro-batches of its layers;
+  // interleaved: a little more), and micro-batches in flight there.
+  const double in_flight = std::min<double>(
+      double(model.layers) * (l.v > 1 ? 1 + double(l.pp - 1) / (l.pp * l.v) : 1), double(model.layers) / l.pp * m);
+  const double slots = in_flight / layers_per_chunk;
+  p.memory_gib = (state + per_layer * in_flight + per_slot * slots + head + double(model::buffer_bytes(ms)) +
+                  double(model::attention_workspace_bytes(ms))) / kGiB;
   if (p.memory_gib > c.memory_gib)
     p.fits = false, p.why_not = cat("needs ", std::round(p.memory_gib), " GiB of ", c.memory_gib, " per GPU");
   return p;

@@ -43,6 +43,7 @@ TEST(Planner, ModelFlopsPerTokenAreMegatronsCount) {
 TEST(Planner, ThePipelineIsTheSchedulesSimulation) {
   plan::Cluster c = plan::load_cluster(kCluster);
   c.net_latency_us = 0, c.net_gbps = 1e12, c.step_overhead_s = 0, c.misc_overhead = 0;
+  c.memory_gib = 1000;  // the bubble is what is tested here, not whether the layout fits
   ModelConfig m = gpt_175b();
   const plan::Layout l{8, 4, 1, 1, "none"};
   const plan::Prediction p = plan::predict(m, 64, 8 * 4 * 2, c, l, plan::parse_features("megatron"));
@@ -72,6 +73,27 @@ TEST(Planner, EachFeatureRemovesWhatItOverlapsOrFuses) {
   EXPECT_EQ(dp.tp_exposed_s, base.tp_exposed_s);
   EXPECT_LT(at("parallel_block").tp_comm_s, base.tp_comm_s * 0.51);  // one all-gather and one reduce-scatter, not two
   for (const plan::Prediction* p : {&tp, &pp, &dp}) EXPECT_LT(p->step_s, base.step_s);
+}
+
+// One GPU: the planner's memory is the engine's (the model's memory plan, which GptModel checks
+// its buffers against, plus the weights, gradients, master and moments), so it lands on the peaks
+// the CUDA engine reported on the H200 (docs/PERFORMANCE.md: 14.9, 48.5 and 87.2 GiB of buffers,
+// before cuDNN's workspace, B x H x T x T bf16, was counted too).
+TEST(Planner, OneGpuMemoryIsTheEnginesPeak) {
+  const plan::Cluster c = plan::load_cluster(std::string(MYRIAD_SOURCE_DIR) + "/configs/clusters/h200.toml");
+  struct Row {
+    const char* model;
+    int B;
+    double measured_gib;
+  };
+  for (const Row& r : {Row{"gpt2-124m", 32, 14.9}, Row{"gpt-1.3b", 8, 48.5}, Row{"gpt-2.7b", 8, 87.2}}) {
+    const ModelConfig m = load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/" + r.model + ".toml", {}).model;
+    const plan::Prediction p = plan::predict(m, r.B, 1, c, plan::parse_layout("tp=1,pp=1,mb=" + std::to_string(r.B)),
+                                             plan::parse_features("fused_ops,misc"));
+    ASSERT_TRUE(p.fits) << r.model << ": " << p.why_not;
+    const double workspace = double(r.B) * m.heads * m.seq_len * m.seq_len * 2 / (1 << 30);
+    EXPECT_NEAR(p.memory_gib, r.measured_gib + workspace, 0.02 * r.measured_gib) << r.model;
+  }
 }
 
 TEST(Planner, BadInputNamesWhatIsWrong) {

@@ -1,0 +1,74 @@
+// What a rank's GPT holds in its op set's memory, from the config alone (no device): the bytes
+// of one in-flight micro-batch's activations (a slot) and of the step's own buffers. GptModel
+// checks its allocations against it (gpt_impl.h), and the planner predicts memory with it
+// (plan/planner.cc), so that the two cannot drift apart.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace myriad::model {
+
+struct GptMemoryShape {
+  int64_t B = 0, T = 0;             // the micro-batch
+  int64_t C = 0;                    // d_model
+  int64_t Cl = 0, Fl = 0, Hl = 0;   // this rank's attention width, MLP width, heads (over tp)
+  int64_t Vl = 0;                   // this rank's vocabulary rows (padded vocab over tp)
+  bool tp = false, parallel_block = false;
+  std::string recompute = "none";   // none, selective, full
+  int64_t act_bytes = 4;            // the op set's activation type: 2 (bf16, CUDA) or 4
+  int64_t saved_per_row = 1;        // floats attention keeps per (b, h, t): 1 (CUDA), T (the CPU)
+  int64_t token_bytes = 16;         // per id of a micro-batch's token buffers: 16 (CUDA: ids and groups), 4
+};
+
+// Activation elements of one layer in a slot, and its floats (statistics), as GptModel carves
+// them: `set` the attention half and the norms (all but full recompute), `mlp` the MLP's two
+// wide tensors (no recompute).
+struct LayerCounts {
+  int64_t acts = 0, floats = 0;
+};
+inline LayerCounts layer_counts(const GptMemoryShape& s, bool set, bool mlp) {
+  const int64_t BT = s.B * s.T, C = s.C;
+  LayerCounts n;
+  if (set) {
+    n.acts += BT * C + BT * 3 * s.Cl + BT * s.Cl;  // ln1, qkv, attention output
+    n.floats += 2 * BT + s.B * s.Hl * s.T * s.saved_per_row;
+    if (!s.parallel_block) n.acts += 2 * BT * C, n.floats += 2 * BT;  // mid, ln2
+  }
+  if (mlp) n.acts += 2 * BT * s.Fl;  // fc, gelu
+  return n;
+}
+
+// One slot of a chunk of `layers` layers (the last chunk also holds the logits), its token
+// buffers (inputs, targets) apart.
+inline int64_t slot_bytes(const GptMemoryShape& s, int64_t layers, bool head) {
+  const int64_t BT = s.B * s.T;
+  const LayerCounts l = layer_counts(s, s.recompute != "full", s.recompute == "none");
+  int64_t bytes = ((l.acts + BT * s.C) * layers + 2 * BT * s.C) * s.act_bytes  // + each layer's input, out, lnf
+                  + (l.floats * layers + 2 * BT) * 4;                          // statistics
+  if (head) bytes += BT * s.Vl * s.act_bytes + BT * 4 + (s.tp ? 4 * BT * 4 : 0);  // logits, losses, CE parts
+  return bytes;
+}
+inline int64_t slot_token_bytes(const GptMemoryShape& s) { return 2 * s.B * s.T * s.token_bytes; }
+
+// The step's buffers besides the slots: gradients of activations, tensor-parallel scratch, and
+// the layer set that recompute refills.
+inline int64_t buffer_bytes(const GptMemoryShape& s) {
+  const int64_t BT = s.B * s.T, C = s.C;
+  int64_t acts = 4 * BT * C + BT * s.Cl + BT * 3 * s.Cl + BT * s.Fl;  // tmp, tmp2, dresid, dln, datty, dqkv, dfc
+  int64_t floats = 2;                                                // the loss (a double)
+  if (s.tp) acts += BT * C;
+  if (s.tp && s.act_bytes != 4) floats += 2 * BT * C;
+  if (s.recompute != "none") {
+    const LayerCounts sh = layer_counts(s, s.recompute == "full", true);
+    acts += sh.acts, floats += sh.floats;
+  }
+  return acts * s.act_bytes + floats * 4;
+}
+
+// cuDNN's deterministic attention backward works in a workspace of about B H T T bf16 (1,026 MiB
+// measured at B 8, H 16, T 2048); Myriad's own kernel in scratch of the same order as its
+// statistics, counted nowhere else.
+inline int64_t attention_workspace_bytes(const GptMemoryShape& s) { return s.B * s.Hl * s.T * s.T * 2; }
+
+}  // namespace myriad::model
