@@ -452,11 +452,11 @@ Plans& plans() {
   return p;
 }
 
-// The backward's fp32 scratch, at the start of its workspace: rowsum(dO O) (B,H,T), then the
-// dQ accumulator (B,H,T,D) when not deterministic.
+// The backward's fp32 scratch, at the start of its workspace: rowsum(dO O) (B,H,T), padded to
+// 256 bytes, then the dQ accumulator (B,H,T,D) when not deterministic.
+size_t row_sums_bytes(const Shape& x) { return (size_t(x.B) * x.H * x.T * 4 + 255) / 256 * 256; }
 size_t backward_scratch_bytes(const Shape& x) {
-  const size_t rows = size_t(x.B) * x.H * x.T * 4;
-  return (rows + 255) / 256 * 256 + (x.deterministic ? 0 : rows * x.D);
+  return row_sums_bytes(x) + (x.deterministic ? 0 : size_t(x.B) * x.H * x.T * x.D * 4);
 }
 
 std::pair<Graph*, Graph*> plan_for(const Shape& x) {
@@ -539,12 +539,11 @@ void attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __
   auto [f, b] = plan_for(x);
   auto* base = const_cast<__nv_bfloat16*>(qkv);
   char* ws = static_cast<char*>(plans().ws);
-  const size_t rows = (size_t(B) * H * T * 4 + 255) / 256 * 256;
   std::vector<std::pair<int64_t, void*>> ptrs = {
       {kQ, base}, {kK, base + D}, {kV, base + 2 * D}, {kO, const_cast<__nv_bfloat16*>(out)},
       {kDO, const_cast<__nv_bfloat16*>(dout)}, {kStats, const_cast<float*>(stats)}, {kDQ, dqkv},
       {kDK, dqkv + D}, {kDV, dqkv + 2 * D}, {kSoftmaxSum, ws}};
-  if (!x.deterministic) ptrs.push_back({kDQAccum, ws + rows});
+  if (!x.deterministic) ptrs.push_back({kDQAccum, ws + row_sums_bytes(x)});
   b->execute(std::move(ptrs), ws + backward_scratch_bytes(x), stream);
 }
 
