@@ -7,7 +7,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=/tmp/m/bin/myriad
-export LD_LIBRARY_PATH=/tmp/m/lib:${LD_LIBRARY_PATH:-}
+source scripts/device_env.sh  # the packed libraries and cuDNN
 W=$(mktemp -d)
 $B prepare --input README.md --input docs/ARCHITECTURE.md --tokenizer byte --output "$W/d" >/dev/null 2>&1
 args=(train --config configs/demo.toml --set data.train="$W/d" --set data.valid= --set train.steps=2

@@ -13,7 +13,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=/tmp/m/bin/myriad
-export LD_LIBRARY_PATH=/tmp/m/lib:${LD_LIBRARY_PATH:-}
+source scripts/device_env.sh  # the packed libraries and cuDNN
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 W=$(mktemp -d)

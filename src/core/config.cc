@@ -270,11 +270,6 @@ int64_t Config::accum_steps(int64_t dp) const {
               below > 0 ? cat(below, " or ", above) : cat(above));
 }
 
-int64_t Config::padded_vocab() const {
-  int64_t multiple = 128 * parallel.tp;
-  return (model.vocab_size + multiple - 1) / multiple * multiple;
-}
-
 Config parse_config(const std::string& toml_text, const std::string& origin,
                     const std::vector<std::string>& overrides) {
   toml::table root;

@@ -112,6 +112,10 @@ struct CheckpointConfig {
   std::string load = "broadcast";     // resume: broadcast (one reader per data-parallel group) or all
 };
 
+// A vocabulary of `vocab` rows padded to a multiple of 128 x tp (each rank's rows a multiple of
+// 128): what the model, the checkpoint and the planner hold.
+inline int64_t padded_vocab(int64_t vocab, int64_t tp) { return (vocab + 128 * tp - 1) / (128 * tp) * (128 * tp); }
+
 struct Config {
   ModelConfig model;
   DataConfig data;
@@ -203,7 +207,7 @@ struct Config {
   // Throws an input error naming the key when keys disagree (d_model % heads, ...).
   void validate() const;
   // The vocabulary as the model holds it: vocab_size rounded up to a multiple of 128 x tp.
-  int64_t padded_vocab() const;
+  int64_t padded_vocab() const { return myriad::padded_vocab(model.vocab_size, parallel.tp); }
   // Rows of the position table: model.positions, or seq_len when 0.
   int64_t positions() const { return model.positions > 0 ? model.positions : model.seq_len; }
   // Micro-batches per step on each of `dp` data-parallel ranks: global_batch / (micro_batch x

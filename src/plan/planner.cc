@@ -232,7 +232,7 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   model::GptMemoryShape ms;
   ms.B = l.mb, ms.T = model.seq_len, ms.C = model.d_model, ms.Cl = model.d_model / l.tp;
   ms.Fl = 4 * model.d_model / l.tp, ms.Hl = model.heads / l.tp;
-  ms.Vl = (model.vocab_size + 128 * l.tp - 1) / (128 * l.tp) * 128;  // Config::padded_vocab() / tp
+  ms.Vl = padded_vocab(model.vocab_size, l.tp) / l.tp;
   ms.tp = l.tp > 1, ms.parallel_block = f.parallel_block, ms.recompute = l.recompute, ms.act_bytes = 2;
   const double per_layer = double(model::slot_bytes(ms, 1, false) - model::slot_bytes(ms, 0, false));
   const double per_slot = double(model::slot_bytes(ms, 0, false) + model::slot_token_bytes(ms));
