@@ -71,7 +71,7 @@ class AdamW final : public Optimizer {
  public:
   AdamW(const OptimConfig& cfg, const ParamLayout& layout, std::vector<FlatRange> owned)
       : Optimizer(cfg, layout, std::move(owned)) {}
-  void step(float* params, const float* grads, double lr) override {
+  void step(float* params, const float* grads, double lr, float grad_scale) override {
     ++t_;
     const float b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps;
     const float c1 = 1.0 - std::pow(cfg_.beta1, t_), c2 = 1.0 - std::pow(cfg_.beta2, t_);
@@ -84,8 +84,9 @@ class AdamW final : public Optimizer {
       const float a = lr;
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < n; ++i) {
-        m[i] = b1 * m[i] + (1 - b1) * g[i];
-        v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+        const float gi = g[i] * grad_scale;
+        m[i] = b1 * m[i] + (1 - b1) * gi;
+        v[i] = b2 * v[i] + (1 - b2) * gi * gi;
         w[i] = w[i] * decay - a * (m[i] / c1) / (std::sqrt(v[i] / c2) + eps);
       }
     }
@@ -102,7 +103,7 @@ class Lamb final : public Optimizer {
        NormReducer reduce)
       : Optimizer(cfg, layout, std::move(owned)), reduce_(std::move(reduce)), update_(m_.size()) {}
 
-  void step(float* params, const float* grads, double lr) override {
+  void step(float* params, const float* grads, double lr, float grad_scale) override {
     ++t_;
     const float b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps;
     const float c1 = 1.0 - std::pow(cfg_.beta1, t_), c2 = 1.0 - std::pow(cfg_.beta2, t_);
@@ -117,8 +118,9 @@ class Lamb final : public Optimizer {
       const float* g = grads + at;
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < n; ++i) {
-        m[i] = b1 * m[i] + (1 - b1) * g[i];
-        v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+        const float gi = g[i] * grad_scale;
+        m[i] = b1 * m[i] + (1 - b1) * gi;
+        v[i] = b2 * v[i] + (1 - b2) * gi * gi;
         u[i] = (m[i] / c1) / (std::sqrt(v[i] / c2) + eps) + wd * w[i];
       }
       const size_t k = &p - first;

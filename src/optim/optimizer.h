@@ -57,8 +57,10 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // One update at learning rate lr of params from grads, both full flat buffers in layout
   // order: reads and writes only the owned elements. Advances the step count.
+  // Each gradient is multiplied by grad_scale as it is read (the clipping coefficient): the
+  // same float product a separate scaling pass would store, without that pass over the buffer.
   // A device optimizer (optim/cuda) takes device pointers and keeps its state there.
-  virtual void step(float* params, const float* grads, double lr) = 0;
+  virtual void step(float* params, const float* grads, double lr, float grad_scale = 1.0f) = 0;
   // A device optimizer's m() and v() are host copies: made current, or installed on the
   // device. No-ops for the host optimizers, whose m() and v() are the state itself.
   virtual void state_to_host() {}

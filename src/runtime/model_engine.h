@@ -8,8 +8,8 @@
 //   1 zero the gradients          2 forward and backward over the micro-batches (the pipeline;
 //   3 reduce-scatter per bucket     overlapped with backward)
 //   4 the tied embedding's exchange between the first and last stage
-//   5 finish the reduce-scatters  6 the global gradient norm  7 clipping
-//   8 the update of the owned ranges   9 all-gather the parameters (awaited by the next forward)
+//   5 finish the reduce-scatters  6 the global gradient norm  7 the clipping coefficient
+//   8 the update of the owned ranges (each gradient times that coefficient as it is read)   9 all-gather the parameters (awaited by the next forward)
 //
 // Where the op set keeps a compute copy of the weights (Param is not float), the engine keeps
 // the fp32 master weights: the optimizer and the all-gathers work on them, and each chunk's
@@ -135,9 +135,8 @@ class ModelEngine final : public Engine {
     const std::vector<FlatRange> owned = dp_.owned();
     for (const FlatRange& o : owned) model_.finish_grads(o.begin, o.end);
     r.grad_norm = grad_norm(owned);
-    clip(owned, r.grad_norm);
     r.lr = lr;
-    optimizer_->step(master(), model_.grads(), lr);
+    optimizer_->step(master(), model_.grads(), lr, clip_coefficient(r.grad_norm));
     mark_stale(Stale::kGathered);
     if (cfg_.fault.sdc_check_every > 0 && step % cfg_.fault.sdc_check_every == 0)
       owned_hash_ = hash_of(dp_.owned());
@@ -384,12 +383,10 @@ class ModelEngine final : public Engine {
     return std::sqrt(sq);
   }
 
-  // PyTorch's clipping rule on the owned gradients.
-  void clip(const std::vector<FlatRange>& owned, double norm) {
+  // PyTorch's clipping rule: the factor the update multiplies each gradient by as it reads it.
+  float clip_coefficient(double norm) const {
     const double coef = cfg_.optim.grad_clip / (norm + 1e-6);
-    if (cfg_.optim.grad_clip <= 0 || coef >= 1.0) return;
-    for (const FlatRange& o : owned)
-      model_.ops().scale(model_.grads() + o.begin, o.size(), static_cast<float>(coef));
+    return cfg_.optim.grad_clip <= 0 || coef >= 1.0 ? 1.0f : static_cast<float>(coef);
   }
 
   // LAMB's per-tensor sums of squares: over dp for every tensor, over tp for the split ones.

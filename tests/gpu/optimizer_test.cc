@@ -73,12 +73,13 @@ TEST_P(Optimizer, MatchesCpu) {
   for (int t = 1; t <= 3; ++t) {
     const auto g = randn(total, gen, 0.01f * t);
     dg.upload(g);
-    cpu->step(w.data(), g.data(), lr);
+    const float clip = t == 2 ? 0.37f : 1.0f;  // one step clipped: the update scales as it reads
+    cpu->step(w.data(), g.data(), lr, clip);
     // The CPU optimizer's bias corrections: pow in double, then fp32.
     const cu::AdamParams p{float(lr), float(cfg.optim.beta1), float(cfg.optim.beta2),
                            float(cfg.optim.eps), float(cfg.optim.weight_decay),
                            float(1.0 - std::pow(cfg.optim.beta1, t)),
-                           float(1.0 - std::pow(cfg.optim.beta2, t))};
+                           float(1.0 - std::pow(cfg.optim.beta2, t)), clip};
     dwb.poison(), du.poison(), scratch.poison();
     if (name == "adamw")
       cu::adamw_step(dw.p, dwb.p, dm.p, dv.p, dg.p, dseg.p, ddecay.p, count, total, p, 0);

@@ -326,10 +326,6 @@ double peak_bf16_flops(const cudaDeviceProp& p) {
 
 namespace {
 
-__global__ void scale_kernel(float* x, int64_t n, float c) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    x[i] *= c;
-}
 __global__ void accumulate_kernel(float* dst, const float* src, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     dst[i] += src[i];
@@ -567,13 +563,6 @@ void CudaOps::mean_into(double* acc, const float* x, int64_t n) const {
   if (n <= 0) return;
   mean_into_kernel<<<1, kMeanThreads, 0, st_->stream>>>(acc, x, n);
   check_launch("mean_into");
-}
-
-void CudaOps::scale(float* x, int64_t n, float c) const {
-  OpScope op(*st_, "scale");
-  if (n <= 0) return;
-  scale_kernel<<<grid_for(n), 256, 0, st_->stream>>>(x, n, c);
-  check_launch("scale");
 }
 
 void CudaOps::accumulate(float* dst, const float* src, int64_t n) const {

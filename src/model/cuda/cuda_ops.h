@@ -110,7 +110,6 @@ class CudaOps {
   void cast_params(Param* dst, const float* src, int64_t n) const;  // the compute copy of master
   // One launch over every piece, one read of the results (synchronizes).
   std::vector<double> sums_of_squares(const float* x, const std::vector<std::pair<int64_t, int64_t>>& pieces) const;
-  void scale(float* x, int64_t n, float c) const;                   // x *= c
   void accumulate(float* dst, const float* src, int64_t n) const;   // dst += src
   // Phase timers: CUDA events recorded on the stream (cpu_ops.h has the contract); seconds()
   // waits for its later event only, never for the device.

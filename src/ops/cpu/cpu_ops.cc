@@ -59,11 +59,6 @@ std::vector<double> CpuOps::sums_of_squares(const float* x,
   return out;
 }
 
-void CpuOps::scale(float* x, int64_t n, float c) const {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) x[i] *= c;
-}
-
 void CpuOps::accumulate(float* dst, const float* src, int64_t n) const {
   for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
 }

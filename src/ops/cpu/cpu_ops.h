@@ -76,7 +76,6 @@ class CpuOps {
   void upload(float* dst, const float* host, int64_t n) const { copy(dst, host, n); }
   // The sum of squares of each piece [begin, end) of x, in double, fixed chunk order.
   std::vector<double> sums_of_squares(const float* x, const std::vector<std::pair<int64_t, int64_t>>& pieces) const;
-  void scale(float* x, int64_t n, float c) const;            // x *= c
   void accumulate(float* dst, const float* src, int64_t n) const;  // dst += src
   // Phase timers on the op set's timeline (here the host clock; CUDA events on a GPU): mark()
   // is a point after everything issued so far; seconds(a, b) between two marks, waiting for b

@@ -106,11 +106,13 @@ void segment_sum_squares(float* out, float* scratch, const float* x, const int64
 // x *= *scale (scale on the device: the clipping coefficient computed there).
 void scale_inplace(float* x, const float* scale, int64_t n, cudaStream_t stream);
 
-// Fused AdamW over every tensor at once: for each element of segment i (tensor i),
+// Fused AdamW over every tensor at once: for each element of segment i (tensor i), with
+// g = grad_scale x the stored gradient (the clipping coefficient, applied as it is read),
 // m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; w = w (1 - lr wd_i) - lr (m/c1) / (sqrt(v/c2) + eps);
 // then w_bf16 = bf16(w). wd_i = weight_decay when decay[i] else 0. c1 = 1 - b1^t, c2 = 1 - b2^t.
 struct AdamParams {
   float lr, beta1, beta2, eps, weight_decay, c1, c2;
+  float grad_scale = 1.0f;
 };
 void adamw_step(float* w, bf16* w_bf16, float* m, float* v, const float* g,
                 const int64_t* segments, const uint8_t* decay, int count, int64_t total,

@@ -37,6 +37,7 @@ struct SegmentCursor {
 
 // The CPU optimizer's arithmetic, in its order.
 __device__ __forceinline__ float adam_direction(float& m, float& v, float g, const AdamParams& p) {
+  g *= p.grad_scale;
   m = p.beta1 * m + (1.0f - p.beta1) * g;
   v = p.beta2 * v + (1.0f - p.beta2) * g * g;
   return (m / p.c1) / (sqrtf(v / p.c2) + p.eps);

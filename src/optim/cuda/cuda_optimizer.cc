@@ -57,11 +57,11 @@ class CudaOptimizer final : public Optimizer {
     }
   }
 
-  void step(float* params, const float* grads, double lr) override {
+  void step(float* params, const float* grads, double lr, float grad_scale) override {
     ++t_;
     const AdamParams p{static_cast<float>(lr), float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps),
                        float(cfg_.weight_decay), float(1.0 - std::pow(cfg_.beta1, t_)),
-                       float(1.0 - std::pow(cfg_.beta2, t_))};
+                       float(1.0 - std::pow(cfg_.beta2, t_)), grad_scale};
     const cudaStream_t s = ops_.stream();
     if (!lamb_) {
       for (const Range& r : ranges_)

@@ -143,6 +143,29 @@ TEST(ZeroOptimizer, DefaultIsTheWholeBuffer) {
   }
 }
 
+// The clipping coefficient the engine passes to the update is the scaling pass it replaced:
+// stepping on grads x c equals stepping on grads with grad_scale c, bit for bit.
+TEST(ZeroOptimizer, GradScaleIsTheScaledGradientsBitForBit) {
+  for (const char* name : {"adamw", "lamb"}) {
+    const Config cfg = demo(name);
+    const ParamLayout l(cfg);
+    auto scaled_first = make_optimizer(cfg.optim, l), scaled_inside = make_optimizer(cfg.optim, l);
+    std::vector<float> a = initial_params(cfg, l), b = a;
+    for (int t = 0; t < kSteps; ++t) {
+      const float c = t % 2 ? 0.3f + 0.1f * t : 1.0f;
+      const std::vector<float> g = grads(l, t);
+      std::vector<float> gc = g;
+      for (float& x : gc) x *= c;
+      scaled_first->step(a.data(), gc.data(), lr_of(t));
+      scaled_inside->step(b.data(), g.data(), lr_of(t), c);
+      if (c != 1.0f) ASSERT_FALSE(same_bits(g.data(), gc.data(), l.total()));  // the scale matters
+    }
+    EXPECT_TRUE(same_bits(a.data(), b.data(), l.total())) << name;
+    EXPECT_TRUE(same_bits(scaled_first->m().data(), scaled_inside->m().data(), l.total())) << name;
+    EXPECT_TRUE(same_bits(scaled_first->v().data(), scaled_inside->v().data(), l.total())) << name;
+  }
+}
+
 TEST(ZeroOptimizer, ShardedAdamWIsBitwiseTheSame) {
   const Config cfg = demo("adamw");
   const ParamLayout l(cfg);
