@@ -207,6 +207,7 @@ struct HangWatch {
       w.erase("beat");
       w["rank"] = r.rank;
       w["running"] = r.index >= 0 && r.index < launcher.size() && launcher.running(r.index);
+      if (r.index >= 0 && r.index < launcher.size()) w["pid"] = launcher.pid(r.index);
       out.push_back(std::move(w));
     }
     return out;
@@ -372,6 +373,31 @@ std::optional<Corruption> corruption_in(const std::string& detail) {
   if (at == std::string::npos || std::sscanf(detail.c_str() + at, "silent data corruption at step %lld: rank %d's", &c.step, &c.rank) != 2)
     return std::nullopt;
   return c;
+}
+
+// The step of a numerics fault ("step S: loss ..."), as the trainer and the engine word it.
+std::optional<int64_t> loss_fault_step(const std::string& detail) {
+  for (size_t at = detail.find("step "); at != std::string::npos; at = detail.find("step ", at + 1)) {
+    long long step = 0;
+    int used = 0;
+    if (std::sscanf(detail.c_str() + at, "step %lld: loss %n", &step, &used) == 1 && used > 0) return step;
+  }
+  return std::nullopt;
+}
+
+// `--set train.skip_steps=[...]` in the workers' command: the config's steps and the job's.
+void set_skip_steps(std::vector<std::string>& command, std::vector<int64_t> steps) {
+  for (size_t i = 0; i + 1 < command.size(); ++i)
+    if (command[i] == "--set" && command[i + 1].rfind("train.skip_steps=", 0) == 0) {
+      command.erase(command.begin() + i, command.begin() + i + 2);
+      break;
+    }
+  if (steps.empty()) return;
+  std::sort(steps.begin(), steps.end());
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  std::string list;
+  for (int64_t s : steps) list += (list.empty() ? "" : ",") + std::to_string(s);
+  command.insert(command.end(), {"--set", "train.skip_steps=[" + list + "]"});
 }
 
 // The node agent's side of the job (myriad launch --max-restarts): its heartbeat in the store,
@@ -582,12 +608,14 @@ std::optional<Leaving> stop_and_check(driver::JobBoard& board, driver::Launcher&
   if (cause.value("evict", false) && culprit >= 0) leave[who] = cause.value("detail", "");  // "straggler: ..."
   // The culprit of the last fault.evict_after faults in a row, counted since the job's nodes last
   // changed (a spare in a node's place, or a shrink, starts that node's count afresh). On one
-  // node there is nowhere else to run: it restarts in place.
+  // node there is nowhere else to run: it restarts in place. A bad loss is the same on every
+  // rank (the data's or the model's, not a node's): it counts for no node.
   if (plan.nnodes > 1 && culprit >= 0 && cause.value("rank", -1) >= 0 && !leave.contains(who)) {
     int64_t in_a_row = 0;
     for (int64_t a = attempt; a >= 0 && in_a_row < fault.evict_after; --a, ++in_a_row) {
       const std::optional<nlohmann::json> rec = a == attempt ? cause : board.stopped(a);
-      if (!rec || rec->value("node", -1) != culprit || rec->value("rank", -1) < 0) break;
+      if (!rec || rec->value("node", -1) != culprit || rec->value("rank", -1) < 0 || rec->contains("loss_fault_step"))
+        break;
       if (a < attempt)
         if (std::optional<nlohmann::json> p = board.settled(a); p && (p->contains("shrink") || !(*p)["spares"].empty()))
           break;
@@ -762,6 +790,22 @@ int cmd_launch(int argc, char** argv) {
 
   // The attempt a supervised restart starts, decided by the job's agents (nullopt: count arrivals).
   std::optional<int64_t> next_attempt;
+  // What the job carries from attempt to attempt, as the standing cause of the last stop says
+  // it (so a spare that joins late knows it too): the restarts made, the steps skipped because
+  // their loss fault recurred on the replay, and the step of the last loss fault.
+  long long restarts_made = 0;
+  std::vector<int64_t> skipped;
+  int64_t last_loss_fault = -1;
+  auto carry_over = [&](const nlohmann::json& cause) {
+    restarts_made = cause.value("restarts", restarts_made);
+    skipped = cause.value("skip_steps", skipped);
+    last_loss_fault = cause.value("loss_fault_step", int64_t(-1));
+  };
+  auto apply_skips = [&] {  // the workers skip the config's steps and the job's
+    std::vector<int64_t> all = worker_cfg ? worker_cfg->train.skip_steps : std::vector<int64_t>{};
+    all.insert(all.end(), skipped.begin(), skipped.end());
+    set_skip_steps(plan.command, all);
+  };
   // A spare waits, beating, until the leader gives it a node to take over; then it is that node.
   if (spare) {
     const int64_t k = board->join_as_spare();
@@ -791,13 +835,19 @@ int cmd_launch(int argc, char** argv) {
       }
       plan.nnodes = p.value("nnodes", plan.nnodes);
       plan.world_size = plan.nnodes * plan.nproc_per_node;
+      if (const std::optional<nlohmann::json> cause = board->stopped(*next_attempt - 1)) {
+        carry_over(*cause);
+        ++restarts_made;  // the restart it joins
+        apply_skips();
+      }
       if ((shrunk_dp = p.value("dp", int64_t(0))) > 0)
         plan.command.insert(plan.command.end(), {"--set", cat("parallel.dp=", shrunk_dp)});
     } catch (const Interrupted& i) {
       log::info("launch: spare ", k, " stops (", driver::signal_name(i.signal), ")");
       return 0;
     }
-    log::info("launch: spare ", k, " takes over node ", plan.node_rank);
+    log::info("launch: spare ", k, " takes over node ", plan.node_rank, " in the job's restart ", restarts_made, " of ",
+              max_restarts);
     plan.command.insert(plan.command.end(), {"--resume", "auto"});
     restarted = true;
   }
@@ -808,7 +858,8 @@ int cmd_launch(int argc, char** argv) {
   std::string restarting;  // the restart event, written once the new attempt has its number
   std::string failed;      // the last attempt's failure, as the console's last line says it
   ErrorClass failed_class = ErrorClass::kRuntime;
-  for (long long restarts = 0;; ++restarts) {
+  for (;; ++restarts_made) {
+    const long long restarts = restarts_made;
     std::unique_ptr<comm::Store> store = claim_attempt(plan, next_attempt);
     const int64_t attempt = std::stoll(plan.attempt);
     events->attempt = static_cast<int>(attempt);
@@ -884,7 +935,7 @@ int cmd_launch(int argc, char** argv) {
     nlohmann::json cause;
     if (local && straggler) {
       cause = {{"node", plan.node_rank}, {"rank", straggler->rank}, {"class", class_name(ErrorClass::kRuntime)},
-               {"detail", straggler->detail}, {"evict", true}};
+               {"detail", straggler->detail}, {"evict", true}, {"restarts", restarts}};
       cause = board->stop(attempt, cause);
     } else if (local) {
       const int rank = !hangs.verdict.empty() ? hangs.culprit : r.failure->rank;
@@ -899,7 +950,17 @@ int cmd_launch(int argc, char** argv) {
       const bool persistent = again && rerun && *again == *rerun;
       // A stalled job's culprit may run on another node (named from the heartbeats).
       const int node = rank >= 0 ? rank / plan.nproc_per_node : plan.node_rank;
-      cause = {{"node", node}, {"rank", rank}, {"class", class_name(cls)}, {"detail", what}};
+      cause = {{"node", node}, {"rank", rank}, {"class", class_name(cls)}, {"detail", what}, {"restarts", restarts}};
+      // A loss fault at the step the last one was at recurred on the replay: the data, not the
+      // machine. The next attempt skips that step's batch.
+      if (const std::optional<int64_t> at = loss_fault_step(what); at && cls == ErrorClass::kNumerics) {
+        cause["loss_fault_step"] = *at;
+        if (*at == last_loss_fault && std::find(skipped.begin(), skipped.end(), *at) == skipped.end()) {
+          std::vector<int64_t> more = skipped;
+          more.push_back(*at);
+          cause["skip_steps"] = more;
+        }
+      }
       if (persistent) {
         cause["detail"] = cat(what, "; persistent: the rerun of step ", again->step, " corrupted it again");
         cause["evict"] = true;
@@ -913,6 +974,8 @@ int cmd_launch(int argc, char** argv) {
     } else {
       cause = *job->remote;
     }
+    const size_t skipped_before = skipped.size();
+    carry_over(cause);
     const int cause_node = cause.value("node", -1), cause_rank = cause.value("rank", -1);
     failed_class = class_from_name(cause.value("class", ""));
     failed = cause.value("detail", "");
@@ -922,7 +985,7 @@ int cmd_launch(int argc, char** argv) {
     if (persistent && plan.nnodes == 1) failed += "; replace this node's faulty device";
     rerun = corruption_in(failed);
     const bool final_stop = failed_class == ErrorClass::kInput || failed_class == ErrorClass::kInternal ||
-                            restarts >= max_restarts || (persistent && plan.nnodes == 1);
+                            restarts_made >= max_restarts || (persistent && plan.nnodes == 1);
     events->write("fault", cause_rank, class_name(failed_class), failed, cause_node);
     events->write("stop", -1, "", cause_node == plan.node_rank ? "the other workers of this node were stopped"
                                                                : "this node's workers were stopped");
@@ -965,8 +1028,14 @@ int cmd_launch(int argc, char** argv) {
     // The restarted attempt resumes from the latest committed checkpoint by itself.
     if (!restarted) plan.command.insert(plan.command.end(), {"--resume", "auto"});
     restarted = true, resumed = false, resumed_from.clear();
-    restarting = cat("restart ", restarts + 1, " of ", max_restarts, " after ", failed,
+    restarting = cat("restart ", restarts_made + 1, " of ", max_restarts, " after ", failed,
                      "; resuming from the latest committed checkpoint");
+    if (skipped.size() > skipped_before) {
+      apply_skips();
+      events->write("diagnose", cause_rank, "",
+                    cat("the loss fault at step ", skipped.back(), " recurred on the replay: the data, not a "
+                        "machine; the next attempt skips that step's batch (train.skip_steps)"), cause_node);
+    }
   }
   if (!failed.empty() && (r.failure || r.signal == 0)) {
     std::fprintf(stderr, "myriad: launch: %s; logs in %s\n", failed.c_str(), plan.log_dir.c_str());

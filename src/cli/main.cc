@@ -20,6 +20,7 @@
 #include "cli/args.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/log.h"
 #include "core/text.h"
 #include "data/prepare.h"
@@ -296,6 +297,7 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   try {
+    fault::check_injection();
     if (cmd == "train") return cmd_train(argc - 2, argv + 2);
     if (cmd == "prepare") return cmd_prepare(argc - 2, argv + 2);
     if (cmd == "sample") return cmd_sample(argc - 2, argv + 2);

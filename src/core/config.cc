@@ -212,6 +212,8 @@ void Config::validate() const {
   positive("train.eval_steps", train.eval_steps);
   require_one_of("train.recompute", train.recompute, {"none", "selective", "full"});
   require_one_of("train.attention", train.attention, {"auto", "cudnn", "myriad"});
+  for (int64_t s : train.skip_steps)
+    if (s < 1 || s > train.steps) throw_input("config: train.skip_steps lists step ", s, ", not one of 1..train.steps (", train.steps, ")");
 
   positive("parallel.tp", parallel.tp);
   positive("parallel.pp", parallel.pp);

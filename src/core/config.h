@@ -60,6 +60,9 @@ struct TrainConfig {
   // kernel), cudnn (an error where it cannot), myriad. The CPU has one.
   std::string attention = "auto";
   bool deterministic = true;  // bitwise-repeatable steps; false lets cuDNN's backward add atomically
+  // Steps whose batch is read and dropped, with no update: the data around a loss spike that
+  // recurs on replay (a supervised launch adds them by itself).
+  std::vector<int64_t> skip_steps;
 };
 
 struct ParallelConfig {
@@ -166,6 +169,7 @@ struct Config {
     f("train", "recompute", train.recompute);
     f("train", "attention", train.attention);
     f("train", "deterministic", train.deterministic);
+    f("train", "skip_steps", train.skip_steps);
     f("parallel", "tp", parallel.tp);
     f("parallel", "pp", parallel.pp);
     f("parallel", "dp", parallel.dp);

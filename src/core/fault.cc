@@ -75,4 +75,51 @@ std::string trigger(const std::string& point) {
 
 int delay_ms() { return g_delay_ms.load(); }
 
+void check_injection() {
+  const char* env = std::getenv("MYRIAD_INJECT_FAULT");
+  if (!env) return;
+  std::stringstream ss(env);
+  for (std::string item; std::getline(ss, item, ',');) {
+    auto refuse = [&](const std::string& why) {
+      throw_input("environment: MYRIAD_INJECT_FAULT item '", item, "': ", why, " (docs/RELIABILITY.md, fault injection)");
+    };
+    std::string a = item.substr(0, item.find('@'));
+    for (size_t at = item.find('@'); at != std::string::npos; at = item.find('@', at + 1)) {
+      const std::string q = item.substr(at + 1, item.find('@', at + 1) - at - 1);
+      const size_t eq = q.find('=');
+      const std::string key = q.substr(0, eq);
+      if (key != "rank" && key != "node" && key != "attempt") refuse("unknown qualifier @" + key + " (use @rank=R, @node=N, @attempt=A)");
+      if (eq == std::string::npos || q.size() == eq + 1 || q.find_first_not_of("0123456789", eq + 1) != std::string::npos)
+        refuse("@" + key + " needs a number");
+    }
+    // POINT: a per-step point with its step, or a named one.
+    std::string point;
+    for (const char* stepped : {"step:", "fwd:", "bwd:", "dp_gather:", "pp_recv:"})
+      if (a.rfind(stepped, 0) == 0) {
+        const size_t end = a.find(':', std::strlen(stepped));
+        const std::string s = a.substr(std::strlen(stepped), end - std::strlen(stepped));
+        if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) refuse(cat(stepped, "S needs a step number"));
+        point = std::string(stepped, std::strlen(stepped) - 1);
+        a = end == std::string::npos ? "" : a.substr(end + 1);
+      }
+    if (point.empty())
+      for (const char* named : {"checkpoint_write", "shared_batch_created", "comm_check", "diag"})
+        if (a.rfind(cat(named, ":"), 0) == 0) point = named, a = a.substr(point.size() + 1);
+    if (point.empty()) refuse("unknown point (step:S, fwd:S, bwd:S, dp_gather:S, pp_recv:S, checkpoint_write, "
+                              "shared_batch_created, comm_check, diag)");
+    const std::string action = a.substr(0, a.find(':'));
+    const bool step_only = action == "nan" || action == "flip" || action == "slow";
+    const bool timed = action == "slow" || action == "pause";
+    const bool sleeps = action == "sleep" || action == "sleep_ignore_term";  // the communication check's
+    if (!step_only && !timed && !sleeps && action != "kill" && action != "hang" && action != "stall" &&
+        action != "throw" && action != "fail")
+      refuse("unknown action '" + action + "' (kill, hang, stall, throw, fail, nan, flip, slow:MS, pause:MS)");
+    if (step_only && point != "step") refuse(action + " acts on a step's results: use it at step:S");
+    if (sleeps && point != "comm_check") refuse(action + " is the communication check's: use it at comm_check");
+    const std::string ms = a.find(':') == std::string::npos ? "" : a.substr(a.find(':') + 1);
+    if (timed && (ms.empty() || ms.find_first_not_of("0123456789") != std::string::npos)) refuse(action + ":MS needs MS, a number");
+    if (!timed && !ms.empty()) refuse(action + " takes no argument");
+  }
+}
+
 }  // namespace myriad::fault

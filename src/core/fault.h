@@ -38,4 +38,9 @@ std::string trigger(const std::string& point);
 // The per-step delay a slow:MS fault set (0 when none).
 int delay_ms();
 
+// Checks every item of MYRIAD_INJECT_FAULT against the grammar above (points, actions, where
+// each action applies, qualifiers): an input error naming the item, so that a misspelt fault is
+// refused instead of silently never firing.
+void check_injection();
+
 }  // namespace myriad::fault

@@ -243,6 +243,10 @@ void Trainer::run() {
     const double t0 = now_s();
     set_phase("data");
     trace::set_step(step_ + 1);
+    if (std::count(t.skip_steps.begin(), t.skip_steps.end(), step_ + 1)) {
+      skip_step();
+      continue;
+    }
     data::Batch batch;  // (global_batch / dp, T+1): this rank's rows
     {
       trace::Span span("data");
@@ -279,7 +283,7 @@ void Trainer::run() {
     if (recent_step_s_.size() > 21) recent_step_s_.erase(recent_step_s_.begin());
     std::vector<double> sorted = recent_step_s_;
     std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
-    const double allowance = cfg_.fault.step_timeout_s > 0 ? cfg_.fault.step_timeout_s
+    const double allowance = allowance_s_ = cfg_.fault.step_timeout_s > 0 ? cfg_.fault.step_timeout_s
                                                           : std::max(60.0, 10 * sorted[sorted.size() / 2]);
     heartbeat_.set_rate(dt * 1e3, tokens_per_step / dt);
     heartbeat_.set(step_, cfg_.fault.startup_timeout_s);
@@ -330,6 +334,24 @@ void Trainer::run() {
   set_phase("checkpoint");
   heartbeat_.set(step_, cfg_.fault.startup_timeout_s);
   writer_.wait();
+}
+
+// The batch is read, so that every later step trains on the batch it would have had, and
+// dropped: no forward, no update. The step still saves when one is due.
+void Trainer::skip_step() {
+  next_batch();
+  ++step_;
+  consumed_ += cfg_.train.global_batch;
+  log::warn("step ", step_, "/", cfg_.train.steps, " skipped: its batch is dropped (train.skip_steps)");
+  if (metrics_) metrics_->write({{"step", step_}, {"skipped", true}});
+  const int64_t every = cfg_.checkpoint.every;
+  if ((every > 0 && step_ % every == 0) || step_ == cfg_.train.steps) {
+    set_phase("checkpoint");
+    heartbeat_.set(step_, cfg_.fault.startup_timeout_s);
+    save_checkpoint();
+  }
+  heartbeat_.set(step_, allowance_s_ > 0 ? allowance_s_ : cfg_.fault.startup_timeout_s);
+  set_phase("data");
 }
 
 // A non-finite loss, or (fault.spike_factor) one far above the recent median: a numerics fault,

@@ -33,6 +33,7 @@ class Trainer {
   // Mean validation loss over train.eval_steps global batches from the start of the valid set.
   float evaluate();
   void check_loss(float loss);
+  void skip_step();  // train.skip_steps: the batch read and dropped, the step counted
   void check_replicas();
   // Saves RUN_DIR/checkpoints/step_<step> (or checkpoint.dir) and prunes old ones: in the
   // step only a snapshot of the state (checkpoint.async), the files on the writer's thread.
@@ -69,6 +70,7 @@ class Trainer {
   std::unique_ptr<data::SharedBatch> shared_;      // the node-shared batch, with tensor parallelism
   std::unique_ptr<MetricsWriter> metrics_;
   std::vector<double> recent_step_s_;  // the last steps' times, for the heartbeat's allowance
+  double allowance_s_ = 0;  // how long the next step may take (the heartbeat's); 0 before the first
   std::vector<double> recent_loss_;    // the last steps' losses, for fault.spike_factor
   std::vector<double> recent_own_s_;   // the last steps' own times (the heartbeat's own_ms)
   double last_end_ = 0;                // when the last step ended (its checks and save included)

@@ -20,6 +20,7 @@
 
 #include "comm/local_redis.h"
 #include "core/error.h"
+#include "driver/job_board.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -171,6 +172,37 @@ TEST_F(Nodes, AFailedSelfCheckEvictsTheNodeAndASpareTakesItsPlace) {
   EXPECT_TRUE(evicted);
 }
 
+// Each agent's heartbeat in the job's store says who it is (host, node, pid, attempt) and what
+// each of its workers is doing: rank, pid, running, step, phase, step time and tokens/s, and the
+// last operation of each of its groups.
+TEST_F(Nodes, AnAgentsHeartbeatCarriesItsNodeAndItsWorkers) {
+  myriad::comm::LocalRedis redis;
+  const fs::path rd = dir_ / "beats";
+  auto a = agent(redis, "beats", 0, rd, kDpTp, "", "MYRIAD_INJECT_FAULT=step:1:slow:400"),
+       b = agent(redis, "beats", 1, rd, kDpTp, "", "MYRIAD_INJECT_FAULT=step:1:slow:400");
+  myriad::driver::JobBoard board(redis.url("beats"), 10);
+  nlohmann::json seen;
+  for (int i = 0; i < 200 && seen.is_null(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const std::optional<nlohmann::json> hb = board.heartbeat("node1");
+    if (!hb || !hb->contains("workers") || (*hb)["workers"].size() != 2) continue;
+    bool stepped = true;
+    for (const auto& w : (*hb)["workers"]) stepped = stepped && w.value("step", -1) >= 2 && w.contains("pid");
+    if (stepped) seen = *hb;
+  }
+  ASSERT_FALSE(seen.is_null()) << a->output() << b->output();
+  EXPECT_EQ(seen["node"], 1) << seen.dump();
+  EXPECT_TRUE(seen.contains("host") && seen.contains("pid") && seen.contains("attempt")) << seen.dump();
+  for (const auto& w : seen["workers"]) {
+    EXPECT_TRUE(w["rank"] == 2 || w["rank"] == 3) << w.dump();
+    EXPECT_GT(w["pid"].get<int>(), 0) << w.dump();
+    EXPECT_EQ(w["running"], true) << w.dump();
+    for (const char* key : {"phase", "step_ms", "tokens_per_s", "groups"}) EXPECT_TRUE(w.contains(key)) << key << ": " << w.dump();
+  }
+  EXPECT_EQ(a->wait(), 0) << a->output();
+  EXPECT_EQ(b->wait(), 0) << b->output();
+}
+
 // Rank 2's copy of the parameters is corrupt at step 6, and again when the restart reruns step
 // 6: a persistent fault of its device. Its node is evicted at once (not after fault.evict_after
 // faults), and the spare takes its place; the job ends as the run that never broke.
@@ -186,6 +218,8 @@ TEST_F(Nodes, APersistentCorruptionEvictsItsNode) {
   EXPECT_NE(b->output().find("; persistent: the rerun of step 6 corrupted it again"), std::string::npos) << b->output();
   ASSERT_EQ(a->wait(), 0) << a->output();
   ASSERT_EQ(spare->wait(), 0) << spare->output();
+  // The restart budget is the job's: the spare joins its second restart, not a first of its own.
+  EXPECT_NE(spare->output().find("takes over node 1 in the job's restart 2 of 2"), std::string::npos) << spare->output();
   expect_same_weights(rd, ref);
   int faults = 0;
   bool evicted = false;

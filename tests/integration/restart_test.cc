@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -214,6 +215,43 @@ TEST_F(Restart, BadNumericsAndSilentCorruptionAreFoundAndTheRunRestarts) {
 
 // A loss far above the recent median is a numerics fault (exit 5) before the step is saved;
 // without fault.spike_factor the same run trains on.
+// A loss fault that recurs when its step is replayed is the data's, not a machine's: the third
+// attempt skips that step's batch (train.skip_steps) and the job ends with the weights of a run
+// told to skip it from the start, bit for bit. The driver's decision is an event, and the
+// skipped step is in metrics.jsonl.
+TEST_F(Restart, ALossFaultThatRecursOnReplaySkipsItsBatch) {
+  const fs::path told = dir_ / "told_to_skip", found = dir_ / "found_to_skip";
+  ASSERT_EQ(run(launch(told, "", "--set train.skip_steps=[6]")).code, 0);
+  Result r = run(launch(found, "--max-restarts 3"), "MYRIAD_INJECT_FAULT=step:6:nan@attempt=0,step:6:nan@attempt=1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::vector<std::string> kinds, skip_notes;
+  for (const auto& e : jsonl(found / "driver/events.jsonl")) {
+    kinds.push_back(e["event"]);
+    const std::string d = e.value("detail", "");
+    if (e["event"] == "diagnose" && d.find("recurred on the replay") != std::string::npos) skip_notes.push_back(d);
+  }
+  EXPECT_EQ(std::count(kinds.begin(), kinds.end(), "restart"), 2) << r.output;
+  ASSERT_EQ(skip_notes.size(), 1u) << r.output;
+  EXPECT_NE(skip_notes[0].find("the loss fault at step 6 recurred"), std::string::npos) << skip_notes[0];
+  EXPECT_NE(r.output.find("step 6/12 skipped: its batch is dropped (train.skip_steps)"), std::string::npos) << r.output;
+  for (const char* shard : {"shard_00000.bin", "shard_00001.bin"})
+    EXPECT_EQ(read_file(found / "checkpoints/step_00000012" / shard), read_file(told / "checkpoints/step_00000012" / shard))
+        << shard;
+  bool logged = false;
+  for (const auto& m : jsonl(told / "metrics.jsonl")) logged |= m["step"] == 6 && m.value("skipped", false);
+  EXPECT_TRUE(logged);
+  // Skipping drops the batch: not the same weights as the run that trained on step 6.
+  const fs::path plain = dir_ / "no_skip";
+  ASSERT_EQ(run(launch(plain, "")).code, 0);
+  EXPECT_NE(read_file(plain / "checkpoints/step_00000012/shard_00000.bin"),
+            read_file(told / "checkpoints/step_00000012/shard_00000.bin"));
+  // A step outside the run is refused.
+  Result bad = run(launch(dir_ / "bad_skip", "", "--set train.skip_steps=[13]"));
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("train.skip_steps lists step 13, not one of 1..train.steps (12)"), std::string::npos)
+      << bad.output;
+}
+
 TEST_F(Restart, LossSpikeIsANumericsFault) {
   const std::string args = cat("train --config ", MYRIAD_SOURCE_DIR, "/configs/demo.toml --set model.layers=2",
                                " --set model.d_model=32 --set model.seq_len=16 --set train.steps=80",

@@ -72,4 +72,34 @@ TEST(Fault, AnUnknownQualifierIsAnInputError) {
   }
 }
 
+// Every item is checked at start against the grammar: a misspelt fault is refused, naming the
+// item, instead of never firing.
+TEST(Fault, CheckInjectionRefusesWhatWouldNeverFire) {
+  for (const char* good : {"step:20:kill@rank=1,step:5:slow:200@rank=3@node=1,step:7:nan@attempt=1",
+                           "checkpoint_write:pause:80,diag:fail@node=1,comm_check:sleep_ignore_term@rank=1",
+                           "fwd:6:hang@rank=5,bwd:6:stall,dp_gather:6:throw,pp_recv:6:hang,shared_batch_created:kill"}) {
+    Env e(good, "0", "0", "0");
+    EXPECT_NO_THROW(fault::check_injection()) << good;
+  }
+  struct Bad {
+    const char *item, *says;
+  };
+  for (const Bad& b : {Bad{"step:6:nam", "unknown action 'nam'"}, Bad{"fwd:6:nan", "nan acts on a step's results"},
+                       Bad{"checkpoint_write:flip", "flip acts on a step's results"},
+                       Bad{"stp:6:kill", "unknown point"}, Bad{"step:x:kill", "step:S needs a step number"},
+                       Bad{"step:6:slow", "slow:MS needs MS"}, Bad{"step:6:kill:3", "kill takes no argument"},
+                       Bad{"step:6:kill@rank=", "@rank needs a number"}, Bad{"diag:sleep", "the communication check's"}}) {
+    Env e(cat("step:1:kill,", b.item).c_str(), "0", "0", "0");
+    try {
+      fault::check_injection();
+      ADD_FAILURE() << b.item << ": no error";
+    } catch (const Error& err) {
+      EXPECT_EQ(err.cls(), ErrorClass::kInput);
+      const std::string what = err.what();
+      EXPECT_NE(what.find(cat("'", b.item, "'")), std::string::npos) << what;
+      EXPECT_NE(what.find(b.says), std::string::npos) << what;
+    }
+  }
+}
+
 }  // namespace
