@@ -26,13 +26,14 @@ train() {  # RUN_DIR
 }
 agents() {  # JOB RUN_DIR RESTARTS: every node's agent, in the background
   for n in $(seq 0 $((NODES - 1))); do
-    OMP_NUM_THREADS=1 "$B" launch --nnodes "$NODES" --node-rank "$n" --nproc-per-node 2 --max-restarts "$3" \
+    OMP_NUM_THREADS=1 "$B" launch --nnodes "$NODES" --node-rank "$n" --node-name "node$n" --nproc-per-node 2 --max-restarts "$3" \
       --rdzv "redis://127.0.0.1:$PORT/$1" -- $(train "$2") >"$W/$1_node$n.txt" 2>&1 &
   done
 }
-spare() {  # JOB RUN_DIR
-  OMP_NUM_THREADS=1 "$B" launch --nnodes "$NODES" --spare --nproc-per-node 2 --max-restarts 100 \
-    --rdzv "redis://127.0.0.1:$PORT/$1" -- $(train "$2") >"$W/$1_spare$RANDOM.txt" 2>&1 &
+spare() {  # JOB RUN_DIR (each spare a machine of its own name: an evicted name may not rejoin)
+  local name="spare$RANDOM"
+  OMP_NUM_THREADS=1 "$B" launch --nnodes "$NODES" --spare --node-name "$name" --nproc-per-node 2 --max-restarts 100 \
+    --rdzv "redis://127.0.0.1:$PORT/$1" -- $(train "$2") >"$W/$1_$name.txt" 2>&1 &
 }
 # The fault-free run, for its weights.
 t0=$(date +%s); agents ref "$W/ref" 0; wait; echo "chaos: the fault-free run took $(( $(date +%s) - t0 )) s"

@@ -36,5 +36,14 @@ done
 cmp -s "$W/sync/checkpoints/step_00000004/shard_00000.bin" "$W/resumed/checkpoints/step_00000004/shard_00000.bin" || same="no (resumed)"
 [ -s "$W/sync/checkpoints/step_00000004/shard_00000.bin" ] || same="no (nothing saved)"
 check "asynchronous saves on the GPU: the synchronous bytes, bitwise resume ($same)" 0 "resume: " "$out" "$([ "$same" = yes ] && echo $code || echo 1)"
+# The node's self-check on the GPU (what a supervised launch runs between attempts): cuBLASLt's
+# GEMM checked exactly, and the GPU's memory.
+out=$($B self-check --checkpoint-dir "$W/sc" --device cuda 2>&1); code=$?
+check "the self-check computes on the GPU and checks its memory" 0 "1 GPU(s): GEMM " "$out" $code
+# A supervised launch on the GPU: a worker killed after step 2 is restarted after stop and check
+# (the GPU's self-check included) and the run ends.
+out=$(MYRIAD_INJECT_FAULT=step:3:kill@rank=1 $B launch --nproc-per-node 2 --max-restarts 1 -- "${args[@]}" "${ck[@]}" \
+      --set checkpoint.async=false --run-dir "$W/restart" 2>&1); code=$?
+check "a killed GPU worker is restarted after the GPU's self-check" 0 "1 GPU(s): GEMM " "$out" $code
 rm -rf "$W"
 exit $fail

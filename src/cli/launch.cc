@@ -513,7 +513,8 @@ nlohmann::json self_check(driver::Launcher& launcher, const driver::LaunchPlan& 
                               ? cfg->checkpoint.dir
                               : (std::filesystem::path(plan.run_dir) / "checkpoints").string();
   spec.argv = {self_path(), "self-check", "--checkpoint-dir", dir, "--ranks", std::to_string(plan.nproc_per_node),
-               "--min-bus-gbps", cat(cfg ? cfg->fault.diag_min_bus_gbps : FaultConfig{}.diag_min_bus_gbps)};
+               "--min-bus-gbps", cat(cfg ? cfg->fault.diag_min_bus_gbps : FaultConfig{}.diag_min_bus_gbps),
+               "--device", cfg ? cfg->train.device : "auto"};
   spec.env = {{"MYRIAD_NODE_RANK", std::to_string(plan.node_rank)}, {"MYRIAD_ATTEMPT", std::to_string(attempt)}};
   spec.log_path = (std::filesystem::path(plan.log_dir) / cat("self_check_node", plan.node_rank, ".log")).string();
   last_line.clear();
@@ -572,7 +573,7 @@ std::optional<std::string> ended_since(driver::JobBoard& board, int64_t attempt)
   return j.value("status", "");
 }
 std::optional<Leaving> stop_and_check(driver::JobBoard& board, driver::Launcher& launcher,
-                                          driver::LaunchPlan& plan, const std::optional<Config>& cfg,
+                                          driver::LaunchPlan& plan, const std::string& name, const std::optional<Config>& cfg,
                                           const FaultConfig& fault, int64_t attempt, const nlohmann::json& cause,
                                           std::string& check_line, Events& events,
                                           const std::function<void(const char*)>& beat, int64_t& dp) {
@@ -626,12 +627,13 @@ std::optional<Leaving> stop_and_check(driver::JobBoard& board, driver::Launcher&
   leave = board.leave(attempt, leave);  // the first view written stands for every agent
   if (leave.empty()) return std::nullopt;
   if (leave.contains(std::to_string(me))) {
-    const std::string why = cat("node ", me, " (", host_name(), ") evicted: ", leave[std::to_string(me)].get<std::string>());
+    const std::string why = cat("node ", me, " (", name, ") evicted: ", leave[std::to_string(me)].get<std::string>());
     events.write("evict", -1, "", why);
-    board.block(host_name(), why);
+    board.block(name, why);
     if (!fault.evict_command.empty()) {
       std::string command = fault.evict_command;
-      for (auto [from, to] : {std::pair<std::string, std::string>{"{host}", host_name()}, {"{node}", std::to_string(me)}})
+      for (auto [from, to] : {std::pair<std::string, std::string>{"{host}", host_name()}, {"{node}", std::to_string(me)},
+                              {"{name}", name}})
         for (size_t at = 0; (at = command.find(from, at)) != std::string::npos; at += to.size())
           command.replace(at, from.size(), to);
       const int rc = std::system(command.c_str());
@@ -788,6 +790,11 @@ int cmd_launch(int argc, char** argv) {
   }
   int64_t shrunk_dp = 0;  // the data parallelism a shrink left the job with (0: the config's)
 
+  // An evicted node stays out of the job (as a node or as a spare) until it is renamed.
+  if (board)
+    if (const std::optional<std::string> why = board->blocked(node_name))
+      throw_input("launch: '", node_name, "' is on job ", plan.job, "'s block list (", *why,
+                  "): once it is repaired, start it under another --node-name, or run a new --job");
   // The attempt a supervised restart starts, decided by the job's agents (nullopt: count arrivals).
   std::optional<int64_t> next_attempt;
   // What the job carries from attempt to attempt, as the standing cause of the last stop says
@@ -999,7 +1006,7 @@ int cmd_launch(int argc, char** argv) {
       // last fault.evict_after faults leave the job, and spares take their places.
       std::optional<Leaving> out;
       try {
-        out = stop_and_check(*board, launcher, plan, worker_cfg, fault, attempt, cause, check_line, *events,
+        out = stop_and_check(*board, launcher, plan, node_name, worker_cfg, fault, attempt, cause, check_line, *events,
                                  [&](const char* status) {
                                    try {
                                      job->beat(status, job->ttl_s());

@@ -3,6 +3,9 @@
 // hold memory or write checkpoints fails here rather than in the next attempt:
 //   compute  a GEMM through the training kernels (OpenBLAS here) on integer-valued operands,
 //            whose every element is known exactly
+//   GPUs     with --device cuda (or auto and GPUs visible): on every visible GPU, the same kind
+//            of GEMM through cuBLASLt as the training runs it, checked exactly, and 256 MiB
+//            through its memory and back (model/cuda/device.h)
 //   memory   256 MiB written with a pattern and read back
 //   storage  a file written, synced, read back and removed in the checkpoint directory
 //   collective  the node's processes, as many as it runs workers (--ranks), all-reduce 32 MiB of
@@ -15,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -29,6 +33,9 @@
 #include "core/error.h"
 #include "core/fault.h"
 #include "ops/cpu/ops.h"
+#ifdef MYRIAD_HAVE_CUDA
+#include "model/cuda/device.h"
+#endif
 
 namespace myriad::cli {
 namespace {
@@ -158,21 +165,48 @@ double collective_check(int n, double min_gbps) {
   return gbps;
 }
 
+// Each visible GPU's check; returns "N GPUs, GEMM a..b TFLOP/s" (empty when there are none to check).
+std::string gpu_check(const std::string& device) {
+#ifdef MYRIAD_HAVE_CUDA
+  const int gpus = device == "cpu" ? 0 : cuda_device_count();
+#else
+  const int gpus = 0;
+#endif
+  if (gpus == 0) {
+    if (device == "cuda") throw_runtime("self-check: GPUs: the workers train on GPUs but none is visible (driver or device lost)");
+    return "";
+  }
+  double lo = 1e30, hi = 0;
+#ifdef MYRIAD_HAVE_CUDA
+  for (int g = 0; g < gpus; ++g) {
+    const double tflops = cuda_self_check(g);
+    lo = std::min(lo, tflops), hi = std::max(hi, tflops);
+  }
+#endif
+  char line[96];
+  std::snprintf(line, sizeof line, ", %d GPU(s): GEMM %.0f..%.0f TFLOP/s, memory ok", gpus, lo, hi);
+  return line;
+}
+
 }  // namespace
 
 int cmd_self_check(int argc, char** argv) {
-  Args args("self-check", argc, argv, {"checkpoint-dir", "ranks", "min-bus-gbps"});
+  Args args("self-check", argc, argv, {"checkpoint-dir", "ranks", "min-bus-gbps", "device"});
   const std::string dir = args.required("checkpoint-dir");
   const long long ranks = args.get_int("ranks", 1);
   if (ranks < 1 || ranks > 1024) throw_input("self-check: --ranks must be 1..1024, got ", ranks);
   const double min_gbps = args.get_double("min-bus-gbps", 0);
+  const std::string device = args.has("device") ? args.get("device") : "auto";
+  if (device != "auto" && device != "cpu" && device != "cuda")
+    throw_input("self-check: --device must be auto, cpu or cuda, got '", device, "'");
   fault::trigger("diag");  // diag:fail (a runtime fault), kill, hang, ...
-  const double bus = ranks > 1 ? collective_check(static_cast<int>(ranks), min_gbps) : 0;
+  const double bus = ranks > 1 ? collective_check(static_cast<int>(ranks), min_gbps) : 0;  // forks: first
   const double gflops = compute_check(), mem = memory_check(), disk = storage_check(dir);
+  const std::string gpus = gpu_check(device);
   std::printf("self-check ok: compute %.1f GFLOP/s, memory %.1f GB/s, checkpoint directory %.0f MB/s", gflops, mem,
               disk);
   if (ranks > 1) std::printf(", all-reduce of %lld processes %.2f GB/s", ranks, bus);
-  std::printf("\n");
+  std::printf("%s\n", gpus.c_str());
   return 0;
 }
 

@@ -1,6 +1,8 @@
 #include "driver/hang_report.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -21,7 +23,7 @@ struct GroupView {
 
 }  // namespace
 
-HangReport analyze_hang(const nlohmann::json& ranks) {
+HangReport analyze_hang(const nlohmann::json& ranks, const nlohmann::json& last_beats) {
   std::map<std::string, std::map<int, GroupView>> groups;  // group -> rank -> view
   std::map<int, const nlohmann::json*> by_rank;
   for (const nlohmann::json& r : ranks) {
@@ -89,7 +91,16 @@ HangReport analyze_hang(const nlohmann::json& ranks) {
     report.culprits.push_back(rank);
     std::string where;
     if (const auto it = by_rank.find(rank); it == by_rank.end()) {
-      where = " (it left no record: stopped or gone)";
+      where = " (it left no record: stopped or gone";
+      if (const std::string key = std::to_string(rank); last_beats.contains(key)) {
+        const nlohmann::json& b = last_beats[key];
+        where += cat("; its last heartbeat", b.contains("age_s") ? cat(", ", std::round(b["age_s"].get<double>() * 10) / 10, " s old") : "",
+                     ": step ", b.value("step", int64_t(-1)), ", phase ", b.value("phase", std::string("?")));
+        if (b.contains("finished"))
+          where += cat(", its last finished operation ", b["finished"].value("group", ""), "'s ",
+                       b["finished"].value("op", ""), " #", b["finished"].value("match", uint64_t(0)));
+      }
+      where += ")";
     } else {
       // Its last finished operation: a heartbeat names it; a flight record holds the times.
       const nlohmann::json& me = *it->second;
@@ -146,7 +157,18 @@ HangReport write_hang_report(const std::string& run_dir) {
   if (ranks.empty())
     throw_input("hang-report: ", dir.string(), " holds no flight records (flight_rank_*.json): they are written when "
                 "`myriad launch` stops a hung job, or when a collective times out");
-  const HangReport r = analyze_hang(ranks);
+  nlohmann::json beats = nlohmann::json::object();
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("heartbeat_rank_", 0) != 0) continue;
+    std::ifstream in(e.path());
+    nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    if (!j.is_object()) continue;
+    const auto written = fs::last_write_time(e.path(), ec);
+    if (!ec) j["age_s"] = std::chrono::duration<double>(fs::file_time_type::clock::now() - written).count();
+    beats[name.substr(15)] = std::move(j);
+  }
+  const HangReport r = analyze_hang(ranks, beats);
   std::ofstream(fs::path(run_dir) / "hang_report.txt") << r.text();
   std::ofstream(fs::path(run_dir) / "hang_report.json") << r.json().dump(2) << "\n";
   return r;

@@ -29,7 +29,11 @@ struct HangReport {
 // `ranks`: one object per rank: "rank", optionally "step" and "phase", and "groups": each
 // {"group", "op", "match", "state"} (a heartbeat's last operation) or {"group", "members",
 // "records": [{"seq", "match", "op", "bytes", "state", ...}]} (a flight record).
-HangReport analyze_hang(const nlohmann::json& ranks);
+// `last_beats`: each rank's last heartbeat (runtime/heartbeat.h) by rank, "0", "1", ..., with
+// "age_s" its age: where a culprit left no record (a stopped process writes none), its last
+// step, phase and finished operation as of its last beat. Only described, never part of the
+// wait-for graph: a beat can be a second old.
+HangReport analyze_hang(const nlohmann::json& ranks, const nlohmann::json& last_beats = nlohmann::json::object());
 
 struct Holdup {
   int rank = -1;
@@ -38,7 +42,8 @@ struct Holdup {
 // The one rank that holds the job up, when there is exactly one.
 std::optional<Holdup> find_holdup(const nlohmann::json& ranks);
 
-// Reads RUN_DIR/driver/flight_rank_*.json (what the ranks wrote when the launcher asked), writes
+// Reads RUN_DIR/driver/flight_rank_*.json (what the ranks wrote when the launcher asked) and
+// the ranks' last heartbeats (RUN_DIR/driver/heartbeat_rank_*), writes
 // RUN_DIR/hang_report.txt and RUN_DIR/hang_report.json, and returns the report. A run directory
 // without flight records is an input error naming it.
 HangReport write_hang_report(const std::string& run_dir);

@@ -112,8 +112,12 @@ std::optional<std::pair<int, int64_t>> JobBoard::assignment(int64_t k) {
   return std::make_pair(std::stoi(v->substr(0, space)), std::stoll(v->substr(space + 1)));
 }
 
-void JobBoard::block(const std::string& host, const std::string& why) {
-  patiently([&](comm::Store& s) { s.set("evicted/" + host, why); return 0; });
+void JobBoard::block(const std::string& name, const std::string& why) {
+  patiently([&](comm::Store& s) { s.set("evicted/" + name, why); return 0; });
+}
+
+std::optional<std::string> JobBoard::blocked(const std::string& name) {
+  return patiently([&](comm::Store& s) { return s.try_get("evicted/" + name); });
 }
 
 }  // namespace myriad::driver

@@ -15,7 +15,7 @@
 //   end                   JSON {attempt, status}: the job ended (spares waiting leave)
 //   spares                how many spares ever joined; spare/<k> their heartbeats;
 //   spare/<k>/node        "<node> <attempt>": what spare k takes over, from when (set once, by the leader)
-//   evicted/<host>        the block list: why that host left the job
+//   evicted/<name>        the block list: why the node of that --node-name left the job
 //
 // One Store connection per board: one thread at a time, as Store.
 #pragma once
@@ -67,8 +67,10 @@ class JobBoard {
   // The node spare k takes over and the attempt it starts, once assigned.
   std::optional<std::pair<int, int64_t>> assignment(int64_t k);
 
-  // The block list: why `host` left the job (read by whoever runs the cluster).
-  void block(const std::string& host, const std::string& why);
+  // The block list: why the node named `name` (its --node-name, by default its host) left the
+  // job. An agent or spare of that name may not join the job again.
+  void block(const std::string& name, const std::string& why);
+  std::optional<std::string> blocked(const std::string& name);
 
  private:
   std::optional<nlohmann::json> json_at(const std::string& key);

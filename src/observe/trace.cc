@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -24,27 +25,40 @@ struct Tracer {
   std::atomic<bool> keep{false};  // the current step is traced
   std::atomic<int64_t> step{0};
   std::mutex mu;
-  std::vector<std::string> buffer;  // event lines not yet written
+  // Events not yet written, at most kRing: when the writes fall behind (a stalled disk) the
+  // oldest are dropped, and counted, rather than the process's memory growing.
+  static constexpr size_t kRing = size_t(1) << 18;
+  std::deque<nlohmann::json> buffer;
+  int64_t dropped = 0;
   std::atomic<bool> stop{false};
   std::thread flusher;
 
+  // The JSON text is made here, on the flushing thread, not on the training thread.
   void flush() {
-    std::vector<std::string> lines;
+    std::deque<nlohmann::json> events;
+    int64_t lost = 0;
     {
       std::lock_guard<std::mutex> lock(mu);
-      lines.swap(buffer);
+      events.swap(buffer);
+      std::swap(lost, dropped);
     }
-    if (lines.empty()) return;
+    if (events.empty() && lost == 0) return;
     if (std::FILE* f = std::fopen(path.c_str(), "a")) {
-      for (const std::string& l : lines) std::fputs(l.c_str(), f), std::fputc('\n', f);
+      if (lost > 0) {
+        const nlohmann::json note = {{"ph", "i"}, {"name", "trace events dropped"}, {"s", "p"}, {"pid", rank}, {"tid", 0},
+                                     {"ts", events.empty() ? 0 : events.front().value("ts", int64_t(0))},
+                                     {"args", {{"dropped", lost}, {"step", events.empty() ? 0 : events.front()["args"].value("step", int64_t(0))}}}};
+        std::fputs(note.dump().c_str(), f), std::fputc('\n', f);
+      }
+      for (const nlohmann::json& e : events) std::fputs(e.dump().c_str(), f), std::fputc('\n', f);
       std::fclose(f);
     }
   }
   void add(nlohmann::json e) {
     e["pid"] = rank;
-    std::string line = e.dump();
     std::lock_guard<std::mutex> lock(mu);
-    buffer.push_back(std::move(line));
+    if (buffer.size() == kRing) buffer.pop_front(), ++dropped;
+    buffer.push_back(std::move(e));
   }
 };
 
@@ -111,7 +125,13 @@ int64_t now_us() {
 
 void complete(const std::string& name, const char* cat, int64_t t0_us, int64_t t1_us, int tid, nlohmann::json args) {
   if (!active()) return;
-  args["step"] = g_tracer->step.load();
+  complete_for(g_tracer->step.load(), name, cat, t0_us, t1_us, tid, std::move(args));
+}
+
+void complete_for(int64_t step, const std::string& name, const char* cat, int64_t t0_us, int64_t t1_us, int tid,
+                  nlohmann::json args) {
+  if (!g_tracer || step % g_tracer->every != 0) return;
+  args["step"] = step;
   g_tracer->add({{"ph", "X"}, {"name", name}, {"cat", cat}, {"ts", t0_us}, {"dur", std::max<int64_t>(0, t1_us - t0_us)},
                  {"tid", tid}, {"args", std::move(args)}});
 }
@@ -154,7 +174,8 @@ nlohmann::json merge(const std::string& run_dir, int64_t first, int64_t last) {
         const int rank = e.value("rank", 0);
         events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"args", {{"name", e.value("name", "")}}}});
         events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", rank}, {"args", {{"sort_index", rank}}}});
-        for (const auto& [tid, lane] : {std::pair<int, const char*>{0, "work"}, {1, "communication"}, {2, "steps"}})
+        for (const auto& [tid, lane] : {std::pair<int, const char*>{0, "work"}, {1, "communication"}, {2, "steps"},
+                                        {3, "checkpoint writer"}})
           events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", tid}, {"args", {{"name", lane}}}});
         continue;
       }

@@ -14,10 +14,14 @@
 //   tid 1: communication, each operation from its start to its end (comm/communicator.h records);
 //   tid 2: each step, from the end of the one before, with args.own_ms: its time less its waits
 //          on peers (pipeline receives, data-parallel collectives), what `myriad report` maps;
+//   tid 3: each checkpoint's background write (stage 2), under the step it saves; its stage 1
+//          (the snapshot, in the step) is on tid 0;
 //   {"ph": "s" / "f", "id", ...}: flow arrows, from a pipeline send to its receive and from a
 //          collective's start on its group's first rank to its start on each other member.
 // Only steps that are multiples of observe.trace_every are traced. Off (no file, no buffer) by
-// default. One process traces at a time (a process-wide buffer).
+// default. One process traces at a time (a process-wide buffer of at most 2^18 events between
+// flushes: if the writes fall behind, the oldest are dropped and a "trace events dropped" event
+// says how many).
 #pragma once
 
 #include <cstdint>
@@ -48,6 +52,10 @@ int64_t from_system_us(int64_t us);
 // A complete event [t0, t1) on lane `tid`.
 void complete(const std::string& name, const char* cat, int64_t t0_us, int64_t t1_us, int tid,
               nlohmann::json args = nlohmann::json::object());
+// The same for a given step, traced or not as that step is (work that ends after its step, as
+// a checkpoint's background write). Called by the training thread.
+void complete_for(int64_t step, const std::string& name, const char* cat, int64_t t0_us, int64_t t1_us, int tid,
+                  nlohmann::json args = nlohmann::json::object());
 // A flow arrow's start ("s") or end ("f") at `ts` on lane `tid`.
 void flow(bool start, uint64_t id, int64_t ts_us, int tid);
 

@@ -310,6 +310,7 @@ void Trainer::run() {
                 fmt("%.0f", tokens_per_step / dt), " tok/s | ETA ", human_duration(eta));
     }
     writer_.poll();  // a save that failed in the background fails the run now
+    trace_written_save();
     trace_collectives();
     heartbeat_.set(step_, allowance);
     set_phase("data");
@@ -334,6 +335,7 @@ void Trainer::run() {
   set_phase("checkpoint");
   heartbeat_.set(step_, cfg_.fault.startup_timeout_s);
   writer_.wait();
+  trace_written_save();
 }
 
 // The batch is read, so that every later step trains on the batch it would have had, and
@@ -484,8 +486,10 @@ void Trainer::save_checkpoint() {
     }
   }
   writer_.wait();
+  trace_written_save();
   // Stage 1, in the step: the state as of this step, where training does not change it.
   const double t1 = now_s();
+  const int64_t snapshot_us = trace::now_us();
   engine_->state_to_host();
   std::vector<checkpoint::Shard> shards = this->shards(true);
   if (engine_->host_state_is_live() && cfg_.checkpoint.async) {
@@ -518,11 +522,14 @@ void Trainer::save_checkpoint() {
   if (dist_) group.rank = dist_->rank(), group.world = dist_->world();
   group.id = start_id_, group.timeout_s = cfg_.comm.timeout_s, group.cancel = writer_.cancelled();
   const double snapshot_s = now_s() - t1;
+  trace::complete("checkpoint_snapshot", "checkpoint", snapshot_us, trace::now_us(), 0);
   // Stage 2, on the writer's thread (or here, and waited for, without checkpoint.async).
   writer_.start([this, root = checkpoint_root(), step = step_, meta = std::move(meta), shards = std::move(shards),
                  group, snapshot_s] {
     const double t1 = now_s();
+    const int64_t t1_us = trace::now_us();
     const std::string dir = checkpoint::save(root, step, meta, shards, group);
+    written_ = {step, t1_us, trace::now_us()};  // read by the training thread once the writer is done
     if (group.rank != 0) return;
     log::info("checkpoint: saved ", dir, " in ", fmt("%.2f", now_s() - t1), " s", cfg_.checkpoint.async ? cat(
               " in the background (its snapshot took the step ", fmt("%.2f", snapshot_s), " s)") : "");
@@ -533,6 +540,14 @@ void Trainer::save_checkpoint() {
     writer_.wait();
     if (dist_) dist_->barrier();
   }
+}
+
+// The last background write on the trace (lane 3, under the step it saved), once it is done:
+// from the training thread, which alone touches the trace buffer's owner.
+void Trainer::trace_written_save() {
+  if (writer_.busy() || written_.step < 0) return;
+  trace::complete_for(written_.step, "checkpoint_write", "checkpoint", written_.t0_us, written_.t1_us, 3);
+  written_.step = -1;
 }
 
 // Newest first; a corrupt checkpoint is passed over with a warning (keep_last keeps older ones

@@ -85,6 +85,11 @@ class Trainer {
   std::vector<float> snapshot_;
   // Declared last: it is destroyed (and stops) first, while the state it writes still exists.
   checkpoint::Writer writer_;
+  // The last background write's step and times (trace clock), set by the writer's thread; -1 once traced.
+  struct Written {
+    int64_t step = -1, t0_us = 0, t1_us = 0;
+  } written_;
+  void trace_written_save();
 };
 
 }  // namespace myriad

@@ -59,13 +59,20 @@ TEST_P(HangReport, NamesTheRankThatHoldsTheJobUpAlone) {
                      " --set model.layers=4 --set model.d_model=32 --set model.seq_len=16 --set train.global_batch=8",
                      " --set train.micro_batch=2 --set train.steps=12 --set train.eval_every=0 --set data.train=", data_,
                      " --set data.valid= --set comm.timeout_s=300 --set fault.step_timeout_s=4 ", c.extra),
-                 cat("MYRIAD_INJECT_FAULT=", c.fault));
+                 // Every rank's steps take 250 ms: a stopped rank's last heartbeat (one a second)
+                 // then tells of the step it stopped in.
+                 cat("MYRIAD_INJECT_FAULT=", c.fault, ",step:1:slow:250"));
   EXPECT_EQ(r.code, c.code) << r.output;
   std::ifstream in(rd / "hang_report.json");
   const nlohmann::json report = nlohmann::json::parse(in, nullptr, false);
   ASSERT_TRUE(report.is_object()) << r.output;
   EXPECT_EQ(report["culprits"], nlohmann::json::array({c.rank})) << report.dump(2) << r.output;
   EXPECT_TRUE(report["mismatches"].empty()) << report.dump(2);
+  // Where the culprit is: its step, phase and last finished operation, from its flight record
+  // or, when it is stopped and wrote none, from its last heartbeat.
+  const std::string finding = report["findings"][0];
+  for (const char* what : {"step ", ", phase ", ", its last finished operation "})
+    EXPECT_NE(finding.find(what), std::string::npos) << what << " in: " << finding;
   // The launcher's last line names it too, and the command reads the same records again.
   EXPECT_NE(r.output.find(cat("hang report: rank ", c.rank, " (")), std::string::npos) << r.output;
   Result again = run(cat("hang-report ", rd.string()));

@@ -58,7 +58,8 @@ class Nodes : public ::testing::Test {
   static std::unique_ptr<Proc> agent(const myriad::comm::LocalRedis& redis, const std::string& job, int node,
                                      const fs::path& rd, const std::string& layout, const std::string& extra = "",
                                      const std::string& env = "", int restarts = 2) {
-    const std::string who = node < 0 ? "--spare" : cat("--node-rank ", node);
+    // Each a machine of its own name, as the block list tells machines apart by it.
+    const std::string who = node < 0 ? "--spare --node-name spare" : cat("--node-rank ", node, " --node-name node", node);
     return std::make_unique<Proc>(cat("launch --nnodes 2 ", who, " --nproc-per-node 2 --max-restarts ", restarts,
                                       " --rdzv ", redis.url(job), " -- ", train(rd, layout, extra)),
                                   env, dir_ / cat(job, "_", node < 0 ? std::string("spare") : std::to_string(node), ".txt"));
@@ -170,6 +171,11 @@ TEST_F(Nodes, AFailedSelfCheckEvictsTheNodeAndASpareTakesItsPlace) {
   for (const auto& e : jsonl(rd / "driver/events.jsonl"))
     if (e["event"] == "evict" && e["node"] == 1) evicted = true;
   EXPECT_TRUE(evicted);
+  // The evicted machine is on the job's block list: it may not join the job again.
+  auto back = agent(redis, "evict", 1, rd, kDpTp, extra);
+  EXPECT_EQ(back->wait(), 2) << back->output();
+  EXPECT_NE(back->output().find("'node1' is on job evict's block list (node 1 (node1) evicted: its self-check failed"),
+            std::string::npos) << back->output();
 }
 
 // Each agent's heartbeat in the job's store says who it is (host, node, pid, attempt) and what

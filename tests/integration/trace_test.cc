@@ -11,6 +11,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
+#include <vector>
 
 #include "core/error.h"
 #include "test_util.h"
@@ -41,12 +43,13 @@ TEST(Trace, EightRanksMergeIntoOneAlignedTimeline) {
   const fs::path dir = fs::temp_directory_path() / cat("myriad_trace_", getpid());
   const std::string data = corpus_in(dir);
   const fs::path rd = dir / "run";
-  // 4 steps; each data-parallel rank takes 4 rows a step in 2 micro-batches of 2.
+  const int steps = 4, global_batch = 8, micro_batch = 2, dp = 2, pp = 2, tp = 2;
   Result r = run(cat("launch --nproc-per-node 8 -- train --config ", MYRIAD_SOURCE_DIR, "/configs/demo.toml --run-dir ",
-                     rd.string(), " --set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 --set model.layers=4",
-                     " --set model.d_model=32 --set model.seq_len=16 --set train.global_batch=8 --set train.micro_batch=2",
-                     " --set train.steps=4 --set train.eval_every=0 --set data.train=", data,
-                     " --set data.valid= --set observe.trace=true"),
+                     rd.string(), " --set parallel.tp=", tp, " --set parallel.pp=", pp, " --set parallel.dp=", dp,
+                     " --set model.layers=4 --set model.d_model=32 --set model.seq_len=16 --set train.global_batch=",
+                     global_batch, " --set train.micro_batch=", micro_batch, " --set train.steps=", steps,
+                     " --set train.eval_every=2 --set train.eval_steps=1 --set checkpoint.every=2 --set data.train=", data,
+                     " --set data.valid=", data, " --set observe.trace=true"),
                  "MYRIAD_TRACE_CLOCK_SKEW=3:50000");
   ASSERT_EQ(r.code, 0) << r.output;
   // The clocks: rank 3's measured 50 ms ahead, the others with rank 0's, each within 1 ms.
@@ -61,43 +64,78 @@ TEST(Trace, EightRanksMergeIntoOneAlignedTimeline) {
   ASSERT_EQ(m.code, 0) << m.output;
   const nlohmann::json t = read_json(rd / "traces" / "timeline.json");
   ASSERT_TRUE(t.is_object()) << "the merged trace parses as JSON";
-  std::map<int, std::map<std::string, int>> spans;                 // rank -> name -> count
-  std::map<int, std::vector<std::pair<int64_t, int64_t>>> compute;  // rank -> forward/backward [ts, end)
-  std::map<std::string, std::pair<int, int>> flows;                 // id -> (starts, ends)
-  std::set<int> named;
-  int sends = 0, recvs = 0;
+  struct Span {
+    int pid;
+    int64_t ts, end;
+    std::string name;
+    nlohmann::json args;
+  };
+  struct Flow {
+    int starts = 0, ends = 0, from = -1, to = -1;
+    int64_t at = 0, until = 0;
+  };
+  std::map<int, std::map<std::string, int>> spans;  // rank -> name -> count
+  std::map<int, std::vector<Span>> work;             // rank -> its lane-0 spans of the step's work
+  std::vector<Span> sends, recvs;
+  std::map<std::string, Flow> flows;
+  std::set<std::tuple<int, int, int>> coordinates;
   for (const nlohmann::json& e : t["traceEvents"]) {
     const std::string ph = e["ph"];
-    if (ph == "M" && e["name"] == "process_name") named.insert(e["pid"].get<int>());
-    if (ph == "s") ++flows[e["id"]].first;
-    if (ph == "f") ++flows[e["id"]].second;
+    if (ph == "M" && e["name"] == "process_name") {
+      int rank, node, tpr, ppr, dpr;
+      const std::string name = e["args"]["name"];
+      ASSERT_EQ(std::sscanf(name.c_str(), "rank %d (node %d, tp %d, pp %d, dp %d)", &rank, &node, &tpr, &ppr, &dpr), 5) << name;
+      EXPECT_EQ(rank, e["pid"].get<int>());
+      coordinates.insert({tpr, ppr, dpr});
+    }
+    if (ph == "s") ++flows[e["id"]].starts, flows[e["id"]].from = e["pid"], flows[e["id"]].at = e["ts"];
+    if (ph == "f") ++flows[e["id"]].ends, flows[e["id"]].to = e["pid"], flows[e["id"]].until = e["ts"];
     if (ph != "X") continue;
-    const int pid = e["pid"];
-    const std::string name = e["name"];
-    ++spans[pid][name];
-    sends += name.rfind("send ", 0) == 0, recvs += name.rfind("recv ", 0) == 0;
-    if (name == "forward" || name == "backward")
-      compute[pid].push_back({e["ts"].get<int64_t>(), e["ts"].get<int64_t>() + e["dur"].get<int64_t>()});
+    const Span sp{e["pid"], e["ts"], e["ts"].get<int64_t>() + e["dur"].get<int64_t>(), e["name"], e["args"]};
+    ++spans[sp.pid][sp.name];
+    if (sp.name.rfind("send ", 0) == 0) sends.push_back(sp);
+    if (sp.name.rfind("recv ", 0) == 0) recvs.push_back(sp);
+    if (e["tid"] == 0 && sp.name != "checkpoint_snapshot") work[sp.pid].push_back(sp);  // (inside "checkpoint")
   }
-  EXPECT_EQ(named.size(), 8u);
+  EXPECT_EQ(coordinates.size(), 8u) << "each rank named by its own tp/pp/dp coordinates";
   ASSERT_EQ(spans.size(), 8u) << "spans from all 8 ranks";
+  // What the schedule says: every micro-batch's forward and backward once a step on every stage.
+  const int micro_batches = global_batch / (micro_batch * dp);
   for (auto& [rank, count] : spans) {
-    // 1F1B over 2 stages: every micro-batch's forward and backward once a step on every stage.
-    EXPECT_EQ(count["forward"], 8) << "rank " << rank;
-    EXPECT_EQ(count["backward"], 8) << "rank " << rank;
-    EXPECT_EQ(count["data"], 4) << "rank " << rank;
-    EXPECT_EQ(count["optimizer"], 4) << "rank " << rank;
-    // One rank's forward and backward passes run one after another.
-    std::vector<std::pair<int64_t, int64_t>>& c = compute[rank];
-    std::sort(c.begin(), c.end());
-    for (size_t i = 1; i < c.size(); ++i) EXPECT_LE(c[i - 1].second, c[i].first) << "rank " << rank << " span " << i;
+    EXPECT_EQ(count["forward"], steps * micro_batches) << "rank " << rank;
+    EXPECT_EQ(count["backward"], steps * micro_batches) << "rank " << rank;
+    EXPECT_EQ(count["data"], steps) << "rank " << rank;
+    EXPECT_EQ(count["optimizer"], steps) << "rank " << rank;
+    EXPECT_EQ(count["eval"], steps / 2) << "rank " << rank;
+    EXPECT_EQ(count["checkpoint"], steps / 2) << "rank " << rank;
+    EXPECT_EQ(count["checkpoint_snapshot"], steps / 2) << "rank " << rank;
+    EXPECT_EQ(count["checkpoint_write"], steps / 2) << "rank " << rank << ": the background writes, on their lane";
+    // One rank's work (data, forward, backward, optimizer, evaluation, checkpoint) runs in sequence.
+    std::vector<Span>& w = work[rank];
+    std::sort(w.begin(), w.end(), [](const Span& a, const Span& b) { return a.ts < b.ts; });
+    for (size_t i = 1; i < w.size(); ++i)
+      EXPECT_LE(w[i - 1].end, w[i].ts) << "rank " << rank << ": " << w[i - 1].name << " overlaps " << w[i].name;
   }
-  // Every send has its receive, tied by one flow; every collective's start on its first member
-  // is tied to each other member's.
-  EXPECT_GT(sends, 0);
-  EXPECT_EQ(sends, recvs);
-  EXPECT_FALSE(flows.empty());
-  for (const auto& [id, se] : flows) EXPECT_EQ(se, std::make_pair(1, 1)) << "flow " << id;
+  // Every send has its receive, tied by one flow from the send's start to the receive's end on
+  // the peer; on the aligned clocks, no receive ends before its send starts (rank 3's 50 ms
+  // skew, uncorrected, would put its sends after their receives).
+  ASSERT_GT(sends.size(), 0u);
+  EXPECT_EQ(sends.size(), recvs.size());
+  int sends_tied = 0;
+  for (const Span& s : sends) {
+    const int peer = s.args["peer"];
+    for (const auto& [id, f] : flows) {
+      if (f.from != s.pid || f.at != s.ts || f.to != peer) continue;
+      bool received = false;
+      for (const Span& r : recvs) received |= r.pid == peer && r.end == f.until && r.args["peer"] == s.pid;
+      EXPECT_TRUE(received) << s.name << " of rank " << s.pid << " to " << peer << ": its flow ends on no receive";
+      EXPECT_GE(f.until, s.ts - 1000) << s.name << " of rank " << s.pid << " to " << peer;
+      ++sends_tied;
+      break;
+    }
+  }
+  EXPECT_EQ(sends_tied, int(sends.size()));
+  for (const auto& [id, se] : flows) EXPECT_EQ(std::make_pair(se.starts, se.ends), std::make_pair(1, 1)) << "flow " << id;
   // --steps keeps those steps only.
   Result part = run(cat("trace ", rd.string(), " --steps 2:3 --output ", (dir / "part.json").string()));
   ASSERT_EQ(part.code, 0) << part.output;
@@ -109,10 +147,23 @@ TEST(Trace, EightRanksMergeIntoOneAlignedTimeline) {
     EXPECT_LE(e["args"]["step"].get<int>(), 3);
     forwards_of_rank0 += e["ph"] == "X" && e["pid"].get<int>() == 0 && e["name"] == "forward";
   }
-  EXPECT_EQ(forwards_of_rank0, 4);
+  EXPECT_EQ(forwards_of_rank0, 2 * micro_batches);
   // A run without traces, and a bad range, are input errors.
   EXPECT_EQ(run(cat("trace ", dir.string())).code, 2);
   EXPECT_EQ(run(cat("trace ", rd.string(), " --steps 3:2")).code, 2);
+  // observe.trace_every = 2: only the even steps are traced.
+  const fs::path every = dir / "every";
+  ASSERT_EQ(run(cat("train --config ", MYRIAD_SOURCE_DIR, "/configs/demo.toml --run-dir ", every.string(),
+                    " --set model.layers=1 --set model.d_model=32 --set model.seq_len=16 --set train.steps=5",
+                    " --set train.eval_every=0 --set data.train=", data, " --set data.valid= --set observe.trace=true",
+                    " --set observe.trace_every=2")).code, 0);
+  std::set<int> traced;
+  std::ifstream in(every / "traces" / "rank_0.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json e = nlohmann::json::parse(line);
+    if (e.contains("args")) traced.insert(e["args"]["step"].get<int>());
+  }
+  EXPECT_EQ(traced, (std::set<int>{2, 4}));
   fs::remove_all(dir);
 }
 

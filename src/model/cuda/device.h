@@ -14,4 +14,10 @@ void cuda_use_device(int index);
 // what to update otherwise), and the model fits the CUDA kernels (an input error naming the key).
 void check_cuda_config(const Config& cfg);
 
+// A node's self-check of GPU `index` (myriad self-check): a GEMM through the training kernels
+// (cuBLASLt: bf16 operands, fp32 accumulation) on small-integer operands, so that every element
+// of the product is exact and checked, then 256 MiB copied to the GPU and back. Returns the
+// GEMM's TFLOP/s; a runtime fault naming the GPU where it computes or stores wrongly.
+double cuda_self_check(int index);
+
 }  // namespace myriad

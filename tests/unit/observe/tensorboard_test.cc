@@ -9,8 +9,12 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <vector>
 
 #include "core/error.h"
+#include "observe/metrics.h"
 
 namespace fs = std::filesystem;
 
@@ -109,3 +113,45 @@ TEST(TensorBoard, ScalarsReadBackAndDamageIsNamed) {
 
 }  // namespace
 }  // namespace myriad
+
+namespace {
+
+// Every key of a metrics.jsonl record reaches TensorBoard under the tag users know from
+// Megatron-LM (iteration time in seconds), at the record's step, and a skipped step's record
+// (no loss) writes no scalar.
+TEST(TensorBoard, EveryMetricKeyIsWrittenUnderItsTag) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / myriad::cat("myriad_tb_tags_", getpid());
+  std::filesystem::create_directories(dir);
+  const nlohmann::json record = {{"step", 7}, {"loss", 2.5}, {"val_loss", 2.75}, {"lr", 3e-4}, {"grad_norm", 0.8},
+                                 {"step_ms", 250.0}, {"tokens_per_s", 65536.0}, {"mfu", 0.59}, {"forward_ms", 80.0},
+                                 {"backward_ms", 150.0}, {"bubble_ms", 12.0}, {"dp_wait_ms", 3.0},
+                                 {"optimizer_ms", 9.0}, {"peak_memory_gib", 49.5}};
+  {
+    myriad::MetricsWriter w((dir / "metrics.jsonl").string(), 0, (dir / "tb").string());
+    w.write(record);
+    w.write({{"step", 8}, {"skipped", true}});
+  }
+  const std::map<std::string, std::pair<std::string, double>> expect = {
+      {"lm loss", {"loss", 1}}, {"lm loss validation", {"val_loss", 1}}, {"learning-rate", {"lr", 1}},
+      {"grad-norm", {"grad_norm", 1}}, {"iteration-time", {"step_ms", 1e-3}},
+      {"throughput/tokens_per_s", {"tokens_per_s", 1}}, {"throughput/mfu", {"mfu", 1}},
+      {"phase/forward_ms", {"forward_ms", 1}}, {"phase/backward_ms", {"backward_ms", 1}},
+      {"phase/bubble_ms", {"bubble_ms", 1}}, {"phase/dp_wait_ms", {"dp_wait_ms", 1}},
+      {"phase/optimizer_ms", {"optimizer_ms", 1}}, {"memory/peak_gib", {"peak_memory_gib", 1}}};
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir / "tb")) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 1u);
+  std::map<std::string, int> seen;
+  for (const myriad::TensorBoardScalar& s : myriad::read_tensorboard(files[0].string())) {
+    ASSERT_TRUE(expect.count(s.tag)) << "unexpected tag " << s.tag;
+    EXPECT_EQ(s.step, 7) << s.tag;
+    const auto& [key, scale] = expect.at(s.tag);
+    EXPECT_EQ(s.value, float(record[key].get<double>() * scale)) << s.tag;
+    ++seen[s.tag];
+  }
+  EXPECT_EQ(seen.size(), expect.size());
+  for (const auto& [tag, n] : seen) EXPECT_EQ(n, 1) << tag;
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
