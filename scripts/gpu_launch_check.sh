@@ -40,7 +40,7 @@ check "asynchronous saves on the GPU: the synchronous bytes, bitwise resume ($sa
 # GEMM checked exactly, and the GPU's memory.
 out=$($B self-check --checkpoint-dir "$W/sc" --device cuda 2>&1); code=$?
 check "the self-check computes on the GPU and checks its memory" 0 "1 GPU(s): GEMM " "$out" $code
-# A supervised launch on the GPU: a worker killed after step 2 is restarted after stop and check
+# A supervised launch on the GPU: a worker killed after step 3 is restarted after stop and check
 # (the GPU's self-check included) and the run ends.
 out=$(MYRIAD_INJECT_FAULT=step:3:kill@rank=1 $B launch --nproc-per-node 2 --max-restarts 1 -- "${args[@]}" "${ck[@]}" \
       --set checkpoint.async=false --run-dir "$W/restart" 2>&1); code=$?

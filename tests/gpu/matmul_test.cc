@@ -98,3 +98,18 @@ TEST(Matmul, GeluEpiloguesMatchTheCpuGelu) {
 }
 
 }  // namespace
+
+#include "model/cuda/device.h"
+
+namespace {
+
+// The node self-check's GPU part (myriad self-check): the exact GEMM and the memory round trip
+// pass on a sound GPU, and the GEMM runs at GPU speed (a node whose GPU fell back to something
+// slower would not pass unnoticed in the report).
+TEST(SelfCheck, TheGpuComputesExactlyAndAtSpeed) {
+  const double tflops = myriad::cuda_self_check(0);
+  std::printf("  self-check GEMM 2048^3 (fp32 out): %.0f TFLOP/s\n", tflops);
+  EXPECT_GT(tflops, 20.0);
+}
+
+}  // namespace
