@@ -400,6 +400,42 @@ void set_skip_steps(std::vector<std::string>& command, std::vector<int64_t> step
   command.insert(command.end(), {"--set", "train.skip_steps=[" + list + "]"});
 }
 
+// A hung job across nodes: every agent puts its ranks' flight records (null for a rank that
+// wrote none: a stopped process) and last heartbeats in the job's store; node 0's agent gathers
+// every rank's, waiting up to 5 s, and writes RUN_DIR/hang_report.{txt,json}, as the launcher of
+// a job on one node does on its own. Each culprit's finding is a diagnose event.
+void share_hang_report(driver::JobBoard& board, driver::Launcher& launcher, const driver::LaunchPlan& plan,
+                       const HangWatch& hangs, int64_t attempt, Events& events) {
+  for (const HangWatch::Rank& r : hangs.ranks) {
+    std::ifstream in(hangs.flight_path(r.rank));
+    const nlohmann::json record = nlohmann::json::parse(in, nullptr, false);
+    board.flight(attempt, r.rank, {{"record", record.is_object() ? record : nlohmann::json()}, {"beat", r.last}});
+  }
+  if (plan.node_rank != 0) return;
+  nlohmann::json records = nlohmann::json::array(), beats = nlohmann::json::object();
+  std::vector<bool> have(static_cast<size_t>(plan.world_size), false);
+  for (const double until = comm::steady_now_s() + 5;;) {
+    for (int rank = 0; rank < plan.world_size; ++rank) {
+      if (have[rank]) continue;
+      const std::optional<nlohmann::json> e = board.flight_of(attempt, rank);
+      if (!e) continue;
+      have[rank] = true;
+      if ((*e)["record"].is_object()) records.push_back((*e)["record"]);
+      if ((*e)["beat"].is_object()) beats[std::to_string(rank)] = (*e)["beat"];
+    }
+    if (std::all_of(have.begin(), have.end(), [](bool b) { return b; }) || comm::steady_now_s() > until) break;
+    launcher.wait(0.1);
+  }
+  if (records.empty()) return;
+  const driver::HangReport report = driver::write_hang_report(plan.run_dir, records, beats);
+  for (size_t i = 0; i < report.culprits.size(); ++i) {
+    log::warn("launch: hang report: ", report.findings[i]);
+    events.write("diagnose", report.culprits[i], "", "hang report: " + report.findings[i],
+                 report.culprits[i] / plan.nproc_per_node);
+  }
+  for (const std::string& m : report.mismatches) log::warn("launch: hang report: mismatch: ", m);
+}
+
 // The node agent's side of the job (myriad launch --max-restarts): its heartbeat in the store,
 // the job-wide stop (a fault on any node stops every node's workers at once, without waiting
 // for a collective to time out), and the loss of a node (its agent's heartbeat gone).
@@ -996,6 +1032,13 @@ int cmd_launch(int argc, char** argv) {
     events->write("fault", cause_rank, class_name(failed_class), failed, cause_node);
     events->write("stop", -1, "", cause_node == plan.node_rank ? "the other workers of this node were stopped"
                                                                : "this node's workers were stopped");
+    if (board && plan.nnodes > 1 && cause.value("detail", "").rfind("hang:", 0) == 0) {
+      try {
+        share_hang_report(*board, launcher, plan, hangs, attempt, *events);
+      } catch (const Error& e) {  // a report is worth having, not worth the job
+        log::warn("launch: no hang report: ", e.what());
+      }
+    }
     // Bad input fails the same way every time, and a bug is not a fault of the machine.
     if (final_stop) {
       if (board) board->end({{"attempt", attempt}, {"status", failed}});

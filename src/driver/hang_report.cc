@@ -168,9 +168,13 @@ HangReport write_hang_report(const std::string& run_dir) {
     if (!ec) j["age_s"] = std::chrono::duration<double>(fs::file_time_type::clock::now() - written).count();
     beats[name.substr(15)] = std::move(j);
   }
-  const HangReport r = analyze_hang(ranks, beats);
-  std::ofstream(fs::path(run_dir) / "hang_report.txt") << r.text();
-  std::ofstream(fs::path(run_dir) / "hang_report.json") << r.json().dump(2) << "\n";
+  return write_hang_report(run_dir, ranks, beats);
+}
+
+HangReport write_hang_report(const std::string& run_dir, const nlohmann::json& ranks, const nlohmann::json& last_beats) {
+  const HangReport r = analyze_hang(ranks, last_beats);
+  std::ofstream(std::filesystem::path(run_dir) / "hang_report.txt") << r.text();
+  std::ofstream(std::filesystem::path(run_dir) / "hang_report.json") << r.json().dump(2) << "\n";
   return r;
 }
 

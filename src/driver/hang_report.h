@@ -47,5 +47,7 @@ std::optional<Holdup> find_holdup(const nlohmann::json& ranks);
 // RUN_DIR/hang_report.txt and RUN_DIR/hang_report.json, and returns the report. A run directory
 // without flight records is an input error naming it.
 HangReport write_hang_report(const std::string& run_dir);
+// The same from records and beats gathered elsewhere (a job's nodes, through its store).
+HangReport write_hang_report(const std::string& run_dir, const nlohmann::json& ranks, const nlohmann::json& last_beats);
 
 }  // namespace myriad::driver

@@ -112,6 +112,14 @@ std::optional<std::pair<int, int64_t>> JobBoard::assignment(int64_t k) {
   return std::make_pair(std::stoi(v->substr(0, space)), std::stoll(v->substr(space + 1)));
 }
 
+void JobBoard::flight(int64_t attempt, int rank, const nlohmann::json& entry) {
+  patiently([&](comm::Store& s) { s.set(cat("flight/", attempt, "/", rank), entry.dump()); return 0; });
+}
+
+std::optional<nlohmann::json> JobBoard::flight_of(int64_t attempt, int rank) {
+  return json_at(cat("flight/", attempt, "/", rank));
+}
+
 void JobBoard::block(const std::string& name, const std::string& why) {
   patiently([&](comm::Store& s) { s.set("evicted/" + name, why); return 0; });
 }

@@ -16,6 +16,9 @@
 //   spares                how many spares ever joined; spare/<k> their heartbeats;
 //   spare/<k>/node        "<node> <attempt>": what spare k takes over, from when (set once, by the leader)
 //   evicted/<name>        the block list: why the node of that --node-name left the job
+//   flight/<A>/<rank>     JSON {record, beat}: a rank's flight record (null when it wrote none: a
+//                         stopped process) and last heartbeat, after attempt A hung, for the
+//                         job's hang report (node 0's agent writes it)
 //
 // One Store connection per board: one thread at a time, as Store.
 #pragma once
@@ -66,6 +69,10 @@ class JobBoard {
   bool assign_spare(int64_t k, int node, int64_t attempt);
   // The node spare k takes over and the attempt it starts, once assigned.
   std::optional<std::pair<int, int64_t>> assignment(int64_t k);
+
+  // A rank's flight record and last heartbeat after attempt A hung (see above).
+  void flight(int64_t attempt, int rank, const nlohmann::json& entry);
+  std::optional<nlohmann::json> flight_of(int64_t attempt, int rank);
 
   // The block list: why the node named `name` (its --node-name, by default its host) left the
   // job. An agent or spare of that name may not join the job again.
