@@ -182,8 +182,19 @@ TEST(Report, TheSlowRankComesFirstAndThePicturesAreImages) {
   Result rep = run(cat("report ", rd.string()));
   ASSERT_EQ(rep.code, 0) << rep.output;
   EXPECT_NE(rep.output.find("slowest ranks: 5 (rank 5 (node 0, tp 0, pp 1, dp 1)"), std::string::npos) << rep.output;
-  for (const char* png : {"heatmap.png", "curves.png"})
-    EXPECT_EQ(myriad::test::read_file(rd / "report" / png).substr(0, 8), "\x89PNG\r\n\x1a\n") << png;
+  for (const char* png : {"heatmap.png", "curves.png"}) {
+    // A PNG: its signature, then the IHDR chunk with the picture's width and height (big-endian).
+    const std::string bytes = myriad::test::read_file(rd / "report" / png);
+    ASSERT_GT(bytes.size(), 1000u) << png;
+    EXPECT_EQ(bytes.substr(0, 8), "\x89PNG\r\n\x1a\n") << png;
+    EXPECT_EQ(bytes.substr(12, 4), "IHDR") << png;
+    auto be32 = [&](size_t at) {
+      return (uint32_t(uint8_t(bytes[at])) << 24) | (uint32_t(uint8_t(bytes[at + 1])) << 16) |
+             (uint32_t(uint8_t(bytes[at + 2])) << 8) | uint32_t(uint8_t(bytes[at + 3]));
+    };
+    EXPECT_GE(be32(16), 400u) << png << ": width";
+    EXPECT_GE(be32(20), 200u) << png << ": height";
+  }
   const std::string page = myriad::test::read_file(rd / "report" / "index.html");
   EXPECT_NE(page.find("<img src=heatmap.png>"), std::string::npos);
   EXPECT_NE(page.find("<tr><td>5</td>"), std::string::npos) << page;
