@@ -254,6 +254,45 @@ TEST_F(Nodes, APersistentCorruptionEvictsItsNode) {
   EXPECT_TRUE(evicted);
 }
 
+// Node 1 causes two faults in a row (a worker killed after step 6, then after step 7 of the
+// restart), in pp 2 x dp 2: with fault.evict_after 2 it is evicted as their culprit, and the
+// spare takes its place; the job ends as the run that never broke, each fault event naming
+// node 1, the rank and the class.
+TEST_F(Nodes, TheCulpritOfFaultsInARowIsEvicted) {
+  myriad::comm::LocalRedis redis;
+  const fs::path ref = straight(redis, kPpDp);
+  const fs::path rd = dir_ / "in_a_row";
+  auto spare = agent(redis, "in_a_row", -1, rd, kPpDp);
+  auto a = agent(redis, "in_a_row", 0, rd, kPpDp),
+       b = agent(redis, "in_a_row", 1, rd, kPpDp, "", "MYRIAD_INJECT_FAULT=step:6:kill@rank=3,step:7:kill@rank=2@attempt=1");
+  ASSERT_EQ(b->wait(), 3) << b->output();
+  EXPECT_NE(b->output().find("evicted: it caused the last 2 faults (fault.evict_after = 2)"), std::string::npos)
+      << b->output();
+  ASSERT_EQ(a->wait(), 0) << a->output();
+  ASSERT_EQ(spare->wait(), 0) << spare->output();
+  expect_same_weights(rd, ref);
+  std::vector<int> ranks;
+  for (const auto& e : jsonl(rd / "driver/events.jsonl"))
+    if (e["event"] == "fault") {
+      EXPECT_EQ(e["node"], 1) << e.dump();
+      EXPECT_EQ(e["class"], "runtime fault") << e.dump();
+      ranks.push_back(e["rank"]);
+    }
+  EXPECT_EQ(ranks, (std::vector<int>{3, 2}));
+}
+
+// A bad config key on a job of two nodes: an input error, never retried, on both nodes.
+TEST_F(Nodes, BadInputStopsEveryNodeWithoutARestart) {
+  myriad::comm::LocalRedis redis;
+  const fs::path rd = dir_ / "bad_input";
+  auto a = agent(redis, "bad_input", 0, rd, kDpTp, "--set train.stepz=3"),
+       b = agent(redis, "bad_input", 1, rd, kDpTp, "--set train.stepz=3");
+  EXPECT_EQ(a->wait(), 2) << a->output();
+  EXPECT_EQ(b->wait(), 2) << b->output();
+  EXPECT_NE(a->output().find("stepz"), std::string::npos) << a->output();
+  for (const auto& e : jsonl(rd / "driver/events.jsonl")) EXPECT_NE(e["event"], "restart") << e.dump();
+}
+
 // The same without a spare: the job goes on on node 0 alone, with data parallelism 1 instead
 // of 2 and the same global batch, from the step-4 checkpoint; its losses are the fault-free
 // run's within 1e-4 (the same sums, in another order).
