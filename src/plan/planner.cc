@@ -125,6 +125,14 @@ double ring_all_gather_s(double bytes, int n, double gbps, double latency_us) {
 double ring_all_reduce_s(double bytes, int n, double gbps, double latency_us) {
   return 2 * ring_all_gather_s(bytes, n, gbps, latency_us);
 }
+double tree_all_reduce_s(double bytes, int n, double gbps, double latency_us) {
+  if (n <= 1) return 0;
+  const double depth = std::ceil(std::log2(double(n)));
+  return 2 * depth * latency_us * 1e-6 + 2 * bytes / (gbps * 1e9);
+}
+double all_reduce_s(double bytes, int n, double gbps, double latency_us) {
+  return std::min(ring_all_reduce_s(bytes, n, gbps, latency_us), tree_all_reduce_s(bytes, n, gbps, latency_us));
+}
 
 double flops_per_token(const ModelConfig& m) {
   const double L = double(m.layers), d = double(m.d_model);
@@ -217,8 +225,12 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   p.dp_exposed_s = f.dp_overlap ? (rs + ag) / l.v : rs + ag;
   // The update of this rank's shard: fp32 master, moments and gradient read, three written.
   p.optimizer_s = params / p.dp * 4 * 7 / (c.hbm_gbps * 1e9) * (f.optimizer == "lamb" ? 1.3 : 1.0);
-  const double step = sim.makespan + p.dp_exposed_s + p.optimizer_s + c.step_overhead_s;
-  p.other_s = c.step_overhead_s + (f.misc ? 0 : step * c.misc_overhead);
+  // The step's scalars, each waited for: the loss averaged over dp, and the gradient norm's sum
+  // over tp, pp and dp (runtime/model_engine.h), 8 bytes each: latency, where the tree wins.
+  p.scalars_s = all_reduce_s(8, p.dp, net, c.net_latency_us) + all_reduce_s(8, l.tp, c.nvlink_gbps, c.nvlink_latency_us) +
+                all_reduce_s(8, l.pp, net, c.net_latency_us) + all_reduce_s(8, p.dp, net, c.net_latency_us);
+  const double step = sim.makespan + p.dp_exposed_s + p.optimizer_s + p.scalars_s + c.step_overhead_s;
+  p.other_s = c.step_overhead_s + p.scalars_s + (f.misc ? 0 : step * c.misc_overhead);
   p.step_s = step + (f.misc ? 0 : step * c.misc_overhead);
   p.tokens_per_s = double(global_batch) * T / p.step_s;
   p.mfu = p.tokens_per_s * flops_per_token(model) / (double(gpus) * peak);
@@ -273,10 +285,10 @@ std::string describe(const Prediction& p, const Layout& l) {
                 "step %.3f s | MFU %.1f%% | %.0f tokens/s | memory %.1f GiB per GPU | bubble %.1f%%\n"
                 "  pipeline compute %.3f s, bubble %.3f s\n"
                 "  exposed communication: TP %.3f s (of %.3f), PP %.3f s (of %.3f), DP %.3f s (of %.3f)\n"
-                "  optimizer %.3f s, other overhead %.3f s%s%s\n",
+                "  optimizer %.3f s, other overhead %.3f s (the loss's and the norm's all-reduces %.2f ms)%s%s\n",
                 l.tp, l.pp, l.v, p.dp, l.mb, p.microbatches, l.recompute.c_str(), p.step_s, 100 * p.mfu,
                 p.tokens_per_s, p.memory_gib, 100 * p.bubble, p.compute_s, p.bubble_s, p.tp_exposed_s, p.tp_comm_s,
-                p.pp_exposed_s, p.pp_comm_s, p.dp_exposed_s, p.dp_comm_s, p.optimizer_s, p.other_s,
+                p.pp_exposed_s, p.pp_comm_s, p.dp_exposed_s, p.dp_comm_s, p.optimizer_s, p.other_s, 1e3 * p.scalars_s,
                 p.fits ? "" : "\n  DOES NOT FIT: ", p.fits ? "" : p.why_not.c_str());
   return buf;
 }

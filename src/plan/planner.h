@@ -79,8 +79,9 @@ struct Prediction {
   double bubble = 0;             // of the pipeline's ideal compute
   // The step by phase (seconds): compute of the pipeline's critical path and the exposed parts.
   double compute_s = 0, bubble_s = 0, tp_exposed_s = 0, pp_exposed_s = 0, dp_exposed_s = 0, optimizer_s = 0,
-         other_s = 0;  // other: the per-step overhead, and without MegaScale's misc its share
+         other_s = 0;  // other: the per-step overhead, the scalar all-reduces, and without MegaScale's misc its share
   double tp_comm_s = 0, pp_comm_s = 0, dp_comm_s = 0;  // before overlap
+  double scalars_s = 0;  // the step's scalar all-reduces (the loss, the gradient norm), on the critical path
 };
 
 // The step of `model` (its layers, d_model, heads, seq_len, vocab_size) with `global_batch`
@@ -95,6 +96,12 @@ std::vector<std::pair<Layout, Prediction>> search(const ModelConfig& model, int6
 // Collective time by the ring's alpha-beta model: `bytes` the whole buffer, n ranks.
 double ring_all_gather_s(double bytes, int n, double gbps, double latency_us);
 double ring_all_reduce_s(double bytes, int n, double gbps, double latency_us);
+// NCCL's (double binary) tree all-reduce: a reduction up and a broadcast down the tree, each
+// ceil(log2 n) hops deep, the buffer pipelined through at the link's bandwidth each way.
+double tree_all_reduce_s(double bytes, int n, double gbps, double latency_us);
+// The all-reduce as NCCL runs it: whichever of ring and tree is faster for this size and n
+// (latency-bound small buffers over many ranks take the tree).
+double all_reduce_s(double bytes, int n, double gbps, double latency_us);
 
 // Model FLOPs per trained token, as MFU counts them: 6N + 12 L d T.
 double flops_per_token(const ModelConfig& model);
