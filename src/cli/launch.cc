@@ -409,7 +409,9 @@ void share_hang_report(driver::JobBoard& board, driver::Launcher& launcher, cons
   for (const HangWatch::Rank& r : hangs.ranks) {
     std::ifstream in(hangs.flight_path(r.rank));
     const nlohmann::json record = nlohmann::json::parse(in, nullptr, false);
-    board.flight(attempt, r.rank, {{"record", record.is_object() ? record : nlohmann::json()}, {"beat", r.last}});
+    nlohmann::json beat = r.last;
+    if (beat.is_object()) beat["age_s"] = comm::steady_now_s() - r.beat_at;
+    board.flight(attempt, r.rank, {{"record", record.is_object() ? record : nlohmann::json()}, {"beat", beat}});
   }
   if (plan.node_rank != 0) return;
   nlohmann::json records = nlohmann::json::array(), beats = nlohmann::json::object();
@@ -453,6 +455,7 @@ struct JobWatch {
   std::vector<std::string> errors;  // the workers' recent error lines
   std::vector<double> seen_at;      // when each peer's heartbeat was last seen this attempt (0: never)
   std::optional<nlohmann::json> remote;  // the job's stop record, when another node made it
+  nlohmann::json job_state = nlohmann::json::object();  // what every stop record carries (restarts, skips)
   double next_s = 0;
   bool store_down = false;  // the last tick found the store gone
 
@@ -499,8 +502,10 @@ struct JobWatch {
           seen_at[m] = now;
           for (const nlohmann::json& w : (*hb)["workers"]) own.push_back(w.value("own_ms", 0.0)), remote.push_back(w);
         } else if (seen_at[m] > 0 && now - seen_at[m] > ttl_s()) {
-          remote = board.stop(attempt, {{"node", m}, {"rank", -1}, {"class", class_name(ErrorClass::kRuntime)},
-                                        {"detail", "lost: its agent's heartbeat stopped"}});
+          nlohmann::json lost = {{"node", m}, {"rank", -1}, {"class", class_name(ErrorClass::kRuntime)},
+                                 {"detail", "lost: its agent's heartbeat stopped"}};
+          lost.update(job_state);
+          remote = board.stop(attempt, lost);
           launcher.stop(SIGTERM);
           return;
         }
@@ -651,7 +656,7 @@ std::optional<Leaving> stop_and_check(driver::JobBoard& board, driver::Launcher&
     int64_t in_a_row = 0;
     for (int64_t a = attempt; a >= 0 && in_a_row < fault.evict_after; --a, ++in_a_row) {
       const std::optional<nlohmann::json> rec = a == attempt ? cause : board.stopped(a);
-      if (!rec || rec->value("node", -1) != culprit || rec->value("rank", -1) < 0 || rec->contains("loss_fault_step"))
+      if (!rec || rec->value("node", -1) != culprit || rec->value("rank", -1) < 0 || rec->value("loss_fault", false))
         break;
       if (a < attempt)
         if (std::optional<nlohmann::json> p = board.settled(a); p && (p->contains("shrink") || !(*p)["spares"].empty()))
@@ -833,16 +838,19 @@ int cmd_launch(int argc, char** argv) {
                   "): once it is repaired, start it under another --node-name, or run a new --job");
   // The attempt a supervised restart starts, decided by the job's agents (nullopt: count arrivals).
   std::optional<int64_t> next_attempt;
-  // What the job carries from attempt to attempt, as the standing cause of the last stop says
-  // it (so a spare that joins late knows it too): the restarts made, the steps skipped because
+  // What the job carries from attempt to attempt, in every stop record (so that every agent,
+  // and a spare that joins late, reads the same): the restarts made, the steps skipped because
   // their loss fault recurred on the replay, and the step of the last loss fault.
   long long restarts_made = 0;
   std::vector<int64_t> skipped;
   int64_t last_loss_fault = -1;
+  auto job_state = [&] {
+    return nlohmann::json{{"restarts", restarts_made}, {"skip_steps", skipped}, {"loss_fault_step", last_loss_fault}};
+  };
   auto carry_over = [&](const nlohmann::json& cause) {
     restarts_made = cause.value("restarts", restarts_made);
     skipped = cause.value("skip_steps", skipped);
-    last_loss_fault = cause.value("loss_fault_step", int64_t(-1));
+    last_loss_fault = cause.value("loss_fault_step", last_loss_fault);
   };
   auto apply_skips = [&] {  // the workers skip the config's steps and the job's
     std::vector<int64_t> all = worker_cfg ? worker_cfg->train.skip_steps : std::vector<int64_t>{};
@@ -902,7 +910,6 @@ int cmd_launch(int argc, char** argv) {
   std::string failed;      // the last attempt's failure, as the console's last line says it
   ErrorClass failed_class = ErrorClass::kRuntime;
   for (;; ++restarts_made) {
-    const long long restarts = restarts_made;
     std::unique_ptr<comm::Store> store = claim_attempt(plan, next_attempt);
     const int64_t attempt = std::stoll(plan.attempt);
     events->attempt = static_cast<int>(attempt);
@@ -926,6 +933,7 @@ int cmd_launch(int argc, char** argv) {
     std::optional<JobWatch> job;
     if (board) {
       job.emplace(*watch_board, launcher, plan, hangs, fault.heartbeat_s, attempt, node_name);
+      job->job_state = job_state();
       errors = &job->errors;
     }
     // The rank of the last attempt's corrupt replica, if it runs here, passed the rerun of its
@@ -978,7 +986,8 @@ int cmd_launch(int argc, char** argv) {
     nlohmann::json cause;
     if (local && straggler) {
       cause = {{"node", plan.node_rank}, {"rank", straggler->rank}, {"class", class_name(ErrorClass::kRuntime)},
-               {"detail", straggler->detail}, {"evict", true}, {"restarts", restarts}};
+               {"detail", straggler->detail}, {"evict", true}};
+      cause.update(job_state());
       cause = board->stop(attempt, cause);
     } else if (local) {
       const int rank = !hangs.verdict.empty() ? hangs.culprit : r.failure->rank;
@@ -993,11 +1002,13 @@ int cmd_launch(int argc, char** argv) {
       const bool persistent = again && rerun && *again == *rerun;
       // A stalled job's culprit may run on another node (named from the heartbeats).
       const int node = rank >= 0 ? rank / plan.nproc_per_node : plan.node_rank;
-      cause = {{"node", node}, {"rank", rank}, {"class", class_name(cls)}, {"detail", what}, {"restarts", restarts}};
+      cause = {{"node", node}, {"rank", rank}, {"class", class_name(cls)}, {"detail", what}};
+      cause.update(job_state());
       // A loss fault at the step the last one was at recurred on the replay: the data, not the
       // machine. The next attempt skips that step's batch.
       if (const std::optional<int64_t> at = loss_fault_step(what); at && cls == ErrorClass::kNumerics) {
         cause["loss_fault_step"] = *at;
+        cause["loss_fault"] = true;
         if (*at == last_loss_fault && std::find(skipped.begin(), skipped.end(), *at) == skipped.end()) {
           std::vector<int64_t> more = skipped;
           more.push_back(*at);

@@ -173,7 +173,11 @@ std::string gpu_check(const std::string& device) {
   const int gpus = 0;
 #endif
   if (gpus == 0) {
+#ifdef MYRIAD_HAVE_CUDA
     if (device == "cuda") throw_runtime("self-check: GPUs: the workers train on GPUs but none is visible (driver or device lost)");
+#else
+    if (device == "cuda") throw_input("self-check: --device cuda, but this build has no CUDA (nvcc was not found at build time)");
+#endif
     return "";
   }
   double lo = 1e30, hi = 0;

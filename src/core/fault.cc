@@ -113,9 +113,12 @@ void check_injection() {
     const bool sleeps = action == "sleep" || action == "sleep_ignore_term";  // the communication check's
     if (!step_only && !timed && !sleeps && action != "kill" && action != "hang" && action != "stall" &&
         action != "throw" && action != "fail")
-      refuse("unknown action '" + action + "' (kill, hang, stall, throw, fail, nan, flip, slow:MS, pause:MS)");
-    if (step_only && point != "step") refuse(action + " acts on a step's results: use it at step:S");
+      refuse("unknown action '" + action + "' (kill, hang, stall, throw, fail, nan, flip, slow:MS, pause:MS; "
+             "at comm_check sleep, sleep_ignore_term)");
+    if (step_only && point != "step") refuse(action + " acts on a training step: use it at step:S");
     if (sleeps && point != "comm_check") refuse(action + " is the communication check's: use it at comm_check");
+    if (point == "comm_check" && !sleeps && action != "kill" && action != "fail" && action != "throw")
+      refuse("the communication check takes kill, fail, throw, sleep or sleep_ignore_term");
     const std::string ms = a.find(':') == std::string::npos ? "" : a.substr(a.find(':') + 1);
     if (timed && (ms.empty() || ms.find_first_not_of("0123456789") != std::string::npos)) refuse(action + ":MS needs MS, a number");
     if (!timed && !ms.empty()) refuse(action + " takes no argument");

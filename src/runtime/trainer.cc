@@ -292,9 +292,8 @@ void Trainer::run() {
       trace::Span span("eval");
       rec["val_loss"] = evaluate();
     }
-    const int64_t every = cfg_.checkpoint.every;
     set_phase("checkpoint");
-    if ((every > 0 && step_ % every == 0) || step_ == t.steps) {
+    if (save_due()) {
       trace::Span span("checkpoint");
       save_checkpoint();
       // What the save cost the step: its time so far (the check and the evaluation included,
@@ -345,15 +344,27 @@ void Trainer::skip_step() {
   ++step_;
   consumed_ += cfg_.train.global_batch;
   log::warn("step ", step_, "/", cfg_.train.steps, " skipped: its batch is dropped (train.skip_steps)");
-  if (metrics_) metrics_->write({{"step", step_}, {"skipped", true}});
-  const int64_t every = cfg_.checkpoint.every;
-  if ((every > 0 && step_ % every == 0) || step_ == cfg_.train.steps) {
+  nlohmann::json rec = {{"step", step_}, {"skipped", true}};
+  heartbeat_.set(step_, cfg_.fault.startup_timeout_s);  // an evaluation or a save may follow
+  if (valid_data_ && cfg_.train.eval_every > 0 && (step_ % cfg_.train.eval_every == 0 || step_ == cfg_.train.steps)) {
+    set_phase("eval");
+    rec["val_loss"] = evaluate();
+  }
+  if (save_due()) {
     set_phase("checkpoint");
-    heartbeat_.set(step_, cfg_.fault.startup_timeout_s);
     save_checkpoint();
   }
+  if (metrics_) metrics_->write(rec);
+  writer_.poll();
+  trace_written_save();
   heartbeat_.set(step_, allowance_s_ > 0 ? allowance_s_ : cfg_.fault.startup_timeout_s);
   set_phase("data");
+  last_end_ = now_s();  // the next step's own time starts here
+}
+
+bool Trainer::save_due() const {
+  const int64_t every = cfg_.checkpoint.every;
+  return (every > 0 && step_ % every == 0) || step_ == cfg_.train.steps;
 }
 
 // A non-finite loss, or (fault.spike_factor) one far above the recent median: a numerics fault,
@@ -517,7 +528,10 @@ void Trainer::save_checkpoint() {
                          // Every random draw is counter-based (init: model.seed, tensor, element;
                          // data order: train.seed, samples consumed), so these and `consumed`
                          // are the whole RNG state.
-                         {"rng", {{"model_seed", cfg_.model.seed}, {"data_seed", cfg_.train.seed}}}};
+                         {"rng", {{"model_seed", cfg_.model.seed}, {"data_seed", cfg_.train.seed}}},
+                         // The losses the spike check compares with, so that a replay from here
+                         // checks each step as the run that reached it did.
+                         {"fault", {{"recent_losses", recent_loss_}}}};
   checkpoint::SaveGroup group;
   if (dist_) group.rank = dist_->rank(), group.world = dist_->world();
   group.id = start_id_, group.timeout_s = cfg_.comm.timeout_s, group.cancel = writer_.cancelled();
@@ -570,6 +584,7 @@ void Trainer::resume_latest_good() {
     log::warn("resume: passing over ", dir, ": ", bad);
     if (newest_bad.empty()) newest_bad = bad;
     step_ = consumed_ = 0;
+    recent_loss_.clear();
   }
   if (!dirs.empty())
     throw_input("resume: none of the ", dirs.size(), " committed checkpoints under ",
@@ -633,6 +648,7 @@ void Trainer::resume_from(const std::string& dir) {
   if (failed) std::rethrow_exception(failed);
   step_ = meta.at("step").get<int64_t>();
   consumed_ = meta.at("data").at("consumed").get<int64_t>();
+  recent_loss_ = meta.value("fault", nlohmann::json::object()).value("recent_losses", std::vector<double>{});
   *engine_->host_state().steps_taken = meta.at("optimizer").at("steps_taken").get<int64_t>();
   engine_->state_from_host();
   log::info("resume: ", dir, " (step ", step_, ", ", consumed_, " samples consumed) in ", fmt("%.2f", now_s() - t0),

@@ -34,6 +34,7 @@ class Trainer {
   float evaluate();
   void check_loss(float loss);
   void skip_step();  // train.skip_steps: the batch read and dropped, the step counted
+  bool save_due() const;  // checkpoint.every, and the last step
   void check_replicas();
   // Saves RUN_DIR/checkpoints/step_<step> (or checkpoint.dir) and prunes old ones: in the
   // step only a snapshot of the state (checkpoint.async), the files on the writer's thread.
@@ -83,13 +84,13 @@ class Trainer {
   // while training changes the live one; allocated at the first save. A GPU's host copy of its
   // state serves instead: only the next save, which waits for the writer, changes it.
   std::vector<float> snapshot_;
-  // Declared last: it is destroyed (and stops) first, while the state it writes still exists.
-  checkpoint::Writer writer_;
   // The last background write's step and times (trace clock), set by the writer's thread; -1 once traced.
   struct Written {
     int64_t step = -1, t0_us = 0, t1_us = 0;
   } written_;
   void trace_written_save();
+  // Declared last: it is destroyed (and stops) first, while the state it writes still exists.
+  checkpoint::Writer writer_;
 };
 
 }  // namespace myriad

@@ -64,16 +64,18 @@ class Nodes : public ::testing::Test {
                                       " --rdzv ", redis.url(job), " -- ", train(rd, layout, extra)),
                                   env, dir_ / cat(job, "_", node < 0 ? std::string("spare") : std::to_string(node), ".txt"));
   }
-  // The fault-free run of a layout, once.
-  static fs::path straight(const myriad::comm::LocalRedis& redis, const std::string& layout) {
+  // The fault-free run of a layout (and extra flags), once.
+  static fs::path straight(const myriad::comm::LocalRedis& redis, const std::string& layout,
+                           const std::string& extra = "") {
     static std::map<std::string, fs::path> done;
-    if (done.count(layout)) return done[layout];
+    const std::string key = layout + " " + extra;
+    if (done.count(key)) return done[key];
     const std::string job = cat("straight", done.size());
     const fs::path rd = dir_ / job;
-    auto a = agent(redis, job, 0, rd, layout), b = agent(redis, job, 1, rd, layout);
+    auto a = agent(redis, job, 0, rd, layout, extra), b = agent(redis, job, 1, rd, layout, extra);
     EXPECT_EQ(a->wait(), 0) << a->output();
     EXPECT_EQ(b->wait(), 0) << b->output();
-    return done[layout] = rd;
+    return done[key] = rd;
   }
   static void expect_same_weights(const fs::path& rd, const fs::path& ref, int step = 12) {
     for (int r = 0; r < 4; ++r) {
@@ -279,6 +281,28 @@ TEST_F(Nodes, TheCulpritOfFaultsInARowIsEvicted) {
       ranks.push_back(e["rank"]);
     }
   EXPECT_EQ(ranks, (std::vector<int>{3, 2}));
+}
+
+// The skip list travels with the job: step 6's loss fault recurs on node 1 (attempts 0 and 1),
+// so attempt 2 skips step 6; then node 1 fails (a worker killed at step 7, its self-check
+// failing) and is evicted. The spare that takes its place resumes from step 4 with the job's
+// restarts and skip list, and the job ends with the weights of a run told to skip step 6.
+TEST_F(Nodes, ASpareJoinsWithTheJobsSkippedSteps) {
+  myriad::comm::LocalRedis redis;
+  const fs::path ref = straight(redis, kDpTp, "--set train.skip_steps=[6]");
+  const fs::path rd = dir_ / "skip_spare";
+  auto spare = agent(redis, "skip_spare", -1, rd, kDpTp, "", "", 3);
+  auto a = agent(redis, "skip_spare", 0, rd, kDpTp, "", "", 3),
+       b = agent(redis, "skip_spare", 1, rd, kDpTp, "",
+                 "MYRIAD_INJECT_FAULT=step:6:nan@rank=2,step:6:nan@rank=2@attempt=1,step:7:kill@rank=2@attempt=2,"
+                 "diag:fail@node=1@attempt=2", 3);
+  ASSERT_EQ(b->wait(), 3) << b->output();
+  ASSERT_EQ(a->wait(), 0) << a->output();
+  ASSERT_EQ(spare->wait(), 0) << spare->output();
+  EXPECT_NE(spare->output().find("takes over node 1 in the job's restart 3 of 3"), std::string::npos) << spare->output();
+  // Had the spare's ranks trained on step 6 while node 0's skipped it, their collectives would
+  // not have matched, nor would the weights.
+  expect_same_weights(rd, ref);
 }
 
 // A bad config key on a job of two nodes: an input error, never retried, on both nodes.

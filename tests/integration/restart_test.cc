@@ -193,9 +193,10 @@ TEST_F(Restart, BadNumericsAndSilentCorruptionAreFoundAndTheRunRestarts) {
     }
     EXPECT_NE(resumed.find("step_00000004"), std::string::npos) << r.output;
     // The restart reruns step 6 on rank 1: clean, so the corruption was transient.
-    if (c.rank == 1)
+    if (c.rank == 1) {
       EXPECT_EQ(transient, "the silent data corruption of rank 1 at step 6 was transient: the rerun of that step "
                            "passed the replicas' check") << r.output;
+    }
     for (const char* shard : {"shard_00000.bin", "shard_00001.bin"})
       EXPECT_EQ(read_file(rd / "checkpoints/step_00000012" / shard),
                 read_file(straight / "checkpoints/step_00000012" / shard)) << c.fault << " " << shard;
@@ -213,8 +214,6 @@ TEST_F(Restart, BadNumericsAndSilentCorruptionAreFoundAndTheRunRestarts) {
   EXPECT_EQ(restarts, 1);
 }
 
-// A loss far above the recent median is a numerics fault (exit 5) before the step is saved;
-// without fault.spike_factor the same run trains on.
 // A loss fault that recurs when its step is replayed is the data's, not a machine's: the third
 // attempt skips that step's batch (train.skip_steps) and the job ends with the weights of a run
 // told to skip it from the start, bit for bit. The driver's decision is an event, and the
@@ -252,6 +251,8 @@ TEST_F(Restart, ALossFaultThatRecursOnReplaySkipsItsBatch) {
       << bad.output;
 }
 
+// A loss far above the recent median is a numerics fault (exit 5) before the step is saved;
+// without fault.spike_factor the same run trains on.
 TEST_F(Restart, LossSpikeIsANumericsFault) {
   const std::string args = cat("train --config ", MYRIAD_SOURCE_DIR, "/configs/demo.toml --set model.layers=2",
                                " --set model.d_model=32 --set model.seq_len=16 --set train.steps=80",

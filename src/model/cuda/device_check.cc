@@ -10,6 +10,19 @@
 #include "model/cuda/matmul.h"
 
 namespace myriad {
+namespace {
+
+// Device memory freed on every path out, a failed check's throw included.
+template <class T>
+struct DeviceBuffer {
+  T* p = nullptr;
+  explicit DeviceBuffer(size_t n) { CUDA_CHECK(cudaMalloc(&p, n * sizeof(T))); }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+}  // namespace
 
 double cuda_self_check(int index) {
   cuda_use_device(index);
@@ -22,11 +35,10 @@ double cuda_self_check(int index) {
   for (int64_t r = 0; r < n; ++r)  // row r of each: dout[r][i] = a(i, r), inp[r][j] = b(j, r)
     for (int64_t c = 0; c < n; ++c)
       dout[r * n + c] = __float2bfloat16(a_at(c, r)), inp[r * n + c] = __float2bfloat16(b_at(c, r));
-  cuda::bf16 *d_dout = nullptr, *d_inp = nullptr;
-  float* d_w = nullptr;
-  CUDA_CHECK(cudaMalloc(&d_dout, dout.size() * sizeof(cuda::bf16)));
-  CUDA_CHECK(cudaMalloc(&d_inp, inp.size() * sizeof(cuda::bf16)));
-  CUDA_CHECK(cudaMalloc(&d_w, size_t(n) * n * sizeof(float)));
+  DeviceBuffer<cuda::bf16> buf_dout(dout.size()), buf_inp(inp.size());
+  DeviceBuffer<float> buf_w(size_t(n) * n);
+  cuda::bf16 *d_dout = buf_dout.p, *d_inp = buf_inp.p;
+  float* d_w = buf_w.p;
   CUDA_CHECK(cudaMemcpy(d_dout, dout.data(), dout.size() * sizeof(cuda::bf16), cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(d_inp, inp.data(), inp.size() * sizeof(cuda::bf16), cudaMemcpyHostToDevice));
   double best_s = 1e30;
@@ -55,17 +67,12 @@ double cuda_self_check(int index) {
   const size_t words = (256u << 20) / sizeof(uint64_t);
   std::vector<uint64_t> host(words), back(words);
   for (size_t i = 0; i < words; ++i) host[i] = (i + uint64_t(index)) * 0x9E3779B97F4A7C15ull;
-  uint64_t* d_mem = nullptr;
-  CUDA_CHECK(cudaMalloc(&d_mem, words * sizeof(uint64_t)));
-  CUDA_CHECK(cudaMemcpy(d_mem, host.data(), words * sizeof(uint64_t), cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMemcpy(back.data(), d_mem, words * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+  DeviceBuffer<uint64_t> mem(words);
+  CUDA_CHECK(cudaMemcpy(mem.p, host.data(), words * sizeof(uint64_t), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(back.data(), mem.p, words * sizeof(uint64_t), cudaMemcpyDeviceToHost));
   for (size_t i = 0; i < words; ++i)
     if (back[i] != host[i])
       throw_runtime("self-check: GPU ", index, ": word ", i, " of 256 MiB read back wrong: this GPU's memory is bad");
-  cudaFree(d_mem);
-  cudaFree(d_w);
-  cudaFree(d_inp);
-  cudaFree(d_dout);
   return 2.0 * n * n * n / best_s / 1e12;
 }
 

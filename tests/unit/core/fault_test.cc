@@ -84,8 +84,9 @@ TEST(Fault, CheckInjectionRefusesWhatWouldNeverFire) {
   struct Bad {
     const char *item, *says;
   };
-  for (const Bad& b : {Bad{"step:6:nam", "unknown action 'nam'"}, Bad{"fwd:6:nan", "nan acts on a step's results"},
-                       Bad{"checkpoint_write:flip", "flip acts on a step's results"},
+  for (const Bad& b : {Bad{"step:6:nam", "unknown action 'nam'"}, Bad{"fwd:6:nan", "nan acts on a training step"},
+                       Bad{"checkpoint_write:flip", "flip acts on a training step"},
+                       Bad{"comm_check:pause:10", "the communication check takes kill, fail"},
                        Bad{"stp:6:kill", "unknown point"}, Bad{"step:x:kill", "step:S needs a step number"},
                        Bad{"step:6:slow", "slow:MS needs MS"}, Bad{"step:6:kill:3", "kill takes no argument"},
                        Bad{"step:6:kill@rank=", "@rank needs a number"}, Bad{"diag:sleep", "the communication check's"}}) {
