@@ -288,7 +288,7 @@ void Trainer::run() {
     heartbeat_.set_rate(dt * 1e3, tokens_per_step / dt);
     heartbeat_.set(step_, cfg_.fault.startup_timeout_s);
     set_phase("eval");
-    if (valid_data_ && t.eval_every > 0 && (step_ % t.eval_every == 0 || step_ == t.steps)) {
+    if (eval_due()) {
       trace::Span span("eval");
       rec["val_loss"] = evaluate();
     }
@@ -346,7 +346,7 @@ void Trainer::skip_step() {
   log::warn("step ", step_, "/", cfg_.train.steps, " skipped: its batch is dropped (train.skip_steps)");
   nlohmann::json rec = {{"step", step_}, {"skipped", true}};
   heartbeat_.set(step_, cfg_.fault.startup_timeout_s);  // an evaluation or a save may follow
-  if (valid_data_ && cfg_.train.eval_every > 0 && (step_ % cfg_.train.eval_every == 0 || step_ == cfg_.train.steps)) {
+  if (eval_due()) {
     set_phase("eval");
     rec["val_loss"] = evaluate();
   }
@@ -360,6 +360,11 @@ void Trainer::skip_step() {
   heartbeat_.set(step_, allowance_s_ > 0 ? allowance_s_ : cfg_.fault.startup_timeout_s);
   set_phase("data");
   last_end_ = now_s();  // the next step's own time starts here
+}
+
+bool Trainer::eval_due() const {
+  const int64_t every = cfg_.train.eval_every;
+  return valid_data_ && every > 0 && (step_ % every == 0 || step_ == cfg_.train.steps);
 }
 
 bool Trainer::save_due() const {

@@ -34,6 +34,7 @@ class Trainer {
   float evaluate();
   void check_loss(float loss);
   void skip_step();  // train.skip_steps: the batch read and dropped, the step counted
+  bool eval_due() const;  // train.eval_every (with validation data), and the last step
   bool save_due() const;  // checkpoint.every, and the last step
   void check_replicas();
   // Saves RUN_DIR/checkpoints/step_<step> (or checkpoint.dir) and prunes old ones: in the
