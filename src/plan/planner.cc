@@ -51,6 +51,7 @@ Cluster load_cluster(const std::string& path) {
   c.attention_efficiency = get(t, path, "gpu", "attention_efficiency");
   c.hbm_gbps = get(t, path, "gpu", "hbm_gbps");
   c.memory_gib = get(t, path, "gpu", "memory_gib");
+  c.act_bytes = get(t, path, "gpu", "act_bytes", false, 2);
   c.gpus_per_node = static_cast<int>(get(t, path, "node", "gpus"));
   c.nvlink_gbps = get(t, path, "node", "nvlink_gbps");
   c.nvlink_latency_us = get(t, path, "node", "nvlink_latency_us");
@@ -66,7 +67,7 @@ Cluster load_cluster(const std::string& path) {
   c.step_overhead_s = get(t, path, "calibration", "step_overhead_s");
   c.grad_bytes = get(t, path, "calibration", "grad_bytes");
   for (double x : {c.peak_tflops, c.gemm_efficiency, c.attention_efficiency, c.hbm_gbps, c.memory_gib, c.nvlink_gbps,
-                   c.net_gbps})
+                   c.net_gbps, c.act_bytes})
     if (!(x > 0)) throw_input("cluster ", path, ": every [gpu], [node] and [network] figure must be positive");
   if (c.gpus_per_node < 1) throw_input("cluster ", path, ": [node] gpus must be at least 1");
   return c;
@@ -177,10 +178,10 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
                                     gemm_s(2 * t * d * 4 * d / tp) + gemm_s(2 * t * 4 * d * d / tp);
   const double attn_fwd = 4 * t * mean_keys(model.seq_len, f.window) * d / tp / (peak * c.attention_efficiency);
   const double passes = f.fused_ops ? c.fused_memory_passes : c.unfused_memory_passes;
-  const double mem_fwd = passes * t * d * 2 / tp / (c.hbm_gbps * 1e9);  // sequence parallel: 1/tp of the tokens
+  const double mem_fwd = passes * t * d * c.act_bytes / tp / (c.hbm_gbps * 1e9);  // sequence parallel: 1/tp of the tokens
   // Sequence parallelism: an all-gather before and a reduce-scatter after each of attention and
   // the MLP, forward and backward; the parallel block shares one of each.
-  const double tp_op = ring_all_gather_s(t * d * 2, l.tp, c.nvlink_gbps, c.nvlink_latency_us);
+  const double tp_op = ring_all_gather_s(t * d * c.act_bytes, l.tp, c.nvlink_gbps, c.nvlink_latency_us);
   const double tp_layer = (f.parallel_block ? 2 : 4) * tp_op;  // per direction
   const double tp_exposed = f.tp_overlap ? tp_layer * (1 - c.tp_overlap_hidden) : tp_layer;
   const double recompute = l.recompute == "full" ? gemm_fwd + attn_fwd + mem_fwd + tp_exposed : 0;
@@ -197,7 +198,7 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   // compute path up.
   double send = 0;
   if (l.pp > 1) {
-    send = c.net_latency_us * 1e-6 + t * d * 2 / tp / (c.net_gbps * 1e9);
+    send = c.net_latency_us * 1e-6 + t * d * c.act_bytes / tp / (c.net_gbps * 1e9);
     p.pp_comm_s = 2.0 * m * l.v * send;
     if (!f.pp_overlap) F += c.pp_blocking * send, B += c.pp_blocking * send;
   }
@@ -217,7 +218,7 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   const int64_t nodes = gpus / c.gpus_per_node;
   const double net = c.nodes_per_pod > 0 && nodes > c.nodes_per_pod ? c.net_gbps / c.spine_oversubscription : c.net_gbps;
   const double rs = ring_all_gather_s(params * c.grad_bytes, p.dp, net, c.net_latency_us),
-               ag = ring_all_gather_s(params * 2, p.dp, net, c.net_latency_us);
+               ag = ring_all_gather_s(params * c.act_bytes, p.dp, net, c.net_latency_us);
   p.dp_comm_s = rs + ag;
   // Overlapped: each chunk's reduce-scatter runs behind the backward of the chunks after it and
   // its all-gather behind the forward of the chunks before it: one chunk's of each is left (the
@@ -240,12 +241,12 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   // flight, the logits and the step's buffers by the model's own memory plan
   // (model/memory_plan.h, which GptModel checks its allocations against); cuDNN's attention
   // workspace.
-  const double state = params * (2 + 4) + params * 12 / p.dp;
+  const double state = params * (c.act_bytes + 4) + params * 12 / p.dp;
   model::GptMemoryShape ms;
   ms.B = l.mb, ms.T = model.seq_len, ms.C = model.d_model, ms.Cl = model.d_model / l.tp;
   ms.Fl = 4 * model.d_model / l.tp, ms.Hl = model.heads / l.tp;
   ms.Vl = padded_vocab(model.vocab_size, l.tp) / l.tp;
-  ms.tp = l.tp > 1, ms.parallel_block = f.parallel_block, ms.recompute = l.recompute, ms.act_bytes = 2;
+  ms.tp = l.tp > 1, ms.parallel_block = f.parallel_block, ms.recompute = l.recompute, ms.act_bytes = static_cast<int>(c.act_bytes);
   const double per_layer = double(model::slot_bytes(ms, 1, false) - model::slot_bytes(ms, 0, false));
   const double per_slot = double(model::slot_bytes(ms, 0, false) + model::slot_token_bytes(ms));
   const double head = double(model::slot_bytes(ms, 0, true) - model::slot_bytes(ms, 0, false));

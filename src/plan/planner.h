@@ -28,6 +28,7 @@ struct Cluster {
   double attention_efficiency = 0;  // of peak, fused attention forward and backward
   double hbm_gbps = 0;          // achieved memory bandwidth, for the memory-bound ops
   double memory_gib = 0;        // per GPU
+  double act_bytes = 2;         // bytes of an activation or weight element as computed: bf16 on GPUs, fp32 on CPUs
   int gpus_per_node = 8;
   double nvlink_gbps = 0;       // per GPU, one direction, as a ring collective achieves it
   double nvlink_latency_us = 0;

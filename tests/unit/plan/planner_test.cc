@@ -117,6 +117,26 @@ TEST(Planner, OneGpuMemoryIsTheEnginesPeak) {
   }
 }
 
+// A CPU "cluster" (configs/clusters/cpu-dev.toml) computes in fp32: every message and memory
+// pass of a layer carries 4 bytes an element, twice a GPU's bf16, and nothing else changes.
+TEST(Planner, ActivationBytesScaleTheMessagesAndTheMemoryPasses) {
+  const plan::Cluster cpu = plan::load_cluster(std::string(MYRIAD_SOURCE_DIR) + "/configs/clusters/cpu-dev.toml");
+  ASSERT_EQ(cpu.act_bytes, 4);
+  EXPECT_EQ(plan::load_cluster(kCluster).act_bytes, 2);  // the default
+  const ModelConfig m = load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/demo.toml", {}).model;
+  plan::Cluster bf16 = cpu;
+  bf16.act_bytes = 2;
+  const plan::Layout l = plan::parse_layout("tp=2,pp=1,mb=2");
+  const plan::Prediction p4 = plan::predict(m, 8, 2, cpu, l, plan::parse_features("megatron"));
+  const plan::Prediction p2 = plan::predict(m, 8, 2, bf16, l, plan::parse_features("megatron"));
+  // 4 all-gathers of a micro-batch's (t, d) activations per layer and direction, 4 micro-batches.
+  const double t = 2.0 * m.seq_len, d = double(m.d_model);
+  EXPECT_NEAR(p4.tp_comm_s, 2 * 4 * m.layers * 4 * plan::ring_all_gather_s(t * d * 4, 2, cpu.nvlink_gbps,
+                                                                              cpu.nvlink_latency_us), 1e-12);
+  EXPECT_GT(p4.tp_comm_s, p2.tp_comm_s);
+  EXPECT_GT(p4.compute_s, p2.compute_s);  // the memory passes
+}
+
 TEST(Planner, BadInputNamesWhatIsWrong) {
   const std::string msg = test::input_error([] { plan::parse_layout("tp=8,pp=x"); });
   EXPECT_NE(msg.find("pp=x"), std::string::npos) << msg;
