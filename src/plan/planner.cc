@@ -184,7 +184,11 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   const double tp_op = ring_all_gather_s(t * d * c.act_bytes, l.tp, c.nvlink_gbps, c.nvlink_latency_us);
   const double tp_layer = (f.parallel_block ? 2 : 4) * tp_op;  // per direction
   const double tp_exposed = f.tp_overlap ? tp_layer * (1 - c.tp_overlap_hidden) : tp_layer;
-  const double recompute = l.recompute == "full" ? gemm_fwd + attn_fwd + mem_fwd + tp_exposed : 0;
+  // Recompute in the backward: full repeats the layer's forward; selective (the engine's) only the
+  // fc GEMM with its GELU, whose outputs are the layer's largest.
+  const double recompute = l.recompute == "full"        ? gemm_fwd + attn_fwd + mem_fwd + tp_exposed
+                           : l.recompute == "selective" ? gemm_s(2 * t * d * 4 * d / tp)
+                                                        : 0;
   const double layer_fwd = gemm_fwd + attn_fwd + mem_fwd + tp_exposed;
   const double layer_bwd = 2 * gemm_fwd + 2.5 * attn_fwd + 2 * mem_fwd + tp_exposed + recompute;
   // The LM head and loss (last stage) spread over every chunk, as balanced stages do (the
