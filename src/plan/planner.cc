@@ -193,9 +193,15 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   const double layer_bwd = 2 * gemm_fwd + 2.5 * attn_fwd + 2 * mem_fwd + tp_exposed + recompute;
   // The LM head and loss (last stage) spread over every chunk, as balanced stages do (the
   // project's partition_layers gives the last stage fewer layers).
-  const double head_fwd = gemm_s(2 * t * d * V / tp) + 4 * t * V / tp * 4 / (c.hbm_gbps * 1e9);
+  // The loss over the logits: unfused (Megatron-LM's), four passes over them in fp32 forward and
+  // twice that backward; fused (the engine's cross-entropy), the logits read once and the
+  // gradient written over them in the same pass, forward and backward together.
+  const double logits = t * V / tp;
+  const double loss_fwd = f.fused_ops ? 2 * logits * c.act_bytes / (c.hbm_gbps * 1e9) : 4 * logits * 4 / (c.hbm_gbps * 1e9);
+  const double loss_bwd = f.fused_ops ? 0 : 2 * loss_fwd;
+  const double head_fwd = gemm_s(2 * t * d * V / tp) + loss_fwd, head_bwd = 2 * gemm_s(2 * t * d * V / tp) + loss_bwd;
   const double chunks = double(l.pp) * l.v;
-  double F = layers_per_chunk * layer_fwd + head_fwd / chunks, B = layers_per_chunk * layer_bwd + 2 * head_fwd / chunks;
+  double F = layers_per_chunk * layer_fwd + head_fwd / chunks, B = layers_per_chunk * layer_bwd + head_bwd / chunks;
 
   // Pipeline: each activation or gradient crosses the network, split over the tensor-parallel
   // GPUs' NICs (sequence parallel shards). Without decoupled send/receive a transfer holds the
