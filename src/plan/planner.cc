@@ -199,7 +199,8 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   const double logits = t * V / tp;
   const double loss_fwd = f.fused_ops ? 2 * logits * c.act_bytes / (c.hbm_gbps * 1e9) : 4 * logits * 4 / (c.hbm_gbps * 1e9);
   const double loss_bwd = f.fused_ops ? 0 : 2 * loss_fwd;
-  const double head_fwd = gemm_s(2 * t * d * V / tp) + loss_fwd, head_bwd = 2 * gemm_s(2 * t * d * V / tp) + loss_bwd;
+  const double head_gemm = gemm_s(2 * t * d * V / tp);
+  const double head_fwd = head_gemm + loss_fwd, head_bwd = 2 * head_gemm + loss_bwd;
   const double chunks = double(l.pp) * l.v;
   double F = layers_per_chunk * layer_fwd + head_fwd / chunks, B = layers_per_chunk * layer_bwd + head_bwd / chunks;
 

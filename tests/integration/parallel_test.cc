@@ -4,14 +4,13 @@
 // are gathered (the checkpoint loader reassembles them); sampling works from the sharded
 // checkpoint; a 3D run resumed from its checkpoint is bitwise the uninterrupted one.
 #include <gtest/gtest.h>
-
-#include <map>
 #include <sys/wait.h>
 
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 

@@ -208,8 +208,6 @@ TEST(Planner, ReproducesMegaScalesTable2AndAblation) {
   }
 }
 
-}  // namespace
-
 // MegaScale's Fig. 9: 530B (configs/gpt-530b.toml), tp 8, pp 35, v 3, the batch as many sequences
 // as GPUs. The paper does not give the runs' recompute setting, so the planner is held to what it
 // can say: no recompute predicts above the paper, full recompute below, for both columns at every
@@ -237,3 +235,5 @@ TEST(Planner, BracketsMegaScalesFig9WeakScaling) {
     EXPECT_LT(hi - lo, 1.0) << features;
   }
 }
+
+}  // namespace
