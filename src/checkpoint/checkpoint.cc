@@ -1,12 +1,14 @@
 #include "checkpoint/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -158,9 +160,11 @@ void wait_for_parts(const fs::path& tmp, int64_t step, const SaveGroup& group) {
 }  // namespace
 
 namespace {
-// The save of `final_dir` through its partial directory `tmp` (save() and save_as()).
+// The save of `final_dir` through its partial directory `tmp` (save() and save_as()). With
+// `replace`, a committed checkpoint of the same step is replaced once the new one is complete;
+// without, an existing `final_dir` is left alone and the save fails (save_as: the user's path).
 void save_into(const fs::path& final_dir, const fs::path& tmp, int64_t step, nlohmann::json meta,
-               const std::vector<Shard>& shards, const SaveGroup& group) {
+               const std::vector<Shard>& shards, const SaveGroup& group, bool replace = true) {
   const fs::path root = final_dir.parent_path();
   std::error_code ec;
   fs::create_directories(tmp, ec);
@@ -235,6 +239,23 @@ void save_into(const fs::path& final_dir, const fs::path& tmp, int64_t step, nlo
                cat("step ", step, "\nmeta.json crc32 ", crc32_of(meta_text.data(), meta_text.size()), "\n"));
     sync_dir(tmp.string());
 
+    if (!replace) {
+      // RENAME_NOREPLACE: a directory that appeared meanwhile is not replaced, not even an
+      // empty one (which a plain rename would).
+      if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_NOREPLACE) != 0) {
+        int err = errno;
+        if (err == EINVAL || err == ENOSYS) {  // a filesystem without the flag
+          err = fs::exists(fs::symlink_status(final_dir, ec)) ? EEXIST : 0;
+          if (!err && ::rename(tmp.c_str(), final_dir.c_str()) != 0) err = errno;
+        }
+        if (err == EEXIST || err == ENOTEMPTY)
+          throw_input("checkpoint ", final_dir.string(), " appeared while it was written; it is left as it is: give a "
+                      "new directory");
+        if (err) throw_runtime("checkpoint: cannot rename ", tmp.string(), " to ", final_dir.string(), ": ", std::strerror(err));
+      }
+      sync_dir(root.string());
+      return;
+    }
     // Replace a committed checkpoint of the same step only now that the new one is complete.
     const fs::path old = root / (final_dir.filename().string() + ".replaced");
     const bool had_old = fs::exists(final_dir);
@@ -261,9 +282,26 @@ std::string save(const std::string& root, int64_t step, nlohmann::json meta,
 void save_as(const std::string& dir, int64_t step, nlohmann::json meta, const std::vector<Shard>& shards) {
   fs::path final_dir = fs::absolute(dir).lexically_normal();
   if (final_dir.filename().empty()) final_dir = final_dir.parent_path();  // "out/"
+  // `dir` is a path the user named: an existing one is never replaced, and the partial directory
+  // is a new one of this process's (DIR.partial-<pid>), so that its removal after a failure
+  // removes nothing of the user's.
   std::error_code ec;
+  if (fs::exists(fs::symlink_status(final_dir, ec)))
+    throw_input("checkpoint ", final_dir.string(), " exists: give a new directory");
   fs::create_directories(final_dir.parent_path(), ec);
-  save_into(final_dir, final_dir.string() + ".partial", step, std::move(meta), shards, {});
+  for (int i = 0;; ++i) {
+    const fs::path tmp = final_dir.string() + cat(".partial-", ::getpid(), i ? cat("-", i) : std::string());
+    if (::mkdir(tmp.c_str(), 0755) == 0) {
+      save_into(final_dir, tmp, step, std::move(meta), shards, {}, /*replace=*/false);
+      return;
+    }
+    const int err = errno;
+    if (err == EEXIST && i < 100) continue;
+    if (err == ENOSPC || err == EDQUOT || err == EIO)
+      throw_runtime("checkpoint: cannot create ", tmp.string(), ": ", std::strerror(err));
+    throw_input("checkpoint ", final_dir.string(), ": cannot create a directory beside it (", tmp.string(), ": ",
+                std::strerror(err), "): give another directory");
+  }
 }
 
 Writer::~Writer() {

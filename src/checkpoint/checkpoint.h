@@ -70,7 +70,8 @@ struct SaveGroup {
 std::string save(const std::string& root, int64_t step, nlohmann::json meta,
                  const std::vector<Shard>& shards, const SaveGroup& group = {});
 
-// save() by one process into `dir` itself (`myriad import`): DIR.partial, then renamed.
+// save() by one process into `dir` itself (`myriad import`): DIR.partial-<pid>, then renamed.
+// `dir` must not exist (an input error); it is never replaced, even if it appears meanwhile.
 void save_as(const std::string& dir, int64_t step, nlohmann::json meta, const std::vector<Shard>& shards);
 
 // One save at a time on a thread of its own (the second stage of an asynchronous save: the

@@ -1,12 +1,21 @@
 #include "checkpoint/hf.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
+#include <string_view>
 
 #include "checkpoint/checkpoint.h"
 #include "core/config.h"
@@ -124,10 +133,165 @@ HostTensor convert(const Names& n, const HostTensor& t, const ModelConfig& m, bo
   return t;
 }
 
-void write_text(const fs::path& p, const std::string& text) {
-  std::ofstream out(p, std::ios::binary);
-  out << text;
-  if (!out) throw_runtime("export: cannot write ", p.string());
+// `pieces`, one after another, as the file `path`, on the disk before it returns: export renames
+// the folder into place next, and a rename that reached the disk before the data would leave
+// empty files after a crash. A failure says why (a full disk is the usual one).
+void write_pieces(const fs::path& path, const std::vector<std::string_view>& pieces) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw_runtime("cannot write ", path.string(), ": ", std::strerror(errno));
+  auto fail = [&](const char* what) {
+    const int err = errno;
+    ::close(fd);
+    throw_runtime("cannot ", what, " ", path.string(), ": ", std::strerror(err));
+  };
+  for (std::string_view p : pieces)
+    while (!p.empty()) {
+      const ssize_t n = ::write(fd, p.data(), p.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) fail("write");
+      p.remove_prefix(static_cast<size_t>(n));
+    }
+  if (::fsync(fd) != 0) fail("write");
+  if (::close(fd) != 0) throw_runtime("cannot write ", path.string(), ": ", std::strerror(errno));
+}
+
+void write_text(const fs::path& p, const std::string& text) { write_pieces(p, {text}); }
+
+void sync_dir(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    throw_runtime("cannot sync ", dir.string(), ": ", std::strerror(err));
+  }
+  ::close(fd);
+}
+
+// The path a command will write for a path the user gave: absolute, `..` resolved as the
+// writes will resolve it, no trailing slash ("nonexist/../victim" is victim).
+fs::path normalized(const std::string& p) {
+  fs::path n = fs::absolute(p).lexically_normal();
+  if (n.filename().empty() && n != n.root_path()) n = n.parent_path();
+  return n;
+}
+
+// Whether `inner` is `outer` or lies inside it.
+bool within(const fs::path& inner, const fs::path& outer) {
+  auto [o, i] = std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end());
+  return o == outer.end();
+}
+
+// Errors of creating or renaming a path that are the path's, not the machine's: another path
+// works (exit 2), a retry would not. A full disk or an I/O error is a runtime fault.
+bool path_fault(int err) {
+  return err == EROFS || err == EACCES || err == EPERM || err == ENOTDIR || err == ENOENT || err == ENAMETOOLONG ||
+         err == ELOOP || err == EEXIST || err == ENOTEMPTY || err == EXDEV;
+}
+
+// The export's manifest: the files it wrote, which the next export into the folder may replace.
+constexpr const char* kManifest = "myriad_export.json";
+constexpr const char* kManifestFormat = "myriad-hf-export";
+
+// The first entry of the folder `out` that no export wrote, by the manifest there; "" when
+// every entry is an earlier export's (or there are none), so the folder may be replaced.
+std::string foreign_entry(const fs::path& out) {
+  const nlohmann::json m = nlohmann::json::parse(read_file((out / kManifest).string()), nullptr, false);
+  const bool ours = m.is_object() && m.contains("format") && m["format"] == kManifestFormat && m.contains("files") &&
+                    m["files"].is_array();
+  std::set<std::string> listed;
+  if (ours)
+    for (const auto& f : m["files"])
+      if (f.is_string()) listed.insert(f.get<std::string>());
+  std::error_code ec;
+  for (fs::directory_iterator it(out, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const bool file = it->symlink_status(ec).type() == fs::file_type::regular;
+    if (!(ours && file && (name == kManifest || listed.count(name)))) return name;
+  }
+  if (ec) throw_input("export: cannot read the folder ", out.string(), " (", ec.message(), "): choose another --output");
+  return "";
+}
+
+// A new folder beside `p`, P.tmp-<pid>, made by this process: it alone writes there, and may
+// remove it.
+fs::path make_sibling_dir(const fs::path& p) {
+  std::error_code ec;
+  fs::create_directories(p.parent_path(), ec);
+  if (ec)
+    throw_input("export: cannot create ", p.parent_path().string(), " for --output ", p.string(), " (", ec.message(),
+                "): choose another --output");
+  for (int i = 0;; ++i) {
+    const fs::path t = p.string() + cat(".tmp-", ::getpid(), i ? cat("-", i) : std::string());
+    if (::mkdir(t.c_str(), 0755) == 0) return t;
+    const int err = errno;
+    if (err == EEXIST && i < 100) continue;  // a killed export's, of a process with this pid
+    if (path_fault(err))
+      throw_input("export: cannot create a folder beside --output ", p.string(), " (", t.string(), ": ",
+                  std::strerror(err), "): choose another --output");
+    throw_runtime("export: cannot create ", t.string(), ": ", std::strerror(err));
+  }
+}
+
+// The finished export `tmp` in the place of `out`. An earlier export there stays whole until the
+// one rename that swaps the two folders (RENAME_EXCHANGE), and is removed only then; where the
+// filesystem cannot swap, two renames, with the earlier export moved back if the second fails.
+// With `recheck`, a file added to `out` while the export was written puts it back as it was.
+void put_in_place(const fs::path& tmp, const fs::path& out, bool existed, bool recheck) {
+  auto fail = [&](int err) {
+    if (err == EEXIST || err == ENOTEMPTY)
+      throw_input("export: ", out.string(), " appeared while the export was written; it is left as it is: run the "
+                  "export again");
+    if (path_fault(err)) throw_input("export: cannot rename ", tmp.string(), " to ", out.string(), ": ", std::strerror(err));
+    throw_runtime("export: cannot rename ", tmp.string(), " to ", out.string(), ": ", std::strerror(err));
+  };
+  auto foreign = [&](const fs::path& earlier) {
+    const std::string f = recheck ? foreign_entry(earlier) : std::string();
+    if (!f.empty()) log::warn("export: ", f, " appeared in ", out.string(), " while the export was written");
+    return !f.empty();
+  };
+  fs::path earlier;  // where the earlier export is once the new one is in place
+  if (!existed) {
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, out.c_str(), RENAME_NOREPLACE) != 0) {
+      if (errno != EINVAL && errno != ENOSYS) fail(errno);
+      std::error_code ec;
+      if (fs::exists(fs::symlink_status(out, ec))) fail(EEXIST);
+      if (::rename(tmp.c_str(), out.c_str()) != 0) fail(errno);
+    }
+  } else if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, out.c_str(), RENAME_EXCHANGE) == 0) {
+    earlier = tmp;
+    if (foreign(earlier)) {
+      if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, out.c_str(), RENAME_EXCHANGE) != 0) {
+        const int err = errno;
+        const fs::path kept = tmp.string() + ".kept";  // out of the way of the failed export's removal
+        ::rename(tmp.c_str(), kept.c_str());
+        throw_runtime("export: ", out.string(), " changed while the export was written, and cannot be put back (",
+                      std::strerror(err), "): the earlier folder is ", kept.string());
+      }
+      fail(EEXIST);
+    }
+  } else {
+    if (errno != EINVAL && errno != ENOSYS) fail(errno);
+    earlier = tmp.string() + ".old";
+    if (::rename(out.c_str(), earlier.c_str()) != 0) fail(errno);
+    const bool appeared = foreign(earlier);
+    if (appeared || ::rename(tmp.c_str(), out.c_str()) != 0) {
+      const int err = appeared ? EEXIST : errno;
+      ::rename(earlier.c_str(), out.c_str());
+      fail(err);
+    }
+  }
+  if (!earlier.empty()) {
+    std::error_code ec;
+    fs::remove_all(earlier, ec);
+    if (ec) log::warn("export: cannot remove the earlier export at ", earlier.string(), ": ", ec.message());
+  }
+  sync_dir(out.parent_path());
+}
+
+// Released GPT-2 checkpoints store the attention's mask buffers (h.N.attn.bias, in F32, BOOL or
+// U8, and h.N.attn.masked_bias): constants Myriad does not load, dropped unread.
+bool mask_buffer(const std::string& name) {
+  return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias");
 }
 
 }  // namespace
@@ -142,19 +306,21 @@ void write_safetensors(const std::string& path, const std::map<std::string, Host
   }
   std::string text = header.dump();  // nlohmann's objects are sorted by key
   text.append((8 - text.size() % 8) % 8, ' ');  // the data 8-byte aligned, as the format advises
-  std::ofstream out(path, std::ios::binary);
   uint64_t n = text.size();
-  unsigned char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-  out.write(reinterpret_cast<const char*>(len), 8);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<char>(n >> (8 * i));
+  std::vector<std::string_view> pieces = {{len, 8}, text};
   for (const auto& [name, t] : tensors)
-    out.write(reinterpret_cast<const char*>(t.data.data()), static_cast<std::streamsize>(t.data.size() * sizeof(float)));
-  out.close();
-  if (!out) throw_runtime("export: cannot write ", path);
+    pieces.emplace_back(reinterpret_cast<const char*>(t.data.data()), t.data.size() * sizeof(float));
+  write_pieces(path, pieces);
 }
 
-std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
+std::map<std::string, HostTensor> read_safetensors(const std::string& path,
+                                                   const std::function<bool(const std::string&)>& skip) {
+  std::error_code ec;
+  if (const auto st = fs::status(path, ec); fs::exists(st) && !fs::is_regular_file(st))
+    throw_input("import: ", path, " is not a file", fs::is_directory(st) ? " (it is a directory)" : "",
+                ": give the model's safetensors file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw_input("import: cannot open ", path);
   in.seekg(0, std::ios::end);
@@ -173,31 +339,50 @@ std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
   const nlohmann::json header = nlohmann::json::parse(text, nullptr, false);
   if (!header.is_object()) throw_input("import: ", path, ": the header is not a JSON object: not a safetensors file");
   const int64_t data_start = 8 + static_cast<int64_t>(n);
+  const uint64_t data_bytes = static_cast<uint64_t>(size - data_start);
   std::map<std::string, HostTensor> out;
   for (const auto& [name, e] : header.items()) {
-    if (name == "__metadata__") continue;
-    if (!e.is_object()) throw_input("import: ", path, ": tensor ", name, "'s header entry is not a JSON object");
-    const std::string dtype = e.value("dtype", "");
-    if (dtype != "F32")
-      throw_input("import: ", path, ": tensor ", name, " has dtype ", dtype.empty() ? "(none)" : dtype,
-                  "; only F32 is read: convert the model to float32 first");
-    if (!e.contains("shape") || !e.contains("data_offsets") || !e["shape"].is_array() || e["data_offsets"].size() != 2)
-      throw_input("import: ", path, ": tensor ", name, " has no shape or data_offsets");
+    if (name == "__metadata__" || (skip && skip(name))) continue;
+    const std::string where = cat("import: ", path, ": tensor ", name);
+    if (!e.is_object()) throw_input(where, "'s header entry is not a JSON object");
+    auto field = [&](const char* key) { return e.contains(key) ? e[key].dump() : std::string("(none)"); };
+    if (!e.contains("dtype") || !e["dtype"].is_string())
+      throw_input(where, ": dtype ", field("dtype"), " is not a dtype name such as \"F32\": not a safetensors file");
+    if (const std::string dtype = e["dtype"]; dtype != "F32")
+      throw_input(where, " has dtype ", dtype, "; only F32 is read: convert the model to float32 first");
+    // Sizes are checked against the file before anything is allocated: a crafted shape would
+    // otherwise overflow the element count or ask for exabytes.
+    const nlohmann::json& shape = e.contains("shape") ? e["shape"] : nlohmann::json();
+    if (!shape.is_array() || !std::all_of(shape.begin(), shape.end(), [](const auto& d) { return d.is_number_unsigned(); }))
+      throw_input(where, ": shape ", field("shape"), " is not a list of sizes >= 0: not a safetensors file");
     HostTensor t;
-    t.shape = e["shape"].get<std::vector<int64_t>>();
-    const auto off = e["data_offsets"].get<std::vector<int64_t>>();
-    if (off[0] < 0 || off[1] - off[0] != numel(t.shape) * 4 || data_start + off[1] > size)
-      throw_input("import: ", path, ": tensor ", name, " (shape ", shape_str(t.shape), ") has data_offsets [", off[0],
-                  ", ", off[1], "] that do not fit its shape or the file");
-    t.data.resize(static_cast<size_t>(numel(t.shape)));
-    in.seekg(data_start + off[0]);
-    in.read(reinterpret_cast<char*>(t.data.data()), off[1] - off[0]);
+    uint64_t elements = 1;
+    for (const auto& d : shape) {
+      const uint64_t v = d.get<uint64_t>();
+      elements = v == 0 || elements == 0 ? 0 : elements > data_bytes / 4 / v ? data_bytes / 4 + 1 : elements * v;
+      t.shape.push_back(v > uint64_t(std::numeric_limits<int64_t>::max()) ? -1 : static_cast<int64_t>(v));
+    }
+    if (elements > data_bytes / 4)
+      throw_input(where, ": shape ", shape.dump(), " holds more elements than the file holds bytes: not a whole "
+                  "safetensors file");
+    const nlohmann::json& off = e.contains("data_offsets") ? e["data_offsets"] : nlohmann::json();
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      throw_input(where, ": data_offsets ", field("data_offsets"), " is not two integers [begin, end] (bytes after "
+                  "the header): not a safetensors file");
+    const uint64_t begin = off[0], end = off[1];
+    if (begin > end || end - begin != elements * 4 || end > data_bytes)
+      throw_input(where, " (shape ", shape_str(t.shape), ") has data_offsets [", begin, ", ", end,
+                  "] that do not fit its shape or the file");
+    t.data.resize(static_cast<size_t>(elements));
+    in.seekg(data_start + static_cast<int64_t>(begin));
+    in.read(reinterpret_cast<char*>(t.data.data()), static_cast<std::streamsize>(end - begin));
+    if (!in) throw_runtime("import: cannot read ", path, ": ", std::strerror(errno));
     out[name] = std::move(t);
   }
   return out;
 }
 
-void export_hf(const std::string& dir, const std::string& out) {
+void export_hf(const std::string& dir, const std::string& out_arg, bool overwrite) {
   const nlohmann::json meta = read_meta(dir);
   const Config cfg = parse_config(meta.at("config").get<std::string>(), dir + "/meta.json");
   const ModelConfig& m = cfg.model;
@@ -206,6 +391,21 @@ void export_hf(const std::string& dir, const std::string& out) {
   if (m.window > 0)
     throw_input("export: ", dir, " has model.window = ", m.window, ", which GPT-2 cannot express (its attention is full causal)");
   if (!m.bias) throw_input("export: ", dir, " has model.bias = false, which GPT-2 cannot express (it has biases)");
+  // What is at the output may be replaced only when an earlier export wrote all of it (its
+  // manifest), or with --overwrite; never when it holds the checkpoint being read.
+  const fs::path out = normalized(out_arg);
+  if (within(normalized(dir), out))
+    throw_input("export: --output ", out.string(), " holds the checkpoint ", dir, ": choose another folder");
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(out, ec);
+  const bool existed = fs::exists(st);
+  if (fs::is_symlink(st))
+    throw_input("export: --output ", out.string(), " is a symbolic link: give the folder it points to, or a new one");
+  if (existed && !fs::is_directory(st)) throw_input("export: --output ", out.string(), " is not a directory: give a folder");
+  if (existed && !overwrite)
+    if (const std::string f = foreign_entry(out); !f.empty())
+      throw_input("export: --output ", out.string(), " holds ", f, ", which no export wrote (", kManifest,
+                  " lists an export's files): give a new or empty folder, or add --overwrite to replace the whole folder");
   std::map<std::string, HostTensor> tensors;
   const auto shapes = myriad_shapes(m, cfg.positions());
   for (const Names& n : gpt2_names(m)) {
@@ -214,82 +414,150 @@ void export_hf(const std::string& dir, const std::string& out) {
     load(dir, meta, {{"model/" + n.myriad, t.shape, std::vector<int64_t>(t.shape.size(), 0), t.shape, t.data.data()}});
     tensors[n.gpt2] = convert(n, t, m, /*to_gpt2=*/true);
   }
-  fs::create_directories(out);
-  write_safetensors((fs::path(out) / "model.safetensors").string(), tensors);
-  const bool gpt2 = cfg.data.tokenizer == "gpt2";
-  nlohmann::json config = {{"architectures", {"GPT2LMHeadModel"}},
-                           {"model_type", "gpt2"},
-                           {"vocab_size", m.vocab_size},
-                           {"n_positions", cfg.positions()},
-                           {"n_ctx", cfg.positions()},
-                           {"n_embd", m.d_model},
-                           {"n_layer", m.layers},
-                           {"n_head", m.heads},
-                           {"n_inner", nullptr},
-                           {"activation_function", "gelu_new"},  // the tanh approximation, as Myriad's
-                           {"layer_norm_epsilon", 1e-5},
-                           {"initializer_range", m.init_std},
-                           {"resid_pdrop", 0.0},
-                           {"embd_pdrop", 0.0},
-                           {"attn_pdrop", 0.0},
-                           {"scale_attn_weights", true},
-                           {"tie_word_embeddings", true},
-                           {"bos_token_id", gpt2 ? nlohmann::json(50256) : nlohmann::json(nullptr)},
-                           {"eos_token_id", gpt2 ? nlohmann::json(50256) : nlohmann::json(nullptr)},
-                           {"myriad", {{"tokenizer", cfg.data.tokenizer}, {"step", meta.value("step", 0)}}}};
-  write_text(fs::path(out) / "config.json", config.dump(2) + "\n");
-  if (gpt2) {  // transformers' GPT2Tokenizer reads vocab.json and merges.txt: the same BPE files
-    const fs::path src = data::gpt2_dir();
-    for (const auto& [from, to] : {std::pair<const char*, const char*>{"encoder.json", "vocab.json"}, {"vocab.bpe", "merges.txt"}}) {
-      if (!fs::exists(src / from)) throw_input("export: ", (src / from).string(), " is missing: run scripts/setup.sh");
-      fs::copy_file(src / from, fs::path(out) / to, fs::copy_options::overwrite_existing);
+  // Written beside the output and renamed into place whole: a failure (a full disk) leaves an
+  // earlier export as it was, and the folder never mixes two exports' files.
+  const fs::path tmp = make_sibling_dir(out);
+  std::vector<std::string> files;
+  try {
+    write_safetensors((tmp / "model.safetensors").string(), tensors);
+    files.push_back("model.safetensors");
+    const bool gpt2 = cfg.data.tokenizer == "gpt2";
+    nlohmann::json config = {{"architectures", {"GPT2LMHeadModel"}},
+                             {"model_type", "gpt2"},
+                             {"vocab_size", m.vocab_size},
+                             {"n_positions", cfg.positions()},
+                             {"n_ctx", cfg.positions()},
+                             {"n_embd", m.d_model},
+                             {"n_layer", m.layers},
+                             {"n_head", m.heads},
+                             {"n_inner", nullptr},
+                             {"activation_function", "gelu_new"},  // the tanh approximation, as Myriad's
+                             {"layer_norm_epsilon", 1e-5},
+                             {"initializer_range", m.init_std},
+                             {"resid_pdrop", 0.0},
+                             {"embd_pdrop", 0.0},
+                             {"attn_pdrop", 0.0},
+                             {"scale_attn_weights", true},
+                             {"tie_word_embeddings", true},
+                             {"bos_token_id", gpt2 ? nlohmann::json(50256) : nlohmann::json(nullptr)},
+                             {"eos_token_id", gpt2 ? nlohmann::json(50256) : nlohmann::json(nullptr)},
+                             {"myriad", {{"tokenizer", cfg.data.tokenizer}, {"step", meta.value("step", 0)}}}};
+    write_text(tmp / "config.json", config.dump(2) + "\n");
+    files.push_back("config.json");
+    if (gpt2) {  // transformers' GPT2Tokenizer reads vocab.json and merges.txt: the same BPE files
+      const fs::path src = data::gpt2_dir();
+      for (const auto& [from, to] : {std::pair<const char*, const char*>{"encoder.json", "vocab.json"}, {"vocab.bpe", "merges.txt"}}) {
+        const std::string bytes = read_file((src / from).string());
+        if (bytes.empty()) throw_input("export: ", (src / from).string(), " is missing: run scripts/setup.sh");
+        write_text(tmp / to, bytes);
+        files.push_back(to);
+      }
+      write_text(tmp / "tokenizer_config.json",
+                 nlohmann::json({{"tokenizer_class", "GPT2Tokenizer"}, {"model_max_length", cfg.positions()}}).dump(2) + "\n");
+      files.push_back("tokenizer_config.json");
     }
-    write_text(fs::path(out) / "tokenizer_config.json",
-               nlohmann::json({{"tokenizer_class", "GPT2Tokenizer"}, {"model_max_length", cfg.positions()}}).dump(2) + "\n");
+    std::sort(files.begin(), files.end());
+    write_text(tmp / kManifest, nlohmann::json({{"format", kManifestFormat},
+                                                {"version", 1},
+                                                {"checkpoint", normalized(dir).string()},
+                                                {"step", meta.value("step", 0)},
+                                                {"files", files}})
+                                    .dump(2) + "\n");
+    sync_dir(tmp);
+    put_in_place(tmp, out, existed, /*recheck=*/!overwrite);
+  } catch (const Error& e) {
+    fs::remove_all(tmp, ec);
+    if (e.cls() != ErrorClass::kRuntime) throw;
+    throw_runtime("export: ", e.what(), existed ? cat("; ", out.string(), " is left as it was") : std::string());
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
   }
-  log::info("export: ", dir, " -> ", out, " (GPT-2, ", tensors.size(), " tensors, ", m.layers, " layers, d_model ",
+  log::info("export: ", dir, " -> ", out.string(), " (GPT-2, ", tensors.size(), " tensors, ", m.layers, " layers, d_model ",
             m.d_model, ", vocab ", m.vocab_size, ")");
 }
 
-void import_hf(const std::string& hf_dir, const std::string& out) {
+void import_hf(const std::string& hf_dir, const std::string& out_arg) {
+  // The checkpoint goes to a new directory only (save_as never replaces one): said here, before
+  // the model is read, and judged on the path the save will write.
+  const fs::path out = normalized(out_arg);
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(out, ec)))
+    throw_input("import: --output ", out_arg, " exists (", out.string(), "): give a new directory; an import never "
+                "replaces one");
   const fs::path cfg_path = fs::path(hf_dir) / "config.json", st_path = fs::path(hf_dir) / "model.safetensors";
   if (!fs::exists(cfg_path)) throw_input("import: ", cfg_path.string(), " is missing: give a Hugging Face GPT-2 model directory");
+  if (!fs::is_regular_file(cfg_path)) throw_input("import: ", cfg_path.string(), " is not a file: give a Hugging Face GPT-2 model directory");
   const nlohmann::json hf = nlohmann::json::parse(read_file(cfg_path.string()), nullptr, false);
   if (!hf.is_object()) throw_input("import: ", cfg_path.string(), " is not valid JSON");
-  if (hf.value("model_type", "") != "gpt2")
-    throw_input("import: ", cfg_path.string(), ": model_type is '", hf.value("model_type", ""), "', not gpt2");
+  const std::string where = cat("import: ", cfg_path.string(), ": ");
+  // Keys of config.json in the JSON type transformers gives them; another type (null included)
+  // is the file's error, named, rather than a JSON library's exception.
   auto get = [&](const char* key) -> int64_t {
     if (!hf.contains(key) || !hf[key].is_number_integer())
-      throw_input("import: ", cfg_path.string(), ": ", key, " is missing or not an integer");
+      throw_input(where, key, " is missing or not an integer");
     return hf[key].get<int64_t>();
   };
+  auto text = [&](const char* key, const std::string& fallback, const char* example) -> std::string {
+    if (!hf.contains(key)) return fallback;
+    if (!hf[key].is_string()) throw_input(where, key, " is ", hf[key].dump(), ", not a string such as \"", example, "\"");
+    return hf[key].get<std::string>();
+  };
+  auto flag = [&](const char* key, bool fallback) -> bool {
+    if (!hf.contains(key)) return fallback;
+    if (!hf[key].is_boolean()) throw_input(where, key, " is ", hf[key].dump(), ", not true or false");
+    return hf[key].get<bool>();
+  };
+  auto number = [&](const char* key, double fallback) -> double {
+    if (!hf.contains(key)) return fallback;
+    if (!hf[key].is_number()) throw_input(where, key, " is ", hf[key].dump(), ", not a number");
+    return hf[key].get<double>();
+  };
+  if (const std::string type = text("model_type", "", "gpt2"); type != "gpt2")
+    throw_input(where, "model_type is '", type, "', not gpt2");
   if (hf.contains("n_inner") && !hf["n_inner"].is_null() && hf["n_inner"] != 4 * get("n_embd"))
-    throw_input("import: ", cfg_path.string(), ": n_inner = ", hf["n_inner"].dump(), "; Myriad's MLP is 4 x n_embd");
-  if (const std::string act = hf.value("activation_function", "gelu_new"); act != "gelu_new")
-    throw_input("import: ", cfg_path.string(), ": activation_function = ", act, "; Myriad's GELU is gelu_new (tanh)");
+    throw_input(where, "n_inner = ", hf["n_inner"].dump(), "; Myriad's MLP is 4 x n_embd");
+  if (const std::string act = text("activation_function", "gelu_new", "gelu_new"); act != "gelu_new")
+    throw_input(where, "activation_function = ", act, "; Myriad's GELU is gelu_new (tanh)");
   // Options of transformers' GPT-2 that change its arithmetic away from Myriad's.
-  if (hf.value("scale_attn_weights", true) != true || hf.value("scale_attn_by_inverse_layer_idx", false) != false)
-    throw_input("import: ", cfg_path.string(), ": scale_attn_weights must be true and scale_attn_by_inverse_layer_idx "
+  if (flag("scale_attn_weights", true) != true || flag("scale_attn_by_inverse_layer_idx", false) != false)
+    throw_input(where, "scale_attn_weights must be true and scale_attn_by_inverse_layer_idx "
                 "false: Myriad scales attention by 1/sqrt(head size) only");
-  if (const double eps = hf.value("layer_norm_epsilon", 1e-5); std::abs(eps - 1e-5) > 1e-12)
-    throw_input("import: ", cfg_path.string(), ": layer_norm_epsilon = ", eps, "; Myriad's LayerNorm uses 1e-5");
+  if (const double eps = number("layer_norm_epsilon", 1e-5); std::abs(eps - 1e-5) > 1e-12)
+    throw_input(where, "layer_norm_epsilon = ", eps, "; Myriad's LayerNorm uses 1e-5");
   Config cfg;
   cfg.model.layers = get("n_layer"), cfg.model.d_model = get("n_embd"), cfg.model.heads = get("n_head");
   cfg.model.vocab_size = get("vocab_size");
   cfg.model.positions = cfg.model.seq_len = get("n_positions");
-  cfg.data.tokenizer = hf.contains("myriad") ? hf["myriad"].value("tokenizer", "gpt2")
-                       : cfg.model.vocab_size == 256 ? "byte" : "gpt2";
+  cfg.data.tokenizer = cfg.model.vocab_size == 256 ? "byte" : "gpt2";
+  if (hf.contains("myriad")) {  // what `export` writes: the tokenizer the model was trained with
+    const nlohmann::json& own = hf["myriad"];
+    if (!own.is_object())
+      throw_input(where, "myriad is ", own.dump(), ", not an object: it is the entry `myriad export` writes, "
+                  "{\"tokenizer\": \"byte\" or \"gpt2\"}; remove it to take the tokenizer from vocab_size");
+    cfg.data.tokenizer = "gpt2";
+    if (own.contains("tokenizer")) {
+      if (!own["tokenizer"].is_string())
+        throw_input(where, "myriad.tokenizer is ", own["tokenizer"].dump(), ", not a string such as \"gpt2\"");
+      cfg.data.tokenizer = own["tokenizer"].get<std::string>();
+    }
+  }
   // The config's own checks (heads divide d_model, ...), through its TOML text.
   cfg = parse_config(to_toml(cfg), cfg_path.string());
   const ModelConfig& m = cfg.model;
-  std::map<std::string, HostTensor> st = read_safetensors(st_path.string());
-  // Released checkpoints carry the attention mask buffers, and some a copy of the tied head.
+  if (!fs::exists(st_path)) throw_input("import: ", st_path.string(), " is missing: give a Hugging Face GPT-2 model directory");
+  std::map<std::string, HostTensor> st = read_safetensors(st_path.string(), mask_buffer);
+  // A non-finite weight would import and then sample garbage, or stop a run as a numerics fault
+  // (exit 5, which a supervisor retries): it is the file's fault.
+  for (const auto& [name, t] : st)
+    for (size_t i = 0; i < t.data.size(); ++i)
+      if (!std::isfinite(t.data[i]))
+        throw_input("import: ", st_path.string(), ": tensor ", name, " element ", i, " is ",
+                    std::isnan(t.data[i]) ? "nan" : t.data[i] > 0 ? "inf" : "-inf",
+                    " (a flat index): the model holds non-finite weights; import a sound copy of it");
+  // Some released checkpoints carry a copy of the tied head.
   std::map<std::string, HostTensor> byname;
-  for (auto& [name, t] : st) {
-    std::string n = name.rfind("transformer.", 0) == 0 ? name.substr(12) : name;
-    if (n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias")) continue;
-    byname[n] = std::move(t);
-  }
+  for (auto& [name, t] : st) byname[name.rfind("transformer.", 0) == 0 ? name.substr(12) : name] = std::move(t);
   if (auto head = byname.find("lm_head.weight"); head != byname.end()) {
     if (!byname.count("wte.weight") || head->second.data != byname["wte.weight"].data)
       throw_input("import: ", st_path.string(), ": lm_head.weight differs from wte.weight: Myriad ties the head to the embedding");
@@ -328,8 +596,8 @@ void import_hf(const std::string& hf_dir, const std::string& out) {
                          {"tokenizer", cfg.data.tokenizer},
                          {"rng", {{"model_seed", cfg.model.seed}, {"data_seed", cfg.train.seed}}},
                          {"imported_from", fs::absolute(hf_dir).lexically_normal().string()}};
-  save_as(out, 0, meta, shards);
-  log::info("import: ", hf_dir, " -> ", out, " (GPT-2, ", m.layers, " layers, d_model ", m.d_model, ", vocab ",
+  save_as(out.string(), 0, meta, shards);
+  log::info("import: ", hf_dir, " -> ", out.string(), " (GPT-2, ", m.layers, " layers, d_model ", m.d_model, ", vocab ",
             m.vocab_size, ", tokenizer ", cfg.data.tokenizer, ")");
 }
 

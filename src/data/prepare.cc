@@ -25,6 +25,15 @@ bool blank(std::string_view s) {
   return s.find_first_not_of(" \t\n\r\v\f") == std::string_view::npos;
 }
 
+// Whether `a` (an input, which exists) and `b` name one file: the same inode (links, other
+// spellings), or the same path once normalized (`sub/../x` when sub does not exist yet, which the
+// writers would create).
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  if (std::filesystem::exists(b, ec) && std::filesystem::equivalent(a, b, ec)) return true;
+  return std::filesystem::absolute(a).lexically_normal() == std::filesystem::absolute(b).lexically_normal();
+}
+
 using DocFn = std::function<void(std::string_view)>;
 
 std::ifstream open_input(const std::string& path) {
@@ -105,22 +114,42 @@ PrepareStats prepare(const PrepareOptions& o) {
       throw_input("prepare: input ", path, " is not a file");
     stats.input_bytes += static_cast<int64_t>(std::filesystem::file_size(path, ec));
   }
-  const auto tok = make_tokenizer(o.tokenizer);
-
-  // Document j (counted over all inputs, empty ones excluded) goes to valid when j % k == k - 1.
-  const int64_t every = o.valid_fraction > 0 ? std::llround(1.0 / o.valid_fraction) : 0;
-  std::vector<std::unique_ptr<IndexedDatasetWriter>> out;
+  const bool split = o.valid_fraction > 0;
   std::vector<std::string> prefixes;
-  if (every > 0) {
+  if (split) {
     prefixes = {o.output_prefix + "_train", o.output_prefix + "_valid"};
   } else {
     prefixes = {o.output_prefix};
   }
+  // The writers replace PREFIX.* by renames at the end: an input of that name would be lost.
+  for (const auto& p : prefixes)
+    for (const char* ext : {".bin", ".idx", ".json", ".bin.tmp", ".idx.tmp", ".json.tmp"})
+      for (const auto& in : o.inputs)
+        if (same_file(in, p + ext))
+          throw_input("prepare: --output ", o.output_prefix, " would write ", p + ext, ", which is also an input (",
+                      in, "): choose another --output");
+  const auto tok = make_tokenizer(o.tokenizer);
+
+  std::vector<std::unique_ptr<IndexedDatasetWriter>> out;
   for (const auto& p : prefixes)
     out.push_back(
         std::make_unique<IndexedDatasetWriter>(p, tok->vocab_size(), tok->name(), tok->eot()));
 
-  int64_t j = 0;
+  // Validation takes F of the first n documents, rounded down, while the count is not known:
+  // the documents it takes are spread evenly, and a fraction 1/k takes document j when
+  // j % k == k - 1. The last document is held back until the end, when the count is known, and
+  // placed so that the whole split is the nearest count (F of 10 is 4 for F = 0.4, not 1/3).
+  // The relative nudge keeps products such as 10 x 0.1 from landing just below a whole number.
+  const double f = o.valid_fraction;
+  const auto rounded_down = [f](int64_t n) { return static_cast<int64_t>(std::floor(double(n) * f * (1 + 1e-12))); };
+  const auto nearest = [f](int64_t n) { return static_cast<int64_t>(std::floor(double(n) * f * (1 + 1e-12) + 0.5)); };
+  int64_t j = 0, valid = 0;
+  std::vector<int32_t> held;
+  bool holding = false;
+  const auto place = [&](const std::vector<int32_t>& ids, bool to_valid) {
+    out[to_valid ? 1 : 0]->add_document(ids);
+    valid += to_valid;
+  };
   const DocFn add = [&](std::string_view text) {
     if (blank(text)) {
       if (!text.empty()) ++stats.skipped;
@@ -128,8 +157,13 @@ PrepareStats prepare(const PrepareOptions& o) {
     }
     std::vector<int32_t> ids = tok->encode(text);
     ids.push_back(tok->eot());
-    const size_t split = (every > 0 && j % every == every - 1) ? 1 : 0;
-    out[split]->add_document(ids);
+    if (!split) {
+      out[0]->add_document(ids);
+    } else {
+      if (holding) place(held, rounded_down(j) > valid);  // document j - 1
+      held = std::move(ids);
+      holding = true;
+    }
     ++j;
   };
   for (const auto& path : o.inputs) {
@@ -138,11 +172,12 @@ PrepareStats prepare(const PrepareOptions& o) {
     else
       text_documents(path, o.doc_separator, add);
   }
+  if (holding) place(held, nearest(j) > valid);
   for (size_t s = 0; s < out.size(); ++s)
     if (out[s]->documents() == 0)
       throw_input("prepare: no documents for ", prefixes[s], " (", j, " documents in all",
-                  every > 0 ? cat(", one document in ", every, " to validation") : std::string(),
-                  "): give more input", every > 0 ? " or a larger valid_fraction" : "");
+                  split ? cat("; valid_fraction ", f, " of ", j, " documents rounds to ", valid) : std::string(),
+                  "): give more input", split ? (s == 1 ? " or a larger valid_fraction" : " or a smaller valid_fraction") : "");
   for (size_t s = 0; s < out.size(); ++s) {
     out[s]->finish();
     stats.splits.push_back({prefixes[s], out[s]->documents(), out[s]->tokens()});

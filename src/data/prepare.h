@@ -13,8 +13,9 @@ struct PrepareOptions {
   std::vector<std::string> inputs;
   std::string tokenizer;      // a make_tokenizer name: "byte" or "gpt2"
   std::string output_prefix;  // writes PREFIX.{bin,idx,json}, or PREFIX_train.* and PREFIX_valid.*
-  // With 0 < valid_fraction <= 0.5, every k-th document (k = round(1 / valid_fraction)), counted
-  // across all inputs in order, goes to PREFIX_valid and the rest to PREFIX_train.
+  // With 0 < valid_fraction <= 0.5, the nearest whole number of documents to that fraction of
+  // them (halves up), spread evenly over the documents of all inputs in order, goes to
+  // PREFIX_valid and the rest to PREFIX_train; a fraction 1/k takes every k-th document.
   double valid_fraction = 0;
   // In plain-text inputs, a line equal to this (e.g. "%" in fortune files) ends a document;
   // when empty, each file is one document.
@@ -39,7 +40,8 @@ struct PrepareStats {
 // Tokenizes every document, appends the tokenizer's eot after each, and writes the splits
 // (output directories are created; each file appears under its final name only when complete).
 // Input errors: a missing or unreadable input (named), malformed JSON lines (file:line), an
-// unknown tokenizer, a valid_fraction outside [0, 0.5], a split left empty.
+// unknown tokenizer, a valid_fraction outside [0, 0.5], a split left empty, an output file that
+// is one of the inputs.
 PrepareStats prepare(const PrepareOptions& options);
 
 }  // namespace myriad::data

@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
@@ -27,6 +29,41 @@ using myriad::test::run_myriad;
 namespace {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// A safetensors file's header and its data section, to craft broken files from a good one.
+std::pair<nlohmann::json, std::string> split_safetensors(const std::string& bytes) {
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<unsigned char>(bytes[i]);
+  return {nlohmann::json::parse(bytes.substr(8, n)), bytes.substr(8 + n)};
+}
+std::string join_safetensors(const nlohmann::json& header, const std::string& data) {
+  const std::string text = header.dump();
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(uint64_t(text.size()) >> (8 * i));
+  return out + text + data;
+}
+
+// The names in a folder, sorted.
+std::vector<std::string> listing(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Runs the shell script `script` as root of a user and mount namespace of its own, where it may
+// mount a tmpfs (read-only, or small enough to fill); false when this machine allows no such
+// namespace (the test is then skipped, saying so).
+bool in_own_mount_namespace(const fs::path& dir, const std::string& script) {
+  fs::create_directories(dir / "probe");
+  const std::string probe = cat("unshare -rm sh -c 'mount -t tmpfs none ", (dir / "probe").string(), "' 2>/dev/null");
+  if (std::system(probe.c_str()) != 0) return false;
+  std::ofstream(dir / "script.sh") << script;
+  const int rc = std::system(cat("unshare -rm sh ", (dir / "script.sh").string(), " > ", (dir / "script.log").string(),
+                                 " 2>&1").c_str());
+  EXPECT_EQ(rc, 0) << read_file(dir / "script.log");
+  return true;
+}
 
 // Exit 2 and one line that says `what`.
 void expect_input_error(const Result& r, const std::string& what) {
@@ -61,6 +98,28 @@ class Interchange : public ::testing::Test {
       myriad::checkpoint::load(dir, meta, {{name, shape, std::vector<int64_t>(shape.size(), 0), shape, out[name].data()}});
     }
     return out;
+  }
+  // A byte-level run of one step (dir_/small) and its export (dir_/small_hf), made once.
+  static fs::path small_export() {
+    const fs::path hf = dir_ / "small_hf";
+    if (!fs::exists(hf / "model.safetensors")) {
+      EXPECT_EQ(run_myriad(train(dir_ / "small", "--set train.steps=1")).code, 0);
+      const Result e = run_myriad(cat("export --checkpoint ", (dir_ / "small").string(), " --output ", hf.string()));
+      EXPECT_EQ(e.code, 0) << e.output;
+    }
+    return hf;
+  }
+  // A gpt2-tokenizer run of one step (dir_/gpt2), made once.
+  static fs::path gpt2_run() {
+    const fs::path rd = dir_ / "gpt2";
+    if (!fs::exists(rd / "checkpoints")) {
+      const std::string gpt2_data = (dir_ / "gpt2corpus").string();
+      EXPECT_EQ(run_myriad(cat("prepare --input /usr/share/games/fortunes/computers --tokenizer gpt2 --output ", gpt2_data,
+                               " --doc-separator %")).code, 0);
+      EXPECT_EQ(run_myriad(train(rd, cat("--set train.steps=1 --set data.tokenizer=gpt2 --set model.vocab_size=50257 ",
+                                         "--set data.train=", gpt2_data))).code, 0);
+    }
+    return rd;
   }
 };
 fs::path Interchange::dir_;
@@ -133,12 +192,7 @@ TEST_F(Interchange, TheExportedModelGivesMyriadsLogits) {
 
 // A gpt2-tokenizer model exports its tokenizer's files too.
 TEST_F(Interchange, AGpt2TokenizerModelExportsItsTokenizer) {
-  const std::string gpt2_data = (dir_ / "gpt2corpus").string();
-  ASSERT_EQ(run_myriad(cat("prepare --input /usr/share/games/fortunes/computers --tokenizer gpt2 --output ", gpt2_data,
-                           " --doc-separator %")).code, 0);
-  const fs::path rd = dir_ / "gpt2";
-  ASSERT_EQ(run_myriad(train(rd, cat("--set train.steps=1 --set data.tokenizer=gpt2 --set model.vocab_size=50257 --set data.train=",
-                                     gpt2_data))).code, 0);
+  const fs::path rd = gpt2_run();
   Result e = run_myriad(cat("export --checkpoint ", rd.string(), " --output ", (dir_ / "gpt2_hf").string()));
   ASSERT_EQ(e.code, 0) << e.output;
   EXPECT_EQ(nlohmann::json::parse(read_file(dir_ / "gpt2_hf/config.json"))["vocab_size"], 50257);
@@ -223,7 +277,7 @@ TEST_F(Interchange, InitFromStartsAFreshRunFromTheWeights) {
   EXPECT_EQ(c.code, 2) << c.output;
   const std::string last = c.output.substr(c.output.rfind('\n', c.output.size() - 2) + 1);
   EXPECT_TRUE(contains(last, "checkpoint.init_from: checkpoint ")) << c.output;
-  EXPECT_TRUE(contains(last, "but the model expects")) << c.output;
+  EXPECT_TRUE(contains(last, "model.d_model = 32 in the checkpoint but 64 in the config")) << c.output;
 }
 
 // `myriad verify`: 0 for a sound checkpoint; one flipped byte is found and its file and piece
@@ -252,6 +306,233 @@ TEST_F(Interchange, VerifyFindsAFlippedByte) {
       if (p["byte_offset"].get<int64_t>() <= int64_t(at) && int64_t(at) < p["byte_offset"].get<int64_t>() + n) holder = t["name"];
     }
   EXPECT_TRUE(contains(bad.output, "tensor " + holder + " ")) << holder << ": " << bad.output;
+}
+
+// A path that exists is never replaced by an import, however it is spelled (issue 26, item 1:
+// `--output nonexist/../victim` emptied victim). The temporary directory beside the new
+// checkpoint is the import's own: a user's CKPT.partial is left alone.
+TEST_F(Interchange, ImportNeverReplacesAnExistingPath) {
+  const fs::path hf = small_export(), victim = dir_ / "victim";
+  fs::create_directories(victim);
+  std::ofstream(victim / "important.txt") << "x\n";
+  for (const std::string& out : {(dir_ / "nonexist/../victim").string(), (victim / "nope/..").string(),
+                                 victim.string() + "/", (victim / ".").string(), victim.string()}) {
+    const Result r = run_myriad(cat("import --hf ", hf.string(), " --output ", out));
+    expect_input_error(r, "exists");
+    EXPECT_TRUE(contains(r.output, victim.string())) << r.output;
+    EXPECT_EQ(listing(victim), std::vector<std::string>{"important.txt"});
+    EXPECT_EQ(read_file(victim / "important.txt"), "x\n");
+  }
+  fs::create_directories(dir_ / "fresh.partial");
+  std::ofstream(dir_ / "fresh.partial/keep.txt") << "keep\n";
+  const Result r = run_myriad(cat("import --hf ", hf.string(), " --output ", (dir_ / "fresh").string()));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(listing(dir_ / "fresh.partial"), std::vector<std::string>{"keep.txt"});
+  EXPECT_FALSE(fs::exists(dir_ / "fresh/keep.txt"));
+  EXPECT_EQ(run_myriad(cat("verify ", (dir_ / "fresh").string())).code, 0);
+  for (const auto& e : fs::directory_iterator(dir_))  // no temporary directory left behind
+    EXPECT_EQ(e.path().filename().string().find("fresh.partial-"), std::string::npos) << e.path();
+}
+
+// After an export the folder holds exactly that export's files, which its manifest lists (issue
+// 26, item 7: a byte model exported over a gpt2 one kept GPT-2's tokenizer files). A folder
+// with files export did not write is refused unless --overwrite is given.
+TEST_F(Interchange, AnExportFolderHoldsExactlyThatExport) {
+  const fs::path out = dir_ / "shared_hf";
+  Result e = run_myriad(cat("export --checkpoint ", gpt2_run().string(), " --output ", out.string()));
+  ASSERT_EQ(e.code, 0) << e.output;
+  const std::vector<std::string> gpt2_files = {"config.json", "merges.txt", "model.safetensors", "myriad_export.json",
+                                               "tokenizer_config.json", "vocab.json"};
+  EXPECT_EQ(listing(out), gpt2_files);
+  const auto manifest = nlohmann::json::parse(read_file(out / "myriad_export.json"));
+  EXPECT_EQ(manifest["files"], nlohmann::json({"config.json", "merges.txt", "model.safetensors", "tokenizer_config.json",
+                                               "vocab.json"}));
+  small_export();
+  e = run_myriad(cat("export --checkpoint ", (dir_ / "small").string(), " --output ", out.string()));
+  ASSERT_EQ(e.code, 0) << e.output;
+  EXPECT_EQ(listing(out), (std::vector<std::string>{"config.json", "model.safetensors", "myriad_export.json"}));
+  EXPECT_EQ(nlohmann::json::parse(read_file(out / "config.json"))["vocab_size"], 256);
+  // A file the export did not write: refused and named, the folder left as it is.
+  std::ofstream(out / "notes.txt") << "mine\n";
+  const std::string model = read_file(out / "model.safetensors");
+  expect_input_error(run_myriad(cat("export --checkpoint ", gpt2_run().string(), " --output ", out.string())),
+                     "notes.txt");
+  EXPECT_EQ(read_file(out / "notes.txt"), "mine\n");
+  EXPECT_EQ(read_file(out / "model.safetensors"), model);
+  // --overwrite: the folder is the export's alone afterwards.
+  e = run_myriad(cat("export --checkpoint ", (dir_ / "small").string(), " --output ", out.string(), " --overwrite"));
+  ASSERT_EQ(e.code, 0) << e.output;
+  EXPECT_EQ(listing(out), (std::vector<std::string>{"config.json", "model.safetensors", "myriad_export.json"}));
+  // Another tool's model (no manifest) is refused; an empty folder is taken.
+  fs::create_directories(dir_ / "theirs");
+  std::ofstream(dir_ / "theirs/model.safetensors") << "theirs";
+  expect_input_error(run_myriad(cat("export --checkpoint ", (dir_ / "small").string(), " --output ", (dir_ / "theirs").string())),
+                     "model.safetensors");
+  EXPECT_EQ(read_file(dir_ / "theirs/model.safetensors"), "theirs");
+  fs::create_directories(dir_ / "empty_out");
+  e = run_myriad(cat("export --checkpoint ", (dir_ / "small").string(), " --output ", (dir_ / "nope/../empty_out").string()));
+  ASSERT_EQ(e.code, 0) << e.output;
+  EXPECT_EQ(listing(dir_ / "empty_out"), (std::vector<std::string>{"config.json", "model.safetensors", "myriad_export.json"}));
+  // A file, or the checkpoint's own folder, is never the output.
+  std::ofstream(dir_ / "a_file") << "f";
+  expect_input_error(run_myriad(cat("export --checkpoint ", (dir_ / "small").string(), " --output ", (dir_ / "a_file").string(),
+                                    " --overwrite")),
+                     "not a directory");
+  expect_input_error(run_myriad(cat("export --checkpoint ", (dir_ / "small").string(), " --output ", (dir_ / "small").string(),
+                                    " --overwrite")),
+                     "holds the checkpoint");
+  EXPECT_EQ(run_myriad(cat("verify ", (dir_ / "small").string())).code, 0);
+  for (const auto& f : fs::directory_iterator(dir_))  // no temporary folder left behind
+    EXPECT_EQ(f.path().filename().string().find(".tmp-"), std::string::npos) << f.path();
+}
+
+// An export that fails on a full disk leaves the earlier export whole and says why (issue 26,
+// item 6: the earlier model.safetensors was truncated, and the error said "cannot write").
+TEST_F(Interchange, AnExportThatFailsLeavesTheEarlierExportWhole) {
+  small_export();
+  const fs::path d = dir_ / "full", disk = d / "disk";
+  fs::create_directories(disk);
+  const std::string bin = cat("OMP_NUM_THREADS=1 ", MYRIAD_BINARY_DIR, "/myriad export --checkpoint ",
+                              (dir_ / "small").string(), " --output ", (disk / "out").string());
+  const std::string script = cat("mount -t tmpfs -o size=1m none ", disk.string(), " || exit 1\n",
+                                 bin, " || exit 1\n",
+                                 "cp ", (disk / "out/model.safetensors").string(), " ", (d / "first.st").string(), "\n",
+                                 "head -c 4000000 /dev/zero > ", (disk / "fill").string(), " 2>/dev/null\n",
+                                 "truncate -s -16K ", (disk / "fill").string(), " || exit 1\n",
+                                 bin, " > ", (d / "second.log").string(), " 2>&1; echo $? > ", (d / "second.rc").string(), "\n",
+                                 "cp ", (disk / "out/model.safetensors").string(), " ", (d / "after.st").string(), "\n",
+                                 "ls -A ", (disk / "out").string(), " > ", (d / "out.ls").string(), "\n",
+                                 "ls -A ", disk.string(), " > ", (d / "disk.ls").string(), "\n");
+  if (!in_own_mount_namespace(d, script)) GTEST_SKIP() << "unshare -rm cannot mount a tmpfs here: nothing fills a disk";
+  const std::string log = read_file(d / "second.log");
+  EXPECT_EQ(read_file(d / "second.rc"), "3\n") << log;
+  EXPECT_TRUE(contains(log, "No space left on device")) << log;
+  EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 1) << log;
+  EXPECT_EQ(read_file(d / "after.st"), read_file(d / "first.st"));
+  EXPECT_FALSE(read_file(d / "first.st").empty());
+  EXPECT_EQ(read_file(d / "out.ls"), "config.json\nmodel.safetensors\nmyriad_export.json\n");
+  EXPECT_EQ(read_file(d / "disk.ls"), "fill\nout\n");  // the temporary folder removed
+}
+
+// Export to a new folder that cannot be created: an input error that names it and says why
+// (issue 26, item 10; an internal error before). /sys refuses new folders even to root; a
+// read-only tmpfs, where this machine lets a test mount one, is the read-only filesystem.
+TEST_F(Interchange, AnExportThatCannotCreateItsFolderIsAnInputError) {
+  small_export();
+  Result r = run_myriad(cat("export --checkpoint ", (dir_ / "small").string(), " --output /sys/myriad_export_test"));
+  expect_input_error(r, "/sys/myriad_export_test");
+  EXPECT_TRUE(contains(r.output, "Operation not permitted")) << r.output;
+  const fs::path d = dir_ / "ro", ro = d / "mnt";
+  fs::create_directories(ro);
+  const std::string script = cat("mount -t tmpfs -o ro none ", ro.string(), " || exit 1\n", "OMP_NUM_THREADS=1 ",
+                                 MYRIAD_BINARY_DIR, "/myriad export --checkpoint ", (dir_ / "small").string(), " --output ",
+                                 (ro / "new").string(), " > ", (d / "log").string(), " 2>&1; echo $? > ",
+                                 (d / "rc").string(), "\n");
+  if (!in_own_mount_namespace(d, script)) GTEST_SKIP() << "unshare -rm cannot mount a tmpfs here";
+  r = {std::stoi(read_file(d / "rc")), read_file(d / "log")};
+  expect_input_error(r, (ro / "new").string());
+  EXPECT_TRUE(contains(r.output, "Read-only file system")) << r.output;
+}
+
+// Non-finite weights are an input error naming the tensor and the element (issue 26, item 8: a
+// NaN imported with exit 0).
+TEST_F(Interchange, ImportRefusesNonFiniteWeights) {
+  const fs::path good = small_export();
+  for (const auto& [tensor, element, value] : std::vector<std::tuple<std::string, int, float>>{
+           {"ln_f.weight", 3, std::nanf("")}, {"h.1.mlp.c_fc.weight", 1000, -INFINITY}, {"wte.weight", 0, INFINITY}}) {
+    const fs::path d = dir_ / cat("nonfinite_", element);
+    fs::create_directories(d);
+    fs::copy_file(good / "config.json", d / "config.json", fs::copy_options::overwrite_existing);
+    auto t = myriad::checkpoint::read_safetensors((good / "model.safetensors").string());
+    t[tensor].data[element] = value;
+    myriad::checkpoint::write_safetensors((d / "model.safetensors").string(), t);
+    const Result r = run_myriad(cat("import --hf ", d.string(), " --output ", (d / "out").string()));
+    expect_input_error(r, cat("tensor ", tensor, " element ", element, " is ", std::isnan(value) ? "nan" : value > 0 ? "inf" : "-inf"));
+    EXPECT_TRUE(contains(r.output, (d / "model.safetensors").string())) << r.output;
+    EXPECT_FALSE(fs::exists(d / "out"));
+  }
+}
+
+// Malformed headers and configs: one line, exit 2, the file and the field named (issue 26, item
+// 10: each was an internal error).
+TEST_F(Interchange, MalformedHeadersAndConfigsAreInputErrors) {
+  const fs::path good = small_export();
+  const auto [header, data] = split_safetensors(read_file(good / "model.safetensors"));
+  const auto config = nlohmann::json::parse(read_file(good / "config.json"));
+  auto import = [&](const std::string& name, const nlohmann::json& h, const nlohmann::json& c) {
+    const fs::path d = dir_ / cat("malformed_", name);
+    fs::create_directories(d);
+    std::ofstream(d / "config.json") << c.dump();
+    std::ofstream(d / "model.safetensors", std::ios::binary) << join_safetensors(h, data);
+    return run_myriad(cat("import --hf ", d.string(), " --output ", (d / "out").string()));
+  };
+  const uint64_t huge = (uint64_t(1) << 62) + 1;
+  struct HeaderCase {
+    std::string name, key;
+    nlohmann::json value;
+    std::string says;
+  };
+  for (const HeaderCase& c : std::vector<HeaderCase>{
+           {"offsets", "data_offsets", {"0", "128"}, "tensor ln_f.bias: data_offsets"},
+           {"offsets3", "data_offsets", {0, 64, 128}, "tensor ln_f.bias: data_offsets"},
+           {"dtype", "dtype", 7, "tensor ln_f.bias: dtype"},
+           {"negative", "shape", {-1}, "tensor ln_f.bias: shape [-1]"},
+           {"huge", "shape", {huge}, cat("tensor ln_f.bias: shape [", huge, "]")},
+           {"shape_text", "shape", "32", "tensor ln_f.bias: shape"}}) {
+    nlohmann::json h = header;
+    h["ln_f.bias"][c.key] = c.value;
+    if (c.name == "huge") h["ln_f.bias"]["data_offsets"] = {0, 4};
+    const Result r = import(c.name, h, config);
+    expect_input_error(r, c.says);
+    EXPECT_TRUE(contains(r.output, "model.safetensors")) << r.output;
+  }
+  struct ConfigCase {
+    std::string key;
+    nlohmann::json value;
+  };
+  for (const ConfigCase& c : std::vector<ConfigCase>{{"activation_function", nullptr},
+                                                     {"myriad", 5},
+                                                     {"myriad", {{"tokenizer", 5}}},
+                                                     {"model_type", 2},
+                                                     {"scale_attn_weights", "yes"},
+                                                     {"layer_norm_epsilon", "small"},
+                                                     {"n_inner", "big"}}) {
+    nlohmann::json bad = config;
+    bad[c.key] = c.value;
+    const Result r = import(cat("config_", c.key), header, bad);
+    expect_input_error(r, c.key);
+    EXPECT_TRUE(contains(r.output, "config.json")) << r.output;
+  }
+  // model.safetensors a directory, config.json a directory.
+  for (const std::string file : {"model.safetensors", "config.json"}) {
+    const fs::path d = dir_ / cat("dir_", file);
+    fs::create_directories(d);
+    fs::copy(good, d, fs::copy_options::overwrite_existing | fs::copy_options::recursive);
+    fs::remove(d / file);
+    fs::create_directories(d / file);
+    const Result r = run_myriad(cat("import --hf ", d.string(), " --output ", (d / "out").string()));
+    expect_input_error(r, (d / file).string());
+    EXPECT_TRUE(contains(r.output, "not a file")) << r.output;
+  }
+}
+
+// The attention mask buffers a released GPT-2 stores (in any dtype) are dropped, unread (issue
+// 26, item 11: a BOOL one blocked the import).
+TEST_F(Interchange, ImportDropsAMaskBufferOfAnyDtype) {
+  const fs::path good = small_export();
+  auto [header, data] = split_safetensors(read_file(good / "model.safetensors"));
+  const uint64_t at = data.size();
+  header["h.0.attn.bias"] = {{"dtype", "BOOL"}, {"shape", {1, 1, 16, 16}}, {"data_offsets", {at, at + 256}}};
+  header["transformer.h.1.attn.bias"] = {{"dtype", "U8"}, {"shape", {1, 1, 16, 16}}, {"data_offsets", {at, at + 256}}};
+  header["h.1.attn.masked_bias"] = {{"dtype", "F16"}, {"shape", nlohmann::json::array()}, {"data_offsets", {at, at + 2}}};
+  data.append(256, '\1');
+  const fs::path d = dir_ / "mask_hf";
+  fs::create_directories(d);
+  fs::copy_file(good / "config.json", d / "config.json", fs::copy_options::overwrite_existing);
+  std::ofstream(d / "model.safetensors", std::ios::binary) << join_safetensors(header, data);
+  const Result r = run_myriad(cat("import --hf ", d.string(), " --output ", (d / "out").string()));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(weights((d / "out").string()), weights(myriad::checkpoint::resolve((dir_ / "small").string())));
 }
 
 }  // namespace

@@ -151,7 +151,7 @@ TEST(Prepare, InputErrors) {
   o.doc_separator = "%";
   std::string e = input_error([&] { prepare(o); });
   EXPECT_NE(e.find("_valid"), std::string::npos) << e;
-  EXPECT_NE(e.find("one document in 10 to validation"), std::string::npos) << e;
+  EXPECT_NE(e.find("valid_fraction 0.1 of 2 documents rounds to 0"), std::string::npos) << e;
   // An output that names a directory would write hidden files (dir/.bin): refused, with an example.
   o.valid_fraction = 0;
   for (const std::string& out : {dir.path().string() + "/", dir.path().string()}) {
@@ -163,4 +163,76 @@ TEST(Prepare, InputErrors) {
   EXPECT_TRUE(std::filesystem::exists(dir / "t.txt"));
   for (const auto& e : std::filesystem::directory_iterator(dir.path()))  // nothing half-written
     EXPECT_TRUE(e.path().extension() == ".txt" || e.path().extension() == ".jsonl") << e.path();
+}
+
+// An output that is one of the inputs would be overwritten by the result (issue 26, item 5):
+// refused before anything is written, however the paths are spelled.
+TEST(Prepare, AnOutputThatIsAnInputIsRefused) {
+  TempDir dir;
+  const std::string corpus = "{\"text\": \"one\"}\n{\"text\": \"two\"}\n";
+  write_file(dir / "corpus.json", corpus);
+  write_file(dir / "c2.bin", "a\n%\nb\n");
+  write_file(dir / "x_valid.idx", "a\n%\nb\n%\nc\n");
+  PrepareOptions o;
+  o.tokenizer = "byte";
+  o.doc_separator = "%";
+  struct Case {
+    std::string input, prefix;
+    double valid;
+  };
+  for (const Case& c : {Case{dir / "corpus.json", dir / "corpus", 0}, Case{dir / "c2.bin", dir / "sub/../c2", 0},
+                        Case{dir / "./x_valid.idx", dir / "x", 0.5}}) {
+    o.inputs = {c.input};
+    o.output_prefix = c.prefix;
+    o.valid_fraction = c.valid;
+    const std::string e = input_error([&] { prepare(o); });
+    EXPECT_NE(e.find("is also an input"), std::string::npos) << e;
+    EXPECT_NE(e.find(std::filesystem::path(c.input).filename().string()), std::string::npos) << e;
+  }
+  EXPECT_EQ(read_file(dir / "corpus.json"), corpus);
+  EXPECT_EQ(read_file(dir / "c2.bin"), "a\n%\nb\n");
+  EXPECT_EQ(read_file(dir / "x_valid.idx"), "a\n%\nb\n%\nc\n");
+  for (const auto& e : std::filesystem::directory_iterator(dir.path()))  // nothing written
+    EXPECT_TRUE(e.path().extension() != ".tmp" && e.path().filename() != "corpus.bin") << e.path();
+}
+
+// --valid-fraction F puts the nearest whole number of documents to F of them into validation,
+// spread evenly (issue 26, item 11: 0.4 gave 1/3 and 0.26 gave 1/4). A fraction 1/k keeps its
+// placement: document j is valid when j % k == k - 1.
+TEST(Prepare, ValidFractionSplitsOffTheNearestDocumentCount) {
+  TempDir dir;
+  auto docs = [&](int n) {
+    std::string text;
+    for (int i = 0; i < n; ++i) text += "document " + std::to_string(i) + "\n%\n";
+    write_file(dir / "in.txt", text);
+  };
+  PrepareOptions o;
+  o.inputs = {dir / "in.txt"};
+  o.tokenizer = "byte";
+  o.doc_separator = "%";
+  o.output_prefix = dir / "out";
+  struct Case {
+    int documents;
+    double fraction;
+    int64_t valid;
+  };
+  for (const Case& c : {Case{10, 0.4, 4}, Case{100, 0.26, 26}, Case{1000, 0.4, 400}, Case{7, 0.3, 2},
+                        Case{5, 0.3, 2}, Case{4, 0.4, 2}, Case{32, 0.25, 8}, Case{31, 0.1, 3}, Case{35, 0.1, 4},
+                        Case{9, 0.5, 5}}) {
+    docs(c.documents);
+    o.valid_fraction = c.fraction;
+    const PrepareStats st = prepare(o);
+    ASSERT_EQ(st.splits.size(), 2u);
+    EXPECT_EQ(st.splits[1].documents, c.valid) << c.documents << " documents, fraction " << c.fraction;
+    EXPECT_EQ(st.splits[0].documents, c.documents - c.valid) << c.documents << " documents, fraction " << c.fraction;
+  }
+  // Spread evenly: no two valid documents next to each other below one half.
+  docs(20);
+  o.valid_fraction = 0.4;
+  prepare(o);
+  auto tok = make_tokenizer("byte");
+  const auto vdocs = documents(IndexedDataset(dir / "out_valid", 256), *tok);
+  std::vector<std::string> want;
+  for (int j : {2, 4, 7, 9, 12, 14, 17, 19}) want.push_back("document " + std::to_string(j) + "\n");
+  EXPECT_EQ(vdocs, want);
 }
