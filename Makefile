@@ -1,9 +1,10 @@
 # The front door. `make demo` and `make test` install what is missing, build, and run.
 BUILD ?= build
+PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
 export OMP_NUM_THREADS ?= $(shell nproc)
 
-.PHONY: setup build test demo demo-3d bench clean
+.PHONY: setup build test demo demo-3d bench install clean
 
 setup:
 	@bash scripts/setup.sh
@@ -31,6 +32,12 @@ demo-3d: build
 bench: TARGET = --target myriad
 bench: build
 	@bash bench/cpu_vs_torch.sh
+
+# PREFIX/bin/myriad and PREFIX/share/myriad/ (its tools and the config presets): an installed
+# myriad finds its tools relative to itself, from any directory.
+install: TARGET = --target myriad
+install: build
+	@cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:
 	rm -rf $(BUILD)

@@ -26,41 +26,148 @@ import matplotlib.pyplot as plt  # noqa: E402
 PHASES = ["data", "forward", "backward", "optimizer", "communication"]
 
 
+class InputError(Exception):
+    """A file that is not what Myriad writes: one line naming it, exit 2, as myriad's own errors."""
+
+
+def is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def not_ours(where, field, want, e):
+    got = ", got %s" % json.dumps(e[field])[:40] if field in e else " (missing)"
+    return InputError("%s: %s must be %s%s: not a trace Myriad wrote; move the file out of traces/ or trace the "
+                      "run again" % (where, field, want, got))
+
+
+def check_event(e, where, rank):
+    """The fields this report reads, of the types observe/trace.cc writes (as `myriad trace` checks)."""
+    if not isinstance(e.get("ph"), str):
+        raise not_ours(where, "ph", "an event phase", e)
+    if not is_int(e.get("ts")):
+        raise not_ours(where, "ts", "an integer (microseconds)", e)
+    if e.get("pid") != rank or not is_int(e.get("pid")):
+        raise not_ours(where, "pid", "the header's rank, %d" % rank, e)
+    args = e.get("args", {})
+    if not isinstance(args, dict) or not is_int(args.get("step", 0)):
+        raise not_ours(where, "args", "an object whose step is an integer", e)
+    if e["ph"] != "X":
+        return
+    if not is_int(e.get("tid")):
+        raise not_ours(where, "tid", "an integer", e)
+    if not is_number(e.get("dur")):
+        raise not_ours(where, "dur", "a number (microseconds)", e)
+    if not isinstance(e.get("name"), str):
+        raise not_ours(where, "name", "a string", e)
+    if e["tid"] == 2 and not is_number(args.get("own_ms")):
+        raise not_ours(where, "args", "an object with own_ms, a number", e)
+
+
+def parse(line):
+    try:
+        e = json.loads(line)
+    except ValueError:
+        return None
+    return e if isinstance(e, dict) else None
+
+
 def load(run_dir):
     names, own, phase = {}, collections.defaultdict(dict), collections.defaultdict(lambda: collections.defaultdict(float))
     steps_of = collections.defaultdict(set)
     for path in sorted(glob.glob(os.path.join(run_dir, "traces", "rank_*.jsonl"))):
-        for line in open(path):
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue  # a line cut by a crash
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except (OSError, UnicodeDecodeError) as err:
+            raise InputError("%s cannot be read as text (%s): move it out of traces/" % (path, err))
+        rank = None
+        for i, line in enumerate(lines):
+            where = "%s, line %d" % (path, i + 1)
+            e = parse(line)
+            if e is None:
+                # A crash cuts at most the last line a start wrote: the file's last, or the one
+                # before the next start's header.
+                nxt = parse(lines[i + 1]) if i + 1 < len(lines) else None
+                if rank is not None and (i + 1 == len(lines) or (nxt is not None and "clock_offset_us" in nxt)):
+                    continue
+                raise InputError("%s is not a JSON object: not a trace Myriad wrote; move the file out of traces/ "
+                                 "or trace the run again" % where)
             if "clock_offset_us" in e:
-                names[e["rank"]] = e.get("name", "rank %d" % e["rank"])
+                if not is_int(e.get("rank")) or e["rank"] < 0:
+                    raise not_ours(where, "rank", "a rank number", e)
+                if os.path.basename(path) != "rank_%d.jsonl" % e["rank"]:
+                    raise InputError("%s: the header says rank %d: the file was renamed or copied; move it out of "
+                                     "traces/" % (where, e["rank"]))
+                if not isinstance(e.get("name", ""), str):
+                    raise not_ours(where, "name", "a string", e)
+                rank = e["rank"]
+                names[rank] = e.get("name", "rank %d" % rank)
                 continue
-            if e.get("ph") != "X":
+            if rank is None:
+                raise InputError("%s: an event before the file's header {rank, name, clock_offset_us}: not a trace "
+                                 "Myriad wrote; move the file out of traces/ or trace the run again" % where)
+            check_event(e, where, rank)
+            if e["ph"] != "X":
                 continue
-            rank, step = e["pid"], e.get("args", {}).get("step", 0)
-            if e.get("tid") == 2:
+            step = e.get("args", {}).get("step", 0)
+            if e["tid"] == 2:
                 own[rank][step] = e["args"]["own_ms"]
                 steps_of[rank].add(step)
-            elif e.get("tid") == 1:
+            elif e["tid"] == 1:
                 phase[rank]["communication", step] += e["dur"] / 1e3
             elif e["name"] in PHASES:
                 phase[rank][e["name"], step] += e["dur"] / 1e3
+        if rank is None:
+            raise InputError("%s has no header {rank, name, clock_offset_us}: not a trace Myriad wrote; move the file "
+                             "out of traces/ or trace the run again" % path)
     return names, own, phase
+
+
+def load_metrics(run_dir):
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [l for l in f.read().splitlines() if l.strip()]
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError("%s cannot be read as text (%s)" % (path, err))
+    metrics = []
+    for i, line in enumerate(lines):
+        m = parse(line)
+        if m is None:
+            if i + 1 == len(lines):
+                break  # a line cut by a crash
+            raise InputError("%s, line %d is not a JSON object: not the metrics Myriad writes" % (path, i + 1))
+        for key in ("step", "loss", "tokens_per_s", "mfu"):
+            if key in m and not (is_int(m[key]) if key == "step" else is_number(m[key])):
+                raise InputError("%s, line %d: %s must be a number, got %s: not the metrics Myriad writes" % (
+                    path, i + 1, key, json.dumps(m[key])[:40]))
+        if "step" not in m:
+            raise InputError("%s, line %d: step is missing: not the metrics Myriad writes" % (path, i + 1))
+        metrics.append(m)
+    return metrics
 
 
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: report.py RUN_DIR")
     run_dir = sys.argv[1]
-    names, own, phase = load(run_dir)
+    try:
+        names, own, phase = load(run_dir)
+        metrics = load_metrics(run_dir)
+    except InputError as err:
+        print("myriad: input error: report: %s" % err, file=sys.stderr)
+        sys.exit(2)
     if not own:
         print("myriad: input error: report: %s holds no traced steps (RUN_DIR/traces/rank_*.jsonl): train with "
               "--set observe.trace=true" % os.path.join(run_dir, "traces"), file=sys.stderr)
         sys.exit(2)
-    ranks = sorted(names)
+    ranks = sorted(r for r in names if own[r])  # (a rank that stopped before its first traced step: no row)
     steps = sorted(set().union(*(set(own[r]) for r in ranks)))
     # rank x step: own time over the step's median rank
     grid = []
@@ -86,7 +193,8 @@ def main():
             med = statistics.median(per_phase[q][p_i] for q in range(len(ranks)))
             row.append(per_phase[r_i][p_i] / med if med > 0 else 1.0)
         rel_phase.append(row)
-    slowness = {r: statistics.median(v for v in grid[i] if v == v) for i, r in enumerate(ranks)}
+    # (a rank whose steps all took no time has no ratio: counted as the median's)
+    slowness = {r: statistics.median([v for v in grid[i] if v == v] or [1.0]) for i, r in enumerate(ranks)}
     order = sorted(ranks, key=lambda r: -slowness[r])
 
     out = os.path.join(run_dir, "report")
@@ -108,10 +216,6 @@ def main():
     fig.savefig(os.path.join(out, "heatmap.png"), dpi=100)
     plt.close(fig)
 
-    metrics = []
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if os.path.exists(path):
-        metrics = [json.loads(l) for l in open(path) if l.strip()]
     curves = [("loss", "loss"), ("tokens_per_s", "tokens/s"), ("mfu", "MFU")]
     curves = [(k, t) for k, t in curves if any(k in m for m in metrics)]
     if curves:

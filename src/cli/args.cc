@@ -1,6 +1,9 @@
 #include "cli/args.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "core/text.h"
@@ -63,13 +66,17 @@ long long Args::get_int(const std::string& flag, long long fallback) const {
 double Args::get_double(const std::string& flag, double fallback) const {
   if (!has(flag)) return fallback;
   std::string v = get(flag);
-  try {
-    size_t used = 0;
-    double x = std::stod(v, &used);
-    if (used == v.size()) return x;
-  } catch (...) {
-  }
-  throw_input("myriad ", command_, ": --", flag, " must be a number, got '", v, "'");
+  // strtod, not stod: stod refuses a number too small for a normal double (1e-320) as out of
+  // range, though strtod returns it (denormal, or 0) and it is as good a value as any.
+  char* end = nullptr;
+  errno = 0;
+  const double x = std::strtod(v.c_str(), &end);
+  if (end == v.c_str() || end != v.c_str() + v.size())
+    throw_input("myriad ", command_, ": --", flag, " must be a number, got '", v, "'");
+  if (errno == ERANGE && std::isinf(x))
+    throw_input("myriad ", command_, ": --", flag, " is out of range, got '", v,
+                "': a number's magnitude must be below 1.8e308");
+  return x;
 }
 
 }  // namespace myriad::cli

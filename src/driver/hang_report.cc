@@ -21,6 +21,114 @@ struct GroupView {
   std::map<uint64_t, std::pair<std::string, int64_t>> by_match;  // number -> (op, bytes)
 };
 
+// A value from a file, short enough for a one-line error.
+std::string shown(const nlohmann::json& v) {
+  std::string s = v.dump();
+  return s.size() > 40 ? s.substr(0, 37) + "..." : s;
+}
+
+// A flight record or heartbeat read from a file has each field the matching reads, of the type
+// runtime/heartbeat.cc writes: a damaged or foreign file is an input error naming the file and
+// the field, not a type error deep in the matching (the files are written whole, renamed into
+// place, so a malformed one was not cut by a crash).
+class Checker {
+ public:
+  explicit Checker(std::string file) : file_(std::move(file)) {}
+  void object(const nlohmann::json& j, const std::string& at) const {
+    if (!j.is_object()) fail(at, "an object", &j);
+  }
+  void array(const nlohmann::json& j, const std::string& key, const std::string& at) const {
+    if (j.contains(key) && !j[key].is_array()) fail(at + key, "an array", &j[key]);
+  }
+  void string(const nlohmann::json& j, const std::string& key, const std::string& at) const {
+    if (j.contains(key) && !j[key].is_string()) fail(at + key, "a string", &j[key]);
+  }
+  // Integers as the writer's: `unsigned_only` for operation numbers and ranks.
+  void integer(const nlohmann::json& j, const std::string& key, const std::string& at, bool unsigned_only,
+               bool required = false) const {
+    if (!j.contains(key)) {
+      if (required) fail(at + key, "", nullptr);
+      return;
+    }
+    const nlohmann::json& v = j[key];
+    const bool ok = unsigned_only ? v.is_number_unsigned() : v.is_number_integer();
+    // Ranks are ints: a larger number is no rank.
+    if (!ok || (key == "rank" && v.get<uint64_t>() > (1u << 30)))
+      fail(at + key, unsigned_only ? "a non-negative integer" : "an integer", &v);
+  }
+  // `got` null: the field is missing.
+  [[noreturn]] void fail(const std::string& field, const char* want, const nlohmann::json* got) const {
+    throw_input("hang-report: ", file_, ": ", field.empty() ? "the file" : field,
+                got ? cat(" must be ", want, ", got ", shown(*got)) : std::string(" is missing"),
+                ": not a record Myriad wrote; move it out of the driver/ folder");
+  }
+
+ private:
+  std::string file_;
+};
+
+// The last operation a heartbeat (or record) says its rank finished.
+void check_finished(const Checker& c, const nlohmann::json& j) {
+  if (!j.contains("finished")) return;
+  c.object(j["finished"], "finished");
+  c.string(j["finished"], "group", "finished.");
+  c.string(j["finished"], "op", "finished.");
+  c.integer(j["finished"], "match", "finished.", true);
+}
+
+void check_flight_record(const nlohmann::json& j, const std::string& file) {
+  const Checker c(file);
+  c.object(j, "");
+  c.integer(j, "rank", "", true, true);
+  c.integer(j, "step", "", false);
+  c.string(j, "phase", "");
+  check_finished(c, j);
+  c.array(j, "groups", "");
+  if (!j.contains("groups")) return;
+  for (size_t i = 0; i < j["groups"].size(); ++i) {
+    const nlohmann::json& g = j["groups"][i];
+    const std::string at = cat("groups[", i, "].");
+    c.object(g, at.substr(0, at.size() - 1));
+    c.string(g, "group", at);
+    c.string(g, "op", at);
+    c.string(g, "state", at);
+    c.integer(g, "match", at, true);
+    c.array(g, "members", at);
+    if (g.contains("members"))
+      for (size_t m = 0; m < g["members"].size(); ++m)
+        if (!g["members"][m].is_number_integer()) c.fail(cat(at, "members[", m, "]"), "a rank", &g["members"][m]);
+    c.array(g, "records", at);
+    if (!g.contains("records")) continue;
+    for (size_t r = 0; r < g["records"].size(); ++r) {
+      const nlohmann::json& rec = g["records"][r];
+      const std::string rat = cat(at, "records[", r, "].");
+      c.object(rec, rat.substr(0, rat.size() - 1));
+      for (const char* key : {"seq", "match"}) c.integer(rec, key, rat, true);
+      for (const char* key : {"bytes", "ended_us"}) c.integer(rec, key, rat, false);
+      for (const char* key : {"op", "state"}) c.string(rec, key, rat);
+    }
+  }
+}
+
+void check_heartbeat(const nlohmann::json& j, const std::string& file) {
+  const Checker c(file);
+  c.object(j, "");
+  c.integer(j, "step", "", false);
+  c.string(j, "phase", "");
+  check_finished(c, j);
+}
+
+// A file's JSON, or an input error naming the file and where its text stops being JSON.
+nlohmann::json read_json(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw_input("hang-report: ", path.string(), " is not JSON (at byte ", e.byte,
+                "): not a record Myriad wrote; move it out of the driver/ folder");
+  }
+}
+
 }  // namespace
 
 HangReport analyze_hang(const nlohmann::json& ranks, const nlohmann::json& last_beats) {
@@ -150,9 +258,9 @@ HangReport write_hang_report(const std::string& run_dir) {
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     if (name.rfind("flight_rank_", 0) != 0 || e.path().extension() != ".json") continue;
-    std::ifstream in(e.path());
-    nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-    if (j.is_object()) ranks.push_back(std::move(j));
+    nlohmann::json j = read_json(e.path());
+    check_flight_record(j, e.path().string());
+    ranks.push_back(std::move(j));
   }
   if (ranks.empty())
     throw_input("hang-report: ", dir.string(), " holds no flight records (flight_rank_*.json): they are written when "
@@ -160,10 +268,10 @@ HangReport write_hang_report(const std::string& run_dir) {
   nlohmann::json beats = nlohmann::json::object();
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind("heartbeat_rank_", 0) != 0) continue;
-    std::ifstream in(e.path());
-    nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-    if (!j.is_object()) continue;
+    // (heartbeat_rank_<R>.tmp: a beat being written, or cut by a crash)
+    if (name.rfind("heartbeat_rank_", 0) != 0 || e.path().extension() == ".tmp") continue;
+    nlohmann::json j = read_json(e.path());
+    check_heartbeat(j, e.path().string());
     const auto written = fs::last_write_time(e.path(), ec);
     if (!ec) j["age_s"] = std::chrono::duration<double>(fs::file_time_type::clock::now() - written).count();
     beats[name.substr(15)] = std::move(j);

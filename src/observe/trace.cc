@@ -89,7 +89,14 @@ void open(const std::string& dir, int rank, const std::string& name, int64_t eve
   std::FILE* f = std::fopen(t->path.c_str(), "a");
   if (!f) throw_runtime("trace: cannot write ", t->path, ": choose a writable --run-dir (or observe.trace = false)");
   const nlohmann::json header = {{"rank", rank}, {"name", name}, {"clock_offset_us", clock_offset_us}};
-  std::fprintf(f, "%s\n", header.dump().c_str());
+  // A line an earlier start's crash cut stays a line of its own, which the merge passes over,
+  // rather than swallowing this header.
+  bool cut = false;
+  if (std::FILE* r = std::fopen(t->path.c_str(), "r")) {
+    cut = std::fseek(r, -1, SEEK_END) == 0 && std::fgetc(r) != '\n';
+    std::fclose(r);
+  }
+  std::fprintf(f, "%s%s\n", cut ? "\n" : "", header.dump().c_str());
   std::fclose(f);
   Tracer* raw = t.get();
   t->flusher = std::thread([raw] {
@@ -154,6 +161,43 @@ Span::~Span() {
   if (t0_ >= 0) complete(name_, "step", t0_, now_us(), 0, std::move(args_));
 }
 
+namespace {
+
+// A value of a trace line, short enough for a one-line error.
+std::string shown(const nlohmann::json& v) {
+  std::string s = v.dump();
+  return s.size() > 40 ? s.substr(0, 37) + "..." : s;
+}
+
+// A line of a rank's file has the fields the merge reads, of the types open() and complete()
+// write: a damaged or foreign file is refused by name rather than copied into the timeline.
+// `rank`: the header's (-1 for a header).
+void check_line(const nlohmann::json& e, const std::string& where, int rank) {
+  auto fail = [&](const char* field, const std::string& want) {
+    throw_input("trace: ", where, ": ", field, " must be ", want,
+                e.contains(field) ? cat(", got ", shown(e[field])) : std::string(" (missing)"),
+                ": not a trace Myriad wrote; move the file out of traces/ or trace the run again");
+  };
+  auto is = [&](const char* field, bool (nlohmann::json::*type)() const noexcept) {
+    return e.contains(field) && (e[field].*type)();
+  };
+  if (rank < 0) {
+    if (!is("rank", &nlohmann::json::is_number_unsigned) || e["rank"].get<uint64_t>() > (1u << 30))
+      fail("rank", "a rank number");
+    if (!is("clock_offset_us", &nlohmann::json::is_number_integer)) fail("clock_offset_us", "an integer");
+    if (e.contains("name") && !e["name"].is_string()) fail("name", "a string");
+    return;
+  }
+  if (!is("ph", &nlohmann::json::is_string)) fail("ph", "an event phase (\"X\", \"s\", ...)");
+  if (!is("ts", &nlohmann::json::is_number_integer)) fail("ts", "an integer (microseconds)");
+  if (!is("pid", &nlohmann::json::is_number_integer) || e["pid"].get<int64_t>() != rank)
+    fail("pid", cat("the header's rank, ", rank));
+  if (e.contains("args") && !(e["args"].is_object() && (!e["args"].contains("step") || e["args"]["step"].is_number_integer())))
+    fail("args", "an object whose step is an integer");
+}
+
+}  // namespace
+
 nlohmann::json merge(const std::string& run_dir, int64_t first, int64_t last) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::path(run_dir) / "traces";
@@ -165,13 +209,31 @@ nlohmann::json merge(const std::string& run_dir, int64_t first, int64_t last) {
     if (name.rfind("rank_", 0) != 0 || entry.path().extension() != ".jsonl") continue;
     ++files;
     std::ifstream in(entry.path());
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(std::move(line));
     int64_t offset = 0;
-    for (std::string line; std::getline(in, line);) {
-      nlohmann::json e = nlohmann::json::parse(line, nullptr, false);
-      if (!e.is_object()) continue;  // a line cut by a crash
+    int rank = -1;
+    bool headed = false;
+    for (size_t i = 0; i < lines.size(); ++i) {
+      const std::string where = cat(entry.path().string(), ", line ", i + 1);
+      nlohmann::json e = nlohmann::json::parse(lines[i], nullptr, false);
+      if (!e.is_object()) {
+        // A crash cuts at most the last line a start wrote: the file's last, or the one before
+        // the next start's header (open() ends a cut line first). Anything else is not a trace.
+        const bool cut = i + 1 == lines.size() ||
+                         nlohmann::json::parse(lines[i + 1], nullptr, false).contains("clock_offset_us");
+        if (cut && headed) continue;
+        throw_input("trace: ", where, " is not a JSON object: not a trace Myriad wrote; move the file out of traces/ "
+                    "or trace the run again");
+      }
       if (e.contains("clock_offset_us")) {  // a header (one per start of the rank)
-        offset = e.value("clock_offset_us", int64_t(0));
-        const int rank = e.value("rank", 0);
+        check_line(e, where, -1);
+        rank = e["rank"].get<int>();
+        if (name != cat("rank_", rank, ".jsonl"))
+          throw_input("trace: ", where, ": the header says rank ", rank, ": the file was renamed or copied; move it "
+                      "out of traces/");
+        offset = e["clock_offset_us"].get<int64_t>();
+        headed = true;
         events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"args", {{"name", e.value("name", "")}}}});
         events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", rank}, {"args", {{"sort_index", rank}}}});
         for (const auto& [tid, lane] : {std::pair<int, const char*>{0, "work"}, {1, "communication"}, {2, "steps"},
@@ -179,11 +241,18 @@ nlohmann::json merge(const std::string& run_dir, int64_t first, int64_t last) {
           events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", tid}, {"args", {{"name", lane}}}});
         continue;
       }
+      if (!headed)
+        throw_input("trace: ", where, ": an event before the file's header {rank, name, clock_offset_us}: not a trace "
+                    "Myriad wrote; move the file out of traces/ or trace the run again");
+      check_line(e, where, rank);
       const int64_t step = e.contains("args") ? e["args"].value("step", int64_t(0)) : 0;
       if (step < first || step > last) continue;
-      e["ts"] = e.value("ts", int64_t(0)) - offset;
+      e["ts"] = e["ts"].get<int64_t>() - offset;
       events.push_back(std::move(e));
     }
+    if (!headed)
+      throw_input("trace: ", entry.path().string(), " has no header {rank, name, clock_offset_us}: not a trace Myriad "
+                  "wrote; move the file out of traces/ or trace the run again");
   }
   if (files == 0)
     throw_input("trace: ", dir.string(), " holds no traces (rank_*.jsonl): train with --set observe.trace=true");

@@ -39,7 +39,8 @@ void close();
 
 // The merged timeline of RUN_DIR/traces/rank_*.jsonl, as a Chrome trace: one process per rank
 // named by its coordinates, the clocks aligned to rank 0's, only the steps in [first, last].
-// An input error naming the directory when it holds no trace.
+// An input error naming the directory when it holds no trace, and naming the file, line and
+// field when a file there is not a trace Myriad wrote (a line cut by a crash is passed over).
 nlohmann::json merge(const std::string& run_dir, int64_t first, int64_t last);
 // The step about to run: whether its events are kept.
 void set_step(int64_t step);

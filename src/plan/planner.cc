@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <set>
 #include <sstream>
 
 #include "core/error.h"
@@ -76,9 +77,13 @@ Cluster load_cluster(const std::string& path) {
 Layout parse_layout(const std::string& text) {
   Layout l;
   std::stringstream s(text);
+  std::set<std::string> seen;
   for (std::string item; std::getline(s, item, ',');) {
     const size_t eq = item.find('=');
     const std::string key = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    // tp=8,tp=4 is a typo or a pasted layout: which of the two was meant is not for us to guess.
+    if (!seen.insert(key).second)
+      throw_input("plan: --layout '", text, "' gives ", key, " twice: give each of tp, pp, v, mb, recompute once");
     auto number = [&] {
       try {
         const int n = std::stoi(value);

@@ -53,7 +53,7 @@ struct Layout {
   int mb = 1;                 // sequences per micro-batch
   std::string recompute = "none";  // none, selective, full
 };
-// "tp=8,pp=8,v=6,mb=1"; input error on anything else.
+// "tp=8,pp=8,v=6,mb=1", each key at most once; input error on anything else.
 Layout parse_layout(const std::string& text);
 
 // MegaScale's optimizations (its Table 3 ablation), each a switch; all off is Megatron-LM.

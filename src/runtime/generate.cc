@@ -7,8 +7,12 @@
 
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/rng.h"
 #include "runtime/engine.h"
+#ifdef MYRIAD_HAVE_CUDA
+#include "model/cuda/device.h"
+#endif
 
 namespace fs = std::filesystem;
 
@@ -20,6 +24,15 @@ LoadedModel load_for_inference(const std::string& path) {
   Config cfg = parse_config(meta.at("config").get<std::string>(), dir + "/meta.json");
   cfg.parallel = ParallelConfig{};  // sampling runs the whole model in this process, one row
   cfg.train.global_batch = cfg.train.micro_batch = 1;
+#ifdef MYRIAD_HAVE_CUDA
+  // Sampling has no device option: with train.device = auto, a model the CUDA kernels cannot
+  // run (an imported GPT-2 of head size 32, one trained on CPUs) runs on the CPU instead.
+  if (cfg.train.device == "auto" && cuda_available())
+    if (const std::string why = cuda_unsupported_model(cfg); !why.empty()) {
+      log::info("sample: the GPU cannot run this model (", why, "): sampling on the CPU");
+      cfg.train.device = "cpu";
+    }
+#endif
   std::unique_ptr<Engine> engine = make_engine(cfg);
   std::vector<checkpoint::Shard> shards;
   for (const ParamSpec& p : engine->layout().tensors()) {

@@ -7,10 +7,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "test_util.h"
@@ -102,6 +105,59 @@ TEST(HangReportCommand, ARunWithoutFlightRecordsIsAnInputError) {
   Result r = run(cat("hang-report ", rd.string()));
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("holds no flight records"), std::string::npos) << r.output;
+  fs::remove_all(rd);
+}
+
+// Flight records and heartbeats that are not what a rank writes (damaged, or another program's):
+// one line naming the file and the field, exit 2; never an internal error, never skipped.
+TEST(HangReportCommand, GarbageRecordsAreInputErrorsNamingTheFileAndField) {
+  const fs::path rd = fs::temp_directory_path() / cat("myriad_garbage_hang_", getpid());
+  // Rank 0 waits in dp0's all_reduce #1 for rank 1, which left no record.
+  const std::string waits = R"({"rank": 0, "step": 5, "phase": "backward", "groups": [{"group": "dp0", "members": [0, 1],
+      "records": [{"seq": 1, "match": 1, "op": "all_reduce", "bytes": 4, "state": "running"}]}]})";
+  struct Garbage {
+    const char* file;
+    std::string text;
+    const char* field;  // what the error names besides the file
+  };
+  const std::vector<Garbage> cases = {
+      {"flight_rank_0.json", "this is not JSON", "is not JSON"},
+      {"flight_rank_0.json", R"([1, 2, 3])", "the file must be an object"},
+      {"flight_rank_0.json", R"({"rank": "zero", "groups": []})", "rank must be a non-negative integer, got \"zero\""},
+      {"flight_rank_0.json", R"({"groups": []})", "rank is missing"},
+      {"flight_rank_0.json", R"({"rank": 0, "groups": 5})", "groups must be an array"},
+      {"flight_rank_0.json", R"({"rank": 0, "groups": [7]})", "groups[0] must be an object"},
+      {"flight_rank_0.json", R"({"rank": 0, "groups": [{"group": "dp0", "records": [{"seq": "x"}]}]})",
+       "groups[0].records[0].seq must be a non-negative integer"},
+      {"flight_rank_0.json", R"({"rank": 0, "groups": [{"group": "dp0", "members": ["a"], "records": []}]})",
+       "groups[0].members[0] must be a rank"},
+      {"heartbeat_rank_1", R"({"step": "five", "phase": "forward"})", "step must be an integer"},
+      {"heartbeat_rank_1", R"({"step": 5, "finished": {"group": "dp0", "op": "all_reduce", "match": -1}})",
+       "finished.match must be a non-negative integer"},
+  };
+  for (const Garbage& g : cases) {
+    fs::remove_all(rd);
+    fs::create_directories(rd / "driver");
+    if (std::string(g.file).rfind("heartbeat", 0) == 0) std::ofstream(rd / "driver" / "flight_rank_0.json") << waits;
+    std::ofstream(rd / "driver" / g.file) << g.text;
+    Result r = run(cat("hang-report ", rd.string()));
+    EXPECT_EQ(r.code, 2) << g.text << "\n" << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << "one line: " << r.output;
+    EXPECT_EQ(r.output.rfind(cat("myriad: input error: hang-report: ", (rd / "driver" / g.file).string()), 0), 0u)
+        << r.output;
+    EXPECT_NE(r.output.find(g.field), std::string::npos) << g.field << " in: " << r.output;
+  }
+  // The same records, well formed: the report names rank 1, with its last heartbeat.
+  fs::remove_all(rd);
+  fs::create_directories(rd / "driver");
+  std::ofstream(rd / "driver" / "flight_rank_0.json") << waits;
+  std::ofstream(rd / "driver" / "heartbeat_rank_1") << R"({"beat": 9, "step": 5, "phase": "forward",
+      "finished": {"group": "dp0", "op": "all_reduce", "seq": 0, "match": 0}})";
+  std::ofstream(rd / "driver" / "heartbeat_rank_1.tmp") << R"({"step": )";  // a beat being written
+  Result ok = run(cat("hang-report ", rd.string()));
+  EXPECT_EQ(ok.code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("hang report: rank 1 (it left no record"), std::string::npos) << ok.output;
+  EXPECT_NE(ok.output.find("step 5, phase forward"), std::string::npos) << ok.output;
   fs::remove_all(rd);
 }
 

@@ -151,6 +151,16 @@ TEST_F(Cli, SampleFromCheckpointIsDeterministic) {
   EXPECT_EQ(sample_text(a.output), sample_text(b.output));
   Result g = run(cat("sample --checkpoint ", rd.string(), " --prompt 'The ' --tokens 40 --seed 4"));
   EXPECT_NE(sample_text(a.output), sample_text(g.output)) << "different seeds, same sample";
+  // A temperature too small for a normal double (a denormal) is a number like any other: as
+  // good as greedy. One too large for a double is out of range, and the error says so.
+  Result greedy = run(cat("sample --checkpoint ", rd.string(), " --prompt 'The ' --tokens 40 --temperature 0"));
+  Result tiny = run(cat("sample --checkpoint ", rd.string(), " --prompt 'The ' --tokens 40 --temperature 1e-320"));
+  ASSERT_EQ(greedy.code, 0) << greedy.output;
+  ASSERT_EQ(tiny.code, 0) << tiny.output;
+  EXPECT_EQ(sample_text(tiny.output), sample_text(greedy.output));
+  Result huge = run(cat("sample --checkpoint ", rd.string(), " --prompt 'The ' --temperature 1e400"));
+  EXPECT_EQ(huge.code, 2) << huge.output;
+  EXPECT_NE(last_line(huge.output).find("--temperature is out of range, got '1e400'"), std::string::npos) << huge.output;
 }
 
 // Each bad input: exit code 2, one line naming the culprit.
@@ -249,5 +259,22 @@ TEST(Plan, PredictsSearchesAndRefusesBadInput) {
   Result missing = run(cat("plan --config ", MYRIAD_SOURCE_DIR, "/configs/gpt-175b.toml --gpus 8 --cluster /nonexistent.toml"));
   EXPECT_EQ(missing.code, 2) << missing.output;
   EXPECT_NE(missing.output.find("/nonexistent.toml"), std::string::npos) << missing.output;
+}
+
+// A layout that divides the GPUs but not the memory is as impossible as one that does not
+// divide: its prediction is shown, and the exit code says so. A key given twice is refused.
+TEST(Plan, ALayoutThatDoesNotFitAndARepeatedKeyAreInputErrors) {
+  const std::string base = cat("plan --config ", MYRIAD_SOURCE_DIR, "/configs/gpt-175b.toml --cluster ", MYRIAD_SOURCE_DIR,
+                               "/configs/clusters/a100-megascale.toml --batch 768 --gpus 256");
+  Result big = run(cat(base, " --layout tp=1,pp=1,mb=1"));
+  EXPECT_EQ(big.code, 2) << big.output;
+  EXPECT_NE(big.output.find("DOES NOT FIT"), std::string::npos) << big.output;
+  EXPECT_NE(big.output.find("\nmyriad: input error: plan: the layout does not fit: needs "), std::string::npos)
+      << big.output;
+  Result twice = run(cat(base, " --layout tp=8,tp=4,pp=8"));
+  EXPECT_EQ(twice.code, 2) << twice.output;
+  EXPECT_NE(twice.output.find("myriad: input error: plan: --layout 'tp=8,tp=4,pp=8' gives tp twice"), std::string::npos)
+      << twice.output;
+  EXPECT_EQ(twice.output.find("layout tp"), std::string::npos) << "no prediction for an ambiguous layout: " << twice.output;
 }
 }  // namespace

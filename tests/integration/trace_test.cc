@@ -11,10 +11,12 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string>
 #include <tuple>
 #include <vector>
 
 #include "core/error.h"
+#include "observe/trace.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -202,6 +204,130 @@ TEST(Report, TheSlowRankComesFirstAndThePicturesAreImages) {
   Result none = run(cat("report ", dir.string()));
   EXPECT_EQ(none.code, 2) << none.output;
   EXPECT_NE(none.output.find("holds no traced steps"), std::string::npos) << none.output;
+  fs::remove_all(dir);
+}
+
+// A shell command line (a pipeline, a `cd` first), run to its end: its stdout and stderr.
+Result shell(const std::string& command) {
+  Result r;
+  FILE* p = popen(cat("(", command, ") 2>&1").c_str(), "r");
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+std::string last_line(std::string s) {
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  return s.substr(s.rfind('\n') == std::string::npos ? 0 : s.rfind('\n') + 1);
+}
+
+// A rank's trace as observe/trace.cc writes one: its header, and one step's own time.
+const std::string kHeader = R"j({"rank": 0, "name": "rank 0 (node 0, tp 0, pp 0, dp 0)", "clock_offset_us": 0})j";
+std::string step_event(int step) {
+  return cat(R"({"ph": "X", "name": "step", "cat": "step", "ts": )", 1000 * step,
+             R"(, "dur": 900, "tid": 2, "pid": 0, "args": {"step": )", step, R"(, "own_ms": 0.9}})");
+}
+
+// Files under traces/ that are not a rank's trace (damaged, or another program's): `trace` and
+// `report` refuse them in one line naming the file, the line and the field, exit 2, rather than
+// passing them into the timeline (trace) or failing with a traceback (report). A line cut by a
+// crash is still passed over.
+TEST(Trace, GarbageTracesAreInputErrorsNamingTheFile) {
+  const fs::path dir = fs::temp_directory_path() / cat("myriad_trace_garbage_", getpid());
+  std::string other_pid = step_event(1);
+  other_pid.replace(other_pid.find("\"pid\": 0"), 8, "\"pid\": 7");
+  struct Case {
+    const char* name;
+    std::string text;
+    const char* what;
+  };
+  const std::vector<Case> cases = {
+      {"not_json", "hello\nworld\n", "line 1 is not a JSON object"},
+      {"no_header", step_event(1) + "\n", "line 1: an event before the file's header"},
+      {"bad_ts", kHeader + "\n" + R"({"ph": "X", "name": "step", "ts": "soon", "dur": 1, "tid": 2, "pid": 0})" + "\n",
+       "line 2: ts must be an integer (microseconds), got \"soon\""},
+      {"foreign_event", kHeader + "\n{\"foo\": 1}\n" + step_event(1) + "\n", "line 2: ph must be an event phase"},
+      {"other_pid", kHeader + "\n" + other_pid + "\n",
+       "line 2: pid must be the header's rank, 0, got 7"},
+      {"garbage_between_events", kHeader + "\n" + step_event(1) + "\n}}}\n" + step_event(2) + "\n",
+       "line 3 is not a JSON object"},
+      {"renamed", R"({"rank": 3, "name": "rank 3", "clock_offset_us": 0})" "\n" + step_event(1) + "\n",
+       "line 1: the header says rank 3"},
+  };
+  for (const Case& c : cases) {
+    const fs::path rd = dir / c.name, file = rd / "traces" / "rank_0.jsonl";
+    fs::create_directories(rd / "traces");
+    std::ofstream(file) << c.text;
+    for (const char* command : {"trace", "report"}) {
+      Result r = run(cat(command, " ", rd.string()));
+      EXPECT_EQ(r.code, 2) << c.name << ": " << command << "\n" << r.output;
+      const std::string line = last_line(r.output);
+      EXPECT_EQ(line.rfind(cat("myriad: input error: ", command, ": ", file.string()), 0), 0u) << c.name << ": " << r.output;
+      EXPECT_NE(line.find(c.what), std::string::npos) << c.name << ": " << command << ": " << c.what << " in: " << line;
+      EXPECT_EQ(r.output.find("Traceback"), std::string::npos) << r.output;
+    }
+    EXPECT_FALSE(fs::exists(rd / "traces" / "timeline.json")) << c.name;
+  }
+  // A line cut by a crash, then the next start's header (trace::open ends the cut line first):
+  // both steps are merged, and the report reads them.
+  const fs::path cut = dir / "cut";
+  fs::create_directories(cut / "traces");
+  std::ofstream(cut / "traces" / "rank_0.jsonl") << kHeader << "\n" << step_event(1) << "\n" << R"({"ph": "X", "na)";
+  myriad::trace::open((cut / "traces").string(), 0, "rank 0 (node 0, tp 0, pp 0, dp 0)", 1, 0);
+  myriad::trace::set_step(2);
+  myriad::trace::complete("step", "step", 2000, 2900, 2, {{"own_ms", 0.9}});
+  myriad::trace::close();
+  Result merged = run(cat("trace ", cut.string()));
+  ASSERT_EQ(merged.code, 0) << merged.output;
+  int steps = 0;
+  const nlohmann::json timeline = read_json(cut / "traces" / "timeline.json");
+  for (const nlohmann::json& e : timeline["traceEvents"]) steps += e["name"] == "step";
+  EXPECT_EQ(steps, 2);
+  Result rep = run(cat("report ", cut.string()));
+  EXPECT_EQ(rep.code, 0) << rep.output;
+  EXPECT_NE(rep.output.find("report: 1 ranks, steps 1..2"), std::string::npos) << rep.output;
+  // metrics.jsonl that is not Myriad's: the report names it and the line.
+  std::ofstream(cut / "metrics.jsonl") << R"({"step": 1, "loss": 2.5})" << "\nnot json\n" << R"({"step": 2, "loss": 2.4})" << "\n";
+  Result bad = run(cat("report ", cut.string()));
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_EQ(last_line(bad.output).rfind(cat("myriad: input error: report: ", (cut / "metrics.jsonl").string(), ", line 2"), 0),
+            0u) << bad.output;
+  fs::remove_all(dir);
+}
+
+// An installed myriad (`cmake --install BUILD --prefix P`, which `make install PREFIX=P` runs):
+// P/bin/myriad beside P/share/myriad/{tools,configs}. It finds its report tool relative to
+// itself, run from another directory, with neither MYRIAD_TOOLS nor a source tree around it.
+TEST(Install, AnInstalledMyriadReportsFromAnywhere) {
+  const fs::path dir = fs::temp_directory_path() / cat("myriad_install_", getpid());
+  const fs::path prefix = dir / "prefix", elsewhere = dir / "elsewhere", rd = dir / "run";
+  const std::string data = corpus_in(dir);
+  fs::create_directories(elsewhere);
+  Result inst = shell(cat("cmake --install ", MYRIAD_BINARY_DIR, " --prefix ", prefix.string()));
+  ASSERT_EQ(inst.code, 0) << inst.output;
+  const fs::path myriad = prefix / "bin" / "myriad";
+  ASSERT_TRUE(fs::exists(myriad)) << inst.output;
+  for (const char* f : {"tools/report.py", "configs/demo.toml", "configs/gpt2-124m.toml", "configs/clusters/h200.toml"})
+    EXPECT_TRUE(fs::exists(prefix / "share" / "myriad" / f)) << f << "\n" << inst.output;
+  // A small traced run, by the installed myriad from its installed preset.
+  const std::string env = cat("cd ", elsewhere.string(), " && env -u MYRIAD_TOOLS -u MYRIAD_RDZV -u MYRIAD_JOB ",
+                              "-u MYRIAD_INJECT_FAULT OMP_NUM_THREADS=1 ", myriad.string());
+  Result train = shell(cat(env, " train --config ", (prefix / "share/myriad/configs/demo.toml").string(), " --run-dir ",
+                           rd.string(), " --set model.layers=1 --set model.d_model=32 --set model.seq_len=16",
+                           " --set train.steps=3 --set train.eval_every=0 --set data.train=", data,
+                           " --set data.valid= --set observe.trace=true"));
+  ASSERT_EQ(train.code, 0) << train.output;
+  Result rep = shell(cat(env, " report ", rd.string()));
+  ASSERT_EQ(rep.code, 0) << rep.output;
+  EXPECT_NE(rep.output.find("report: 1 ranks, steps "), std::string::npos) << rep.output;
+  EXPECT_TRUE(fs::exists(rd / "report" / "index.html"));
+  // It was the installed tool: without it the installed myriad says where it looked.
+  fs::remove_all(prefix / "share" / "myriad" / "tools");
+  Result gone = shell(cat(env, " report ", rd.string()));
+  EXPECT_EQ(gone.code, 2) << gone.output;
+  EXPECT_NE(gone.output.find("is not there"), std::string::npos) << gone.output;
   fs::remove_all(dir);
 }
 

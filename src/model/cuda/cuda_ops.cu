@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -44,12 +45,16 @@ void check_cuda_config(const Config& cfg) {
   if (lt / 10000 < CUBLAS_VER_MAJOR)
     throw_runtime("cuBLASLt ", lt, " is older than the ", CUBLAS_VER_MAJOR,
                   ".x Myriad was built with: put a matching libcublasLt on LD_LIBRARY_PATH");
+  if (const std::string why = cuda_unsupported_model(cfg); !why.empty())
+    throw_input("config: ", why, "; use train.device = cpu");
+}
+
+std::string cuda_unsupported_model(const Config& cfg) {
   const int64_t D = cfg.model.d_model / cfg.model.heads;
   if (D != 64 && D != 80 && D != 128)
-    throw_input("config: head size model.d_model / model.heads = ", D,
-                " is not supported by the CUDA attention (64, 80 or 128); use train.device = cpu");
-  if (cfg.model.d_model % 8 != 0)
-    throw_input("config: model.d_model must be a multiple of 8 on CUDA, got ", cfg.model.d_model);
+    return cat("head size model.d_model / model.heads = ", D, " is not supported by the CUDA attention (64, 80 or 128)");
+  if (cfg.model.d_model % 8 != 0) return cat("model.d_model must be a multiple of 8 on CUDA, got ", cfg.model.d_model);
+  return "";
 }
 
 }  // namespace myriad
@@ -69,6 +74,7 @@ struct CudaOps::State {
   int marks = 0;                    // of them in use
   std::string attention = "auto";   // train.attention
   std::map<std::tuple<int, int, int, int, int>, bool> cudnn_takes;  // per shape (B,T,H,D,window)
+  std::set<std::tuple<int, int, int>> fallback_logged;               // (H,D,window) said to use Myriad's
   // The op profile (MYRIAD_OP_PROFILE=FILE; off otherwise): a pair of events around each op of
   // the step, [begin, end] at 2i and 2i+1, resolved when the next step clears its marks.
   struct Profile {
@@ -668,7 +674,10 @@ static bool use_cudnn(CudaOps::State& st, int B, int T, int H, int D, int window
   if (!ok && st.attention == "cudnn")
     throw_input("train.attention = \"cudnn\" but cuDNN's fused attention cannot take B ", B, " T ", T, " H ", H,
                 " D ", D, " window ", window, ": ", why, "; use train.attention = \"auto\" or \"myriad\"");
-  if (!ok) log::info("attention: Myriad's kernel for B ", B, " T ", T, " H ", H, " D ", D, " (cuDNN: ", why, ")");
+  // Once per head shape: sampling grows T by one a token, and each new T is a new shape.
+  if (!ok && st.fallback_logged.insert({H, D, window}).second)
+    log::info("attention: Myriad's kernel for B ", B, " T ", T, " H ", H, " D ", D, " (cuDNN: ", why,
+              "); further shapes of H ", H, " D ", D, " that cuDNN refuses are not logged");
   return st.cudnn_takes[key] = ok;
 }
 

@@ -2,6 +2,8 @@
 // can run on it.
 #pragma once
 
+#include <string>
+
 #include "core/config.h"
 
 namespace myriad {
@@ -13,6 +15,8 @@ void cuda_use_device(int index);
 // Before the engine is built: the driver and cuBLASLt are new enough (a runtime fault naming
 // what to update otherwise), and the model fits the CUDA kernels (an input error naming the key).
 void check_cuda_config(const Config& cfg);
+// Why the CUDA kernels cannot run this model (its head size, its width), or "" when they can.
+std::string cuda_unsupported_model(const Config& cfg);
 
 // A node's self-check of GPU `index` (myriad self-check): a GEMM through the training kernels
 // (cuBLASLt: bf16 operands, fp32 accumulation) on small-integer operands, so that every element

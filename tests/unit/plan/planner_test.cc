@@ -160,6 +160,8 @@ TEST(Planner, RecomputeCostsWhatItRepeats) {
 TEST(Planner, BadInputNamesWhatIsWrong) {
   const std::string msg = test::input_error([] { plan::parse_layout("tp=8,pp=x"); });
   EXPECT_NE(msg.find("pp=x"), std::string::npos) << msg;
+  // A key given twice is ambiguous, not "the last one wins".
+  EXPECT_NE(test::input_error([] { plan::parse_layout("tp=8,tp=4"); }).find("gives tp twice"), std::string::npos);
   EXPECT_NE(test::input_error([] { plan::parse_features("fast"); }).find("'fast'"), std::string::npos);
   const fs::path bad = fs::temp_directory_path() / cat("myriad_cluster_", getpid(), ".toml");
   std::ofstream(bad) << "[gpu]\npeak_tflops = 312\n";
