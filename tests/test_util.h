@@ -111,6 +111,7 @@ class Proc {
     return code_;
   }
   void kill(int sig) { ::kill(pid_, sig); }
+  pid_t pid() const { return pid_; }  // myriad's own (the shell execs it)
   std::string output() const {
     std::ifstream in(out_);
     std::stringstream s;

@@ -28,8 +28,10 @@
 #include "core/error.h"
 #include "core/fault.h"
 #include "core/log.h"
+#include "core/preemption.h"
 #include "data/shared_batch.h"
 #include "core/config.h"
+#include "core/dir_lock.h"
 #include "driver/hang_report.h"
 #include "driver/job_board.h"
 #include "driver/launcher.h"
@@ -275,7 +277,7 @@ struct HangWatch {
       verdict = cat("hang: no rank of this node completed a step for ", static_cast<int>(now - ranks[0].step_at),
                     " s (allowance ", ranks[0].allowance, " s, after step ", ranks[0].step, ", ", ranks[0].phase,
                     "); all stopped", holdup ? "; " + holdup->detail : std::string("; no single rank holds it up"));
-      launcher.stop(SIGTERM);
+      launcher.stop(driver::kStopSignal);
     }
   }
   // Against the own step times of this node's ranks, or of `population` (every rank of the job:
@@ -463,7 +465,7 @@ struct JobWatch {
   // last collective started and finished, each group's progress).
   nlohmann::json state(const char* status) const {
     return {{"host", host_name()}, {"name", name}, {"node", plan.node_rank}, {"pid", ::getpid()}, {"attempt", attempt},
-            {"status", status}, {"workers", hangs.workers()}, {"errors", errors}};
+            {"status", status}, {"run_dir", std::filesystem::absolute(plan.run_dir).string()}, {"workers", hangs.workers()}, {"errors", errors}};
   }
   void beat(const char* status, double ttl) { board.beat(cat("node", plan.node_rank), state(status), ttl); }
   // A heartbeat's life: 5 beats (the agent's loop turns about once a second, whatever is asked).
@@ -487,7 +489,7 @@ struct JobWatch {
         remote = *stop;
         // A hung job: this node's ranks write their flight records too, for `myriad hang-report`.
         if (stop->value("detail", "").rfind("hang:", 0) == 0) hangs.request_flight_records();
-        launcher.stop(SIGTERM);
+        launcher.stop(driver::kStopSignal);
         return;
       }
       // Lost: seen beating this attempt, then not for 5 beats (its key expires after 5; a store
@@ -506,7 +508,7 @@ struct JobWatch {
                                  {"detail", "lost: its agent's heartbeat stopped"}};
           lost.update(job_state);
           remote = board.stop(attempt, lost);
-          launcher.stop(SIGTERM);
+          launcher.stop(driver::kStopSignal);
           return;
         }
       }
@@ -550,9 +552,7 @@ nlohmann::json self_check(driver::Launcher& launcher, const driver::LaunchPlan& 
   driver::WorkerSpec spec;
   spec.rank = -1, spec.local_rank = 0;
   spec.exe = "/proc/self/exe";
-  const std::string dir = cfg && !cfg->checkpoint.dir.empty()
-                              ? cfg->checkpoint.dir
-                              : (std::filesystem::path(plan.run_dir) / "checkpoints").string();
+  const std::string dir = (cfg ? *cfg : Config{}).checkpoint_root(plan.run_dir);
   spec.argv = {self_path(), "self-check", "--checkpoint-dir", dir, "--ranks", std::to_string(plan.nproc_per_node),
                "--min-bus-gbps", cat(cfg ? cfg->fault.diag_min_bus_gbps : FaultConfig{}.diag_min_bus_gbps),
                "--device", cfg ? cfg->train.device : "auto"};
@@ -567,7 +567,7 @@ nlohmann::json self_check(driver::Launcher& launcher, const driver::LaunchPlan& 
     beat("checking");
     if (!late && comm::steady_now_s() > until) late = true, launcher.stop(SIGKILL), launcher.stop(SIGKILL);
   });
-  if (r.signal != 0) throw Interrupted{r.signal};
+  if (r.signal != 0 || r.preempted) throw Interrupted{r.signal != 0 ? r.signal : SIGTERM};
   const bool ok = r.ok() && last_line.rfind("self-check ok", 0) == 0;
   const std::string detail = late ? cat("no result within ", kLimit_s, " s")
                              : !last_line.empty() ? last_line
@@ -784,6 +784,14 @@ int cmd_launch(int argc, char** argv) {
   if (spare && plan.default_store)
     throw_input("launch: --spare needs the job's store (--rdzv URL), shared with the nodes it may replace");
   const bool temporary_run_dir = plan.run_dir.empty();
+  // One run per directory (core/dir_lock.h): node 0's launcher holds the run's lock across its
+  // restarts, and its workers do not take it. Taken before the run directory is touched (its own
+  // store is emptied next).
+  std::vector<std::unique_ptr<DirLock>> locks;
+  if (!spare && plan.node_rank == 0 && !temporary_run_dir) {
+    const std::optional<Config> cfg = worker_config(plan.command);
+    locks = lock_run(plan.run_dir, (cfg ? *cfg : Config{}).checkpoint_root(plan.run_dir));
+  }
   driver::prepare_run_dir(plan);
   const bool supervised = max_restarts > 0;
   const std::optional<Config> worker_cfg = worker_config(plan.command);
@@ -821,6 +829,11 @@ int cmd_launch(int argc, char** argv) {
     hang_watch->request_flight_records(failure.rank);
     hang_watch->report();
   };
+  // A preemption: the workers get the trainer's own grace (fault.preempt_grace_s) and 5 s more
+  // before SIGKILL, and the config's extra preemption signal is caught here too (its default
+  // action would end the launcher, and with it every worker, before any saved).
+  options.preempt_grace_s = fault.preempt_grace_s + 5;
+  options.preempt_signal = preemption::signal_number(fault.preempt_signal);
   driver::Launcher launcher(options);
   // The job's board: one connection patient with a store that restarts (stop and check, the
   // spare's wait), one that is not (the ticks of a running attempt, which must not block).
@@ -836,6 +849,39 @@ int cmd_launch(int argc, char** argv) {
     if (const std::optional<std::string> why = board->blocked(node_name))
       throw_input("launch: '", node_name, "' is on job ", plan.job, "'s block list (", *why,
                   "): once it is repaired, start it under another --node-name, or run a new --job");
+  // A live job under this name: this node rank's agent beat within its last 5 beats (its key
+  // expires then) and has not ended. Taking its place would drop its attempt's store keys and
+  // tie the two jobs' faults together, so the launch is refused before it claims an attempt.
+  // Spares and the other node ranks of that job join it as before.
+  std::optional<driver::JobBoard> probe;  // an unsupervised launch reads the board only here
+  if (!spare && !plan.default_store)
+    if (const std::optional<nlohmann::json> hb =
+            (board ? *board : probe.emplace(plan.rdzv, 30)).heartbeat(cat("node", plan.node_rank));
+        hb && hb->value("status", "") != "done" && hb->value("status", "") != "ended")
+      throw_input("launch: job ", plan.job, " is running: node ", plan.node_rank, "'s agent (host ",
+                  hb->value("host", "?"), ", pid ", hb->value("pid", 0), ", run directory ", hb->value("run_dir", "?"),
+                  ") beat within its last 5 beats; wait for it to end, stop it, or give this run another --job or --rdzv "
+                  "job name");
+  // Whatever ends this launch, its agent says so at once, so that a relaunch under the same
+  // name need not wait for its heartbeat to expire.
+  struct EndBeat {
+    driver::JobBoard* board = nullptr;
+    std::string key;
+    nlohmann::json state;
+    double ttl_s = 5;  // as a live agent's: peers still judge its node lost after 5 beats
+    ~EndBeat() {
+      if (!board) return;
+      try {
+        board->beat(key, state, ttl_s);
+      } catch (const std::exception&) {  // the store gone: the key expires by itself
+      }
+    }
+  } end_beat;
+  if (board && !spare)
+    end_beat = {board.get(), cat("node", plan.node_rank),
+                {{"host", host_name()}, {"name", node_name}, {"node", plan.node_rank}, {"pid", ::getpid()},
+                 {"status", "ended"}, {"run_dir", std::filesystem::absolute(plan.run_dir).string()}},
+                5 * std::max(1.0, fault.heartbeat_s)};
   // The attempt a supervised restart starts, decided by the job's agents (nullopt: count arrivals).
   std::optional<int64_t> next_attempt;
   // What the job carries from attempt to attempt, in every stop record (so that every agent,
@@ -959,7 +1005,7 @@ int cmd_launch(int argc, char** argv) {
         events->write("diagnose", s.rank, "", s.detail);
         if (fault.evict_stragglers && board && !straggler) {  // its node leaves the job
           straggler = s;
-          launcher.stop(SIGTERM);
+          launcher.stop(driver::kStopSignal);
         }
       }
       hangs.reports.clear();
@@ -970,11 +1016,13 @@ int cmd_launch(int argc, char** argv) {
     // What the workers of this node left in shared memory (a killed reader never unlinks).
     if (int n = data::remove_node_segments(plan.job, plan.rdzv, plan.attempt, plan.node_rank); n > 0)
       log::info("launch: removed ", n, " shared-memory segment(s) the workers left");
+    if (r.preempted) break;  // the batch system takes the nodes back: no restart
     const bool local = r.failure || !hangs.verdict.empty() || straggler;
     if (!local && !(job && job->remote)) {
       if (job && r.ok()) {  // finished, not lost (best effort: the job is done either way)
         try {
           job->beat("done", 3600);
+          end_beat.board = nullptr;  // "done" stands for an hour: the peers must not think it lost
           board->end({{"attempt", attempt}, {"status", "done"}});
         } catch (const Error&) {
         }
@@ -1071,7 +1119,8 @@ int cmd_launch(int argc, char** argv) {
       } catch (const Interrupted& i) {
         std::fprintf(stderr, "myriad: launch: %s received during stop and check; logs in %s\n",
                      driver::signal_name(i.signal).c_str(), plan.log_dir.c_str());
-        return exit_code(ErrorClass::kRuntime);
+        // A preemption between attempts: the workers are stopped, the last checkpoint stands.
+        return exit_code(i.signal == driver::kStopSignal ? ErrorClass::kRuntime : ErrorClass::kPreempted);
       }
       if (out && out->finished) {
         log::info("launch: ", out->why);
@@ -1097,6 +1146,30 @@ int cmd_launch(int argc, char** argv) {
                     cat("the loss fault at step ", skipped.back(), " recurred on the replay: the data, not a "
                         "machine; the next attempt skips that step's batch (train.skip_steps)"), cause_node);
     }
+  }
+  if (r.preempted) {
+    if (board) {
+      try {
+        board->end({{"attempt", std::stoll(plan.attempt)}, {"status", "preempted"}});
+      } catch (const Error&) {  // the spares then leave when their wait ends
+      }
+    }
+    // Trainers answer a preemption by saving and exiting preempted; anything else (a worker that
+    // does not save, one killed after the grace period) ended without a save of its own.
+    const auto unsaved = std::find_if(r.exits.begin(), r.exits.end(), [](const driver::WorkerExit& x) {
+      return !x.ok() && x.error_class() != ErrorClass::kPreempted;
+    });
+    const std::string by = r.signal != 0 ? cat(" (", driver::signal_name(r.signal), ")") : "";
+    if (r.failure)
+      std::fprintf(stderr, "myriad: launch: preempted%s, and rank %d %s; logs in %s\n", by.c_str(), r.failure->rank,
+                   r.failure->describe().c_str(), plan.log_dir.c_str());
+    else if (unsaved != r.exits.end())
+      std::fprintf(stderr, "myriad: launch: preempted%s: rank %d %s without saving; logs in %s\n", by.c_str(),
+                   unsaved->rank, unsaved->describe().c_str(), plan.log_dir.c_str());
+    else
+      std::fprintf(stderr, "myriad: launch: preempted%s: the workers saved and stopped; launch again with --resume "
+                   "auto to continue from that checkpoint; logs in %s\n", by.c_str(), plan.log_dir.c_str());
+    return r.exit_code();
   }
   if (!failed.empty() && (r.failure || r.signal == 0)) {
     std::fprintf(stderr, "myriad: launch: %s; logs in %s\n", failed.c_str(), plan.log_dir.c_str());

@@ -19,9 +19,11 @@
 #include "checkpoint/hf.h"
 #include "cli/args.h"
 #include "core/config.h"
+#include "core/dir_lock.h"
 #include "core/error.h"
 #include "core/fault.h"
 #include "core/log.h"
+#include "core/preemption.h"
 #include "core/text.h"
 #include "data/prepare.h"
 #include "data/tokenizer.h"
@@ -58,7 +60,7 @@ usage:
   myriad hang-report RUN_DIR
   myriad trace RUN_DIR [--steps A:B] [--output FILE]
   myriad report RUN_DIR
-  myriad export  --checkpoint DIR --format hf --output OUT
+  myriad export  --checkpoint DIR --format hf --output OUT [--overwrite]
   myriad import  --hf DIR --output CKPT
   myriad verify  CHECKPOINT
   myriad plan    --config MODEL.toml --gpus N --cluster CLUSTER.toml [--batch G] [--layout tp=8,pp=8,v=6,mb=1]
@@ -66,7 +68,8 @@ usage:
   myriad help
 
 exit codes: 0 success, 1 internal error, 2 bad input or config (do not retry),
-            3 runtime fault (retry), 4 communication fault, 5 numerics fault
+            3 runtime fault (retry), 4 communication fault, 5 numerics fault,
+            6 preempted (SIGTERM: saved, resume with --resume auto)
 )";
 
 int cmd_train(int argc, char** argv) {
@@ -77,9 +80,14 @@ int cmd_train(int argc, char** argv) {
   std::string run_dir = args.get("run-dir");
   if (run_dir.empty()) run_dir = (fs::path("runs") / fs::path(args.get("config")).stem()).string();
   log::info("run directory: ", run_dir);
+  // One run per directory (core/dir_lock.h); under myriad launch the launcher holds the lock.
+  std::vector<std::unique_ptr<DirLock>> locks;
+  if (!std::getenv("MYRIAD_RANK")) locks = lock_run(run_dir, cfg.checkpoint_root(run_dir));
+  // From here on, SIGTERM (and fault.preempt_signal) saves before the process ends.
+  preemption::install(preemption::signal_number(cfg.fault.preempt_signal), cfg.fault.preempt_grace_s);
   Trainer trainer(cfg, run_dir);
   try {
-    trainer.run();
+    if (trainer.run() == Trainer::End::kPreempted) return exit_code(ErrorClass::kPreempted);
   } catch (const Error& e) {
     // A worker that fails exits at once, before the Trainer's teardown: its peers, blocked on
     // it, fail with a communication fault as soon as its sockets close, and a slow teardown
@@ -119,14 +127,17 @@ int cmd_trace(int argc, char** argv) {
 // RUN_DIR/report/{heatmap.png, curves.png, index.html}.
 int cmd_report(int argc, char** argv) {
   if (argc != 1) throw_input("usage: myriad report RUN_DIR");
-  // The script beside the build: <source>/build/myriad -> <source>/tools/report.py.
+  // The script relative to this binary, wherever it was copied with its tree: an installed one
+  // (<prefix>/bin/myriad -> <prefix>/share/myriad/tools/report.py, `cmake --install`), else a
+  // source tree's build (<source>/build/myriad -> <source>/tools/report.py). MYRIAD_TOOLS wins.
   std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  fs::path script = exe.parent_path().parent_path() / "tools" / "report.py";
-  if (const char* t = std::getenv("MYRIAD_TOOLS")) script = fs::path(t) / "report.py";
+  const fs::path root = fs::read_symlink("/proc/self/exe", ec).parent_path().parent_path();
+  fs::path script = root / "share" / "myriad" / "tools" / "report.py";
+  if (!fs::exists(script)) script = root / "tools" / "report.py";
+  if (const char* t = std::getenv("MYRIAD_TOOLS"); t && *t) script = fs::path(t) / "report.py";
   if (!fs::exists(script))
-    throw_input("report: ", script.string(), " is not there: run the myriad of a source tree's build, or set "
-                "MYRIAD_TOOLS to the tools/ folder");
+    throw_input("report: ", script.string(), " is not there: install myriad (make install PREFIX=DIR), run the "
+                "myriad of a source tree's build, or set MYRIAD_TOOLS to the tools/ folder");
   std::fflush(stdout);
   const pid_t pid = ::fork();
   if (pid == 0) {
@@ -156,6 +167,10 @@ int cmd_prepare(int argc, char** argv) {
   data::PrepareStats st = data::prepare(opt);
   for (const auto& split : st.splits)
     log::info("prepare: ", split.prefix, ": ", split.documents, " documents, ", split.tokens, " tokens");
+  if (st.splits.size() == 2)  // the fraction asked for is seldom a whole number of documents
+    log::info("prepare: ", st.splits[1].documents, " of ", st.documents, " documents to validation (",
+              double(st.splits[1].documents) / double(st.documents), "): --valid-fraction ", opt.valid_fraction,
+              " rounded to the nearest whole number of documents");
   log::info("prepare: ", st.input_bytes, " input bytes in ", st.seconds, " s (", st.skipped,
             " empty documents skipped)");
   return 0;
@@ -191,19 +206,18 @@ int cmd_sample(int argc, char** argv) {
 
 // A checkpoint's model as a Hugging Face GPT-2 directory (checkpoint/hf.h).
 int cmd_export(int argc, char** argv) {
-  cli::Args args("export", argc, argv, {"checkpoint", "format", "output"});
+  cli::Args args("export", argc, argv, {"checkpoint", "format", "output"}, {"overwrite"});
   if (const std::string f = args.get("format", "hf"); f != "hf")
     throw_input("export: --format ", f, " is not known: the one format is hf (Hugging Face GPT-2, safetensors)");
-  checkpoint::export_hf(checkpoint::resolve(args.required("checkpoint")), args.required("output"));
+  checkpoint::export_hf(checkpoint::resolve(args.required("checkpoint")), args.required("output"), args.has("overwrite"));
   return 0;
 }
 
 // A Hugging Face GPT-2 directory as a committed checkpoint of step 0.
 int cmd_import(int argc, char** argv) {
   cli::Args args("import", argc, argv, {"hf", "output"});
-  const std::string out = args.required("output");
-  if (fs::exists(out)) throw_input("import: --output ", out, " exists: give a new directory");
-  checkpoint::import_hf(args.required("hf"), out);
+  // import_hf refuses an --output that exists, judged on the path it will write.
+  checkpoint::import_hf(args.required("hf"), args.required("output"));
   return 0;
 }
 
@@ -240,7 +254,12 @@ int cmd_plan(int argc, char** argv) {
   const plan::Layout layout = plan::parse_layout(args.get("layout", "tp=1,pp=1"));
   const plan::Prediction p = plan::predict(cfg.model, batch, gpus, cluster, layout, features);
   std::fputs(plan::describe(p, layout).c_str(), stdout);
+  std::fflush(stdout);  // the prediction before the error, also through a pipe
   if (!p.fits && p.microbatches == 0) throw_input("plan: ", p.why_not);
+  // A layout that does not fit in memory is as impossible as one that does not divide: its
+  // prediction is printed for what it shows, and the exit code lets a script tell.
+  if (!p.fits)
+    throw_input("plan: the layout does not fit: ", p.why_not, "; try --search, a larger tp or pp, or recompute=full");
   return 0;
 }
 

@@ -3,6 +3,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -248,6 +249,9 @@ void Config::validate() const {
   if (!(fault.heartbeat_s >= 0.1 && fault.heartbeat_s <= 60))
     throw_input("config: fault.heartbeat_s (", fault.heartbeat_s, ") must be 0.1..60 seconds");
   non_negative("fault.diag_min_bus_gbps", fault.diag_min_bus_gbps);
+  if (!(fault.preempt_grace_s >= 1 && fault.preempt_grace_s <= 86400))
+    throw_input("config: fault.preempt_grace_s (", fault.preempt_grace_s, ") must be 1..86400 seconds");
+  require_one_of("fault.preempt_signal", fault.preempt_signal, {"", "SIGUSR2", "SIGHUP", "SIGQUIT", "SIGXCPU"});
   if (observe.trace_every < 1) throw_input("config: observe.trace_every (", observe.trace_every, ") must be at least 1");
   if (fault.evict_after < 1) throw_input("config: fault.evict_after (", fault.evict_after, ") must be at least 1");
   if (fault.spike_factor > 0 && fault.spike_factor <= 1)
@@ -333,6 +337,10 @@ std::string to_toml(const Config& c) {
   std::ostringstream os;
   os << root << "\n";
   return os.str();
+}
+
+std::string Config::checkpoint_root(const std::string& run_dir) const {
+  return checkpoint.dir.empty() ? (std::filesystem::path(run_dir) / "checkpoints").string() : checkpoint.dir;
 }
 
 }  // namespace myriad

@@ -95,6 +95,8 @@ struct FaultConfig {
   std::string evict_command;        // run for an evicted node ({host}, {node} replaced); empty = none
   bool evict_stragglers = false;    // a node with a straggler is evicted (else they are reported)
   double diag_min_bus_gbps = 0.02;  // the self-check's all-reduce among the node's processes must reach this
+  double preempt_grace_s = 25;      // from a preemption signal to the process's exit, the save included
+  std::string preempt_signal;       // a signal besides SIGTERM that preempts (SIGUSR2, SIGHUP, ...); "" = none
 };
 
 struct ObserveConfig {
@@ -201,6 +203,8 @@ struct Config {
     f("fault", "evict_command", fault.evict_command);
     f("fault", "evict_stragglers", fault.evict_stragglers);
     f("fault", "diag_min_bus_gbps", fault.diag_min_bus_gbps);
+    f("fault", "preempt_grace_s", fault.preempt_grace_s);
+    f("fault", "preempt_signal", fault.preempt_signal);
     f("observe", "tensorboard", observe.tensorboard);
     f("observe", "trace", observe.trace);
     f("observe", "trace_every", observe.trace_every);
@@ -214,6 +218,8 @@ struct Config {
   int64_t padded_vocab() const { return myriad::padded_vocab(model.vocab_size, parallel.tp); }
   // Rows of the position table: model.positions, or seq_len when 0.
   int64_t positions() const { return model.positions > 0 ? model.positions : model.seq_len; }
+  // Where a run in `run_dir` keeps its checkpoints: checkpoint.dir, or RUN_DIR/checkpoints.
+  std::string checkpoint_root(const std::string& run_dir) const;
   // Micro-batches per step on each of `dp` data-parallel ranks: global_batch / (micro_batch x
   // dp). Throws an input error naming the keys and the nearest valid global_batch unless the
   // split is exact, leaves at least one micro-batch, and suits the pipeline schedule (the

@@ -17,6 +17,7 @@ enum class ErrorClass : int {
   kRuntime = 3,    // I/O failure, out of memory, killed worker: retry (from the last checkpoint)
   kComm = 4,       // lost peer, collective timeout: retry, maybe without the named node
   kNumerics = 5,   // loss or gradients not finite: retry from an earlier checkpoint
+  kPreempted = 6,  // stopped by a signal from outside (SIGTERM) after saving: resume, not a fault
 };
 
 // Process exit code of each class (the README's table); 0 is success.

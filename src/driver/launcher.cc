@@ -130,7 +130,7 @@ std::string without_password(const std::string& url) {
 
 ErrorClass WorkerExit::error_class() const {
   if (signal != 0) return ErrorClass::kRuntime;
-  if (code >= 1 && code <= 5) return static_cast<ErrorClass>(code);
+  if (code >= 1 && code <= 6) return static_cast<ErrorClass>(code);
   return ErrorClass::kInternal;
 }
 
@@ -143,6 +143,7 @@ std::string WorkerExit::describe() const {
 
 int RunResult::exit_code() const {
   if (failure) return ::myriad::exit_code(failure->error_class());
+  if (preempted) return ::myriad::exit_code(ErrorClass::kPreempted);
   if (signal != 0) return ::myriad::exit_code(ErrorClass::kRuntime);
   return 0;
 }
@@ -171,6 +172,7 @@ Launcher::Launcher(Options options) : options_(options) {
   sa.sa_flags = SA_RESTART;
   ::sigaction(SIGINT, &sa, &old_int_);
   ::sigaction(SIGTERM, &sa, &old_term_);
+  if (options_.preempt_signal > 0) ::sigaction(options_.preempt_signal, &sa, &old_preempt_);
   sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
   ::sigaction(SIGCHLD, &sa, &old_chld_);
   struct sigaction ign {};
@@ -182,7 +184,7 @@ Launcher::Launcher(Options options) : options_(options) {
 Launcher::~Launcher() {
   try {
     if (running() > 0) {
-      stop(SIGTERM);
+      stop(kStopSignal);
       while (running() > 0) wait(0.5);
     }
   } catch (...) {
@@ -194,6 +196,7 @@ Launcher::~Launcher() {
   }
   ::sigaction(SIGINT, &old_int_, nullptr);
   ::sigaction(SIGTERM, &old_term_, nullptr);
+  if (options_.preempt_signal > 0) ::sigaction(options_.preempt_signal, &old_preempt_, nullptr);
   ::sigaction(SIGCHLD, &old_chld_, nullptr);
   ::sigaction(SIGPIPE, &old_pipe_, nullptr);
   g_signal_pipe = -1;
@@ -253,6 +256,8 @@ int Launcher::spawn(const WorkerSpec& spec) {
   sigset_t caught, before;
   sigemptyset(&caught);
   for (int sig : kCaught) sigaddset(&caught, sig);
+  const int preempt_signal = options_.preempt_signal;
+  if (preempt_signal > 0) sigaddset(&caught, preempt_signal);
   ::pthread_sigmask(SIG_BLOCK, &caught, &before);
   const pid_t pid = ::fork();
   if (pid != 0) ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
@@ -275,7 +280,8 @@ int Launcher::spawn(const WorkerSpec& spec) {
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
     sigemptyset(&dfl.sa_mask);
-    for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGCHLD}) ::sigaction(sig, &dfl, nullptr);
+    for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGCHLD, preempt_signal})
+      if (sig > 0) ::sigaction(sig, &dfl, nullptr);
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -387,7 +393,8 @@ void Launcher::read_signals(std::vector<Event>& events) {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return;
     for (ssize_t i = 0; i < n; ++i)
-      if (buf[i] == SIGINT || buf[i] == SIGTERM) {  // SIGCHLD only wakes us: reap() looks at all
+      if (buf[i] == SIGINT || buf[i] == SIGTERM || (options_.preempt_signal > 0 && buf[i] == options_.preempt_signal)) {
+        // (SIGCHLD only wakes us: reap() looks at all)
         Event e;
         e.kind = Event::Kind::kSignal;
         e.signal = buf[i];
@@ -446,9 +453,10 @@ void Launcher::signal_running(int sig) {
   }
 }
 
-void Launcher::stop(int sig) {
+void Launcher::stop(int sig, double grace_s) {
   if (!stopping()) {
     stop_started_ = now_s();
+    stop_grace_s_ = grace_s >= 0 ? grace_s : options_.grace_s;
     killed_ = false;
     signal_running(sig);
   } else if (!killed_) {
@@ -465,7 +473,7 @@ std::vector<Launcher::Event> Launcher::wait(double timeout_s) {
   for (;;) {
     // Sleep until output, a signal (SIGCHLD included), the end of a grace period or the deadline.
     double now = now_s(), until = deadline;
-    if (stopping() && !killed_) until = std::min(until, stop_started_ + options_.grace_s);
+    if (stopping() && !killed_) until = std::min(until, stop_started_ + stop_grace_s_);
     fds.clear();
     owners.clear();
     fds.push_back({signal_pipe_[0], POLLIN, 0});
@@ -485,9 +493,9 @@ std::vector<Launcher::Event> Launcher::wait(double timeout_s) {
     read_signals(events);
     reap(events);
     now = now_s();
-    if (stopping() && !killed_ && now >= stop_started_ + options_.grace_s) {
+    if (stopping() && !killed_ && now >= stop_started_ + stop_grace_s_) {
       killed_ = true;
-      log::warn("launch: ", running(), " worker(s) still running ", options_.grace_s,
+      log::warn("launch: ", running(), " worker(s) still running ", stop_grace_s_,
                 " s after the stop signal: SIGKILL");
       signal_running(SIGKILL);
     }
@@ -508,13 +516,29 @@ RunResult Launcher::run(const std::function<void()>& tick) {
     if (running() == 0) return;
     log::warn("launch: rank ", x.rank, " ", x.describe(), ": stopping the other ", running(), " worker(s)");
     if (options_.before_stop) options_.before_stop(x);
-    stop(SIGTERM);
+    stop(kStopSignal);
   };
+  double preempted_at = -1;  // when the first preemption signal was passed on
   while (running() > 0) {
     if (tick) tick();
     if (stop_at >= 0 && now_s() >= stop_at) stop_others(*r.failure);
     for (const Event& e : wait(stop_at >= 0 ? 0.1 : 1.0)) {
-      if (e.kind == Event::Kind::kSignal) {
+      const bool preemption = e.kind == Event::Kind::kSignal &&
+                              (e.signal == SIGTERM || (options_.preempt_signal > 0 && e.signal == options_.preempt_signal));
+      if (preemption) {
+        r.preempted = true;
+        if (!r.failure && r.signal == 0) r.signal = e.signal;
+        if (preempted_at < 0 && !stopping()) {
+          preempted_at = now_s();
+          log::warn("launch: ", signal_name(e.signal), " received: a preemption; passing SIGTERM on to ", running(),
+                    " worker(s) (they save, then exit); SIGKILL to those left in ", options_.preempt_grace_s, " s");
+          stop(SIGTERM, options_.preempt_grace_s);
+        } else if (preempted_at >= 0 && now_s() - preempted_at > 2) {
+          log::warn("launch: ", signal_name(e.signal), " received again: passing it on (a worker already saving exits "
+                    "at once)");
+          signal_running(SIGTERM);
+        }  // else a copy of the first (or the workers are being stopped already)
+      } else if (e.kind == Event::Kind::kSignal) {
         if (!stopping()) {
           if (!r.failure && r.signal == 0) r.signal = e.signal;
           log::warn("launch: ", signal_name(e.signal), " received: passing it on to ", running(),
@@ -524,6 +548,8 @@ RunResult Launcher::run(const std::function<void()>& tick) {
                     running(), " worker(s)");
         }
         stop(e.signal);
+      } else if (e.exit.error_class() == ErrorClass::kPreempted && !e.exit.ok()) {
+        r.preempted = true;  // signalled directly; its peers save the same step and exit too
       } else if (!e.exit.ok() && !e.exit.stopped && r.signal == 0 && !stopping()) {
         const bool echo = e.exit.error_class() == ErrorClass::kComm;
         if (!r.failure) {

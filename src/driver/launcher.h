@@ -19,7 +19,10 @@
 //
 // Stopping: stop(sig) sends `sig` to every running worker; those still running grace_s later get
 // SIGKILL (from wait(), which must keep being called). A second stop() sends SIGKILL at once. A
-// stop ends when no worker is left running; workers spawned after that start afresh.
+// stop ends when no worker is left running; workers spawned after that start afresh. The
+// launcher's own stops (the healthy peers of a failed worker, a hang) send kStopSignal, which
+// ends a worker at once; SIGTERM is left to mean a preemption, which a trainer answers by saving
+// first (core/preemption.h).
 //
 // This class is the mechanism; the policy of `myriad launch` (the first failure stops the rest,
 // signals are forwarded) is run(). A communication fault waits 2 s before it stops the rest:
@@ -40,6 +43,10 @@
 #include "core/error.h"
 
 namespace myriad::driver {
+
+// What the launcher stops its workers with (its own decision, not a preemption): SIGINT, whose
+// default action ends a worker at once, as Ctrl-C does a trainer run by hand.
+constexpr int kStopSignal = SIGINT;
 
 // What one worker process runs.
 struct WorkerSpec {
@@ -84,8 +91,13 @@ struct RunResult {
   std::vector<WorkerExit> exits;      // every worker's, in spawn order
   double seconds = 0;
 
-  bool ok() const { return !failure && signal == 0; }
-  // 0; the first failure's class; a runtime fault when the launch was stopped by a signal.
+  // A preemption reached the job: a preemption signal to the launcher, or a worker that exited
+  // preempted (ErrorClass::kPreempted) because the batch system signalled it directly.
+  bool preempted = false;
+
+  bool ok() const { return !failure && signal == 0 && !preempted; }
+  // 0; the first failure's class; preempted; a runtime fault when the launch was stopped by a
+  // signal.
   int exit_code() const;
 };
 
@@ -93,6 +105,12 @@ class Launcher {
  public:
   struct Options {
     double grace_s = 10;  // between the stop signal and SIGKILL
+    // A preemption from outside (SIGTERM, or preempt_signal when not 0) is passed on to the
+    // workers as SIGTERM; they save and exit, and those still running preempt_grace_s later get
+    // SIGKILL. Copies within 2 s of the first count once; a later one is passed on again (a
+    // trainer already saving then exits at once).
+    double preempt_grace_s = 30;
+    int preempt_signal = 0;
     int echo_rank = 0;    // the rank whose every line the console shows; -1: none
     bool echo_errors = true;  // show the "myriad: " lines of every other rank
     // Called with every complete line any worker writes (after it is logged): a supervisor
@@ -125,9 +143,9 @@ class Launcher {
   // returns them in the order observed; escalates a stop to SIGKILL once its grace period ends.
   std::vector<Event> wait(double timeout_s);
 
-  // Sends `sig` to every running worker; the first call starts the grace period, a later one
-  // sends SIGKILL at once.
-  void stop(int sig = SIGTERM);
+  // Sends `sig` to every running worker; the first call starts the grace period (grace_s, or
+  // Options::grace_s when negative), a later one sends SIGKILL at once.
+  void stop(int sig = kStopSignal, double grace_s = -1);
   bool stopping() const { return stop_started_ >= 0; }
 
   int size() const { return static_cast<int>(workers_.size()); }
@@ -137,9 +155,11 @@ class Launcher {
   const WorkerSpec& spec(int index) const;
 
   // The policy of `myriad launch`: waits until every worker has ended. The first worker observed
-  // to fail (nonzero exit or killed by a signal, not after a stop) stops the others; a SIGINT or
-  // SIGTERM to the launcher is forwarded to the workers (a second one sends SIGKILL). `tick`,
-  // when given, runs about once a second meanwhile (watching the store, say).
+  // to fail (nonzero exit or killed by a signal, not after a stop) stops the others; a worker
+  // that exits preempted is no failure (its peers, which agreed on the step, save and exit too).
+  // A SIGINT to the launcher is forwarded to the workers (a second one sends SIGKILL); a
+  // preemption signal as Options says. `tick`, when given, runs about once a second meanwhile
+  // (watching the store, say).
   RunResult run(const std::function<void()>& tick = nullptr);
 
  private:
@@ -170,8 +190,9 @@ class Launcher {
   int signal_pipe_[2] = {-1, -1};  // the handler writes each signal's number, wait() reads them
   int devnull_ = -1;
   double stop_started_ = -1;  // steady seconds; -1: not stopping
+  double stop_grace_s_ = 0;   // the grace period of the stop under way
   bool killed_ = false;       // SIGKILL sent to the stop's survivors
-  struct sigaction old_int_ {}, old_term_ {}, old_chld_ {}, old_pipe_ {};
+  struct sigaction old_int_ {}, old_term_ {}, old_chld_ {}, old_pipe_ {}, old_preempt_ {};
 };
 
 }  // namespace myriad::driver

@@ -27,6 +27,7 @@ struct StepResult {
   double grad_norm = 0;  // global L2 norm before clipping
   double lr = 0;
   StepTimes times;
+  bool stop = false;  // some rank was asked to stop (train_step's `stop`): every rank sees the same
 };
 
 class Engine {
@@ -41,8 +42,10 @@ class Engine {
   // (global_batch / dp, T+1) in host memory (the whole batch with one rank): forward and
   // backward over the micro-batches, global-norm clipping, the update at learning rate lr.
   // `step` (1-based) names the step in errors. Throws a numerics Error when the loss is not
-  // finite.
-  virtual StepResult train_step(const int32_t* tokens, int64_t step, double lr) = 0;
+  // finite. `stop`: this rank was asked to stop (a preemption signal); it rides the gradient
+  // norm's reduction, so StepResult::stop is true on every rank of the job at the same step, or
+  // on none (the ranks agree on the step to save at without a collective of their own).
+  virtual StepResult train_step(const int32_t* tokens, int64_t step, double lr, bool stop = false) = 0;
 
   // Who writes what to a checkpoint, so that every stored region has exactly one writer:
   // whether this rank writes tensor p's parameters (params = true), or the optimizer state of

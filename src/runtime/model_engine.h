@@ -108,7 +108,7 @@ class ModelEngine final : public Engine {
   int64_t peak_memory() const override { return model_.ops().peak_bytes(); }
 
   // One optimizer step; every group's collectives are issued in the same order on each rank.
-  StepResult train_step(const int32_t* tokens, int64_t step, double lr) override {
+  StepResult train_step(const int32_t* tokens, int64_t step, double lr, bool stop = false) override {
     const int dp = ctx_.dp_size(), accum = pipeline_->schedule().m;
     const int32_t* mine = tokens;  // (accum x micro_batch, T+1): this data-parallel rank's rows
     const double dp_waited = dp_.waited_s();
@@ -134,7 +134,7 @@ class ModelEngine final : public Engine {
     const int update_begins = model_.ops().mark();
     const std::vector<FlatRange> owned = dp_.owned();
     for (const FlatRange& o : owned) model_.finish_grads(o.begin, o.end);
-    r.grad_norm = grad_norm(owned);
+    std::tie(r.grad_norm, r.stop) = grad_norm(owned, stop);
     r.lr = lr;
     optimizer_->step(master(), model_.grads(), lr, clip_coefficient(r.grad_norm));
     mark_stale(Stale::kGathered);
@@ -364,7 +364,8 @@ class ModelEngine final : public Engine {
   // The global L2 norm over every shard: split tensors summed over tp, replicated ones once,
   // the stages' disjoint layers over pp (the tied wte counted on the first stage only), the
   // owned pieces over dp. Identical bits on every rank.
-  double grad_norm(const std::vector<FlatRange>& owned) {
+  // With it, whether any rank passed `stop` (the flag summed beside the squares).
+  std::pair<double, bool> grad_norm(const std::vector<FlatRange>& owned, bool stop) {
     std::vector<std::pair<int64_t, int64_t>> pieces;  // ascending: tensors in layout order
     std::vector<bool> replicated;
     for (const ParamSpec& p : model_.layout().tensors()) {
@@ -377,10 +378,13 @@ class ModelEngine final : public Engine {
     const std::vector<double> sums = model_.ops().sums_of_squares(model_.grads(), pieces);
     double split = 0, repl = 0;
     for (size_t i = 0; i < sums.size(); ++i) (replicated[i] ? repl : split) += sums[i];
-    double sq = parallel::sum_over_group(ctx_.tp, split) + repl;
-    sq = parallel::sum_over_group(ctx_.pp, sq);
-    sq = parallel::sum_over_group(ctx_.dp, sq);
-    return std::sqrt(sq);
+    // {squares, stop flags}: summed over tp, then pp, then dp, which reaches every rank of the job.
+    double v[2] = {split, stop ? 1.0 : 0.0};
+    parallel::sum_over_group(ctx_.tp, v, 2);
+    v[0] += repl;
+    parallel::sum_over_group(ctx_.pp, v, 2);
+    parallel::sum_over_group(ctx_.dp, v, 2);
+    return {std::sqrt(v[0]), v[1] > 0};
   }
 
   // PyTorch's clipping rule: the factor the update multiplies each gradient by as it reads it.

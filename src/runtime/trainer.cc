@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <thread>
+#include <tuple>
 #include <filesystem>
 #include <fstream>
 
@@ -17,6 +18,7 @@
 #include "core/files.h"
 #include "core/log.h"
 #include "core/memory.h"
+#include "core/preemption.h"
 #include "data/tokenizer.h"
 #include "model/params.h"
 #include "observe/trace.h"
@@ -62,6 +64,31 @@ std::string model_difference(const Config& saved, const Config& now) {
       return cat(va[i].first, " = ", va[i].second, " in the checkpoint but ", vb[i].second,
                  " in the config");
   return "";
+}
+
+// Why a checkpoint written under `saved` cannot give its weights to a model of `now` (""
+// when it can): the keys that change how a tensor's elements are laid out, which equal shapes do
+// not reveal (heads reorders the fused QKV rows), and the tokenizer, whose ids the embedding rows
+// mean.
+std::string weights_mismatch(const Config& saved, const std::string& saved_tokenizer, const Config& now) {
+  const ModelConfig &a = saved.model, &b = now.model;
+  for (const auto& [key, x, y] : {std::tuple<const char*, int64_t, int64_t>{"model.layers", a.layers, b.layers},
+                                  {"model.d_model", a.d_model, b.d_model},
+                                  {"model.heads", a.heads, b.heads},
+                                  {"model.vocab_size", a.vocab_size, b.vocab_size}})
+    if (x != y) return cat(key, " = ", x, " in the checkpoint but ", y, " in the config");
+  if (a.bias != b.bias)
+    return cat("model.bias = ", a.bias ? "true" : "false", " in the checkpoint but ", b.bias ? "true" : "false",
+               " in the config");
+  if (saved_tokenizer != now.data.tokenizer)
+    return cat("its token ids are the ", saved_tokenizer, " tokenizer's but data.tokenizer = \"", now.data.tokenizer,
+               "\"");
+  return "";
+}
+
+// The tokenizer a checkpoint's token ids belong to (meta.json's, else its config's).
+std::string tokenizer_of(const nlohmann::json& meta, const Config& saved) {
+  return meta.value("tokenizer", saved.data.tokenizer);
 }
 
 // Building the engine allocates every buffer the model plan holds: running out of memory there
@@ -226,7 +253,7 @@ void Trainer::trace_collectives() {
   }
 }
 
-void Trainer::run() {
+Trainer::End Trainer::run() {
   const TrainConfig& t = cfg_.train;
   const double tokens_per_step = double(t.global_batch) * cfg_.model.seq_len;
   log::info("model: ", engine_->layout().total(), dist_ ? " parameters on this rank (" : " parameters (", cfg_.model.layers, " layers, d_model ",
@@ -253,7 +280,7 @@ void Trainer::run() {
       batch = next_batch();
     }
     StepResult r = engine_->train_step(batch.tokens.data(), step_ + 1,
-                                       lr_at(cfg_.optim, step_, t.steps));
+                                       lr_at(cfg_.optim, step_, t.steps), preemption::requested());
     ++step_;
     consumed_ += t.global_batch;
     // Injected faults that act on the step's results, then the checks that catch such faults.
@@ -328,6 +355,7 @@ void Trainer::run() {
     last_end_ = end;
     fault::trigger(cat("step:", step_));
     if (const int ms = fault::delay_ms(); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    if (r.stop && step_ < t.steps) return stop_preempted();
   }
   // The last save is written before the run ends, and its failure is the run's; meanwhile the
   // launcher allows what it allows any save.
@@ -335,6 +363,21 @@ void Trainer::run() {
   heartbeat_.set(step_, cfg_.fault.startup_timeout_s);
   writer_.wait();
   trace_written_save();
+  return End::kDone;
+}
+
+// Every rank was told at this step that one was preempted: this step is saved (unless it just
+// was), and the save committed, before the process exits (core/preemption.h bounds the time).
+Trainer::End Trainer::stop_preempted() {
+  preemption::begin_save();
+  set_phase("checkpoint");
+  heartbeat_.set(step_, cfg_.fault.startup_timeout_s);
+  if (saved_step_ != step_) save_checkpoint(/*always=*/true);
+  writer_.wait();
+  trace_written_save();
+  log::warn("preempted: step ", step_, " of ", cfg_.train.steps, " is saved under ", checkpoint_root(),
+            "; --resume auto continues from it");
+  return End::kPreempted;
 }
 
 // The batch is read, so that every later step trains on the batch it would have had, and
@@ -459,9 +502,7 @@ float Trainer::evaluate() {
   return static_cast<float>(sum / n);
 }
 
-std::string Trainer::checkpoint_root() const {
-  return cfg_.checkpoint.dir.empty() ? (fs::path(run_dir_) / "checkpoints").string() : cfg_.checkpoint.dir;
-}
+std::string Trainer::checkpoint_root() const { return cfg_.checkpoint_root(run_dir_); }
 
 // Saving: the regions this rank writes (the engine says which: each has one writer). Loading:
 // every region this rank holds, whatever layout wrote them.
@@ -488,11 +529,11 @@ std::vector<checkpoint::Shard> Trainer::shards(bool for_save) {
   return out;
 }
 
-void Trainer::save_checkpoint() {
+void Trainer::save_checkpoint(bool always) {
   // A save due while the last one is still being written waits for it, or (async_policy skip)
   // is skipped: by every rank, or the others would wait for its part in vain. The last step's
-  // is never skipped.
-  if (cfg_.checkpoint.async_policy == "skip" && step_ != cfg_.train.steps) {
+  // (and a preempted run's) is never skipped.
+  if (cfg_.checkpoint.async_policy == "skip" && step_ != cfg_.train.steps && !always) {
     float busy = writer_.busy() ? 1.0f : 0.0f;
     if (dist_) dist_->world_comm().all_reduce(&busy, 1)->wait();
     if (busy > 0) {
@@ -503,6 +544,7 @@ void Trainer::save_checkpoint() {
   }
   writer_.wait();
   trace_written_save();
+  saved_step_ = step_;
   // Stage 1, in the step: the state as of this step, where training does not change it.
   const double t1 = now_s();
   const int64_t snapshot_us = trace::now_us();
@@ -588,7 +630,7 @@ void Trainer::resume_latest_good() {
     if (bad.empty()) bad = "it failed to load on another rank";
     log::warn("resume: passing over ", dir, ": ", bad);
     if (newest_bad.empty()) newest_bad = bad;
-    step_ = consumed_ = 0;
+    step_ = consumed_ = 0, saved_step_ = -1;
     recent_loss_.clear();
   }
   if (!dirs.empty())
@@ -603,6 +645,10 @@ void Trainer::resume_latest_good() {
 void Trainer::init_from(const std::string& path) {
   const std::string dir = checkpoint::resolve(path);
   const nlohmann::json meta = checkpoint::read_meta(dir);
+  const Config saved = parse_config(meta.at("config").get<std::string>(), dir + "/meta.json");
+  if (const std::string d = weights_mismatch(saved, tokenizer_of(meta, saved), cfg_); !d.empty())
+    throw_input("checkpoint.init_from: checkpoint ", dir, " does not fit this model: ", d,
+                "; initialize from a checkpoint of the same architecture and tokenizer");
   std::vector<checkpoint::Shard> weights;
   for (checkpoint::Shard& s : shards(false))
     if (s.name.rfind("model/", 0) == 0) weights.push_back(std::move(s));
@@ -623,6 +669,9 @@ void Trainer::resume_from(const std::string& dir) {
   if (std::string d = model_difference(saved, cfg_); !d.empty())
     throw_input("checkpoint ", dir, " is from a different model: ", d,
                 "; resume with the checkpoint's model or use a new run directory");
+  if (const std::string tok = tokenizer_of(meta, saved); tok != cfg_.data.tokenizer)
+    throw_input("checkpoint ", dir, " was trained on the ", tok, " tokenizer's ids but data.tokenizer = \"",
+                cfg_.data.tokenizer, "\"; resume with data prepared by the ", tok, " tokenizer or use a new run directory");
   if (saved.optim.name != cfg_.optim.name)
     throw_input("checkpoint ", dir, " holds ", saved.optim.name, " state but optim.name = ",
                 cfg_.optim.name);
@@ -651,7 +700,7 @@ void Trainer::resume_from(const std::string& dir) {
     if (!failed) dp->broadcast(engine_->host_state().params, engine_->layout().total(), 0)->wait();
   }
   if (failed) std::rethrow_exception(failed);
-  step_ = meta.at("step").get<int64_t>();
+  step_ = saved_step_ = meta.at("step").get<int64_t>();
   consumed_ = meta.at("data").at("consumed").get<int64_t>();
   recent_loss_ = meta.value("fault", nlohmann::json::object()).value("recent_losses", std::vector<double>{});
   *engine_->host_state().steps_taken = meta.at("optimizer").at("steps_taken").get<int64_t>();

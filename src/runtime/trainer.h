@@ -25,8 +25,11 @@ class Trainer {
   Trainer(const Config& cfg, const std::string& run_dir);
   ~Trainer();
 
-  // Trains from the current step to train.steps, logging, evaluating and checkpointing.
-  void run();
+  // Trains from the current step to train.steps, logging, evaluating and checkpointing. Ends
+  // early, once the step under way and a save of it have committed, when a preemption signal
+  // (core/preemption.h) reached any rank: every rank stops after the same step.
+  enum class End { kDone, kPreempted };
+  End run();
   // Writes this rank's flight record (runtime/heartbeat.h), as a failing worker does.
   void dump_flight_record() { heartbeat_.dump_flight_record(); }
 
@@ -39,13 +42,14 @@ class Trainer {
   void check_replicas();
   // Saves RUN_DIR/checkpoints/step_<step> (or checkpoint.dir) and prunes old ones: in the
   // step only a snapshot of the state (checkpoint.async), the files on the writer's thread.
-  void save_checkpoint();
+  void save_checkpoint(bool always = false);  // always: not skipped by checkpoint.async_policy
 
   int64_t step() const { return step_; }
   Engine& engine() { return *engine_; }
 
  private:
   void resume_from(const std::string& dir);
+  End stop_preempted();
   void init_from(const std::string& path);
   // --resume auto: the newest committed checkpoint that loads on every rank, or a fresh start.
   void resume_latest_good();
@@ -78,6 +82,7 @@ class Trainer {
   double last_end_ = 0;                // when the last step ended (its checks and save included)
   int64_t rows_ = 0;          // sequences of each global batch this rank reads: global_batch / dp
   int64_t step_ = 0;          // optimizer steps completed
+  int64_t saved_step_ = -1;   // the step of the last save started (or resumed from)
   int64_t consumed_ = 0;      // training samples consumed by completed steps
   std::map<std::string, uint64_t> traced_seq_;  // per group: the last operation traced
   std::string start_id_;      // names this start's partial saves (checkpoint::SaveGroup::id)
