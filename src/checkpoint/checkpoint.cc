@@ -417,7 +417,8 @@ void remove_leftovers(const std::string& root) {
   }
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind("step_", 0) == 0 && (name.ends_with(".partial") || name.ends_with(".replaced"))) {
+    if (name.rfind("step_", 0) == 0 &&
+        (name.ends_with(".partial") || name.ends_with(".replaced") || name.ends_with(".pruned"))) {
       fs::remove_all(e.path(), ec);
       log::info("checkpoint: removed ", e.path().string(), ", left by a save that did not finish");
     }
@@ -516,7 +517,7 @@ void prune(const std::string& root, int64_t keep_last, int64_t keep_every, const
     // leftovers of failed saves.
     const bool ours = name.ends_with(cat(".", id, ".partial")) && name.size() > 13 &&
                       std::strtoll(name.c_str() + 5, nullptr, 10) > committed_step;
-    if ((name.ends_with(".partial") && !ours) || name.ends_with(".replaced")) {
+    if ((name.ends_with(".partial") && !ours) || name.ends_with(".replaced") || name.ends_with(".pruned")) {
       fs::remove_all(e.path(), ec);
     } else if (committed(e.path())) {
       done.push_back(e.path());
@@ -527,7 +528,11 @@ void prune(const std::string& root, int64_t keep_last, int64_t keep_every, const
   for (size_t i = 0; i + keep_last < done.size(); ++i) {
     const int64_t step = std::stoll(done[i].filename().string().substr(5));
     if (keep_every > 0 && step % keep_every == 0) continue;
-    fs::remove_all(done[i], ec);
+    // Out of the step_<8 digits> names first: a removal cut short (the process killed) must not
+    // leave a committed-looking checkpoint with files missing.
+    const fs::path doomed = done[i].string() + ".pruned";
+    fs::rename(done[i], doomed, ec);
+    fs::remove_all(ec ? done[i] : doomed, ec);
     log::info("checkpoint: removed ", done[i].string(), " (checkpoint.keep_last = ", keep_last, ")");
   }
 }

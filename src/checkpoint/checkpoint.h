@@ -127,7 +127,8 @@ void load(const std::string& dir, const nlohmann::json& meta, const std::vector<
 // naming the directory and checkpoint.dir otherwise (found at start, not at the first save).
 void check_writable(const std::string& root);
 
-// Deletes what failed or killed saves left under root (step_X.<id>.partial, step_X.replaced),
+// Deletes what failed or killed saves and prunes left under root (step_X.<id>.partial,
+// step_X.replaced, step_X.pruned),
 // so that their bytes do not keep a full disk full. Only while no save of this job is under way.
 void remove_leftovers(const std::string& root);
 

@@ -853,15 +853,23 @@ int cmd_launch(int argc, char** argv) {
   // expires then) and has not ended. Taking its place would drop its attempt's store keys and
   // tie the two jobs' faults together, so the launch is refused before it claims an attempt.
   // Spares and the other node ranks of that job join it as before.
-  std::optional<driver::JobBoard> probe;  // an unsupervised launch reads the board only here
-  if (!spare && !plan.default_store)
-    if (const std::optional<nlohmann::json> hb =
-            (board ? *board : probe.emplace(plan.rdzv, 30)).heartbeat(cat("node", plan.node_rank));
-        hb && hb->value("status", "") != "done" && hb->value("status", "") != "ended")
+  // An unsupervised launch has no board of its own: it claims its place, and beats while its
+  // workers run (the agents' heartbeat), through this one.
+  std::optional<driver::JobBoard> probe;
+  driver::JobBoard* place = nullptr;  // where this launch claimed its node rank
+  const double beat_ttl_s = 5 * std::max(1.0, fault.heartbeat_s);
+  auto starting = [&] {
+    return nlohmann::json{{"host", host_name()}, {"name", node_name}, {"node", plan.node_rank}, {"pid", ::getpid()},
+                          {"status", "starting"}, {"run_dir", std::filesystem::absolute(plan.run_dir).string()}};
+  };
+  if (!spare && !plan.default_store) {
+    place = board ? board.get() : &probe.emplace(plan.rdzv, 30);
+    if (const std::optional<nlohmann::json> hb = place->claim(cat("node", plan.node_rank), starting(), beat_ttl_s))
       throw_input("launch: job ", plan.job, " is running: node ", plan.node_rank, "'s agent (host ",
                   hb->value("host", "?"), ", pid ", hb->value("pid", 0), ", run directory ", hb->value("run_dir", "?"),
                   ") beat within its last 5 beats; wait for it to end, stop it, or give this run another --job or --rdzv "
                   "job name");
+  }
   // Whatever ends this launch, its agent says so at once, so that a relaunch under the same
   // name need not wait for its heartbeat to expire.
   struct EndBeat {
@@ -877,11 +885,11 @@ int cmd_launch(int argc, char** argv) {
       }
     }
   } end_beat;
-  if (board && !spare)
-    end_beat = {board.get(), cat("node", plan.node_rank),
-                {{"host", host_name()}, {"name", node_name}, {"node", plan.node_rank}, {"pid", ::getpid()},
-                 {"status", "ended"}, {"run_dir", std::filesystem::absolute(plan.run_dir).string()}},
-                5 * std::max(1.0, fault.heartbeat_s)};
+  if (place) {
+    nlohmann::json ended = starting();
+    ended["status"] = "ended";
+    end_beat = {place, cat("node", plan.node_rank), ended, beat_ttl_s};
+  }
   // The attempt a supervised restart starts, decided by the job's agents (nullopt: count arrivals).
   std::optional<int64_t> next_attempt;
   // What the job carries from attempt to attempt, in every stop record (so that every agent,
@@ -995,10 +1003,20 @@ int cmd_launch(int argc, char** argv) {
           return;
         }
     };
+    double next_beat_s = 0;  // an unsupervised launch's own heartbeat (a supervised one's is the job watch's)
     r = launcher.run([&] {
       store_watch();
       hangs();
       if (job) (*job)();
+      if (!job && place && comm::steady_now_s() >= next_beat_s) {
+        next_beat_s = comm::steady_now_s() + std::max(1.0, fault.heartbeat_s);
+        nlohmann::json running = starting();
+        running["status"] = "training";
+        try {
+          place->beat(cat("node", plan.node_rank), running, beat_ttl_s);
+        } catch (const Error&) {  // the store gone: StoreWatch says so; the workers train on
+        }
+      }
       check_rerun(false);
       for (const HangWatch::Report& s : hangs.reports) {
         if (events->path.empty()) log::warn("launch: ", s.detail);

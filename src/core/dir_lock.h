@@ -21,10 +21,11 @@ namespace myriad {
 
 class DirLock {
  public:
-  // Creates `dir` when missing and takes its lock; an input error naming the holder (host, pid,
-  // start time, command) when another process holds it. `what` names the directory in messages
-  // ("run directory", "checkpoint.dir").
-  DirLock(const std::string& dir, const std::string& what);
+  // Creates `dir` when missing (an input error with `advice` when it cannot be written) and
+  // takes its lock; an input error naming the holder (host, pid, start time, program and
+  // subcommand) when another process holds it. `what` names the directory in messages ("run
+  // directory", "checkpoint directory").
+  DirLock(const std::string& dir, const std::string& what, const std::string& advice);
   ~DirLock();
   DirLock(const DirLock&) = delete;
   DirLock& operator=(const DirLock&) = delete;

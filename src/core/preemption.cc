@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 
@@ -21,6 +22,7 @@ void say(const char* text) {
 }
 
 void on_signal(int) {
+  const int saved_errno = errno;  // the interrupted code may be about to read it
   if (g_state == 2) {
     say("myriad: preempted: signalled again while saving: exiting at once (committed checkpoints are untouched)\n");
     ::_exit(exit_code(ErrorClass::kPreempted));
@@ -30,6 +32,7 @@ void on_signal(int) {
     ::alarm(g_grace_s);
     say("myriad: preemption signal received: finishing this step, then saving and exiting\n");
   }
+  errno = saved_errno;
 }
 
 void on_alarm(int) {

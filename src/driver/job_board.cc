@@ -35,8 +35,45 @@ std::optional<nlohmann::json> JobBoard::json_at(const std::string& key) {
   return j;
 }
 
+namespace {
+double wall_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+// Each heartbeat carries when it was written and how long it lives: a key whose expiry did not
+// take (a claim written without one) still reads as gone once that time has passed.
+nlohmann::json stamped(const nlohmann::json& state, double ttl_s) {
+  nlohmann::json s = state;
+  s["time"] = wall_s(), s["ttl_s"] = ttl_s;
+  return s;
+}
+}  // namespace
+
 void JobBoard::beat(const std::string& name, const nlohmann::json& state, double ttl_s) {
-  patiently([&](comm::Store& s) { s.set("agent/" + name, state.dump(), ttl_s); return 0; });
+  patiently([&](comm::Store& s) { s.set("agent/" + name, stamped(state, ttl_s).dump(), ttl_s); return 0; });
+}
+
+bool JobBoard::live(const nlohmann::json& beat) {
+  const std::string status = beat.value("status", "");
+  if (status == "done" || status == "ended") return false;
+  return !beat.contains("time") || wall_s() - beat.value("time", 0.0) < beat.value("ttl_s", 5.0);
+}
+
+std::optional<nlohmann::json> JobBoard::claim(const std::string& name, const nlohmann::json& state, double ttl_s) {
+  const std::string key = "agent/" + name;
+  for (int tries = 0; tries < 20; ++tries) {
+    const std::optional<std::string> held = patiently([&](comm::Store& s) { return s.try_get(key); });
+    if (held) {
+      const nlohmann::json j = nlohmann::json::parse(*held, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && live(j)) return j;
+    }
+    // Atomically over what was read: of two launches that both found the place free, one wins.
+    const std::string mine = stamped(state, ttl_s).dump();
+    if (patiently([&](comm::Store& s) { return s.compare_set(key, held, mine); }) == mine) {
+      beat(name, state, ttl_s);  // the same, now with its expiry
+      return std::nullopt;
+    }
+  }
+  throw_runtime("launch: the job's store kept changing ", key, " while this launch tried to claim it");
 }
 
 std::optional<nlohmann::json> JobBoard::heartbeat(const std::string& name) { return json_at("agent/" + name); }

@@ -43,6 +43,12 @@ class JobBoard {
 
   void beat(const std::string& name, const nlohmann::json& state, double ttl_s);
   std::optional<nlohmann::json> heartbeat(const std::string& name);
+  // Whether a heartbeat is a running agent's: not ended ("done", "ended") and within its life.
+  static bool live(const nlohmann::json& beat);
+  // A starting agent takes agent/<name> (writing `state`), unless a live agent holds it: returns
+  // that agent's heartbeat then, and writes nothing. Atomic: of two launches that start together,
+  // one gets the place.
+  std::optional<nlohmann::json> claim(const std::string& name, const nlohmann::json& state, double ttl_s);
 
   // Records why attempt A stopped unless a node did first; returns the record that stands.
   nlohmann::json stop(int64_t attempt, const nlohmann::json& cause);

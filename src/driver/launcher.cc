@@ -454,8 +454,10 @@ void Launcher::signal_running(int sig) {
 }
 
 void Launcher::stop(int sig, double grace_s) {
+  if (stopping() && stop_signal_ == SIGTERM && sig != SIGKILL) return;  // a preemption's save runs on
   if (!stopping()) {
     stop_started_ = now_s();
+    stop_signal_ = sig;
     stop_grace_s_ = grace_s >= 0 ? grace_s : options_.grace_s;
     killed_ = false;
     signal_running(sig);

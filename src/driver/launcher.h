@@ -144,7 +144,9 @@ class Launcher {
   std::vector<Event> wait(double timeout_s);
 
   // Sends `sig` to every running worker; the first call starts the grace period (grace_s, or
-  // Options::grace_s when negative), a later one sends SIGKILL at once.
+  // Options::grace_s when negative), a later one sends SIGKILL at once, except during a
+  // preemption's stop (SIGTERM): workers that are saving then keep their grace period, and only
+  // its end, or an explicit SIGKILL, kills them.
   void stop(int sig = kStopSignal, double grace_s = -1);
   bool stopping() const { return stop_started_ >= 0; }
 
@@ -191,6 +193,7 @@ class Launcher {
   int devnull_ = -1;
   double stop_started_ = -1;  // steady seconds; -1: not stopping
   double stop_grace_s_ = 0;   // the grace period of the stop under way
+  int stop_signal_ = 0;       // the signal it sent
   bool killed_ = false;       // SIGKILL sent to the stop's survivors
   struct sigaction old_int_ {}, old_term_ {}, old_chld_ {}, old_pipe_ {}, old_preempt_ {};
 };

@@ -370,6 +370,7 @@ Trainer::End Trainer::run() {
 // was), and the save committed, before the process exits (core/preemption.h bounds the time).
 Trainer::End Trainer::stop_preempted() {
   preemption::begin_save();
+  log::warn("preempted: saving step ", step_, " (a further signal now ends the process at once)");
   set_phase("checkpoint");
   heartbeat_.set(step_, cfg_.fault.startup_timeout_s);
   if (saved_step_ != step_) save_checkpoint(/*always=*/true);
