@@ -1185,8 +1185,9 @@ int cmd_launch(int argc, char** argv) {
       std::fprintf(stderr, "myriad: launch: preempted%s: rank %d %s without saving; logs in %s\n", by.c_str(),
                    unsaved->rank, unsaved->describe().c_str(), plan.log_dir.c_str());
     else
-      std::fprintf(stderr, "myriad: launch: preempted%s: the workers saved and stopped; launch again with --resume "
-                   "auto to continue from that checkpoint; logs in %s\n", by.c_str(), plan.log_dir.c_str());
+      std::fprintf(stderr, "myriad: launch: preempted%s: the workers stopped, each after saving its step unless its "
+                   "grace ran out; launch again with --resume auto to continue from the latest committed checkpoint; "
+                   "logs in %s\n", by.c_str(), plan.log_dir.c_str());
     return r.exit_code();
   }
   if (!failed.empty() && (r.failure || r.signal == 0)) {
