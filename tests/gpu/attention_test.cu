@@ -85,9 +85,9 @@ Oracle oracle(const Case& c) {
 
   // Oracle.
   std::vector<float> out_ref(nout), probs(size_t(B) * H * T * T), dqkv_ref(nqkv, 0.f);
-  myriad::cpu::attention_forward<float>(out_ref.data(), probs.data(), qkv.data(), B, T, C, H, W);
+  myriad::cpu::attention_forward<float>(out_ref.data(), probs.data(), qkv.data(), B, T, H, H, D, W);
   myriad::cpu::attention_backward<float>(dqkv_ref.data(), dout.data(), qkv.data(), probs.data(),
-                                         B, T, C, H, W);
+                                         B, T, H, H, D, W);
   std::vector<double> lse_ref(nlse);
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h)

@@ -1,9 +1,15 @@
-// Causal self-attention on the CPU, one (batch, head) pair per OpenMP iteration (static
-// schedule; pairs are independent and write disjoint parts of out, probs and dqkv).
+// Causal self-attention on the CPU, with grouped-query attention (G = H / Hkv query heads share
+// a key/value head). The forward runs one (batch, query head) pair per OpenMP iteration: pairs
+// only read the shared keys and values and write disjoint parts of out and probs. The backward
+// runs one (batch, key/value head) pair per iteration, its G query heads one after the other:
+// they all add into the group's dk and dv, so they stay on one thread, in head order, which keeps
+// the bits independent of the thread count. With G = 1 both are exactly the plain multi-head
+// loops (same iterations, same calls, same bits as before GQA).
 //
 // All products go through cblas. q, k, v, dout and the gradients are read and written in
-// place with their row strides (3C or C): OpenBLAS packs its operands anyway, so gathering them
-// into contiguous (T,D) copies measured no faster, and this needs no per-thread q/k/v scratch.
+// place with their row strides (Hkv*(G+2)*D or H*D): OpenBLAS packs its operands anyway, so
+// gathering them into contiguous (T,D) copies measured no faster, and this needs no per-thread
+// q/k/v scratch.
 // The GEMMs also write straight into probs, out and dqkv (beta = 1 for the gradients, which is
 // exactly the += contract). Inside the parallel region OpenBLAS runs on the calling thread, so
 // the pairs run side by side.
@@ -16,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
 #include <vector>
 
 #include "ops/cpu/blas.h"
@@ -78,21 +85,32 @@ void softmax_backward_kernel(double* dS, const double* P, int rows, int keys, in
   softmax_backward_rows(dS, P, rows, keys, T);
 }
 
+// Offset of query head h's D values in a token's (Hkv, G+2, D) row.
+inline int64_t q_offset(int h, int G, int D) {
+  return (static_cast<int64_t>(h / G) * (G + 2) + h % G) * D;
+}
+// Offset of key/value group g's key head in that row; its value head follows at + D.
+inline int64_t k_offset(int g, int G, int D) { return (static_cast<int64_t>(g) * (G + 2) + G) * D; }
+
 }  // namespace
 
 template <class Real>
-void attention_forward(Real* out, Real* probs, const Real* qkv, int B, int T, int C, int H,
-                       int window) {
-  const int D = C / H;
-  const int C3 = 3 * C;
+void attention_forward(Real* out, Real* probs, const Real* qkv, int B, int T, int H, int Hkv,
+                       int D, int window) {
+  if (Hkv <= 0 || H % Hkv != 0)
+    throw std::invalid_argument("attention: query heads must be a multiple of key/value heads");
+  const int G = H / Hkv;
+  const int C = H * D;
+  const int RS = Hkv * (G + 2) * D;  // qkv row stride (3C when G = 1)
   const Real scale = Real(1) / std::sqrt(static_cast<Real>(D));
 #pragma omp parallel for schedule(static)
   for (int bh = 0; bh < B * H; ++bh) {
     const int b = bh / H;
     const int h = bh % H;
-    const Real* q = qkv + static_cast<int64_t>(b) * T * C3 + h * 3 * D;  // (T,D), stride 3C
-    const Real* k = q + D;
-    const Real* v = q + 2 * D;
+    const Real* row0 = qkv + static_cast<int64_t>(b) * T * RS;
+    const Real* q = row0 + q_offset(h, G, D);  // (T,D), stride RS
+    const Real* k = row0 + k_offset(h / G, G, D);
+    const Real* v = k + D;
     Real* P = probs + static_cast<int64_t>(bh) * T * T;       // (T,T)
     Real* o = out + static_cast<int64_t>(b) * T * C + h * D;  // (T,D), stride C
     for (int i0 = 0; i0 < T; i0 += kRowBlock) {
@@ -102,70 +120,80 @@ void attention_forward(Real* out, Real* probs, const Real* qkv, int B, int T, in
       const int keys = i1 - j0;
       Real* Pb = P + static_cast<int64_t>(i0) * T + j0;  // (rows, keys), stride T
       // S = q k^T / sqrt(D) for the keys this block may see, straight into probs.
-      detail::gemm(false, true, rows, keys, D, scale, q + static_cast<int64_t>(i0) * C3, C3,
-                   k + static_cast<int64_t>(j0) * C3, C3, Real(0), Pb, T);
+      detail::gemm(false, true, rows, keys, D, scale, q + static_cast<int64_t>(i0) * RS, RS,
+                   k + static_cast<int64_t>(j0) * RS, RS, Real(0), Pb, T);
       softmax_rows_kernel(P, T, i0, i1, window);
       // out = P v
-      detail::gemm(false, false, rows, D, keys, Real(1), Pb, T, v + static_cast<int64_t>(j0) * C3,
-                   C3, Real(0), o + static_cast<int64_t>(i0) * C, C);
+      detail::gemm(false, false, rows, D, keys, Real(1), Pb, T, v + static_cast<int64_t>(j0) * RS,
+                   RS, Real(0), o + static_cast<int64_t>(i0) * C, C);
     }
   }
 }
 
 template <class Real>
 void attention_backward(Real* dqkv, const Real* dout, const Real* qkv, const Real* probs, int B,
-                        int T, int C, int H, int window) {
-  const int D = C / H;
-  const int C3 = 3 * C;
+                        int T, int H, int Hkv, int D, int window) {
+  if (Hkv <= 0 || H % Hkv != 0)
+    throw std::invalid_argument("attention: query heads must be a multiple of key/value heads");
+  const int G = H / Hkv;
+  const int C = H * D;
+  const int RS = Hkv * (G + 2) * D;  // qkv row stride (3C when G = 1)
   const Real scale = Real(1) / std::sqrt(static_cast<Real>(D));
 #pragma omp parallel
   {
     std::vector<Real> dS_buf(static_cast<size_t>(std::min(T, kRowBlock)) * T);
     Real* dS = dS_buf.data();
 #pragma omp for schedule(static)
-    for (int bh = 0; bh < B * H; ++bh) {
-      const int b = bh / H;
-      const int h = bh % H;
-      const int64_t qkv_off = static_cast<int64_t>(b) * T * C3 + h * 3 * D;
-      const Real* q = qkv + qkv_off;  // (T,D), stride 3C, and so on
-      const Real* k = q + D;
-      const Real* v = q + 2 * D;
-      Real* dq = dqkv + qkv_off;
-      Real* dk = dq + D;
-      Real* dv = dq + 2 * D;
-      const Real* dO = dout + static_cast<int64_t>(b) * T * C + h * D;  // (T,D), stride C
-      const Real* P = probs + static_cast<int64_t>(bh) * T * T;
-      for (int i0 = 0; i0 < T; i0 += kRowBlock) {
-        const int i1 = std::min(T, i0 + kRowBlock);
-        const int j0 = first_key(i0, window);
-        const int rows = i1 - i0;
-        const int keys = i1 - j0;
-        const Real* Pb = P + static_cast<int64_t>(i0) * T + j0;  // (rows, keys), stride T
-        const Real* dOb = dO + static_cast<int64_t>(i0) * C;
-        // dv += P^T dout
-        detail::gemm(true, false, keys, D, rows, Real(1), Pb, T, dOb, C, Real(1),
-                     dv + static_cast<int64_t>(j0) * C3, C3);
-        // dP = dout v^T, into the scratch (rows, keys)
-        detail::gemm(false, true, rows, keys, D, Real(1), dOb, C, v + static_cast<int64_t>(j0) * C3,
-                     C3, Real(0), dS, keys);
-        // dS = P * (dP - rowsum(dP * P)); masked entries have P = 0, hence dS = 0.
-        softmax_backward_kernel(dS, Pb, rows, keys, T);
-        // dq += dS k / sqrt(D);  dk += dS^T q / sqrt(D)
-        detail::gemm(false, false, rows, D, keys, scale, dS, keys,
-                     k + static_cast<int64_t>(j0) * C3, C3, Real(1),
-                     dq + static_cast<int64_t>(i0) * C3, C3);
-        detail::gemm(true, false, keys, D, rows, scale, dS, keys, q + static_cast<int64_t>(i0) * C3,
-                     C3, Real(1), dk + static_cast<int64_t>(j0) * C3, C3);
+    for (int bg = 0; bg < B * Hkv; ++bg) {
+      const int b = bg / Hkv;
+      const int g = bg % Hkv;
+      const int64_t row0 = static_cast<int64_t>(b) * T * RS;
+      const Real* k = qkv + row0 + k_offset(g, G, D);  // (T,D), stride RS, and so on
+      const Real* v = k + D;
+      Real* dk = dqkv + row0 + k_offset(g, G, D);
+      Real* dv = dk + D;
+      // The group's query heads in order: each adds its share into dk and dv.
+      for (int h = g * G; h < (g + 1) * G; ++h) {
+        const int bh = b * H + h;
+        const Real* q = qkv + row0 + q_offset(h, G, D);
+        Real* dq = dqkv + row0 + q_offset(h, G, D);
+        const Real* dO = dout + static_cast<int64_t>(b) * T * C + h * D;  // (T,D), stride C
+        const Real* P = probs + static_cast<int64_t>(bh) * T * T;
+        for (int i0 = 0; i0 < T; i0 += kRowBlock) {
+          const int i1 = std::min(T, i0 + kRowBlock);
+          const int j0 = first_key(i0, window);
+          const int rows = i1 - i0;
+          const int keys = i1 - j0;
+          const Real* Pb = P + static_cast<int64_t>(i0) * T + j0;  // (rows, keys), stride T
+          const Real* dOb = dO + static_cast<int64_t>(i0) * C;
+          // dv += P^T dout
+          detail::gemm(true, false, keys, D, rows, Real(1), Pb, T, dOb, C, Real(1),
+                       dv + static_cast<int64_t>(j0) * RS, RS);
+          // dP = dout v^T, into the scratch (rows, keys)
+          detail::gemm(false, true, rows, keys, D, Real(1), dOb, C,
+                       v + static_cast<int64_t>(j0) * RS, RS, Real(0), dS, keys);
+          // dS = P * (dP - rowsum(dP * P)); masked entries have P = 0, hence dS = 0.
+          softmax_backward_kernel(dS, Pb, rows, keys, T);
+          // dq += dS k / sqrt(D);  dk += dS^T q / sqrt(D)
+          detail::gemm(false, false, rows, D, keys, scale, dS, keys,
+                       k + static_cast<int64_t>(j0) * RS, RS, Real(1),
+                       dq + static_cast<int64_t>(i0) * RS, RS);
+          detail::gemm(true, false, keys, D, rows, scale, dS, keys,
+                       q + static_cast<int64_t>(i0) * RS, RS, Real(1),
+                       dk + static_cast<int64_t>(j0) * RS, RS);
+        }
       }
     }
   }
 }
 
-template void attention_forward<float>(float*, float*, const float*, int, int, int, int, int);
-template void attention_forward<double>(double*, double*, const double*, int, int, int, int, int);
+template void attention_forward<float>(float*, float*, const float*, int, int, int, int, int,
+                                       int);
+template void attention_forward<double>(double*, double*, const double*, int, int, int, int, int,
+                                        int);
 template void attention_backward<float>(float*, const float*, const float*, const float*, int, int,
-                                        int, int, int);
+                                        int, int, int, int);
 template void attention_backward<double>(double*, const double*, const double*, const double*, int,
-                                         int, int, int, int);
+                                         int, int, int, int, int);
 
 }  // namespace myriad::cpu

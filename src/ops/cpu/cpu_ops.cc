@@ -117,12 +117,12 @@ void CpuOps::linear_backward_weight(float* dw, float* db, const Act* dout, const
 }
 void CpuOps::add(Act* out, const Act* a, const Act* b, int64_t n) const { cpu::residual_forward(out, a, b, n); }
 void CpuOps::attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int C, int H, int window) const {
-  cpu::attention_forward(out, saved, qkv, B, T, C, H, window);
+  cpu::attention_forward(out, saved, qkv, B, T, H, H, C / H, window);
 }
 void CpuOps::attention_backward(Act* dqkv, const Act* dout, const Act*, const Act* qkv, const float* saved, int B,
                                 int T, int C, int H, int window) const {
   zero(dqkv, int64_t(B) * T * 3 * C);
-  cpu::attention_backward(dqkv, dout, qkv, saved, B, T, C, H, window);
+  cpu::attention_backward(dqkv, dout, qkv, saved, B, T, H, H, C / H, window);
 }
 void CpuOps::crossentropy_forward(float* losses, const Act* logits, const int32_t* targets, int N, int V,
                                   int Vp) const {

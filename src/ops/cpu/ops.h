@@ -11,9 +11,11 @@
 //   in a fixed order, so the same inputs and the same thread count give bitwise equal results
 //   (the resume test relies on it).
 // - Linear layers follow PyTorch: weight (OC, IC), out = inp @ weight^T + bias.
-// - The fused QKV activation of a token is laid out (H, 3, D): head h owns the contiguous
-//   3*D values [q_h, k_h, v_h], so that a split by heads (tensor parallelism) is a split into
-//   contiguous blocks.
+// - The fused QKV activation of a token is laid out (Hkv, G+2, D), Hkv key/value heads and
+//   G = H / Hkv query heads per key/value head: group g owns the contiguous (G+2)*D values
+//   [q_{gG}, ..., q_{gG+G-1}, k_g, v_g], so that a split by key/value heads (tensor parallelism)
+//   is a split into contiguous blocks. With G = 1 (plain multi-head attention) this is (H, 3, D):
+//   head h owns [q_h, k_h, v_h].
 #pragma once
 
 #include <cstdint>
@@ -79,19 +81,73 @@ void gelu_backward(Real* dinp /* += */, const Real* inp, const Real* dout, int64
 template <class Real>
 void residual_forward(Real* out, const Real* a, const Real* b, int64_t n);
 
-// Causal self-attention, softmax(q k^T / sqrt(D)) v per head. Query i sees key j when
-// j <= i and, with window > 0, i - j < window (window 0 = full causal).
+// Causal self-attention, softmax(q k^T / sqrt(D)) v per query head, with grouped-query
+// attention: query head h attends with key/value head h / G, G = H / Hkv (Hkv = H: multi-head,
+// Hkv = 1: multi-query). H must be a multiple of Hkv. Query i sees key j when j <= i and, with
+// window > 0, i - j < window (window 0 = full causal).
 template <class Real>
-void attention_forward(Real* out,          // (B,T,C) laid out (H,D) per token
+void attention_forward(Real* out,          // (B,T,H*D) laid out (H,D) per token
                        Real* probs,        // (B,H,T,T) softmax rows saved for backward; masked = 0
-                       const Real* qkv,    // (B,T,3C) laid out (H,3,D) per token
-                       int B, int T, int C, int H, int window);
+                       const Real* qkv,    // (B,T,Hkv*(G+2)*D) laid out (Hkv,G+2,D) per token
+                       int B, int T, int H, int Hkv, int D, int window);
+// The key/value gradients of a group sum its G query heads' terms, added in head order.
 template <class Real>
-void attention_backward(Real* dqkv,         // (B,T,3C) +=
-                        const Real* dout,   // (B,T,C)
-                        const Real* qkv,    // (B,T,3C)
+void attention_backward(Real* dqkv,         // (B,T,Hkv*(G+2)*D) +=
+                        const Real* dout,   // (B,T,H*D)
+                        const Real* qkv,    // (B,T,Hkv*(G+2)*D)
                         const Real* probs,  // (B,H,T,T)
-                        int B, int T, int C, int H, int window);
+                        int B, int T, int H, int Hkv, int D, int window);
+
+// RMSNorm over the last dimension, as Hugging Face's LlamaRMSNorm: out = inp * rstd * weight,
+// rstd = 1 / sqrt(mean(inp^2) + eps), the mean of squares taken in Real (float or double).
+template <class Real>
+void rmsnorm_forward(Real* out,           // (N,C)
+                     Real* rstd,          // (N) saved for backward
+                     const Real* inp,     // (N,C)
+                     const Real* weight,  // (C)
+                     int N, int C, double eps);
+template <class Real>
+void rmsnorm_backward(Real* dinp,          // (N,C) +=
+                      Real* dweight,       // (C) +=
+                      const Real* dout,    // (N,C)
+                      const Real* inp,     // (N,C)
+                      const Real* weight,  // (C)
+                      const Real* rstd,    // (N) from rmsnorm_forward
+                      int N, int C);
+
+// Rotary positions (RoPE), rotate-half convention (Hugging Face's, so HF Llama weights need no
+// permutation): for a head vector x of size D at position p and i < D/2, with a = p * freqs[i],
+//   x'[i]       = x[i] cos a - x[i+D/2] sin a
+//   x'[i+D/2]   = x[i+D/2] cos a + x[i] sin a.
+// Applied IN PLACE to every query and key head of the fused QKV activation (layout above,
+// G = H / Hkv); the value heads are left as they are. Row t is at position pos0 + t. The angles
+// and their cosines and sines are computed in double, then rounded to Real. freqs comes from
+// rope_frequencies (ops/rope.h).
+template <class Real>
+void rope_forward(Real* qkv,            // (B,T,Hkv*(G+2)*D) in place
+                  const double* freqs,  // (D/2)
+                  int B, int T, int Hkv, int G, int D, int pos0);
+// The gradient through rope_forward: rotates the query and key parts of dqkv back by the same
+// angles (the transpose of a rotation is its inverse), IN PLACE. Unlike the other backwards it
+// does not accumulate: dqkv holds the gradient with respect to the rotated q and k on entry and
+// with respect to the unrotated ones on return; the value parts are left as they are.
+template <class Real>
+void rope_backward(Real* dqkv,           // (B,T,Hkv*(G+2)*D) in place
+                   const double* freqs,  // (D/2)
+                   int B, int T, int Hkv, int G, int D, int pos0);
+
+// SwiGLU: out = silu(gate) * up, silu(x) = x / (1 + exp(-x)). The gate and up projections are
+// one GEMM whose output is laid out (F,2) per row: feature f's gate at 2f, its up at 2f+1, so
+// that a contiguous split of features (tensor parallelism) gives each rank matching halves.
+template <class Real>
+void swiglu_forward(Real* out,       // (N,F)
+                    const Real* gu,  // (N,F,2)
+                    int64_t N, int64_t F);
+template <class Real>
+void swiglu_backward(Real* dgu,         // (N,F,2) +=
+                     const Real* gu,    // (N,F,2)
+                     const Real* dout,  // (N,F)
+                     int64_t N, int64_t F);
 
 // Softmax cross-entropy over the first V of Vp columns (the padded columns are not part of the
 // vocabulary and never enter the softmax).

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include "attention_before_gqa.h"
 #include "op_test_util.h"
 #include "ops/cpu/ops.h"
 
@@ -8,8 +9,15 @@ using namespace myriad::cpu::testing;
 
 namespace {
 
+// C = H * D query channels; Hkv key/value heads, 0 meaning H (plain multi-head, as before GQA).
 struct Shape {
   int B, T, C, H, window;
+  int Hkv = 0;
+
+  int kv() const { return Hkv > 0 ? Hkv : H; }
+  int G() const { return H / kv(); }
+  int D() const { return C / H; }
+  size_t qkv_size() const { return static_cast<size_t>(B) * T * kv() * (G() + 2) * D(); }
 };
 
 struct AttentionCase {
@@ -18,13 +26,14 @@ struct AttentionCase {
 
   AttentionCase(uint64_t seed, Shape shape) : s(shape) {
     std::mt19937_64 rng(seed);
-    qkv = random_vec(rng, static_cast<size_t>(s.B) * s.T * 3 * s.C, -1.5, 1.5);
+    qkv = random_vec(rng, s.qkv_size(), -1.5, 1.5);
     R = random_vec(rng, static_cast<size_t>(s.B) * s.T * s.C);
   }
   size_t probs_size() const { return static_cast<size_t>(s.B) * s.H * s.T * s.T; }
   Vec forward(Vec* probs_out = nullptr) const {
     Vec out(R.size()), probs(probs_size());
-    attention_forward(out.data(), probs.data(), qkv.data(), s.B, s.T, s.C, s.H, s.window);
+    attention_forward(out.data(), probs.data(), qkv.data(), s.B, s.T, s.H, s.kv(), s.D(),
+                      s.window);
     if (probs_out) *probs_out = probs;
     return out;
   }
@@ -32,22 +41,25 @@ struct AttentionCase {
   void backward(Vec& dqkv) const {
     Vec probs;
     forward(&probs);
-    attention_backward(dqkv.data(), R.data(), qkv.data(), probs.data(), s.B, s.T, s.C, s.H,
-                       s.window);
+    attention_backward(dqkv.data(), R.data(), qkv.data(), probs.data(), s.B, s.T, s.H, s.kv(),
+                       s.D(), s.window);
   }
 };
 
 bool visible(int i, int j, int window) { return j <= i && (window <= 0 || i - j < window); }
 
-// Straightforward attention in double, laid out as the op: qkv (B,T,H,3,D), out (B,T,H,D).
+// Straightforward attention in double, laid out as the op: qkv (B,T,Hkv,G+2,D), out (B,T,H,D).
+// Query head h is slot h % G of group h / G; the group's key and value are slots G and G+1.
 Vec naive_attention(const Vec& qkv, Shape s) {
-  const int D = s.C / s.H;
+  const int D = s.D(), G = s.G(), Hkv = s.kv();
   Vec out(static_cast<size_t>(s.B) * s.T * s.C);
   for (int b = 0; b < s.B; ++b)
     for (int h = 0; h < s.H; ++h)
       for (int i = 0; i < s.T; ++i) {
+        // part 0: query head h; 1: its key; 2: its value.
         auto at = [&](int t, int part, int d) {
-          return qkv[((b * s.T + t) * s.H + h) * 3 * D + part * D + d];
+          const int slot = part == 0 ? h % G : G + part - 1;
+          return qkv[(((static_cast<size_t>(b) * s.T + t) * Hkv + h / G) * (G + 2) + slot) * D + d];
         };
         std::vector<double> w(s.T, 0.0);
         double m = -1e300, sum = 0;
@@ -91,7 +103,7 @@ void check_probs(const Vec& probs, Shape s) {
 void check_case(uint64_t seed, Shape s) {
   SCOPED_TRACE("B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) +
                " C=" + std::to_string(s.C) + " H=" + std::to_string(s.H) +
-               " window=" + std::to_string(s.window));
+               " Hkv=" + std::to_string(s.kv()) + " window=" + std::to_string(s.window));
   AttentionCase c(seed, s);
   Vec probs;
   const Vec out = c.forward(&probs);
@@ -134,9 +146,9 @@ namespace {
 VecF run_float(const Vec& qkv, const Vec& dout, Shape s) {
   const VecF fqkv = to_float(qkv), fdout = to_float(dout);
   VecF out(fdout.size()), probs(static_cast<size_t>(s.B) * s.H * s.T * s.T), dqkv(fqkv.size());
-  attention_forward(out.data(), probs.data(), fqkv.data(), s.B, s.T, s.C, s.H, s.window);
-  attention_backward(dqkv.data(), fdout.data(), fqkv.data(), probs.data(), s.B, s.T, s.C, s.H,
-                     s.window);
+  attention_forward(out.data(), probs.data(), fqkv.data(), s.B, s.T, s.H, s.kv(), s.D(), s.window);
+  attention_backward(dqkv.data(), fdout.data(), fqkv.data(), probs.data(), s.B, s.T, s.H, s.kv(),
+                     s.D(), s.window);
   out.insert(out.end(), probs.begin(), probs.end());
   out.insert(out.end(), dqkv.begin(), dqkv.end());
   return out;
@@ -160,6 +172,101 @@ TEST(Attention, FloatMatchesDoubleAndIsDeterministic) {
     for (int threads : {1, 3}) {
       with_threads(threads,
                    [&] { EXPECT_TRUE(bitwise_equal(first, run_float(c.qkv, c.R, s))) << threads; });
+    }
+  }
+}
+
+TEST(Attention, GroupedQueryGradientsMatchFiniteDifferences) {
+  // G = 2 (two query heads per key/value head) and G = H (multi-query), causal and windowed.
+  check_case(11, {2, 5, 16, 4, 0, 2});
+  check_case(12, {2, 5, 16, 4, 2, 2});
+  check_case(13, {2, 5, 12, 3, 0, 1});
+  check_case(14, {2, 5, 12, 3, 3, 1});
+  check_case(15, {1, 6, 8, 1, 0, 1});  // one head: G = 1 = H
+}
+
+TEST(Attention, GroupedQuerySeveralRowBlocks) {
+  // Past the kernel's first row block (32), a window across its boundary; small heads, since the
+  // finite differences rerun the forward for every input.
+  check_case(16, {1, 40, 4, 2, 0, 1});
+  check_case(17, {1, 40, 8, 4, 20, 2});
+}
+
+TEST(Attention, GroupedQueryBackwardAccumulates) {
+  AttentionCase c(18, {2, 5, 16, 4, 2, 2});
+  Vec d1(c.qkv.size());
+  c.backward(d1);
+  Vec d2 = d1;
+  c.backward(d2);
+  for (auto& x : d1) x *= 2;
+  expect_close("dqkv", d2, d1, 1e-14);
+}
+
+TEST(Attention, GroupedQueryFloatMatchesDoubleAndIsDeterministic) {
+  // The key/value gradients sum over a group's query heads: the bits must not depend on threads.
+  for (int Hkv : {2, 1}) {
+    for (int window : {0, 24}) {
+      const Shape s{3, 80, 32, 4, window, Hkv};
+      AttentionCase c(19, s);
+      round_to_float({&c.qkv, &c.R});
+      Vec probs, dqkv(c.qkv.size());
+      Vec want = c.forward(&probs);
+      c.backward(dqkv);
+      want.insert(want.end(), probs.begin(), probs.end());
+      want.insert(want.end(), dqkv.begin(), dqkv.end());
+      const VecF first = run_float(c.qkv, c.R, s);
+      expect_close("float vs double", first, want, 1e-5);
+      for (int threads : {1, 2, 3}) {
+        with_threads(threads, [&] {
+          EXPECT_TRUE(bitwise_equal(first, run_float(c.qkv, c.R, s))) << Hkv << " " << threads;
+        });
+      }
+    }
+  }
+}
+
+namespace {
+
+// Forward + backward of the current kernel (Hkv = H) or of the one before GQA
+// (attention_before_gqa.h) on the same inputs, in Real; out, probs and dqkv concatenated.
+template <class Real>
+std::vector<Real> run_mha(const Vec& qkv, const Vec& dout, Shape s, bool before_gqa) {
+  const std::vector<Real> q(qkv.begin(), qkv.end()), d(dout.begin(), dout.end());
+  std::vector<Real> out(d.size()), probs(static_cast<size_t>(s.B) * s.H * s.T * s.T),
+      dqkv(q.size());
+  if (before_gqa) {
+    frozen_mha::attention_forward(out.data(), probs.data(), q.data(), s.B, s.T, s.C, s.H,
+                                  s.window);
+    frozen_mha::attention_backward(dqkv.data(), d.data(), q.data(), probs.data(), s.B, s.T, s.C,
+                                   s.H, s.window);
+  } else {
+    attention_forward(out.data(), probs.data(), q.data(), s.B, s.T, s.H, s.H, s.D(), s.window);
+    attention_backward(dqkv.data(), d.data(), q.data(), probs.data(), s.B, s.T, s.H, s.H, s.D(),
+                       s.window);
+  }
+  out.insert(out.end(), probs.begin(), probs.end());
+  out.insert(out.end(), dqkv.begin(), dqkv.end());
+  return out;
+}
+
+}  // namespace
+
+TEST(Attention, MultiHeadBitwiseAsBeforeGroupedQuery) {
+  // Hkv = H must keep every bit of the multi-head kernel: out, probs and dqkv, in float (what
+  // training uses) and double, at several thread counts, on shapes past several row blocks.
+  const Shape shapes[] = {{2, 5, 12, 3, 0}, {2, 5, 12, 3, 2}, {3, 80, 32, 4, 0},
+                          {3, 80, 32, 4, 24}, {1, 130, 64, 2, 65}, {2, 40, 48, 1, 0}};
+  for (const Shape& s : shapes) {
+    AttentionCase c(20, s);
+    for (int threads : {1, 2, 3}) {
+      with_threads(threads, [&] {
+        EXPECT_TRUE(bitwise_equal(run_mha<float>(c.qkv, c.R, s, false),
+                                  run_mha<float>(c.qkv, c.R, s, true)))
+            << "float T=" << s.T << " window=" << s.window << " threads=" << threads;
+        EXPECT_TRUE(bitwise_equal(run_mha<double>(c.qkv, c.R, s, false),
+                                  run_mha<double>(c.qkv, c.R, s, true)))
+            << "double T=" << s.T << " window=" << s.window << " threads=" << threads;
+      });
     }
   }
 }
