@@ -39,7 +39,11 @@ std::map<std::string, HostTensor> read_safetensors(const std::string& path,
 // folder beside OUT and renamed into place, so a failure leaves OUT as it was, and OUT holds
 // that export's files only. An existing OUT is replaced only when it is empty or holds an
 // earlier export's files only (by its manifest), or with `overwrite` (the whole folder, never
-// one that holds `dir`); else an input error names the first file export did not write.
+// one that holds `dir`, even through a symbolic link); else an input error names the first file
+// export did not write. Where OUT exists but cannot be replaced whole (a mount point, a parent
+// this user cannot write), the files are staged in OUT/.myriad-tmp-PID and renamed into OUT one
+// by one, the earlier export's other files removed after, the manifest last: not atomic, but a
+// crash leaves a folder the next export replaces (with `overwrite`, files no export wrote stay).
 void export_hf(const std::string& dir, const std::string& out, bool overwrite = false);
 
 // Reads a GPT-2 model directory (config.json, model.safetensors) into `out`, a committed

@@ -36,6 +36,16 @@ void write_all(std::FILE* f, const void* data, size_t n, const std::string& path
     throw_runtime(path, ": write failed: ", std::strerror(errno));
 }
 
+// A new file beside `path` that this process alone made, `path`.tmp-<pid>: a file already
+// there under that name (a user's own, or a killed writer's) is never truncated or removed.
+std::FILE* create_temporary(const std::string& path, std::string& made) {
+  for (int i = 0;; ++i) {
+    made = cat(path, ".tmp-", ::getpid(), i ? cat("-", i) : std::string());
+    if (std::FILE* f = std::fopen(made.c_str(), "wbx")) return f;
+    if (errno != EEXIST || i >= 100) throw_runtime(made, ": cannot create: ", std::strerror(errno));
+  }
+}
+
 template <class T>
 void put(std::string& out, T v) {
   out.append(reinterpret_cast<const char*>(&v), sizeof v);
@@ -187,9 +197,7 @@ IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, int64_t vocab_siz
     std::filesystem::create_directories(parent, ec);
     if (ec) throw_runtime(parent.string(), ": cannot create the directory: ", ec.message());
   }
-  const std::string path = prefix_ + ".bin.tmp";
-  bin_ = std::fopen(path.c_str(), "wb");
-  if (!bin_) throw_runtime(path, ": cannot create: ", std::strerror(errno));
+  bin_ = create_temporary(prefix_ + ".bin", bin_tmp_);
   buffer_.reserve(kWriteBuffer + 1024);
 }
 
@@ -200,8 +208,8 @@ IndexedDatasetWriter::~IndexedDatasetWriter() {
 void IndexedDatasetWriter::remove_temporaries() {
   if (bin_) std::fclose(bin_);
   bin_ = nullptr;
-  for (const char* ext : {".bin.tmp", ".idx.tmp", ".json.tmp"})
-    std::remove((prefix_ + ext).c_str());
+  for (const std::string* tmp : {&bin_tmp_, &idx_tmp_, &json_tmp_})
+    if (!tmp->empty()) std::remove(tmp->c_str());
 }
 
 void IndexedDatasetWriter::add_document(std::span<const int32_t> tokens) {
@@ -230,7 +238,7 @@ void IndexedDatasetWriter::add_document(std::span<const int32_t> tokens) {
 }
 
 void IndexedDatasetWriter::flush() {
-  write_all(bin_, buffer_.data(), buffer_.size(), prefix_ + ".bin.tmp");
+  write_all(bin_, buffer_.data(), buffer_.size(), bin_tmp_);
   buffer_.clear();
 }
 
@@ -240,7 +248,7 @@ void IndexedDatasetWriter::finish() {
   std::FILE* closing = bin_;
   bin_ = nullptr;
   if (std::fclose(closing) != 0)
-    throw_runtime(prefix_, ".bin.tmp: close failed: ", std::strerror(errno));
+    throw_runtime(bin_tmp_, ": close failed: ", std::strerror(errno));
 
   const auto n = static_cast<uint64_t>(lengths_.size());
   std::string idx;
@@ -258,14 +266,13 @@ void IndexedDatasetWriter::finish() {
   }
   for (uint64_t d = 0; d <= n; ++d) put<int64_t>(idx, static_cast<int64_t>(d));
 
-  const auto write_file = [](const std::string& path, const std::string& data) {
-    std::FILE* f = std::fopen(path.c_str(), "wb");
-    if (!f) throw_runtime(path, ": cannot create: ", std::strerror(errno));
+  const auto write_file = [](const std::string& final_path, std::string& path, const std::string& data) {
+    std::FILE* f = create_temporary(final_path, path);
     const bool ok = data.empty() || std::fwrite(data.data(), 1, data.size(), f) == data.size();
     const int err = errno;
     if (std::fclose(f) != 0 || !ok) throw_runtime(path, ": write failed: ", std::strerror(err));
   };
-  write_file(prefix_ + ".idx.tmp", idx);
+  write_file(prefix_ + ".idx", idx_tmp_, idx);
   if (!tokenizer_.empty()) {
     nlohmann::ordered_json j;
     j["format"] = "MMIDIDX";
@@ -275,17 +282,18 @@ void IndexedDatasetWriter::finish() {
     j["eot"] = eot_;
     j["documents"] = lengths_.size();
     j["tokens"] = tokens_;
-    write_file(prefix_ + ".json.tmp", j.dump() + "\n");
+    write_file(prefix_ + ".json", json_tmp_, j.dump() + "\n");
   }
   // An old sidecar goes first and the new one last, so that a sidecar under the final name
   // always describes the .bin and .idx beside it.
   std::remove((prefix_ + ".json").c_str());
-  std::vector<const char*> exts = {".bin", ".idx"};
-  if (!tokenizer_.empty()) exts.push_back(".json");
-  for (const char* ext : exts) {
-    const std::string to = prefix_ + ext, from = to + ".tmp";
-    if (std::rename(from.c_str(), to.c_str()) != 0)
-      throw_runtime(from, ": cannot rename to ", to, ": ", std::strerror(errno));
+  std::vector<std::pair<const char*, std::string*>> files = {{".bin", &bin_tmp_}, {".idx", &idx_tmp_}};
+  if (!tokenizer_.empty()) files.push_back({".json", &json_tmp_});
+  for (const auto& [ext, from] : files) {
+    const std::string to = prefix_ + ext;
+    if (std::rename(from->c_str(), to.c_str()) != 0)
+      throw_runtime(*from, ": cannot rename to ", to, ": ", std::strerror(errno));
+    from->clear();  // under its final name now: not a temporary to remove
   }
   finished_ = true;
 }

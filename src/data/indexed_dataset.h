@@ -44,9 +44,10 @@ DType dtype_for_vocab(int64_t vocab_size);
 std::string dataset_prefix(const std::string& path_or_prefix);
 
 // Writes PREFIX.bin, PREFIX.idx and (when `tokenizer` is not empty) PREFIX.json, one sequence
-// per document. Everything goes to temporary names (PREFIX.bin.tmp, ...) that finish() renames
-// into place, so an interrupted writer never leaves a partial file under a final name;
-// destroying an unfinished writer removes its temporary files. Not thread-safe.
+// per document. Everything goes to temporary names of this process's own (PREFIX.bin.tmp-PID,
+// ...; a file already under such a name is left alone) that finish() renames into place, so an
+// interrupted writer never leaves a partial file under a final name; destroying an unfinished
+// writer removes its temporary files. Not thread-safe.
 class IndexedDatasetWriter {
  public:
   // The parent directory is created. `eot` goes to the sidecar only.
@@ -74,6 +75,7 @@ class IndexedDatasetWriter {
   int32_t eot_;
   DType dtype_;
   std::FILE* bin_ = nullptr;
+  std::string bin_tmp_, idx_tmp_, json_tmp_;  // the temporary files this writer made
   std::vector<char> buffer_;      // encoded tokens not yet written to the .bin
   std::vector<int32_t> lengths_;  // [documents]
   int64_t tokens_ = 0;

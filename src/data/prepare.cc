@@ -34,6 +34,18 @@ bool same_file(const std::string& a, const std::string& b) {
   return std::filesystem::absolute(a).lexically_normal() == std::filesystem::absolute(b).lexically_normal();
 }
 
+// Whether PREFIX.json is the sidecar prepare writes, which names the tokenizer: the writer
+// renames it into place after the .bin and .idx it describes, so it proves that PREFIX.* are an
+// earlier prepare's, which may be replaced.
+bool written_by_prepare(const std::string& prefix) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(prefix + ".json", ec)) return false;
+  std::ifstream in(prefix + ".json", std::ios::binary);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  return j.is_object() && j.contains("format") && j["format"] == "MMIDIDX" && j.contains("tokenizer") &&
+         j["tokenizer"].is_string() && j.contains("vocab_size") && j["vocab_size"].is_number_integer();
+}
+
 using DocFn = std::function<void(std::string_view)>;
 
 std::ifstream open_input(const std::string& path) {
@@ -123,11 +135,24 @@ PrepareStats prepare(const PrepareOptions& o) {
   }
   // The writers replace PREFIX.* by renames at the end: an input of that name would be lost.
   for (const auto& p : prefixes)
-    for (const char* ext : {".bin", ".idx", ".json", ".bin.tmp", ".idx.tmp", ".json.tmp"})
+    for (const char* ext : {".bin", ".idx", ".json"})
       for (const auto& in : o.inputs)
         if (same_file(in, p + ext))
           throw_input("prepare: --output ", o.output_prefix, " would write ", p + ext, ", which is also an input (",
                       in, "): choose another --output");
+  // A file the user already has under one of the names is never replaced, unless an earlier
+  // prepare wrote it (its sidecar says so) or --overwrite is given.
+  if (!o.overwrite)
+    for (const auto& p : prefixes) {
+      if (written_by_prepare(p)) continue;
+      for (const char* ext : {".bin", ".idx", ".json"}) {
+        std::error_code ec;
+        if (!std::filesystem::exists(std::filesystem::symlink_status(p + ext, ec))) continue;
+        throw_input("prepare: ", p + ext, " exists", std::string(ext) == ".json" ? " and is not the sidecar myriad prepare "
+                    "writes" : cat(" and no sidecar ", p, ".json of myriad prepare's says it wrote it"),
+                    ": give another --output, or add --overwrite to replace it");
+      }
+    }
   const auto tok = make_tokenizer(o.tokenizer);
 
   std::vector<std::unique_ptr<IndexedDatasetWriter>> out;

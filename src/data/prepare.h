@@ -11,7 +11,7 @@ struct PrepareOptions {
   // Files ending in .jsonl hold one JSON object per line whose "text" field is a document
   // (Megatron-LM's preprocessing input); any other file is plain text.
   std::vector<std::string> inputs;
-  std::string tokenizer;      // a make_tokenizer name: "byte" or "gpt2"
+  std::string tokenizer;      // a make_tokenizer name: "byte", "gpt2" or "llama3"
   std::string output_prefix;  // writes PREFIX.{bin,idx,json}, or PREFIX_train.* and PREFIX_valid.*
   // With 0 < valid_fraction <= 0.5, the nearest whole number of documents to that fraction of
   // them (halves up), spread evenly over the documents of all inputs in order, goes to
@@ -20,6 +20,8 @@ struct PrepareOptions {
   // In plain-text inputs, a line equal to this (e.g. "%" in fortune files) ends a document;
   // when empty, each file is one document.
   std::string doc_separator;
+  // Replace PREFIX.* files that are there already even when no earlier prepare wrote them.
+  bool overwrite = false;
 };
 
 struct SplitStats {
@@ -41,7 +43,8 @@ struct PrepareStats {
 // (output directories are created; each file appears under its final name only when complete).
 // Input errors: a missing or unreadable input (named), malformed JSON lines (file:line), an
 // unknown tokenizer, a valid_fraction outside [0, 0.5], a split left empty, an output file that
-// is one of the inputs.
+// is one of the inputs, an output file that exists and that no earlier prepare wrote (by the
+// PREFIX.json sidecar) unless `overwrite`.
 PrepareStats prepare(const PrepareOptions& options);
 
 }  // namespace myriad::data

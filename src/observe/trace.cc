@@ -196,7 +196,23 @@ void check_line(const nlohmann::json& e, const std::string& where, int rank) {
     fail("args", "an object whose step is an integer");
 }
 
+// The fields of a merged timeline besides its events; otherData is the trace format's place for
+// metadata, and says who wrote the file.
+nlohmann::json timeline_head() {
+  return {{"displayTimeUnit", "ms"}, {"otherData", {{"producer", "myriad trace"}}}};
+}
+
 }  // namespace
+
+bool is_merged_timeline(const std::string& path) {
+  // nlohmann's objects sort their keys, so the head comes before "traceEvents" in the compact
+  // text: its first bytes tell, without reading a timeline of any size.
+  std::string head = timeline_head().dump();
+  head.back() = ',';
+  std::ifstream in(path, std::ios::binary);
+  std::string start(head.size(), '\0');
+  return in.read(start.data(), static_cast<std::streamsize>(start.size())) && start == head;
+}
 
 nlohmann::json merge(const std::string& run_dir, int64_t first, int64_t last) {
   namespace fs = std::filesystem;
@@ -256,7 +272,9 @@ nlohmann::json merge(const std::string& run_dir, int64_t first, int64_t last) {
   }
   if (files == 0)
     throw_input("trace: ", dir.string(), " holds no traces (rank_*.jsonl): train with --set observe.trace=true");
-  return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
+  nlohmann::json timeline = timeline_head();
+  timeline["traceEvents"] = std::move(events);
+  return timeline;
 }
 
 }  // namespace myriad::trace

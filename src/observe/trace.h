@@ -41,7 +41,11 @@ void close();
 // named by its coordinates, the clocks aligned to rank 0's, only the steps in [first, last].
 // An input error naming the directory when it holds no trace, and naming the file, line and
 // field when a file there is not a trace Myriad wrote (a line cut by a crash is passed over).
+// Its otherData.producer is "myriad trace": the mark of a timeline Myriad wrote.
 nlohmann::json merge(const std::string& run_dir, int64_t first, int64_t last);
+// Whether the file `path` is a merged timeline as `myriad trace` writes it (merge()'s compact
+// dump), which the command may replace; false for any other file, or one it cannot read.
+bool is_merged_timeline(const std::string& path);
 // The step about to run: whether its events are kept.
 void set_step(int64_t step);
 bool active();

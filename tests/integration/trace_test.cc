@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -295,6 +296,41 @@ TEST(Trace, GarbageTracesAreInputErrorsNamingTheFile) {
   EXPECT_EQ(last_line(bad.output).rfind(cat("myriad: input error: report: ", (cut / "metrics.jsonl").string(), ", line 2"), 0),
             0u) << bad.output;
   fs::remove_all(dir);
+}
+
+// `trace --output FILE` replaces a file only when it is a timeline `myriad trace` wrote (its
+// otherData.producer says so), or with --overwrite (issue 26's rule for paths the user names):
+// a user's file is refused in one line naming it, and left as it was. The default output is
+// replaced while it is Myriad's.
+TEST(Trace, AnOutputThatIsNotAMergedTimelineIsNeverReplaced) {
+  const fs::path rd = fs::temp_directory_path() / cat("myriad_trace_output_", getpid());
+  fs::create_directories(rd / "traces");
+  std::ofstream(rd / "traces" / "rank_0.jsonl") << kHeader << "\n" << step_event(1) << "\n";
+  const fs::path timeline = rd / "traces" / "timeline.json", mine = rd / "notes.json";
+  for (int i = 0; i < 2; ++i) {  // the second time over its own timeline
+    Result r = run(cat("trace ", rd.string()));
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_EQ(read_json(timeline)["otherData"]["producer"], "myriad trace");
+  }
+  std::ofstream(mine) << "{\"mine\": true}\n";
+  Result r = run(cat("trace ", rd.string(), " --output ", mine.string()));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_EQ(last_line(r.output).rfind(cat("myriad: input error: trace: ", mine.string(), " exists"), 0), 0u) << r.output;
+  EXPECT_NE(r.output.find("--overwrite"), std::string::npos) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  EXPECT_EQ(read_json(mine), nlohmann::json({{"mine", true}}));
+  r = run(cat("trace ", rd.string(), " --output ", mine.string(), " --overwrite"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(read_json(mine)["traceEvents"].size(), read_json(timeline)["traceEvents"].size());
+  r = run(cat("trace ", rd.string(), " --output ", mine.string(), " --steps 1:1"));  // Myriad's now
+  EXPECT_EQ(r.code, 0) << r.output;
+  // The default output too, once it is not Myriad's.
+  std::ofstream(timeline) << "mine\n";
+  r = run(cat("trace ", rd.string()));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find(timeline.string()), std::string::npos) << r.output;
+  EXPECT_EQ(myriad::test::read_file(timeline), "mine\n");
+  fs::remove_all(rd);
 }
 
 // An installed myriad (`cmake --install BUILD --prefix P`, which `make install PREFIX=P` runs):

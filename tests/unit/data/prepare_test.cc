@@ -96,7 +96,7 @@ TEST(Prepare, FortunesWithValidationSplit) {
     EXPECT_EQ(j % 4 == 3 ? vdocs[vi++] : tdocs[ti++], expected[j]) << "document " << j;
   EXPECT_FALSE(std::filesystem::exists(dir / "out/fortunes.bin"));
   for (const auto& e : std::filesystem::directory_iterator(dir / "out"))
-    EXPECT_NE(e.path().extension(), ".tmp") << e.path();
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
 }
 
 TEST(Prepare, WholeFilesAndJsonLines) {
@@ -235,4 +235,58 @@ TEST(Prepare, ValidFractionSplitsOffTheNearestDocumentCount) {
   std::vector<std::string> want;
   for (int j : {2, 4, 7, 9, 12, 14, 17, 19}) want.push_back("document " + std::to_string(j) + "\n");
   EXPECT_EQ(vdocs, want);
+}
+
+// A file the user already has under an output name is never replaced (issue 26's rule: a path
+// that exists is replaced only when the command can prove it wrote it, or with --overwrite):
+// an earlier prepare's files, which their PREFIX.json sidecar proves, are; a user's are refused,
+// named; a user's PREFIX.bin.tmp is not the writer's temporary file and is left alone.
+TEST(Prepare, AnExistingOutputIsReplacedOnlyWhenPrepareWroteIt) {
+  TempDir dir;
+  write_file(dir / "in.txt", "one\n%\ntwo\n%\nthree\n%\nfour\n");
+  PrepareOptions o;
+  o.inputs = {dir / "in.txt"};
+  o.tokenizer = "byte";
+  o.doc_separator = "%";
+  struct Case {
+    std::string file;  // the user's, under an output name
+    double valid;
+  };
+  for (const Case& c : {Case{"x.bin", 0}, Case{"x.idx", 0}, Case{"x.json", 0}, Case{"x_valid.idx", 0.5},
+                        Case{"x_train.json", 0.5}}) {
+    write_file(dir / c.file, "mine\n");
+    o.output_prefix = dir / "x";
+    o.valid_fraction = c.valid;
+    const std::string e = input_error([&] { prepare(o); });
+    EXPECT_NE(e.find(dir / c.file), std::string::npos) << e;
+    EXPECT_NE(e.find("--overwrite"), std::string::npos) << e;
+    EXPECT_EQ(read_file(dir / c.file), "mine\n");
+    for (const auto& f : std::filesystem::directory_iterator(dir.path()))  // nothing else written
+      EXPECT_TRUE(f.path().filename() == "in.txt" || f.path().filename() == c.file) << f.path();
+    // --overwrite replaces it; then the files are prepare's, and a second prepare replaces them.
+    o.overwrite = true;
+    EXPECT_EQ(prepare(o).documents, 4) << c.file;
+    o.overwrite = false;
+    EXPECT_EQ(prepare(o).documents, 4) << c.file;
+    EXPECT_NE(read_file(dir / c.file), "mine\n");
+    for (const auto& f : std::filesystem::directory_iterator(dir.path()))
+      if (f.path().filename() != "in.txt") std::filesystem::remove(f.path());
+  }
+  // A sidecar of another program's (no tokenizer) proves nothing.
+  write_file(dir / "m.bin", "theirs");
+  write_file(dir / "m.json", "{\"format\": \"MMIDIDX\", \"version\": 1}\n");
+  o.output_prefix = dir / "m";
+  o.valid_fraction = 0;
+  EXPECT_NE(input_error([&] { prepare(o); }).find(dir / "m.bin"), std::string::npos);
+  EXPECT_EQ(read_file(dir / "m.bin"), "theirs");
+  // PREFIX.bin.tmp is a name a user may have: neither truncated nor removed.
+  write_file(dir / "t.bin.tmp", "mine\n");
+  write_file(dir / "t.idx.tmp", "mine too\n");
+  o.output_prefix = dir / "t";
+  EXPECT_EQ(prepare(o).documents, 4);
+  EXPECT_EQ(read_file(dir / "t.bin.tmp"), "mine\n");
+  EXPECT_EQ(read_file(dir / "t.idx.tmp"), "mine too\n");
+  EXPECT_EQ(IndexedDataset(dir / "t", 256).num_documents(), 4);
+  for (const auto& f : std::filesystem::directory_iterator(dir.path()))  // no temporary file left behind
+    EXPECT_EQ(f.path().filename().string().find(".tmp-"), std::string::npos) << f.path();
 }
