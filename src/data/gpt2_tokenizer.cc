@@ -10,20 +10,13 @@
 // Everything works on raw bytes: GPT-2's byte-to-unicode alphabet is only a printable spelling
 // of bytes, so the tables are converted back to bytes once at load time, and a comma in that
 // spelling is the byte ',' itself.
-#include <unicode/uchar.h>
-
-#include <algorithm>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
-#include <map>
-#include <mutex>
 #include <nlohmann/json.hpp>
-#include <queue>
 #include <sstream>
-#include <unordered_map>
 
 #include "core/error.h"
+#include "data/bpe.h"
 #include "data/tokenizer.h"
 
 namespace myriad::data {
@@ -32,88 +25,12 @@ namespace {
 constexpr const char* kSetupHint = "run scripts/setup.sh to fetch the GPT-2 vocabulary";
 constexpr const char* kEndOfText = "<|endoftext|>";
 
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-template <class V>
-using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
+using bpe::Char;
+using bpe::char_at;
+using bpe::CharClass;
+using bpe::StringMap;
 
-// ---- UTF-8 and character classes -------------------------------------------------------------
-
-enum class CharClass : uint8_t { kLetter, kNumber, kSpace, kOther };
-
-// Decodes the character at s[i]; returns its length in bytes and sets `cp` (-1 for a byte that
-// does not start a well-formed UTF-8 sequence: overlong forms, surrogates and values above
-// U+10FFFF are rejected, as a strict decoder must).
-inline int decode_utf8(std::string_view s, size_t i, int32_t& cp) {
-  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char c = b(i);
-  const size_t left = s.size() - i;
-  const auto cont = [&](size_t k) { return (b(k) & 0xC0) == 0x80; };
-  if (c < 0x80) {
-    cp = c;
-    return 1;
-  }
-  if (c >= 0xC2 && c <= 0xDF && left >= 2 && cont(i + 1)) {
-    cp = ((c & 0x1F) << 6) | (b(i + 1) & 0x3F);
-    return 2;
-  }
-  if (c >= 0xE0 && c <= 0xEF && left >= 3 && cont(i + 1) && cont(i + 2)) {
-    const unsigned char c1 = b(i + 1);
-    if (!(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 >= 0xA0)) {
-      cp = ((c & 0x0F) << 12) | ((c1 & 0x3F) << 6) | (b(i + 2) & 0x3F);
-      return 3;
-    }
-  }
-  if (c >= 0xF0 && c <= 0xF4 && left >= 4 && cont(i + 1) && cont(i + 2) && cont(i + 3)) {
-    const unsigned char c1 = b(i + 1);
-    if (!(c == 0xF0 && c1 < 0x90) && !(c == 0xF4 && c1 >= 0x90)) {
-      cp = ((c & 0x07) << 18) | ((c1 & 0x3F) << 12) | ((b(i + 2) & 0x3F) << 6) | (b(i + 3) & 0x3F);
-      return 4;
-    }
-  }
-  cp = -1;
-  return 1;
-}
-
-CharClass classify_slow(int32_t cp) {
-  if (cp < 0) return CharClass::kOther;
-  // JavaScript's \s: WhiteSpace (TAB, VT, FF, ZWNBSP, any Zs) and LineTerminator (LF, CR, LS, PS).
-  if ((cp >= 0x09 && cp <= 0x0D) || cp == 0x2028 || cp == 0x2029 || cp == 0xFEFF ||
-      u_charType(cp) == U_SPACE_SEPARATOR)
-    return CharClass::kSpace;
-  const uint32_t mask = U_GET_GC_MASK(cp);
-  if (mask & U_GC_L_MASK) return CharClass::kLetter;
-  if (mask & U_GC_N_MASK) return CharClass::kNumber;
-  return CharClass::kOther;
-}
-
-struct AsciiClasses {
-  CharClass c[128];
-  AsciiClasses() {
-    for (int i = 0; i < 128; ++i) c[i] = classify_slow(i);
-  }
-};
-
-inline CharClass classify(int32_t cp) {
-  static const AsciiClasses ascii;
-  if (cp >= 0 && cp < 128) return ascii.c[cp];
-  return classify_slow(cp);
-}
-
-struct Char {
-  CharClass cls;
-  int32_t cp;
-  int len;
-};
-
-inline Char char_at(std::string_view s, size_t i) {
-  Char ch;
-  ch.len = decode_utf8(s, i, ch.cp);
-  ch.cls = classify(ch.cp);
-  return ch;
-}
+// ---- Pre-tokenizer ---------------------------------------------------------------------------
 
 // Length of a contraction ('s 't 're 've 'm 'll 'd) at s[i], or 0.
 inline size_t contraction(std::string_view s, size_t i) {
@@ -172,63 +89,23 @@ void pretokenize(std::string_view s, F&& piece) {
 
 // ---- Vocabulary ------------------------------------------------------------------------------
 
-// GPT-2 spells byte b as the character unicode_of[b]: printable Latin-1 stands for itself, and
-// the other 68 bytes take U+0100 onwards in byte order.
-struct ByteAlphabet {
-  int32_t unicode_of[256];
-  int16_t byte_of[324];  // -1 where the code point spells no byte
-  ByteAlphabet() {
-    std::fill(std::begin(byte_of), std::end(byte_of), int16_t{-1});
-    int next = 256;
-    for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
-      unicode_of[b] = printable ? b : next++;
-      byte_of[unicode_of[b]] = static_cast<int16_t>(b);
-    }
-  }
-};
-
-struct Tables {
-  std::vector<std::string> bytes_of;  // id -> the bytes it stands for
-  StringMap<int32_t> id_of;           // bytes -> id
-  int32_t byte_id[256];               // id of each single byte
+struct Tables : bpe::Tables {
   int32_t eot = -1;
   // Merge ranks keyed as Encoder.js keys them: bytes(first) + "," + bytes(second).
   StringMap<int32_t> rank_of_key;
-  // The same merges keyed by id pair ((first << 32) | second) -> {rank, merged id}.
-  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merge_of_ids;
   // True when every merge only uses tokens made by lower-ranked merges (GPT-2's file does):
   // then merging pairs in rank order with a heap gives exactly the reference's result.
   bool rank_ordered = true;
 };
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw_input("gpt2 tokenizer: cannot read ", path, ": ", kSetupHint);
-  std::ostringstream os;
-  os << in.rdbuf();
-  if (in.bad()) throw_runtime("gpt2 tokenizer: error reading ", path);
-  return os.str();
-}
-
-// The bytes that a vocabulary string spells, or false when it uses a character outside the
-// alphabet.
-bool spelled_bytes(const ByteAlphabet& alpha, std::string_view s, std::string& out) {
-  out.clear();
-  for (size_t i = 0; i < s.size();) {
-    int32_t cp;
-    i += decode_utf8(s, i, cp);
-    if (cp < 0 || cp >= 324 || alpha.byte_of[cp] < 0) return false;
-    out.push_back(static_cast<char>(alpha.byte_of[cp]));
-  }
-  return true;
+  return bpe::read_file(path, "gpt2 tokenizer", kSetupHint);
 }
 
 std::shared_ptr<const Tables> load_tables(const std::string& dir) {
   const std::string enc_path = dir + "/encoder.json", bpe_path = dir + "/vocab.bpe";
   for (const auto& p : {enc_path, bpe_path})
     if (!std::filesystem::exists(p)) throw_input("gpt2 tokenizer: ", p, " not found: ", kSetupHint);
-  static const ByteAlphabet alpha;
   auto t = std::make_shared<Tables>();
 
   nlohmann::json enc;
@@ -252,7 +129,7 @@ std::shared_ptr<const Tables> load_tables(const std::string& dir) {
     if (key == kEndOfText) {
       t->eot = id;
       bytes = key;  // a special token: decodes to its own text
-    } else if (!spelled_bytes(alpha, key, bytes)) {
+    } else if (!bpe::spelled_bytes(key, bytes)) {
       throw_input("gpt2 tokenizer: ", enc_path, ": token '", key,
                   "' is not in GPT-2's byte alphabet: ", kSetupHint);
     }
@@ -261,12 +138,8 @@ std::shared_ptr<const Tables> load_tables(const std::string& dir) {
   }
   if (t->eot < 0)
     throw_input("gpt2 tokenizer: ", enc_path, " has no ", kEndOfText, ": ", kSetupHint);
-  for (int b = 0; b < 256; ++b) {
-    auto it = t->id_of.find(std::string(1, static_cast<char>(b)));
-    if (it == t->id_of.end())
-      throw_input("gpt2 tokenizer: ", enc_path, " lacks the token of byte ", b, ": ", kSetupHint);
-    t->byte_id[b] = it->second;
-  }
+  if (const int b = t->find_byte_ids(); b >= 0)
+    throw_input("gpt2 tokenizer: ", enc_path, " lacks the token of byte ", b, ": ", kSetupHint);
 
   // vocab.bpe: a "#version" line, then one merge "first second" per line by rank. Like the
   // reference, the line after the last newline is dropped.
@@ -288,36 +161,21 @@ std::shared_ptr<const Tables> load_tables(const std::string& dir) {
     std::string a, b, extra;
     if (!(fields >> a >> b) || (fields >> extra))
       throw_input("gpt2 tokenizer: ", bpe_path, ":", li + 1, ": expected two tokens: ", kSetupHint);
-    if (!spelled_bytes(alpha, a, first) || !spelled_bytes(alpha, b, second))
+    if (!bpe::spelled_bytes(a, first) || !bpe::spelled_bytes(b, second))
       throw_input("gpt2 tokenizer: ", bpe_path, ":", li + 1,
                   ": not in GPT-2's byte alphabet: ", kSetupHint);
     const auto rank = static_cast<int32_t>(li - 1);
     key = first + "," + second;
     t->rank_of_key[key] = rank;
-    const auto ia = t->id_of.find(first), ib = t->id_of.find(second),
-               im = t->id_of.find(first + second);
-    if (ia == t->id_of.end() || ib == t->id_of.end() || im == t->id_of.end())
+    Tables::MergeIds ids;
+    if (!t->add_merge(first, second, rank, &ids))
       throw_input("gpt2 tokenizer: ", bpe_path, ":", li + 1,
                   ": merge of tokens missing from encoder.json: ", kSetupHint);
-    const uint64_t pair =
-        (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint32_t>(ib->second);
-    t->merge_of_ids.emplace(pair, std::make_pair(rank, im->second));
-    for (const int32_t part : {ia->second, ib->second})
+    for (const int32_t part : {ids.first, ids.second})
       if (t->bytes_of[part].size() > 1 && (made_at[part] < 0 || made_at[part] >= rank))
         t->rank_ordered = false;
-    if (made_at[im->second] < 0) made_at[im->second] = rank;
+    if (made_at[ids.merged] < 0) made_at[ids.merged] = rank;
   }
-  return t;
-}
-
-// Loaded tables, shared by every tokenizer of the same directory while one is alive.
-std::shared_ptr<const Tables> shared_tables(const std::string& dir) {
-  static std::mutex mu;
-  static std::map<std::string, std::weak_ptr<const Tables>> loaded;
-  std::lock_guard<std::mutex> lock(mu);
-  if (auto t = loaded[dir].lock()) return t;
-  auto t = load_tables(dir);
-  loaded[dir] = t;
   return t;
 }
 
@@ -367,46 +225,6 @@ void reference_bpe(const Tables& t, std::string_view piece, std::vector<int32_t>
   }
 }
 
-// Merging in rank order with a heap: O(n log n) for long pieces. Equal to reference_bpe for
-// comma-free pieces when the merges are rank-ordered (each merge's new pairs rank after it),
-// because ties (the same pair at several places) are taken left to right.
-void heap_bpe(const Tables& t, std::string_view piece, std::vector<int32_t>& out) {
-  const int n = static_cast<int>(piece.size());
-  std::vector<int32_t> id(n), prev(n), next(n);
-  for (int i = 0; i < n; ++i) {
-    id[i] = t.byte_id[static_cast<unsigned char>(piece[i])];
-    prev[i] = i - 1;
-    next[i] = i + 1 < n ? i + 1 : -1;
-  }
-  struct Cand {
-    int32_t rank, left, right, left_id, right_id, merged;
-    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
-  };
-  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
-  const auto consider = [&](int l) {
-    if (l < 0 || next[l] < 0) return;
-    const int r = next[l];
-    auto it =
-        t.merge_of_ids.find((static_cast<uint64_t>(id[l]) << 32) | static_cast<uint32_t>(id[r]));
-    if (it != t.merge_of_ids.end())
-      heap.push({it->second.first, l, r, id[l], id[r], it->second.second});
-  };
-  for (int i = 0; i + 1 < n; ++i) consider(i);
-  while (!heap.empty()) {
-    const Cand c = heap.top();
-    heap.pop();
-    // Stale when either side has since merged: ids only ever grow, so equal ids mean unchanged.
-    if (id[c.left] != c.left_id || next[c.left] != c.right || id[c.right] != c.right_id) continue;
-    id[c.left] = c.merged;
-    id[c.right] = -1;
-    next[c.left] = next[c.right];
-    if (next[c.left] >= 0) prev[next[c.left]] = c.left;
-    consider(prev[c.left]);
-    consider(c.left);
-  }
-  for (int i = 0; i >= 0; i = next[i]) out.push_back(id[i]);
-}
-
 class Gpt2Tokenizer final : public Tokenizer {
  public:
   explicit Gpt2Tokenizer(std::shared_ptr<const Tables> t) : t_(std::move(t)) {}
@@ -423,52 +241,34 @@ class Gpt2Tokenizer final : public Tokenizer {
   }
 
   std::string decode(const std::vector<int32_t>& ids) const override {
-    std::string out;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      if (ids[i] < 0 || ids[i] >= vocab_size())
-        throw_input("gpt2 tokenizer: token id ", ids[i], " at position ", i, " is outside [0, ",
-                    vocab_size(), ")");
-      out += t_->bytes_of[ids[i]];
-    }
-    return out;
+    return bpe::decode_ids(*t_, ids, "gpt2 tokenizer");
   }
 
  private:
-  // Bounds the cache's memory on large corpora; natural text has far fewer distinct pieces.
-  static constexpr size_t kMaxCached = 1 << 20;
-
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
     if (piece.size() == 1) {
       out.push_back(t_->byte_id[static_cast<unsigned char>(piece[0])]);
       return;
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = cache_.find(piece);
-      if (it != cache_.end()) {
-        out.insert(out.end(), it->second.begin(), it->second.end());
-        return;
-      }
-    }
+    if (cache_.append(piece, out)) return;
     const size_t start = out.size();
+    // Merging in rank order equals Encoder.js's algorithm for comma-free pieces when the merges
+    // are rank-ordered (each merge's new pairs rank after it).
     if (t_->rank_ordered && piece.find(',') == std::string_view::npos)
-      heap_bpe(*t_, piece, out);
+      bpe::merge_by_rank(*t_, piece, out);
     else
       reference_bpe(*t_, piece, out);
-    std::lock_guard<std::mutex> lock(mu_);
-    if (cache_.size() >= kMaxCached) cache_.clear();
-    cache_.emplace(std::string(piece), std::vector<int32_t>(out.begin() + start, out.end()));
+    cache_.put(piece, out.data() + start, out.size() - start);
   }
 
   std::shared_ptr<const Tables> t_;
-  mutable std::mutex mu_;
-  mutable StringMap<std::vector<int32_t>> cache_;  // piece bytes -> ids
+  mutable bpe::PieceCache cache_;  // piece bytes -> ids
 };
 
 }  // namespace
 
 std::unique_ptr<Tokenizer> make_gpt2_tokenizer(const std::string& dir) {
-  return std::make_unique<Gpt2Tokenizer>(shared_tables(dir));
+  return std::make_unique<Gpt2Tokenizer>(bpe::shared_tables(dir, &load_tables));
 }
 
 std::vector<std::string_view> gpt2_pretokenize(std::string_view text) {

@@ -34,11 +34,12 @@ class ByteTokenizer final : public Tokenizer {
 
 }  // namespace
 
-std::vector<std::string> tokenizer_names() { return {"byte", "gpt2"}; }
+std::vector<std::string> tokenizer_names() { return {"byte", "gpt2", "llama3"}; }
 
 int64_t tokenizer_vocab_size(const std::string& name) {
   if (name == "byte") return 256;
   if (name == "gpt2") return 50257;
+  if (name == "llama3") return 128256;
   return make_tokenizer(name)->vocab_size();  // throws, naming the choices
 }
 
@@ -47,18 +48,28 @@ std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteT
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name) {
   if (name == "byte") return make_byte_tokenizer();
   if (name == "gpt2") return make_gpt2_tokenizer(gpt2_dir());
+  if (name == "llama3") return make_llama3_tokenizer(llama3_dir());
   const auto names = tokenizer_names();
   throw_input("unknown tokenizer '", name, "'", did_you_mean(name, names),
-              ": choose one of byte, gpt2");
+              ": choose one of byte, gpt2, llama3");
 }
 
-std::string gpt2_dir() {
+namespace {
+
+// The cache scripts/setup.sh fills: $MYRIAD_CACHE, else ${XDG_CACHE_HOME:-$HOME/.cache}/myriad.
+std::string cache_dir() {
   const char* cache = std::getenv("MYRIAD_CACHE");
-  if (cache && *cache) return std::string(cache) + "/gpt2";
+  if (cache && *cache) return cache;
   const char* xdg = std::getenv("XDG_CACHE_HOME");
-  if (xdg && *xdg) return std::string(xdg) + "/myriad/gpt2";
+  if (xdg && *xdg) return std::string(xdg) + "/myriad";
   const char* home = std::getenv("HOME");
-  return std::string(home && *home ? home : ".") + "/.cache/myriad/gpt2";
+  return std::string(home && *home ? home : ".") + "/.cache/myriad";
 }
+
+}  // namespace
+
+std::string gpt2_dir() { return cache_dir() + "/gpt2"; }
+
+std::string llama3_dir() { return cache_dir() + "/llama3"; }
 
 }  // namespace myriad::data

