@@ -150,6 +150,55 @@ void attention_backward(bf16* dqkv,        // (B,T,H,3,D) =
                         const float* lse,  // (B,H,T)
                         int B, int T, int H, int D, int window, cudaStream_t stream);
 
+// ---- Llama family (ops/cpu/ops.h has their definitions; the CPU op is the oracle) ----------
+
+// RMSNorm over the last dimension (HF's LlamaRMSNorm): out = (inp * rstd) * weight,
+// rstd = 1 / sqrt(mean(inp^2) + eps), statistics in fp32 (eps rounded to fp32).
+void rmsnorm_forward(bf16* out, float* rstd,  // (N,C), (N)
+                     const bf16* inp,         // (N,C)
+                     const bf16* weight,      // (C)
+                     int N, int C, double eps, cudaStream_t stream);
+// resid = bf16(a + b), then out = RMSNorm(resid) as stored: the residual add fused into the norm.
+void residual_rmsnorm_forward(bf16* resid, bf16* out, float* rstd,  // (N,C) (N,C) (N)
+                              const bf16* a, const bf16* b,         // (N,C)
+                              const bf16* weight,                   // (C)
+                              int N, int C, double eps, cudaStream_t stream);
+// dinp += ..., dweight += ... (the weight gradient summed over rows in a fixed order, two passes).
+// scratch: at least rmsnorm_scratch_floats(N, C) floats.
+size_t rmsnorm_scratch_floats(int N, int C);
+void rmsnorm_backward(bf16* dinp,          // (N,C) +=
+                      float* dweight,      // (C) +=
+                      float* scratch,
+                      const bf16* dout,    // (N,C)
+                      const bf16* inp,     // (N,C) (the stored residual when fused)
+                      const bf16* weight,  // (C)
+                      const float* rstd,   // (N) from the forward
+                      int N, int C, cudaStream_t stream);
+
+// Rotary positions, rotate-half convention, IN PLACE on the query and key heads of the fused QKV
+// activation laid out (Hkv, G+2, D) per token (G query heads, then k, then v per key/value head;
+// v untouched); row t of each batch is at position pos0 + t. freqs: D/2 floats on the device,
+// rope_frequencies (ops/rope.h) rounded to fp32. Angles and their sincos in fp64, rounded to
+// fp32 (rope.cu says why). D even, at most 512.
+void rope_forward(bf16* qkv,           // (B,T,Hkv*(G+2)*D) in place
+                  const float* freqs,  // (D/2) device
+                  int B, int T, int Hkv, int G, int D, int pos0, cudaStream_t stream);
+// The rotation back, IN PLACE (neither = nor +=, as the CPU op): dqkv holds the gradient with
+// respect to the rotated q and k on entry and the unrotated ones on return; v parts untouched.
+void rope_backward(bf16* dqkv,          // (B,T,Hkv*(G+2)*D) in place
+                   const float* freqs,  // (D/2) device
+                   int B, int T, int Hkv, int G, int D, int pos0, cudaStream_t stream);
+
+// SwiGLU: out = silu(gate) * up, silu in fp32; gu interleaved per feature (gate at 2f, up at 2f+1).
+void swiglu_forward(bf16* out,       // (N,F)
+                    const bf16* gu,  // (N,F,2)
+                    int64_t N, int64_t F, cudaStream_t stream);
+// dgu written (=), not accumulated (the CPU op accumulates); dgu may alias gu.
+void swiglu_backward(bf16* dgu,         // (N,F,2) =
+                     const bf16* gu,    // (N,F,2)
+                     const bf16* dout,  // (N,F)
+                     int64_t N, int64_t F, cudaStream_t stream);
+
 // Throws a runtime Error naming the call site when the last launch failed.
 void check_launch(const char* what);
 
