@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "model/flops.h"
 #include "model/gpt.h"
 #include "model/memory_plan.h"
 
@@ -675,8 +676,10 @@ void GptModel<Ops>::finish_grads(int64_t begin, int64_t end) {
 
 template <class Ops>
 double GptModel<Ops>::flops_per_token() const {
-  const double t_att = window_ > 0 ? std::min(window_, maxT_) : maxT_;
-  return 6.0 * layout_.matmul_params() + 12.0 * L_ * C_ * t_att;
+  // One formula for every MFU (model/flops.h); this layout's matmul weights are what it counts.
+  MYRIAD_CHECK(model::matmul_params(cfg_.model, Vp_) == double(layout_.matmul_params()), "model/flops.h counts ",
+               model::matmul_params(cfg_.model, Vp_), " matmul weights, the layout holds ", layout_.matmul_params());
+  return model::flops_per_token(cfg_.model, Vp_);
 }
 
 }  // namespace myriad

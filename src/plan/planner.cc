@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "model/flops.h"
 #include "model/memory_plan.h"
 #include "parallel/schedule.h"
 
@@ -140,10 +141,8 @@ double all_reduce_s(double bytes, int n, double gbps, double latency_us) {
   return std::min(ring_all_reduce_s(bytes, n, gbps, latency_us), tree_all_reduce_s(bytes, n, gbps, latency_us));
 }
 
-double flops_per_token(const ModelConfig& m) {
-  const double L = double(m.layers), d = double(m.d_model);
-  const double N = 12 * L * d * d + double(m.vocab_size) * d;  // the layers' matrices and the embedding
-  return 6 * N + 12 * L * d * double(m.seq_len);
+double flops_per_token(const ModelConfig& m, int64_t tp) {
+  return model::flops_per_token(m, padded_vocab(m.vocab_size, tp));  // the engine's count
 }
 
 Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus, const Cluster& c, const Layout& l,
@@ -250,7 +249,7 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   p.other_s = c.step_overhead_s + p.scalars_s + (f.misc ? 0 : step * c.misc_overhead);
   p.step_s = step + (f.misc ? 0 : step * c.misc_overhead);
   p.tokens_per_s = double(global_batch) * T / p.step_s;
-  p.mfu = p.tokens_per_s * flops_per_token(model) / (double(gpus) * peak);
+  p.mfu = p.tokens_per_s * flops_per_token(model, l.tp) / (double(gpus) * peak);
 
   // Memory per GPU, as Myriad's CUDA engine holds it: bf16 weights, fp32 gradients, the
   // optimizer's fp32 master and moments over dp; the layers' activations of the micro-batches in

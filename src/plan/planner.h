@@ -104,8 +104,9 @@ double tree_all_reduce_s(double bytes, int n, double gbps, double latency_us);
 // (latency-bound small buffers over many ranks take the tree).
 double all_reduce_s(double bytes, int n, double gbps, double latency_us);
 
-// Model FLOPs per trained token, as MFU counts them: 6N + 12 L d T.
-double flops_per_token(const ModelConfig& model);
+// Model FLOPs per trained token, as MFU counts them (model/flops.h, the engine's count: its
+// vocabulary padded for tensor parallelism `tp`, attention over the window when there is one).
+double flops_per_token(const ModelConfig& model, int64_t tp = 1);
 
 // The prediction as the text `myriad plan` prints.
 std::string describe(const Prediction& p, const Layout& layout);

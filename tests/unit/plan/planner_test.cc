@@ -9,6 +9,7 @@
 
 #include "core/config.h"
 #include "parallel/schedule.h"
+#include "model/gpt.h"
 #include "plan/planner.h"
 #include "test_util.h"
 
@@ -57,6 +58,23 @@ TEST(Planner, ModelFlopsPerTokenAreMegatronsCount) {
   const ModelConfig m = gpt_175b();
   const double L = 96, d = 12288, T = 2048, V = 64000;
   EXPECT_NEAR(plan::flops_per_token(m), 72 * L * d * d * (1 + T / (6 * d) + V / (12 * L * d)), 1e3);
+}
+
+// One count for every MFU: the planner's is the engine's, the window and the padded vocabulary
+// included (the planner used to count neither).
+TEST(Planner, ModelFlopsPerTokenAreTheEnginesCount) {
+  myriad::Config cfg;
+  cfg.model.layers = 2, cfg.model.d_model = 64, cfg.model.heads = 2, cfg.model.seq_len = 32;
+  cfg.model.vocab_size = 300;  // padded to 384
+  cfg.train.micro_batch = cfg.train.global_batch = 1;
+  std::vector<double> counts;
+  for (const int64_t window : {0, 8}) {
+    cfg.model.window = window;
+    const myriad::Gpt gpt(cfg);
+    EXPECT_EQ(plan::flops_per_token(cfg.model), gpt.flops_per_token()) << "window " << window;
+    counts.push_back(gpt.flops_per_token());
+  }
+  EXPECT_EQ(counts[0] - counts[1], 12.0 * 2 * 64 * (32 - 8));  // the window's keys, not seq_len's
 }
 
 // Free transfers, one chunk per rank: the planner's pipeline is the simulator's 1F1B, whose

@@ -1,0 +1,32 @@
+// Model FLOPs per trained token: the one count behind every MFU (the trainer's and `myriad
+// bench`'s through GptModel::flops_per_token, the planner's), header-only so that plan/ reads it
+// without linking the model, as it reads the memory plan.
+//
+//   6 N + 12 L d T_att
+//
+// N: the weights of every matmul once (each layer's QKV, projection and MLP, 12 d^2, and the LM
+// head tied to the embedding, vocab_rows x d); 6 for their forward and backward GEMMs. 12 L d
+// T_att: attention's score and value products, T_att the keys a query sees (seq_len, or the
+// window when it is shorter). Megatron-LM's count, with the window.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/config.h"
+
+namespace myriad::model {
+
+// The matmul weights of a GPT of `m` whose LM head has `vocab_rows` rows (the padded vocabulary
+// the engine computes; GptModel checks this against its own layout).
+inline double matmul_params(const ModelConfig& m, int64_t vocab_rows) {
+  const double L = double(m.layers), d = double(m.d_model);
+  return 12 * L * d * d + double(vocab_rows) * d;
+}
+
+inline double flops_per_token(const ModelConfig& m, int64_t vocab_rows) {
+  const double t_att = double(m.window > 0 ? std::min(m.window, m.seq_len) : m.seq_len);
+  return 6 * matmul_params(m, vocab_rows) + 12 * double(m.layers) * double(m.d_model) * t_att;
+}
+
+}  // namespace myriad::model
