@@ -45,5 +45,17 @@ check "the self-check computes on the GPU and checks its memory" 0 "1 GPU(s): GE
 out=$(MYRIAD_INJECT_FAULT=step:3:kill@rank=1 $B launch --nproc-per-node 2 --max-restarts 1 -- "${args[@]}" "${ck[@]}" \
       --set checkpoint.async=false --run-dir "$W/restart" 2>&1); code=$?
 check "a killed GPU worker is restarted after the GPU's self-check" 0 "1 GPU(s): GEMM " "$out" $code
+# Preemption on the GPU: SIGTERM some steps in; the trainer saves that step (state copied off the
+# device) and exits 6; --resume auto ends with the unbroken run's bytes.
+pre=(--set train.steps=300 --set checkpoint.every=1000 --set train.log_every=1)
+$B "${args[@]}" "${pre[@]}" --run-dir "$W/whole" >/dev/null 2>&1
+MYRIAD_INJECT_FAULT=step:1:slow:20 $B "${args[@]}" "${pre[@]}" --run-dir "$W/cut" > "$W/cut.log" 2>&1 & pid=$!
+for _ in $(seq 300); do grep -q "step 30/" "$W/cut.log" && break; sleep 0.1; done
+kill -TERM $pid; wait $pid; code=$?
+out=$($B "${args[@]}" "${pre[@]}" --resume auto --run-dir "$W/cut" 2>&1)
+same=yes
+cmp -s "$W/whole/checkpoints/step_00000300/shard_00000.bin" "$W/cut/checkpoints/step_00000300/shard_00000.bin" || same=no
+check "SIGTERM on the GPU: the step saved, exit 6, the resume bitwise ($same)" 6 "preempted: step " \
+      "$(cat "$W/cut.log")" "$([ "$same" = yes ] && echo $code || echo 1)"
 rm -rf "$W"
 exit $fail
