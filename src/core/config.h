@@ -30,7 +30,7 @@ struct ModelConfig {
 struct DataConfig {
   std::string train;              // prefix of .bin/.idx
   std::string valid;              // prefix of .bin/.idx; empty = no validation
-  std::string tokenizer = "byte"; // byte, gpt2
+  std::string tokenizer = "byte"; // byte, gpt2, llama3
 };
 
 struct OptimConfig {
