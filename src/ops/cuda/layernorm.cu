@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/row_groups.cuh"
 
 namespace myriad::cuda {
 
@@ -16,8 +17,6 @@ using namespace detail;
 namespace {
 
 constexpr float kEps = 1e-5f;
-constexpr int kMaxGroupWarps = 16;  // warps per block at most (512 threads)
-constexpr int kMaxPartialBlocks = 1024;  // bound on the backward's blocks (its scratch rows)
 
 // Sum of v over the row group (all its threads get the same bits). red: [2][kMaxGroupWarps]
 // float2, alternated by `parity` so that one sync per call suffices; W is uniform in the block.
@@ -100,23 +99,10 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-struct Shape {
-  int W, R, items;
-};
-
-// Forward: one warp per row while a lane's share is at most 8 vectors, else up to 8 warps
-// (C <= 16384, or 2048 on the scalar path); blocks of at most 256 threads.
-Shape forward_shape(int nvec) {
-  if (nvec <= kWarp * 8) return {1, 4, std::max(1, ceil_div(nvec, kWarp))};
-  const int W = ceil_div(nvec, kWarp * 8);
-  MYRIAD_CHECK(W <= 8, "layernorm_forward: C too large (or not a multiple of 8): ", nvec, " vectors");
-  return {W, std::max(1, 8 / W), ceil_div(nvec, kWarp * W)};
-}
-
 template <int VW, bool RESID>
 void launch_forward(bf16* out, float* mean, float* rstd, bf16* resid, const bf16* a, const bf16* b,
                     const bf16* weight, const bf16* bias, int N, int C, cudaStream_t stream) {
-  const Shape s = forward_shape(C / VW);
+  const RowShape s = row_forward_shape(C / VW, "layernorm_forward");
   const dim3 grid(ceil_div(N, s.R)), block(kWarp * s.W, s.R);
 #define MYRIAD_LN_FWD(I)                                                                   \
   case I:                                                                                  \
@@ -132,35 +118,6 @@ void launch_forward(bf16* out, float* mean, float* rstd, bf16* resid, const bf16
 }
 
 // ---------------------------------------------------------------------------------------------
-// Writes the block's sum of acc (the R groups added in group order) to out[0..C).
-template <int VW, int ITEMS>
-__device__ __forceinline__ void write_block_partial(float* out, const float (&acc)[ITEMS][VW],
-                                                    float* combine, int nvec, int C) {
-  if (blockDim.y == 1) {
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int v = threadIdx.x + i * blockDim.x;
-      if (v < nvec) store_f32<VW>(out + v * VW, acc[i]);
-    }
-    return;
-  }
-  for (int y = 0; y < static_cast<int>(blockDim.y); ++y) {
-    if (threadIdx.y == y) {
-#pragma unroll
-      for (int i = 0; i < ITEMS; ++i) {
-        const int v = threadIdx.x + i * blockDim.x;
-        if (v >= nvec) continue;
-#pragma unroll
-        for (int e = 0; e < VW; ++e)
-          combine[v * VW + e] = y == 0 ? acc[i][e] : combine[v * VW + e] + acc[i][e];
-      }
-    }
-    __syncthreads();
-  }
-  for (int j = threadIdx.y * blockDim.x + threadIdx.x; j < C; j += blockDim.x * blockDim.y)
-    out[j] = combine[j];
-  __syncthreads();  // before a second call overwrites `combine`
-}
 
 // Backward. dinp += rstd (g - mean(g) - xhat mean(g xhat)), g = dout * w, for one row per group
 // iteration; dweight/dbias partial sums stay in registers (each thread owns the same columns in
@@ -237,24 +194,10 @@ __global__ void __launch_bounds__(512, 2)
   if (has_bias) write_block_partial<VW, ITEMS>(out + C, db, combine, nvec, C);
 }
 
-struct BwdShape {
-  int W, R, items;
-};
-
-// Backward: few columns per thread keeps the dweight/dbias sums in registers; at most 16 warps
-// per row and 512 threads per block (64 registers, 2 blocks per SM).
-BwdShape backward_shape(int nvec) {
-  int items = 1;
-  while (items < 8 && ceil_div(nvec, kWarp * items) > 16) items *= 2;
-  const int W = ceil_div(nvec, kWarp * items);
-  MYRIAD_CHECK(W <= 16, "layernorm_backward: C too large (or not a multiple of 8): ", nvec, " vectors");
-  return {W, std::max(1, 16 / W), items};
-}
-
 template <int VW, int ITEMS>
 void launch_backward_items(bf16* dinp, float* dweight, float* dbias, float* scratch,
                            const bf16* dout, const bf16* inp, const bf16* weight,
-                           const float* mean, const float* rstd, int N, int C, BwdShape s,
+                           const float* mean, const float* rstd, int N, int C, RowShape s,
                            cudaStream_t stream) {
   auto kernel = layernorm_backward_kernel<VW, ITEMS>;
   const size_t smem = s.R > 1 ? C * sizeof(float) : 0;
@@ -271,7 +214,7 @@ template <int VW>
 void launch_backward(bf16* dinp, float* dweight, float* dbias, float* scratch, const bf16* dout,
                      const bf16* inp, const bf16* weight, const float* mean, const float* rstd,
                      int N, int C, cudaStream_t stream) {
-  const BwdShape s = backward_shape(C / VW);
+  const RowShape s = row_backward_shape(C / VW, "layernorm_backward");
   switch (s.items) {
     case 1:
       return launch_backward_items<VW, 1>(dinp, dweight, dbias, scratch, dout, inp, weight, mean,

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/row_groups.cuh"
 
 namespace myriad::cuda {
 
@@ -17,8 +18,6 @@ using namespace detail;
 
 namespace {
 
-constexpr int kMaxGroupWarps = 16;       // warps per block at most (512 threads)
-constexpr int kMaxPartialBlocks = 1024;  // bound on the backward's blocks (its scratch rows)
 
 // Sum of v over the row group, the same bits in every thread of it. red: [2][kMaxGroupWarps],
 // used alternately (parity) so that consecutive calls need one __syncthreads each, not two.
@@ -85,23 +84,10 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-struct Shape {
-  int W, R, items;
-};
-
-// One warp per row while a lane's share is at most 8 vectors (C <= 2048 on the vector path),
-// else up to 8 warps (C <= 16384); blocks of at most 256 threads.
-Shape forward_shape(int nvec) {
-  if (nvec <= kWarp * 8) return {1, 4, std::max(1, ceil_div(nvec, kWarp))};
-  const int W = ceil_div(nvec, kWarp * 8);
-  MYRIAD_CHECK(W <= 8, "rmsnorm_forward: C too large (or not a multiple of 8): ", nvec, " vectors");
-  return {W, std::max(1, 8 / W), ceil_div(nvec, kWarp * W)};
-}
-
 template <int VW, bool RESID>
 void launch_forward(bf16* out, float* rstd, bf16* resid, const bf16* a, const bf16* b,
                     const bf16* weight, int N, int C, float eps, cudaStream_t stream) {
-  const Shape s = forward_shape(C / VW);
+  const RowShape s = row_forward_shape(C / VW, "rmsnorm_forward");
   const dim3 grid(ceil_div(N, s.R)), block(kWarp * s.W, s.R);
 #define MYRIAD_RMS_FWD(I)                                                                       \
   case I:                                                                                       \
@@ -179,47 +165,13 @@ __global__ void __launch_bounds__(512, 2)
       store_bf16<VW>(dinp + base + v * VW, o);
     }
   }
-  // The block's partial: one group writes from its registers; several add in group order.
-  float* out = partials + static_cast<int64_t>(blockIdx.x) * C;
-  if (blockDim.y == 1) {
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int v = threadIdx.x + i * blockDim.x;
-      if (v < nvec) store_f32<VW>(out + v * VW, dw[i]);
-    }
-    return;
-  }
-  for (int y = 0; y < static_cast<int>(blockDim.y); ++y) {
-    if (threadIdx.y == y) {
-#pragma unroll
-      for (int i = 0; i < ITEMS; ++i) {
-        const int v = threadIdx.x + i * blockDim.x;
-        if (v >= nvec) continue;
-#pragma unroll
-        for (int e = 0; e < VW; ++e)
-          combine[v * VW + e] = y == 0 ? dw[i][e] : combine[v * VW + e] + dw[i][e];
-      }
-    }
-    __syncthreads();
-  }
-  for (int j = threadIdx.y * blockDim.x + threadIdx.x; j < C; j += blockDim.x * blockDim.y)
-    out[j] = combine[j];
-}
-
-// Few columns per thread keep the dweight sums in registers: at most 16 warps per row and 512
-// threads per block.
-Shape backward_shape(int nvec) {
-  int items = 1;
-  while (items < 8 && ceil_div(nvec, kWarp * items) > 16) items *= 2;
-  const int W = ceil_div(nvec, kWarp * items);
-  MYRIAD_CHECK(W <= 16, "rmsnorm_backward: C too large (or not a multiple of 8): ", nvec, " vectors");
-  return {W, std::max(1, 16 / W), items};
+  write_block_partial<VW, ITEMS>(partials + static_cast<int64_t>(blockIdx.x) * C, dw, combine, nvec, C);
 }
 
 template <int VW, int ITEMS>
 void launch_backward_items(bf16* dinp, float* dweight, float* scratch, const bf16* dout,
                            const bf16* inp, const bf16* weight, const float* rstd, int N, int C,
-                           Shape s, cudaStream_t stream) {
+                           RowShape s, cudaStream_t stream) {
   auto kernel = rmsnorm_backward_kernel<VW, ITEMS>;
   const size_t smem = s.R > 1 ? C * sizeof(float) : 0;
   const int threads = kWarp * s.W * s.R;
@@ -235,7 +187,7 @@ template <int VW>
 void launch_backward(bf16* dinp, float* dweight, float* scratch, const bf16* dout,
                      const bf16* inp, const bf16* weight, const float* rstd, int N, int C,
                      cudaStream_t stream) {
-  const Shape s = backward_shape(C / VW);
+  const RowShape s = row_backward_shape(C / VW, "rmsnorm_backward");
   switch (s.items) {
     case 1:
       return launch_backward_items<VW, 1>(dinp, dweight, scratch, dout, inp, weight, rstd, N, C,
