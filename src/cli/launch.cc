@@ -187,7 +187,11 @@ struct HangWatch {
   std::filesystem::path flight_path(int rank) const { return dir / cat("flight_rank_", rank, ".json"); }
   // Asks every running worker of this node for its flight record (SIGUSR1: runtime/heartbeat.h)
   // and waits up to 2 s for them; `except` (a stopped rank) cannot answer.
+  // Once the workers are being stopped they may be gone before they answer: what they wrote
+  // when first asked stands, and a second request (another node's hang seen after this node's
+  // own) must not remove it.
   void request_flight_records(int except = -1) {
+    if (launcher.stopping()) return;
     std::vector<std::filesystem::path> want;
     std::error_code ec;
     for (const Rank& r : ranks)
