@@ -4,13 +4,22 @@
     /usr/bin/python3 tools/torch_reference.py DIR      # read DIR/model.json, params.bin, tokens.bin
     /usr/bin/python3 tools/torch_reference.py --selftest
     /usr/bin/python3 tools/torch_reference.py --gpt2 HF_DIR DIR   # GPT-2 logits of DIR/tokens.bin
+    /usr/bin/python3 tools/torch_reference.py --hf-llama-write DIR  # DIR/hf/, DIR/hf_logits.bin
 
 Given a model description, a flat float32 parameter buffer and a batch of tokens, computes in
 float64 the logits, the loss, the gradients (by torch autograd) and the parameters after one
-AdamW step and after one LAMB step, and writes them next to the inputs. tools/README.md gives
-the exact file protocol. --selftest checks this script itself (autograd against finite
-differences, the forward against a loop-by-loop NumPy version, both optimizer steps against
-their formulas) and exits nonzero on failure.
+AdamW step and after one LAMB step, and writes them next to the inputs. The model is Myriad's
+GPT-2 or, through optional model.json fields, its Llama family (RMSNorm, rotary positions,
+SwiGLU, grouped-query attention, an untied head). tools/README.md gives the exact file protocol.
+--selftest checks this script itself (autograd against finite differences, the forward and its
+pieces against loop-by-loop NumPy versions, both optimizer steps against their formulas, the
+Hugging Face Llama writer against the forward) and exits nonzero on failure.
+
+--hf-llama-write converts a Llama model.json + params.bin into a Hugging Face LlamaForCausalLM
+directory (config.json, model.safetensors written here, independently of Myriad's exporter) and
+runs that directory with a separate forward in Hugging Face's own layout on DIR/tokens.bin,
+so that a C++ test can import a directory Myriad did not write, and compare against logits that
+a wrong reordering of rows would change.
 """
 import argparse
 import json
@@ -45,6 +54,16 @@ class Spec:
         self.parallel_block = bool(js.get("parallel_block", False))
         self.bias = bool(js.get("bias", True))
         self.batch = int(js["batch"])
+        # The Llama family's choices; each default is GPT-2's.
+        self.norm = str(js.get("norm", "layernorm"))
+        self.norm_eps = float(js.get("norm_eps", 1e-5))  # RMSNorm's; LayerNorm's is LN_EPS
+        self.positions = str(js.get("positions", "learned"))
+        self.rope_theta = float(js.get("rope_theta", 10000.0))
+        self.rope_scaling = rope_scaling(js.get("rope_scaling"))
+        self.mlp = str(js.get("mlp", "gelu"))
+        self.mlp_hidden = int(js.get("mlp_hidden", 4 * self.d_model))
+        self.kv_heads = int(js.get("kv_heads", self.heads))
+        self.tied = bool(js.get("tied", True))
         self.params = [(p["name"], [int(d) for d in p["shape"]], int(p["offset"]))
                        for p in js["params"]]
         opt = js.get("optim", {})
@@ -57,6 +76,17 @@ class Spec:
         self.decay = set(js.get("decay", []))
         if self.d_model % self.heads != 0:
             raise ValueError(f"d_model {self.d_model} is not a multiple of heads {self.heads}")
+        if self.kv_heads <= 0 or self.heads % self.kv_heads != 0:
+            raise ValueError(f"heads {self.heads} is not a multiple of kv_heads {self.kv_heads}")
+        for key, value, allowed in (("norm", self.norm, ("layernorm", "rmsnorm")),
+                                    ("positions", self.positions, ("learned", "rope")),
+                                    ("mlp", self.mlp, ("gelu", "swiglu"))):
+            if value not in allowed:
+                raise ValueError(f"{key} {value!r} is not one of {allowed}")
+        if self.positions == "rope" and (self.d_model // self.heads) % 2 != 0:
+            raise ValueError(f"rope needs an even head dimension, not {self.d_model // self.heads}")
+        if self.mlp_hidden <= 0:
+            raise ValueError(f"mlp_hidden {self.mlp_hidden} is not positive")
         unknown = self.decay - {name for name, _, _ in self.params}
         if unknown:
             raise ValueError(f"decay names unknown tensors: {sorted(unknown)}")
@@ -64,6 +94,22 @@ class Spec:
     def total(self):
         """Elements of the flat buffer the params list describes."""
         return max((off + math.prod(shape) for _, shape, off in self.params), default=0)
+
+
+def rope_scaling(js):
+    """model.json's (or a Hugging Face config's) rope_scaling -> None or a dict of floats.
+    Both spellings of the kind are taken: "type" (model.json) and "rope_type" (HF's config)."""
+    if js is None:
+        return None
+    kind = js.get("type", js.get("rope_type"))
+    if kind != "llama3":
+        raise ValueError(f"rope_scaling type {kind!r} is not \"llama3\"")
+    s = {k: float(js[k]) for k in ("factor", "low_freq_factor", "high_freq_factor",
+                                   "original_max_position_embeddings")}
+    if s["factor"] <= 0 or s["high_freq_factor"] <= s["low_freq_factor"]:
+        raise ValueError(f"rope_scaling {js}: needs factor > 0 and high_freq_factor > "
+                         f"low_freq_factor")
+    return s
 
 
 def views(flat, spec):
@@ -96,27 +142,91 @@ def layer_norm(x, P, prefix):
     return F.layer_norm(x, (x.shape[-1],), P[prefix + ".w"], P.get(prefix + ".b"), LN_EPS)
 
 
+def rms_norm(x, w, eps):
+    """Hugging Face's LlamaRMSNorm: no mean subtracted, no bias."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def norm(x, P, prefix, spec):
+    if spec.norm == "rmsnorm":
+        return rms_norm(x, P[prefix + ".w"], spec.norm_eps)
+    return layer_norm(x, P, prefix)
+
+
 def linear(x, P, prefix):
     return F.linear(x, P[prefix + ".w"], P.get(prefix + ".b"))
 
 
-def attention(n, P, prefix, spec, ok):
-    B, T, C = n.shape
-    H = spec.heads
-    D = C // H
-    qkv = linear(n, P, prefix + ".qkv").view(B, T, H, 3, D)
-    q = qkv[:, :, :, 0, :].transpose(1, 2)  # (B, H, T, D)
-    k = qkv[:, :, :, 1, :].transpose(1, 2)
-    v = qkv[:, :, :, 2, :].transpose(1, 2)
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(D)  # (B, H, T, T)
+def rope_frequencies(theta, D, scaling):
+    """(D/2,) float64: pair i's angle per position, theta^(-2i/D), then, with Llama 3.1's
+    scaling (transformers' _compute_llama3_parameters, written from its definition): pairs whose
+    wavelength 2 pi / f is below original / high_freq_factor are kept, those above
+    original / low_freq_factor slowed down by factor, and those in between blended linearly in
+    original / wavelength."""
+    f = theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    if scaling is None:
+        return f
+    k, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    original = scaling["original_max_position_embeddings"]
+    wavelength = 2 * math.pi / f
+    smooth = (original / wavelength - lo) / (hi - lo)
+    blended = (1 - smooth) * f / k + smooth * f
+    return torch.where(wavelength < original / hi, f,
+                       torch.where(wavelength > original / lo, f / k, blended))
+
+
+def rotate(x, freqs):
+    """Rotary positions on x (..., T, D), position t = row t: rotate-half, HF's convention, which
+    pairs x[i] with x[i + D/2] (not x[2i] with x[2i + 1]), so HF's q/k weights need no
+    permutation."""
+    T, half = x.shape[-2], x.shape[-1] // 2
+    angle = torch.arange(T, dtype=freqs.dtype).view(T, 1) * freqs.view(1, half)
+    cos, sin = angle.cos(), angle.sin()
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def attend(q, k, v, ok):
+    """q (B, H, T, D), k and v (B, Hkv, T, D) -> (B, H, T, D). Query head h reads key/value head
+    h // G: the query heads are grouped against one broadcast key/value head rather than the
+    key/value heads copied (Hugging Face's repeat_kv, which the selftest compares with)."""
+    B, H, T, D = q.shape
+    G = H // k.shape[1]
+    if G > 1:
+        q = q.reshape(B, H // G, G, T, D)
+        k, v = k.unsqueeze(2), v.unsqueeze(2)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(D)  # (B, H, T, T), or (B, Hkv, G, T, T)
     scores = scores.masked_fill(~ok, float("-inf"))
-    out = torch.softmax(scores, dim=-1) @ v  # (B, H, T, D)
-    out = out.transpose(1, 2).reshape(B, T, C)  # per token (H, D)
+    out = torch.softmax(scores, dim=-1) @ v
+    return out.reshape(B, H, T, D) if G > 1 else out
+
+
+def attention(n, P, prefix, spec, ok, freqs):
+    B, T, C = n.shape
+    H, Hkv = spec.heads, spec.kv_heads
+    G, D = H // Hkv, C // H
+    # Per token (Hkv, G+2, D): each key/value group's G query heads, then its key, its value.
+    qkv = linear(n, P, prefix + ".qkv").view(B, T, Hkv, G + 2, D)
+    q = qkv[:, :, :, :G, :].reshape(B, T, H, D).transpose(1, 2)  # (B, H, T, D), h = g*G + j
+    k = qkv[:, :, :, G, :].transpose(1, 2)  # (B, Hkv, T, D)
+    v = qkv[:, :, :, G + 1, :].transpose(1, 2)
+    if freqs is not None:
+        q, k = rotate(q, freqs), rotate(k, freqs)
+    out = attend(q, k, v, ok)  # (B, H, T, D)
+    out = out.transpose(1, 2).reshape(B, T, H * D)  # per token (H, D)
     return linear(out, P, prefix + ".proj")
 
 
-def mlp(n, P, prefix):
-    return linear(F.gelu(linear(n, P, prefix + ".fc"), approximate="tanh"), P, prefix + ".proj")
+def mlp(n, P, prefix, spec):
+    u = linear(n, P, prefix + ".fc")
+    if spec.mlp == "swiglu":
+        # Gate and up interleaved per feature, (F, 2): a contiguous split of the features keeps
+        # each tensor-parallel rank's gates with their ups.
+        u = u.view(*u.shape[:-1], spec.mlp_hidden, 2)
+        a = F.silu(u[..., 0]) * u[..., 1]
+    else:
+        a = F.gelu(u, approximate="tanh")
+    return linear(a, P, prefix + ".proj")
 
 
 def forward(P, spec, tokens):
@@ -125,17 +235,22 @@ def forward(P, spec, tokens):
     x = tokens[:, :T].long()
     y = tokens[:, 1:].long()
     ok = allowed_keys(T, spec.window)
-    h = P["wte"][x] + P["wpe"][:T]
+    freqs = None
+    if spec.positions == "rope":
+        freqs = rope_frequencies(spec.rope_theta, spec.d_model // spec.heads, spec.rope_scaling)
+        h = P["wte"][x]
+    else:
+        h = P["wte"][x] + P["wpe"][:T]
     for l in range(spec.layers):
         p = f"h.{l}."
         if spec.parallel_block:
-            n = layer_norm(h, P, p + "ln1")
-            h = h + attention(n, P, p + "attn", spec, ok) + mlp(n, P, p + "mlp")
+            n = norm(h, P, p + "ln1", spec)
+            h = h + attention(n, P, p + "attn", spec, ok, freqs) + mlp(n, P, p + "mlp", spec)
         else:
-            a = h + attention(layer_norm(h, P, p + "ln1"), P, p + "attn", spec, ok)
-            h = a + mlp(layer_norm(a, P, p + "ln2"), P, p + "mlp")
-    h = layer_norm(h, P, "lnf")
-    logits = h @ P["wte"].t()
+            a = h + attention(norm(h, P, p + "ln1", spec), P, p + "attn", spec, ok, freqs)
+            h = a + mlp(norm(a, P, p + "ln2", spec), P, p + "mlp", spec)
+    h = norm(h, P, "lnf", spec)
+    logits = h @ P["wte" if spec.tied else "lm_head"].t()
     V = spec.vocab_size
     loss = F.cross_entropy(logits[..., :V].reshape(-1, V), y.reshape(-1))
     return logits, loss
@@ -259,8 +374,12 @@ def run_reference(d):
 # Self-test
 
 
-def tiny_layout(L, C, T, Vp, bias, parallel_block):
-    """(params list, decay names) in Myriad's order for a small model."""
+def tiny_layout(js):
+    """(params list, decay names, total) in Myriad's order for the small model `js` describes."""
+    L, C, H, T, Vp = js["layers"], js["d_model"], js["heads"], js["seq_len"], js["padded_vocab"]
+    bias, D = js.get("bias", True), C // H
+    Hkv, Fh = js.get("kv_heads", H), js.get("mlp_hidden", 4 * C)
+    rms = js.get("norm", "layernorm") == "rmsnorm"
     params, decay = [], []
     off = 0
 
@@ -271,9 +390,9 @@ def tiny_layout(L, C, T, Vp, bias, parallel_block):
         if dec:
             decay.append(name)
 
-    def norm(p):
+    def norm_(p):
         add(p + ".w", [C], False)
-        if bias:
+        if bias and not rms:
             add(p + ".b", [C], False)
 
     def lin(p, o, i):
@@ -282,30 +401,110 @@ def tiny_layout(L, C, T, Vp, bias, parallel_block):
             add(p + ".b", [o], False)
 
     add("wte", [Vp, C], True)
-    add("wpe", [T, C], True)
+    if js.get("positions", "learned") == "learned":
+        add("wpe", [T, C], True)
     for l in range(L):
         h = f"h.{l}."
-        norm(h + "ln1")
-        lin(h + "attn.qkv", 3 * C, C)
-        lin(h + "attn.proj", C, C)
-        if not parallel_block:
-            norm(h + "ln2")
-        lin(h + "mlp.fc", 4 * C, C)
-        lin(h + "mlp.proj", C, 4 * C)
-    norm("lnf")
+        norm_(h + "ln1")
+        lin(h + "attn.qkv", (H + 2 * Hkv) * D, C)
+        lin(h + "attn.proj", C, H * D)
+        if not js.get("parallel_block", False):
+            norm_(h + "ln2")
+        lin(h + "mlp.fc", (2 if js.get("mlp", "gelu") == "swiglu" else 1) * Fh, C)
+        lin(h + "mlp.proj", C, Fh)
+    norm_("lnf")
+    if not js.get("tied", True):
+        add("lm_head", [Vp, C], True)
     return params, decay, off
+
+
+def random_params(rng, plist, total):
+    """Large enough weights that attention is far from uniform and every path matters; the
+    padded rows of wte (and lm_head) are nonzero on purpose (they must show in the logits, not
+    the loss)."""
+    params = np.zeros(total, dtype=np.float32)
+    for p in plist:
+        n = math.prod(p["shape"])
+        s = slice(p["offset"], p["offset"] + n)
+        if p["name"].endswith(".w") and len(p["shape"]) == 1:
+            params[s] = 1.0 + 0.2 * rng.standard_normal(n)
+        elif p["name"].endswith(".b"):
+            params[s] = 0.2 * rng.standard_normal(n)
+        else:
+            params[s] = 0.4 * rng.standard_normal(n)
+    return params
+
+
+def naive_rope_frequencies(theta, D, scaling):
+    """Pair by pair, from the definition of Llama 3.1's scaling (see rope_frequencies)."""
+    out = []
+    for i in range(D // 2):
+        f = 1.0 / theta ** (2 * i / D)
+        if scaling is not None:
+            k, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+            original = scaling["original_max_position_embeddings"]
+            wavelength = 2 * math.pi / f
+            if wavelength < original / hi:
+                pass  # high frequency: as it was
+            elif wavelength > original / lo:
+                f = f / k  # low frequency: slowed down
+            else:
+                s = (original / wavelength - lo) / (hi - lo)
+                f = (1 - s) * f / k + s * f
+        out.append(f)
+    return np.array(out)
+
+
+def naive_rotate(x, t, freqs):
+    """One head vector x (D,) at position t."""
+    half = len(x) // 2
+    y = np.empty_like(x)
+    for i in range(half):
+        c, s = math.cos(t * freqs[i]), math.sin(t * freqs[i])
+        y[i] = x[i] * c - x[i + half] * s
+        y[i + half] = x[i + half] * c + x[i] * s
+    return y
+
+
+def naive_attend(q, k, v, W):
+    """q (T, H, D), k and v (T, Hkv, D) of one sequence -> (T, H, D), loop by loop."""
+    T, H, D = q.shape
+    G = H // k.shape[1]
+    out = np.zeros((T, H, D))
+    for i in range(T):
+        keys = [j for j in range(i + 1) if W <= 0 or i - j < W]
+        for hd in range(H):
+            g = hd // G
+            s = np.array([q[i, hd] @ k[j, g] / math.sqrt(D) for j in keys])
+            e = np.exp(s - s.max())
+            e /= e.sum()
+            for wgt, j in zip(e, keys):
+                out[i, hd] += wgt * v[j, g]
+    return out
 
 
 def naive_forward(js, params, tokens):
     """Loop-by-loop NumPy float64 forward, written independently of forward() above."""
     C, H, V = js["d_model"], js["heads"], js["vocab_size"]
     D = C // H
+    Hkv = js.get("kv_heads", H)
+    G = H // Hkv
+    Fh = js.get("mlp_hidden", 4 * C)
     W = js["window"]
+    rms = js.get("norm", "layernorm") == "rmsnorm"
+    eps = js.get("norm_eps", 1e-5)
+    rope = js.get("positions", "learned") == "rope"
+    swiglu = js.get("mlp", "gelu") == "swiglu"
+    head = "wte" if js.get("tied", True) else "lm_head"
     P = {p["name"]: params[p["offset"]:p["offset"] + math.prod(p["shape"])].reshape(p["shape"])
          for p in js["params"]}
     B, T = tokens.shape[0], tokens.shape[1] - 1
+    if rope:
+        freqs = naive_rope_frequencies(js.get("rope_theta", 10000.0), D, js.get("rope_scaling"))
 
     def ln(x, p):
+        if rms:
+            return x / math.sqrt((x * x).mean() + eps) * P[p + ".w"]
         mu = x.mean()
         var = ((x - mu) ** 2).mean()
         y = (x - mu) / math.sqrt(var + LN_EPS) * P[p + ".w"]
@@ -315,37 +514,42 @@ def naive_forward(js, params, tokens):
         y = P[p + ".w"] @ x
         return y + P[p + ".b"] if p + ".b" in P else y
 
-    def gelu(x):
-        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    def act(u):
+        if swiglu:
+            return np.array([u[2 * f] / (1 + math.exp(-u[2 * f])) * u[2 * f + 1]
+                             for f in range(Fh)])
+        return 0.5 * u * (1 + np.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u ** 3)))
+
+    def attn(n, p):
+        q, k, v = np.zeros((T, H, D)), np.zeros((T, Hkv, D)), np.zeros((T, Hkv, D))
+        for t in range(T):
+            r = lin(n[t], p + "attn.qkv").reshape(Hkv, G + 2, D)
+            for hd in range(H):
+                q[t, hd] = r[hd // G, hd % G]
+            k[t], v[t] = r[:, G], r[:, G + 1]
+            if rope:
+                q[t] = [naive_rotate(x, t, freqs) for x in q[t]]
+                k[t] = [naive_rotate(x, t, freqs) for x in k[t]]
+        o = naive_attend(q, k, v, W)
+        return [lin(o[t].reshape(H * D), p + "attn.proj") for t in range(T)]
 
     logits = np.zeros((B, T, js["padded_vocab"]))
     total = 0.0
     for b in range(B):
-        h = [P["wte"][tokens[b, t]] + P["wpe"][t] for t in range(T)]
+        h = [P["wte"][tokens[b, t]] + (0 if rope else P["wpe"][t]) for t in range(T)]
         for l in range(js["layers"]):
             p = f"h.{l}."
             n = [ln(h[t], p + "ln1") for t in range(T)]
-            qkv = [lin(n[t], p + "attn.qkv").reshape(H, 3, D) for t in range(T)]
-            att = []
-            for i in range(T):
-                o = np.zeros((H, D))
-                for hd in range(H):
-                    keys = [j for j in range(i + 1) if W <= 0 or i - j < W]
-                    s = np.array([qkv[i][hd, 0] @ qkv[j][hd, 1] / math.sqrt(D) for j in keys])
-                    e = np.exp(s - s.max())
-                    e /= e.sum()
-                    for wgt, j in zip(e, keys):
-                        o[hd] += wgt * qkv[j][hd, 2]
-                att.append(lin(o.reshape(C), p + "attn.proj"))
+            att = attn(n, p)
             if js["parallel_block"]:
-                h = [h[t] + att[t] + lin(gelu(lin(n[t], p + "mlp.fc")), p + "mlp.proj")
+                h = [h[t] + att[t] + lin(act(lin(n[t], p + "mlp.fc")), p + "mlp.proj")
                      for t in range(T)]
             else:
                 a = [h[t] + att[t] for t in range(T)]
-                h = [a[t] + lin(gelu(lin(ln(a[t], p + "ln2"), p + "mlp.fc")), p + "mlp.proj")
+                h = [a[t] + lin(act(lin(ln(a[t], p + "ln2"), p + "mlp.fc")), p + "mlp.proj")
                      for t in range(T)]
         for t in range(T):
-            z = P["wte"] @ ln(h[t], "lnf")
+            z = P[head] @ ln(h[t], "lnf")
             logits[b, t] = z
             zv = z[:V]
             m = zv.max()
@@ -381,30 +585,27 @@ def naive_lamb(js, params, G):
     return out
 
 
-def selftest_case(rng, parallel_block, window, bias, grad_clip, log):
+def selftest_case(rng, parallel_block, window, bias, grad_clip, log, arch=None):
+    """One model through the whole file protocol. `arch`: extra model.json fields (the Llama
+    family's, and d_model/heads to override the GPT-2 cases' 16/4)."""
     L, C, H, T, V, Vp, B = 2, 16, 4, 8, 50, 128, 3
-    plist, decay, total = tiny_layout(L, C, T, Vp, bias, parallel_block)
     js = {"layers": L, "d_model": C, "heads": H, "seq_len": T, "vocab_size": V,
           "padded_vocab": Vp, "window": window, "parallel_block": parallel_block, "bias": bias,
-          "batch": B, "params": plist,
-          "optim": {"lr": 1e-2, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1,
-                    "grad_clip": grad_clip},
-          "decay": decay}
-    # Large enough weights that attention is far from uniform and every path matters; the
-    # padded rows of wte are nonzero on purpose (they must show in the logits, not the loss).
-    params = np.zeros(total, dtype=np.float32)
-    for p in plist:
-        n = math.prod(p["shape"])
-        s = slice(p["offset"], p["offset"] + n)
-        if p["name"].endswith(".w") and len(p["shape"]) == 1:
-            params[s] = 1.0 + 0.2 * rng.standard_normal(n)
-        elif p["name"].endswith(".b"):
-            params[s] = 0.2 * rng.standard_normal(n)
-        else:
-            params[s] = 0.4 * rng.standard_normal(n)
+          "batch": B}
+    js.update(arch or {})
+    C = js["d_model"]
+    plist, decay, total = tiny_layout(js)
+    js.update({"params": plist,
+               "optim": {"lr": 1e-2, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
+                         "weight_decay": 0.1, "grad_clip": grad_clip},
+               "decay": decay})
+    params = random_params(rng, plist, total)
     tokens = rng.integers(0, V, size=(B, T + 1)).astype(np.int32)
     name = (f"{'parallel' if parallel_block else 'sequential'} window={window} "
             f"bias={'on' if bias else 'off'} grad_clip={grad_clip}")
+    if arch:
+        name = (("par " if parallel_block else "") + arch_name(js)
+                + f" w={window} b={'on' if bias else 'off'} c={grad_clip}")
     failures = []
 
     def check(what, ok, detail):
@@ -450,8 +651,8 @@ def selftest_case(rng, parallel_block, window, bias, grad_clip, log):
         for p in plist:
             n = math.prod(p["shape"])
             g = grads[p["offset"]:p["offset"] + n]
-            # wte's padded rows get no gradient: pick live rows for the random elements.
-            live = V * C if p["name"] == "wte" else n
+            # The padded vocabulary rows get no gradient: pick live rows for the random elements.
+            live = V * C if p["name"] in ("wte", "lm_head") else n
             idx = set(rng.integers(0, live, size=2).tolist()) | {int(np.abs(g).argmax())}
             for i in idx:
                 k = p["offset"] + i
@@ -465,8 +666,10 @@ def selftest_case(rng, parallel_block, window, bias, grad_clip, log):
                 checked += 1
                 check(f"grad {p['name']}[{i}]", e < 1e-5,
                       f"autograd {grads[k]:.10g} vs finite difference {fd:.10g}")
-    pad = grads[V * C:Vp * C]  # wte is the first tensor
-    check("padded wte rows' gradient", np.abs(pad).max() == 0, "nonzero")
+    for p in plist:
+        if p["name"] in ("wte", "lm_head"):
+            pad = grads[p["offset"] + V * C:p["offset"] + Vp * C]
+            check(f"padded {p['name']} rows' gradient", np.abs(pad).max() == 0, "nonzero")
 
     # Optimizers against their formulas, from independently clipped gradients.
     gn = np.linalg.norm(grads)
@@ -487,6 +690,187 @@ def selftest_case(rng, parallel_block, window, bias, grad_clip, log):
     return not failures
 
 
+def arch_name(js):
+    """A short name of a model's Llama-family choices, for the selftest's lines."""
+    H = js["heads"]
+    Hkv = js.get("kv_heads", H)
+    parts = ["rms" if js.get("norm") == "rmsnorm" else "ln",
+             "rope" if js.get("positions") == "rope" else "wpe", js.get("mlp", "gelu"),
+             f"G={H // Hkv}", "tied" if js.get("tied", True) else "untied"]
+    if js.get("rope_scaling"):
+        parts.append("llama3")
+    return " ".join(parts)
+
+
+def selftest_pieces(rng, log):
+    """The Llama family's pieces one by one against loop-by-loop NumPy versions: a mistake shows
+    here by name before it shows as a logits mismatch of a whole model."""
+    failures = []
+
+    def check(what, err, tol):
+        if not err < tol:
+            failures.append(f"{what}: max abs error {err:.3g}")
+
+    # RoPE frequencies, with and without scaling; each scaled case must reach all three of the
+    # scaling's regimes (kept, slowed, blended) or it would not test them.
+    llama31 = {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+    small = {"type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+             "original_max_position_embeddings": 128}
+    for theta, D, js in ((10000.0, 8, None), (500000.0, 128, llama31), (10000.0, 8, small),
+                         (10000.0, 64, small)):
+        s = rope_scaling(js)
+        got = rope_frequencies(theta, D, s).numpy()
+        want = naive_rope_frequencies(theta, D, s)
+        check(f"rope_frequencies theta={theta} D={D} {js and js['factor']}",
+              np.abs(got / want - 1).max(), 1e-14)
+        if s:
+            f = theta ** (-np.arange(0, D, 2) / D)
+            wl = 2 * math.pi / f
+            o = s["original_max_position_embeddings"]
+            regimes = {int(w < o / s["high_freq_factor"]) - int(w > o / s["low_freq_factor"])
+                       for w in wl}  # 1 kept, -1 slowed, 0 blended
+            if regimes != {-1, 0, 1}:
+                failures.append(f"rope case theta={theta} D={D} misses a scaling regime")
+            if np.abs(got - f).max() == 0:
+                failures.append(f"rope case theta={theta} D={D}: scaling changed nothing")
+
+    # Rotation of every head at every position.
+    for D, s in ((8, None), (16, small)):
+        x = torch.from_numpy(rng.standard_normal((2, 3, 12, D)))
+        freqs = rope_frequencies(10000.0, D, rope_scaling(s))
+        got = rotate(x, freqs).numpy()
+        want = np.array([[[naive_rotate(x[b, h, t].numpy(), t, freqs.numpy())
+                           for t in range(12)] for h in range(3)] for b in range(2)])
+        check(f"rotate D={D}", np.abs(got - want).max(), 1e-14)
+
+    # Grouped-query attention: against the loop version and against copied key/value heads.
+    B, H, T, D = 2, 4, 7, 8
+    for Hkv in (4, 2, 1):
+        for W in (0, 3):
+            q = torch.from_numpy(rng.standard_normal((B, H, T, D)))
+            k, v = (torch.from_numpy(rng.standard_normal((B, Hkv, T, D))) for _ in range(2))
+            ok = allowed_keys(T, W)
+            got = attend(q, k, v, ok)
+            per_token = [t.transpose(1, 2).numpy() for t in (q, k, v)]  # (B, T, heads, D)
+            want = np.stack([naive_attend(*(t[b] for t in per_token), W).transpose(1, 0, 2)
+                             for b in range(B)])
+            check(f"attend G={H // Hkv} window={W} vs loops", np.abs(got.numpy() - want).max(),
+                  1e-13)
+            G = H // Hkv
+            copied = attend(q, k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1), ok)
+            check(f"attend G={G} window={W} vs copied heads", (got - copied).abs().max().item(),
+                  1e-14)
+
+    # SwiGLU (interleaved gate/up) and RMSNorm, row by row.
+    C, Fh = 8, 6
+    spec = Spec({"layers": 1, "d_model": C, "heads": 1, "seq_len": 1, "vocab_size": 1,
+                 "padded_vocab": 1, "batch": 1, "params": [], "mlp": "swiglu", "mlp_hidden": Fh,
+                 "norm": "rmsnorm", "norm_eps": 1e-3})
+    P = {"m.fc.w": torch.from_numpy(rng.standard_normal((2 * Fh, C))),
+         "m.fc.b": torch.from_numpy(rng.standard_normal(2 * Fh)),
+         "m.proj.w": torch.from_numpy(rng.standard_normal((C, Fh))),
+         "n.w": torch.from_numpy(rng.standard_normal(C))}
+    x = torch.from_numpy(rng.standard_normal((3, 5, C)))
+    got = mlp(x, P, "m", spec).numpy()
+    Pn = {k_: t.numpy() for k_, t in P.items()}
+    want = np.zeros((3, 5, C))
+    for i in range(3):
+        for t in range(5):
+            u = Pn["m.fc.w"] @ x[i, t].numpy() + Pn["m.fc.b"]
+            a = [u[2 * f] / (1 + math.exp(-u[2 * f])) * u[2 * f + 1] for f in range(Fh)]
+            want[i, t] = Pn["m.proj.w"] @ np.array(a)
+    check("swiglu mlp", np.abs(got - want).max(), 1e-12)
+    got = norm(x, P, "n", spec).numpy()
+    want = np.array([[[x[i, t, c].item() / math.sqrt(sum(x[i, t].numpy() ** 2) / C + 1e-3)
+                       * Pn["n.w"][c] for c in range(C)] for t in range(5)] for i in range(3)])
+    check("rmsnorm", np.abs(got - want).max(), 1e-13)
+
+    log(f"  {'llama pieces: rope, rotate, GQA attend, swiglu, rmsnorm':<48} "
+        f"{'ok' if not failures else 'FAILED'}")
+    for f_ in failures:
+        log(f"    {f_}")
+    return not failures
+
+
+def selftest_hf_llama(rng, log):
+    """--hf-llama-write on tiny Llamas: the HF-layout forward of what it wrote must give the
+    Myriad-layout forward's logits, and must not when rows are misplaced."""
+    failures = []
+    cases = 0
+    for Hkv in (4, 2, 1):
+        for tied in (False, True):
+            js = {"layers": 2, "d_model": 32, "heads": 4, "seq_len": 8, "vocab_size": 50,
+                  "padded_vocab": 128, "batch": 2, "bias": False, "norm": "rmsnorm",
+                  "norm_eps": 1e-6, "positions": "rope", "rope_theta": 500.0, "mlp": "swiglu",
+                  "mlp_hidden": 24, "kv_heads": Hkv, "tied": tied,
+                  "rope_scaling": None if Hkv == 4 else
+                  {"type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}
+            js["params"], _, total = tiny_layout(js)
+            params = random_params(rng, js["params"], total)
+            tokens = rng.integers(0, 50, size=(2, 9)).astype(np.int32)
+            what = f"hf llama G={4 // Hkv} {'tied' if tied else 'untied'}"
+            with tempfile.TemporaryDirectory() as d:
+                with open(os.path.join(d, "model.json"), "w") as f:
+                    json.dump(js, f)
+                params.astype("<f4").tofile(os.path.join(d, "params.bin"))
+                tokens.astype("<i4").tofile(os.path.join(d, "tokens.bin"))
+                run_hf_llama_write(d)
+                hf = np.fromfile(os.path.join(d, "hf_logits.bin"), dtype="<f8").reshape(2, 8, 50)
+                with open(os.path.join(d, "hf", "config.json")) as f:
+                    cfg = json.load(f)
+                W = read_safetensors(os.path.join(d, "hf", "model.safetensors"))
+            spec = Spec(js)
+            logits, _ = forward(views(torch.from_numpy(params.astype(np.float64)), spec),
+                                spec, torch.from_numpy(tokens.astype(np.int64)))
+            err = np.abs(hf - logits[..., :50].numpy()).max()
+            cases += 1
+            if not err < 1e-12:
+                failures.append(f"{what}: HF-layout logits differ by {err:.3g}")
+            want = {"model.embed_tokens.weight": [50, 32], "model.norm.weight": [32]}
+            for l in range(2):
+                p = f"model.layers.{l}."
+                want.update({p + "input_layernorm.weight": [32],
+                             p + "post_attention_layernorm.weight": [32],
+                             p + "self_attn.q_proj.weight": [32, 32],
+                             p + "self_attn.k_proj.weight": [8 * Hkv, 32],
+                             p + "self_attn.v_proj.weight": [8 * Hkv, 32],
+                             p + "self_attn.o_proj.weight": [32, 32],
+                             p + "mlp.gate_proj.weight": [24, 32],
+                             p + "mlp.up_proj.weight": [24, 32],
+                             p + "mlp.down_proj.weight": [32, 24]})
+            if not tied:
+                want["lm_head.weight"] = [50, 32]
+            got = {n: list(t.shape) for n, t in W.items()}
+            if got != want:
+                odd = sorted(n for n in set(got) | set(want) if got.get(n) != want.get(n))
+                failures.append(f"{what}: tensors {[(n, got.get(n), want.get(n)) for n in odd]}")
+            heads = (cfg["num_key_value_heads"], cfg["tie_word_embeddings"], cfg["head_dim"])
+            if heads != (Hkv, tied, 8):
+                failures.append(f"{what}: config.json {cfg}")
+            # The check must see a misplaced row: two query heads of one group exchanged, or
+            # gate and up exchanged, must change the logits.
+            if Hkv == 2 and not tied:
+                q, gate, up = (W[n] for n in ("model.layers.0.self_attn.q_proj.weight",
+                                              "model.layers.1.mlp.gate_proj.weight",
+                                              "model.layers.1.mlp.up_proj.weight"))
+                for swap, changed in (
+                        ("q heads", {"model.layers.0.self_attn.q_proj.weight":
+                                     torch.cat((q[8:16], q[:8], q[16:]))}),
+                        ("gate/up", {"model.layers.1.mlp.gate_proj.weight": up,
+                                     "model.layers.1.mlp.up_proj.weight": gate})):
+                    bad = llama_forward(cfg, {**W, **changed},
+                                        torch.from_numpy(tokens[:, :8].astype(np.int64)))
+                    if not np.abs(bad.numpy() - hf).max() > 1e-3:
+                        failures.append(f"{what}: {swap} exchanged leaves the logits unchanged")
+    log(f"  {'hf llama writer: G=1,2,4, tied and untied':<48} {cases} cases, HF-layout forward "
+        f"{'ok' if not failures else 'FAILED'}")
+    for f_ in failures:
+        log(f"    {f_}")
+    return not failures
+
+
 def selftest():
     torch.set_default_dtype(torch.float64)
     rng = np.random.default_rng(20240501)
@@ -498,6 +882,21 @@ def selftest():
                 # Alternate clipping on/off so both paths are covered.
                 clip = 0.5 if (window == 0) == bias else 0.0
                 ok &= selftest_case(rng, parallel_block, window, bias, clip, print)
+    # The Llama family: whole models, then mixes of its choices with GPT-2's (each choice is
+    # independent of the others in the forward), with bias on for RoPE after the QKV bias.
+    llama = {"d_model": 32, "norm": "rmsnorm", "positions": "rope", "mlp": "swiglu",
+             "mlp_hidden": 24}
+    scaled = {"type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 32}
+    for parallel_block, window, bias, clip, arch in (
+            (False, 0, False, 0.5, {**llama, "kv_heads": 2, "tied": False, "rope_scaling": scaled}),
+            (False, 3, True, 0.0, {**llama, "norm_eps": 1e-6, "rope_theta": 500.0}),
+            (True, 0, False, 0.0, {**llama, "kv_heads": 1, "tied": False}),
+            (False, 0, True, 0.5, {"positions": "rope", "kv_heads": 2}),
+            (True, 3, True, 0.0, {"norm": "rmsnorm", "mlp": "swiglu", "tied": False})):
+        ok &= selftest_case(rng, parallel_block, window, bias, clip, print, arch)
+    ok &= selftest_pieces(rng, print)
+    ok &= selftest_hf_llama(rng, print)
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 
@@ -565,11 +964,163 @@ def run_gpt2(hf_dir, io_dir):
     write_f32(os.path.join(io_dir, "gpt2_logits.bin"), logits)
 
 
+# ----------------------------------------------------------------------------------------------
+# A Hugging Face Llama directory (LlamaForCausalLM) written from a Myriad Llama, independently of
+# `myriad export`, and run by its own forward in Hugging Face's layout (q/k/v/o_proj,
+# gate/up/down_proj, repeat_kv), which shares nothing with forward() above but
+# rope_frequencies: a row put in the wrong place changes its logits.
+
+
+def hf_llama_config(spec):
+    """config.json's fields for LlamaForCausalLM."""
+    s = spec.rope_scaling
+    return {"architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": spec.d_model,
+            "intermediate_size": spec.mlp_hidden,
+            "num_hidden_layers": spec.layers,
+            "num_attention_heads": spec.heads,
+            "num_key_value_heads": spec.kv_heads,
+            "head_dim": spec.d_model // spec.heads,
+            "rms_norm_eps": spec.norm_eps,
+            "rope_theta": spec.rope_theta,
+            "rope_scaling": None if s is None else {
+                "rope_type": "llama3", "factor": s["factor"],
+                "low_freq_factor": s["low_freq_factor"], "high_freq_factor": s["high_freq_factor"],
+                "original_max_position_embeddings": int(s["original_max_position_embeddings"])},
+            "max_position_embeddings": spec.seq_len,
+            "vocab_size": spec.vocab_size,
+            "tie_word_embeddings": spec.tied,
+            "attention_bias": False,
+            "mlp_bias": False,
+            "hidden_act": "silu",
+            "torch_dtype": "float32"}
+
+
+def hf_llama_tensors(spec, P):
+    """Myriad's float32 tensors (name -> array) -> Hugging Face's: rows reordered, never
+    changed. Both rotate halves, so a head's rows keep their order; the padded vocabulary rows
+    are dropped."""
+    C, H, Hkv, Fh, V = spec.d_model, spec.heads, spec.kv_heads, spec.mlp_hidden, spec.vocab_size
+    D, G = C // H, H // Hkv
+    out = {"model.embed_tokens.weight": P["wte"][:V]}
+    for l in range(spec.layers):
+        m, h = f"h.{l}.", f"model.layers.{l}."
+        qkv = P[m + "attn.qkv.w"].reshape(Hkv, G + 2, D, C)
+        fc = P[m + "mlp.fc.w"].reshape(Fh, 2, C)
+        out.update({
+            h + "input_layernorm.weight": P[m + "ln1.w"],
+            h + "self_attn.q_proj.weight": qkv[:, :G].reshape(H * D, C),  # head g*G + j
+            h + "self_attn.k_proj.weight": qkv[:, G].reshape(Hkv * D, C),
+            h + "self_attn.v_proj.weight": qkv[:, G + 1].reshape(Hkv * D, C),
+            h + "self_attn.o_proj.weight": P[m + "attn.proj.w"],
+            h + "post_attention_layernorm.weight": P[m + "ln2.w"],
+            h + "mlp.gate_proj.weight": fc[:, 0],
+            h + "mlp.up_proj.weight": fc[:, 1],
+            h + "mlp.down_proj.weight": P[m + "mlp.proj.w"]})
+    out["model.norm.weight"] = P["lnf.w"]
+    if not spec.tied:
+        out["lm_head.weight"] = P["lm_head"][:V]
+    return out
+
+
+def write_safetensors(path, tensors):
+    """name -> float32 array, in the format's own terms: the header's length (8 bytes, little
+    endian), the JSON header padded with spaces to 8 bytes, the raw little-endian data."""
+    header = {"__metadata__": {"format": "pt"}}  # transformers refuses a file without it
+    blobs, off = [], 0
+    for name, a in tensors.items():
+        b = np.ascontiguousarray(a, dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        for b in blobs:
+            f.write(b)
+
+
+def llama_forward(cfg, W, tokens):
+    """tokens (B, T) long -> logits (B, T, vocab_size), float64, as LlamaForCausalLM computes
+    them (eager attention, no cache)."""
+    B, T = tokens.shape
+    H, Hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    D = cfg.get("head_dim", cfg["hidden_size"] // H)
+    eps = cfg["rms_norm_eps"]
+
+    def rms(x, w):
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return w * (x * torch.rsqrt(variance + eps))
+
+    def rotate_half(x):
+        return torch.cat((-x[..., D // 2:], x[..., :D // 2]), dim=-1)
+
+    def repeat_kv(x):
+        return x[:, :, None].expand(B, Hkv, H // Hkv, T, D).reshape(B, H, T, D)
+
+    inv_freq = rope_frequencies(cfg["rope_theta"], D, rope_scaling(cfg.get("rope_scaling")))
+    freqs = torch.arange(T, dtype=torch.float64).view(T, 1) * inv_freq.view(1, -1)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    h = W["model.embed_tokens.weight"][tokens]
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        n = rms(h, W[p + "input_layernorm.weight"])
+        q = (n @ W[p + "self_attn.q_proj.weight"].t()).view(B, T, H, D).transpose(1, 2)
+        k = (n @ W[p + "self_attn.k_proj.weight"].t()).view(B, T, Hkv, D).transpose(1, 2)
+        v = (n @ W[p + "self_attn.v_proj.weight"].t()).view(B, T, Hkv, D).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k, v = repeat_kv(k), repeat_kv(v)
+        s = (q @ k.transpose(-2, -1)) / math.sqrt(D)
+        o = torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1) @ v
+        h = h + o.transpose(1, 2).reshape(B, T, H * D) @ W[p + "self_attn.o_proj.weight"].t()
+        n = rms(h, W[p + "post_attention_layernorm.weight"])
+        gate = n @ W[p + "mlp.gate_proj.weight"].t()
+        up = n @ W[p + "mlp.up_proj.weight"].t()
+        h = h + (F.silu(gate) * up) @ W[p + "mlp.down_proj.weight"].t()
+    h = rms(h, W["model.norm.weight"])
+    head = W["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else W["lm_head.weight"]
+    return h @ head.t()
+
+
+def run_hf_llama_write(d):
+    """DIR/model.json, params.bin, tokens.bin -> DIR/hf/{config.json, model.safetensors} and
+    DIR/hf_logits.bin (float64, batch x seq_len x vocab_size, of tokens[:, :seq_len])."""
+    spec, params, tokens = read_inputs(d)
+    wrong = [f"{k} {v!r}" for k, v, want in (
+        ("norm", spec.norm, "rmsnorm"), ("positions", spec.positions, "rope"),
+        ("mlp", spec.mlp, "swiglu"), ("bias", spec.bias, False),
+        ("parallel_block", spec.parallel_block, False), ("window", spec.window, 0)) if v != want]
+    if wrong:
+        raise ValueError(f"not a Llama that LlamaForCausalLM computes: {', '.join(wrong)}")
+    P = {name: t.numpy() for name, t in views(torch.from_numpy(params), spec).items()}
+    hf = os.path.join(d, "hf")
+    os.makedirs(hf, exist_ok=True)
+    with open(os.path.join(hf, "config.json"), "w") as f:
+        f.write(json.dumps(hf_llama_config(spec), indent=2) + "\n")
+    write_safetensors(os.path.join(hf, "model.safetensors"), hf_llama_tensors(spec, P))
+    # Run what was written, read back from the disk, not what is in memory.
+    with open(os.path.join(hf, "config.json")) as f:
+        cfg = json.load(f)
+    W = read_safetensors(os.path.join(hf, "model.safetensors"))
+    x = torch.from_numpy(tokens[:, :spec.seq_len].astype(np.int64))
+    logits = llama_forward(cfg, W, x)
+    np.ascontiguousarray(logits.numpy().astype("<f8")).tofile(os.path.join(d, "hf_logits.bin"))
+    return logits
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dir", nargs="?", help="directory holding model.json, params.bin, tokens.bin")
     ap.add_argument("--selftest", action="store_true", help="check this script and exit")
     ap.add_argument("--gpt2", metavar="HF_DIR", help="run the GPT-2 of HF_DIR on DIR/tokens.bin")
+    ap.add_argument("--hf-llama-write", metavar="DIR",
+                    help="write DIR's Llama as a Hugging Face directory DIR/hf and its logits "
+                         "DIR/hf_logits.bin")
     args = ap.parse_args()
     if args.selftest:
         return selftest()
@@ -579,6 +1130,14 @@ def main():
             run_gpt2(args.gpt2, args.dir)
         except (OSError, ValueError, KeyError) as e:
             print(f"torch_reference.py: {args.gpt2}: {e}", file=sys.stderr)
+            return 2
+        return 0
+    if args.hf_llama_write:
+        torch.set_default_dtype(torch.float64)
+        try:
+            run_hf_llama_write(args.hf_llama_write)
+        except (OSError, ValueError, KeyError) as e:
+            print(f"torch_reference.py: {args.hf_llama_write}: {e}", file=sys.stderr)
             return 2
         return 0
     if not args.dir:
