@@ -514,6 +514,17 @@ void export_hf(const std::string& dir, const std::string& out_arg, bool overwrit
   const nlohmann::json meta = read_meta(dir);
   const Config cfg = parse_config(meta.at("config").get<std::string>(), dir + "/meta.json");
   const ModelConfig& m = cfg.model;
+  // The Llama family's variant keys: LlamaForCausalLM's export is not written yet.
+  for (const auto& [key, differs, value] :
+       {std::tuple<const char*, bool, std::string>{"model.norm", m.rmsnorm(), m.norm},
+        {"model.position_encoding", m.rope(), m.position_encoding},
+        {"model.mlp", m.swiglu(), m.mlp},
+        {"model.kv_heads", m.kv() != m.heads, std::to_string(m.kv())},
+        {"model.mlp_hidden", m.ffn() != 4 * m.d_model, std::to_string(m.ffn())},
+        {"model.tied_embeddings", !m.tied_embeddings, "false"}})
+    if (differs)
+      throw_input("export: ", dir, " has ", key, " = ", value, ", which GPT-2 cannot express; the Hugging Face "
+                  "export of Llama-family models (LlamaForCausalLM) is not available yet");
   if (m.parallel_block)
     throw_input("export: ", dir, " has model.parallel_block = true, which GPT-2 cannot express (its blocks are sequential)");
   if (m.window > 0)

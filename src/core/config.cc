@@ -185,6 +185,34 @@ void Config::validate() const {
     throw_input("config: model.window must be 0 (full causal) or a positive number of tokens, got ",
                 m.window);
 
+  require_one_of("model.norm", m.norm, {"layernorm", "rmsnorm"});
+  positive("model.norm_eps", m.norm_eps);
+  if (!m.rmsnorm() && m.norm_eps != 1e-5)
+    throw_input("config: model.norm_eps (", m.norm_eps, ") applies to model.norm = \"rmsnorm\"; LayerNorm's "
+                "epsilon is fixed at 1e-5 (GPT-2's)");
+  require_one_of("model.position_encoding", m.position_encoding, {"learned", "rope"});
+  if (m.rope()) {
+    positive("model.rope_theta", m.rope_theta);
+    if (m.head_dim() % 2 != 0)
+      throw_input("config: model.position_encoding = \"rope\" rotates pairs of a head's features, but the head "
+                  "size d_model / heads = ", m.head_dim(), " is odd");
+    require_one_of("model.rope_scaling", m.rope_scaling, {"", "llama3"});
+    if (m.rope_scaling == "llama3") {
+      positive("model.rope_factor", m.rope_factor);
+      positive("model.rope_low_freq_factor", m.rope_low_freq_factor);
+      positive("model.rope_original_positions", m.rope_original_positions);
+      if (!(m.rope_high_freq_factor > m.rope_low_freq_factor))
+        throw_input("config: model.rope_high_freq_factor (", m.rope_high_freq_factor,
+                    ") must exceed model.rope_low_freq_factor (", m.rope_low_freq_factor, ")");
+    }
+  }
+  require_one_of("model.mlp", m.mlp, {"gelu", "swiglu"});
+  non_negative("model.mlp_hidden", m.mlp_hidden);
+  non_negative("model.kv_heads", m.kv_heads);
+  if (m.heads % m.kv() != 0)
+    throw_input("config: model.kv_heads (", m.kv(), ") must divide model.heads (", m.heads,
+                "): each key/value head serves an equal group of query heads");
+
   require_one_of("data.tokenizer", data.tokenizer, {"byte", "gpt2", "llama3"});
 
   require_one_of("optim.name", optim.name, {"adamw", "lamb"});
@@ -230,6 +258,13 @@ void Config::validate() const {
                  {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"});
   if (m.heads % parallel.tp != 0)
     throw_input("config: model.heads (", m.heads, ") must be divisible by parallel.tp (",
+                parallel.tp, ")");
+  if (m.kv() % parallel.tp != 0)
+    throw_input("config: model.kv_heads (", m.kv(), ") must be divisible by parallel.tp (", parallel.tp,
+                "): each tensor-parallel rank holds whole key/value heads (they are not replicated); "
+                "lower parallel.tp to a divisor of ", m.kv());
+  if (m.ffn() % parallel.tp != 0)
+    throw_input("config: the MLP's features (model.mlp_hidden, ", m.ffn(), ") must be divisible by parallel.tp (",
                 parallel.tp, ")");
   if (!parallel.stage_layers.empty()) {
     int64_t chunks = parallel.pp * parallel.virtual_stages, sum = 0;

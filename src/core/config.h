@@ -13,18 +13,40 @@
 
 namespace myriad {
 
+// The block's variant keys (norm ... tied_embeddings) have Hugging Face LlamaConfig's meaning;
+// docs/CONFIG.md maps each to its field. Their defaults are GPT-2's block.
 struct ModelConfig {
   int64_t layers = 8;
   int64_t d_model = 128;
   int64_t heads = 4;
   int64_t seq_len = 128;      // training context length
-  int64_t positions = 0;      // learned positions (rows of wpe); 0 = seq_len
+  int64_t positions = 0;      // learned: rows of wpe; rope: the longest context meant; 0 = seq_len
   int64_t vocab_size = 256;   // of the tokenizer; padded inside to a multiple of 128 x tp
   int64_t window = 0;         // sliding attention window in tokens; 0 = full causal
   bool parallel_block = false;
-  bool bias = true;
+  bool bias = true;           // biases of the linears (and of LayerNorms)
+  std::string norm = "layernorm";            // layernorm, rmsnorm
+  double norm_eps = 1e-5;                    // RMSNorm's epsilon (LayerNorm's is fixed at 1e-5)
+  std::string position_encoding = "learned"; // learned (wpe), rope (rotary, no table)
+  double rope_theta = 10000;
+  std::string rope_scaling;                  // "" none, "llama3" (Llama 3.1's long context)
+  double rope_factor = 8;                    // llama3 scaling: HF rope_scaling.factor
+  double rope_low_freq_factor = 1;
+  double rope_high_freq_factor = 4;
+  int64_t rope_original_positions = 8192;    // HF original_max_position_embeddings
+  std::string mlp = "gelu";                  // gelu, swiglu
+  int64_t mlp_hidden = 0;                    // the MLP's features F; 0 = 4 d_model
+  int64_t kv_heads = 0;                      // key/value heads (GQA; 1 = MQA); 0 = heads
+  bool tied_embeddings = true;               // the LM head is the token embedding
   double init_std = 0.02;
   int64_t seed = 1234;        // initialization seed
+
+  int64_t head_dim() const { return d_model / heads; }
+  int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
+  int64_t ffn() const { return mlp_hidden > 0 ? mlp_hidden : 4 * d_model; }
+  bool rope() const { return position_encoding == "rope"; }
+  bool swiglu() const { return mlp == "swiglu"; }
+  bool rmsnorm() const { return norm == "rmsnorm"; }
 };
 
 struct DataConfig {
@@ -145,6 +167,19 @@ struct Config {
     f("model", "window", model.window);
     f("model", "parallel_block", model.parallel_block);
     f("model", "bias", model.bias);
+    f("model", "norm", model.norm);
+    f("model", "norm_eps", model.norm_eps);
+    f("model", "position_encoding", model.position_encoding);
+    f("model", "rope_theta", model.rope_theta);
+    f("model", "rope_scaling", model.rope_scaling);
+    f("model", "rope_factor", model.rope_factor);
+    f("model", "rope_low_freq_factor", model.rope_low_freq_factor);
+    f("model", "rope_high_freq_factor", model.rope_high_freq_factor);
+    f("model", "rope_original_positions", model.rope_original_positions);
+    f("model", "mlp", model.mlp);
+    f("model", "mlp_hidden", model.mlp_hidden);
+    f("model", "kv_heads", model.kv_heads);
+    f("model", "tied_embeddings", model.tied_embeddings);
     f("model", "init_std", model.init_std);
     f("model", "seed", model.seed);
     f("data", "train", data.train);
@@ -216,7 +251,7 @@ struct Config {
   void validate() const;
   // The vocabulary as the model holds it: vocab_size rounded up to a multiple of 128 x tp.
   int64_t padded_vocab() const { return myriad::padded_vocab(model.vocab_size, parallel.tp); }
-  // Rows of the position table: model.positions, or seq_len when 0.
+  // Rows of the position table (learned positions): model.positions, or seq_len when 0.
   int64_t positions() const { return model.positions > 0 ? model.positions : model.seq_len; }
   // Where a run in `run_dir` keeps its checkpoints: checkpoint.dir, or RUN_DIR/checkpoints.
   std::string checkpoint_root(const std::string& run_dir) const;

@@ -4,8 +4,9 @@
 //
 //   6 N + 12 L d T_att
 //
-// N: the weights of every matmul once (each layer's QKV, projection and MLP, 12 d^2, and the LM
-// head tied to the embedding, vocab_rows x d); 6 for their forward and backward GEMMs. 12 L d
+// N: the weights of every matmul once (each layer's QKV, projection and MLP: 12 d^2 for GPT-2's
+// block, less with fewer key/value heads, 3 d F for SwiGLU's; and the LM head, tied or not,
+// vocab_rows x d); 6 for their forward and backward GEMMs. 12 L d
 // T_att: attention's score and value products, T_att the keys a query sees (seq_len, or the
 // window when it is shorter). Megatron-LM's count, with the window.
 #pragma once
@@ -20,8 +21,10 @@ namespace myriad::model {
 // The matmul weights of a GPT of `m` whose LM head has `vocab_rows` rows (the padded vocabulary
 // the engine computes; GptModel checks this against its own layout).
 inline double matmul_params(const ModelConfig& m, int64_t vocab_rows) {
-  const double L = double(m.layers), d = double(m.d_model);
-  return 12 * L * d * d + double(vocab_rows) * d;
+  const double L = double(m.layers), d = double(m.d_model), D = double(m.head_dim());
+  const double qkv = d * (double(m.heads) + 2 * double(m.kv())) * D, proj = double(m.heads) * D * d;
+  const double mlp = d * double(m.ffn()) * (m.swiglu() ? 3 : 2);
+  return L * (qkv + proj + mlp) + double(vocab_rows) * d;
 }
 
 inline double flops_per_token(const ModelConfig& m, int64_t vocab_rows) {

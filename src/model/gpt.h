@@ -3,6 +3,18 @@
 // runs the same layers, tensor-parallel regions and micro-batch slots. GptModel<Ops> is the
 // schedule; `Gpt` is it on the CPU op set (fp32, the oracle).
 //
+// One schedule, every block variant: the model keys choose ops at fixed places of it, never a
+// second schedule. GPT-2's block and Llama's differ in
+//   the norm         LayerNorm or RMSNorm (Norm, passed to every norm op)
+//   positions        wpe added at the embedding, or RoPE on q and k right after the QKV GEMM
+//                    (rope_forward; its backward right after attention's)
+//   attention        H query heads over Hkv key/value heads (GQA): the QKV width and the
+//                    attention op's head counts
+//   the MLP          the first GEMM's activation, GELU or SwiGLU (Mlp, passed to the fused
+//                    GEMM + activation ops; SwiGLU's GEMM is twice as wide)
+//   the LM head      wte (tied) or lm_head
+// and the layout (params.h) holds the tensors each variant has.
+//
 // One object owns this rank's parameters and their gradients, and the activations of the
 // micro-batches in flight, up to (micro_batch, seq_len) tokens each. Not thread-safe: one
 // forward or backward at a time (the ops inside use their own threads).
@@ -21,9 +33,11 @@
 //               for the others), ReduceFromTp (SP: ReduceScatterToSequence) sums the partial
 //               rows, then wpe is added once (replicated)
 //   attention   LN1 (replicated) -> CopyToTp (SP: GatherFromSequence) -> QKV column-parallel
-//               (this rank's H/t heads) -> attention over its heads -> proj row-parallel ->
+//               (this rank's Hkv/t key/value heads with their H/t query heads; tp must divide
+//               Hkv: they are never replicated) -> attention over its heads -> proj row-parallel ->
 //               ReduceFromTp (SP: ReduceScatterToSequence) -> + proj bias -> + residual
-//   MLP         the same shape: fc column-parallel (4C/t features), GELU, proj row-parallel
+//   MLP         the same shape: fc column-parallel (F/t features; SwiGLU's gate and up rows of a
+//               feature on the same rank), the activation, proj row-parallel
 //   LM head     LNf -> CopyToTp (SP: GatherFromSequence) -> logits of this rank's Vp/t
 //               vocabulary rows (N, Vp/t) -> vocab-parallel cross-entropy: the row max and the
 //               sum of exps combined over the ranks, the target logit from the rank that owns it
@@ -126,23 +140,24 @@ class GptModel {
 
  private:
   // Activations saved for backward (per layer, each (B,T,·) unless noted; widths are this
-  // rank's: 3C/t, C/t, 4C/t with TP). train.recompute decides which a slot keeps per layer and
-  // which live once in shared_, refilled by recompute() just before a layer's backward:
-  //   none: all per layer;  selective: fc and gelu shared (the fc GEMM and GELU run again);
-  //   full: only `in` per layer (LN1 and the layer up to the GELU run again).
+  // rank's: Ql = (Hl + 2 Hkvl) D, Cl = Hl D, Fl features, Pl = Fl or 2 Fl). train.recompute
+  // decides which a slot keeps per layer and which live once in shared_, refilled by recompute()
+  // just before a layer's backward:
+  //   none: all per layer;  selective: fc and act shared (the fc GEMM and activation run again);
+  //   full: only `in` per layer (LN1 and the layer up to the activation run again).
   enum class Recompute { kNone, kSelective, kFull };
   struct LayerActs {
     Act *in;              // (B,T,C) the layer's input: the residual stream (R rows)
     Act *ln1;             // (B,T,C) (all N rows, gathered with SP)
-    float *ln1_mean, *ln1_rstd;  // (R), (R)
-    Act *qkv;             // (B,T,3C) laid out (H,3,D)
+    float *ln1_mean, *ln1_rstd;  // (R), (R) (the mean LayerNorm's only)
+    Act *qkv;             // (B,T,Ql) laid out (Hkvl,G+2,D), q and k rotated with RoPE
     float *saved;         // what attention keeps for backward (Ops::attention_saved floats)
-    Act *atty;            // (B,T,C) attention output before the projection
+    Act *atty;            // (B,T,Cl) attention output before the projection, (Hl,D)
     Act *mid;             // (B,T,C) residual after attention (sequential block only; R rows)
     Act *ln2;             // (B,T,C) (sequential block only)
     float *ln2_mean, *ln2_rstd;  // (R), (R)
-    Act *fc;              // (B,T,4C) before GELU
-    Act *gelu;            // (B,T,4C)
+    Act *fc;              // (B,T,Pl) the fc GEMM's output: before GELU, or SwiGLU's (Fl,2) pairs
+    Act *act;             // (B,T,Fl) the activation's output
   };
   // One micro-batch in flight through one chunk: what its backward needs.
   struct Slot {
@@ -165,7 +180,7 @@ class GptModel {
   };
   Slot& acquire(Chunk& ch, int mb, int B);
   // Points l into activations `a` and floats `st`, advancing them: what a slot keeps per layer
-  // (`set`: everything but `in`, fc and gelu; `mlp`: fc and gelu). Counts only when a and st
+  // (`set`: everything but `in`, fc and act; `mlp`: fc and act). Counts only when a and st
   // are null (a slot's size).
   // This rank's shapes as the memory plan (model/memory_plan.h) takes them.
   model::GptMemoryShape memory_shape() const;
@@ -193,6 +208,7 @@ class GptModel {
   template <class T>
   struct Tensors {
     T *wte, *wpe, *lnf_w, *lnf_b;
+    T *head;  // the LM head: lm_head, or wte when tied
     std::vector<LayerTensors<T>> layers;
   };
   template <class T>
@@ -213,9 +229,9 @@ class GptModel {
   // gathered into full_ (SP).
   const Act* row_parallel_dout(const Act* dout, int OC);
   // Backward of row_parallel_forward: dout_full from row_parallel_dout, dout the local rows;
-  // dinp (=), through GELU's derivative when gelu_pre (the GELU's input) is given.
+  // dinp (=), through the MLP's activation when pre (its input, the fc GEMM's output) is given.
   void row_parallel_backward(Act* dinp, float* dw, float* db, const Act* dout_full, const Act* dout,
-                             const Act* inp, const Param* w, int IC, int OC, const Act* gelu_pre);
+                             const Act* inp, const Param* w, int IC, int OC, const Act* pre);
   // Runs a region of parallel/mappings.h (fp32 buffers) on activations: `in` (n_in elements)
   // and `out` (n_out) themselves when Act is float, else fp32 copies of them in wide_ (out
   // narrowed back after), laid out alike when one lies inside the other. region(in, out).
@@ -227,6 +243,7 @@ class GptModel {
   // dlocal (R, width) of every rank -> dfull (N, width) (ReduceScatterToSequence's backward).
   void gather_rows(const Act* dlocal, Act* dfull, int64_t width);
   void* stream() const { return ops_.comm_stream(); }
+  // The lookup by vocabulary rows: tensor-parallel, or without a position table (RoPE).
   void embedding_forward_tp(const Slot& s, Act* out);
   void embedding_backward_tp(const Slot& s, const Act* dresid);
   void crossentropy_forward_tp(Slot& s);
@@ -240,7 +257,13 @@ class GptModel {
   ModelPart part_;
   ParamLayout layout_;
   int64_t L_, C_, H_, maxT_, maxB_, V_, Vp_, window_;
-  int64_t Hl_, Cl_, Fl_, Vl_, v0_;  // this rank's heads, attention width, MLP width, vocab rows
+  int64_t D_, G_;  // head size; query heads per key/value head
+  // This rank's query heads, key/value heads, attention width (Hl D), QKV width, MLP features,
+  // MLP pre-activation width, vocab rows, and its first vocab row.
+  int64_t Hl_, Hkvl_, Cl_, Ql_, Fl_, Pl_, Vl_, v0_;
+  Norm norm_;
+  Mlp mlp_;
+  bool rope_;
   bool parallel_block_;
   Recompute recompute_;
 
@@ -271,7 +294,7 @@ class GptModel {
   Buffer<Act> full_;    // (B,T,C) TP scratch: partial sums, gathered gradients
   Buffer<float> wide_;  // (2,B,T,C) TP with a narrower Act: the regions' fp32 copies
   Buffer<Act> dresid_;  // (B,T,C) gradient of the residual stream
-  Buffer<Act> dln_, datty_, dqkv_, dfc_;  // (B,T,C) (B,T,C) (B,T,3C) (B,T,4C)
+  Buffer<Act> dln_, datty_, dqkv_, dfc_;  // (B,T,C) (B,T,Cl) (B,T,Ql) (B,T,Pl)
   Buffer<Act> dout_, din_;  // (R,C) the chunks' boundary gradients of forward_backward
 };
 

@@ -11,6 +11,7 @@
 #include "model/flops.h"
 #include "model/gpt.h"
 #include "model/memory_plan.h"
+#include "ops/rope.h"
 
 namespace myriad {
 
@@ -22,9 +23,9 @@ inline int checked_tp_size(const Config& cfg, const parallel::ParallelContext* p
   if (t == 1) return 1;
   MYRIAD_CHECK(t == cfg.parallel.tp, "the tensor-parallel group has ", t,
                " ranks but parallel.tp = ", cfg.parallel.tp);
-  if (cfg.model.heads % t != 0)
-    throw_input("config: model.heads (", cfg.model.heads, ") must be divisible by parallel.tp (",
-                t, ")");
+  if (cfg.model.heads % t != 0 || cfg.model.kv() % t != 0)
+    throw_input("config: model.heads (", cfg.model.heads, ") and model.kv_heads (", cfg.model.kv(),
+                ") must be divisible by parallel.tp (", t, ")");
   if (cfg.parallel.sequence_parallel && cfg.model.seq_len % t != 0)
     throw_input("config: model.seq_len (", cfg.model.seq_len,
                 ") must be divisible by parallel.tp (", t,
@@ -63,15 +64,29 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
       V_(cfg.model.vocab_size),
       Vp_(cfg.padded_vocab()),
       window_(cfg.model.window),
+      D_(cfg.model.head_dim()),
+      G_(cfg.model.heads / cfg.model.kv()),
       Hl_(H_ / tps_),
-      Cl_(C_ / tps_),
-      Fl_(4 * C_ / tps_),
+      Hkvl_(cfg.model.kv() / tps_),
+      Cl_(Hl_ * D_),
+      Ql_((Hl_ + 2 * Hkvl_) * D_),
+      Fl_(cfg.model.ffn() / tps_),
+      Pl_(Fl_ * (cfg.model.swiglu() ? 2 : 1)),
       Vl_(Vp_ / tps_),
       v0_(Vl_ * tpr_),
+      norm_{cfg.model.rmsnorm() ? NormKind::kRMSNorm : NormKind::kLayerNorm, static_cast<float>(cfg.model.norm_eps)},
+      mlp_(cfg.model.swiglu() ? Mlp::kSwiGlu : Mlp::kGelu),
+      rope_(cfg.model.rope()),
       parallel_block_(cfg.model.parallel_block),
       recompute_(gpt_detail::recompute_mode<Recompute>(cfg.train.recompute)) {
   MYRIAD_CHECK(flat_size == 0 || flat_size >= layout_.total(), "flat size ", flat_size);
   ops_.select_attention(cfg.train.attention, cfg.train.deterministic);
+  if (rope_) {
+    const ModelConfig& m = cfg.model;
+    RopeScaling scaling{m.rope_scaling, m.rope_factor, m.rope_low_freq_factor, m.rope_high_freq_factor,
+                        m.rope_original_positions};
+    ops_.set_rope(rope_frequencies(m.rope_theta, static_cast<int>(D_), scaling));
+  }
   params_.zeros(std::max(flat_size, layout_.total()));
   grads_.zeros(params_.size());
   if constexpr (std::is_same_v<Param, float>) {
@@ -95,8 +110,8 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
   dresid_.zeros(BT * C);
   dln_.zeros(BT * C);
   datty_.zeros(BT * Cl_);
-  dqkv_.zeros(BT * 3 * Cl_);
-  dfc_.zeros(BT * Fl_);
+  dqkv_.zeros(BT * Ql_);
+  dfc_.zeros(BT * Pl_);
   loss_.zeros(1);
   if (recompute_ != Recompute::kNone) {
     const bool set = recompute_ == Recompute::kFull;
@@ -115,8 +130,9 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
 
 template <class Ops>
 model::GptMemoryShape GptModel<Ops>::memory_shape() const {
-  model::GptMemoryShape s;
-  s.B = maxB_, s.T = maxT_, s.C = C_, s.Cl = Cl_, s.Fl = Fl_, s.Hl = Hl_, s.Vl = Vl_;
+  model::GptMemoryShape s = model::memory_shape(cfg_.model, tps_, maxB_, Vp_);
+  MYRIAD_CHECK(s.Cl == Cl_ && s.Ql == Ql_ && s.Fl == Fl_ && s.Pl == Pl_ && s.Vl == Vl_ && s.Hl == Hl_,
+               "the memory plan's widths differ from the model's");
   s.tp = tp_ != nullptr, s.parallel_block = parallel_block_, s.recompute = cfg_.train.recompute;
   s.act_bytes = sizeof(Act);
   s.saved_per_row = ops_.attention_saved(1, 1, static_cast<int>(maxT_)) / maxT_;
@@ -131,7 +147,7 @@ void GptModel<Ops>::carve_layer(LayerActs& l, int64_t& acts, int64_t& floats, Ac
   auto stat = [&](int64_t n) { float* p = st ? st + floats : nullptr; floats += n; return p; };
   if (set) {
     l.ln1 = take(BT * C), l.ln1_mean = stat(BT), l.ln1_rstd = stat(BT);
-    l.qkv = take(BT * 3 * Cl_);
+    l.qkv = take(BT * Ql_);
     l.saved = stat(ops_.attention_saved(maxB_, Hl_, maxT_));
     l.atty = take(BT * Cl_);
     if (!parallel_block_) {
@@ -139,7 +155,7 @@ void GptModel<Ops>::carve_layer(LayerActs& l, int64_t& acts, int64_t& floats, Ac
       l.ln2 = take(BT * C), l.ln2_mean = stat(BT), l.ln2_rstd = stat(BT);
     }
   }
-  if (mlp) l.fc = take(BT * Fl_), l.gelu = take(BT * Fl_);
+  if (mlp) l.fc = take(BT * Pl_), l.act = take(BT * Fl_);
 }
 
 template <class Ops>
@@ -224,7 +240,7 @@ typename GptModel<Ops>::template Tensors<T> GptModel<Ops>::tensors_in(T* base) c
     const ParamSpec* p = layout_.get(name);
     return p ? base + p->offset : nullptr;
   };
-  Tensors<T> t{at("wte"), at("wpe"), at("lnf.w"), at("lnf.b"), {}};
+  Tensors<T> t{at("wte"), at("wpe"), at("lnf.w"), at("lnf.b"), at(cfg_.model.tied_embeddings ? "wte" : "lm_head"), {}};
   for (int64_t l = 0; l < L_; ++l) {
     std::string h = "h." + std::to_string(l) + ".";
     t.layers.push_back({at(h + "ln1.w"), at(h + "ln1.b"), at(h + "attn.qkv.w"),
@@ -335,9 +351,9 @@ const typename GptModel<Ops>::Act* GptModel<Ops>::row_parallel_dout(const Act* d
 template <class Ops>
 void GptModel<Ops>::row_parallel_backward(Act* dinp, float* dw, float* db, const Act* dout_full,
                                           const Act* dout, const Act* inp, const Param* w, int IC, int OC,
-                                          const Act* gelu_pre) {
-  if (gelu_pre)
-    ops_.linear_backward_input_dgelu(dinp, dout_full, w, gelu_pre, N_, IC, OC);
+                                          const Act* pre) {
+  if (pre)
+    ops_.linear_backward_input_act(mlp_, dinp, dout_full, w, pre, N_, IC, OC);
   else
     ops_.linear_backward_input(dinp, dout_full, w, N_, IC, OC, /*accumulate=*/false);
   ops_.linear_backward_weight(dw, sp_ ? nullptr : db, dout_full, inp, N_, IC, OC);
@@ -350,14 +366,14 @@ void GptModel<Ops>::embedding_forward_tp(const Slot& s, Act* out) {
   // (exactly one rank contributes each row, so the sum is exact).
   Act* partial = sp_ ? full_.data() : out;
   ops_.vocab_rows_forward(partial, s.inputs.data(), p_.wte, v0_, Vl_, N_, C_);
-  reduce_partial(partial, out, C_);
-  ops_.add_positions(out, p_.wpe, r0_, R_, T_, C_);  // positions (replicated) on the rows held here
+  if (tp_) reduce_partial(partial, out, C_);
+  if (p_.wpe) ops_.add_positions(out, p_.wpe, r0_, R_, T_, C_);  // positions (replicated) on the rows held here
 }
 
 template <class Ops>
 void GptModel<Ops>::embedding_backward_tp(const Slot& s, const Act* dresid) {
   // wpe from the rows held here (with SP a partial sum, completed in finish_grads()).
-  ops_.positions_backward(g_.wpe, dresid, r0_, R_, T_, C_);
+  if (g_.wpe) ops_.positions_backward(g_.wpe, dresid, r0_, R_, T_, C_);
   // wte: every row's gradient (ReduceFromTp: the identity; SP: gathered), into the rows owned here.
   const Act* dfull = dresid;
   if (sp_) {
@@ -401,7 +417,7 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, const int32_t* tokens, int64_t s
   if (ch.embedding) {
     // With a backward to follow, the lookup's backward is prepared from the host's tokens.
     ops_.load_tokens(s.inputs, tokens, B, T, stride, v0_, grad_scale > 0 ? Vl_ : 0);
-    if (tp_)
+    if (tp_ || !p_.wpe)
       embedding_forward_tp(s, first_in);
     else
       ops_.embedding_forward(first_in, s.inputs.data(), p_.wte, p_.wpe, B, T, C);
@@ -412,9 +428,9 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, const int32_t* tokens, int64_t s
   if (ch.l1 > ch.l0) {
     LayerActs& a = s.layers[0];
     const LayerTensors<Param>& w = p_.layers[ch.l0];
-    ops_.layernorm_forward(local_rows(a.ln1, C), a.ln1_mean, a.ln1_rstd, a.in, w.ln1_w, w.ln1_b, R, C);
+    ops_.norm_forward(norm_, local_rows(a.ln1, C), a.ln1_mean, a.ln1_rstd, a.in, w.ln1_w, w.ln1_b, R, C);
   } else if (ch.head) {
-    ops_.layernorm_forward(local_rows(s.lnf, C), s.lnf_mean, s.lnf_rstd, s.out, p_.lnf_w, p_.lnf_b, R, C);
+    ops_.norm_forward(norm_, local_rows(s.lnf, C), s.lnf_mean, s.lnf_rstd, s.out, p_.lnf_w, p_.lnf_b, R, C);
   }
   for (int64_t l = ch.l0; l < ch.l1; ++l) {
     LayerActs& a = s.layers[l - ch.l0];
@@ -423,7 +439,7 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, const int32_t* tokens, int64_t s
     // The layer's output (R,C): the residual stream (mid in the sequential block, whose
     // attention branch is in it already; in in the parallel one) plus the branches.
     Act* branches = tmp2_.data();
-    row_parallel_forward(branches, a.gelu, w.fcproj_w, w.fcproj_b, Fl, C);
+    row_parallel_forward(branches, a.act, w.fcproj_w, w.fcproj_b, Fl, C);
     const Act* resid = a.mid;
     if (parallel_block_) {
       row_parallel_forward(tmp_.data(), a.atty, w.proj_w, w.proj_b, Cl, C);
@@ -433,11 +449,11 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, const int32_t* tokens, int64_t s
     if (l + 1 < ch.l1) {  // + the next layer's LN1
       LayerActs& n = s.layers[l + 1 - ch.l0];
       const LayerTensors<Param>& nw = p_.layers[l + 1];
-      ops_.residual_layernorm_forward(n.in, local_rows(n.ln1, C), n.ln1_mean, n.ln1_rstd, resid, branches,
-                                      nw.ln1_w, nw.ln1_b, R, C);
+      ops_.residual_norm_forward(norm_, n.in, local_rows(n.ln1, C), n.ln1_mean, n.ln1_rstd, resid, branches,
+                                 nw.ln1_w, nw.ln1_b, R, C);
     } else if (ch.head) {  // + the final norm
-      ops_.residual_layernorm_forward(s.out, local_rows(s.lnf, C), s.lnf_mean, s.lnf_rstd, resid, branches,
-                                      p_.lnf_w, p_.lnf_b, R, C);
+      ops_.residual_norm_forward(norm_, s.out, local_rows(s.lnf, C), s.lnf_mean, s.lnf_rstd, resid, branches,
+                                 p_.lnf_w, p_.lnf_b, R, C);
     } else {
       ops_.add(s.out, resid, branches, int64_t(R) * C);
     }
@@ -445,7 +461,7 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, const int32_t* tokens, int64_t s
   if (ch.l1 > ch.l0) shared_holds_ = {&s, s.mb, ch.l1 - 1};
   if (!ch.head) return;
   column_input_forward(s.lnf, C);
-  ops_.linear_forward(s.logits.data(), s.lnf, p_.wte, static_cast<const Param*>(nullptr), N, C,
+  ops_.linear_forward(s.logits.data(), s.lnf, p_.head, static_cast<const Param*>(nullptr), N, C,
                       static_cast<int>(Vl_));
   last_logits_ = s.logits.data();
   s.dlogits_scale = 0;
@@ -467,36 +483,38 @@ template <class Ops>
 void GptModel<Ops>::layer_forward(int64_t l, LayerActs& a) {
   const int B = B_, T = T_, C = C_, N = N_, R = R_, W = window_;
   const int Cl = static_cast<int>(Cl_), Hl = static_cast<int>(Hl_), Fl = static_cast<int>(Fl_);
+  const int Hkvl = static_cast<int>(Hkvl_), D = static_cast<int>(D_), G = static_cast<int>(G_);
   const LayerTensors<Param>& w = p_.layers[l];
   column_input_forward(a.ln1, C);
-  ops_.linear_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, C, 3 * Cl);
-  ops_.attention_forward(a.atty, a.saved, a.qkv, B, T, Cl, Hl, W);
+  ops_.linear_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, C, static_cast<int>(Ql_));
+  if (rope_) ops_.rope_forward(a.qkv, B, T, Hkvl, G, D);
+  ops_.attention_forward(a.atty, a.saved, a.qkv, B, T, Hl, Hkvl, D, W);
   // The MLP reads LN2(mid = in + attention) in the sequential block and the shared LN1(in) in
   // the parallel one, whose attention projection only the layer's output needs.
   const Act* mlp_in = a.ln1;
   if (!parallel_block_) {
     row_parallel_forward(tmp_.data(), a.atty, w.proj_w, w.proj_b, Cl, C);
-    ops_.residual_layernorm_forward(a.mid, local_rows(a.ln2, C), a.ln2_mean, a.ln2_rstd, a.in, tmp_.data(),
-                                    w.ln2_w, w.ln2_b, R, C);
+    ops_.residual_norm_forward(norm_, a.mid, local_rows(a.ln2, C), a.ln2_mean, a.ln2_rstd, a.in, tmp_.data(),
+                               w.ln2_w, w.ln2_b, R, C);
     column_input_forward(a.ln2, C);
     mlp_in = a.ln2;
   }
-  ops_.linear_gelu_forward(a.gelu, a.fc, mlp_in, w.fc_w, w.fc_b, N, C, Fl);
+  ops_.linear_act_forward(mlp_, a.act, a.fc, mlp_in, w.fc_w, w.fc_b, N, C, Fl);
 }
 
 // With the forward's kernels on the forward's inputs, so the refill is bitwise what the forward
 // computed (LN1 too: the fused residual + norm rounds the residual to Act before its statistics,
-// exactly what layernorm_forward reads back from `in`).
+// exactly what norm_forward reads back from `in`).
 template <class Ops>
 void GptModel<Ops>::recompute(const Chunk& ch, Slot& s, int64_t l) {
   if (recompute_ == Recompute::kNone || shared_holds_ == std::make_tuple(&s, s.mb, l)) return;
   LayerActs& a = s.layers[l - ch.l0];
   const LayerTensors<Param>& w = p_.layers[l];
   if (recompute_ == Recompute::kSelective) {
-    ops_.linear_gelu_forward(a.gelu, a.fc, parallel_block_ ? a.ln1 : a.ln2, w.fc_w, w.fc_b, N_, C_,
-                             static_cast<int>(Fl_));
+    ops_.linear_act_forward(mlp_, a.act, a.fc, parallel_block_ ? a.ln1 : a.ln2, w.fc_w, w.fc_b, N_, C_,
+                            static_cast<int>(Fl_));
   } else {
-    ops_.layernorm_forward(local_rows(a.ln1, C_), a.ln1_mean, a.ln1_rstd, a.in, w.ln1_w, w.ln1_b, R_, C_);
+    ops_.norm_forward(norm_, local_rows(a.ln1, C_), a.ln1_mean, a.ln1_rstd, a.in, w.ln1_w, w.ln1_b, R_, C_);
     layer_forward(l, a);
   }
   shared_holds_ = {&s, s.mb, l};
@@ -514,6 +532,8 @@ template <class Ops>
 void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput, float grad_scale) {
   const int B = B_, T = T_, C = C_, N = N_, R = R_, W = window_;
   const int Cl = static_cast<int>(Cl_), Hl = static_cast<int>(Hl_), Fl = static_cast<int>(Fl_);
+  const int Hkvl = static_cast<int>(Hkvl_), D = static_cast<int>(D_), G = static_cast<int>(G_);
+  const int Ql = static_cast<int>(Ql_);
   if (ch.head) {
     // dlogits overwrite the logits in place (the forward made them already where it could).
     const float dloss = grad_scale / N;
@@ -523,12 +543,12 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
     else if (s.dlogits_scale != grad_scale)
       ops_.crossentropy_forward_backward(s.losses.data(), dlogits, s.targets.data(), dloss, N, V_, Vp_);
     s.dlogits_scale = 0;
-    ops_.linear_backward_input(dln_.data(), dlogits, p_.wte, N, C, static_cast<int>(Vl_), /*accumulate=*/false);
-    ops_.linear_backward_weight(g_.wte, static_cast<float*>(nullptr), dlogits, s.lnf, N, C, static_cast<int>(Vl_));
+    ops_.linear_backward_input(dln_.data(), dlogits, p_.head, N, C, static_cast<int>(Vl_), /*accumulate=*/false);
+    ops_.linear_backward_weight(g_.head, static_cast<float*>(nullptr), dlogits, s.lnf, N, C, static_cast<int>(Vl_));
     Act* dlnf = column_input_backward(dln_.data(), C);
     ops_.zero(dresid_.data(), int64_t(R) * C);
-    ops_.layernorm_backward(dresid_.data(), g_.lnf_w, g_.lnf_b, dlnf, s.out, p_.lnf_w, s.lnf_mean, s.lnf_rstd,
-                            R, C);
+    ops_.norm_backward(norm_, dresid_.data(), g_.lnf_w, g_.lnf_b, dlnf, s.out, p_.lnf_w, s.lnf_mean, s.lnf_rstd,
+                       R, C);
   } else {
     ops_.copy(dresid_.data(), doutput, int64_t(R) * C);
   }
@@ -545,29 +565,31 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
     const Act* dout = row_parallel_dout(dresid, C);
 
     // MLP branch: its output gradient is the residual gradient at the layer's output; the
-    // projection's input gradient goes through GELU's derivative in the same GEMM.
+    // projection's input gradient goes through the activation's derivative in the same op.
     const Act* mlp_in = parallel_block_ ? a.ln1 : a.ln2;
-    row_parallel_backward(dfc_.data(), g.fcproj_w, g.fcproj_b, dout, dresid, a.gelu, w.fcproj_w, Fl, C, a.fc);
-    ops_.linear_backward_input(dln_.data(), dfc_.data(), w.fc_w, N, C, Fl, /*accumulate=*/false);
-    ops_.linear_backward_weight(g.fc_w, g.fc_b, dfc_.data(), mlp_in, N, C, Fl);
+    const int Pl = static_cast<int>(Pl_);
+    row_parallel_backward(dfc_.data(), g.fcproj_w, g.fcproj_b, dout, dresid, a.act, w.fcproj_w, Fl, C, a.fc);
+    ops_.linear_backward_input(dln_.data(), dfc_.data(), w.fc_w, N, C, Pl, /*accumulate=*/false);
+    ops_.linear_backward_weight(g.fc_w, g.fc_b, dfc_.data(), mlp_in, N, C, Pl);
     if (!parallel_block_) {
       // dresid becomes the gradient at mid: the pass-through plus LN2's input gradient.
       Act* dln2 = column_input_backward(dln_.data(), C);
-      ops_.layernorm_backward(dresid, g.ln2_w, g.ln2_b, dln2, a.mid, w.ln2_w, a.ln2_mean, a.ln2_rstd, R, C);
+      ops_.norm_backward(norm_, dresid, g.ln2_w, g.ln2_b, dln2, a.mid, w.ln2_w, a.ln2_mean, a.ln2_rstd, R, C);
       dout = row_parallel_dout(dresid, C);
     }
     // Attention branch (in the parallel block dln_ still holds the MLP's share of LN1's output
     // gradient, and the attention's share adds to it).
     row_parallel_backward(datty_.data(), g.proj_w, g.proj_b, dout, dresid, a.atty, w.proj_w, Cl, C, nullptr);
-    ops_.attention_backward(dqkv_.data(), datty_.data(), a.atty, a.qkv, a.saved, B, T, Cl, Hl, W);
-    ops_.linear_backward_input(dln_.data(), dqkv_.data(), w.qkv_w, N, C, 3 * Cl, /*accumulate=*/parallel_block_);
-    ops_.linear_backward_weight(g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, N, C, 3 * Cl);
+    ops_.attention_backward(dqkv_.data(), datty_.data(), a.atty, a.qkv, a.saved, B, T, Hl, Hkvl, D, W);
+    if (rope_) ops_.rope_backward(dqkv_.data(), B, T, Hkvl, G, D);
+    ops_.linear_backward_input(dln_.data(), dqkv_.data(), w.qkv_w, N, C, Ql, /*accumulate=*/parallel_block_);
+    ops_.linear_backward_weight(g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, N, C, Ql);
     Act* dln1 = column_input_backward(dln_.data(), C);
-    ops_.layernorm_backward(dresid, g.ln1_w, g.ln1_b, dln1, a.in, w.ln1_w, a.ln1_mean, a.ln1_rstd, R, C);
+    ops_.norm_backward(norm_, dresid, g.ln1_w, g.ln1_b, dln1, a.in, w.ln1_w, a.ln1_mean, a.ln1_rstd, R, C);
   }
   if (!ch.embedding)
     ops_.copy(dinput, dresid_.data(), int64_t(R) * C);
-  else if (tp_)
+  else if (tp_ || !g_.wpe)
     embedding_backward_tp(s, dresid_.data());
   else
     ops_.embedding_backward(g_.wte, g_.wpe, dresid_.data(), s.inputs, B, T, C);

@@ -7,12 +7,16 @@
 #include <cstdint>
 #include <string>
 
+#include "core/config.h"
+
 namespace myriad::model {
 
 struct GptMemoryShape {
   int64_t B = 0, T = 0;             // the micro-batch
   int64_t C = 0;                    // d_model
-  int64_t Cl = 0, Fl = 0, Hl = 0;   // this rank's attention width, MLP width, heads (over tp)
+  int64_t Cl = 0, Fl = 0, Hl = 0;   // this rank's attention width, MLP features, query heads (over tp)
+  int64_t Ql = 0;                   // this rank's QKV width: (Hl + 2 kv heads) x head size
+  int64_t Pl = 0;                   // this rank's MLP pre-activation width: Fl, or 2 Fl (SwiGLU)
   int64_t Vl = 0;                   // this rank's vocabulary rows (padded vocab over tp)
   bool tp = false, parallel_block = false;
   std::string recompute = "none";   // none, selective, full
@@ -20,6 +24,18 @@ struct GptMemoryShape {
   int64_t saved_per_row = 1;        // floats attention keeps per (b, h, t): 1 (CUDA), T (the CPU)
   int64_t token_bytes = 16;         // per id of a micro-batch's token buffers: 16 (CUDA: ids and groups), 4
 };
+
+// The shape of model `m` on a tensor-parallel rank of `tp` with micro-batches of B: its
+// geometry; the caller sets tp, parallel_block, recompute and the op set's sizes.
+inline GptMemoryShape memory_shape(const ModelConfig& m, int64_t tp, int64_t B, int64_t padded_vocab) {
+  GptMemoryShape s;
+  s.B = B, s.T = m.seq_len, s.C = m.d_model;
+  s.Hl = m.heads / tp, s.Cl = s.Hl * m.head_dim();
+  s.Ql = (s.Hl + 2 * m.kv() / tp) * m.head_dim();
+  s.Fl = m.ffn() / tp, s.Pl = s.Fl * (m.swiglu() ? 2 : 1);
+  s.Vl = padded_vocab / tp;
+  return s;
+}
 
 // Activation elements of one layer in a slot, and its floats (statistics), as GptModel carves
 // them: `set` the attention half and the norms (all but full recompute), `mlp` the MLP's two
@@ -31,11 +47,11 @@ inline LayerCounts layer_counts(const GptMemoryShape& s, bool set, bool mlp) {
   const int64_t BT = s.B * s.T, C = s.C;
   LayerCounts n;
   if (set) {
-    n.acts += BT * C + BT * 3 * s.Cl + BT * s.Cl;  // ln1, qkv, attention output
+    n.acts += BT * C + BT * s.Ql + BT * s.Cl;  // ln1, qkv, attention output
     n.floats += 2 * BT + s.B * s.Hl * s.T * s.saved_per_row;
     if (!s.parallel_block) n.acts += 2 * BT * C, n.floats += 2 * BT;  // mid, ln2
   }
-  if (mlp) n.acts += 2 * BT * s.Fl;  // fc, gelu
+  if (mlp) n.acts += BT * s.Pl + BT * s.Fl;  // fc (pre-activation), act
   return n;
 }
 
@@ -55,7 +71,7 @@ inline int64_t slot_token_bytes(const GptMemoryShape& s) { return 2 * s.B * s.T 
 // the layer set that recompute refills.
 inline int64_t buffer_bytes(const GptMemoryShape& s) {
   const int64_t BT = s.B * s.T, C = s.C;
-  int64_t acts = 4 * BT * C + BT * s.Cl + BT * 3 * s.Cl + BT * s.Fl;  // tmp, tmp2, dresid, dln, datty, dqkv, dfc
+  int64_t acts = 4 * BT * C + BT * s.Cl + BT * s.Ql + BT * s.Pl;  // tmp, tmp2, dresid, dln, datty, dqkv, dfc
   int64_t floats = 2;                                                // the loss (a double)
   if (s.tp) acts += BT * C;
   if (s.tp && s.act_bytes != 4) floats += 2 * BT * C;

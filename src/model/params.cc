@@ -9,6 +9,8 @@
 
 namespace myriad {
 
+bool vocab_rows(const ParamSpec& p) { return p.name == "wte" || p.name == "lm_head"; }
+
 int64_t ParamSpec::global_index(int64_t i) const {
   if (split_dim < 0) return i;
   if (split_dim == 0) return global_offset[0] * (numel / shape[0]) + i;
@@ -33,6 +35,7 @@ ParamLayout::ParamLayout(const Config& cfg, int tp_rank, int tp_size, const Mode
   if (!part) part = &all;
   const ModelConfig& m = cfg.model;
   const int64_t C = m.d_model, Vp = cfg.padded_vocab(), P = cfg.positions();
+  const int64_t D = m.head_dim(), H = m.heads, Hkv = m.kv(), F = m.ffn();
   const double std = m.init_std;
   // GPT-2: residual projections scaled by 1/sqrt(2L) so the residual stream's variance does not
   // grow with depth.
@@ -41,8 +44,9 @@ ParamLayout::ParamLayout(const Config& cfg, int tp_rank, int tp_size, const Mode
 
   MYRIAD_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size, "tp rank ", tp_rank, " of ",
                tp_size);
-  MYRIAD_CHECK(m.heads % tp_size == 0 && Vp % tp_size == 0, "tp ", tp_size, " must divide heads ",
-               m.heads, " and the padded vocabulary ", Vp);
+  MYRIAD_CHECK(m.heads % tp_size == 0 && Hkv % tp_size == 0 && F % tp_size == 0 && Vp % tp_size == 0, "tp ",
+               tp_size, " must divide heads ", m.heads, ", kv heads ", Hkv, ", the MLP's ", F,
+               " features and the padded vocabulary ", Vp);
 
   // split: the dimension TP splits, -1 = replicated.
   auto add = [&](std::string name, std::vector<int64_t> global, int split, bool decay,
@@ -54,9 +58,9 @@ ParamLayout::ParamLayout(const Config& cfg, int tp_rank, int tp_size, const Mode
       matmul_params_ += n;
     }
     const bool held = layer >= 0 ? part->has_layer(layer)
-                      : name == "wte"  ? part->embedding || part->head
+                      : name == "wte"  ? part->embedding || (m.tied_embeddings && part->head)
                       : name == "wpe"  ? part->embedding
-                                       : part->head;  // lnf
+                                       : part->head;  // lnf, lm_head
     if (!held) return;
     ParamSpec p{std::move(name), global, total_, 1, decay, init_std, init_value, layer,
                 global, std::vector<int64_t>(global.size(), 0), tp_size > 1 ? split : -1};
@@ -71,7 +75,7 @@ ParamLayout::ParamLayout(const Config& cfg, int tp_rank, int tp_size, const Mode
   };
   auto norm = [&](const std::string& prefix, int64_t layer) {
     add(prefix + ".w", {C}, -1, false, 0, 1.0, layer, false);
-    if (m.bias) add(prefix + ".b", {C}, -1, false, 0, 0.0, layer, false);
+    if (m.bias && !m.rmsnorm()) add(prefix + ".b", {C}, -1, false, 0, 0.0, layer, false);
   };
   // Column-parallel: output rows split, bias split with them. Row-parallel: input columns
   // split, bias whole (added once, after the reduction).
@@ -81,18 +85,20 @@ ParamLayout::ParamLayout(const Config& cfg, int tp_rank, int tp_size, const Mode
     if (m.bias) add(prefix + ".b", {out}, column_parallel ? 0 : -1, false, 0, 0.0, layer, false);
   };
 
-  add("wte", {Vp, C}, 0, true, std, 0, -1, true);
-  add("wpe", {P, C}, -1, true, std, 0, -1, false);
+  // The LM head is a matmul whichever tensor it is; the embedding's lookup is not.
+  add("wte", {Vp, C}, 0, true, std, 0, -1, m.tied_embeddings);
+  if (!m.rope()) add("wpe", {P, C}, -1, true, std, 0, -1, false);
   for (int64_t l = 0; l < m.layers; ++l) {
     std::string h = "h." + std::to_string(l) + ".";
     norm(h + "ln1", l);
-    linear(h + "attn.qkv", 3 * C, C, std, l, true);
-    linear(h + "attn.proj", C, C, proj_std, l, false);
+    linear(h + "attn.qkv", (H + 2 * Hkv) * D, C, std, l, true);
+    linear(h + "attn.proj", C, H * D, proj_std, l, false);
     if (!m.parallel_block) norm(h + "ln2", l);
-    linear(h + "mlp.fc", 4 * C, C, std, l, true);
-    linear(h + "mlp.proj", C, 4 * C, proj_std, l, false);
+    linear(h + "mlp.fc", F * (m.swiglu() ? 2 : 1), C, std, l, true);
+    linear(h + "mlp.proj", C, F, proj_std, l, false);
   }
   norm("lnf", -1);
+  if (!m.tied_embeddings) add("lm_head", {Vp, C}, 0, true, std, 0, -1, true);
 }
 
 bool ParamLayout::Stored::empty() const {
@@ -106,7 +112,7 @@ ParamLayout::Stored ParamLayout::stored(const ParamSpec& p) const {
   if (!r.empty()) return {r[0].global_shape, r[0].offset, r[0].shape};
   // Nothing stored (a TP shard of wte holding padding rows only): keep the tensor's identity.
   Stored s{p.global_shape, p.global_offset, p.shape};
-  if (p.name == "wte") s.global_shape[0] = vocab_size_;
+  if (vocab_rows(p)) s.global_shape[0] = vocab_size_;
   s.offset[0] = 0, s.shape[0] = 0;
   return s;
 }
@@ -119,7 +125,7 @@ std::vector<ParamLayout::StoredRegion> ParamLayout::stored_regions(const ParamSp
   std::vector<StoredRegion> out;
   if (begin == end) return out;
   std::vector<int64_t> gshape = p.global_shape;
-  if (p.name == "wte") gshape[0] = vocab_size_;
+  if (vocab_rows(p)) gshape[0] = vocab_size_;
   if (p.shape.size() == 1) {
     out.push_back({gshape, {p.global_offset[0] + begin}, {end - begin}, begin});
     return out;
@@ -165,8 +171,7 @@ void init_params(float* params, const ParamLayout& layout, int64_t seed) {
     }
     const uint64_t k = rng::key(static_cast<uint64_t>(seed), rng::hash(p.name));
     // The embedding's padded rows stay zero: they are not part of the vocabulary.
-    const int64_t live =
-        p.name == "wte" ? layout.vocab_size() * p.global_shape[1] : INT64_MAX;
+    const int64_t live = vocab_rows(p) ? layout.vocab_size() * p.global_shape[1] : INT64_MAX;
     if (p.replicated()) {
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < p.numel; ++i)

@@ -1,18 +1,22 @@
 // The GPT's parameters: names, global shapes and their places in one flat buffer.
 //
-// Canonical global layout (what checkpoints store and every parallel layout slices):
-//   wte          (Vp, C)    token embedding, tied with the LM head; rows >= vocab_size are
+// Canonical global layout (what checkpoints store and every parallel layout slices). C =
+// d_model, H = heads, D = C / H, Hkv = kv_heads (GQA), G = H / Hkv, F = the MLP's features:
+//   wte          (Vp, C)    token embedding (and the LM head when tied); rows >= vocab_size are
 //                           padding, zero at init, never in the loss
-//   wpe          (P, C)     learned positions (P = model.positions, or seq_len)
-//   h.<l>.ln1.w / ln1.b           (C)
-//   h.<l>.attn.qkv.w  (3C, C)     rows ordered (H, 3, D): head h owns rows [3Dh, 3D(h+1)) =
-//   h.<l>.attn.qkv.b  (3C)        its q, k, v, so a split by heads is contiguous
-//   h.<l>.attn.proj.w (C, C)      input columns ordered (H, D)
+//   wpe          (P, C)     learned positions (P = model.positions, or seq_len); absent with rope
+//   h.<l>.ln1.w / ln1.b           (C)      (no .b for RMSNorm)
+//   h.<l>.attn.qkv.w  ((H+2Hkv)D, C)  rows ordered (Hkv, G+2, D): key/value head g owns the rows
+//   h.<l>.attn.qkv.b  ((H+2Hkv)D)     of its G query heads, then its k, then its v, so a split
+//                                     by key/value heads is contiguous (G = 1: (H, 3, D))
+//   h.<l>.attn.proj.w (C, H D)    input columns ordered (H, D)
 //   h.<l>.attn.proj.b (C)
-//   h.<l>.ln2.w / ln2.b           (C)      absent with the parallel block (one LN feeds both)
-//   h.<l>.mlp.fc.w    (4C, C)   h.<l>.mlp.fc.b (4C)
-//   h.<l>.mlp.proj.w  (C, 4C)   h.<l>.mlp.proj.b (C)
+//   h.<l>.ln2.w / ln2.b           (C)      absent with the parallel block (one norm feeds both)
+//   h.<l>.mlp.fc.w    (F, C), SwiGLU (2F, C) rows ordered (F, 2): feature f's gate, then its up
+//   h.<l>.mlp.fc.b    (F or 2F)
+//   h.<l>.mlp.proj.w  (C, F)    h.<l>.mlp.proj.b (C)
 //   lnf.w / lnf.b     (C)
+//   lm_head      (Vp, C)    the LM head when untied (model.tied_embeddings = false); padded as wte
 // Biases (".b") exist only with model.bias = true. Linear weights are (out, in) as in PyTorch.
 // Each layer's tensors are contiguous in the flat buffer, in layer order, so that a pipeline
 // stage or a gradient bucket is one slice.
@@ -20,9 +24,10 @@
 // Tensor parallelism (TP degree t, rank r): a rank's layout holds the same tensors in the same
 // order, each either whole (replicated) or its r-th of t equal contiguous blocks along one
 // dimension (split_dim):
-//   rows (0):    wte (vocab-parallel, Vp/t rows), attn.qkv.w/.b (by heads: H/t heads' (3,D)
-//                rows), mlp.fc.w/.b (4C/t rows)                        column-parallel
-//   columns (1): attn.proj.w (H/t heads' (D) columns), mlp.proj.w (4C/t columns)   row-parallel
+//   rows (0):    wte and lm_head (vocab-parallel, Vp/t rows), attn.qkv.w/.b (by key/value
+//                heads: Hkv/t groups' (G+2, D) rows), mlp.fc.w/.b (F/t features' rows, a
+//                SwiGLU feature's gate and up together)                column-parallel
+//   columns (1): attn.proj.w (H/t heads' (D) columns), mlp.proj.w (F/t columns)   row-parallel
 //   whole:       wpe, the LayerNorms, attn.proj.b, mlp.proj.b (added once after the reduction)
 // `shape` and `numel` are the local shard's, `offset` its place in the rank's flat buffer;
 // `global_shape` and `global_offset` place the shard in the canonical tensor (what checkpoints
@@ -67,8 +72,8 @@ struct ParamSpec {
 
 // The part of the model one pipeline rank holds: the layers of its chunks (virtual stages) and
 // whether it holds the embedding (virtual stage 0: wte, wpe) and the head (the last virtual
-// stage: lnf and the LM head, which is the tied wte: a second copy when the first and last
-// stages are different ranks, kept equal by summing their gradients).
+// stage: lnf and the LM head, lm_head or the tied wte: then a second copy when the first and
+// last stages are different ranks, kept equal by summing their gradients).
 struct ModelPart {
   std::vector<std::pair<int, int>> chunks;  // [begin, end) layers of each local chunk, ascending
   bool embedding = true;
@@ -90,13 +95,14 @@ class ParamLayout {
   int64_t total() const { return total_; }  // elements of this rank's flat buffer
   int tp_rank() const { return tp_rank_; }
   int tp_size() const { return tp_size_; }
-  // Weights of every matmul counted once (QKV, attention out, MLP, and the LM head = the tied
-  // embedding), the N of MFU's 6N: no biases, norms or position table. Of the global model.
+  // Weights of every matmul counted once (QKV, attention out, MLP, and the LM head: lm_head or
+  // the tied embedding), the N of MFU's 6N: no biases, norms, position table or untied
+  // embedding (a lookup). Of the global model.
   int64_t matmul_params() const { return matmul_params_; }
   int64_t vocab_size() const { return vocab_size_; }  // unpadded
 
-  // The part of a shard that checkpoints store, placed in the stored tensor. The embedding is
-  // stored with its vocab_size real rows only: the padding depends on tp (a multiple of 128 x
+  // The part of a shard that checkpoints store, placed in the stored tensor. The embedding (and
+  // lm_head) is stored with its vocab_size real rows only: the padding depends on tp (a multiple of 128 x
   // tp), is zero and never trained, so leaving it out lets any layout load any other. `rows`
   // of the shard's leading dimension are stored (0: nothing to store).
   struct Stored {
@@ -130,5 +136,8 @@ class ParamLayout {
 // counter-based generator keyed by (seed, name, i), so every layout, TP shards included,
 // materializes its slice of the same global model.
 void init_params(float* params, const ParamLayout& layout, int64_t seed);
+
+// Whether p's rows are the padded vocabulary (wte, lm_head): checkpoints store vocab_size of them.
+bool vocab_rows(const ParamSpec& p);
 
 }  // namespace myriad

@@ -158,6 +158,7 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   if (model.layers % (int64_t(l.pp) * l.v) != 0)
     return refuse(cat("pp x v = ", l.pp * l.v, " does not divide ", model.layers, " layers"));
   if (model.heads % l.tp != 0) return refuse(cat("tp ", l.tp, " does not divide ", model.heads, " heads"));
+  if (model.kv() % l.tp != 0) return refuse(cat("tp ", l.tp, " does not divide ", model.kv(), " key/value heads"));
   p.dp = static_cast<int>(gpus / group);
   if (global_batch % (int64_t(p.dp) * l.mb) != 0)
     return refuse(cat("dp x mb = ", p.dp * l.mb, " does not divide the global batch ", global_batch));
@@ -175,11 +176,15 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   auto gemm_s = [&](double flops) {
     return flops / (peak * c.gemm_efficiency * flops / (flops + c.gemm_half_flops));
   };
+  // The layer's GEMM widths: QKV (3d with as many key/value heads as query heads), the MLP's
+  // features and its first GEMM's outputs (twice the features for SwiGLU's gate and up).
+  const double qkv_w = double((model.heads + 2 * model.kv()) * model.head_dim()), ffn = double(model.ffn());
+  const double fc_w = ffn * (model.swiglu() ? 2 : 1);
   // The parallel block fuses QKV with fc and the two output projections (PaLM).
   const double gemm_fwd = f.parallel_block
-                              ? gemm_s(2 * t * d * 7 * d / tp) + gemm_s(2 * t * 5 * d * d / tp)
-                              : gemm_s(2 * t * d * 3 * d / tp) + gemm_s(2 * t * d * d / tp) +
-                                    gemm_s(2 * t * d * 4 * d / tp) + gemm_s(2 * t * 4 * d * d / tp);
+                              ? gemm_s(2 * t * d * (qkv_w + fc_w) / tp) + gemm_s(2 * t * (d + ffn) * d / tp)
+                              : gemm_s(2 * t * d * qkv_w / tp) + gemm_s(2 * t * d * d / tp) +
+                                    gemm_s(2 * t * d * fc_w / tp) + gemm_s(2 * t * ffn * d / tp);
   const double attn_fwd = 4 * t * mean_keys(model.seq_len, f.window) * d / tp / (peak * c.attention_efficiency);
   const double passes = f.fused_ops ? c.fused_memory_passes : c.unfused_memory_passes;
   const double mem_fwd = passes * t * d * c.act_bytes / tp / (c.hbm_gbps * 1e9);  // sequence parallel: 1/tp of the tokens
@@ -189,9 +194,9 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   const double tp_layer = (f.parallel_block ? 2 : 4) * tp_op;  // per direction
   const double tp_exposed = f.tp_overlap ? tp_layer * (1 - c.tp_overlap_hidden) : tp_layer;
   // Recompute in the backward: full repeats the layer's forward; selective (the engine's) only the
-  // fc GEMM with its GELU, whose outputs are the layer's largest.
+  // fc GEMM with its activation, whose outputs are the layer's largest.
   const double recompute = l.recompute == "full"        ? gemm_fwd + attn_fwd + mem_fwd + tp_exposed
-                           : l.recompute == "selective" ? gemm_s(2 * t * d * 4 * d / tp)
+                           : l.recompute == "selective" ? gemm_s(2 * t * d * fc_w / tp)
                                                         : 0;
   const double layer_fwd = gemm_fwd + attn_fwd + mem_fwd + tp_exposed;
   const double layer_bwd = 2 * gemm_fwd + 2.5 * attn_fwd + 2 * mem_fwd + tp_exposed + recompute;
@@ -229,7 +234,7 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
 
   // Data parallelism (distributed optimizer): fp32 gradients reduce-scattered, bf16 parameters
   // all-gathered, over the network; a ring that leaves a pod shares the spine.
-  const double params = (12 * double(model.layers) * d * d + V * d) / group;
+  const double params = model::matmul_params(model, model.vocab_size) / group;
   const int64_t nodes = gpus / c.gpus_per_node;
   const double net = c.nodes_per_pod > 0 && nodes > c.nodes_per_pod ? c.net_gbps / c.spine_oversubscription : c.net_gbps;
   const double rs = ring_all_gather_s(params * c.grad_bytes, p.dp, net, c.net_latency_us),
@@ -257,10 +262,7 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   // (model/memory_plan.h, which GptModel checks its allocations against); cuDNN's attention
   // workspace.
   const double state = params * (c.act_bytes + 4) + params * 12 / p.dp;
-  model::GptMemoryShape ms;
-  ms.B = l.mb, ms.T = model.seq_len, ms.C = model.d_model, ms.Cl = model.d_model / l.tp;
-  ms.Fl = 4 * model.d_model / l.tp, ms.Hl = model.heads / l.tp;
-  ms.Vl = padded_vocab(model.vocab_size, l.tp) / l.tp;
+  model::GptMemoryShape ms = model::memory_shape(model, l.tp, l.mb, padded_vocab(model.vocab_size, l.tp));
   ms.tp = l.tp > 1, ms.parallel_block = f.parallel_block, ms.recompute = l.recompute, ms.act_bytes = static_cast<int>(c.act_bytes);
   const double per_layer = double(model::slot_bytes(ms, 1, false) - model::slot_bytes(ms, 0, false));
   const double per_slot = double(model::slot_bytes(ms, 0, false) + model::slot_token_bytes(ms));

@@ -316,15 +316,15 @@ class ModelEngine final : public Engine {
     std::vector<std::vector<FlatRange>> out;
     for (const FlatRange& r : chunk_ranges()) out.push_back({r});
     if (part_.head) {
-      const ParamSpec& wte = model_.layout().find("wte");
-      out.back().push_back({wte.offset, wte.offset + wte.numel});
+      const ParamSpec& head = model_.layout().find(cfg_.model.tied_embeddings ? "wte" : "lm_head");
+      out.back().push_back({head.offset, head.offset + head.numel});
     }
     chunk_reads_ = out;
     return out;
   }
   // The wte copy that pipeline stages share (embedding on the first, LM head on the last).
   FlatRange tied_embedding() const {
-    if (ctx_.pp_size() == 1 || !(part_.embedding || part_.head)) return {};
+    if (ctx_.pp_size() == 1 || !cfg_.model.tied_embeddings || !(part_.embedding || part_.head)) return {};
     const ParamSpec& wte = model_.layout().find("wte");
     return {wte.offset, wte.offset + wte.numel};
   }

@@ -75,11 +75,19 @@ std::string weights_mismatch(const Config& saved, const std::string& saved_token
   for (const auto& [key, x, y] : {std::tuple<const char*, int64_t, int64_t>{"model.layers", a.layers, b.layers},
                                   {"model.d_model", a.d_model, b.d_model},
                                   {"model.heads", a.heads, b.heads},
+                                  {"model.kv_heads", a.kv(), b.kv()},
+                                  {"model.mlp_hidden", a.ffn(), b.ffn()},
                                   {"model.vocab_size", a.vocab_size, b.vocab_size}})
     if (x != y) return cat(key, " = ", x, " in the checkpoint but ", y, " in the config");
-  if (a.bias != b.bias)
-    return cat("model.bias = ", a.bias ? "true" : "false", " in the checkpoint but ", b.bias ? "true" : "false",
-               " in the config");
+  for (const auto& [key, x, y] : {std::tuple<const char*, std::string, std::string>{"model.norm", a.norm, b.norm},
+                                  {"model.position_encoding", a.position_encoding, b.position_encoding},
+                                  {"model.mlp", a.mlp, b.mlp}})
+    if (x != y) return cat(key, " = \"", x, "\" in the checkpoint but \"", y, "\" in the config");
+  // RoPE's theta and scaling may change (a context extension starts from a shorter model's weights).
+  for (const auto& [key, x, y] : {std::tuple<const char*, bool, bool>{"model.bias", a.bias, b.bias},
+                                  {"model.tied_embeddings", a.tied_embeddings, b.tied_embeddings}})
+    if (x != y)
+      return cat(key, " = ", x ? "true" : "false", " in the checkpoint but ", y ? "true" : "false", " in the config");
   if (saved_tokenizer != now.data.tokenizer)
     return cat("its token ids are the ", saved_tokenizer, " tokenizer's but data.tokenizer = \"", now.data.tokenizer,
                "\"");

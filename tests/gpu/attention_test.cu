@@ -1,6 +1,8 @@
 // Flash attention on the GPU against the CPU oracle (ops/cpu attention, fp32 on the same
 // bf16-rounded inputs), with log-sum-exp checked against a double computation; every tile
-// configuration the kernels offer is run; backward is checked for bitwise determinism.
+// configuration the kernels offer is run; backward is checked for bitwise determinism. Both
+// Myriad's kernel and cuDNN's run multi-head (G = 1), grouped-query (G = 4) and multi-query
+// (G = H) shapes.
 // AttentionBench.* time the kernels (TFLOP/s, median of 20) and assert only finite output.
 #include <gtest/gtest.h>
 
@@ -41,6 +43,10 @@ std::vector<Config> all_configs(int D) {
 
 struct Case {
   int B, T, H, D, window;
+  int Hkv = 0;  // 0 = H
+  int kv() const { return Hkv > 0 ? Hkv : H; }
+  int G() const { return H / kv(); }
+  size_t qkv_per_token() const { return size_t(H + 2 * kv()) * D; }
 };
 
 // ||a - b|| / max(||b||, floor): the floor keeps a part whose exact gradient is 0 (dq with
@@ -54,12 +60,15 @@ double part_err(const std::vector<float>& a, const std::vector<float>& b, double
   return std::sqrt(d) / std::max(std::sqrt(r), floor);
 }
 
-// Part p (0 q, 1 k, 2 v) of a (B,T,H,3,D) tensor.
-std::vector<float> qkv_part(const std::vector<float>& x, int p, int D) {
+// Part p (0 the query heads, 1 the keys, 2 the values) of a (B,T,Hkv,G+2,D) tensor.
+std::vector<float> qkv_part(const std::vector<float>& x, int p, const Case& c) {
+  const int D = c.D, G = c.G();
+  const size_t group = size_t(G + 2) * D;
   std::vector<float> y;
-  y.reserve(x.size() / 3);
-  for (size_t i = 0; i < x.size(); i += 3 * D)
-    y.insert(y.end(), x.begin() + i + p * D, x.begin() + i + (p + 1) * D);
+  for (size_t i = 0; i < x.size(); i += group) {
+    const size_t from = p == 0 ? 0 : size_t(G + p - 1) * D, n = p == 0 ? size_t(G) * D : D;
+    y.insert(y.end(), x.begin() + i + from, x.begin() + i + from + n);
+  }
   return y;
 }
 
@@ -77,26 +86,28 @@ struct Oracle {
 };
 
 Oracle oracle(const Case& c) {
-  const int B = c.B, T = c.T, H = c.H, D = c.D, C = H * D, W = c.window;
-  std::mt19937_64 gen(seed() + 1000003ull * T + 101ull * D + W);
-  const size_t nqkv = size_t(B) * T * 3 * C, nout = size_t(B) * T * C, nlse = size_t(B) * H * T;
+  const int B = c.B, T = c.T, H = c.H, D = c.D, C = H * D, W = c.window, Hkv = c.kv(), G = c.G();
+  std::mt19937_64 gen(seed() + 1000003ull * T + 101ull * D + W + 7919ull * Hkv);
+  const size_t ts = c.qkv_per_token();
+  const size_t nqkv = size_t(B) * T * ts, nout = size_t(B) * T * C, nlse = size_t(B) * H * T;
   const std::vector<float> qkv = round_bf16(randn(nqkv, gen));
   const std::vector<float> dout = round_bf16(randn(nout, gen));
 
   // Oracle.
   std::vector<float> out_ref(nout), probs(size_t(B) * H * T * T), dqkv_ref(nqkv, 0.f);
-  myriad::cpu::attention_forward<float>(out_ref.data(), probs.data(), qkv.data(), B, T, H, H, D, W);
+  myriad::cpu::attention_forward<float>(out_ref.data(), probs.data(), qkv.data(), B, T, H, Hkv, D, W);
   myriad::cpu::attention_backward<float>(dqkv_ref.data(), dout.data(), qkv.data(), probs.data(),
-                                         B, T, H, H, D, W);
+                                         B, T, H, Hkv, D, W);
   std::vector<double> lse_ref(nlse);
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h)
       for (int i = 0; i < T; ++i) {
-        const float* q = &qkv[(size_t(b) * T + i) * 3 * C + size_t(h) * 3 * D];
+        const size_t group = size_t(h / G) * (G + 2) * D;
+        const float* q = &qkv[(size_t(b) * T + i) * ts + group + size_t(h % G) * D];
         const int lo = W > 0 ? std::max(0, i - W + 1) : 0;
         std::vector<double> s;
         for (int j = lo; j <= i; ++j) {
-          const float* k = &qkv[(size_t(b) * T + j) * 3 * C + size_t(h) * 3 * D + D];
+          const float* k = &qkv[(size_t(b) * T + j) * ts + group + size_t(G) * D];
           double acc = 0;
           for (int d = 0; d < D; ++d) acc += double(q[d]) * k[d];
           s.push_back(acc / std::sqrt(double(D)));
@@ -106,16 +117,16 @@ Oracle oracle(const Case& c) {
         for (double v : s) sum += std::exp(v - m);
         lse_ref[(size_t(b) * H + h) * T + i] = m + std::log(sum);
       }
-  const std::vector<float> dq_ref = qkv_part(dqkv_ref, 0, D), dk_ref = qkv_part(dqkv_ref, 1, D),
-                           dv_ref = qkv_part(dqkv_ref, 2, D);
+  const std::vector<float> dq_ref = qkv_part(dqkv_ref, 0, c), dk_ref = qkv_part(dqkv_ref, 1, c),
+                           dv_ref = qkv_part(dqkv_ref, 2, c);
   const double floor = 1e-2 * norm(dqkv_ref);
   return {qkv, dout, out_ref, dq_ref, dk_ref, dv_ref, lse_ref, floor};
 }
 
 void run_case(const Case& c) {
   const std::vector<Config> configs = all_configs(c.D);
-  const int B = c.B, T = c.T, H = c.H, D = c.D, C = H * D, W = c.window;
-  const size_t nqkv = size_t(B) * T * 3 * C, nout = size_t(B) * T * C, nlse = size_t(B) * H * T;
+  const int B = c.B, T = c.T, H = c.H, D = c.D, C = H * D, W = c.window, Hkv = c.kv();
+  const size_t nqkv = size_t(B) * T * c.qkv_per_token(), nout = size_t(B) * T * C, nlse = size_t(B) * H * T;
   const Oracle o = oracle(c);
   const auto &qkv = o.qkv, &dout = o.dout, &out_ref = o.out_ref, &dq_ref = o.dq_ref, &dk_ref = o.dk_ref,
              &dv_ref = o.dv_ref;
@@ -128,11 +139,11 @@ void run_case(const Case& c) {
   d_dout.upload(to_bf16(dout));
 
   for (const Config& cfg : configs) {
-    SCOPED_TRACE(::testing::Message() << "B=" << B << " T=" << T << " H=" << H << " D=" << D
+    SCOPED_TRACE(::testing::Message() << "B=" << B << " T=" << T << " H=" << H << " Hkv=" << Hkv << " D=" << D
                                       << " window=" << W << " tilings " << str(cfg));
     d_out.poison();
     d_lse.poison();
-    cu::attn_detail::forward(cfg, d_out.p, d_lse.p, d_qkv.p, B, T, H, D, W, 0);
+    cu::attn_detail::forward(cfg, d_out.p, d_lse.p, d_qkv.p, B, T, H, Hkv, D, W, 0);
     CUDA_OK(cudaDeviceSynchronize());
     const std::vector<float> out = to_float(d_out.download());
     const std::vector<float> lse = d_lse.download();
@@ -146,27 +157,27 @@ void run_case(const Case& c) {
     d_dqkv.poison();
     d_scr.poison();
     cu::attn_detail::backward(cfg, d_dqkv.p, d_scr.p, d_dout.p, d_out.p, d_qkv.p, d_lse.p, B, T,
-                              H, D, W, 0);
+                              H, Hkv, D, W, 0);
     CUDA_OK(cudaDeviceSynchronize());
     const std::vector<bf16> g1 = d_dqkv.download();
     d_dqkv.poison();
     d_scr.poison();
     cu::attn_detail::backward(cfg, d_dqkv.p, d_scr.p, d_dout.p, d_out.p, d_qkv.p, d_lse.p, B, T,
-                              H, D, W, 0);
+                              H, Hkv, D, W, 0);
     CUDA_OK(cudaDeviceSynchronize());
     const std::vector<bf16> g2 = d_dqkv.download();
     EXPECT_EQ(std::memcmp(g1.data(), g2.data(), g1.size() * sizeof(bf16)), 0)
         << "backward is not deterministic";
     const std::vector<float> dqkv = to_float(g1);
-    const double e_dq = part_err(qkv_part(dqkv, 0, D), dq_ref, floor);
-    const double e_dk = part_err(qkv_part(dqkv, 1, D), dk_ref, floor);
-    const double e_dv = part_err(qkv_part(dqkv, 2, D), dv_ref, floor);
+    const double e_dq = part_err(qkv_part(dqkv, 0, c), dq_ref, floor);
+    const double e_dk = part_err(qkv_part(dqkv, 1, c), dk_ref, floor);
+    const double e_dv = part_err(qkv_part(dqkv, 2, c), dv_ref, floor);
     EXPECT_LT(e_dq, 1e-2);
     EXPECT_LT(e_dk, 1e-2);
     EXPECT_LT(e_dv, 1e-2);
     if (::testing::Test::HasFailure() || T >= 257)
-      std::printf("  B=%d T=%d H=%d D=%d w=%d [%s]: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
-                  B, T, H, D, W, str(cfg).c_str(), e_out, e_lse, e_dq, e_dk, e_dv);
+      std::printf("  B=%d T=%d H=%d Hkv=%d D=%d w=%d [%s]: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
+                  B, T, H, Hkv, D, W, str(cfg).c_str(), e_out, e_lse, e_dq, e_dk, e_dv);
   }
 }
 
@@ -182,6 +193,19 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
                                             ::testing::Values(1, 7, 64, 100, 257),
                                             ::testing::Values(0, 1, 5, 64)));
 
+// Grouped-query and multi-query attention: 4 query heads per key/value head, and all of them.
+class AttentionGqa : public ::testing::TestWithParam<std::tuple<int, int, int, std::pair<int, int>>> {};
+
+TEST_P(AttentionGqa, MatchesCpuOracle) {
+  const auto [D, T, window, heads] = GetParam();
+  run_case(Case{2, T, heads.first, D, window, heads.second});
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionGqa,
+                         ::testing::Combine(::testing::Values(64, 128), ::testing::Values(7, 100, 257),
+                                            ::testing::Values(0, 5),
+                                            ::testing::Values(std::make_pair(8, 2), std::make_pair(4, 1))));
+
 TEST(AttentionLarge, MatchesCpuOracle) {
   run_case(Case{1, 1000, 2, 128, 0});
   run_case(Case{1, 1000, 2, 128, 300});
@@ -192,13 +216,13 @@ TEST(AttentionLarge, MatchesCpuOracle) {
 // cuDNN's fused attention on the same oracle: output, natural-log statistics, gradients; the
 // deterministic backward (the default) repeats bitwise. Outputs are poisoned before each call.
 void run_cudnn_case(const Case& c, bool deterministic) {
-  const int B = c.B, T = c.T, H = c.H, D = c.D, C = H * D, W = c.window;
-  SCOPED_TRACE(::testing::Message() << "cuDNN B=" << B << " T=" << T << " H=" << H << " D=" << D << " window=" << W
-                                    << (deterministic ? " deterministic" : " atomic dQ"));
+  const int B = c.B, T = c.T, H = c.H, D = c.D, C = H * D, W = c.window, Hkv = c.kv();
+  SCOPED_TRACE(::testing::Message() << "cuDNN B=" << B << " T=" << T << " H=" << H << " Hkv=" << Hkv << " D=" << D
+                                    << " window=" << W << (deterministic ? " deterministic" : " atomic dQ"));
   cu::cudnn::set_deterministic(deterministic);
   std::string why;
-  ASSERT_TRUE(cu::cudnn::supports(B, T, H, D, W, &why)) << why;
-  const size_t nqkv = size_t(B) * T * 3 * C, nout = size_t(B) * T * C, nlse = size_t(B) * H * T;
+  ASSERT_TRUE(cu::cudnn::supports(B, T, H, Hkv, D, W, &why)) << why;
+  const size_t nqkv = size_t(B) * T * c.qkv_per_token(), nout = size_t(B) * T * C, nlse = size_t(B) * H * T;
   const Oracle o = oracle(c);
   Dev<bf16> d_qkv(nqkv), d_out(nout), d_dout(nout), d_dqkv(nqkv);
   Dev<float> d_lse(nlse);
@@ -206,7 +230,7 @@ void run_cudnn_case(const Case& c, bool deterministic) {
   d_dout.upload(to_bf16(o.dout));
   d_out.poison();
   d_lse.poison();
-  cu::cudnn::attention_forward(d_out.p, d_lse.p, d_qkv.p, B, T, H, D, W, 0);
+  cu::cudnn::attention_forward(d_out.p, d_lse.p, d_qkv.p, B, T, H, Hkv, D, W, 0);
   CUDA_OK(cudaDeviceSynchronize());
   const std::vector<float> out = to_float(d_out.download()), lse = d_lse.download();
   double e_lse = 0;
@@ -217,22 +241,22 @@ void run_cudnn_case(const Case& c, bool deterministic) {
   std::vector<bf16> g[2];
   for (auto& gi : g) {
     d_dqkv.poison();
-    cu::cudnn::attention_backward(d_dqkv.p, d_dout.p, d_out.p, d_qkv.p, d_lse.p, B, T, H, D, W, 0);
+    cu::cudnn::attention_backward(d_dqkv.p, d_dout.p, d_out.p, d_qkv.p, d_lse.p, B, T, H, Hkv, D, W, 0);
     CUDA_OK(cudaDeviceSynchronize());
     gi = d_dqkv.download();
   }
   if (deterministic)
     EXPECT_EQ(std::memcmp(g[0].data(), g[1].data(), g[0].size() * sizeof(bf16)), 0) << "backward is not deterministic";
   const std::vector<float> dqkv = to_float(g[0]);
-  const double e_dq = part_err(qkv_part(dqkv, 0, D), o.dq_ref, o.floor);
-  const double e_dk = part_err(qkv_part(dqkv, 1, D), o.dk_ref, o.floor);
-  const double e_dv = part_err(qkv_part(dqkv, 2, D), o.dv_ref, o.floor);
+  const double e_dq = part_err(qkv_part(dqkv, 0, c), o.dq_ref, o.floor);
+  const double e_dk = part_err(qkv_part(dqkv, 1, c), o.dk_ref, o.floor);
+  const double e_dv = part_err(qkv_part(dqkv, 2, c), o.dv_ref, o.floor);
   EXPECT_LT(e_dq, 1e-2);
   EXPECT_LT(e_dk, 1e-2);
   EXPECT_LT(e_dv, 1e-2);
   if (::testing::Test::HasFailure() || T >= 257)
-    std::printf("  cuDNN B=%d T=%d H=%d D=%d w=%d: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", B, T, H, D, W,
-                rel_err(out, o.out_ref), e_lse, e_dq, e_dk, e_dv);
+    std::printf("  cuDNN B=%d T=%d H=%d Hkv=%d D=%d w=%d: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", B, T, H,
+                Hkv, D, W, rel_err(out, o.out_ref), e_lse, e_dq, e_dk, e_dv);
   cu::cudnn::set_deterministic(true);
 }
 
@@ -247,15 +271,27 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudnnAttention,
                          ::testing::Combine(::testing::Values(64, 80, 128), ::testing::Values(128, 256, 384),
                                             ::testing::Values(0, 1, 5, 64)));
 
+class CudnnAttentionGqa : public ::testing::TestWithParam<std::tuple<int, int, int, std::pair<int, int>>> {};
+
+TEST_P(CudnnAttentionGqa, MatchesCpuOracle) {
+  const auto [D, T, window, heads] = GetParam();
+  run_cudnn_case(Case{2, T, heads.first, D, window, heads.second}, true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudnnAttentionGqa,
+                         ::testing::Combine(::testing::Values(64, 128), ::testing::Values(128, 256),
+                                            ::testing::Values(0, 64),
+                                            ::testing::Values(std::make_pair(8, 2), std::make_pair(4, 1))));
+
 // Before 9.16, cuDNN's backward needs T % 128 == 0 (without a padding mask): such a shape is
 // refused, and train.attention = auto runs it on Myriad's kernel.
 TEST(CudnnAttention, RefusesWhatItCannotTake) {
   std::string why;
   if (cu::cudnn::version() > 0 && cu::cudnn::version() < 91600) {
-    EXPECT_FALSE(cu::cudnn::supports(2, 100, 3, 64, 0, &why));
+    EXPECT_FALSE(cu::cudnn::supports(2, 100, 3, 3, 64, 0, &why));
     EXPECT_NE(why.find("multiple of 128"), std::string::npos) << why;
   }
-  EXPECT_FALSE(cu::cudnn::supports(2, 128, 3, 12, 0, &why));
+  EXPECT_FALSE(cu::cudnn::supports(2, 128, 3, 3, 12, 0, &why));
   EXPECT_NE(why.find("head size 12"), std::string::npos) << why;
 }
 
@@ -318,8 +354,8 @@ double forward_flop(const Case& c) {
 
 // Times forward and backward for each config; returns finite-ness of the last outputs.
 void bench(const Case& c, const std::vector<Config>& configs) {
-  const int B = c.B, T = c.T, H = c.H, D = c.D, W = c.window;
-  const size_t nqkv = size_t(B) * T * 3 * H * D, nout = size_t(B) * T * H * D;
+  const int B = c.B, T = c.T, H = c.H, D = c.D, W = c.window, Hkv = c.kv();
+  const size_t nqkv = size_t(B) * T * c.qkv_per_token(), nout = size_t(B) * T * H * D;
   Dev<bf16> qkv(nqkv), out(nout), dout(nout), dqkv(nqkv);
   Dev<float> lse(size_t(B) * H * T), scr(cu::attention_scratch_floats(B, T, H, D));
   fill_random<<<1024, 256>>>(qkv.p, nqkv, 1u);
@@ -327,17 +363,17 @@ void bench(const Case& c, const std::vector<Config>& configs) {
   const double fwd_flop = forward_flop(c), bwd_flop = 2.5 * fwd_flop;
   for (const Config& cfg : configs) {
     const float tf = median_ms([&] {
-      cu::attn_detail::forward(cfg, out.p, lse.p, qkv.p, B, T, H, D, W, 0);
+      cu::attn_detail::forward(cfg, out.p, lse.p, qkv.p, B, T, H, Hkv, D, W, 0);
     });
     const float tb = median_ms([&] {
-      cu::attn_detail::backward(cfg, dqkv.p, scr.p, dout.p, out.p, qkv.p, lse.p, B, T, H, D, W,
+      cu::attn_detail::backward(cfg, dqkv.p, scr.p, dout.p, out.p, qkv.p, lse.p, B, T, H, Hkv, D, W,
                                 0);
     });
     CUDA_OK(cudaDeviceSynchronize());
     std::printf(
-        "BENCH B=%d H=%d T=%d D=%d window=%d [%s]: fwd %.3f ms %.1f TFLOP/s | bwd %.3f ms "
+        "BENCH B=%d H=%d Hkv=%d T=%d D=%d window=%d [%s]: fwd %.3f ms %.1f TFLOP/s | bwd %.3f ms "
         "%.1f TFLOP/s | fwd+bwd %.1f TFLOP/s\n",
-        B, H, T, D, W, str(cfg).c_str(), tf, fwd_flop / tf * 1e-9, tb,
+        B, H, Hkv, T, D, W, str(cfg).c_str(), tf, fwd_flop / tf * 1e-9, tb,
         bwd_flop / tb * 1e-9, (fwd_flop + bwd_flop) / (tf + tb) * 1e-9);
   }
   const std::vector<float> o = to_float(out.download()), g = to_float(dqkv.download());
@@ -361,10 +397,10 @@ std::vector<Config> sweep_configs(int D) {
 
 // cuDNN's fused attention on the same shapes, deterministic backward and atomic dQ.
 void bench_cudnn(const Case& c) {
-  const int B = c.B, T = c.T, H = c.H, D = c.D, W = c.window;
+  const int B = c.B, T = c.T, H = c.H, D = c.D, W = c.window, Hkv = c.kv();
   std::string why;
-  ASSERT_TRUE(cu::cudnn::supports(B, T, H, D, W, &why)) << why;
-  const size_t nqkv = size_t(B) * T * 3 * H * D, nout = size_t(B) * T * H * D;
+  ASSERT_TRUE(cu::cudnn::supports(B, T, H, Hkv, D, W, &why)) << why;
+  const size_t nqkv = size_t(B) * T * c.qkv_per_token(), nout = size_t(B) * T * H * D;
   Dev<bf16> qkv(nqkv), out(nout), dout(nout), dqkv(nqkv);
   Dev<float> lse(size_t(B) * H * T);
   fill_random<<<1024, 256>>>(qkv.p, nqkv, 3u);
@@ -372,14 +408,14 @@ void bench_cudnn(const Case& c) {
   const double fwd_flop = forward_flop(c), bwd_flop = 2.5 * fwd_flop;
   for (bool det : {true, false}) {
     cu::cudnn::set_deterministic(det);
-    const float tf = median_ms([&] { cu::cudnn::attention_forward(out.p, lse.p, qkv.p, B, T, H, D, W, 0); });
+    const float tf = median_ms([&] { cu::cudnn::attention_forward(out.p, lse.p, qkv.p, B, T, H, Hkv, D, W, 0); });
     const float tb = median_ms([&] {
-      cu::cudnn::attention_backward(dqkv.p, dout.p, out.p, qkv.p, lse.p, B, T, H, D, W, 0);
+      cu::cudnn::attention_backward(dqkv.p, dout.p, out.p, qkv.p, lse.p, B, T, H, Hkv, D, W, 0);
     });
     CUDA_OK(cudaDeviceSynchronize());
-    std::printf("BENCH cuDNN %d B=%d H=%d T=%d D=%d window=%d [%s]: fwd %.3f ms %.1f TFLOP/s | bwd %.3f ms %.1f "
-                "TFLOP/s | fwd+bwd %.1f TFLOP/s\n",
-                cu::cudnn::version(), B, H, T, D, W, det ? "deterministic" : "atomic dQ", tf, fwd_flop / tf * 1e-9, tb,
+    std::printf("BENCH cuDNN %d B=%d H=%d Hkv=%d T=%d D=%d window=%d [%s]: fwd %.3f ms %.1f TFLOP/s | bwd %.3f ms "
+                "%.1f TFLOP/s | fwd+bwd %.1f TFLOP/s\n",
+                cu::cudnn::version(), B, H, Hkv, T, D, W, det ? "deterministic" : "atomic dQ", tf, fwd_flop / tf * 1e-9, tb,
                 bwd_flop / tb * 1e-9, (fwd_flop + bwd_flop) / (tf + tb) * 1e-9);
   }
   cu::cudnn::set_deterministic(true);
@@ -392,6 +428,11 @@ TEST(AttentionBench, CudnnD128T2048Causal) { bench_cudnn(Case{8, 2048, 16, 128, 
 TEST(AttentionBench, CudnnD64T1024Causal) { bench_cudnn(Case{8, 1024, 16, 64, 0}); }
 TEST(AttentionBench, CudnnD80T2048Causal) { bench_cudnn(Case{8, 2048, 16, 80, 0}); }
 TEST(AttentionBench, CudnnD128T4096Window1024) { bench_cudnn(Case{8, 4096, 16, 128, 1024}); }
+// Llama 3.2 1B's attention (32 query heads over 8 key/value heads, D 64) and 3B's (24 over 8, D 128).
+TEST(AttentionBench, CudnnLlama1bGqa) { bench_cudnn(Case{8, 2048, 32, 64, 0, 8}); }
+TEST(AttentionBench, CudnnLlama1bAsMha) { bench_cudnn(Case{8, 2048, 32, 64, 0}); }
+TEST(AttentionBench, CudnnLlama3bGqa) { bench_cudnn(Case{4, 2048, 24, 128, 0, 8}); }
+TEST(AttentionBench, Llama1bGqa) { bench(Case{8, 2048, 32, 64, 0, 8}, {cu::attn_detail::default_config(64)}); }
 TEST(AttentionBench, D64T1024Causal) { bench(Case{8, 1024, 16, 64, 0}, sweep_configs(64)); }
 TEST(AttentionBench, D80T2048Causal) { bench(Case{8, 2048, 16, 80, 0}, sweep_configs(80)); }
 TEST(AttentionBench, D128T4096Window1024) {

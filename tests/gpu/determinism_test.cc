@@ -97,8 +97,8 @@ TEST(Determinism, AttentionBackwardWithWindow) {
     dq.upload(qkv), dd.upload(dout);
     cudaMemset(scratch.p, fill, scratch.n * 4);
     cudaMemset(dqkv.p, fill, dqkv.n * 2);
-    mc::attention_forward(out.p, lse.p, dq.p, B, T, H, D, W, nullptr);
-    mc::attention_backward(dqkv.p, scratch.p, dd.p, out.p, dq.p, lse.p, B, T, H, D, W, nullptr);
+    mc::attention_forward(out.p, lse.p, dq.p, B, T, H, H, D, W, nullptr);
+    mc::attention_backward(dqkv.p, scratch.p, dd.p, out.p, dq.p, lse.p, B, T, H, H, D, W, nullptr);
     cudaDeviceSynchronize();
     return to_float(dqkv.download());
   });

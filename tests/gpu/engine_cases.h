@@ -19,6 +19,16 @@ struct Case {
   std::vector<std::string> sets;
 };
 
+// The Llama block on the test model (d 256, 4 heads of 64): RMSNorm, RoPE, SwiGLU, 2 key/value
+// heads, an untied LM head.
+inline const std::vector<std::string> kLlama = {
+    "model.norm=rmsnorm", "model.position_encoding=rope", "model.rope_theta=10000", "model.mlp=swiglu",
+    "model.mlp_hidden=688", "model.kv_heads=2", "model.tied_embeddings=false", "model.bias=false"};
+inline std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 inline myriad::Config config(const Case& c, const char* device) {
   std::vector<std::string> sets = {"model.layers=2", "model.d_model=256", "model.heads=4",
                                    "model.seq_len=96", "model.vocab_size=300", "train.micro_batch=2",

@@ -92,11 +92,20 @@ INSTANTIATE_TEST_SUITE_P(
                       // 9.16: T a multiple of 128); each kernel and backward on its own.
                       Case{"myriad_attention", {"train.attention=myriad", "model.window=17"}},
                       Case{"cudnn", {"model.seq_len=128", "model.window=40"}},
-                      Case{"cudnn_nondeterministic", {"train.deterministic=false", "model.seq_len=128"}}),
+                      Case{"cudnn_nondeterministic", {"train.deterministic=false", "model.seq_len=128"}},
+                      // The Llama block: 4 query heads over 2 key/value heads, on Myriad's
+                      // attention (T 96) and on cuDNN's; multi-query with Llama 3.1's RoPE scaling.
+                      Case{"llama", kLlama},
+                      Case{"llama_cudnn", with(kLlama, {"model.seq_len=128"})},
+                      Case{"llama_mqa_scaled_cudnn",
+                           with(kLlama, {"model.seq_len=128", "model.kv_heads=1", "model.rope_scaling=llama3",
+                                         "model.rope_original_positions=64", "model.tied_embeddings=true"})}),
     [](const auto& info) { return std::string(info.param.name); });
 
-TEST(EngineDeterminism, SameSeedSameLossesBitwise) {
-  Config cfg = config(Case{"d", {"model.window=33"}}, "cuda");
+class EngineRepeatability : public ::testing::TestWithParam<Case> {};
+
+TEST_P(EngineRepeatability, SameSeedSameLossesBitwise) {
+  Config cfg = config(GetParam(), "cuda");
   std::vector<float> losses[2];
   std::vector<float> after_first[2];
   for (int run = 0; run < 2; ++run) {
@@ -123,6 +132,11 @@ TEST(EngineDeterminism, SameSeedSameLossesBitwise) {
   }
   for (int i = 0; i < 4; ++i) EXPECT_EQ(losses[0][i], losses[1][i]) << "step " << i + 1;
 }
+
+INSTANTIATE_TEST_SUITE_P(Variants, EngineRepeatability,
+                         ::testing::Values(Case{"window", {"model.window=33"}}, Case{"llama", kLlama},
+                                           Case{"llama_cudnn", with(kLlama, {"model.seq_len=128"})}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 // Parameters, moments and step count out to the host and into a fresh engine: the next step is
 // bitwise the same in both; and the same state loaded into the CPU engine trains on alike.

@@ -68,7 +68,7 @@ std::string differing(const ParamLayout& layout, const float* a, const float* b,
 }
 
 // (case, mode): `mode` against "none" on the same batches. The "none" instances are the control:
-// two engines of the same mode must already agree bitwise (EngineDeterminism); when a control
+// two engines of the same mode must already agree bitwise (EngineRepeatability); when a control
 // fails too, the difference is not recomputation's.
 class RecomputeParity : public ::testing::TestWithParam<std::tuple<Case, const char*>> {};
 

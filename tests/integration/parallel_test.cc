@@ -143,6 +143,10 @@ std::string prepare_corpus(const fs::path& dir) {
 
 class Parallel : public ::testing::TestWithParam<Layout> {};
 
+const std::string kLlama =
+    "--set model.norm=rmsnorm --set model.position_encoding=rope --set model.mlp=swiglu --set model.mlp_hidden=176 "
+    "--set model.kv_heads=2 --set model.tied_embeddings=false --set model.bias=false";
+
 TEST_P(Parallel, MatchesTheSingleProcessRun) {
   const Layout l = GetParam();
   const fs::path dir = fs::temp_directory_path() / cat("myriad_tp_", l.name, "_", getpid());
@@ -218,7 +222,14 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"dp2", 2, "--set parallel.dp=2"},
         Layout{"dp4", 4, "--set parallel.dp=4 --set parallel.bucket_mb=0.05"},
         Layout{"dp2_lamb", 2, "--set parallel.dp=2 --set optim.name=lamb --set optim.lr=1e-2"},
-        Layout{"tp2_pp2_dp2", 8, "--set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.bucket_mb=0.05"}),
+        Layout{"tp2_pp2_dp2", 8, "--set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.bucket_mb=0.05"},
+        // The Llama block (RMSNorm, RoPE, SwiGLU, 4 query heads over 2 key/value heads, an
+        // untied LM head): tp shards the key/value heads and SwiGLU's gate and up together.
+        Layout{"llama_tp2_sp", 2, kLlama + " --set parallel.tp=2 --set parallel.sequence_parallel=true"},
+        Layout{"llama_pp2_interleaved", 2, kLlama + " --set parallel.pp=2 --set parallel.virtual_stages=2"},
+        Layout{"llama_dp2", 2, kLlama + " --set parallel.dp=2"},
+        Layout{"llama_tp2_pp2_dp2", 8, kLlama + " --set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 "
+                                                "--set parallel.sequence_parallel=true --set parallel.bucket_mb=0.05"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // A 3D run saved at step 10 and resumed is bitwise the uninterrupted run: losses, gradient

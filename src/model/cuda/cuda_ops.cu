@@ -66,6 +66,7 @@ struct CudaOps::State {
   Matmul mm;
   float* scratch = nullptr;
   size_t scratch_floats = 0;
+  float* rope_freqs = nullptr;  // (D/2) set_rope's, fp32
   std::vector<int64_t> bounds;  // sums_of_squares' segments, cached on the device
   int64_t* d_bounds = nullptr;
   float* h_sums = nullptr;        // pinned: their results
@@ -73,7 +74,7 @@ struct CudaOps::State {
   std::vector<cudaEvent_t> events;  // the phase timers' marks, reused step after step
   int marks = 0;                    // of them in use
   std::string attention = "auto";   // train.attention
-  std::map<std::tuple<int, int, int, int, int>, bool> cudnn_takes;  // per shape (B,T,H,D,window)
+  std::map<std::tuple<int, int, int, int, int, int>, bool> cudnn_takes;  // per shape (B,T,H,Hkv,D,window)
   std::set<std::tuple<int, int, int>> fallback_logged;               // (H,D,window) said to use Myriad's
   // The op profile (MYRIAD_OP_PROFILE=FILE; off otherwise): a pair of events around each op of
   // the step, [begin, end] at 2i and 2i+1, resolved when the next step clears its marks.
@@ -96,6 +97,7 @@ struct CudaOps::State {
     for (cudaEvent_t e : profile.events) cudaEventDestroy(e);
     for (cudaEvent_t e : events) cudaEventDestroy(e);
     cudaFree(scratch);
+    cudaFree(rope_freqs);
     cudaFree(d_bounds);
     cudaFreeHost(h_sums);
     if (stream) cudaStreamDestroy(stream);
@@ -600,23 +602,38 @@ void CudaOps::embedding_backward(float* dwte, float* dwpe, const Act* dout, cons
   rows_by_id_backward(dwte, dwpe, dout, tokens, B, T, C);
 }
 
-void CudaOps::layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b,
-                                int N, int C) const {
-  OpScope op(*st_, "layernorm_forward", N, C);
-  cuda::layernorm_forward(out, mean, rstd, inp, w, b, N, C, st_->stream);
+void CudaOps::norm_forward(Norm n, Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b,
+                           int N, int C) const {
+  if (n.kind == NormKind::kRMSNorm) {
+    OpScope op(*st_, "rmsnorm_forward", N, C);
+    cuda::rmsnorm_forward(out, rstd, inp, w, N, C, n.eps, st_->stream);
+  } else {
+    OpScope op(*st_, "layernorm_forward", N, C);
+    cuda::layernorm_forward(out, mean, rstd, inp, w, b, N, C, st_->stream);
+  }
 }
 
-void CudaOps::residual_layernorm_forward(Act* resid, Act* out, float* mean, float* rstd, const Act* a, const Act* b,
-                                         const Param* w, const Param* bias, int N, int C) const {
-  OpScope op(*st_, "residual_layernorm_forward", N, C);
-  cuda::residual_layernorm_forward(resid, out, mean, rstd, a, b, w, bias, N, C, st_->stream);
+void CudaOps::residual_norm_forward(Norm n, Act* resid, Act* out, float* mean, float* rstd, const Act* a, const Act* b,
+                                    const Param* w, const Param* bias, int N, int C) const {
+  if (n.kind == NormKind::kRMSNorm) {
+    OpScope op(*st_, "residual_rmsnorm_forward", N, C);
+    cuda::residual_rmsnorm_forward(resid, out, rstd, a, b, w, N, C, n.eps, st_->stream);
+  } else {
+    OpScope op(*st_, "residual_layernorm_forward", N, C);
+    cuda::residual_layernorm_forward(resid, out, mean, rstd, a, b, w, bias, N, C, st_->stream);
+  }
 }
 
-void CudaOps::layernorm_backward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
-                                 const float* mean, const float* rstd, int N, int C) const {
-  OpScope op(*st_, "layernorm_backward", N, C);
-  cuda::layernorm_backward(dinp, dw, db, scratch(layernorm_scratch_floats(N, C)), dout, inp, w, mean, rstd, N, C,
-                           st_->stream);
+void CudaOps::norm_backward(Norm n, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
+                            const float* mean, const float* rstd, int N, int C) const {
+  if (n.kind == NormKind::kRMSNorm) {
+    OpScope op(*st_, "rmsnorm_backward", N, C);
+    cuda::rmsnorm_backward(dinp, dw, scratch(rmsnorm_scratch_floats(N, C)), dout, inp, w, rstd, N, C, st_->stream);
+  } else {
+    OpScope op(*st_, "layernorm_backward", N, C);
+    cuda::layernorm_backward(dinp, dw, db, scratch(layernorm_scratch_floats(N, C)), dout, inp, w, mean, rstd, N, C,
+                             st_->stream);
+  }
 }
 
 void CudaOps::linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC) const {
@@ -624,10 +641,19 @@ void CudaOps::linear_forward(Act* out, const Act* inp, const Param* w, const Par
   st_->mm.forward(out, inp, w, b, N, IC, OC, st_->stream);
 }
 
-void CudaOps::linear_gelu_forward(Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N, int IC,
-                                  int OC) const {
-  OpScope op(*st_, "linear_gelu_forward", N, IC, OC);
-  st_->mm.forward_gelu(out, pre, inp, w, b, N, IC, OC, st_->stream);
+void CudaOps::linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N,
+                                 int IC, int F) const {
+  if (m == Mlp::kGelu) {
+    OpScope op(*st_, "linear_gelu_forward", N, IC, F);
+    st_->mm.forward_gelu(out, pre, inp, w, b, N, IC, F, st_->stream);
+    return;
+  }
+  {
+    OpScope op(*st_, "linear_forward", N, IC, 2 * F);
+    st_->mm.forward(pre, inp, w, b, N, IC, 2 * F, st_->stream);
+  }
+  OpScope op(*st_, "swiglu_forward", N, F);
+  cuda::swiglu_forward(out, pre, N, F, st_->stream);
 }
 
 void CudaOps::linear_backward_input(Act* dinp, const Act* dout, const Param* w, int N, int IC, int OC,
@@ -636,10 +662,21 @@ void CudaOps::linear_backward_input(Act* dinp, const Act* dout, const Param* w, 
   st_->mm.backward_input(dinp, dout, w, N, IC, OC, accumulate, st_->stream);
 }
 
-void CudaOps::linear_backward_input_dgelu(Act* dpre, const Act* dout, const Param* w, const Act* pre, int N, int IC,
-                                          int OC) const {
-  OpScope op(*st_, "linear_backward_input_dgelu", N, IC, OC);
-  st_->mm.backward_input_dgelu(dpre, dout, w, pre, N, IC, OC, st_->stream);
+void CudaOps::linear_backward_input_act(Mlp m, Act* dpre, const Act* dout, const Param* w, const Act* pre, int N,
+                                        int F, int OC) const {
+  if (m == Mlp::kGelu) {
+    OpScope op(*st_, "linear_backward_input_dgelu", N, F, OC);
+    st_->mm.backward_input_dgelu(dpre, dout, w, pre, N, F, OC, st_->stream);
+    return;
+  }
+  // The activation's output gradient (N,F) in scratch (bf16), then SwiGLU's backward into dpre.
+  Act* dact = reinterpret_cast<Act*>(scratch((size_t(N) * F + 1) / 2));
+  {
+    OpScope op(*st_, "linear_backward_input", N, F, OC);
+    st_->mm.backward_input(dact, dout, w, N, F, OC, /*accumulate=*/false, st_->stream);
+  }
+  OpScope op(*st_, "swiglu_backward", N, F);
+  cuda::swiglu_backward(dpre, pre, dact, N, F, st_->stream);
 }
 
 void CudaOps::linear_backward_weight(float* dw, float* db, const Act* dout, const Act* inp, int N, int IC,
@@ -665,15 +702,16 @@ void CudaOps::select_attention(const std::string& kernel, bool deterministic) co
 }
 
 // Whether this shape runs on cuDNN: decided at its first call, the same for its forward and backward.
-static bool use_cudnn(CudaOps::State& st, int B, int T, int H, int D, int window) {
+static bool use_cudnn(CudaOps::State& st, int B, int T, int H, int Hkv, int D, int window) {
   if (st.attention == "myriad") return false;
-  const auto key = std::make_tuple(B, T, H, D, window);
+  const auto key = std::make_tuple(B, T, H, Hkv, D, window);
   if (auto it = st.cudnn_takes.find(key); it != st.cudnn_takes.end()) return it->second;
   std::string why;
-  const bool ok = cudnn::supports(B, T, H, D, window, &why);
+  const bool ok = cudnn::supports(B, T, H, Hkv, D, window, &why);
   if (!ok && st.attention == "cudnn")
     throw_input("train.attention = \"cudnn\" but cuDNN's fused attention cannot take B ", B, " T ", T, " H ", H,
-                " D ", D, " window ", window, ": ", why, "; use train.attention = \"auto\" or \"myriad\"");
+                " Hkv ", Hkv, " D ", D, " window ", window, ": ", why,
+                "; use train.attention = \"auto\" or \"myriad\"");
   // Once per head shape: sampling grows T by one a token, and each new T is a new shape.
   if (!ok && st.fallback_logged.insert({H, D, window}).second)
     log::info("attention: Myriad's kernel for B ", B, " T ", T, " H ", H, " D ", D, " (cuDNN: ", why,
@@ -681,23 +719,38 @@ static bool use_cudnn(CudaOps::State& st, int B, int T, int H, int D, int window
   return st.cudnn_takes[key] = ok;
 }
 
-void CudaOps::attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int C, int H,
+void CudaOps::attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int H, int Hkv, int D,
                                 int window) const {
-  OpScope op(*st_, "attention_forward", B, T, H, C / H);
-  if (use_cudnn(*st_, B, T, H, C / H, window))
-    cudnn::attention_forward(out, saved, qkv, B, T, H, C / H, window, st_->stream);
+  OpScope op(*st_, "attention_forward", B, T, H, D);
+  if (use_cudnn(*st_, B, T, H, Hkv, D, window))
+    cudnn::attention_forward(out, saved, qkv, B, T, H, Hkv, D, window, st_->stream);
   else
-    cuda::attention_forward(out, saved, qkv, B, T, H, C / H, window, st_->stream);
+    cuda::attention_forward(out, saved, qkv, B, T, H, Hkv, D, window, st_->stream);
 }
 void CudaOps::attention_backward(Act* dqkv, const Act* dout, const Act* out, const Act* qkv, const float* saved,
-                                 int B, int T, int C, int H, int window) const {
-  OpScope op(*st_, "attention_backward", B, T, H, C / H);
-  const int D = C / H;
-  if (use_cudnn(*st_, B, T, H, D, window))
-    cudnn::attention_backward(dqkv, dout, out, qkv, saved, B, T, H, D, window, st_->stream);
+                                 int B, int T, int H, int Hkv, int D, int window) const {
+  OpScope op(*st_, "attention_backward", B, T, H, D);
+  if (use_cudnn(*st_, B, T, H, Hkv, D, window))
+    cudnn::attention_backward(dqkv, dout, out, qkv, saved, B, T, H, Hkv, D, window, st_->stream);
   else
     cuda::attention_backward(dqkv, scratch(attention_scratch_floats(B, T, H, D)), dout, out, qkv, saved, B, T, H,
-                             D, window, st_->stream);
+                             Hkv, D, window, st_->stream);
+}
+
+void CudaOps::set_rope(const std::vector<double>& freqs) const {
+  std::vector<float> f(freqs.begin(), freqs.end());
+  cudaFree(st_->rope_freqs);
+  st_->rope_freqs = nullptr;
+  CUDA_CHECK(cudaMalloc(&st_->rope_freqs, f.size() * sizeof(float)));
+  CUDA_CHECK(cudaMemcpy(st_->rope_freqs, f.data(), f.size() * sizeof(float), cudaMemcpyHostToDevice));
+}
+void CudaOps::rope_forward(Act* qkv, int B, int T, int Hkv, int G, int D) const {
+  OpScope op(*st_, "rope_forward", B, T, Hkv * G, D);
+  cuda::rope_forward(qkv, st_->rope_freqs, B, T, Hkv, G, D, 0, st_->stream);
+}
+void CudaOps::rope_backward(Act* dqkv, int B, int T, int Hkv, int G, int D) const {
+  OpScope op(*st_, "rope_backward", B, T, Hkv * G, D);
+  cuda::rope_backward(dqkv, st_->rope_freqs, B, T, Hkv, G, D, 0, st_->stream);
 }
 
 void CudaOps::crossentropy_forward(float* losses, const Act* logits, const int32_t* targets, int N, int V,

@@ -25,6 +25,8 @@
 #include <utility>
 #include <vector>
 
+#include "ops/kinds.h"
+
 namespace myriad::cuda {
 
 class Matmul;
@@ -119,17 +121,19 @@ class CudaOps {
 
   void embedding_forward(Act* out, const int32_t* tokens, const Param* wte, const Param* wpe, int B, int T, int C) const;
   void embedding_backward(float* dwte, float* dwpe, const Act* dout, const Tokens& tokens, int B, int T, int C) const;
-  void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b, int N, int C) const;
-  void residual_layernorm_forward(Act* resid, Act* out, float* mean, float* rstd, const Act* a, const Act* b,
-                                  const Param* w, const Param* bias, int N, int C) const;
-  void layernorm_backward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
-                          const float* mean, const float* rstd, int N, int C) const;
+  void norm_forward(Norm n, Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b, int N,
+                    int C) const;
+  void residual_norm_forward(Norm n, Act* resid, Act* out, float* mean, float* rstd, const Act* a, const Act* b,
+                             const Param* w, const Param* bias, int N, int C) const;
+  void norm_backward(Norm n, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
+                     const float* mean, const float* rstd, int N, int C) const;
   void linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC) const;
-  void linear_gelu_forward(Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N, int IC,
-                           int OC) const;
+  // GELU fused into the GEMM's epilogue; SwiGLU a kernel after the GEMM (its pairs span columns).
+  void linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N, int IC,
+                          int F) const;
   void linear_backward_input(Act* dinp, const Act* dout, const Param* w, int N, int IC, int OC, bool accumulate) const;
-  void linear_backward_input_dgelu(Act* dpre, const Act* dout, const Param* w, const Act* pre, int N, int IC,
-                                   int OC) const;
+  void linear_backward_input_act(Mlp m, Act* dpre, const Act* dout, const Param* w, const Act* pre, int N, int F,
+                                 int OC) const;
   void linear_backward_weight(float* dw, float* db, const Act* dout, const Act* inp, int N, int IC, int OC) const;
   void add(Act* out, const Act* a, const Act* b, int64_t n) const;
   void bias_backward(float* db, const Act* dout, int rows, int OC) const;  // db += column sums
@@ -139,9 +143,14 @@ class CudaOps {
   // log2): one shape always runs on one kernel.
   void select_attention(const std::string& kernel, bool deterministic) const;
   int64_t attention_saved(int B, int H, int T) const { return int64_t(B) * H * T; }
-  void attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int C, int H, int window) const;
+  void attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int H, int Hkv, int D,
+                         int window) const;
   void attention_backward(Act* dqkv, const Act* dout, const Act* out, const Act* qkv, const float* saved, int B,
-                          int T, int C, int H, int window) const;
+                          int T, int H, int Hkv, int D, int window) const;
+  // The rotation frequencies go to the device once (fp32); the rotations as the CPU op set's.
+  void set_rope(const std::vector<double>& freqs) const;
+  void rope_forward(Act* qkv, int B, int T, int Hkv, int G, int D) const;
+  void rope_backward(Act* dqkv, int B, int T, int Hkv, int G, int D) const;
   void crossentropy_forward(float* losses, const Act* logits, const int32_t* targets, int N, int V, int Vp) const;
   void crossentropy_forward_backward(float* losses, Act* logits, const int32_t* targets, float dloss, int N, int V,
                                      int Vp) const;

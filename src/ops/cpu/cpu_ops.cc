@@ -71,26 +71,35 @@ void CpuOps::embedding_backward(float* dwte, float* dwpe, const Act* dout, const
                                 int C) const {
   cpu::embedding_backward(dwte, dwpe, dout, tokens.data(), B, T, C);
 }
-void CpuOps::layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b,
-                               int N, int C) const {
-  cpu::layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+void CpuOps::norm_forward(Norm n, Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b,
+                          int N, int C) const {
+  if (n.kind == NormKind::kRMSNorm)
+    cpu::rmsnorm_forward(out, rstd, inp, w, N, C, n.eps);
+  else
+    cpu::layernorm_forward(out, mean, rstd, inp, w, b, N, C);
 }
-void CpuOps::residual_layernorm_forward(Act* resid, Act* out, float* mean, float* rstd, const Act* a, const Act* b,
-                                        const Param* w, const Param* bias, int N, int C) const {
+void CpuOps::residual_norm_forward(Norm n, Act* resid, Act* out, float* mean, float* rstd, const Act* a, const Act* b,
+                                   const Param* w, const Param* bias, int N, int C) const {
   add(resid, a, b, int64_t(N) * C);
-  layernorm_forward(out, mean, rstd, resid, w, bias, N, C);
+  norm_forward(n, out, mean, rstd, resid, w, bias, N, C);
 }
-void CpuOps::layernorm_backward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
-                                const float* mean, const float* rstd, int N, int C) const {
-  cpu::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+void CpuOps::norm_backward(Norm n, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
+                           const float* mean, const float* rstd, int N, int C) const {
+  if (n.kind == NormKind::kRMSNorm)
+    cpu::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
+  else
+    cpu::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
 }
 void CpuOps::linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC) const {
   cpu::linear_forward(out, inp, w, b, N, IC, OC);
 }
-void CpuOps::linear_gelu_forward(Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N, int IC,
-                                 int OC) const {
-  cpu::linear_forward(pre, inp, w, b, N, IC, OC);
-  cpu::gelu_forward(out, pre, int64_t(N) * OC);
+void CpuOps::linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N,
+                                int IC, int F) const {
+  cpu::linear_forward(pre, inp, w, b, N, IC, F * pre_width(m));
+  if (m == Mlp::kSwiGlu)
+    cpu::swiglu_forward(out, pre, N, F);
+  else
+    cpu::gelu_forward(out, pre, int64_t(N) * F);
 }
 void CpuOps::linear_backward_input(Act* dinp, const Act* dout, const Param* w, int N, int IC, int OC,
                                    bool accumulate) const {
@@ -98,16 +107,19 @@ void CpuOps::linear_backward_input(Act* dinp, const Act* dout, const Param* w, i
   cpu::linear_backward(dinp, static_cast<float*>(nullptr), static_cast<float*>(nullptr), dout,
                        static_cast<const float*>(nullptr), w, N, IC, OC);
 }
-void CpuOps::linear_backward_input_dgelu(Act* dpre, const Act* dout, const Param* w, const Act* pre, int N, int IC,
-                                         int OC) const {
-  // Through a scratch of the GELU's output gradient; dpre is written (=).
-  const int64_t n = int64_t(N) * IC;
-  std::vector<float>& dgelu = *scratch_;
-  dgelu.assign(static_cast<size_t>(n), 0.0f);
-  cpu::linear_backward(dgelu.data(), static_cast<float*>(nullptr), static_cast<float*>(nullptr), dout,
-                       static_cast<const float*>(nullptr), w, N, IC, OC);
-  zero(dpre, n);
-  cpu::gelu_backward(dpre, pre, dgelu.data(), n);
+void CpuOps::linear_backward_input_act(Mlp m, Act* dpre, const Act* dout, const Param* w, const Act* pre, int N,
+                                       int F, int OC) const {
+  // Through a scratch of the activation's output gradient; dpre is written (=).
+  const int64_t n = int64_t(N) * F;
+  std::vector<float>& dact = *scratch_;
+  dact.assign(static_cast<size_t>(n), 0.0f);
+  cpu::linear_backward(dact.data(), static_cast<float*>(nullptr), static_cast<float*>(nullptr), dout,
+                       static_cast<const float*>(nullptr), w, N, F, OC);
+  zero(dpre, n * pre_width(m));
+  if (m == Mlp::kSwiGlu)
+    cpu::swiglu_backward(dpre, pre, dact.data(), N, F);
+  else
+    cpu::gelu_backward(dpre, pre, dact.data(), n);
 }
 void CpuOps::linear_backward_weight(float* dw, float* db, const Act* dout, const Act* inp, int N, int IC,
                                     int OC) const {
@@ -116,13 +128,20 @@ void CpuOps::linear_backward_weight(float* dw, float* db, const Act* dout, const
   if (db) bias_backward(db, dout, N, OC);
 }
 void CpuOps::add(Act* out, const Act* a, const Act* b, int64_t n) const { cpu::residual_forward(out, a, b, n); }
-void CpuOps::attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int C, int H, int window) const {
-  cpu::attention_forward(out, saved, qkv, B, T, H, H, C / H, window);
+void CpuOps::attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int H, int Hkv, int D,
+                               int window) const {
+  cpu::attention_forward(out, saved, qkv, B, T, H, Hkv, D, window);
 }
 void CpuOps::attention_backward(Act* dqkv, const Act* dout, const Act*, const Act* qkv, const float* saved, int B,
-                                int T, int C, int H, int window) const {
-  zero(dqkv, int64_t(B) * T * 3 * C);
-  cpu::attention_backward(dqkv, dout, qkv, saved, B, T, H, H, C / H, window);
+                                int T, int H, int Hkv, int D, int window) const {
+  zero(dqkv, int64_t(B) * T * (H + 2 * Hkv) * D);
+  cpu::attention_backward(dqkv, dout, qkv, saved, B, T, H, Hkv, D, window);
+}
+void CpuOps::rope_forward(Act* qkv, int B, int T, int Hkv, int G, int D) const {
+  cpu::rope_forward(qkv, freqs_->data(), B, T, Hkv, G, D, 0);
+}
+void CpuOps::rope_backward(Act* dqkv, int B, int T, int Hkv, int G, int D) const {
+  cpu::rope_backward(dqkv, freqs_->data(), B, T, Hkv, G, D, 0);
 }
 void CpuOps::crossentropy_forward(float* losses, const Act* logits, const int32_t* targets, int N, int V,
                                   int Vp) const {

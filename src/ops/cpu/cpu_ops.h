@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "ops/kinds.h"
+
 namespace myriad::cpu {
 
 class CpuOps {
@@ -88,21 +90,26 @@ class CpuOps {
   void embedding_forward(Act* out, const int32_t* tokens, const Param* wte, const Param* wpe, int B, int T, int C) const;
   // tokens loaded with the vocabulary rows [0, Vp).
   void embedding_backward(float* dwte, float* dwpe, const Act* dout, const Tokens& tokens, int B, int T, int C) const;
-  void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b, int N, int C) const;
-  // resid (N,C) = a + b, then out (N,C) = LayerNorm(resid): the residual add and the next norm.
-  void residual_layernorm_forward(Act* resid, Act* out, float* mean, float* rstd, const Act* a, const Act* b,
-                                  const Param* w, const Param* bias, int N, int C) const;
-  void layernorm_backward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
-                          const float* mean, const float* rstd, int N, int C) const;
+  // The block's norm, LayerNorm or RMSNorm (`n`): mean (N) is LayerNorm's only, b (bias, may be
+  // null) too; rstd (N) both keep for backward.
+  void norm_forward(Norm n, Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b, int N,
+                    int C) const;
+  // resid (N,C) = a + b, then out (N,C) = norm(resid): the residual add and the next norm.
+  void residual_norm_forward(Norm n, Act* resid, Act* out, float* mean, float* rstd, const Act* a, const Act* b,
+                             const Param* w, const Param* bias, int N, int C) const;
+  void norm_backward(Norm n, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
+                     const float* mean, const float* rstd, int N, int C) const;
   void linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC) const;
-  // The MLP's first GEMM and its GELU: pre (N,OC) = inp @ w^T + b (kept for backward), out = gelu(pre).
-  void linear_gelu_forward(Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N, int IC,
-                           int OC) const;
+  // The MLP's first GEMM and its activation: pre (N, F x pre_width(m)) = inp @ w^T + b (kept for
+  // backward), out (N,F) = gelu(pre) or SwiGLU of pre's (gate, up) pairs.
+  void linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N, int IC,
+                          int F) const;
   // dinp (N,IC) = dout (N,OC) @ w (OC,IC); += when `accumulate`.
   void linear_backward_input(Act* dinp, const Act* dout, const Param* w, int N, int IC, int OC, bool accumulate) const;
-  // The same through GELU: dpre (N,IC) (=) = (dout @ w) * gelu'(pre), pre from linear_gelu_forward.
-  void linear_backward_input_dgelu(Act* dpre, const Act* dout, const Param* w, const Act* pre, int N, int IC,
-                                   int OC) const;
+  // The same through the activation: dpre (N, F x pre_width(m)) (=), the gradient of
+  // linear_act_forward's pre from that of its out, dout (N,OC) @ w (OC,F).
+  void linear_backward_input_act(Mlp m, Act* dpre, const Act* dout, const Param* w, const Act* pre, int N, int F,
+                                 int OC) const;
   // dw (OC,IC) += dout^T @ inp; db (OC) += column sums of dout (db may be null).
   void linear_backward_weight(float* dw, float* db, const Act* dout, const Act* inp, int N, int IC, int OC) const;
   void add(Act* out, const Act* a, const Act* b, int64_t n) const;  // out may alias a or b
@@ -111,10 +118,19 @@ class CpuOps {
   void select_attention(const std::string&, bool) const {}
   // Floats attention keeps for its backward, per micro-batch: the softmax rows (B,H,T,T).
   int64_t attention_saved(int B, int H, int T) const { return int64_t(B) * H * T * T; }
-  void attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int C, int H, int window) const;
+  // H query heads, Hkv key/value heads, of D features: qkv (B,T,Hkv*(H/Hkv+2)*D) as ops/cpu/ops.h
+  // lays it out, out (B,T,H*D).
+  void attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int H, int Hkv, int D,
+                         int window) const;
   // dqkv (=); out is attention_forward's output.
   void attention_backward(Act* dqkv, const Act* dout, const Act* out, const Act* qkv, const float* saved, int B,
-                          int T, int C, int H, int window) const;
+                          int T, int H, int Hkv, int D, int window) const;
+  // Rotary positions on the query and key heads of qkv, in place (ops/cpu/ops.h): the rotation
+  // frequencies (D/2, ops/rope.h) are set once; each row of a micro-batch starts at position 0.
+  // The backward rotates dqkv's query and key parts back, in place.
+  void set_rope(const std::vector<double>& freqs) const { *freqs_ = freqs; }
+  void rope_forward(Act* qkv, int B, int T, int Hkv, int G, int D) const;
+  void rope_backward(Act* dqkv, int B, int T, int Hkv, int G, int D) const;
   void crossentropy_forward(float* losses, const Act* logits, const int32_t* targets, int N, int V, int Vp) const;
   // The losses, and the logits turned into dlogits (=) in place, every token's loss having the
   // derivative dloss (the mean's): one pass where the device can.
@@ -147,6 +163,7 @@ class CpuOps {
  private:
   std::shared_ptr<std::vector<double>> marks_ = std::make_shared<std::vector<double>>();  // shared by copies
   std::shared_ptr<std::vector<float>> scratch_ = std::make_shared<std::vector<float>>();  // one op at a time
+  std::shared_ptr<std::vector<double>> freqs_ = std::make_shared<std::vector<double>>();  // set_rope's
 };
 
 }  // namespace myriad::cpu

@@ -139,6 +139,24 @@ __device__ __forceinline__ void load_b_cols(uint32_t (&b)[4], const bf16* tile, 
                          (lane >> 4) * 8));
 }
 
+// The heads of one batch row b in the fused QKV activation, (Hkv, G+2, D) per token: key/value
+// head `group`'s query heads, key and value (the group of query head h is h / G).
+struct QkvHeads {
+  int64_t ts;          // elements per token
+  const bf16* token0;  // the row's first token
+  const bf16 *base, *k, *v;  // the group's first query head, its key, its value (first token)
+  int D;
+  __device__ QkvHeads(const bf16* qkv, int b, int T, int H, int G, int D_, int group) : D(D_) {
+    ts = int64_t(H + 2 * (H / G)) * D;
+    token0 = qkv + int64_t(b) * T * ts;
+    base = token0 + int64_t(group) * (G + 2) * D;
+    k = base + int64_t(G) * D;
+    v = k + D;
+  }
+  __device__ const bf16* q(int j) const { return base + int64_t(j) * D; }  // the group's query head j
+  __device__ int64_t offset(const bf16* p) const { return p - token0; }    // within a token
+};
+
 // Copies rows row0 .. row0+R-1 (each D elements, global row stride `stride`) into a tile of
 // R rows x LD; rows at or past T are zero-filled.
 template <int R, int D, int NT>
@@ -170,7 +188,7 @@ constexpr size_t fwd_smem() {
 template <int D, int W, int MT>
 __global__ void __launch_bounds__(W * 32)
     attn_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv,
-                    int T, int H, int window, float c, float inv_sqrt_d) {
+                    int T, int H, int G, int window, float c, float inv_sqrt_d) {
   constexpr int NT = W * 32, RW = 16 * MT, BR = RW * W, BC = kTile, LD = D + 8;
   constexpr int KS = D / 16;  // k-steps over D
   constexpr int SN = BC / 8;  // n-tiles of S
@@ -186,10 +204,11 @@ __global__ void __launch_bounds__(W * 32)
   const int qb = gridDim.x - 1 - blockIdx.x;
   const int bh = blockIdx.y, b = bh / H, h = bh % H;
   const int q0 = qb * BR;
-  const int64_t ts = int64_t(3) * H * D;
-  const bf16* qg = qkv + int64_t(b) * T * ts + int64_t(h) * 3 * D;
-  const bf16* kg = qg + D;
-  const bf16* vg = qg + 2 * D;
+  const QkvHeads x(qkv, b, T, H, G, D, h / G);
+  const int64_t ts = x.ts;
+  const bf16* qg = x.q(h % G);
+  const bf16* kg = x.k;
+  const bf16* vg = x.v;
   const int kb_lo = window > 0 ? max(0, q0 - window + 1) / BC : 0;
   const int kb_hi = min(q0 + BR - 1, T - 1) / BC;
 
@@ -410,7 +429,7 @@ template <int D, int W, int MT, int BN>
 __global__ void __launch_bounds__(W * 32)
     attn_bwd_dkdv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                          const bf16* __restrict__ qkv, const float* __restrict__ dvec,
-                         const float* __restrict__ lse2, int T, int Tp, int H, int window,
+                         const float* __restrict__ lse2, int T, int Tp, int H, int G, int window,
                          float c, float inv_sqrt_d) {
   constexpr int NT = W * 32, RW = 16 * MT, BC = RW * W, BQ = BN, LD = D + 8;
   constexpr int KS = D / 16;  // k-steps over D
@@ -425,33 +444,40 @@ __global__ void __launch_bounds__(W * 32)
   float* sD = sL + 2 * BQ;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
-  const int bh = blockIdx.y, b = bh / H, h = bh % H;
+  // One block per key tile of one key/value head: its dK and dV sum the G query heads of its
+  // group, in head order (deterministic), as one stream of (head, query tile) steps.
+  const int Hkv = H / G, bg = blockIdx.y, b = bg / Hkv, gq = bg % Hkv;
   const int k0 = blockIdx.x * BC;
-  const int64_t ts = int64_t(3) * H * D, os = int64_t(H) * D;
-  const bf16* qg = qkv + int64_t(b) * T * ts + int64_t(h) * 3 * D;
-  const bf16* kg = qg + D;
-  const bf16* vg = qg + 2 * D;
-  const bf16* dog = dout + int64_t(b) * T * os + int64_t(h) * D;
-  const float* Lg = lse2 + int64_t(bh) * Tp;
-  const float* Dg = dvec + int64_t(bh) * Tp;
+  const QkvHeads x(qkv, b, T, H, G, D, gq);
+  const int64_t ts = x.ts, os = int64_t(H) * D;
+  const bf16* kg = x.k;
+  const bf16* vg = x.v;
   const int qb_lo = k0 / BQ;
   const int qb_hi =
       (window > 0 ? int(min(int64_t(T - 1), int64_t(k0) + BC + window - 2)) : T - 1) / BQ;
+  const int nq = qb_hi - qb_lo + 1, steps = G * nq;
 
-  auto load_q = [&](int qb, int st) {
-    const int q0 = qb * BQ;
-    load_tile<BQ, D, NT>(sQ + st * BQ * LD, qg, ts, q0, T);
+  // Step i: query head gq G + i / nq, query tile qb_lo + i % nq.
+  auto load_q = [&](int i, int st) {
+    const int j = i / nq, q0 = (qb_lo + i % nq) * BQ;
+    const int64_t bh = int64_t(b) * H + gq * G + j;
+    load_tile<BQ, D, NT>(sQ + st * BQ * LD, x.q(j), ts, q0, T);
     const int t = threadIdx.x;
     if (t < BQ / 4)
-      cp_async16(smem_addr(sL + st * BQ + t * 4), Lg + q0 + t * 4, true);
+      cp_async16(smem_addr(sL + st * BQ + t * 4), lse2 + bh * Tp + q0 + t * 4, true);
     else if (t < BQ / 2)
-      cp_async16(smem_addr(sD + st * BQ + (t - BQ / 4) * 4), Dg + q0 + (t - BQ / 4) * 4, true);
+      cp_async16(smem_addr(sD + st * BQ + (t - BQ / 4) * 4), dvec + bh * Tp + q0 + (t - BQ / 4) * 4, true);
+  };
+  auto load_o = [&](int i, int st) {
+    const int j = i / nq, q0 = (qb_lo + i % nq) * BQ;
+    const bf16* dog = dout + int64_t(b) * T * os + int64_t(gq * G + j) * D;
+    load_tile<BQ, D, NT>(sO + st * BQ * LD, dog, os, q0, T);
   };
   load_tile<BC, D, NT>(sK, kg, ts, k0, T);
   load_tile<BC, D, NT>(sV, vg, ts, k0, T);
-  load_q(qb_lo, 0);
+  load_q(0, 0);
   cp_async_commit();
-  load_tile<BQ, D, NT>(sO, dog, os, qb_lo * BQ, T);
+  load_o(0, 0);
   cp_async_commit();
 
   const int kw = k0 + warp * RW;  // the warp's first key
@@ -464,18 +490,18 @@ __global__ void __launch_bounds__(W * 32)
       dv[t][n][0] = dv[t][n][1] = dv[t][n][2] = dv[t][n][3] = 0.f;
     }
 
-  for (int qb = qb_lo, it = 0; qb <= qb_hi; ++qb, ++it) {
+  for (int it = 0; it < steps; ++it) {
     const int st = it & 1;
-    const int q0 = qb * BQ;
+    const int q0 = (qb_lo + it % nq) * BQ;
     const bf16* cQ = sQ + st * BQ * LD;
     const bf16* cO = sO + st * BQ * LD;
     const float* cL = sL + st * BQ;
     const float* cD = sD + st * BQ;
     cp_async_wait<1>();
     __syncthreads();
-    if (qb < qb_hi) load_q(qb + 1, st ^ 1);
+    if (it + 1 < steps) load_q(it + 1, st ^ 1);
     cp_async_commit();
-    if (qb < qb_hi) load_tile<BQ, D, NT>(sO + (st ^ 1) * BQ * LD, dog, os, q0 + BQ, T);
+    if (it + 1 < steps) load_o(it + 1, st ^ 1);
     cp_async_commit();
 
     const bool skip =
@@ -620,12 +646,12 @@ __global__ void __launch_bounds__(W * 32)
     for (int hf = 0; hf < 2; ++hf) {
       const int kr = kw + t * 16 + g + hf * 8;
       if (kr < T) {
-        bf16* p = dqkv + (int64_t(b) * T + kr) * ts + int64_t(h) * 3 * D + 2 * tig;
+        bf16* p = dqkv + (int64_t(b) * T + kr) * ts + x.offset(x.k) + 2 * tig;
 #pragma unroll
         for (int n = 0; n < ON; ++n) {
-          store_bf16x2(p + D + n * 8, dk[t][n][2 * hf] * inv_sqrt_d,
+          store_bf16x2(p + n * 8, dk[t][n][2 * hf] * inv_sqrt_d,
                        dk[t][n][2 * hf + 1] * inv_sqrt_d);
-          store_bf16x2(p + 2 * D + n * 8, dv[t][n][2 * hf], dv[t][n][2 * hf + 1]);
+          store_bf16x2(p + D + n * 8, dv[t][n][2 * hf], dv[t][n][2 * hf + 1]);
         }
       }
     }
@@ -644,7 +670,7 @@ template <int D, int W, int MT, int BN>
 __global__ void __launch_bounds__(W * 32)
     attn_bwd_dq_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                        const bf16* __restrict__ qkv, const float* __restrict__ dvec,
-                       const float* __restrict__ lse2, int T, int Tp, int H, int window, float c,
+                       const float* __restrict__ lse2, int T, int Tp, int H, int G, int window, float c,
                        float inv_sqrt_d) {
   constexpr int NT = W * 32, RW = 16 * MT, BQ = RW * W, BC = BN, LD = D + 8;
   constexpr int KS = D / 16;
@@ -660,10 +686,11 @@ __global__ void __launch_bounds__(W * 32)
   const int qb = gridDim.x - 1 - blockIdx.x;
   const int bh = blockIdx.y, b = bh / H, h = bh % H;
   const int q0 = qb * BQ;
-  const int64_t ts = int64_t(3) * H * D, os = int64_t(H) * D;
-  const bf16* qg = qkv + int64_t(b) * T * ts + int64_t(h) * 3 * D;
-  const bf16* kg = qg + D;
-  const bf16* vg = qg + 2 * D;
+  const QkvHeads x(qkv, b, T, H, G, D, h / G);
+  const int64_t ts = x.ts, os = int64_t(H) * D;
+  const bf16* qg = x.q(h % G);
+  const bf16* kg = x.k;
+  const bf16* vg = x.v;
   const bf16* dog = dout + int64_t(b) * T * os + int64_t(h) * D;
   const int kb_lo = window > 0 ? max(0, q0 - window + 1) / BC : 0;
   const int kb_hi = min(q0 + BQ - 1, T - 1) / BC;
@@ -814,7 +841,7 @@ __global__ void __launch_bounds__(W * 32)
     for (int hf = 0; hf < 2; ++hf) {
       const int row = rw + t * 16 + g + hf * 8;
       if (row < T) {
-        bf16* p = dqkv + (int64_t(b) * T + row) * ts + int64_t(h) * 3 * D + 2 * tig;
+        bf16* p = dqkv + (int64_t(b) * T + row) * ts + x.offset(x.q(h % G)) + 2 * tig;
 #pragma unroll
         for (int n = 0; n < ON; ++n)
           store_bf16x2(p + n * 8, dq[t][n][2 * hf] * inv_sqrt_d,
@@ -831,7 +858,7 @@ using attn_detail::KernelCfg;
 inline int padded_t(int T) { return (T + kPadT - 1) / kPadT * kPadT; }
 
 template <int D, int W, int MT, int BN>
-void launch_fwd(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int window,
+void launch_fwd(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int G, int window,
                 cudaStream_t stream) {
   static_assert(BN == kTile, "the forward streams key tiles of kTile");
   constexpr size_t smem = fwd_smem<D, W, MT>();
@@ -840,28 +867,28 @@ void launch_fwd(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int
   const float inv_sqrt_d = 1.f / std::sqrt(float(D));
   constexpr int rows = 16 * MT * W;
   const dim3 grid((T + rows - 1) / rows, B * H);
-  kernel<<<grid, W * 32, smem, stream>>>(out, lse, qkv, T, H, window, inv_sqrt_d * kLog2e,
+  kernel<<<grid, W * 32, smem, stream>>>(out, lse, qkv, T, H, G, window, inv_sqrt_d * kLog2e,
                                          inv_sqrt_d);
   check_launch("attention_forward");
 }
 
 template <int D, int W, int MT, int BN>
 void launch_dkdv(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* dvec,
-                 const float* lse2, int B, int T, int H, int window, cudaStream_t stream) {
+                 const float* lse2, int B, int T, int H, int G, int window, cudaStream_t stream) {
   constexpr size_t smem = dkdv_smem<D, W, MT, BN>();
   auto kernel = attn_bwd_dkdv_kernel<D, W, MT, BN>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const float inv_sqrt_d = 1.f / std::sqrt(float(D));
   constexpr int rows = 16 * MT * W;
-  const dim3 grid((T + rows - 1) / rows, B * H);
-  kernel<<<grid, W * 32, smem, stream>>>(dqkv, dout, qkv, dvec, lse2, T, padded_t(T), H, window,
+  const dim3 grid((T + rows - 1) / rows, B * (H / G));
+  kernel<<<grid, W * 32, smem, stream>>>(dqkv, dout, qkv, dvec, lse2, T, padded_t(T), H, G, window,
                                          inv_sqrt_d * kLog2e, inv_sqrt_d);
   check_launch("attention_backward (dK, dV)");
 }
 
 template <int D, int W, int MT, int BN>
 void launch_dq(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* dvec,
-               const float* lse2, int B, int T, int H, int window, cudaStream_t stream) {
+               const float* lse2, int B, int T, int H, int G, int window, cudaStream_t stream) {
   static_assert(16 * MT * W <= kPadT, "query blocks must fit the scratch padding");
   constexpr size_t smem = dq_smem<D, W, MT, BN>();
   auto kernel = attn_bwd_dq_kernel<D, W, MT, BN>;
@@ -869,14 +896,14 @@ void launch_dq(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* dvec,
   const float inv_sqrt_d = 1.f / std::sqrt(float(D));
   constexpr int rows = 16 * MT * W;
   const dim3 grid((T + rows - 1) / rows, B * H);
-  kernel<<<grid, W * 32, smem, stream>>>(dqkv, dout, qkv, dvec, lse2, T, padded_t(T), H, window,
+  kernel<<<grid, W * 32, smem, stream>>>(dqkv, dout, qkv, dvec, lse2, T, padded_t(T), H, G, window,
                                          inv_sqrt_d * kLog2e, inv_sqrt_d);
   check_launch("attention_backward (dQ)");
 }
 
-using FwdFn = void (*)(bf16*, float*, const bf16*, int, int, int, int, cudaStream_t);
+using FwdFn = void (*)(bf16*, float*, const bf16*, int, int, int, int, int, cudaStream_t);
 using BwdFn = void (*)(bf16*, const bf16*, const bf16*, const float*, const float*, int, int, int,
-                       int, cudaStream_t);
+                       int, int, cudaStream_t);
 template <class Fn>
 struct Variant {
   int D;
@@ -921,9 +948,9 @@ std::vector<KernelCfg> list_variants(const Variant<Fn> (&table)[N], int D) {
   return r;
 }
 
-void check_shape(const char* what, int B, int T, int H) {
-  if (B < 1 || T < 1 || H < 1 || int64_t(B) * H > 65535)
-    throw_input(what, ": bad shape B=", B, " T=", T, " H=", H);
+void check_shape(const char* what, int B, int T, int H, int Hkv) {
+  if (B < 1 || T < 1 || H < 1 || Hkv < 1 || H % Hkv != 0 || int64_t(B) * H > 65535)
+    throw_input(what, ": bad shape B=", B, " T=", T, " H=", H, " Hkv=", Hkv);
 }
 
 }  // namespace
@@ -941,16 +968,16 @@ std::vector<KernelCfg> dkdv_variants(int D) { return list_variants(kDkdvVariants
 std::vector<KernelCfg> dq_variants(int D) { return list_variants(kDqVariants, D); }
 
 void forward(const Config& cfg, bf16* out, float* lse, const bf16* qkv, int B, int T, int H,
-             int D, int window, cudaStream_t stream) {
-  check_shape("attention_forward", B, T, H);
-  find_variant(kFwdVariants, D, cfg.fwd, "attention_forward")(out, lse, qkv, B, T, H, window,
+             int Hkv, int D, int window, cudaStream_t stream) {
+  check_shape("attention_forward", B, T, H, Hkv);
+  find_variant(kFwdVariants, D, cfg.fwd, "attention_forward")(out, lse, qkv, B, T, H, H / Hkv, window,
                                                               stream);
 }
 
 void backward(const Config& cfg, bf16* dqkv, float* scratch, const bf16* dout, const bf16* out,
-              const bf16* qkv, const float* lse, int B, int T, int H, int D, int window,
+              const bf16* qkv, const float* lse, int B, int T, int H, int Hkv, int D, int window,
               cudaStream_t stream) {
-  check_shape("attention_backward", B, T, H);
+  check_shape("attention_backward", B, T, H, Hkv);
   const BwdFn dkdv = find_variant(kDkdvVariants, D, cfg.dkdv, "attention_backward");
   const BwdFn dq = find_variant(kDqVariants, D, cfg.dq, "attention_backward");
   const int Tp = padded_t(T);
@@ -964,15 +991,15 @@ void backward(const Config& cfg, bf16* dqkv, float* scratch, const bf16* dout, c
                                                                    B * H, T, Tp, H, D);
     check_launch("attention_backward (prep)");
   }
-  dkdv(dqkv, dout, qkv, dvec, lse2, B, T, H, window, stream);
-  dq(dqkv, dout, qkv, dvec, lse2, B, T, H, window, stream);
+  dkdv(dqkv, dout, qkv, dvec, lse2, B, T, H, H / Hkv, window, stream);
+  dq(dqkv, dout, qkv, dvec, lse2, B, T, H, H / Hkv, window, stream);
 }
 
 }  // namespace attn_detail
 
-void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int D,
+void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int Hkv, int D,
                        int window, cudaStream_t stream) {
-  attn_detail::forward(attn_detail::default_config(D), out, lse, qkv, B, T, H, D, window, stream);
+  attn_detail::forward(attn_detail::default_config(D), out, lse, qkv, B, T, H, Hkv, D, window, stream);
 }
 
 size_t attention_scratch_floats(int B, int T, int H, int D) {
@@ -980,10 +1007,10 @@ size_t attention_scratch_floats(int B, int T, int H, int D) {
 }
 
 void attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16* out,
-                        const bf16* qkv, const float* lse, int B, int T, int H, int D, int window,
+                        const bf16* qkv, const float* lse, int B, int T, int H, int Hkv, int D, int window,
                         cudaStream_t stream) {
   attn_detail::backward(attn_detail::default_config(D), dqkv, scratch, dout, out, qkv, lse, B, T,
-                        H, D, window, stream);
+                        H, Hkv, D, window, stream);
 }
 
 }  // namespace myriad::cuda

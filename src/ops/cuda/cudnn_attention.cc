@@ -26,15 +26,15 @@ namespace myriad::cuda::cudnn {
 
 #ifndef MYRIAD_HAVE_CUDNN_HEADERS
 
-bool supports(int, int, int, int, int, std::string* why) {
+bool supports(int, int, int, int, int, int, std::string* why) {
   if (why) *why = "Myriad was built without cuDNN's headers (cudnn_graph.h)";
   return false;
 }
-void attention_forward(__nv_bfloat16*, float*, const __nv_bfloat16*, int, int, int, int, int, cudaStream_t) {
+void attention_forward(__nv_bfloat16*, float*, const __nv_bfloat16*, int, int, int, int, int, int, cudaStream_t) {
   throw_runtime("cuDNN attention: not built");
 }
 void attention_backward(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
-                        const float*, int, int, int, int, int, cudaStream_t) {
+                        const float*, int, int, int, int, int, int, cudaStream_t) {
   throw_runtime("cuDNN attention: not built");
 }
 int version() { return 0; }
@@ -337,18 +337,35 @@ class Graph {
 // Every uid distinct within a graph, the by-value scalars included: cuDNN refuses a pack that repeats one.
 enum : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kScale = 50, kOne, kScaleDS, kNegInf = 60 };
 
-// Myriad's layouts as (B,H,T,D) views: QKV per token (H,3,D), the output (H,D).
+// Myriad's layouts as (B,heads,T,D) views: QKV per token (Hkv,G+2,D), the output (H,D). With
+// G = 1 one call covers every head (QKV per token (H,3,D)). With G > 1 the query heads of all
+// groups are no single stride apart, so each call covers one key/value head's group: G query
+// heads over one key/value head (cuDNN broadcasts it; its gradients reduce the G heads'),
+// the call's pointers offset to the group.
 struct Shape {
-  int B, T, H, D, window;
+  int B, T, H, G, D, window;
   bool deterministic;
-  auto key() const { return std::make_tuple(B, T, H, D, window, deterministic); }
-  Graph::Dims qkv_strides() const { return {int64_t(T) * 3 * H * D, 3 * D, int64_t(3) * H * D, 1}; }
+  auto key() const { return std::make_tuple(B, T, H, G, D, window, deterministic); }
+  int hq() const { return G == 1 ? H : G; }  // query heads of one call
+  int hk() const { return G == 1 ? H : 1; }  // key/value heads of one call
+  int calls() const { return H / hq(); }
+  int64_t token() const { return int64_t(H + 2 * (H / G)) * D; }  // elements of a token's QKV
+  Graph::Dims q_strides() const { return {int64_t(T) * token(), G == 1 ? 3 * D : D, token(), 1}; }
+  Graph::Dims kv_strides() const { return {int64_t(T) * token(), int64_t(G + 2) * D, token(), 1}; }
   Graph::Dims out_strides() const { return {int64_t(T) * H * D, D, int64_t(H) * D, 1}; }
-  Graph::Dims bhtd() const { return {B, H, T, D}; }
-  Graph::Dims bhdt() const { return {B, H, D, T}; }
-  Graph::Dims scores() const { return {B, H, T, T}; }
-  Graph::Dims rows() const { return {B, H, T, 1}; }
+  Graph::Dims stats_strides() const { return {int64_t(H) * T, T, 1, 1}; }
+  Graph::Dims bhtd() const { return {B, hq(), T, D}; }
+  Graph::Dims kv_btd() const { return {B, hk(), T, D}; }
+  Graph::Dims kv_bdt() const { return {B, hk(), D, T}; }
+  Graph::Dims scores() const { return {B, hq(), T, T}; }
+  Graph::Dims rows() const { return {B, hq(), T, 1}; }
   float scale() const { return 1.0f / std::sqrt(float(D)); }
+  // Call c's offsets: into QKV (its group's first query head; k and v follow), the output and
+  // the statistics.
+  int64_t qkv_offset(int c) const { return int64_t(c) * (G + 2) * D; }
+  int64_t k_offset() const { return int64_t(G == 1 ? 1 : G) * D; }  // from the call's first query head
+  int64_t out_offset(int c) const { return int64_t(c) * hq() * D; }
+  int64_t stats_offset(int c) const { return int64_t(c) * hq() * T; }
 };
 Graph::Dims transposed(Graph::Dims s) { return {s[0], s[1], s[3], s[2]}; }
 
@@ -356,11 +373,11 @@ Graph::Dims transposed(Graph::Dims s) { return {s[0], s[1], s[3], s[2]}; }
 std::unique_ptr<Graph> forward_graph(const Shape& x) {
   auto g = std::make_unique<Graph>();
   const auto S = x.scores(), R = x.rows();
-  auto q = g->io(kQ, CUDNN_DATA_BFLOAT16, x.bhtd(), x.qkv_strides());
-  auto kt = g->io(kK, CUDNN_DATA_BFLOAT16, x.bhdt(), transposed(x.qkv_strides()));
-  auto v = g->io(kV, CUDNN_DATA_BFLOAT16, x.bhtd(), x.qkv_strides());
+  auto q = g->io(kQ, CUDNN_DATA_BFLOAT16, x.bhtd(), x.q_strides());
+  auto kt = g->io(kK, CUDNN_DATA_BFLOAT16, x.kv_bdt(), transposed(x.kv_strides()));
+  auto v = g->io(kV, CUDNN_DATA_BFLOAT16, x.kv_btd(), x.kv_strides());
   auto o = g->io(kO, CUDNN_DATA_BFLOAT16, x.bhtd(), x.out_strides());
-  auto stats = g->io(kStats, CUDNN_DATA_FLOAT, R, packed(R));
+  auto stats = g->io(kStats, CUDNN_DATA_FLOAT, R, x.stats_strides());
   auto s1 = g->virt(CUDNN_DATA_FLOAT, S), s2 = g->virt(CUDNN_DATA_FLOAT, S);
   g->matmul(q, kt, s1);
   g->pointwise(CUDNN_POINTWISE_MUL, s1, g->scalar(kScale, x.scale()), nullptr, s2);
@@ -385,19 +402,23 @@ std::unique_ptr<Graph> forward_graph(const Shape& x) {
 std::unique_ptr<Graph> backward_graph(const Shape& x) {
   auto g = std::make_unique<Graph>();
   const auto S = x.scores(), R = x.rows();
-  const auto qs = x.qkv_strides(), os = x.out_strides();
+  const auto qs = x.q_strides(), ks = x.kv_strides(), os = x.out_strides();
   auto q = g->io(kQ, CUDNN_DATA_BFLOAT16, x.bhtd(), qs);
-  auto kt = g->io(kK, CUDNN_DATA_BFLOAT16, x.bhdt(), transposed(qs));
-  auto vt = g->io(kV, CUDNN_DATA_BFLOAT16, x.bhdt(), transposed(qs));
+  auto kt = g->io(kK, CUDNN_DATA_BFLOAT16, x.kv_bdt(), transposed(ks));
+  auto vt = g->io(kV, CUDNN_DATA_BFLOAT16, x.kv_bdt(), transposed(ks));
   auto o = g->io(kO, CUDNN_DATA_BFLOAT16, x.bhtd(), os);
   auto dout = g->io(kDO, CUDNN_DATA_BFLOAT16, x.bhtd(), os);
-  auto stats = g->io(kStats, CUDNN_DATA_FLOAT, R, packed(R));
+  auto stats = g->io(kStats, CUDNN_DATA_FLOAT, R, x.stats_strides());
   auto dq = g->io(kDQ, CUDNN_DATA_BFLOAT16, x.bhtd(), qs);
-  auto dk = g->io(kDK, CUDNN_DATA_BFLOAT16, x.bhtd(), qs);
-  auto dv = g->io(kDV, CUDNN_DATA_BFLOAT16, x.bhtd(), qs);
+  auto dk = g->io(kDK, CUDNN_DATA_BFLOAT16, x.kv_btd(), ks);
+  auto dv = g->io(kDV, CUDNN_DATA_BFLOAT16, x.kv_btd(), ks);
+  // With a group's G query heads over one key/value head, dK and dV are made per query head
+  // and reduced over the group.
+  auto dk_heads = x.G == 1 ? dk : g->virt(CUDNN_DATA_BFLOAT16, x.bhtd());
+  auto dv_heads = x.G == 1 ? dv : g->virt(CUDNN_DATA_BFLOAT16, x.bhtd());
   auto softmax_sum = g->io(kSoftmaxSum, CUDNN_DATA_FLOAT, R, packed(R));
   // rowsum(dO * O)
-  const Graph::Dims od = {int64_t(x.H) * x.T * x.D, int64_t(x.T) * x.D, int64_t(x.H) * x.D, 1};
+  const Graph::Dims od = {int64_t(x.hq()) * x.T * x.D, int64_t(x.T) * x.D, int64_t(x.hq()) * x.D, 1};
   auto dot = g->virt(CUDNN_DATA_FLOAT, x.bhtd(), od), dsum = g->virt(CUDNN_DATA_FLOAT, R);
   g->pointwise(CUDNN_POINTWISE_MUL, dout, o, nullptr, dot);
   g->reduction(CUDNN_REDUCE_TENSOR_ADD, dot, dsum);
@@ -413,7 +434,8 @@ std::unique_ptr<Graph> backward_graph(const Shape& x) {
   // dV = P^T dO
   auto pt = g->virt(CUDNN_DATA_BFLOAT16, S, transposed(packed(S)));
   g->reshape(p, pt);
-  g->matmul(pt, dout, dv);
+  g->matmul(pt, dout, dv_heads);
+  if (x.G > 1) g->reduction(CUDNN_REDUCE_TENSOR_ADD, dv_heads, dv);
   // dS = P (dO V^T - softmax_sum) * scale
   auto dp = g->virt(CUDNN_DATA_FLOAT, S), d1 = g->virt(CUDNN_DATA_FLOAT, S), d2 = g->virt(CUDNN_DATA_FLOAT, S);
   auto ds = g->virt(CUDNN_DATA_FLOAT, S);
@@ -424,9 +446,10 @@ std::unique_ptr<Graph> backward_graph(const Shape& x) {
   // dK = dS^T Q
   auto dst = g->virt(CUDNN_DATA_BFLOAT16, S, transposed(packed(S)));
   g->reshape(ds, dst);
-  g->matmul(dst, q, dk);
+  g->matmul(dst, q, dk_heads);
+  if (x.G > 1) g->reduction(CUDNN_REDUCE_TENSOR_ADD, dk_heads, dk);
   // dQ = dS K
-  auto k = g->virt(CUDNN_DATA_FLOAT, x.bhtd(), qs);
+  auto k = g->virt(CUDNN_DATA_FLOAT, x.kv_btd(), ks);
   g->reshape(kt, k);
   if (x.deterministic) {
     g->matmul(ds, k, dq);
@@ -442,8 +465,8 @@ std::unique_ptr<Graph> backward_graph(const Shape& x) {
 // Plans by shape, and one workspace for all (grown on demand: only at a shape's first call).
 struct Plans {
   std::mutex mu;
-  std::map<std::tuple<int, int, int, int, int, bool>, std::pair<std::unique_ptr<Graph>, std::unique_ptr<Graph>>> by_shape;
-  std::map<std::tuple<int, int, int, int, int, bool>, std::string> refused;
+  std::map<std::tuple<int, int, int, int, int, int, bool>, std::pair<std::unique_ptr<Graph>, std::unique_ptr<Graph>>> by_shape;
+  std::map<std::tuple<int, int, int, int, int, int, bool>, std::string> refused;
   void* ws = nullptr;
   size_t ws_bytes = 0;
 };
@@ -454,9 +477,9 @@ Plans& plans() {
 
 // The backward's fp32 scratch, at the start of its workspace: rowsum(dO O) (B,H,T), padded to
 // 256 bytes, then the dQ accumulator (B,H,T,D) when not deterministic.
-size_t row_sums_bytes(const Shape& x) { return (size_t(x.B) * x.H * x.T * 4 + 255) / 256 * 256; }
+size_t row_sums_bytes(const Shape& x) { return (size_t(x.B) * x.hq() * x.T * 4 + 255) / 256 * 256; }
 size_t backward_scratch_bytes(const Shape& x) {
-  return row_sums_bytes(x) + (x.deterministic ? 0 : size_t(x.B) * x.H * x.T * x.D * 4);
+  return row_sums_bytes(x) + (x.deterministic ? 0 : size_t(x.B) * x.hq() * x.T * x.D * 4);
 }
 
 std::pair<Graph*, Graph*> plan_for(const Shape& x) {
@@ -473,8 +496,8 @@ std::pair<Graph*, Graph*> plan_for(const Shape& x) {
       cuda_ok(cudaMalloc(&ps.ws, need), "workspace");
       ps.ws_bytes = need;
     }
-    log::info("attention: cuDNN ", api().GetVersion(), " fused attention for B ", x.B, " T ", x.T, " H ", x.H, " D ",
-              x.D, x.window ? cat(" window ", x.window) : "", x.deterministic ? ", deterministic" : "",
+    log::info("attention: cuDNN ", api().GetVersion(), " fused attention for B ", x.B, " T ", x.T, " H ", x.H,
+              x.G > 1 ? cat(" (", x.calls(), " groups of ", x.G, " over one key/value head)") : "", " D ", x.D, x.window ? cat(" window ", x.window) : "", x.deterministic ? ", deterministic" : "",
               " (workspace ", (need + (1 << 20) - 1) >> 20, " MiB)");
     it = ps.by_shape.emplace(x.key(), std::make_pair(std::move(f), std::move(b))).first;
   }
@@ -488,7 +511,7 @@ bool deterministic_default = true;
 
 int version() { return api().missing.empty() ? int(api().GetVersion()) : 0; }
 
-bool supports(int B, int T, int H, int D, int window, std::string* why) {
+bool supports(int B, int T, int H, int Hkv, int D, int window, std::string* why) {
   auto refuse = [&](std::string r) {
     if (why) *why = std::move(r);
     return false;
@@ -501,7 +524,8 @@ bool supports(int B, int T, int H, int D, int window, std::string* why) {
   if (D % 8 != 0 || D > 256) return refuse(cat("head size ", D, ": cuDNN takes multiples of 8 up to 256"));
   // Before 9.16, cuDNN's backward needs T % 128 == 0 unless given a padding mask, not built here.
   if (api().GetVersion() < 91600 && T % 128 != 0) return refuse(cat("T ", T, " is not a multiple of 128 (cuDNN < 9.16)"));
-  const Shape x{B, T, H, D, window, deterministic_default};
+  if (Hkv < 1 || H % Hkv != 0) return refuse(cat("H ", H, " is not a multiple of Hkv ", Hkv));
+  const Shape x{B, T, H, H / Hkv, D, window, deterministic_default};
   Plans& ps = plans();
   {
     std::lock_guard<std::mutex> lock(ps.mu);
@@ -524,27 +548,36 @@ size_t workspace_bytes() {
   return plans().ws_bytes;
 }
 
-void attention_forward(__nv_bfloat16* out, float* stats, const __nv_bfloat16* qkv, int B, int T, int H, int D,
-                       int window, cudaStream_t stream) {
-  const Shape x{B, T, H, D, window, deterministic_default};
+void attention_forward(__nv_bfloat16* out, float* stats, const __nv_bfloat16* qkv, int B, int T, int H, int Hkv,
+                       int D, int window, cudaStream_t stream) {
+  const Shape x{B, T, H, H / Hkv, D, window, deterministic_default};
   auto [f, b] = plan_for(x);
-  auto* base = const_cast<__nv_bfloat16*>(qkv);
-  f->execute({{kQ, base}, {kK, base + D}, {kV, base + 2 * D}, {kO, out}, {kStats, stats}}, plans().ws, stream);
+  for (int c = 0; c < x.calls(); ++c) {
+    auto* q = const_cast<__nv_bfloat16*>(qkv) + x.qkv_offset(c);
+    f->execute({{kQ, q}, {kK, q + x.k_offset()}, {kV, q + x.k_offset() + D}, {kO, out + x.out_offset(c)},
+                {kStats, stats + x.stats_offset(c)}},
+               plans().ws, stream);
+  }
 }
 
 void attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* out,
-                        const __nv_bfloat16* qkv, const float* stats, int B, int T, int H, int D, int window,
+                        const __nv_bfloat16* qkv, const float* stats, int B, int T, int H, int Hkv, int D, int window,
                         cudaStream_t stream) {
-  const Shape x{B, T, H, D, window, deterministic_default};
+  const Shape x{B, T, H, H / Hkv, D, window, deterministic_default};
   auto [f, b] = plan_for(x);
-  auto* base = const_cast<__nv_bfloat16*>(qkv);
   char* ws = static_cast<char*>(plans().ws);
-  std::vector<std::pair<int64_t, void*>> ptrs = {
-      {kQ, base}, {kK, base + D}, {kV, base + 2 * D}, {kO, const_cast<__nv_bfloat16*>(out)},
-      {kDO, const_cast<__nv_bfloat16*>(dout)}, {kStats, const_cast<float*>(stats)}, {kDQ, dqkv},
-      {kDK, dqkv + D}, {kDV, dqkv + 2 * D}, {kSoftmaxSum, ws}};
-  if (!x.deterministic) ptrs.push_back({kDQAccum, ws + row_sums_bytes(x)});
-  b->execute(std::move(ptrs), ws + backward_scratch_bytes(x), stream);
+  for (int c = 0; c < x.calls(); ++c) {
+    auto* q = const_cast<__nv_bfloat16*>(qkv) + x.qkv_offset(c);
+    __nv_bfloat16* dq = dqkv + x.qkv_offset(c);
+    std::vector<std::pair<int64_t, void*>> ptrs = {
+        {kQ, q}, {kK, q + x.k_offset()}, {kV, q + x.k_offset() + D},
+        {kO, const_cast<__nv_bfloat16*>(out) + x.out_offset(c)},
+        {kDO, const_cast<__nv_bfloat16*>(dout) + x.out_offset(c)},
+        {kStats, const_cast<float*>(stats) + x.stats_offset(c)}, {kDQ, dq}, {kDK, dq + x.k_offset()},
+        {kDV, dq + x.k_offset() + D}, {kSoftmaxSum, ws}};
+    if (!x.deterministic) ptrs.push_back({kDQAccum, ws + row_sums_bytes(x)});
+    b->execute(std::move(ptrs), ws + backward_scratch_bytes(x), stream);
+  }
 }
 
 #endif  // MYRIAD_HAVE_CUDNN_HEADERS

@@ -1,4 +1,5 @@
-// cuDNN's fused flash attention (its graph API), in Myriad's layouts: QKV per token (H,3,D),
+// cuDNN's fused flash attention (its graph API), in Myriad's layouts: QKV per token (Hkv,G+2,D)
+// (grouped-query attention: G = H / Hkv query heads per key/value head; G = 1 is (H,3,D)),
 // the output (H,D), and the softmax statistics (B,H,T) as natural-log log-sum-exp of the scaled
 // scores. Causal, with an optional sliding window (key j seen by query i when i - window < j <= i).
 //
@@ -17,14 +18,14 @@ namespace myriad::cuda::cudnn {
 
 // Whether cuDNN's fused attention can take this shape here; if not, why (the library is missing
 // or too old, the GPU or the head size is not supported, or cuDNN refused the graph).
-bool supports(int B, int T, int H, int D, int window, std::string* why);
+bool supports(int B, int T, int H, int Hkv, int D, int window, std::string* why);
 
 // out (B,T,H,D) =; stats (B,H,T) = log-sum-exp of each query's scaled scores.
-void attention_forward(__nv_bfloat16* out, float* stats, const __nv_bfloat16* qkv, int B, int T, int H, int D,
-                       int window, cudaStream_t stream);
-// dqkv (B,T,H,3,D) = the gradients of Q, K and V, from the forward's out and stats.
+void attention_forward(__nv_bfloat16* out, float* stats, const __nv_bfloat16* qkv, int B, int T, int H, int Hkv,
+                       int D, int window, cudaStream_t stream);
+// dqkv (B,T,Hkv,G+2,D) = the gradients of Q, K and V, from the forward's out and stats.
 void attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* out,
-                        const __nv_bfloat16* qkv, const float* stats, int B, int T, int H, int D, int window,
+                        const __nv_bfloat16* qkv, const float* stats, int B, int T, int H, int Hkv, int D, int window,
                         cudaStream_t stream);
 
 // Whether the backward is deterministic (default): dQ comes straight from its GEMM. Off, cuDNN

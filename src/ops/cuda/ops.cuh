@@ -136,19 +136,22 @@ void lamb_step(float* w, bf16* w_bf16, float* m, float* v, const float* g, float
 
 // Flash attention (never materializes T x T), causal with an optional sliding window: query i
 // sees keys j <= i with i - j < window when window > 0. Scale 1/sqrt(D). D in {64, 80, 128}.
+// Grouped-query: H query heads over Hkv key/value heads (H a multiple of Hkv), QKV per token
+// (Hkv, G+2, D) with G = H / Hkv (G = 1: (H, 3, D)); query head h reads key/value head h / G.
 void attention_forward(bf16* out,         // (B,T,H,D)
                        float* lse,        // (B,H,T) log-sum-exp of each score row (for backward)
-                       const bf16* qkv,   // (B,T,H,3,D)
-                       int B, int T, int H, int D, int window, cudaStream_t stream);
-// dqkv written (=). scratch: at least attention_scratch_floats(B, T, H, D) floats.
+                       const bf16* qkv,   // (B,T,Hkv,G+2,D)
+                       int B, int T, int H, int Hkv, int D, int window, cudaStream_t stream);
+// dqkv written (=); a key/value head's gradients sum its G query heads' in head order.
+// scratch: at least attention_scratch_floats(B, T, H, D) floats.
 size_t attention_scratch_floats(int B, int T, int H, int D);
-void attention_backward(bf16* dqkv,        // (B,T,H,3,D) =
+void attention_backward(bf16* dqkv,        // (B,T,Hkv,G+2,D) =
                         float* scratch,
                         const bf16* dout,  // (B,T,H,D)
                         const bf16* out,   // (B,T,H,D)
-                        const bf16* qkv,   // (B,T,H,3,D)
+                        const bf16* qkv,   // (B,T,Hkv,G+2,D)
                         const float* lse,  // (B,H,T)
-                        int B, int T, int H, int D, int window, cudaStream_t stream);
+                        int B, int T, int H, int Hkv, int D, int window, cudaStream_t stream);
 
 // ---- Llama family (ops/cpu/ops.h has their definitions; the CPU op is the oracle) ----------
 

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "model/params.h"
 #include "test_util.h"
 
 using namespace myriad;
@@ -121,6 +122,77 @@ TEST(Config, ImpossibleShapes) {
   EXPECT_NE(e.find("cudnn"), std::string::npos) << "the error lists the choices: " << e;
   e = input_error([] { parse_config(kSmall, "my.toml", {"train.deterministic=yes"}); });
   EXPECT_NE(e.find("--set train.deterministic=yes"), std::string::npos) << e;
+}
+
+// The Llama keys: what cannot be built is refused, naming the key and the arithmetic.
+TEST(Config, ImpossibleLlamaShapes) {
+  std::string e = input_error([] { parse_config(kSmall, "my.toml", {"model.kv_heads=3"}); });
+  EXPECT_NE(e.find("model.kv_heads (3) must divide model.heads (4)"), std::string::npos) << e;
+  EXPECT_EQ(e.rfind("--set model.kv_heads=3: ", 0), 0u) << e;
+  e = input_error([] { parse_config(kSmall, "my.toml", {"model.kv_heads=2", "parallel.tp=4"}); });
+  EXPECT_NE(e.find("model.kv_heads (2) must be divisible by parallel.tp (4)"), std::string::npos) << e;
+  EXPECT_NE(e.find("not replicated"), std::string::npos) << "the error says why: " << e;
+  e = input_error([] { parse_config(kSmall, "my.toml", {"model.position_encoding=rope", "model.rope_theta=0"}); });
+  EXPECT_NE(e.find("model.rope_theta must be positive, got 0"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "my.toml", {"model.position_encoding=rope", "model.rope_theta=-5"}); });
+  EXPECT_NE(e.find("model.rope_theta must be positive"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "my.toml", {"model.position_encoding=alibi"}); });
+  EXPECT_NE(e.find("model.position_encoding = \"alibi\" is not one of: learned, rope"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "my.toml", {"model.position_encoding=rope", "model.rope_scaling=yarn"}); });
+  EXPECT_NE(e.find("model.rope_scaling = \"yarn\""), std::string::npos) << e;
+  e = input_error([] {
+    parse_config(kSmall, "my.toml", {"model.position_encoding=rope", "model.rope_scaling=llama3",
+                                     "model.rope_low_freq_factor=4", "model.rope_high_freq_factor=4"});
+  });
+  EXPECT_NE(e.find("model.rope_high_freq_factor (4) must exceed model.rope_low_freq_factor (4)"), std::string::npos) << e;
+  // Head size 32 / 4 = 8 rotates; 36 / 4 = 9 cannot.
+  e = input_error([] { parse_config(kSmall, "my.toml", {"model.position_encoding=rope", "model.d_model=36"}); });
+  EXPECT_NE(e.find("head size d_model / heads = 9 is odd"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "my.toml", {"model.norm=batchnorm"}); });
+  EXPECT_NE(e.find("model.norm"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "my.toml", {"model.norm_eps=1e-6"}); });
+  EXPECT_NE(e.find("LayerNorm's epsilon is fixed at 1e-5"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "my.toml", {"model.mlp=relu"}); });
+  EXPECT_NE(e.find("model.mlp = \"relu\" is not one of: gelu, swiglu"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "my.toml", {"model.mlp_hidden=30", "parallel.tp=4"}); });
+  EXPECT_NE(e.find("model.mlp_hidden, 30) must be divisible by parallel.tp (4)"), std::string::npos) << e;
+  // What is valid parses.
+  const Config c = parse_config(kSmall, "my.toml", {"model.kv_heads=2", "parallel.tp=2", "model.norm=rmsnorm",
+                                                    "model.norm_eps=1e-6", "model.position_encoding=rope"});
+  EXPECT_EQ(c.model.kv(), 2);
+  EXPECT_EQ(c.model.ffn(), 128);
+}
+
+// The Llama presets hold Meta's published shapes; their parameter counts are the published ones.
+TEST(Config, LlamaPresetsHaveThePublishedShapes) {
+  const std::string dir = std::string(MYRIAD_SOURCE_DIR) + "/configs/";
+  const Config l1 = load_config(dir + "llama-3.2-1b.toml"), l3 = load_config(dir + "llama-3.2-3b.toml"),
+               l8 = load_config(dir + "llama-3-8b.toml"), l70 = load_config(dir + "llama-3-70b.toml");
+  for (const Config* c : {&l1, &l3, &l8, &l70}) {
+    EXPECT_TRUE(c->model.rmsnorm() && c->model.rope() && c->model.swiglu() && !c->model.bias);
+    EXPECT_EQ(c->model.kv(), 8);
+    EXPECT_EQ(c->model.vocab_size, 128256);
+    EXPECT_EQ(c->model.rope_theta, 500000);
+    EXPECT_EQ(c->data.tokenizer, "llama3");
+  }
+  EXPECT_TRUE(l1.model.tied_embeddings && l3.model.tied_embeddings);
+  EXPECT_FALSE(l8.model.tied_embeddings || l70.model.tied_embeddings);
+  EXPECT_EQ(l1.model.rope_scaling, "llama3");
+  EXPECT_EQ(l1.model.rope_factor, 32);
+  EXPECT_EQ(l8.model.rope_scaling, "");
+  // Every parameter (embedding, norms and all), as transformers counts them.
+  auto count = [](const Config& c) {
+    const ModelConfig& m = c.model;
+    const int64_t C = m.d_model, D = m.head_dim();
+    const int64_t layer = C * (m.heads + 2 * m.kv()) * D + m.heads * D * C + 3 * C * m.ffn() + 2 * C;
+    return m.layers * layer + m.vocab_size * C * (m.tied_embeddings ? 1 : 2) + C;
+  };
+  EXPECT_EQ(count(l1), 1235814400);
+  EXPECT_EQ(count(l3), 3212749824);
+  EXPECT_EQ(count(l8), 8030261248);
+  EXPECT_EQ(count(l70), 70553706496);
+  // The layout holds exactly those (the padded vocabulary rows apart: 128256 is a multiple of 128).
+  EXPECT_EQ(ParamLayout(l1).total(), count(l1));
 }
 
 TEST(Config, PaddedVocab) {

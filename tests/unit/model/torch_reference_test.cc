@@ -25,6 +25,7 @@ struct Variant {
   bool parallel_block;
   int window;
   bool bias;
+  std::vector<std::string> block = {};  // the block's variant keys (--set), GPT-2's when empty
 };
 
 std::vector<float> read_f32(const fs::path& p, size_t n) {
@@ -51,16 +52,22 @@ double rel_diff(const float* a, const float* b, int64_t n) {
 
 class TorchReference : public ::testing::TestWithParam<Variant> {};
 
+const std::vector<std::string> kLlama = {"model.norm=rmsnorm", "model.norm_eps=1e-6", "model.position_encoding=rope",
+                                         "model.rope_theta=500", "model.mlp=swiglu", "model.mlp_hidden=48",
+                                         "model.kv_heads=2", "model.tied_embeddings=false"};
+
 TEST_P(TorchReference, LogitsLossGradsAndOneOptimizerStep) {
   const Variant v = GetParam();
   const int B = 3, T = 8;
-  Config cfg = parse_config("", "test",
-                            {"model.layers=2", "model.d_model=32", "model.heads=4", "model.seq_len=8",
-                             "model.vocab_size=50", cat("model.window=", v.window),
-                             cat("model.parallel_block=", v.parallel_block ? "true" : "false"),
-                             cat("model.bias=", v.bias ? "true" : "false"), "train.micro_batch=3",
-                             "train.global_batch=3", "optim.lr=0.01", "optim.weight_decay=0.1",
-                             "optim.grad_clip=0.5"});
+  std::vector<std::string> sets = {"model.layers=2", "model.d_model=32", "model.heads=4", "model.seq_len=8",
+                                   "model.vocab_size=50", cat("model.window=", v.window),
+                                   cat("model.parallel_block=", v.parallel_block ? "true" : "false"),
+                                   cat("model.bias=", v.bias ? "true" : "false"), "train.micro_batch=3",
+                                   "train.global_batch=3", "optim.lr=0.01", "optim.weight_decay=0.1",
+                                   "optim.grad_clip=0.5"};
+  sets.insert(sets.end(), v.block.begin(), v.block.end());
+  Config cfg = parse_config("", "test", sets);
+  const ModelConfig& m = cfg.model;
   Gpt model(cfg);
   const ParamLayout& layout = model.layout();
   const int64_t P = model.num_params(), Vp = cfg.padded_vocab();
@@ -72,7 +79,7 @@ TEST_P(TorchReference, LogitsLossGradsAndOneOptimizerStep) {
     for (int64_t i = 0; i < p.numel; ++i) {
       float& w = model.params()[p.offset + i];
       w = (p.init_std > 0 ? 0.0f : float(p.init_value)) + normal(gen);
-      if (p.name == "wte" && i >= cfg.model.vocab_size * cfg.model.d_model) w = 0;
+      if (vocab_rows(p) && i >= cfg.model.vocab_size * cfg.model.d_model) w = 0;
     }
   std::vector<int32_t> tokens(B * (T + 1));
   for (auto& t : tokens) t = static_cast<int32_t>(gen() % cfg.model.vocab_size);
@@ -83,10 +90,18 @@ TEST_P(TorchReference, LogitsLossGradsAndOneOptimizerStep) {
   nlohmann::json js = {{"layers", 2}, {"d_model", 32}, {"heads", 4}, {"seq_len", T},
                        {"vocab_size", cfg.model.vocab_size}, {"padded_vocab", Vp},
                        {"window", v.window}, {"parallel_block", v.parallel_block}, {"bias", v.bias},
+                       {"norm", m.norm}, {"norm_eps", m.norm_eps}, {"positions", m.position_encoding},
+                       {"rope_theta", m.rope_theta}, {"mlp", m.mlp}, {"mlp_hidden", m.ffn()},
+                       {"kv_heads", m.kv()}, {"tied", m.tied_embeddings},
                        {"batch", B},
                        {"optim", {{"lr", cfg.optim.lr}, {"beta1", cfg.optim.beta1}, {"beta2", cfg.optim.beta2},
                                   {"eps", cfg.optim.eps}, {"weight_decay", cfg.optim.weight_decay},
                                   {"grad_clip", cfg.optim.grad_clip}}}};
+  js["rope_scaling"] = nullptr;
+  if (m.rope_scaling == "llama3")
+    js["rope_scaling"] = {{"type", "llama3"}, {"factor", m.rope_factor}, {"low_freq_factor", m.rope_low_freq_factor},
+                          {"high_freq_factor", m.rope_high_freq_factor},
+                          {"original_max_position_embeddings", m.rope_original_positions}};
   js["params"] = nlohmann::json::array();
   js["decay"] = nlohmann::json::array();
   for (const ParamSpec& p : layout.tensors()) {
@@ -153,10 +168,10 @@ TEST_P(TorchReference, LogitsLossGradsAndOneOptimizerStep) {
       if (std::abs(g[i]) < 100 * oc.eps) w[i] = ref[i] = w0[i];
     for (int64_t l = 0; l < cfg.model.layers && cfg.model.bias; ++l) {
       const ParamSpec& b = layout.find(cat("h.", l, ".attn.qkv.b"));
-      const int64_t D = cfg.model.d_model / cfg.model.heads;
-      for (int64_t h = 0; h < cfg.model.heads; ++h)
+      const int64_t D = m.head_dim(), G = m.heads / m.kv();
+      for (int64_t g = 0; g < m.kv(); ++g)  // key head g's rows follow its G query heads'
         for (int64_t d = 0; d < D; ++d) {
-          const int64_t i = b.offset + h * 3 * D + D + d;
+          const int64_t i = b.offset + (g * (G + 2) + G) * D + d;
           w[i] = ref[i] = w0[i];
         }
     }
@@ -174,7 +189,21 @@ TEST_P(TorchReference, LogitsLossGradsAndOneOptimizerStep) {
 INSTANTIATE_TEST_SUITE_P(
     Variants, TorchReference,
     ::testing::Values(Variant{"sequential", false, 0, true}, Variant{"window3", false, 3, true},
-                      Variant{"parallel_nobias", true, 0, false}, Variant{"parallel_window", true, 3, true}),
+                      Variant{"parallel_nobias", true, 0, false}, Variant{"parallel_window", true, 3, true},
+                      // The Llama block: RMSNorm, RoPE, SwiGLU, 4 query heads over 2 key/value
+                      // heads, an untied LM head.
+                      Variant{"llama", false, 0, false, kLlama},
+                      // Multi-query, tied, RoPE with Llama 3.1's scaling in all three of its
+                      // regimes (head size 8: wavelengths 6, 63, 628 and 6283 against 16 and 64).
+                      Variant{"llama_mqa_tied_scaled", false, 0, false,
+                              {"model.norm=rmsnorm", "model.position_encoding=rope", "model.mlp=swiglu",
+                               "model.mlp_hidden=40", "model.kv_heads=1", "model.rope_scaling=llama3",
+                               "model.rope_original_positions=64", "model.rope_factor=8"}},
+                      // Qwen2-like biases with GQA, the parallel block and a window.
+                      Variant{"llama_parallel_window_bias", true, 3, true, kLlama},
+                      // The variant keys are independent: LayerNorm and GELU with RoPE and GQA.
+                      Variant{"rope_gqa_layernorm_gelu", false, 0, true,
+                              {"model.position_encoding=rope", "model.kv_heads=2", "model.rope_theta=100"}}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

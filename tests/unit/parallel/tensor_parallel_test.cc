@@ -34,23 +34,29 @@ struct Variant {
   int window;
   bool bias = true;
   const char* optim = "adamw";  // lamb: its trust ratios take norms over the tp shards
+  std::vector<std::string> block = {};  // the block's variant keys (--set), GPT-2's when empty
 };
+
+// The Llama block: RMSNorm, RoPE, SwiGLU with its gate and up rows split together, 4 query heads
+// over 2 key/value heads (each tp 2 rank holds one), an untied LM head.
+const std::vector<std::string> kLlama = {"model.norm=rmsnorm", "model.position_encoding=rope", "model.mlp=swiglu",
+                                         "model.mlp_hidden=176", "model.kv_heads=2", "model.tied_embeddings=false"};
 
 std::ostream& operator<<(std::ostream& os, const Variant& v) { return os << v.name; }
 
 Config tiny(const Variant& v) {
-  return parse_config(
-      "", "test",
-      {"model.layers=2", "model.d_model=64", "model.heads=4", "model.seq_len=16",
-       "model.vocab_size=300", "train.micro_batch=2", "train.global_batch=4",
-       "train.device=cpu", cat("train.steps=", kSteps),
-       // LAMB's step is lr times a trust ratio of about ||w|| / ||update||: a larger lr.
-       std::string(v.optim) == "lamb" ? "optim.lr=3e-2" : "optim.lr=3e-3", "optim.min_lr=3e-4",
-       "optim.warmup_steps=3", "optim.grad_clip=1.0", cat("parallel.tp=", v.tp),
-       cat("parallel.sequence_parallel=", v.sp ? "true" : "false"),
-       cat("model.parallel_block=", v.parallel_block ? "true" : "false"),
-       cat("model.window=", v.window), cat("model.bias=", v.bias ? "true" : "false"),
-       cat("optim.name=", v.optim)});
+  std::vector<std::string> sets = {"model.layers=2", "model.d_model=64", "model.heads=4", "model.seq_len=16",
+    "model.vocab_size=300", "train.micro_batch=2", "train.global_batch=4",
+    "train.device=cpu", cat("train.steps=", kSteps),
+    // LAMB's step is lr times a trust ratio of about ||w|| / ||update||: a larger lr.
+    std::string(v.optim) == "lamb" ? "optim.lr=3e-2" : "optim.lr=3e-3", "optim.min_lr=3e-4",
+    "optim.warmup_steps=3", "optim.grad_clip=1.0", cat("parallel.tp=", v.tp),
+    cat("parallel.sequence_parallel=", v.sp ? "true" : "false"),
+    cat("model.parallel_block=", v.parallel_block ? "true" : "false"),
+    cat("model.window=", v.window), cat("model.bias=", v.bias ? "true" : "false"),
+    cat("optim.name=", v.optim)};
+  sets.insert(sets.end(), v.block.begin(), v.block.end());
+  return parse_config("", "test", sets);
 }
 
 // Fixed random batches (global_batch, T+1), one per step, that a model can learn from: tokens
@@ -210,7 +216,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Variant{"tp4_window_nobias", 4, false, false, 6, false},
                       Variant{"tp4_sp_nobias", 4, true, false, 0, false},
                       Variant{"tp2_sp_lamb", 2, true, false, 0, true, "lamb"},
-                      Variant{"tp4_lamb", 4, false, false, 0, true, "lamb"}),
+                      Variant{"tp4_lamb", 4, false, false, 0, true, "lamb"},
+                      Variant{"tp2_sp_llama", 2, true, false, 0, false, "adamw", kLlama},
+                      Variant{"tp2_llama_parallel_block_window_bias", 2, false, true, 5, true, "adamw", kLlama},
+                      Variant{"tp2_sp_llama_lamb", 2, true, false, 0, false, "lamb", kLlama},
+                      // 4 key/value heads: tp 4 gives each rank one with its query head.
+                      Variant{"tp4_sp_llama_kv4", 4, true, false, 0, false, "adamw",
+                              {"model.norm=rmsnorm", "model.position_encoding=rope", "model.mlp=swiglu",
+                               "model.mlp_hidden=176", "model.kv_heads=4"}}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // Two runs of the same layout give the same bits (fixed reduction orders everywhere).
