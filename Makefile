@@ -4,7 +4,7 @@ PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
 export OMP_NUM_THREADS ?= $(shell nproc)
 
-.PHONY: setup build test demo demo-3d bench install clean
+.PHONY: setup build test demo demo-3d demo-llama bench install clean
 
 setup:
 	@bash scripts/setup.sh
@@ -28,6 +28,12 @@ demo-3d: TARGET = --target myriad
 demo-3d: build
 	@RUN_DIR=runs/demo-3d NPROC=8 OMP_NUM_THREADS=1 bash scripts/demo.sh --set train.steps=300 \
 	  --set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2
+
+# The Llama demo (configs/demo-llama.toml): RMSNorm, rotary positions, SwiGLU and grouped-query
+# attention on the same corpus and budget as the GPT demo.
+demo-llama: TARGET = --target myriad
+demo-llama: build
+	@RUN_DIR=runs/demo-llama CONFIG=configs/demo-llama.toml bash scripts/demo.sh
 
 bench: TARGET = --target myriad
 bench: build

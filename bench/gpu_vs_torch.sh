@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# On a GPU machine: Myriad's CUDA training throughput next to PyTorch (bench/torch_gpt.py,
-# torch.compile) on the same model, batch and GPU, one after the other in the same call.
+# On a GPU machine: Myriad's CUDA training throughput next to PyTorch (bench/torch_gpt.py, or
+# bench/torch_llama.py for the Llama rows; torch.compile) on the same model, batch and GPU, one
+# after the other in the same call.
 # Expects the binary unpacked by scripts/gpu_check.sh (or MYRIAD=path). Prints one line per
 # config and writes $OUT/bench_gpu.jsonl.
 #   bench/gpu_vs_torch.sh [NAME...]    NAME in: gpt2-124m gpt2-350m gpt-1.3b gpt-2.7b gpt-1.3b-pw
+#                                                llama-1b llama-3b
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MYRIAD=${MYRIAD:-/tmp/m/bin/myriad}
@@ -13,7 +15,13 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STEPS=${STEPS:-10}
 names=("$@"); [ ${#names[@]} -gt 0 ] || names=(gpt2-124m gpt2-350m gpt-1.3b gpt-1.3b-pw gpt-2.7b)
 for name in "${names[@]}"; do
+  ref=bench/torch_gpt.py
   case $name in
+    # Llama 3.2's shapes at T 2048, as the reference runs them (its RoPE unscaled: the same work).
+    llama-1b)    cfg=configs/llama-3.2-1b.toml; B=8; ref=bench/torch_llama.py
+                 extra=(--set model.seq_len=2048 --set train.recompute=none); targs=(--preset llama-1b) ;;
+    llama-3b)    cfg=configs/llama-3.2-3b.toml; B=4; ref=bench/torch_llama.py
+                 extra=(--set model.seq_len=2048 --set train.recompute=none); targs=(--preset llama-3b) ;;
     gpt2-124m)   cfg=configs/gpt2-124m.toml; B=32; extra=(); targs=(--preset gpt2-124m) ;;
     gpt2-350m)   cfg=configs/gpt2-350m.toml; B=32; extra=(); targs=(--preset gpt2-350m) ;;
     gpt-1.3b)    cfg=configs/gpt-1.3b.toml;  B=8;  extra=(); targs=(--preset gpt-1.3b) ;;
@@ -24,7 +32,7 @@ for name in "${names[@]}"; do
   esac
   m=$("$MYRIAD" bench --config $cfg --set train.global_batch=$B --set train.micro_batch=$B "${extra[@]}" \
         --steps "$STEPS" --warmup 3 2>"$OUT/bench_$name.err" | tail -1)
-  t=$(python3 bench/torch_gpt.py "${targs[@]}" --steps "$STEPS" --warmup 5 2>"$OUT/torch_$name.err" | tail -1)
+  t=$(python3 $ref "${targs[@]}" --steps "$STEPS" --warmup 5 2>"$OUT/torch_$name.err" | tail -1)
   echo "{\"bench\": \"$name\", \"myriad\": ${m:-null}, \"pytorch\": ${t:-null}}" >> "$OUT/bench_gpu.jsonl"
   python3 - "$name" "${m:-null}" "${t:-null}" <<'PY'
 import json, sys

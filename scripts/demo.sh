@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # `make demo`: prepare the fortunes corpus (bytes as tokens), train the demo GPT, sample from it.
-# NPROC=N trains on N local processes through `myriad launch` (`make demo-3d`); extra arguments
-# go to `myriad train`.
+# NPROC=N trains on N local processes through `myriad launch` (`make demo-3d`); CONFIG=FILE
+# trains another model (`make demo-llama`: configs/demo-llama.toml); extra arguments go to
+# `myriad train`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=build/myriad
 RUN=${RUN_DIR:-runs/demo}
+CONFIG=${CONFIG:-configs/demo.toml}
 
 if [ ! -s data/fortunes_train.idx ] || [ ! -s data/fortunes_valid.idx ]; then
   mapfile -t inputs < <(find /usr/share/games/fortunes -maxdepth 1 -type f \
@@ -17,9 +19,9 @@ if [ ! -s data/fortunes_train.idx ] || [ ! -s data/fortunes_valid.idx ]; then
 fi
 
 if [ -n "${NPROC:-}" ]; then
-  "$BIN" launch --nproc-per-node "$NPROC" -- train --config configs/demo.toml --run-dir "$RUN" "$@"
+  "$BIN" launch --nproc-per-node "$NPROC" -- train --config "$CONFIG" --run-dir "$RUN" "$@"
 else
-  "$BIN" train --config configs/demo.toml --run-dir "$RUN" "$@"
+  "$BIN" train --config "$CONFIG" --run-dir "$RUN" "$@"
 fi
 
 echo

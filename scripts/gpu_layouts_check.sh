@@ -7,7 +7,9 @@
 # (optim.lr = 1e-3) keeps clear of loss spikes, on which bf16 trajectories part by percents.
 # Then, in 3D: tp 2 x pp 2 x dp 2 with a rank killed at step 14 and the run restarted by the launcher
 # ends with the weights of the run that never broke, bit for bit; and the GPU run's checkpoint
-# trains on in one GPU process, one CPU process and a CPU run in another layout.
+# trains on in one GPU process, one CPU process and a CPU run in another layout. The Llama block
+# (RMSNorm, RoPE, SwiGLU, GQA, untied head) in tp 2 + sp, pp 2 interleaved, dp 2 and 3D, and a
+# one-GPU Llama run killed and restarted, bitwise.
 # Prints one line per check ("ok: ..." or "FAIL: ...") plus the step times, and exits nonzero
 # on a failure.
 set -uo pipefail
@@ -79,6 +81,31 @@ compare "tp 2 + sp, parallel block, window 24" tp2_pb one_pb
 launch tp2_pp2_dp2 8 --set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.sequence_parallel=true
 compare "tp 2 x pp 2 x dp 2 + sp (8 processes)" tp2_pp2_dp2 one
 for rd in pp2 pp2_v2 pp2_dp2 tp2 tp2_sp tp2_pp2_dp2; do compare "$rd against dp 2" $rd dp2 0.001; done
+
+# The Llama block (RMSNorm, RoPE, SwiGLU, 4 query heads of 64 over 2 key/value heads, an untied
+# LM head) in every layout, against its one-GPU run.
+llama=(--set model.d_model=256 --set model.heads=4 --set model.kv_heads=2 --set model.norm=rmsnorm
+       --set model.position_encoding=rope --set model.mlp=swiglu --set model.mlp_hidden=688
+       --set model.tied_embeddings=false --set model.bias=false)
+train1 llama_one "${llama[@]}"
+launch llama_tp2_sp 2 "${llama[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true
+compare "Llama: tp 2 + sp, the key/value heads split" llama_tp2_sp llama_one
+launch llama_pp2_v2 2 "${llama[@]}" --set parallel.pp=2 --set parallel.virtual_stages=2
+compare "Llama: pp 2, interleaved v 2" llama_pp2_v2 llama_one
+launch llama_dp2 2 "${llama[@]}" --set parallel.dp=2
+compare "Llama: dp 2" llama_dp2 llama_one
+launch llama_3d 8 "${llama[@]}" --set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.sequence_parallel=true
+compare "Llama: tp 2 x pp 2 x dp 2 + sp (8 processes)" llama_3d llama_one
+MYRIAD_INJECT_FAULT=step:14:kill@rank=0 LFLAGS="--max-restarts 1" launch llama_one_killed 1 "${llama[@]}"
+same=1
+for f in "$W"/llama_one/checkpoints/step_00000020/shard_*.bin; do
+  cmp -s "$f" "$W/llama_one_killed/checkpoints/step_00000020/$(basename "$f")" || same=0
+done
+if [ "$same" = 1 ] && grep -q '"restart"' "$W/llama_one_killed/driver/events.jsonl" 2>/dev/null; then
+  say "ok: Llama on one GPU killed at step 14, restarted: the step-20 shards equal the unbroken run's, bit for bit"
+else
+  say "FAIL: Llama resume on one GPU (same shards: $same)"; tail -5 "$W/llama_one_killed.log"; fail=1
+fi
 
 # Bitwise resume in 3D: killed at step 14 in the first attempt, restarted from step 10.
 MYRIAD_INJECT_FAULT=step:14:kill@rank=5 LFLAGS="--max-restarts 1" launch tp2_pp2_dp2_killed 8 \
