@@ -65,9 +65,10 @@ TEST_P(EngineParity, TrainingStepsMatchTheCpu) {
                dv = rel(gpu->host_state().v, cpu->host_state().v, P);
   std::printf("  %s after 6 steps, against the CPU: weights %.2e, first moments %.2e, second %.2e\n",
               GetParam().name, dw, dm, dv);
-  EXPECT_LT(dw, 2e-2);
+  const double drift = GetParam().drift;
+  EXPECT_LT(dw, 2e-2 * drift);
   // bf16 activations where the CPU keeps fp32: measured 0.024-0.032 on the H200 (2026-12-01).
-  EXPECT_LT(dm, 5e-2);
+  EXPECT_LT(dm, 5e-2 * drift);
   // Validation loss and sampling logits.
   std::vector<int32_t> tokens = batch(ccfg, 7);
   EXPECT_NEAR(gpu->loss(tokens.data(), 2), cpu->loss(tokens.data(), 2), 0.01 * cpu->loss(tokens.data(), 2));
@@ -77,7 +78,7 @@ TEST_P(EngineParity, TrainingStepsMatchTheCpu) {
   cpu->last_logits(tokens.data(), 2, 37, lc.data());
   // bf16 activations and logits after six steps: measured 0.021-0.022 on the H200 (the CPU's
   // prefix logits match its full forward to 1e-5 in tests/unit/model).
-  EXPECT_LT(rel(lg.data(), lc.data(), 2 * Vp), 3e-2);
+  EXPECT_LT(rel(lg.data(), lc.data(), 2 * Vp), 3e-2 * drift);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -95,11 +96,17 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"cudnn_nondeterministic", {"train.deterministic=false", "model.seq_len=128"}},
                       // The Llama block: 4 query heads over 2 key/value heads, on Myriad's
                       // attention (T 96) and on cuDNN's; multi-query with Llama 3.1's RoPE scaling.
-                      Case{"llama", kLlama},
-                      Case{"llama_cudnn", with(kLlama, {"model.seq_len=128"})},
+                      // SwiGLU's product and the rotated q and k are rounded to bf16 where the CPU
+                      // keeps fp32: measured on the H200 (2026-12-03) first moments 4.3e-2 to
+                      // 5.7e-2 and logits up to 5.0e-2 from the CPU after six steps, 1.6 x GPT-2's
+                      // block; the first step's update per tensor, the losses and the gradient
+                      // norms keep GPT-2's bounds.
+                      Case{"llama", kLlama, 1.6},
+                      Case{"llama_cudnn", with(kLlama, {"model.seq_len=128"}), 1.6},
                       Case{"llama_mqa_scaled_cudnn",
                            with(kLlama, {"model.seq_len=128", "model.kv_heads=1", "model.rope_scaling=llama3",
-                                         "model.rope_original_positions=64", "model.tied_embeddings=true"})}),
+                                         "model.rope_original_positions=64", "model.tied_embeddings=true"}),
+                           1.6}),
     [](const auto& info) { return std::string(info.param.name); });
 
 class EngineRepeatability : public ::testing::TestWithParam<Case> {};
