@@ -21,6 +21,8 @@
 #include <string_view>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_llama.h"
+#include "model/params.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/files.h"
@@ -190,6 +192,9 @@ bool path_fault(int err) {
   return err == EROFS || err == EACCES || err == EPERM || err == ENOTDIR || err == ENOENT || err == ENAMETOOLONG ||
          err == ELOOP || err == EEXIST || err == ENOTEMPTY || err == EXDEV;
 }
+
+// The index of a sharded model (transformers' name).
+constexpr const char* kIndex = "model.safetensors.index.json";
 
 // The export's manifest: the files it wrote, which the next export into the folder may replace.
 constexpr const char* kManifest = "myriad_export.json";
@@ -418,18 +423,58 @@ void export_in_place(const fs::path& out, const std::function<std::vector<std::s
 
 // Released GPT-2 checkpoints store the attention's mask buffers (h.N.attn.bias, in F32, BOOL or
 // U8, and h.N.attn.masked_bias): constants Myriad does not load, dropped unread.
+int64_t dtype_bytes(const std::string& dtype) { return dtype == "F32" ? 4 : 2; }
+
+
+// fp32 <-> bfloat16 (its upper half; rounded to nearest even, NaN kept a NaN) and IEEE half.
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+float from_bf16(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+float from_f16(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  uint32_t u;
+  if (exp == 0x1f) {
+    u = sign | 0x7f800000u | (man << 13);  // inf, nan
+  } else if (exp != 0) {
+    u = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    u = sign;
+  } else {  // subnormal: normalized into fp32's range
+    int e = -1;
+    uint32_t m = man;
+    do ++e, m <<= 1;
+    while (!(m & 0x400u));
+    u = sign | (uint32_t(112 - e) << 23) | ((m & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
 bool mask_buffer(const std::string& name) {
   return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias");
 }
 
 }  // namespace
 
-void write_safetensors(const std::string& path, const std::map<std::string, HostTensor>& tensors) {
+void write_safetensors(const std::string& path, const std::map<std::string, HostTensor>& tensors,
+                       const std::string& dtype) {
+  MYRIAD_CHECK(dtype == "F32" || dtype == "BF16", "safetensors dtype ", dtype);
   nlohmann::json header = {{"__metadata__", {{"format", "pt"}}}};  // transformers asks for "pt"
   int64_t at = 0;
   for (const auto& [name, t] : tensors) {  // std::map: sorted names, so the data order is fixed
-    const int64_t bytes = static_cast<int64_t>(t.data.size() * sizeof(float));
-    header[name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {at, at + bytes}}};
+    const int64_t bytes = static_cast<int64_t>(t.data.size()) * dtype_bytes(dtype);
+    header[name] = {{"dtype", dtype}, {"shape", t.shape}, {"data_offsets", {at, at + bytes}}};
     at += bytes;
   }
   std::string text = header.dump();  // nlohmann's objects are sorted by key
@@ -438,8 +483,17 @@ void write_safetensors(const std::string& path, const std::map<std::string, Host
   char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<char>(n >> (8 * i));
   std::vector<std::string_view> pieces = {{len, 8}, text};
-  for (const auto& [name, t] : tensors)
-    pieces.emplace_back(reinterpret_cast<const char*>(t.data.data()), t.data.size() * sizeof(float));
+  std::vector<std::vector<uint16_t>> narrowed;  // BF16: each tensor rounded, to nearest even
+  narrowed.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) {
+    if (dtype == "F32") {
+      pieces.emplace_back(reinterpret_cast<const char*>(t.data.data()), t.data.size() * sizeof(float));
+      continue;
+    }
+    std::vector<uint16_t>& b = narrowed.emplace_back(t.data.size());
+    for (size_t i = 0; i < t.data.size(); ++i) b[i] = to_bf16(t.data[i]);
+    pieces.emplace_back(reinterpret_cast<const char*>(b.data()), b.size() * sizeof(uint16_t));
+  }
   write_pieces(path, pieces);
 }
 
@@ -476,8 +530,10 @@ std::map<std::string, HostTensor> read_safetensors(const std::string& path,
     auto field = [&](const char* key) { return e.contains(key) ? e[key].dump() : std::string("(none)"); };
     if (!e.contains("dtype") || !e["dtype"].is_string())
       throw_input(where, ": dtype ", field("dtype"), " is not a dtype name such as \"F32\": not a safetensors file");
-    if (const std::string dtype = e["dtype"]; dtype != "F32")
-      throw_input(where, " has dtype ", dtype, "; only F32 is read: convert the model to float32 first");
+    const std::string dtype = e["dtype"];
+    if (dtype != "F32" && dtype != "BF16" && dtype != "F16")
+      throw_input(where, " has dtype ", dtype, "; F32, BF16 and F16 are read: convert the model to one of them first");
+    const uint64_t esize = static_cast<uint64_t>(dtype_bytes(dtype));
     // Sizes are checked against the file before anything is allocated: a crafted shape would
     // otherwise overflow the element count or ask for exabytes.
     const nlohmann::json& shape = e.contains("shape") ? e["shape"] : nlohmann::json();
@@ -487,10 +543,10 @@ std::map<std::string, HostTensor> read_safetensors(const std::string& path,
     uint64_t elements = 1;
     for (const auto& d : shape) {
       const uint64_t v = d.get<uint64_t>();
-      elements = v == 0 || elements == 0 ? 0 : elements > data_bytes / 4 / v ? data_bytes / 4 + 1 : elements * v;
+      elements = v == 0 || elements == 0 ? 0 : elements > data_bytes / esize / v ? data_bytes / esize + 1 : elements * v;
       t.shape.push_back(v > uint64_t(std::numeric_limits<int64_t>::max()) ? -1 : static_cast<int64_t>(v));
     }
-    if (elements > data_bytes / 4)
+    if (elements > data_bytes / esize)
       throw_input(where, ": shape ", shape.dump(), " holds more elements than the file holds bytes: not a whole "
                   "safetensors file");
     const nlohmann::json& off = e.contains("data_offsets") ? e["data_offsets"] : nlohmann::json();
@@ -498,38 +554,80 @@ std::map<std::string, HostTensor> read_safetensors(const std::string& path,
       throw_input(where, ": data_offsets ", field("data_offsets"), " is not two integers [begin, end] (bytes after "
                   "the header): not a safetensors file");
     const uint64_t begin = off[0], end = off[1];
-    if (begin > end || end - begin != elements * 4 || end > data_bytes)
+    if (begin > end || end - begin != elements * esize || end > data_bytes)
       throw_input(where, " (shape ", shape_str(t.shape), ") has data_offsets [", begin, ", ", end,
                   "] that do not fit its shape or the file");
     t.data.resize(static_cast<size_t>(elements));
     in.seekg(data_start + static_cast<int64_t>(begin));
-    in.read(reinterpret_cast<char*>(t.data.data()), static_cast<std::streamsize>(end - begin));
+    if (dtype == "F32") {
+      in.read(reinterpret_cast<char*>(t.data.data()), static_cast<std::streamsize>(end - begin));
+    } else {  // widened to fp32, exactly
+      std::vector<uint16_t> half(static_cast<size_t>(elements));
+      in.read(reinterpret_cast<char*>(half.data()), static_cast<std::streamsize>(end - begin));
+      for (size_t i = 0; i < half.size(); ++i) t.data[i] = dtype == "BF16" ? from_bf16(half[i]) : from_f16(half[i]);
+    }
     if (!in) throw_runtime("import: cannot read ", path, ": ", std::strerror(errno));
     out[name] = std::move(t);
   }
   return out;
 }
 
-void export_hf(const std::string& dir, const std::string& out_arg, bool overwrite) {
+// The weights as model.safetensors, or, when they hold more than max_shard_bytes, as shards
+// model-0000i-of-0000n.safetensors (tensors in name order, each shard filled up to the limit, a
+// larger tensor alone in one) with model.safetensors.index.json mapping each tensor to its
+// shard, as transformers writes them. The files' names.
+static std::vector<std::string> write_model(const fs::path& into, const std::map<std::string, HostTensor>& tensors,
+                                            const std::string& dtype, int64_t max_shard_bytes) {
+  std::vector<std::map<std::string, HostTensor>> shards(1);
+  int64_t in_shard = 0, total = 0;
+  for (const auto& [name, t] : tensors) {
+    const int64_t bytes = static_cast<int64_t>(t.data.size()) * dtype_bytes(dtype);
+    if (in_shard > 0 && in_shard + bytes > max_shard_bytes) shards.emplace_back(), in_shard = 0;
+    shards.back()[name] = t;
+    in_shard += bytes, total += bytes;
+  }
+  if (shards.size() == 1) {
+    write_safetensors((into / "model.safetensors").string(), shards[0], dtype);
+    return {"model.safetensors"};
+  }
+  std::vector<std::string> files;
+  nlohmann::json map = nlohmann::json::object();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+    write_safetensors((into / name).string(), shards[i], dtype);
+    for (const auto& [tensor, t] : shards[i]) map[tensor] = name;
+    files.push_back(name);
+  }
+  write_text(into / kIndex, nlohmann::json({{"metadata", {{"total_size", total}}}, {"weight_map", map}}).dump(2) + "\n");
+  files.push_back(kIndex);
+  return files;
+}
+
+void export_hf(const std::string& dir, const std::string& out_arg, const ExportOptions& opt) {
+  const bool overwrite = opt.overwrite;
   const nlohmann::json meta = read_meta(dir);
   const Config cfg = parse_config(meta.at("config").get<std::string>(), dir + "/meta.json");
   const ModelConfig& m = cfg.model;
-  // The Llama family's variant keys: LlamaForCausalLM's export is not written yet.
-  for (const auto& [key, differs, value] :
-       {std::tuple<const char*, bool, std::string>{"model.norm", m.rmsnorm(), m.norm},
-        {"model.position_encoding", m.rope(), m.position_encoding},
-        {"model.mlp", m.swiglu(), m.mlp},
-        {"model.kv_heads", m.kv() != m.heads, std::to_string(m.kv())},
-        {"model.mlp_hidden", m.ffn() != 4 * m.d_model, std::to_string(m.ffn())},
-        {"model.tied_embeddings", !m.tied_embeddings, "false"}})
-    if (differs)
-      throw_input("export: ", dir, " has ", key, " = ", value, ", which GPT-2 cannot express; the Hugging Face "
-                  "export of Llama-family models (LlamaForCausalLM) is not available yet");
-  if (m.parallel_block)
-    throw_input("export: ", dir, " has model.parallel_block = true, which GPT-2 cannot express (its blocks are sequential)");
-  if (m.window > 0)
-    throw_input("export: ", dir, " has model.window = ", m.window, ", which GPT-2 cannot express (its attention is full causal)");
-  if (!m.bias) throw_input("export: ", dir, " has model.bias = false, which GPT-2 cannot express (it has biases)");
+  // A Llama-family model (any of the block's Llama keys) as LlamaForCausalLM, else GPT-2.
+  const bool as_llama = llama::family(m);
+  if (as_llama) {
+    if (const std::string why = llama::unfit(m); !why.empty())
+      throw_input("export: ", dir, " has ", why, ": a Hugging Face LlamaForCausalLM cannot express it");
+  } else {
+    if (m.parallel_block)
+      throw_input("export: ", dir, " has model.parallel_block = true, which GPT-2 cannot express (its blocks are sequential)");
+    if (m.window > 0)
+      throw_input("export: ", dir, " has model.window = ", m.window, ", which GPT-2 cannot express (its attention is full causal)");
+    if (!m.bias) throw_input("export: ", dir, " has model.bias = false, which GPT-2 cannot express (it has biases)");
+  }
+  // bf16 for Llama models, as Meta's and Hugging Face's releases are; GPT-2 stays fp32.
+  const std::string dtype = opt.dtype.empty() ? (as_llama ? "BF16" : "F32")
+                            : opt.dtype == "bf16"  ? "BF16"
+                            : opt.dtype == "fp32"  ? "F32"
+                                                   : "";
+  if (dtype.empty()) throw_input("export: --dtype ", opt.dtype, " is not one of: bf16, fp32");
+  if (opt.max_shard_bytes < 1) throw_input("export: --max-shard-size must be at least 1 byte");
   // What is at the output may be replaced only when an earlier export wrote all of it (its
   // manifest), or with --overwrite; never when it holds the checkpoint being read.
   const fs::path out = normalized(out_arg);
@@ -548,19 +646,51 @@ void export_hf(const std::string& dir, const std::string& out_arg, bool overwrit
       throw_input("export: --output ", out.string(), " holds ", f, ", which no export wrote (", kManifest,
                   " lists an export's files): give a new or empty folder, or add --overwrite to replace the folder with this export");
   std::map<std::string, HostTensor> tensors;
-  const auto shapes = myriad_shapes(m, cfg.positions());
-  for (const Names& n : gpt2_names(m)) {
-    HostTensor t{shapes.at(n.myriad), {}};
-    t.data.resize(static_cast<size_t>(numel(t.shape)));
-    load(dir, meta, {{"model/" + n.myriad, t.shape, std::vector<int64_t>(t.shape.size(), 0), t.shape, t.data.data()}});
-    tensors[n.gpt2] = convert(n, t, m, /*to_gpt2=*/true);
+  if (as_llama) {  // every stored tensor of the layout, whole
+    std::map<std::string, HostTensor> own;
+    const ParamLayout layout(cfg);
+    for (const ParamSpec& p : layout.tensors()) {
+      const ParamLayout::Stored st = layout.stored(p);
+      HostTensor& t = own[p.name];
+      t.shape = st.global_shape;
+      t.data.resize(static_cast<size_t>(numel(t.shape)));
+      load(dir, meta, {{"model/" + p.name, t.shape, std::vector<int64_t>(t.shape.size(), 0), t.shape, t.data.data()}});
+    }
+    tensors = llama::to_hf(own, m);
+  } else {
+    const auto shapes = myriad_shapes(m, cfg.positions());
+    for (const Names& n : gpt2_names(m)) {
+      HostTensor t{shapes.at(n.myriad), {}};
+      t.data.resize(static_cast<size_t>(numel(t.shape)));
+      load(dir, meta, {{"model/" + n.myriad, t.shape, std::vector<int64_t>(t.shape.size(), 0), t.shape, t.data.data()}});
+      tensors[n.gpt2] = convert(n, t, m, /*to_gpt2=*/true);
+    }
   }
-  const bool gpt2 = cfg.data.tokenizer == "gpt2";
+  const bool gpt2 = cfg.data.tokenizer == "gpt2", llama3 = cfg.data.tokenizer == "llama3";
   // The export's files (not the manifest) into the folder `into`, each on the disk: their names.
   auto write_files = [&](const fs::path& into) {
-    std::vector<std::string> files;
-    write_safetensors((into / "model.safetensors").string(), tensors);
-    files.push_back("model.safetensors");
+    std::vector<std::string> files = write_model(into, tensors, dtype, opt.max_shard_bytes);
+    if (as_llama) {
+      write_text(into / "config.json",
+                 llama::hf_config(cfg, dtype == "BF16" ? "bfloat16" : "float32", meta.value("step", 0)).dump(2) + "\n");
+      files.push_back("config.json");
+      if (llama3) {  // transformers' fast tokenizer reads tokenizer.json: the one Myriad encodes with
+        const fs::path src = fs::path(data::llama3_dir()) / "tokenizer.json";
+        const std::string bytes = read_file(src.string());
+        if (bytes.empty()) throw_input("export: ", src.string(), " is missing: run scripts/setup.sh");
+        write_text(into / "tokenizer.json", bytes);
+        write_text(into / "tokenizer_config.json",
+                   nlohmann::json({{"tokenizer_class", "PreTrainedTokenizerFast"},
+                                   {"bos_token", "<|begin_of_text|>"},
+                                   {"eos_token", "<|end_of_text|>"},
+                                   {"model_max_length", cfg.positions()}})
+                           .dump(2) +
+                       "\n");
+        files.insert(files.end(), {"tokenizer.json", "tokenizer_config.json"});
+      }
+      std::sort(files.begin(), files.end());
+      return files;
+    }
     nlohmann::json config = {{"architectures", {"GPT2LMHeadModel"}},
                              {"model_type", "gpt2"},
                              {"vocab_size", m.vocab_size},
@@ -651,8 +781,80 @@ void export_hf(const std::string& dir, const std::string& out_arg, bool overwrit
       throw_runtime(said(e));
     }
   }
-  log::info("export: ", dir, " -> ", out.string(), " (GPT-2, ", tensors.size(), " tensors, ", m.layers, " layers, d_model ",
-            m.d_model, ", vocab ", m.vocab_size, ")");
+  log::info("export: ", dir, " -> ", out.string(), " (", as_llama ? "LlamaForCausalLM" : "GPT-2", ", ", tensors.size(),
+            " tensors in ", dtype, ", ", m.layers, " layers, d_model ", m.d_model, ", vocab ", m.vocab_size, ")");
+}
+
+// The weights of a model directory: model.safetensors, or the shards model.safetensors.index.json
+// maps them to (plain file names in the directory, each tensor in the file its entry names).
+static std::map<std::string, HostTensor> read_model_tensors(const std::string& hf_dir) {
+  const fs::path index = fs::path(hf_dir) / kIndex, single = fs::path(hf_dir) / "model.safetensors";
+  if (!fs::exists(index)) {
+    if (!fs::exists(single))
+      throw_input("import: ", hf_dir, " has neither model.safetensors nor ", kIndex, ": not a Hugging Face model directory");
+    return read_safetensors(single.string());
+  }
+  const nlohmann::json j = nlohmann::json::parse(read_file(index.string()), nullptr, false);
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    throw_input("import: ", index.string(), ": weight_map is missing or not an object");
+  std::map<std::string, std::string> where;  // tensor -> its file
+  for (const auto& [tensor, file] : j["weight_map"].items()) {
+    if (!file.is_string()) throw_input("import: ", index.string(), ": weight_map.", tensor, " is not a file name");
+    const std::string f = file.get<std::string>();
+    if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+      throw_input("import: ", index.string(), ": weight_map.", tensor, " = \"", f, "\" is not a file of the directory");
+    where[tensor] = f;
+  }
+  std::map<std::string, HostTensor> out;
+  std::set<std::string> files;
+  for (const auto& [tensor, f] : where) files.insert(f);
+  for (const std::string& f : files) {
+    for (auto& [name, t] : read_safetensors((fs::path(hf_dir) / f).string())) {
+      auto it = where.find(name);
+      if (it == where.end() || it->second != f)
+        throw_input("import: ", (fs::path(hf_dir) / f).string(), ": tensor ", name, " is not mapped to this file by ", kIndex);
+      out[name] = std::move(t);
+    }
+  }
+  for (const auto& [tensor, f] : where)
+    if (!out.count(tensor)) throw_input("import: ", (fs::path(hf_dir) / f).string(), ": tensor ", tensor, " is missing (", kIndex, " maps it there)");
+  return out;
+}
+
+// A non-finite weight would import and then sample garbage, or stop a run as a numerics fault
+// (exit 5, which a supervisor retries): it is the file's fault.
+static void refuse_non_finite(const std::map<std::string, HostTensor>& st, const std::string& from) {
+  for (const auto& [name, t] : st)
+    for (size_t i = 0; i < t.data.size(); ++i)
+      if (!std::isfinite(t.data[i]))
+        throw_input("import: ", from, ": tensor ", name, " element ", i, " is ",
+                    std::isnan(t.data[i]) ? "nan" : t.data[i] > 0 ? "inf" : "-inf",
+                    " (a flat index): the model holds non-finite weights; import a sound copy of it");
+}
+
+// `model` (Myriad's stored tensors by name) as the committed checkpoint `out` of step 0, with a
+// fresh optimizer: zero moments, no step taken.
+static void save_imported(const fs::path& out, const Config& cfg, std::map<std::string, HostTensor>& model,
+                          const std::string& hf_dir, const char* kind) {
+  std::vector<Shard> shards;
+  std::map<std::string, std::vector<float>> zeros;
+  for (auto& [tensor, t] : model) {
+    const std::vector<int64_t> at(t.shape.size(), 0);
+    shards.push_back({"model/" + tensor, t.shape, at, t.shape, t.data.data()});
+    zeros[tensor].assign(t.data.size(), 0.0f);
+    shards.push_back({"optim/m/" + tensor, t.shape, at, t.shape, zeros[tensor].data()});
+    shards.push_back({"optim/v/" + tensor, t.shape, at, t.shape, zeros[tensor].data()});
+  }
+  nlohmann::json meta = {{"config", to_toml(cfg)},
+                         {"data", {{"consumed", 0}, {"seed", cfg.train.seed}}},
+                         {"optimizer", {{"name", cfg.optim.name}, {"steps_taken", 0}}},
+                         {"tokenizer", cfg.data.tokenizer},
+                         {"rng", {{"model_seed", cfg.model.seed}, {"data_seed", cfg.train.seed}}},
+                         {"imported_from", fs::absolute(hf_dir).lexically_normal().string()}};
+  save_as(out.string(), 0, meta, shards);
+  const ModelConfig& m = cfg.model;
+  log::info("import: ", hf_dir, " -> ", out.string(), " (", kind, ", ", m.layers, " layers, d_model ", m.d_model,
+            ", vocab ", m.vocab_size, ", tokenizer ", cfg.data.tokenizer, ")");
 }
 
 void import_hf(const std::string& hf_dir, const std::string& out_arg) {
@@ -664,8 +866,8 @@ void import_hf(const std::string& hf_dir, const std::string& out_arg) {
     throw_input("import: --output ", out_arg, " exists (", out.string(), "): give a new directory; an import never "
                 "replaces one");
   const fs::path cfg_path = fs::path(hf_dir) / "config.json", st_path = fs::path(hf_dir) / "model.safetensors";
-  if (!fs::exists(cfg_path)) throw_input("import: ", cfg_path.string(), " is missing: give a Hugging Face GPT-2 model directory");
-  if (!fs::is_regular_file(cfg_path)) throw_input("import: ", cfg_path.string(), " is not a file: give a Hugging Face GPT-2 model directory");
+  if (!fs::exists(cfg_path)) throw_input("import: ", cfg_path.string(), " is missing: give a Hugging Face GPT-2 or Llama model directory");
+  if (!fs::is_regular_file(cfg_path)) throw_input("import: ", cfg_path.string(), " is not a file: give a Hugging Face GPT-2 or Llama model directory");
   const nlohmann::json hf = nlohmann::json::parse(read_file(cfg_path.string()), nullptr, false);
   if (!hf.is_object()) throw_input("import: ", cfg_path.string(), " is not valid JSON");
   const std::string where = cat("import: ", cfg_path.string(), ": ");
@@ -691,8 +893,17 @@ void import_hf(const std::string& hf_dir, const std::string& out_arg) {
     if (!hf[key].is_number()) throw_input(where, key, " is ", hf[key].dump(), ", not a number");
     return hf[key].get<double>();
   };
-  if (const std::string type = text("model_type", "", "gpt2"); type != "gpt2")
-    throw_input(where, "model_type is '", type, "', not gpt2");
+  const std::string type = text("model_type", "", "gpt2");
+  if (type == "llama") {
+    Config cfg = llama::from_hf_config(hf, where);
+    cfg = parse_config(to_toml(cfg), cfg_path.string());  // the config's own checks
+    std::map<std::string, HostTensor> st = read_model_tensors(hf_dir);
+    refuse_non_finite(st, hf_dir);
+    std::map<std::string, HostTensor> model = llama::from_hf(st, cfg.model, cat("import: ", hf_dir, ": "));
+    save_imported(out, cfg, model, hf_dir, "LlamaForCausalLM");
+    return;
+  }
+  if (type != "gpt2") throw_input(where, "model_type is '", type, "': Myriad imports gpt2 and llama");
   if (hf.contains("n_inner") && !hf["n_inner"].is_null() && hf["n_inner"] != 4 * get("n_embd"))
     throw_input(where, "n_inner = ", hf["n_inner"].dump(), "; Myriad's MLP is 4 x n_embd");
   if (const std::string act = text("activation_function", "gelu_new", "gelu_new"); act != "gelu_new")
@@ -723,16 +934,9 @@ void import_hf(const std::string& hf_dir, const std::string& out_arg) {
   // The config's own checks (heads divide d_model, ...), through its TOML text.
   cfg = parse_config(to_toml(cfg), cfg_path.string());
   const ModelConfig& m = cfg.model;
-  if (!fs::exists(st_path)) throw_input("import: ", st_path.string(), " is missing: give a Hugging Face GPT-2 model directory");
+  if (!fs::exists(st_path)) throw_input("import: ", st_path.string(), " is missing: give a Hugging Face GPT-2 or Llama model directory");
   std::map<std::string, HostTensor> st = read_safetensors(st_path.string(), mask_buffer);
-  // A non-finite weight would import and then sample garbage, or stop a run as a numerics fault
-  // (exit 5, which a supervisor retries): it is the file's fault.
-  for (const auto& [name, t] : st)
-    for (size_t i = 0; i < t.data.size(); ++i)
-      if (!std::isfinite(t.data[i]))
-        throw_input("import: ", st_path.string(), ": tensor ", name, " element ", i, " is ",
-                    std::isnan(t.data[i]) ? "nan" : t.data[i] > 0 ? "inf" : "-inf",
-                    " (a flat index): the model holds non-finite weights; import a sound copy of it");
+  refuse_non_finite(st, st_path.string());
   // Some released checkpoints carry a copy of the tied head.
   std::map<std::string, HostTensor> byname;
   for (auto& [name, t] : st) byname[name.rfind("transformer.", 0) == 0 ? name.substr(12) : name] = std::move(t);
@@ -757,26 +961,9 @@ void import_hf(const std::string& hf_dir, const std::string& out_arg) {
   }
   if (!byname.empty())
     throw_input("import: ", st_path.string(), ": tensor ", byname.begin()->first, " is not part of a GPT-2 model");
-  // A fresh optimizer: zero moments, no step taken.
-  std::vector<Shard> shards;
-  std::map<std::string, std::vector<float>> zeros;
-  for (auto& [name, t] : model) {
-    const std::vector<int64_t> at(t.shape.size(), 0);
-    shards.push_back({name, t.shape, at, t.shape, t.data.data()});
-    const std::string tensor = name.substr(6);
-    zeros[tensor].assign(t.data.size(), 0.0f);
-    shards.push_back({"optim/m/" + tensor, t.shape, at, t.shape, zeros[tensor].data()});
-    shards.push_back({"optim/v/" + tensor, t.shape, at, t.shape, zeros[tensor].data()});
-  }
-  nlohmann::json meta = {{"config", to_toml(cfg)},
-                         {"data", {{"consumed", 0}, {"seed", cfg.train.seed}}},
-                         {"optimizer", {{"name", cfg.optim.name}, {"steps_taken", 0}}},
-                         {"tokenizer", cfg.data.tokenizer},
-                         {"rng", {{"model_seed", cfg.model.seed}, {"data_seed", cfg.train.seed}}},
-                         {"imported_from", fs::absolute(hf_dir).lexically_normal().string()}};
-  save_as(out.string(), 0, meta, shards);
-  log::info("import: ", hf_dir, " -> ", out.string(), " (GPT-2, ", m.layers, " layers, d_model ", m.d_model, ", vocab ",
-            m.vocab_size, ", tokenizer ", cfg.data.tokenizer, ")");
+  std::map<std::string, HostTensor> plain;
+  for (auto& [name, t] : model) plain[name.substr(6)] = std::move(t);
+  save_imported(out, cfg, plain, hf_dir, "GPT-2");
 }
 
 }  // namespace myriad::checkpoint

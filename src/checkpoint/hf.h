@@ -1,5 +1,5 @@
-// Hugging Face interchange: a Myriad checkpoint's model as GPT-2 in safetensors (the layout
-// transformers' GPT2LMHeadModel loads), and back.
+// Hugging Face interchange: a Myriad checkpoint's model as GPT-2 or Llama in safetensors (the
+// layouts transformers' GPT2LMHeadModel and LlamaForCausalLM load), and back.
 //
 // safetensors (https://huggingface.co/docs/safetensors): 8 bytes, the little-endian length N
 // of a JSON header; N bytes of header, {"name": {"dtype", "shape", "data_offsets": [begin,
@@ -24,18 +24,32 @@ struct HostTensor {
   std::vector<float> data;
 };
 
-// safetensors in F32, header keys sorted and no timestamps: the same tensors give the same bytes.
-void write_safetensors(const std::string& path, const std::map<std::string, HostTensor>& tensors);
-// Every tensor of a safetensors file but those `skip` names (unread, whatever their dtype); input
-// errors name the file, the tensor and the field that is wrong (a truncated header, a dtype
-// other than F32, a shape or data_offsets that is not a list of sizes or does not fit the file).
+// safetensors in `dtype` (F32, or BF16 rounded to nearest even), header keys sorted and no
+// timestamps: the same tensors give the same bytes.
+void write_safetensors(const std::string& path, const std::map<std::string, HostTensor>& tensors,
+                       const std::string& dtype = "F32");
+// Every tensor of a safetensors file but those `skip` names (unread, whatever their dtype),
+// widened to fp32 from F32, BF16 or F16; input errors name the file, the tensor and the field
+// that is wrong (a truncated header, another dtype, a shape or data_offsets that is not a list of
+// sizes or does not fit the file).
 std::map<std::string, HostTensor> read_safetensors(const std::string& path,
                                                    const std::function<bool(const std::string&)>& skip = {});
 
-// Writes OUT/model.safetensors and OUT/config.json (and, for the gpt2 tokenizer, its vocab.json,
-// merges.txt and tokenizer_config.json) from the committed checkpoint `dir`, and the manifest
-// OUT/myriad_export.json that lists them. A model GPT-2 cannot express (parallel block, a
-// window, no biases) is an input error naming the option. The files are written into a new
+struct ExportOptions {
+  std::string dtype;                        // "bf16", "fp32"; "" = bf16 for a Llama model, fp32 for GPT-2
+  int64_t max_shard_bytes = 5'000'000'000;  // more than this is written in shards with an index
+  bool overwrite = false;                   // replace a folder that holds files no export wrote
+};
+
+// The model of the committed checkpoint `dir` as a Hugging Face model directory: a Llama-family
+// model (checkpoint/hf_llama.h) as LlamaForCausalLM, in bf16 unless asked for fp32, with
+// tokenizer.json and tokenizer_config.json for the llama3 tokenizer; any other as GPT-2
+// (GPT2LMHeadModel, fp32, with vocab.json, merges.txt and tokenizer_config.json for the gpt2
+// tokenizer). The weights are OUT/model.safetensors, or shards of at most max_shard_bytes with
+// OUT/model.safetensors.index.json; then OUT/config.json, and the manifest OUT/myriad_export.json
+// that lists the files. What the format cannot express (GPT-2: a parallel block, a window, no
+// biases; Llama: LayerNorm, learned positions, GELU, the parallel block, a window) is an input
+// error naming the key. The files are written into a new
 // folder beside OUT and renamed into place, so a failure leaves OUT as it was, and OUT holds
 // that export's files only. An existing OUT is replaced only when it is empty or holds an
 // earlier export's files only (by its manifest), or with `overwrite` (the whole folder, never
@@ -44,9 +58,10 @@ std::map<std::string, HostTensor> read_safetensors(const std::string& path,
 // this user cannot write), the files are staged in OUT/.myriad-tmp-PID and renamed into OUT one
 // by one, the earlier export's other files removed after, the manifest last: not atomic, but a
 // crash leaves a folder the next export replaces (with `overwrite`, files no export wrote stay).
-void export_hf(const std::string& dir, const std::string& out, bool overwrite = false);
+void export_hf(const std::string& dir, const std::string& out, const ExportOptions& options = {});
 
-// Reads a GPT-2 model directory (config.json, model.safetensors) into `out`, a committed
+// Reads a GPT-2 or LlamaForCausalLM model directory (config.json, and model.safetensors or the
+// shards model.safetensors.index.json lists; F32, BF16 or F16) into `out`, a committed
 // checkpoint of step 0 with a fresh optimizer state, which --resume, checkpoint.init_from,
 // `export --checkpoint` and `sample` take. `out` must not exist (judged on the normalized path:
 // `nonexist/../victim` is victim); non-finite weights are an input error naming the tensor and

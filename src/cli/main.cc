@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -60,7 +62,7 @@ usage:
   myriad hang-report RUN_DIR
   myriad trace RUN_DIR [--steps A:B] [--output FILE] [--overwrite]
   myriad report RUN_DIR
-  myriad export  --checkpoint DIR --format hf --output OUT [--overwrite]
+  myriad export  --checkpoint DIR --format hf --output OUT [--dtype bf16|fp32] [--max-shard-size 5GB] [--overwrite]
   myriad import  --hf DIR --output CKPT
   myriad verify  CHECKPOINT
   myriad plan    --config MODEL.toml --gpus N --cluster CLUSTER.toml [--batch G] [--layout tp=8,pp=8,v=6,mb=1]
@@ -212,16 +214,43 @@ int cmd_sample(int argc, char** argv) {
   return 0;
 }
 
-// A checkpoint's model as a Hugging Face GPT-2 directory (checkpoint/hf.h).
+// "5GB", "500MB", "64KB" (powers of 1000, as transformers' max_shard_size), "2GiB" (of 1024), or
+// bytes: the bytes.
+int64_t parse_size(const std::string& flag, const std::string& text) {
+  size_t digits = 0;
+  while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.')) ++digits;
+  const std::string unit = text.substr(digits);
+  const std::map<std::string, double> units = {{"", 1},      {"B", 1},        {"KB", 1e3},          {"MB", 1e6},
+                                               {"GB", 1e9}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}};
+  double value = 0;
+  try {
+    size_t used = 0;
+    value = digits > 0 ? std::stod(text.substr(0, digits), &used) : -1;
+    if (used != digits) value = -1;
+  } catch (const std::exception&) {
+    value = -1;
+  }
+  if (value <= 0 || !units.count(unit))
+    throw_input(flag, " ", text, " is not a size such as 5GB, 500MB or 2GiB");
+  return static_cast<int64_t>(value * units.at(unit));
+}
+
+// A checkpoint's model as a Hugging Face GPT-2 or Llama directory (checkpoint/hf.h).
 int cmd_export(int argc, char** argv) {
-  cli::Args args("export", argc, argv, {"checkpoint", "format", "output"}, {"overwrite"});
+  cli::Args args("export", argc, argv, {"checkpoint", "format", "output", "dtype", "max-shard-size"}, {"overwrite"});
   if (const std::string f = args.get("format", "hf"); f != "hf")
-    throw_input("export: --format ", f, " is not known: the one format is hf (Hugging Face GPT-2, safetensors)");
-  checkpoint::export_hf(checkpoint::resolve(args.required("checkpoint")), args.required("output"), args.has("overwrite"));
+    throw_input("export: --format ", f, " is not known: the one format is hf (Hugging Face GPT-2 or Llama, safetensors)");
+  checkpoint::ExportOptions opt;
+  opt.dtype = args.get("dtype", "");
+  if (args.has("dtype") && opt.dtype != "bf16" && opt.dtype != "fp32")
+    throw_input("export: --dtype ", opt.dtype, " is not one of: bf16, fp32");
+  if (args.has("max-shard-size")) opt.max_shard_bytes = parse_size("export: --max-shard-size", args.get("max-shard-size"));
+  opt.overwrite = args.has("overwrite");
+  checkpoint::export_hf(checkpoint::resolve(args.required("checkpoint")), args.required("output"), opt);
   return 0;
 }
 
-// A Hugging Face GPT-2 directory as a committed checkpoint of step 0.
+// A Hugging Face GPT-2 or Llama directory as a committed checkpoint of step 0.
 int cmd_import(int argc, char** argv) {
   cli::Args args("import", argc, argv, {"hf", "output"});
   // import_hf refuses an --output that exists, judged on the path it will write.

@@ -8,6 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <set>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -17,6 +20,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf.h"
+#include "data/tokenizer.h"
 #include "runtime/generate.h"
 #include "test_util.h"
 
@@ -235,7 +239,7 @@ TEST_F(Interchange, BadSafetensorsAreInputErrors) {
     std::ofstream(d / "model.safetensors", std::ios::binary) << read_file(good / "model.safetensors").substr(0, 40);
     expect_input_error(run_myriad(cat("import --hf ", d.string(), " --output ", (d / "out").string())), "truncated header");
   }
-  // A wrong dtype.
+  // A dtype Myriad does not read (F32, BF16 and F16 it does).
   {
     const fs::path d = dir_ / "dtype";
     fs::create_directories(d);
@@ -243,9 +247,9 @@ TEST_F(Interchange, BadSafetensorsAreInputErrors) {
     std::string bytes = read_file(good / "model.safetensors");
     const size_t at = bytes.find("\"F32\"");
     ASSERT_NE(at, std::string::npos);
-    bytes.replace(at, 5, "\"F16\"");
+    bytes.replace(at, 5, "\"F64\"");
     std::ofstream(d / "model.safetensors", std::ios::binary) << bytes;
-    expect_input_error(run_myriad(cat("import --hf ", d.string(), " --output ", (d / "out").string())), "dtype F16");
+    expect_input_error(run_myriad(cat("import --hf ", d.string(), " --output ", (d / "out").string())), "dtype F64");
   }
   expect_input_error(run_myriad(variant("missing", [](auto& t, const fs::path& d) {
                        t.erase("h.1.mlp.c_fc.bias");
@@ -604,6 +608,170 @@ TEST_F(Interchange, ImportDropsAMaskBufferOfAnyDtype) {
   const Result r = run_myriad(cat("import --hf ", d.string(), " --output ", (d / "out").string()));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(weights((d / "out").string()), weights(myriad::checkpoint::resolve((dir_ / "small").string())));
+}
+
+// ---- Llama (LlamaForCausalLM) ----
+
+const char* kLlamaSets =
+    "--set model.norm=rmsnorm --set model.position_encoding=rope --set model.mlp=swiglu --set model.mlp_hidden=88 "
+    "--set model.kv_heads=2 --set model.tied_embeddings=false --set model.bias=false";
+
+// A Llama checkpoint exports to LlamaForCausalLM (bf16 unless asked), in shards with an index
+// when over --max-shard-size; its import is the same model; fp32 export -> import -> export gives
+// the same bytes, and the bf16 import is the bf16-rounded model.
+TEST_F(Interchange, ALlamaExportsAndImportsBothWays) {
+  const fs::path rd = dir_ / "llama";
+  ASSERT_EQ(run_myriad(train(rd, cat("--set train.steps=2 ", kLlamaSets))).code, 0);
+  const std::string ckpt = myriad::checkpoint::resolve(rd.string());
+  const Result e = run_myriad(cat("export --checkpoint ", rd.string(), " --output ", (dir_ / "llama_hf").string()));
+  ASSERT_EQ(e.code, 0) << e.output;
+  EXPECT_EQ(listing(dir_ / "llama_hf"), (std::vector<std::string>{"config.json", "model.safetensors", "myriad_export.json"}));
+  const auto config = nlohmann::json::parse(read_file(dir_ / "llama_hf/config.json"));
+  EXPECT_EQ(config["architectures"][0], "LlamaForCausalLM");
+  EXPECT_EQ(config["model_type"], "llama");
+  EXPECT_EQ(config["num_key_value_heads"], 2);
+  EXPECT_EQ(config["num_attention_heads"], 4);
+  EXPECT_EQ(config["intermediate_size"], 88);
+  EXPECT_EQ(config["hidden_size"], 32);
+  EXPECT_EQ(config["head_dim"], 8);
+  EXPECT_EQ(config["hidden_act"], "silu");
+  EXPECT_EQ(config["tie_word_embeddings"], false);
+  EXPECT_EQ(config["attention_bias"], false);
+  EXPECT_EQ(config["rope_scaling"], nullptr);
+  EXPECT_EQ(config["torch_dtype"], "bfloat16");
+  const auto [header, data] = split_safetensors(read_file(dir_ / "llama_hf/model.safetensors"));
+  EXPECT_EQ(header["model.layers.1.self_attn.k_proj.weight"]["dtype"], "BF16");
+  EXPECT_EQ(header["model.layers.1.self_attn.k_proj.weight"]["shape"], nlohmann::json({16, 32}));
+  EXPECT_EQ(header["model.layers.0.mlp.gate_proj.weight"]["shape"], nlohmann::json({88, 32}));
+  EXPECT_EQ(header["lm_head.weight"]["shape"], nlohmann::json({256, 32}));
+
+  // fp32: the same model back, and the same bytes again.
+  ASSERT_EQ(run_myriad(cat("export --checkpoint ", ckpt, " --dtype fp32 --output ", (dir_ / "llama_f32").string())).code, 0);
+  Result i = run_myriad(cat("import --hf ", (dir_ / "llama_f32").string(), " --output ", (dir_ / "llama_back").string()));
+  ASSERT_EQ(i.code, 0) << i.output;
+  EXPECT_EQ(weights(ckpt), weights((dir_ / "llama_back").string()));
+  ASSERT_EQ(run_myriad(cat("export --checkpoint ", (dir_ / "llama_back").string(), " --dtype fp32 --output ",
+                           (dir_ / "llama_f32_again").string())).code, 0);
+  EXPECT_EQ(read_file(dir_ / "llama_f32/model.safetensors"), read_file(dir_ / "llama_f32_again/model.safetensors"));
+
+  // bf16: each weight rounded to nearest even, and a second bf16 export the same bytes.
+  ASSERT_EQ(run_myriad(cat("import --hf ", (dir_ / "llama_hf").string(), " --output ", (dir_ / "llama_bf16").string())).code, 0);
+  const auto full = weights(ckpt), rounded = weights((dir_ / "llama_bf16").string());
+  for (const auto& [name, w] : full) {
+    const std::vector<float>& r = rounded.at(name);
+    ASSERT_EQ(r.size(), w.size()) << name;
+    for (size_t k = 0; k < w.size(); ++k) {
+      uint32_t u;
+      std::memcpy(&u, &w[k], 4);
+      u += 0x7fffu + ((u >> 16) & 1u);
+      u &= 0xffff0000u;
+      float want;
+      std::memcpy(&want, &u, 4);
+      ASSERT_EQ(r[k], want) << name << " element " << k;
+    }
+  }
+  ASSERT_EQ(run_myriad(cat("export --checkpoint ", (dir_ / "llama_bf16").string(), " --output ",
+                           (dir_ / "llama_hf_again").string())).code, 0);
+  EXPECT_EQ(read_file(dir_ / "llama_hf/model.safetensors"), read_file(dir_ / "llama_hf_again/model.safetensors"));
+
+  // In shards of at most 20 KB, with transformers' index; imported, the same model.
+  ASSERT_EQ(run_myriad(cat("export --checkpoint ", ckpt, " --dtype fp32 --max-shard-size 20KB --output ",
+                           (dir_ / "llama_sharded").string())).code, 0);
+  const auto index = nlohmann::json::parse(read_file(dir_ / "llama_sharded/model.safetensors.index.json"));
+  std::set<std::string> shards;
+  for (const auto& [tensor, file] : index["weight_map"].items()) shards.insert(file.get<std::string>());
+  EXPECT_GT(shards.size(), 2u);
+  for (const std::string& f : shards) {
+    EXPECT_TRUE(fs::exists(dir_ / "llama_sharded" / f)) << f;
+    EXPECT_TRUE(f.ends_with(cat("-of-", std::string(5 - std::to_string(shards.size()).size(), '0'), shards.size(),
+                                ".safetensors"))) << f;
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "llama_sharded/model.safetensors"));
+  int64_t total = 0;
+  for (const auto& [tensor, file] : index["weight_map"].items()) {
+    const auto [h, d] = split_safetensors(read_file(dir_ / "llama_sharded" / file.get<std::string>()));
+    ASSERT_TRUE(h.contains(tensor)) << tensor << " in " << file;
+    total += h[tensor]["data_offsets"][1].get<int64_t>() - h[tensor]["data_offsets"][0].get<int64_t>();
+  }
+  EXPECT_EQ(index["metadata"]["total_size"], total);
+  Result si = run_myriad(cat("import --hf ", (dir_ / "llama_sharded").string(), " --output ", (dir_ / "llama_from_shards").string()));
+  ASSERT_EQ(si.code, 0) << si.output;
+  EXPECT_EQ(weights(ckpt), weights((dir_ / "llama_from_shards").string()));
+
+  // It samples and trains on, and its greedy sample is the original's.
+  Result a = run_myriad(cat("sample --checkpoint ", ckpt, " --prompt abc --tokens 20 --temperature 0"));
+  Result b = run_myriad(cat("sample --checkpoint ", (dir_ / "llama_back").string(), " --prompt abc --tokens 20 --temperature 0"));
+  ASSERT_EQ(b.code, 0) << b.output;
+  EXPECT_EQ(a.output.substr(a.output.find("prompt tokens")), b.output.substr(b.output.find("prompt tokens")));
+  Result r = run_myriad(train(dir_ / "llama_on", cat("--set train.steps=1 ", kLlamaSets, " --resume ",
+                                                     (dir_ / "llama_back").string())));
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
+// A llama3-tokenized model exports the tokenizer transformers' AutoTokenizer loads: Myriad's own
+// tokenizer.json (setup.sh builds it from llama3-tokenizer-js) with its special tokens.
+TEST_F(Interchange, ALlama3TokenizerModelExportsItsTokenizer) {
+  const fs::path rd = dir_ / "llama3";
+  const std::string data = (dir_ / "llama3corpus").string();
+  ASSERT_EQ(run_myriad(cat("prepare --input /usr/share/games/fortunes/science --tokenizer llama3 --output ", data,
+                           " --doc-separator %")).code, 0);
+  Result t = run_myriad(train(rd, cat("--set train.steps=1 --set data.tokenizer=llama3 --set model.vocab_size=128256 ",
+                                      "--set train.global_batch=2 --set train.micro_batch=1 --set data.train=", data, " ",
+                                      kLlamaSets)));
+  ASSERT_EQ(t.code, 0) << t.output;
+  ASSERT_EQ(run_myriad(cat("export --checkpoint ", rd.string(), " --output ", (dir_ / "llama3_hf").string())).code, 0);
+  EXPECT_EQ(read_file(dir_ / "llama3_hf/tokenizer.json"), read_file(fs::path(myriad::data::llama3_dir()) / "tokenizer.json"));
+  const auto tc = nlohmann::json::parse(read_file(dir_ / "llama3_hf/tokenizer_config.json"));
+  EXPECT_EQ(tc["tokenizer_class"], "PreTrainedTokenizerFast");
+  EXPECT_EQ(tc["eos_token"], "<|end_of_text|>");
+  const auto config = nlohmann::json::parse(read_file(dir_ / "llama3_hf/config.json"));
+  EXPECT_EQ(config["vocab_size"], 128256);
+  EXPECT_EQ(config["bos_token_id"], 128000);
+  EXPECT_EQ(config["eos_token_id"], 128001);
+  EXPECT_EQ(config["myriad"]["tokenizer"], "llama3");
+  // Imported, the tokenizer comes back with it.
+  ASSERT_EQ(run_myriad(cat("import --hf ", (dir_ / "llama3_hf").string(), " --output ", (dir_ / "llama3_back").string())).code, 0);
+  EXPECT_EQ(myriad::checkpoint::read_meta((dir_ / "llama3_back").string())["tokenizer"], "llama3");
+}
+
+// What Myriad cannot express, in a LlamaForCausalLM config or in an export, is refused with
+// exit 2 and one line naming the field or key.
+TEST_F(Interchange, WhatLlamaOrMyriadCannotExpressIsRefused) {
+  const fs::path rd = dir_ / "llama_bad";
+  ASSERT_EQ(run_myriad(train(rd, cat("--set train.steps=1 ", kLlamaSets))).code, 0);
+  const fs::path good = dir_ / "llama_bad_hf";
+  ASSERT_EQ(run_myriad(cat("export --checkpoint ", rd.string(), " --output ", good.string())).code, 0);
+  auto with_config = [&](const std::string& name, const std::function<void(nlohmann::json&)>& change) {
+    const fs::path d = dir_ / name;
+    fs::create_directories(d);
+    fs::copy_file(good / "model.safetensors", d / "model.safetensors", fs::copy_options::overwrite_existing);
+    nlohmann::json c = nlohmann::json::parse(read_file(good / "config.json"));
+    change(c);
+    std::ofstream(d / "config.json") << c.dump(2);
+    return run_myriad(cat("import --hf ", d.string(), " --output ", (d / "out").string()));
+  };
+  expect_input_error(with_config("yarn", [](auto& c) { c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; }),
+                     "rope_scaling.rope_type = \"yarn\"");
+  expect_input_error(with_config("bias", [](auto& c) { c["attention_bias"] = true; }),
+                     "attention_bias = true but mlp_bias = false");
+  expect_input_error(with_config("gelu", [](auto& c) { c["hidden_act"] = "gelu"; }), "hidden_act = \"gelu\"");
+  expect_input_error(with_config("head_dim", [](auto& c) { c["head_dim"] = 16; }), "head_dim = 16");
+  expect_input_error(with_config("kv3", [](auto& c) { c["num_key_value_heads"] = 3; }),
+                     "model.kv_heads (3) must divide model.heads (4)");
+  expect_input_error(with_config("theta", [](auto& c) { c["rope_theta"] = 0; }), "model.rope_theta must be positive");
+  expect_input_error(with_config("tied", [](auto& c) { c["tie_word_embeddings"] = true; }),
+                     "lm_head.weight differs from model.embed_tokens.weight but tie_word_embeddings is true");
+  // Export: a window, a parallel block, a bad dtype or shard size.
+  ASSERT_EQ(run_myriad(train(dir_ / "llama_window", cat("--set train.steps=1 --set model.window=4 ", kLlamaSets))).code, 0);
+  expect_input_error(run_myriad(cat("export --checkpoint ", (dir_ / "llama_window").string(), " --output ",
+                                    (dir_ / "llama_window_hf").string())),
+                     "model.window = 4 (LlamaForCausalLM's attention is full causal)");
+  EXPECT_FALSE(fs::exists(dir_ / "llama_window_hf"));
+  expect_input_error(run_myriad(cat("export --checkpoint ", rd.string(), " --dtype fp16 --output ", (dir_ / "x").string())),
+                     "--dtype fp16 is not one of: bf16, fp32");
+  expect_input_error(run_myriad(cat("export --checkpoint ", rd.string(), " --max-shard-size lots --output ", (dir_ / "x").string())),
+                     "--max-shard-size lots is not a size");
+  EXPECT_FALSE(fs::exists(dir_ / "x"));
 }
 
 }  // namespace

@@ -4,12 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/hf.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "model/gpt.h"
@@ -50,6 +53,50 @@ double rel_diff(const float* a, const float* b, int64_t n) {
   return r > 0 ? std::sqrt(d / r) : std::sqrt(d);
 }
 
+// Random weights of a visible scale (norm weights around 1, padded vocabulary rows zero) into
+// `model`, B random rows of T+1 tokens into `tokens`, and both with the model's description as
+// tools/torch_reference.py reads them (tools/README.md) into `dir`.
+void write_reference_inputs(const fs::path& dir, const Config& cfg, Gpt& model, int B, std::vector<int32_t>& tokens) {
+  const ModelConfig& m = cfg.model;
+  const ParamLayout& layout = model.layout();
+  const int64_t T = m.seq_len;
+  std::mt19937_64 gen(42);
+  std::normal_distribution<float> normal(0.0f, 0.3f);
+  for (const ParamSpec& p : layout.tensors())
+    for (int64_t i = 0; i < p.numel; ++i) {
+      float& w = model.params()[p.offset + i];
+      w = (p.init_std > 0 ? 0.0f : float(p.init_value)) + normal(gen);
+      if (vocab_rows(p) && i >= m.vocab_size * m.d_model) w = 0;
+    }
+  tokens.assign(B * (T + 1), 0);
+  for (auto& t : tokens) t = static_cast<int32_t>(gen() % m.vocab_size);
+  fs::create_directories(dir);
+  nlohmann::json js = {{"layers", m.layers}, {"d_model", m.d_model}, {"heads", m.heads}, {"seq_len", T},
+                       {"vocab_size", m.vocab_size}, {"padded_vocab", cfg.padded_vocab()},
+                       {"window", m.window}, {"parallel_block", m.parallel_block}, {"bias", m.bias},
+                       {"norm", m.norm}, {"norm_eps", m.norm_eps}, {"positions", m.position_encoding},
+                       {"rope_theta", m.rope_theta}, {"mlp", m.mlp}, {"mlp_hidden", m.ffn()},
+                       {"kv_heads", m.kv()}, {"tied", m.tied_embeddings},
+                       {"batch", B},
+                       {"optim", {{"lr", cfg.optim.lr}, {"beta1", cfg.optim.beta1}, {"beta2", cfg.optim.beta2},
+                                  {"eps", cfg.optim.eps}, {"weight_decay", cfg.optim.weight_decay},
+                                  {"grad_clip", cfg.optim.grad_clip}}}};
+  js["rope_scaling"] = nullptr;
+  if (m.rope_scaling == "llama3")
+    js["rope_scaling"] = {{"type", "llama3"}, {"factor", m.rope_factor}, {"low_freq_factor", m.rope_low_freq_factor},
+                          {"high_freq_factor", m.rope_high_freq_factor},
+                          {"original_max_position_embeddings", m.rope_original_positions}};
+  js["params"] = nlohmann::json::array();
+  js["decay"] = nlohmann::json::array();
+  for (const ParamSpec& p : layout.tensors()) {
+    js["params"].push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}});
+    if (p.decay) js["decay"].push_back(p.name);
+  }
+  std::ofstream(dir / "model.json") << js.dump();
+  write_raw(dir / "params.bin", std::vector<float>(model.params(), model.params() + model.num_params()));
+  write_raw(dir / "tokens.bin", tokens);
+}
+
 class TorchReference : public ::testing::TestWithParam<Variant> {};
 
 const std::vector<std::string> kLlama = {"model.norm=rmsnorm", "model.norm_eps=1e-6", "model.position_encoding=rope",
@@ -72,45 +119,9 @@ TEST_P(TorchReference, LogitsLossGradsAndOneOptimizerStep) {
   const ParamLayout& layout = model.layout();
   const int64_t P = model.num_params(), Vp = cfg.padded_vocab();
 
-  // Random weights of a visible scale (LayerNorm weights around 1), padded embedding rows zero.
-  std::mt19937_64 gen(42);
-  std::normal_distribution<float> normal(0.0f, 0.3f);
-  for (const ParamSpec& p : layout.tensors())
-    for (int64_t i = 0; i < p.numel; ++i) {
-      float& w = model.params()[p.offset + i];
-      w = (p.init_std > 0 ? 0.0f : float(p.init_value)) + normal(gen);
-      if (vocab_rows(p) && i >= cfg.model.vocab_size * cfg.model.d_model) w = 0;
-    }
-  std::vector<int32_t> tokens(B * (T + 1));
-  for (auto& t : tokens) t = static_cast<int32_t>(gen() % cfg.model.vocab_size);
-
-  // The reference's inputs.
+  std::vector<int32_t> tokens;
   fs::path dir = fs::temp_directory_path() / cat("myriad_torchref_", v.name, "_", ::getpid());
-  fs::create_directories(dir);
-  nlohmann::json js = {{"layers", 2}, {"d_model", 32}, {"heads", 4}, {"seq_len", T},
-                       {"vocab_size", cfg.model.vocab_size}, {"padded_vocab", Vp},
-                       {"window", v.window}, {"parallel_block", v.parallel_block}, {"bias", v.bias},
-                       {"norm", m.norm}, {"norm_eps", m.norm_eps}, {"positions", m.position_encoding},
-                       {"rope_theta", m.rope_theta}, {"mlp", m.mlp}, {"mlp_hidden", m.ffn()},
-                       {"kv_heads", m.kv()}, {"tied", m.tied_embeddings},
-                       {"batch", B},
-                       {"optim", {{"lr", cfg.optim.lr}, {"beta1", cfg.optim.beta1}, {"beta2", cfg.optim.beta2},
-                                  {"eps", cfg.optim.eps}, {"weight_decay", cfg.optim.weight_decay},
-                                  {"grad_clip", cfg.optim.grad_clip}}}};
-  js["rope_scaling"] = nullptr;
-  if (m.rope_scaling == "llama3")
-    js["rope_scaling"] = {{"type", "llama3"}, {"factor", m.rope_factor}, {"low_freq_factor", m.rope_low_freq_factor},
-                          {"high_freq_factor", m.rope_high_freq_factor},
-                          {"original_max_position_embeddings", m.rope_original_positions}};
-  js["params"] = nlohmann::json::array();
-  js["decay"] = nlohmann::json::array();
-  for (const ParamSpec& p : layout.tensors()) {
-    js["params"].push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}});
-    if (p.decay) js["decay"].push_back(p.name);
-  }
-  std::ofstream(dir / "model.json") << js.dump();
-  write_raw(dir / "params.bin", std::vector<float>(model.params(), model.params() + P));
-  write_raw(dir / "tokens.bin", tokens);
+  write_reference_inputs(dir, cfg, model, B, tokens);
   const std::string cmd = cat("/usr/bin/python3 ", MYRIAD_SOURCE_DIR, "/tools/torch_reference.py ",
                               dir.string(), " > ", (dir / "log.txt").string(), " 2>&1");
   ASSERT_EQ(std::system(cmd.c_str()), 0)
@@ -204,6 +215,84 @@ INSTANTIATE_TEST_SUITE_P(
                       // The variant keys are independent: LayerNorm and GELU with RoPE and GQA.
                       Variant{"rope_gqa_layernorm_gelu", false, 0, true,
                               {"model.position_encoding=rope", "model.kv_heads=2", "model.rope_theta=100"}}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// Hugging Face Llama, checked independently of Myriad's own export: tools/torch_reference.py
+// writes a random Llama in transformers' layout (q_proj/k_proj/v_proj, gate_proj/up_proj,
+// safetensors of its own writing) and its logits by a separate HF-style forward (repeat_kv,
+// rotate_half). Myriad imports it: the weights come back as the ones the script was given, bit
+// for bit, and Myriad's logits of the imported model are the script's.
+class HfLlama : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(HfLlama, ImportOfTransformersLayoutGivesTheSameModel) {
+  const Variant v = GetParam();
+  const int B = 2;
+  std::vector<std::string> sets = {"model.layers=2", "model.d_model=32", "model.heads=4", "model.seq_len=8",
+                                   "model.vocab_size=50", "model.bias=false", "train.micro_batch=2",
+                                   "train.global_batch=2"};
+  sets.insert(sets.end(), v.block.begin(), v.block.end());
+  const Config cfg = parse_config("", "test", sets);
+  Gpt model(cfg);
+  std::vector<int32_t> tokens;
+  const fs::path dir = fs::temp_directory_path() / cat("myriad_hfllama_", v.name, "_", ::getpid());
+  write_reference_inputs(dir, cfg, model, B, tokens);
+  const std::string cmd = cat("/usr/bin/python3 ", MYRIAD_SOURCE_DIR, "/tools/torch_reference.py --hf-llama-write ",
+                              dir.string(), " > ", (dir / "log.txt").string(), " 2>&1");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "tools/torch_reference.py --hf-llama-write failed; log in " << (dir / "log.txt");
+
+  checkpoint::import_hf((dir / "hf").string(), (dir / "ckpt").string());
+  const nlohmann::json meta = checkpoint::read_meta((dir / "ckpt").string());
+  const Config imported = parse_config(meta.at("config").get<std::string>(), "meta");
+  for (const auto& [key, a, b] : {std::tuple<const char*, int64_t, int64_t>{"kv_heads", imported.model.kv(), cfg.model.kv()},
+                                  {"mlp_hidden", imported.model.ffn(), cfg.model.ffn()},
+                                  {"vocab_size", imported.model.vocab_size, cfg.model.vocab_size}})
+    EXPECT_EQ(a, b) << key;
+  EXPECT_EQ(imported.model.tied_embeddings, cfg.model.tied_embeddings);
+  EXPECT_EQ(imported.model.rope_theta, cfg.model.rope_theta);
+  EXPECT_EQ(imported.model.rope_scaling, cfg.model.rope_scaling);
+  EXPECT_EQ(imported.model.norm_eps, cfg.model.norm_eps);
+
+  // The imported weights, gathered into a model of the same config.
+  Config same = imported;
+  same.model.seq_len = cfg.model.seq_len;
+  Gpt back(same);
+  ASSERT_EQ(back.num_params(), model.num_params());
+  std::vector<checkpoint::Shard> shards;
+  for (const ParamSpec& p : back.layout().tensors()) {
+    const ParamLayout::Stored r = back.layout().stored(p);
+    shards.push_back({"model/" + p.name, r.global_shape, r.offset, r.shape, back.params() + p.offset});
+  }
+  checkpoint::load((dir / "ckpt").string(), meta, shards);
+  for (const ParamSpec& p : back.layout().tensors())
+    EXPECT_EQ(std::memcmp(back.params() + p.offset, model.params() + p.offset, p.numel * sizeof(float)), 0) << p.name;
+
+  const int T = static_cast<int>(cfg.model.seq_len), V = static_cast<int>(cfg.model.vocab_size);
+  const int64_t Vp = cfg.padded_vocab();
+  back.loss(tokens.data(), B);
+  std::vector<double> hf(static_cast<size_t>(B) * T * V);
+  std::ifstream in(dir / "hf_logits.bin", std::ios::binary);
+  in.read(reinterpret_cast<char*>(hf.data()), hf.size() * sizeof(double));
+  ASSERT_TRUE(in) << dir / "hf_logits.bin";
+  double d = 0, r = 0;
+  for (int64_t n = 0; n < int64_t(B) * T; ++n)
+    for (int j = 0; j < V; ++j) {
+      const double a = back.logits()[n * Vp + j], b = hf[n * V + j];
+      d += (a - b) * (a - b), r += b * b;
+    }
+  EXPECT_LT(std::sqrt(d / r), 1e-5);
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Variants, HfLlama,
+    ::testing::Values(Variant{"gqa_untied", false, 0, false, kLlama},
+                      Variant{"mqa_tied_scaled", false, 0, false,
+                              {"model.norm=rmsnorm", "model.position_encoding=rope", "model.mlp=swiglu",
+                               "model.mlp_hidden=40", "model.kv_heads=1", "model.rope_scaling=llama3",
+                               "model.rope_original_positions=64", "model.rope_factor=8"}},
+                      Variant{"mha", false, 0, false,
+                              {"model.norm=rmsnorm", "model.position_encoding=rope", "model.mlp=swiglu",
+                               "model.mlp_hidden=64", "model.tied_embeddings=false"}}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
