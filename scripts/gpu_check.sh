@@ -12,3 +12,4 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,driver_version --format=csv,n
 $M/bin/test_gpu "$@" 2>&1 | tee "$OUT/test_gpu.log" | grep -vE "^\[ +(RUN|OK) +\]" | tail -60
 bash scripts/gpu_launch_check.sh 2>&1 | tee "$OUT/launch_check.txt"
 bash scripts/gpu_layouts_check.sh 2>&1 | tee "$OUT/layouts_check.txt"
+bash scripts/gpu_hf_check.sh 2>&1 | tee "$OUT/hf_check.txt"

@@ -55,7 +55,7 @@ usage:
   myriad train   --config FILE [--set section.key=value]... [--run-dir DIR] [--resume auto|none|DIR]
   myriad prepare --input FILE [--input FILE]... --tokenizer byte|gpt2|llama3 --output PREFIX
                  [--valid-fraction F] [--doc-separator LINE] [--overwrite]
-  myriad sample  --checkpoint DIR --prompt TEXT [--tokens N] [--temperature T] [--top-k K] [--seed S]
+  myriad sample  --checkpoint DIR --prompt TEXT [--tokens N] [--temperature T] [--top-k K] [--seed S] [--logits FILE]
   myriad bench   --config FILE [--set section.key=value]... [--steps N] [--warmup K]
   myriad bench-init --ranks N [--store redis|file] [--url URL] [--threads T] [--tp 8] [--pp P] [--timeout S]
   myriad launch --nproc-per-node N [--nnodes M --node-rank R] [--rdzv URL] [--job NAME] [--grace-period S] [--max-restarts N] [--spare] [--node-name NAME] -- COMMAND [ARGS...]
@@ -187,7 +187,7 @@ int cmd_prepare(int argc, char** argv) {
 }
 
 int cmd_sample(int argc, char** argv) {
-  cli::Args args("sample", argc, argv, {"checkpoint", "prompt", "tokens", "temperature", "top-k", "seed"});
+  cli::Args args("sample", argc, argv, {"checkpoint", "prompt", "tokens", "temperature", "top-k", "seed", "logits"});
   LoadedModel m = load_for_inference(args.required("checkpoint"));
   auto tok = data::make_tokenizer(m.cfg.data.tokenizer);
   SampleOptions opt;
@@ -205,6 +205,21 @@ int cmd_sample(int argc, char** argv) {
   std::string prompt = args.required("prompt");
   std::vector<int32_t> ids = tok->encode(prompt);
   log::info("sample: ", m.dir, ", ", ids.size(), " prompt tokens");
+  // For comparing with another implementation: the prompt's ids and the logits after its last
+  // token, {"prompt_ids": [...], "logits": [vocab_size floats]}, into a new file.
+  if (args.has("logits")) {
+    const std::string path = args.get("logits");
+    if (std::filesystem::exists(std::filesystem::symlink_status(path)))
+      throw_input("myriad sample: --logits ", path, " exists: give a new file");
+    if (ids.empty() || int64_t(ids.size()) > m.cfg.model.seq_len)
+      throw_input("myriad sample: --logits needs a prompt of 1..", m.cfg.model.seq_len, " tokens, got ", ids.size());
+    std::vector<float> logits(static_cast<size_t>(m.cfg.padded_vocab()));
+    m.engine->last_logits(ids.data(), 1, static_cast<int>(ids.size()), logits.data());
+    logits.resize(static_cast<size_t>(m.cfg.model.vocab_size));
+    std::ofstream out(path);
+    out << nlohmann::json({{"prompt_ids", ids}, {"logits", logits}}).dump() << "\n";
+    if (!out) throw_input("myriad sample: cannot write --logits ", path);
+  }
   // Streamed token by token (the tokenizers decode byte-wise, so the pieces add up to the
   // whole), so a long sample shows progress and stops at end-of-text.
   std::cout << prompt << std::flush;

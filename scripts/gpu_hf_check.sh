@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# On the GPU machine, whose python3 has transformers (the dev machine has not): Hugging Face
+# Llama interchange against transformers itself.
+#   1. A llama3-tokenized Llama trained by Myriad, exported (fp32), loads with
+#      LlamaForCausalLM.from_pretrained and gives Myriad's logits (`myriad sample --logits`);
+#   2. the exported tokenizer (AutoTokenizer, add_special_tokens=False) encodes as Myriad does, on
+#      a prompt of unicode, digits, whitespace runs and contractions;
+#   3. a random LlamaForCausalLM saved by transformers (fp32 and bf16, untied, GQA) imports, and
+#      Myriad's logits are transformers'.
+# Prints one line per check ("ok: ..." or "FAIL: ..."); exits nonzero on a failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+B=${MYRIAD:-/tmp/m/bin/myriad}
+[ -f scripts/device_env.sh ] && source scripts/device_env.sh
+W=$(mktemp -d)
+fail=0
+P=$'Hello  world!! It\'s 2026: naïve café, ünïcödé 12345 6789.\n\n  We\'ll   see\tyou\'re right   '
+"$B" prepare --input README.md --input docs/ARCHITECTURE.md --tokenizer llama3 --output "$W/d" >"$W/prepare.log" 2>&1 || fail=1
+"$B" train --config configs/demo-llama.toml --run-dir "$W/run" --set data.train="$W/d" --set data.valid= \
+  --set data.tokenizer=llama3 --set model.vocab_size=128256 --set model.layers=2 --set model.d_model=64 \
+  --set model.seq_len=64 --set model.mlp_hidden=176 --set train.steps=3 --set train.device=cpu \
+  --set train.global_batch=2 --set train.micro_batch=1 >"$W/train.log" 2>&1 || { echo "FAIL: train"; tail -3 "$W/train.log"; fail=1; }
+"$B" export --checkpoint "$W/run" --dtype fp32 --output "$W/hf" >"$W/export.log" 2>&1 || { echo "FAIL: export"; tail -3 "$W/export.log"; fail=1; }
+"$B" sample --checkpoint "$W/run" --prompt "$P" --tokens 0 --logits "$W/myriad.json" >"$W/sample.log" 2>&1 ||
+  { echo "FAIL: sample --logits"; tail -3 "$W/sample.log"; fail=1; }
+python3 - "$W" "$P" <<'PY' || fail=1
+import json, sys, torch
+from transformers import AutoTokenizer, LlamaForCausalLM
+w, prompt = sys.argv[1], sys.argv[2]
+mine = json.load(open(f"{w}/myriad.json"))
+ok = True
+tok = AutoTokenizer.from_pretrained(f"{w}/hf")
+ids = tok(prompt, add_special_tokens=False).input_ids
+same = ids == mine["prompt_ids"]
+ok &= same
+print(f"{'ok' if same else 'FAIL'}: the exported llama3 tokenizer (AutoTokenizer, add_special_tokens=False) encodes the "
+      f"prompt as Myriad does: {len(ids)} ids" + ("" if same else f" vs {len(mine['prompt_ids'])}: {ids} / {mine['prompt_ids']}"))
+model = LlamaForCausalLM.from_pretrained(f"{w}/hf", torch_dtype=torch.float32).eval()
+with torch.no_grad():
+    got = model(torch.tensor([mine["prompt_ids"]])).logits[0, -1].double()
+ref = torch.tensor(mine["logits"], dtype=torch.float64)
+err = ((got - ref).norm() / ref.norm()).item()
+ok &= err < 1e-4
+print(f"{'ok' if err < 1e-4 else 'FAIL'}: LlamaForCausalLM.from_pretrained loads Myriad's export (GQA 4 over 2, untied? "
+      f"{not model.config.tie_word_embeddings}); its logits after the prompt are Myriad's within {err:.1e}")
+sys.exit(0 if ok else 1)
+PY
+for dtype in float32 bfloat16; do
+  python3 - "$W/tf_$dtype" "$dtype" <<'PY' || fail=1
+import json, sys, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+d, dtype = sys.argv[1], sys.argv[2]
+torch.manual_seed(0)
+cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, rope_theta=10000.0, tie_word_embeddings=False,
+                  rms_norm_eps=1e-5)
+model = LlamaForCausalLM(cfg).eval()
+with torch.no_grad():  # weights of a visible scale, the norms not all ones
+    for p in model.parameters():
+        p.normal_(0, 0.3 if p.dim() == 1 else 0.05).add_(1.0 if p.dim() == 1 else 0.0)
+model.to(getattr(torch, dtype)).save_pretrained(d, safe_serialization=True)
+ids = list(b"Hello world, it's 12:34")
+with torch.no_grad():
+    logits = model.float()(torch.tensor([ids])).logits[0, -1]
+json.dump({"prompt_ids": ids, "logits": logits.tolist()}, open(f"{d}/transformers.json", "w"))
+PY
+  "$B" import --hf "$W/tf_$dtype" --output "$W/tf_${dtype}_ckpt" >"$W/import_$dtype.log" 2>&1 ||
+    { echo "FAIL: import of transformers' $dtype Llama"; tail -3 "$W/import_$dtype.log"; fail=1; continue; }
+  "$B" sample --checkpoint "$W/tf_${dtype}_ckpt" --prompt "Hello world, it's 12:34" --tokens 0 --logits "$W/tf_$dtype.json" \
+    >"$W/sample_$dtype.log" 2>&1 || { echo "FAIL: sample of the imported $dtype model"; tail -3 "$W/sample_$dtype.log"; fail=1; continue; }
+  python3 - "$W/tf_$dtype/transformers.json" "$W/tf_$dtype.json" "$dtype" <<'PY' || fail=1
+import json, sys, math
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+same_ids = a["prompt_ids"] == b["prompt_ids"]
+d = math.sqrt(sum((x - y) ** 2 for x, y in zip(a["logits"], b["logits"])))
+r = math.sqrt(sum(y * y for y in a["logits"]))
+ok = same_ids and d / r < 1e-4
+print(f"{'ok' if ok else 'FAIL'}: a random LlamaForCausalLM saved by transformers in {sys.argv[3]} imports; Myriad's "
+      f"logits are transformers' within {d / r:.1e}" + ("" if same_ids else " (the prompt ids differ)"))
+sys.exit(0 if ok else 1)
+PY
+done
+[ "$fail" = 0 ] || cp "$W"/*.log "${OUT:-/tmp/out}/" 2>/dev/null
+rm -rf "$W"
+exit $fail
