@@ -9,6 +9,7 @@
 
 #include "core/config.h"
 #include "parallel/schedule.h"
+#include "model/flops.h"
 #include "model/gpt.h"
 #include "plan/planner.h"
 #include "test_util.h"
@@ -75,6 +76,36 @@ TEST(Planner, ModelFlopsPerTokenAreTheEnginesCount) {
     counts.push_back(gpt.flops_per_token());
   }
   EXPECT_EQ(counts[0] - counts[1], 12.0 * 2 * 64 * (32 - 8));  // the window's keys, not seq_len's
+  // The Llama block: fewer key/value heads, SwiGLU's three matrices, an untied head.
+  cfg.model.window = 0, cfg.model.heads = 4, cfg.model.kv_heads = 1, cfg.model.mlp = "swiglu";
+  cfg.model.mlp_hidden = 96, cfg.model.norm = "rmsnorm", cfg.model.position_encoding = "rope";
+  cfg.model.tied_embeddings = false;
+  const myriad::Gpt llama(cfg);
+  EXPECT_EQ(plan::flops_per_token(cfg.model), llama.flops_per_token());
+  const double D = 16, N = 2 * (64 * (4 + 2 * 1) * D + 4 * D * 64 + 3 * 64 * 96) + 384 * 64;
+  EXPECT_EQ(llama.flops_per_token(), 6 * N + 12.0 * 2 * 64 * 32);
+}
+
+// Llama 3 8B's 6N counts every matrix but the embedding lookup: its published 8,030,261,248
+// parameters less the embedding and the norms.
+TEST(Planner, LlamaMatmulWeightsAreThePublishedCountLessTheLookup) {
+  const myriad::Config l8 = myriad::load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/llama-3-8b.toml");
+  EXPECT_EQ(myriad::model::matmul_params(l8.model, 128256), 8030261248.0 - 128256.0 * 4096 - (2 * 32 + 1) * 4096.0);
+  // 70B on 1,024 GPUs of the test cluster: a layout that fits, at a plausible MFU.
+  const plan::Cluster c = plan::load_cluster(kCluster);
+  const myriad::Config l70 = myriad::load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/llama-3-70b.toml");
+  const plan::Prediction p = plan::predict(l70.model, 1024, 1024, c, plan::Layout{8, 8, 1, 1, "full"},
+                                           plan::parse_features("megascale"));
+  ASSERT_TRUE(p.fits) << p.why_not;
+  EXPECT_GT(p.mfu, 0.3);
+  EXPECT_LT(p.mfu, 0.7);
+  // With 4 key/value heads, tp 8 would split them: refused, naming why.
+  myriad::ModelConfig kv4 = l70.model;
+  kv4.kv_heads = 4;
+  const plan::Prediction q = plan::predict(kv4, 1024, 1024, c, plan::Layout{8, 8, 1, 1, "full"},
+                                           plan::parse_features("megascale"));
+  EXPECT_FALSE(q.fits);
+  EXPECT_NE(q.why_not.find("tp 8 does not divide 4 key/value heads"), std::string::npos) << q.why_not;
 }
 
 // Free transfers, one chunk per rank: the planner's pipeline is the simulator's 1F1B, whose
