@@ -421,10 +421,8 @@ void export_in_place(const fs::path& out, const std::function<std::vector<std::s
   for (const fs::path& p : stale) fs::remove_all(p, ec);
 }
 
-// Released GPT-2 checkpoints store the attention's mask buffers (h.N.attn.bias, in F32, BOOL or
-// U8, and h.N.attn.masked_bias): constants Myriad does not load, dropped unread.
+// Bytes of one element of a dtype Myriad writes or reads (F32; BF16, F16).
 int64_t dtype_bytes(const std::string& dtype) { return dtype == "F32" ? 4 : 2; }
-
 
 // fp32 <-> bfloat16 (its upper half; rounded to nearest even, NaN kept a NaN) and IEEE half.
 uint16_t to_bf16(float f) {
@@ -441,12 +439,12 @@ float from_bf16(uint16_t h) {
   return f;
 }
 float from_f16(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16, biased = (h >> 10) & 0x1fu, man = h & 0x3ffu;
   uint32_t u;
-  if (exp == 0x1f) {
+  if (biased == 0x1f) {
     u = sign | 0x7f800000u | (man << 13);  // inf, nan
-  } else if (exp != 0) {
-    u = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (biased != 0) {
+    u = sign | ((biased + 112) << 23) | (man << 13);
   } else if (man == 0) {
     u = sign;
   } else {  // subnormal: normalized into fp32's range
@@ -461,18 +459,31 @@ float from_f16(uint16_t h) {
   return f;
 }
 
+// Released GPT-2 checkpoints store the attention's mask buffers (h.N.attn.bias, in F32, BOOL or
+// U8, and h.N.attn.masked_bias): constants Myriad does not load, dropped unread.
 bool mask_buffer(const std::string& name) {
   return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias");
 }
 
 }  // namespace
 
+// The tensors, by name in ascending order (the data order is then fixed), without copying them.
+using TensorRefs = std::vector<std::pair<std::string, const HostTensor*>>;
+static void write_safetensors(const std::string& path, const TensorRefs& tensors, const std::string& dtype);
+
 void write_safetensors(const std::string& path, const std::map<std::string, HostTensor>& tensors,
                        const std::string& dtype) {
+  TensorRefs refs;
+  for (const auto& [name, t] : tensors) refs.emplace_back(name, &t);
+  write_safetensors(path, refs, dtype);
+}
+
+static void write_safetensors(const std::string& path, const TensorRefs& tensors, const std::string& dtype) {
   MYRIAD_CHECK(dtype == "F32" || dtype == "BF16", "safetensors dtype ", dtype);
   nlohmann::json header = {{"__metadata__", {{"format", "pt"}}}};  // transformers asks for "pt"
   int64_t at = 0;
-  for (const auto& [name, t] : tensors) {  // std::map: sorted names, so the data order is fixed
+  for (const auto& [name, tp] : tensors) {
+    const HostTensor& t = *tp;
     const int64_t bytes = static_cast<int64_t>(t.data.size()) * dtype_bytes(dtype);
     header[name] = {{"dtype", dtype}, {"shape", t.shape}, {"data_offsets", {at, at + bytes}}};
     at += bytes;
@@ -485,7 +496,8 @@ void write_safetensors(const std::string& path, const std::map<std::string, Host
   std::vector<std::string_view> pieces = {{len, 8}, text};
   std::vector<std::vector<uint16_t>> narrowed;  // BF16: each tensor rounded, to nearest even
   narrowed.reserve(tensors.size());
-  for (const auto& [name, t] : tensors) {
+  for (const auto& [name, tp] : tensors) {
+    const HostTensor& t = *tp;
     if (dtype == "F32") {
       pieces.emplace_back(reinterpret_cast<const char*>(t.data.data()), t.data.size() * sizeof(float));
       continue;
@@ -578,12 +590,12 @@ std::map<std::string, HostTensor> read_safetensors(const std::string& path,
 // shard, as transformers writes them. The files' names.
 static std::vector<std::string> write_model(const fs::path& into, const std::map<std::string, HostTensor>& tensors,
                                             const std::string& dtype, int64_t max_shard_bytes) {
-  std::vector<std::map<std::string, HostTensor>> shards(1);
+  std::vector<TensorRefs> shards(1);
   int64_t in_shard = 0, total = 0;
   for (const auto& [name, t] : tensors) {
     const int64_t bytes = static_cast<int64_t>(t.data.size()) * dtype_bytes(dtype);
     if (in_shard > 0 && in_shard + bytes > max_shard_bytes) shards.emplace_back(), in_shard = 0;
-    shards.back()[name] = t;
+    shards.back().emplace_back(name, &t);
     in_shard += bytes, total += bytes;
   }
   if (shards.size() == 1) {
@@ -596,7 +608,7 @@ static std::vector<std::string> write_model(const fs::path& into, const std::map
     char name[64];
     std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
     write_safetensors((into / name).string(), shards[i], dtype);
-    for (const auto& [tensor, t] : shards[i]) map[tensor] = name;
+    for (const auto& ref : shards[i]) map[ref.first] = name;
     files.push_back(name);
   }
   write_text(into / kIndex, nlohmann::json({{"metadata", {{"total_size", total}}}, {"weight_map", map}}).dump(2) + "\n");
@@ -612,8 +624,18 @@ void export_hf(const std::string& dir, const std::string& out_arg, const ExportO
   // A Llama-family model (any of the block's Llama keys) as LlamaForCausalLM, else GPT-2.
   const bool as_llama = llama::family(m);
   if (as_llama) {
-    if (const std::string why = llama::unfit(m); !why.empty())
+    if (const std::string why = llama::unfit(m); !why.empty()) {
+      // A GPT-2 block with a Llama key (fewer key/value heads, an untied head, another MLP width)
+      // fits neither format: named first is what GPT-2 lacks.
+      if (!m.rmsnorm() && !m.rope() && !m.swiglu()) {
+        const std::string key = m.kv() != m.heads       ? cat("model.kv_heads = ", m.kv())
+                                : !m.tied_embeddings    ? std::string("model.tied_embeddings = false")
+                                                        : cat("model.mlp_hidden = ", m.ffn());
+        throw_input("export: ", dir, " has ", key, ", which GPT-2 cannot express, and ", why, ": neither Hugging "
+                    "Face GPT-2 nor LlamaForCausalLM can express it");
+      }
       throw_input("export: ", dir, " has ", why, ": a Hugging Face LlamaForCausalLM cannot express it");
+    }
   } else {
     if (m.parallel_block)
       throw_input("export: ", dir, " has model.parallel_block = true, which GPT-2 cannot express (its blocks are sequential)");
@@ -656,7 +678,7 @@ void export_hf(const std::string& dir, const std::string& out_arg, const ExportO
       t.data.resize(static_cast<size_t>(numel(t.shape)));
       load(dir, meta, {{"model/" + p.name, t.shape, std::vector<int64_t>(t.shape.size(), 0), t.shape, t.data.data()}});
     }
-    tensors = llama::to_hf(own, m);
+    tensors = llama::to_hf(std::move(own), m);
   } else {
     const auto shapes = myriad_shapes(m, cfg.positions());
     for (const Names& n : gpt2_names(m)) {
@@ -837,13 +859,14 @@ static void refuse_non_finite(const std::map<std::string, HostTensor>& st, const
 static void save_imported(const fs::path& out, const Config& cfg, std::map<std::string, HostTensor>& model,
                           const std::string& hf_dir, const char* kind) {
   std::vector<Shard> shards;
-  std::map<std::string, std::vector<float>> zeros;
+  size_t largest = 0;
+  for (const auto& [tensor, t] : model) largest = std::max(largest, t.data.size());
+  const std::vector<float> zeros(largest, 0.0f);  // every tensor's moments: read, never written
   for (auto& [tensor, t] : model) {
     const std::vector<int64_t> at(t.shape.size(), 0);
     shards.push_back({"model/" + tensor, t.shape, at, t.shape, t.data.data()});
-    zeros[tensor].assign(t.data.size(), 0.0f);
-    shards.push_back({"optim/m/" + tensor, t.shape, at, t.shape, zeros[tensor].data()});
-    shards.push_back({"optim/v/" + tensor, t.shape, at, t.shape, zeros[tensor].data()});
+    shards.push_back({"optim/m/" + tensor, t.shape, at, t.shape, const_cast<float*>(zeros.data())});
+    shards.push_back({"optim/v/" + tensor, t.shape, at, t.shape, const_cast<float*>(zeros.data())});
   }
   nlohmann::json meta = {{"config", to_toml(cfg)},
                          {"data", {{"consumed", 0}, {"seed", cfg.train.seed}}},

@@ -100,22 +100,28 @@ nlohmann::json hf_config(const Config& cfg, const std::string& torch_dtype, int6
           {"myriad", {{"tokenizer", cfg.data.tokenizer}, {"step", step}}}};
 }
 
-std::map<std::string, HostTensor> to_hf(const std::map<std::string, HostTensor>& my, const ModelConfig& m) {
+std::map<std::string, HostTensor> to_hf(std::map<std::string, HostTensor> my, const ModelConfig& m) {
   const QkvRows x(m);
   const int64_t F = m.ffn();
   std::map<std::string, HostTensor> out;
-  auto get = [&](const std::string& name) -> const HostTensor& {
+  // Tensors that go over whole are moved; the fused ones are read once by rows, then dropped.
+  auto get = [&](const std::string& name) -> HostTensor& {
     auto it = my.find(name);
     MYRIAD_CHECK(it != my.end(), "the checkpoint's model has no tensor ", name);
     return it->second;
   };
-  out["model.embed_tokens.weight"] = get("wte");
-  out["model.norm.weight"] = get("lnf.w");
-  if (!m.tied_embeddings) out["lm_head.weight"] = get("lm_head");
+  auto take = [&](const std::string& name) {
+    HostTensor t = std::move(get(name));
+    my.erase(name);
+    return t;
+  };
+  out["model.embed_tokens.weight"] = take("wte");
+  out["model.norm.weight"] = take("lnf.w");
+  if (!m.tied_embeddings) out["lm_head.weight"] = take("lm_head");
   for (int64_t l = 0; l < m.layers; ++l) {
     const std::string h = hf_layer(l), y = my_layer(l);
-    out[h + "input_layernorm.weight"] = get(y + "ln1.w");
-    out[h + "post_attention_layernorm.weight"] = get(y + "ln2.w");
+    out[h + "input_layernorm.weight"] = take(y + "ln1.w");
+    out[h + "post_attention_layernorm.weight"] = take(y + "ln2.w");
     for (const char* kind : {"weight", "bias"}) {
       const std::string s = kind == std::string("weight") ? "w" : "b";
       if (s == "b" && !m.bias) continue;
@@ -123,11 +129,13 @@ std::map<std::string, HostTensor> to_hf(const std::map<std::string, HostTensor>&
       out[h + "self_attn.q_proj." + kind] = take_rows(qkv, x.H * x.D, [&](int64_t r) { return x.q(r); });
       out[h + "self_attn.k_proj." + kind] = take_rows(qkv, x.Hkv * x.D, [&](int64_t r) { return x.k(r); });
       out[h + "self_attn.v_proj." + kind] = take_rows(qkv, x.Hkv * x.D, [&](int64_t r) { return x.v(r); });
-      out[h + "self_attn.o_proj." + kind] = get(y + "attn.proj." + s);
+      my.erase(y + "attn.qkv." + s);
+      out[h + "self_attn.o_proj." + kind] = take(y + "attn.proj." + s);
       const HostTensor& fc = get(y + "mlp.fc." + s);
       out[h + "mlp.gate_proj." + kind] = take_rows(fc, F, [](int64_t f) { return 2 * f; });
       out[h + "mlp.up_proj." + kind] = take_rows(fc, F, [](int64_t f) { return 2 * f + 1; });
-      out[h + "mlp.down_proj." + kind] = get(y + "mlp.proj." + s);
+      my.erase(y + "mlp.fc." + s);
+      out[h + "mlp.down_proj." + kind] = take(y + "mlp.proj." + s);
     }
   }
   return out;
@@ -174,18 +182,23 @@ Config from_hf_config(const nlohmann::json& hf, const std::string& where) {
   if (m.heads > 0 && m.d_model % m.heads == 0 && integer("head_dim", m.d_model / m.heads) != m.d_model / m.heads)
     throw_input(where, "head_dim = ", hf["head_dim"].dump(), " but hidden_size / num_attention_heads = ",
                 m.d_model / m.heads, ": Myriad's head size is d_model / heads");
-  if (hf.contains("rope_scaling") && !hf["rope_scaling"].is_null()) {
-    const nlohmann::json& s = hf["rope_scaling"];
-    if (!s.is_object()) throw_input(where, "rope_scaling is ", s.dump(), ", not an object or null");
-    const nlohmann::json type = s.contains("rope_type") ? s["rope_type"] : s.contains("type") ? s["type"] : nlohmann::json();
+  // rope_scaling: none (null, or transformers' "default"), or Llama 3.1's.
+  const nlohmann::json scaling = hf.contains("rope_scaling") ? hf["rope_scaling"] : nlohmann::json();
+  if (!scaling.is_null() && !scaling.is_object())
+    throw_input(where, "rope_scaling is ", scaling.dump(), ", not an object or null");
+  const nlohmann::json type = scaling.is_null()                ? nlohmann::json("default")
+                              : scaling.contains("rope_type") ? scaling["rope_type"]
+                              : scaling.contains("type")      ? scaling["type"]
+                                                              : nlohmann::json();
+  if (type != "default") {
     if (type != "llama3")
       throw_input(where, "rope_scaling.rope_type = ", type.dump(), ": Myriad's rotary scaling is Llama 3.1's "
                   "(\"llama3\") or none");
     m.rope_scaling = "llama3";
-    m.rope_factor = number(s, "factor", m.rope_factor);
-    m.rope_low_freq_factor = number(s, "low_freq_factor", m.rope_low_freq_factor);
-    m.rope_high_freq_factor = number(s, "high_freq_factor", m.rope_high_freq_factor);
-    m.rope_original_positions = static_cast<int64_t>(number(s, "original_max_position_embeddings", 8192));
+    m.rope_factor = number(scaling, "factor", m.rope_factor);
+    m.rope_low_freq_factor = number(scaling, "low_freq_factor", m.rope_low_freq_factor);
+    m.rope_high_freq_factor = number(scaling, "high_freq_factor", m.rope_high_freq_factor);
+    m.rope_original_positions = static_cast<int64_t>(number(scaling, "original_max_position_embeddings", 8192));
   }
   // The tokenizer the model was trained with: what `export` wrote, else Llama 3's for its
   // vocabulary, else bytes (the ids then are not the model's own tokenizer's).

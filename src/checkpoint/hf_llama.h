@@ -31,7 +31,8 @@ std::string unfit(const ModelConfig& m);
 nlohmann::json hf_config(const Config& cfg, const std::string& torch_dtype, int64_t step);
 // Myriad's stored tensors (by name: "wte", "h.0.attn.qkv.w", ...; wte and lm_head of vocab_size
 // rows) as transformers' (by its names).
-std::map<std::string, HostTensor> to_hf(const std::map<std::string, HostTensor>& myriad, const ModelConfig& m);
+// `myriad` is consumed (a model's weights are held once).
+std::map<std::string, HostTensor> to_hf(std::map<std::string, HostTensor> myriad, const ModelConfig& m);
 
 // The Myriad config of a LlamaForCausalLM config.json (`where` prefixes errors: "import: FILE:
 // "); what Myriad cannot express is an input error naming the field. seq_len is

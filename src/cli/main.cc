@@ -1,4 +1,5 @@
 // `myriad`: the command line. The only place that turns errors into exit codes (README table).
+#include <fcntl.h>
 #include <omp.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -6,9 +7,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -209,16 +212,18 @@ int cmd_sample(int argc, char** argv) {
   // token, {"prompt_ids": [...], "logits": [vocab_size floats]}, into a new file.
   if (args.has("logits")) {
     const std::string path = args.get("logits");
-    if (std::filesystem::exists(std::filesystem::symlink_status(path)))
-      throw_input("myriad sample: --logits ", path, " exists: give a new file");
     if (ids.empty() || int64_t(ids.size()) > m.cfg.model.seq_len)
       throw_input("myriad sample: --logits needs a prompt of 1..", m.cfg.model.seq_len, " tokens, got ", ids.size());
+    // A new file only, made here (O_EXCL: never one that exists, nor through a link).
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0)
+      throw_input("myriad sample: --logits ", path, ": ", errno == EEXIST ? "exists: give a new file" : std::strerror(errno));
     std::vector<float> logits(static_cast<size_t>(m.cfg.padded_vocab()));
     m.engine->last_logits(ids.data(), 1, static_cast<int>(ids.size()), logits.data());
     logits.resize(static_cast<size_t>(m.cfg.model.vocab_size));
-    std::ofstream out(path);
-    out << nlohmann::json({{"prompt_ids", ids}, {"logits", logits}}).dump() << "\n";
-    if (!out) throw_input("myriad sample: cannot write --logits ", path);
+    const std::string text = nlohmann::json({{"prompt_ids", ids}, {"logits", logits}}).dump() + "\n";
+    const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    if (::close(fd) != 0 || !ok) throw_runtime("myriad sample: cannot write --logits ", path, ": ", std::strerror(errno));
   }
   // Streamed token by token (the tokenizers decode byte-wise, so the pieces add up to the
   // whole), so a long sample shows progress and stops at end-of-text.
@@ -245,7 +250,7 @@ int64_t parse_size(const std::string& flag, const std::string& text) {
   } catch (const std::exception&) {
     value = -1;
   }
-  if (value <= 0 || !units.count(unit))
+  if (value <= 0 || !units.count(unit) || value * units.at(unit) > 1e18)
     throw_input(flag, " ", text, " is not a size such as 5GB, 500MB or 2GiB");
   return static_cast<int64_t>(value * units.at(unit));
 }

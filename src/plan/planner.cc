@@ -159,6 +159,7 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
     return refuse(cat("pp x v = ", l.pp * l.v, " does not divide ", model.layers, " layers"));
   if (model.heads % l.tp != 0) return refuse(cat("tp ", l.tp, " does not divide ", model.heads, " heads"));
   if (model.kv() % l.tp != 0) return refuse(cat("tp ", l.tp, " does not divide ", model.kv(), " key/value heads"));
+  if (model.ffn() % l.tp != 0) return refuse(cat("tp ", l.tp, " does not divide the MLP's ", model.ffn(), " features"));
   p.dp = static_cast<int>(gpus / group);
   if (global_batch % (int64_t(p.dp) * l.mb) != 0)
     return refuse(cat("dp x mb = ", p.dp * l.mb, " does not divide the global batch ", global_batch));
@@ -234,7 +235,9 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
 
   // Data parallelism (distributed optimizer): fp32 gradients reduce-scattered, bf16 parameters
   // all-gathered, over the network; a ring that leaves a pod shares the spine.
-  const double params = model::matmul_params(model, model.vocab_size) / group;
+  // Every weight (the matmuls, and an untied embedding, a lookup the FLOPs do not count).
+  const double params =
+      (model::matmul_params(model, model.vocab_size) + (model.tied_embeddings ? 0.0 : V * d)) / group;
   const int64_t nodes = gpus / c.gpus_per_node;
   const double net = c.nodes_per_pod > 0 && nodes > c.nodes_per_pod ? c.net_gbps / c.spine_oversubscription : c.net_gbps;
   const double rs = ring_all_gather_s(params * c.grad_bytes, p.dp, net, c.net_latency_us),

@@ -29,6 +29,7 @@
 #include "core/fault.h"
 #include "core/log.h"
 #include "model/engine.h"
+#include "model/flops.h"
 #include "model/gpt.h"
 #include "optim/optimizer.h"
 #include "parallel/mappings.h"
@@ -284,10 +285,11 @@ class ModelEngine final : public Engine {
   static ModelPart model_part(const Config& cfg, const parallel::ParallelContext& ctx) {
     const int p = ctx.pp_size(), s = ctx.pp_rank(), v = static_cast<int>(cfg.parallel.virtual_stages);
     const double C = cfg.model.d_model, T = cfg.model.window > 0 ? std::min(cfg.model.window, cfg.model.seq_len) : cfg.model.seq_len;
-    // Forward FLOPs per token: a layer's GEMMs and attention; the head's logits; the embedding
-    // is a lookup.
+    // Forward FLOPs per token: a layer's GEMMs (model/flops.h's matmul weights, 24 C^2 for GPT-2's
+    // block) and attention; the head's logits; the embedding is a lookup.
+    const double layer_gemms = 2 * model::matmul_params(cfg.model, 0) / double(cfg.model.layers);
     const auto ranges = parallel::stage_layer_ranges(
-        cfg.parallel.stage_layers, static_cast<int>(cfg.model.layers), p, v, 24 * C * C + 4 * C * T,
+        cfg.parallel.stage_layers, static_cast<int>(cfg.model.layers), p, v, layer_gemms + 4 * C * T,
         0, 2 * C * double(cfg.padded_vocab()));
     ModelPart part{{}, s == 0, s == p - 1};
     for (int c = 0; c < v; ++c) part.chunks.push_back(ranges[c * p + s]);
@@ -315,9 +317,10 @@ class ModelEngine final : public Engine {
   std::vector<std::vector<FlatRange>> chunk_reads() {
     std::vector<std::vector<FlatRange>> out;
     for (const FlatRange& r : chunk_ranges()) out.push_back({r});
-    if (part_.head) {
-      const ParamSpec& head = model_.layout().find(cfg_.model.tied_embeddings ? "wte" : "lm_head");
-      out.back().push_back({head.offset, head.offset + head.numel});
+    // An untied lm_head is the layout's last tensor, inside the last chunk's range already.
+    if (part_.head && cfg_.model.tied_embeddings) {
+      const ParamSpec& wte = model_.layout().find("wte");
+      out.back().push_back({wte.offset, wte.offset + wte.numel});
     }
     chunk_reads_ = out;
     return out;

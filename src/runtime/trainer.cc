@@ -55,6 +55,7 @@ std::string model_difference(const Config& saved, const Config& now) {
       using T = std::decay_t<decltype(field)>;
       if constexpr (std::is_same_v<T, bool>) out.emplace_back(cat(s, ".", k), field ? "true" : "false");
       else if constexpr (std::is_arithmetic_v<T>) out.emplace_back(cat(s, ".", k), cat(field));
+      else if constexpr (std::is_same_v<T, std::string>) out.emplace_back(cat(s, ".", k), "\"" + field + "\"");
     };
   };
   a.visit(collect(va));

@@ -122,7 +122,9 @@ TEST_F(Cli, ResumeIsBitwiseIdentical) {
   std::map<std::string, int> tags;
   for (const myriad::TensorBoardScalar& s : myriad::read_tensorboard(files[0].string())) {
     ++tags[s.tag];
-    if (s.tag == "lm loss") EXPECT_EQ(s.value, float(ma[s.step - 1]["loss"].get<double>())) << s.step;
+    if (s.tag == "lm loss") {
+      EXPECT_EQ(s.value, float(ma[s.step - 1]["loss"].get<double>())) << s.step;
+    }
   }
   for (const char* t : {"lm loss", "learning-rate", "grad-norm", "iteration-time", "throughput/tokens_per_s",
                         "phase/forward_ms", "phase/backward_ms", "phase/optimizer_ms"})
@@ -206,6 +208,12 @@ TEST_F(Cli, BadCheckpoints) {
   // A different model.
   expect_input_error(run(train_args(rd, "--set train.steps=4 --set model.d_model=64 --resume auto")),
                      "model.d_model = 32 in the checkpoint but 64");
+  // The same shapes, another block: a text key differs (LayerNorm's tensors without biases are
+  // RMSNorm's).
+  const fs::path nb = dir_ / "ckpt_nobias";
+  ASSERT_EQ(run(train_args(nb, "--set train.steps=2 --set model.bias=false")).code, 0);
+  expect_input_error(run(train_args(nb, "--set train.steps=4 --set model.bias=false --set model.norm=rmsnorm --resume auto")),
+                     "model.norm = \"layernorm\" in the checkpoint but \"rmsnorm\" in the config");
   // One flipped byte in the tensor data.
   const fs::path shard = rd / "checkpoints/step_00000002/shard_00000.bin";
   std::string bytes = read_file(shard);

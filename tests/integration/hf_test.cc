@@ -755,6 +755,8 @@ TEST_F(Interchange, WhatLlamaOrMyriadCannotExpressIsRefused) {
   expect_input_error(with_config("bias", [](auto& c) { c["attention_bias"] = true; }),
                      "attention_bias = true but mlp_bias = false");
   expect_input_error(with_config("gelu", [](auto& c) { c["hidden_act"] = "gelu"; }), "hidden_act = \"gelu\"");
+  // transformers' "default" scaling is none.
+  EXPECT_EQ(with_config("default_scaling", [](auto& c) { c["rope_scaling"] = {{"rope_type", "default"}}; }).code, 0);
   expect_input_error(with_config("head_dim", [](auto& c) { c["head_dim"] = 16; }), "head_dim = 16");
   expect_input_error(with_config("kv3", [](auto& c) { c["num_key_value_heads"] = 3; }),
                      "model.kv_heads (3) must divide model.heads (4)");
@@ -767,6 +769,11 @@ TEST_F(Interchange, WhatLlamaOrMyriadCannotExpressIsRefused) {
                                     (dir_ / "llama_window_hf").string())),
                      "model.window = 4 (LlamaForCausalLM's attention is full causal)");
   EXPECT_FALSE(fs::exists(dir_ / "llama_window_hf"));
+  // A GPT-2 block with fewer key/value heads fits neither format; the message names what GPT-2 lacks.
+  ASSERT_EQ(run_myriad(train(dir_ / "gpt2_gqa", "--set train.steps=1 --set model.kv_heads=2")).code, 0);
+  expect_input_error(run_myriad(cat("export --checkpoint ", (dir_ / "gpt2_gqa").string(), " --output ",
+                                    (dir_ / "gpt2_gqa_hf").string())),
+                     "model.kv_heads = 2, which GPT-2 cannot express, and model.norm = \"layernorm\"");
   expect_input_error(run_myriad(cat("export --checkpoint ", rd.string(), " --dtype fp16 --output ", (dir_ / "x").string())),
                      "--dtype fp16 is not one of: bf16, fp32");
   expect_input_error(run_myriad(cat("export --checkpoint ", rd.string(), " --max-shard-size lots --output ", (dir_ / "x").string())),

@@ -363,7 +363,7 @@ struct Shape {
   // Call c's offsets: into QKV (its group's first query head; k and v follow), the output and
   // the statistics.
   int64_t qkv_offset(int c) const { return int64_t(c) * (G + 2) * D; }
-  int64_t k_offset() const { return int64_t(G == 1 ? 1 : G) * D; }  // from the call's first query head
+  int64_t k_offset() const { return int64_t(G) * D; }  // from the call's first query head
   int64_t out_offset(int c) const { return int64_t(c) * hq() * D; }
   int64_t stats_offset(int c) const { return int64_t(c) * hq() * T; }
 };
@@ -550,6 +550,7 @@ size_t workspace_bytes() {
 
 void attention_forward(__nv_bfloat16* out, float* stats, const __nv_bfloat16* qkv, int B, int T, int H, int Hkv,
                        int D, int window, cudaStream_t stream) {
+  MYRIAD_CHECK(Hkv > 0 && H % Hkv == 0, "attention: ", H, " query heads over ", Hkv, " key/value heads");
   const Shape x{B, T, H, H / Hkv, D, window, deterministic_default};
   auto [f, b] = plan_for(x);
   for (int c = 0; c < x.calls(); ++c) {
@@ -563,6 +564,7 @@ void attention_forward(__nv_bfloat16* out, float* stats, const __nv_bfloat16* qk
 void attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* out,
                         const __nv_bfloat16* qkv, const float* stats, int B, int T, int H, int Hkv, int D, int window,
                         cudaStream_t stream) {
+  MYRIAD_CHECK(Hkv > 0 && H % Hkv == 0, "attention: ", H, " query heads over ", Hkv, " key/value heads");
   const Shape x{B, T, H, H / Hkv, D, window, deterministic_default};
   auto [f, b] = plan_for(x);
   char* ws = static_cast<char*>(plans().ws);
