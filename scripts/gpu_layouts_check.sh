@@ -52,6 +52,18 @@ train1() {  # RUN [--set ...]: one process
   local rd=$1; shift
   $B "${args[@]}" --run-dir "$W/$rd" "$@" >"$W/$rd.log" 2>&1 || { say "FAIL: $rd (exit $?)"; tail -5 "$W/$rd.log"; fail=1; }
 }
+# WHAT REF RUN: RUN was restarted (its events say so) and its step-20 shards are REF's, bit for bit.
+resumed_bitwise() {
+  local same=1 f
+  for f in "$W/$2"/checkpoints/step_00000020/shard_*.bin; do
+    cmp -s "$f" "$W/$3/checkpoints/step_00000020/$(basename "$f")" || same=0
+  done
+  if [ "$same" = 1 ] && grep -q '"restart"' "$W/$3/driver/events.jsonl" 2>/dev/null; then
+    say "ok: $1: the step-20 shards equal the unbroken run's, bit for bit"
+  else
+    say "FAIL: $1 (same shards: $same)"; tail -5 "$W/$3.log"; fail=1
+  fi
+}
 launch() {  # RUN NPROC [launcher flags --] [--set ...]
   local rd=$1 n=$2; shift 2
   $B launch --nproc-per-node "$n" ${LFLAGS:-} -- "${args[@]}" --run-dir "$W/$rd" "$@" >"$W/$rd.log" 2>&1 ||
@@ -97,28 +109,12 @@ compare "Llama: dp 2" llama_dp2 llama_one
 launch llama_3d 8 "${llama[@]}" --set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.sequence_parallel=true
 compare "Llama: tp 2 x pp 2 x dp 2 + sp (8 processes)" llama_3d llama_one
 MYRIAD_INJECT_FAULT=step:14:kill@rank=0 LFLAGS="--max-restarts 1" launch llama_one_killed 1 "${llama[@]}"
-same=1
-for f in "$W"/llama_one/checkpoints/step_00000020/shard_*.bin; do
-  cmp -s "$f" "$W/llama_one_killed/checkpoints/step_00000020/$(basename "$f")" || same=0
-done
-if [ "$same" = 1 ] && grep -q '"restart"' "$W/llama_one_killed/driver/events.jsonl" 2>/dev/null; then
-  say "ok: Llama on one GPU killed at step 14, restarted: the step-20 shards equal the unbroken run's, bit for bit"
-else
-  say "FAIL: Llama resume on one GPU (same shards: $same)"; tail -5 "$W/llama_one_killed.log"; fail=1
-fi
+resumed_bitwise "Llama on one GPU killed at step 14, restarted" llama_one llama_one_killed
 
 # Bitwise resume in 3D: killed at step 14 in the first attempt, restarted from step 10.
 MYRIAD_INJECT_FAULT=step:14:kill@rank=5 LFLAGS="--max-restarts 1" launch tp2_pp2_dp2_killed 8 \
   --set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.sequence_parallel=true
-same=1
-for f in "$W"/tp2_pp2_dp2/checkpoints/step_00000020/shard_*.bin; do
-  cmp -s "$f" "$W/tp2_pp2_dp2_killed/checkpoints/step_00000020/$(basename "$f")" || same=0
-done
-if [ "$same" = 1 ] && grep -q '"restart"' "$W/tp2_pp2_dp2_killed/driver/events.jsonl" 2>/dev/null; then
-  say "ok: tp 2 x pp 2 x dp 2 with rank 5 killed at step 14, restarted: the step-20 shards equal the unbroken run's, bit for bit"
-else
-  say "FAIL: tp 2 x pp 2 x dp 2 resume (same shards: $same)"; tail -5 "$W/tp2_pp2_dp2_killed.log"; fail=1
-fi
+resumed_bitwise "tp 2 x pp 2 x dp 2 with rank 5 killed at step 14, restarted" tp2_pp2_dp2 tp2_pp2_dp2_killed
 
 # The GPU 3D checkpoint trains on elsewhere: one GPU, one CPU process, CPU tp 2 x dp 2.
 ck="$W/tp2_pp2_dp2/checkpoints/step_00000020"

@@ -1125,28 +1125,21 @@ def main():
     if args.selftest:
         return selftest()
     if args.gpt2:
-        torch.set_default_dtype(torch.float64)
-        try:
-            run_gpt2(args.gpt2, args.dir)
-        except (OSError, ValueError, KeyError) as e:
-            print(f"torch_reference.py: {args.gpt2}: {e}", file=sys.stderr)
-            return 2
-        return 0
+        return in_float64(args.gpt2, lambda: run_gpt2(args.gpt2, args.dir))
     if args.hf_llama_write:
-        torch.set_default_dtype(torch.float64)
-        try:
-            run_hf_llama_write(args.hf_llama_write)
-        except (OSError, ValueError, KeyError) as e:
-            print(f"torch_reference.py: {args.hf_llama_write}: {e}", file=sys.stderr)
-            return 2
-        return 0
+        return in_float64(args.hf_llama_write, lambda: run_hf_llama_write(args.hf_llama_write))
     if not args.dir:
         ap.error("give DIR or --selftest")
+    return in_float64(args.dir, lambda: run_reference(args.dir))
+
+
+def in_float64(where, run):
+    """Runs `run` in float64; a bad input (a missing file, a wrong field) is exit 2, named."""
     torch.set_default_dtype(torch.float64)
     try:
-        run_reference(args.dir)
+        run()
     except (OSError, ValueError, KeyError) as e:
-        print(f"torch_reference.py: {args.dir}: {e}", file=sys.stderr)
+        print(f"torch_reference.py: {where}: {e}", file=sys.stderr)
         return 2
     return 0
 
