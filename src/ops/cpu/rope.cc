@@ -2,7 +2,9 @@
 // The cosines and sines depend only on (position, pair), not on the batch row or the head, so
 // they are tabulated once per call, (T, D/2) each, in double and rounded to Real; every head of
 // every row then rotates with the same numbers. Rows go in parallel (static split; each row is
-// independent and elementwise, so the bits cannot depend on the thread count).
+// independent and elementwise, so the bits cannot depend on the thread count). The table and
+// the rotation share one parallel region: waking the threads costs more than either (measured:
+// two regions a call made the Llama demo's steps 20% slower on 2 cores).
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -22,7 +24,9 @@ void rope_rotate(Real* qkv, const double* freqs, int B, int T, int Hkv, int G, i
   const int64_t row_stride = static_cast<int64_t>(Hkv) * (G + 2) * D;
   std::vector<Real> cos_tab(static_cast<size_t>(T) * half);  // (T, D/2)
   std::vector<Real> sin_tab(static_cast<size_t>(T) * half);  // (T, D/2), negated when inverse
-#pragma omp parallel for schedule(static)
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
   for (int t = 0; t < T; ++t) {
     const double p = static_cast<double>(pos0) + t;
     for (int i = 0; i < half; ++i) {
@@ -31,8 +35,8 @@ void rope_rotate(Real* qkv, const double* freqs, int B, int T, int Hkv, int G, i
       const double s = std::sin(a);
       sin_tab[static_cast<size_t>(t) * half + i] = static_cast<Real>(inverse ? -s : s);
     }
-  }
-#pragma omp parallel for schedule(static)
+  }  // (the for's barrier: the table is whole before any row reads it)
+#pragma omp for schedule(static)
   for (int64_t bt = 0; bt < static_cast<int64_t>(B) * T; ++bt) {
     const int t = static_cast<int>(bt % T);
     const Real* c = cos_tab.data() + static_cast<size_t>(t) * half;  // (D/2)
@@ -52,6 +56,7 @@ void rope_rotate(Real* qkv, const double* freqs, int B, int T, int Hkv, int G, i
         }
       }
     }
+  }
   }
 }
 
