@@ -874,6 +874,12 @@ int cmd_launch(int argc, char** argv) {
                   ") beat within its last 5 beats; wait for it to end, stop it, or give this run another --job or --rdzv "
                   "job name");
   }
+  // The beats that must not hold this agent's loop up (an unsupervised launch's own, and the
+  // last one): a connection of their own that gives up after 2 s, as the store check's does.
+  // Through `place`, a store gone mid-run would be waited for 30 s a beat while the workers,
+  // the hang watch and the store check go unattended.
+  std::optional<driver::JobBoard> quick;
+  if (place) quick.emplace(plan.rdzv, 2);
   // Whatever ends this launch, its agent says so at once, so that a relaunch under the same
   // name need not wait for its heartbeat to expire.
   struct EndBeat {
@@ -892,7 +898,7 @@ int cmd_launch(int argc, char** argv) {
   if (place) {
     nlohmann::json ended = starting();
     ended["status"] = "ended";
-    end_beat = {place, cat("node", plan.node_rank), ended, beat_ttl_s};
+    end_beat = {&*quick, cat("node", plan.node_rank), ended, beat_ttl_s};
   }
   // The attempt a supervised restart starts, decided by the job's agents (nullopt: count arrivals).
   std::optional<int64_t> next_attempt;
@@ -1017,7 +1023,7 @@ int cmd_launch(int argc, char** argv) {
         nlohmann::json running = starting();
         running["status"] = "training";
         try {
-          place->beat(cat("node", plan.node_rank), running, beat_ttl_s);
+          quick->beat(cat("node", plan.node_rank), running, beat_ttl_s);
         } catch (const Error&) {  // the store gone: StoreWatch says so; the workers train on
         }
       }
