@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gpu/gpu_test_util.h"
@@ -356,3 +357,35 @@ INSTANTIATE_TEST_SUITE_P(Cases, SwiGlu,
                          });
 
 }  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Grouped-query QKV into the heads' layout (what cuDNN's attention reads in one call) and back:
+// every element where the layouts' definitions put it, and the round trip exact.
+
+TEST(QkvHeads, MovesEveryElementAndBack) {
+  for (const auto& [H, Hkv, D] : {std::tuple{8, 2, 64}, std::tuple{4, 1, 128}, std::tuple{32, 8, 64}, std::tuple{6, 6, 16}}) {
+    SCOPED_TRACE(::testing::Message() << "H " << H << " Hkv " << Hkv << " D " << D);
+    const int G = H / Hkv, tokens = 37;
+    const size_t per = size_t(H + 2 * Hkv) * D, n = tokens * per;
+    std::mt19937_64 gen(seed() + H);
+    const std::vector<float> x = round_bf16(randn(n, gen));
+    std::vector<float> want(n);
+    for (int t = 0; t < tokens; ++t)
+      for (int g = 0; g < Hkv; ++g)
+        for (int j = 0; j < G + 2; ++j)
+          for (int d = 0; d < D; ++d) {
+            const size_t from = t * per + (size_t(g) * (G + 2) + j) * D + d;
+            const size_t to = t * per + (j < G ? (size_t(g) * G + j) * D : j == G ? size_t(H + g) * D : size_t(H + Hkv + g) * D) + d;
+            want[to] = x[from];
+          }
+    Dev<bf16> a(n), b(n), c(n);
+    up(a, x);
+    b.poison();
+    c.poison();
+    cu::qkv_to_heads(b.p, a.p, tokens, H, Hkv, D, nullptr);
+    cu::qkv_from_heads(c.p, b.p, tokens, H, Hkv, D, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(down(b), want);
+    EXPECT_EQ(down(c), x);
+  }
+}

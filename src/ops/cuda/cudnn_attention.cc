@@ -21,6 +21,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "ops/cuda/ops.cuh"
 
 namespace myriad::cuda::cudnn {
 
@@ -338,34 +339,31 @@ class Graph {
 enum : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kScale = 50, kOne, kScaleDS, kNegInf = 60 };
 
 // Myriad's layouts as (B,heads,T,D) views: QKV per token (Hkv,G+2,D), the output (H,D). With
-// G = 1 one call covers every head (QKV per token (H,3,D)). With G > 1 the query heads of all
-// groups are no single stride apart, so each call covers one key/value head's group: G query
-// heads over one key/value head (cuDNN broadcasts it; its gradients reduce the G heads'),
-// the call's pointers offset to the group.
+// G = 1 the heads are one stride (3D) apart: one call reads QKV where it is. With G > 1 the
+// query heads of different groups are not one stride apart, so QKV is first moved into the
+// heads' layout, per token [H query heads | Hkv keys | Hkv values] (qkv_to_heads, in this
+// module's buffer; the gradients back with qkv_from_heads): one call over all H query heads,
+// cuDNN broadcasting each key/value head to its G query heads and reducing their dK and dV.
 struct Shape {
   int B, T, H, G, D, window;
   bool deterministic;
   auto key() const { return std::make_tuple(B, T, H, G, D, window, deterministic); }
-  int hq() const { return G == 1 ? H : G; }  // query heads of one call
-  int hk() const { return G == 1 ? H : 1; }  // key/value heads of one call
-  int calls() const { return H / hq(); }
-  int64_t token() const { return int64_t(H + 2 * (H / G)) * D; }  // elements of a token's QKV
-  Graph::Dims q_strides() const { return {int64_t(T) * token(), G == 1 ? 3 * D : D, token(), 1}; }
-  Graph::Dims kv_strides() const { return {int64_t(T) * token(), int64_t(G + 2) * D, token(), 1}; }
+  int Hkv() const { return H / G; }
+  int64_t token() const { return int64_t(H + 2 * Hkv()) * D; }  // elements of a token's QKV
+  bool moved() const { return G > 1; }                            // QKV in the heads' layout
+  Graph::Dims q_strides() const { return {int64_t(T) * token(), moved() ? D : 3 * D, token(), 1}; }
+  Graph::Dims kv_strides() const { return {int64_t(T) * token(), moved() ? D : 3 * D, token(), 1}; }
   Graph::Dims out_strides() const { return {int64_t(T) * H * D, D, int64_t(H) * D, 1}; }
-  Graph::Dims stats_strides() const { return {int64_t(H) * T, T, 1, 1}; }
-  Graph::Dims bhtd() const { return {B, hq(), T, D}; }
-  Graph::Dims kv_btd() const { return {B, hk(), T, D}; }
-  Graph::Dims kv_bdt() const { return {B, hk(), D, T}; }
-  Graph::Dims scores() const { return {B, hq(), T, T}; }
-  Graph::Dims rows() const { return {B, hq(), T, 1}; }
+  Graph::Dims bhtd() const { return {B, H, T, D}; }
+  Graph::Dims kv_btd() const { return {B, Hkv(), T, D}; }
+  Graph::Dims kv_bdt() const { return {B, Hkv(), D, T}; }
+  Graph::Dims scores() const { return {B, H, T, T}; }
+  Graph::Dims rows() const { return {B, H, T, 1}; }
   float scale() const { return 1.0f / std::sqrt(float(D)); }
-  // Call c's offsets: into QKV (its group's first query head; k and v follow), the output and
-  // the statistics.
-  int64_t qkv_offset(int c) const { return int64_t(c) * (G + 2) * D; }
-  int64_t k_offset() const { return int64_t(G) * D; }  // from the call's first query head
-  int64_t out_offset(int c) const { return int64_t(c) * hq() * D; }
-  int64_t stats_offset(int c) const { return int64_t(c) * hq() * T; }
+  // From the first query head: the first key and the first value.
+  int64_t k_offset() const { return moved() ? int64_t(H) * D : D; }
+  int64_t v_offset() const { return moved() ? int64_t(H + Hkv()) * D : 2 * D; }
+  size_t qkv_bytes() const { return size_t(B) * T * token() * 2; }
 };
 Graph::Dims transposed(Graph::Dims s) { return {s[0], s[1], s[3], s[2]}; }
 
@@ -377,7 +375,7 @@ std::unique_ptr<Graph> forward_graph(const Shape& x) {
   auto kt = g->io(kK, CUDNN_DATA_BFLOAT16, x.kv_bdt(), transposed(x.kv_strides()));
   auto v = g->io(kV, CUDNN_DATA_BFLOAT16, x.kv_btd(), x.kv_strides());
   auto o = g->io(kO, CUDNN_DATA_BFLOAT16, x.bhtd(), x.out_strides());
-  auto stats = g->io(kStats, CUDNN_DATA_FLOAT, R, x.stats_strides());
+  auto stats = g->io(kStats, CUDNN_DATA_FLOAT, R, packed(R));
   auto s1 = g->virt(CUDNN_DATA_FLOAT, S), s2 = g->virt(CUDNN_DATA_FLOAT, S);
   g->matmul(q, kt, s1);
   g->pointwise(CUDNN_POINTWISE_MUL, s1, g->scalar(kScale, x.scale()), nullptr, s2);
@@ -408,17 +406,17 @@ std::unique_ptr<Graph> backward_graph(const Shape& x) {
   auto vt = g->io(kV, CUDNN_DATA_BFLOAT16, x.kv_bdt(), transposed(ks));
   auto o = g->io(kO, CUDNN_DATA_BFLOAT16, x.bhtd(), os);
   auto dout = g->io(kDO, CUDNN_DATA_BFLOAT16, x.bhtd(), os);
-  auto stats = g->io(kStats, CUDNN_DATA_FLOAT, R, x.stats_strides());
+  auto stats = g->io(kStats, CUDNN_DATA_FLOAT, R, packed(R));
   auto dq = g->io(kDQ, CUDNN_DATA_BFLOAT16, x.bhtd(), qs);
   auto dk = g->io(kDK, CUDNN_DATA_BFLOAT16, x.kv_btd(), ks);
   auto dv = g->io(kDV, CUDNN_DATA_BFLOAT16, x.kv_btd(), ks);
-  // With a group's G query heads over one key/value head, dK and dV are made per query head
-  // and reduced over the group.
+  // With G query heads over each key/value head, dK and dV are made per query head and reduced
+  // over each group.
   auto dk_heads = x.G == 1 ? dk : g->virt(CUDNN_DATA_BFLOAT16, x.bhtd());
   auto dv_heads = x.G == 1 ? dv : g->virt(CUDNN_DATA_BFLOAT16, x.bhtd());
   auto softmax_sum = g->io(kSoftmaxSum, CUDNN_DATA_FLOAT, R, packed(R));
   // rowsum(dO * O)
-  const Graph::Dims od = {int64_t(x.hq()) * x.T * x.D, int64_t(x.T) * x.D, int64_t(x.hq()) * x.D, 1};
+  const Graph::Dims od = {int64_t(x.H) * x.T * x.D, int64_t(x.T) * x.D, int64_t(x.H) * x.D, 1};
   auto dot = g->virt(CUDNN_DATA_FLOAT, x.bhtd(), od), dsum = g->virt(CUDNN_DATA_FLOAT, R);
   g->pointwise(CUDNN_POINTWISE_MUL, dout, o, nullptr, dot);
   g->reduction(CUDNN_REDUCE_TENSOR_ADD, dot, dsum);
@@ -477,9 +475,9 @@ Plans& plans() {
 
 // The backward's fp32 scratch, at the start of its workspace: rowsum(dO O) (B,H,T), padded to
 // 256 bytes, then the dQ accumulator (B,H,T,D) when not deterministic.
-size_t row_sums_bytes(const Shape& x) { return (size_t(x.B) * x.hq() * x.T * 4 + 255) / 256 * 256; }
+size_t row_sums_bytes(const Shape& x) { return (size_t(x.B) * x.H * x.T * 4 + 255) / 256 * 256; }
 size_t backward_scratch_bytes(const Shape& x) {
-  return row_sums_bytes(x) + (x.deterministic ? 0 : size_t(x.B) * x.hq() * x.T * x.D * 4);
+  return row_sums_bytes(x) + (x.deterministic ? 0 : size_t(x.B) * x.H * x.T * x.D * 4);
 }
 
 std::pair<Graph*, Graph*> plan_for(const Shape& x) {
@@ -497,13 +495,37 @@ std::pair<Graph*, Graph*> plan_for(const Shape& x) {
       ps.ws_bytes = need;
     }
     log::info("attention: cuDNN ", api().GetVersion(), " fused attention for B ", x.B, " T ", x.T, " H ", x.H,
-              x.G > 1 ? cat(" (", x.calls(), " groups of ", x.G, " over one key/value head)") : "", " D ", x.D, x.window ? cat(" window ", x.window) : "", x.deterministic ? ", deterministic" : "",
+              x.G > 1 ? cat(" over ", x.Hkv(), " key/value heads") : "", " D ", x.D, x.window ? cat(" window ", x.window) : "", x.deterministic ? ", deterministic" : "",
               " (workspace ", (need + (1 << 20) - 1) >> 20, " MiB)");
     it = ps.by_shape.emplace(x.key(), std::make_pair(std::move(f), std::move(b))).first;
   }
   return {it->second.first.get(), it->second.second.get()};
 }
 
+
+// QKV (and its gradient) in the heads' layout, for G > 1: grown to the largest shape's, held for
+// the process (counted in workspace_bytes).
+struct Moved {
+  std::mutex mu;
+  __nv_bfloat16* buf = nullptr;  // [qkv | dqkv], each qkv_bytes
+  size_t bytes = 0;
+};
+Moved& moved_buffer() {
+  static Moved m;
+  return m;
+}
+__nv_bfloat16* moved_qkv(const Shape& x) {
+  Moved& m = moved_buffer();
+  std::lock_guard<std::mutex> lock(m.mu);
+  if (2 * x.qkv_bytes() > m.bytes) {
+    cuda_ok(cudaDeviceSynchronize(), "synchronize before the moved QKV grows");
+    cudaFree(m.buf);
+    m.buf = nullptr;
+    cuda_ok(cudaMalloc(&m.buf, 2 * x.qkv_bytes()), "moved QKV");
+    m.bytes = 2 * x.qkv_bytes();
+  }
+  return m.buf;
+}
 
 bool deterministic_default = true;
 
@@ -544,8 +566,13 @@ bool supports(int B, int T, int H, int Hkv, int D, int window, std::string* why)
 void set_deterministic(bool on) { deterministic_default = on; }
 
 size_t workspace_bytes() {
+  size_t moved = 0;
+  {
+    std::lock_guard<std::mutex> lock(moved_buffer().mu);
+    moved = moved_buffer().bytes;
+  }
   std::lock_guard<std::mutex> lock(plans().mu);
-  return plans().ws_bytes;
+  return plans().ws_bytes + moved;
 }
 
 void attention_forward(__nv_bfloat16* out, float* stats, const __nv_bfloat16* qkv, int B, int T, int H, int Hkv,
@@ -553,12 +580,13 @@ void attention_forward(__nv_bfloat16* out, float* stats, const __nv_bfloat16* qk
   MYRIAD_CHECK(Hkv > 0 && H % Hkv == 0, "attention: ", H, " query heads over ", Hkv, " key/value heads");
   const Shape x{B, T, H, H / Hkv, D, window, deterministic_default};
   auto [f, b] = plan_for(x);
-  for (int c = 0; c < x.calls(); ++c) {
-    auto* q = const_cast<__nv_bfloat16*>(qkv) + x.qkv_offset(c);
-    f->execute({{kQ, q}, {kK, q + x.k_offset()}, {kV, q + x.k_offset() + D}, {kO, out + x.out_offset(c)},
-                {kStats, stats + x.stats_offset(c)}},
-               plans().ws, stream);
+  auto* q = const_cast<__nv_bfloat16*>(qkv);
+  if (x.moved()) {
+    __nv_bfloat16* heads = moved_qkv(x);
+    qkv_to_heads(heads, qkv, int64_t(B) * T, H, Hkv, D, stream);
+    q = heads;
   }
+  f->execute({{kQ, q}, {kK, q + x.k_offset()}, {kV, q + x.v_offset()}, {kO, out}, {kStats, stats}}, plans().ws, stream);
 }
 
 void attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* out,
@@ -568,18 +596,20 @@ void attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __
   const Shape x{B, T, H, H / Hkv, D, window, deterministic_default};
   auto [f, b] = plan_for(x);
   char* ws = static_cast<char*>(plans().ws);
-  for (int c = 0; c < x.calls(); ++c) {
-    auto* q = const_cast<__nv_bfloat16*>(qkv) + x.qkv_offset(c);
-    __nv_bfloat16* dq = dqkv + x.qkv_offset(c);
-    std::vector<std::pair<int64_t, void*>> ptrs = {
-        {kQ, q}, {kK, q + x.k_offset()}, {kV, q + x.k_offset() + D},
-        {kO, const_cast<__nv_bfloat16*>(out) + x.out_offset(c)},
-        {kDO, const_cast<__nv_bfloat16*>(dout) + x.out_offset(c)},
-        {kStats, const_cast<float*>(stats) + x.stats_offset(c)}, {kDQ, dq}, {kDK, dq + x.k_offset()},
-        {kDV, dq + x.k_offset() + D}, {kSoftmaxSum, ws}};
-    if (!x.deterministic) ptrs.push_back({kDQAccum, ws + row_sums_bytes(x)});
-    b->execute(std::move(ptrs), ws + backward_scratch_bytes(x), stream);
+  auto* q = const_cast<__nv_bfloat16*>(qkv);
+  __nv_bfloat16* dq = dqkv;
+  if (x.moved()) {  // the forward's moved QKV is not kept: moved again, and the gradient back
+    __nv_bfloat16* heads = moved_qkv(x);
+    qkv_to_heads(heads, qkv, int64_t(B) * T, H, Hkv, D, stream);
+    q = heads, dq = heads + x.qkv_bytes() / 2;
   }
+  std::vector<std::pair<int64_t, void*>> ptrs = {
+      {kQ, q}, {kK, q + x.k_offset()}, {kV, q + x.v_offset()}, {kO, const_cast<__nv_bfloat16*>(out)},
+      {kDO, const_cast<__nv_bfloat16*>(dout)}, {kStats, const_cast<float*>(stats)}, {kDQ, dq},
+      {kDK, dq + x.k_offset()}, {kDV, dq + x.v_offset()}, {kSoftmaxSum, ws}};
+  if (!x.deterministic) ptrs.push_back({kDQAccum, ws + row_sums_bytes(x)});
+  b->execute(std::move(ptrs), ws + backward_scratch_bytes(x), stream);
+  if (x.moved()) qkv_from_heads(dqkv, dq, int64_t(B) * T, H, Hkv, D, stream);
 }
 
 #endif  // MYRIAD_HAVE_CUDNN_HEADERS

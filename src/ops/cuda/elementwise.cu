@@ -2,6 +2,7 @@
 // when every pointer is aligned (any n: the last n % VW elements take a scalar tail).
 #include <algorithm>
 
+#include "core/error.h"
 #include "ops/cuda/kernel_util.cuh"
 
 namespace myriad::cuda {
@@ -132,6 +133,41 @@ void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n, cud
   if (n <= 0) return;
   launch_map(dinp, inp, dout, n, GeluBackward{}, stream);
   check_launch("gelu_backward");
+}
+
+// One thread per 8 elements (16 bytes) of a token's QKV; D is a multiple of 8. Element e of a
+// token in Myriad's layout: group g = e / ((G+2) D), slot j = e / D % (G+2) (query head g G + j
+// for j < G, then k, then v).
+template <bool kToHeads>
+__global__ void qkv_heads_kernel(bf16* __restrict__ out, const bf16* __restrict__ in, int64_t vectors, int H,
+                                 int Hkv, int D) {
+  const int G = H / Hkv, per_token = (H + 2 * Hkv) * D / 8;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < vectors; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t token = i / per_token;
+    const int e = int(i % per_token) * 8, g = e / ((G + 2) * D), j = e / D % (G + 2), d = e % D;
+    const int h = j < G ? 0 : (j == G ? H : H + Hkv);  // where the slot's block starts in the heads' layout
+    const int at = (j < G ? (g * G + j) * D : h * D + g * D) + d;
+    const int64_t mine = token * per_token * 8 + e, heads = token * per_token * 8 + at;
+    const uint4 v = *reinterpret_cast<const uint4*>(in + (kToHeads ? mine : heads));
+    *reinterpret_cast<uint4*>(out + (kToHeads ? heads : mine)) = v;
+  }
+}
+
+template <bool kToHeads>
+void qkv_heads(bf16* out, const bf16* in, int64_t tokens, int H, int Hkv, int D, cudaStream_t stream, const char* what) {
+  MYRIAD_CHECK(Hkv > 0 && H % Hkv == 0 && D % 8 == 0 && all_aligned16(out, in), what, ": H ", H, " Hkv ", Hkv, " D ", D);
+  const int64_t vectors = tokens * (H + 2 * Hkv) * D / 8;
+  if (vectors <= 0) return;
+  qkv_heads_kernel<kToHeads><<<grid_for(qkv_heads_kernel<kToHeads>, vectors), kThreads, 0, stream>>>(out, in, vectors,
+                                                                                                     H, Hkv, D);
+  check_launch(what);
+}
+
+void qkv_to_heads(bf16* out, const bf16* in, int64_t tokens, int H, int Hkv, int D, cudaStream_t stream) {
+  qkv_heads<true>(out, in, tokens, H, Hkv, D, stream, "qkv_to_heads");
+}
+void qkv_from_heads(bf16* out, const bf16* in, int64_t tokens, int H, int Hkv, int D, cudaStream_t stream) {
+  qkv_heads<false>(out, in, tokens, H, Hkv, D, stream, "qkv_from_heads");
 }
 
 void add(bf16* out, const bf16* a, const bf16* b, int64_t n, cudaStream_t stream) {

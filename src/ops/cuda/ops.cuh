@@ -202,6 +202,13 @@ void swiglu_backward(bf16* dgu,         // (N,F,2) =
                      const bf16* dout,  // (N,F)
                      int64_t N, int64_t F, cudaStream_t stream);
 
+// Grouped-query QKV between Myriad's layout, per token (Hkv, G+2, D) (each key/value head's G
+// query heads, then its key, then its value), and the heads' layout, per token [H query heads |
+// Hkv keys | Hkv values], where the query heads are one stride apart (what cuDNN's attention
+// takes in one call). The same elements, moved; out and in must not overlap.
+void qkv_to_heads(bf16* out, const bf16* in, int64_t tokens, int H, int Hkv, int D, cudaStream_t stream);
+void qkv_from_heads(bf16* out, const bf16* in, int64_t tokens, int H, int Hkv, int D, cudaStream_t stream);
+
 // Throws a runtime Error naming the call site when the last launch failed.
 void check_launch(const char* what);
 
