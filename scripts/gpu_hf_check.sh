@@ -7,6 +7,8 @@
 #      a prompt of unicode, digits, whitespace runs and contractions;
 #   3. a random LlamaForCausalLM saved by transformers (fp32 and bf16, untied, GQA) imports, and
 #      Myriad's logits are transformers'.
+# Both sides compare in fp32: the trained model is set to the CPU, and the imported ones have a
+# head size (16) the CUDA kernels do not take, so `myriad sample` runs them on the CPU.
 # Prints one line per check ("ok: ..." or "FAIL: ..."); exits nonzero on a failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."

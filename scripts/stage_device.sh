@@ -16,6 +16,10 @@ for b in "$@"; do
   ldd "$b" | awk '/=> \//{print $3}' | grep -vE '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*|libcuda|libcublas[^/]*|libcudnn[^/]*|libnccl)\.so' \
     | while read -r lib; do cp -L "$lib" "$tmp/lib/"; done
 done
+# The tokenizer files scripts/setup.sh fetched (the GPU machine reaches no network); device_env.sh
+# points MYRIAD_CACHE at them.
+cache="${MYRIAD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/myriad}"
+[ -d "$cache" ] && cp -r "$cache" "$tmp/cache"
 tar czf .device/stage.tgz -C "$tmp" .
 rm -rf "$tmp"
 ls -la .device/stage.tgz

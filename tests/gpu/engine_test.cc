@@ -97,16 +97,16 @@ INSTANTIATE_TEST_SUITE_P(
                       // The Llama block: 4 query heads over 2 key/value heads, on Myriad's
                       // attention (T 96) and on cuDNN's; multi-query with Llama 3.1's RoPE scaling.
                       // SwiGLU's product and the rotated q and k are rounded to bf16 where the CPU
-                      // keeps fp32: measured on the H200 (2026-12-03) first moments 4.3e-2 to
-                      // 5.7e-2 and logits up to 5.0e-2 from the CPU after six steps, 1.6 x GPT-2's
-                      // block; the first step's update per tensor, the losses and the gradient
-                      // norms keep GPT-2's bounds.
-                      Case{"llama", kLlama, 1.6},
-                      Case{"llama_cudnn", with(kLlama, {"model.seq_len=128"}), 1.6},
+                      // keeps fp32: measured on the H200 (2026-12-03, two calls) first moments
+                      // 4.3e-2 to 5.7e-2 and logits up to 5.05e-2 from the CPU after six steps,
+                      // 1.7 x GPT-2's block; bounds at 2 x GPT-2's. The first step's update per
+                      // tensor, the losses and the gradient norms keep GPT-2's bounds.
+                      Case{"llama", kLlama, 2.0},
+                      Case{"llama_cudnn", with(kLlama, {"model.seq_len=128"}), 2.0},
                       Case{"llama_mqa_scaled_cudnn",
                            with(kLlama, {"model.seq_len=128", "model.kv_heads=1", "model.rope_scaling=llama3",
                                          "model.rope_original_positions=64", "model.tied_embeddings=true"}),
-                           1.6}),
+                           2.0}),
     [](const auto& info) { return std::string(info.param.name); });
 
 class EngineRepeatability : public ::testing::TestWithParam<Case> {};
