@@ -95,6 +95,11 @@ nlohmann::json hf_config(const Config& cfg, const std::string& torch_dtype, int6
           {"tie_word_embeddings", m.tied_embeddings},
           {"initializer_range", m.init_std},
           {"torch_dtype", torch_dtype},
+          // The LlamaConfig whose fields these are (head_dim and rope_scaling of type llama3 as
+          // Llama 3.2's release writes them). Without a version, transformers 5 takes a local
+          // directory's >100k-token tokenizer for one of Mistral's and warns that it splits
+          // wrongly (it does not: gpu_hf_check.sh compares the ids).
+          {"transformers_version", "4.45.0"},
           {"bos_token_id", llama3 ? nlohmann::json(128000) : nlohmann::json(nullptr)},
           {"eos_token_id", llama3 ? nlohmann::json(128001) : nlohmann::json(nullptr)},
           {"myriad", {{"tokenizer", cfg.data.tokenizer}, {"step", step}}}};
