@@ -1,0 +1,68 @@
+#include "ops/fp8.h"
+
+#include <cmath>
+
+namespace myriad::fp8 {
+namespace {
+
+struct Layout {
+  int man;     // mantissa bits
+  int bias;    // exponent bias
+  float max;   // largest finite value
+  int min_e;   // exponent of the smallest normal, 1 - bias
+  uint8_t max_byte;
+};
+
+Layout layout(Format f) {
+  return f == Format::e4m3 ? Layout{3, 7, 448.0f, -6, 0x7e} : Layout{2, 15, 57344.0f, -14, 0x7b};
+}
+
+}  // namespace
+
+float max_finite(Format f) { return layout(f).max; }
+
+uint8_t encode(float x, Format f) {
+  const Layout l = layout(f);
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  if (std::isnan(x)) return sign | 0x7f;
+  const float a = std::fabs(x);
+  if (a >= l.max) return sign | l.max_byte;
+  // The spacing of representable values around a: 2^(e - man) in the binade [2^e, 2^(e+1)),
+  // and the subnormals' fixed spacing below the smallest normal. a / quantum is exact (a power of
+  // two), so rounding it to an integer, ties to even, is rounding a to the format.
+  const int e = a == 0 ? l.min_e : std::max(std::ilogb(a), l.min_e);
+  const float quantum = std::ldexp(1.0f, e - l.man);
+  const float v = std::nearbyint(a / quantum) * quantum;  // the default rounding: ties to even
+  if (v < std::ldexp(1.0f, l.min_e)) return sign | static_cast<uint8_t>(v / std::ldexp(1.0f, l.min_e - l.man));
+  const int ve = std::ilogb(v);  // rounding may carry into the next binade
+  const int mantissa = static_cast<int>(std::ldexp(v, l.man - ve)) - (1 << l.man);
+  return sign | static_cast<uint8_t>(((ve + l.bias) << l.man) | mantissa);
+}
+
+float decode(uint8_t q, Format f) {
+  const Layout l = layout(f);
+  const float sign = (q & 0x80) ? -1.0f : 1.0f;
+  const int bits = q & 0x7f, field = bits >> l.man, mantissa = bits & ((1 << l.man) - 1);
+  if (f == Format::e4m3 && bits == 0x7f) return NAN;
+  if (f == Format::e5m2 && field == 0x1f) return mantissa ? NAN : sign * INFINITY;
+  if (field == 0) return sign * std::ldexp(static_cast<float>(mantissa), l.min_e - l.man);
+  return sign * std::ldexp(static_cast<float>((1 << l.man) | mantissa), field - l.bias - l.man);
+}
+
+float scale_for(float amax, Format f) {
+  if (!(amax > 0) || !std::isfinite(amax)) return 1.0f;
+  const float max = max_finite(f);
+  int k = static_cast<int>(std::floor(std::log2(static_cast<double>(max) / amax)));
+  // log2 in double may land one off at an exact power; settle it on the products themselves.
+  while (k > -126 && static_cast<double>(amax) * std::ldexp(1.0, k) > max) --k;
+  while (k < 126 && static_cast<double>(amax) * std::ldexp(1.0, k + 1) <= max) ++k;
+  if (k > 126) k = 126;
+  if (k < -126) k = -126;
+  return std::ldexp(1.0f, k);
+}
+
+void quantize(uint8_t* out, const float* in, int64_t n, float scale, Format f) {
+  for (int64_t i = 0; i < n; ++i) out[i] = encode(in[i] * scale, f);
+}
+
+}  // namespace myriad::fp8

@@ -1,0 +1,33 @@
+// FP8 as train.precision = "fp8" computes it (OCP FP8: e4m3 "fn", no infinities, and e5m2), on
+// the host: the exact emulation that the CUDA casting kernels are tested against, and the one
+// definition of the per-tensor scale.
+//
+// Contract of a cast: q = encode(x * scale) with round to nearest, ties to even, saturating to
+// the largest finite value (CUDA's __NV_SATFINITE); a GEMM on q multiplies back by 1 / scale.
+// Scales are powers of two: x * scale is then exact in fp32 (short of the subnormal edge), so the
+// cast depends on x and the amax alone, and every device and layout that sees the same amax
+// rounds alike. A power of two wastes at most one binade of the format's top, never precision:
+// the format is floating point, so relative precision does not depend on where values sit.
+#pragma once
+
+#include <cstdint>
+
+namespace myriad::fp8 {
+
+enum class Format { e4m3, e5m2 };
+
+// The largest finite magnitude: 448 (e4m3), 57344 (e5m2).
+float max_finite(Format f);
+// The byte of x's value in the format: nearest, ties to even mantissa, |x| past max_finite (and
+// infinities) to +-max_finite; NaN to the format's NaN (0x7f, or 0xff for negative NaN).
+uint8_t encode(float x, Format f);
+// The value of a byte (every byte of e4m3 but 0x7f/0xff is finite; e5m2 has +-inf and NaNs).
+float decode(uint8_t q, Format f);
+// The power of two s, 2^-126..2^126, largest with amax * s <= max_finite(f): the cast's scale for
+// a tensor whose largest magnitude is amax. 1 when amax is 0 or not finite (a non-finite tensor
+// is caught by the step's gradient check, not here).
+float scale_for(float amax, Format f);
+// The cast kernels' contract on n values: out[i] = encode(in[i] * scale).
+void quantize(uint8_t* out, const float* in, int64_t n, float scale, Format f);
+
+}  // namespace myriad::fp8
