@@ -109,7 +109,9 @@ TEST(Fp8, ScaleIsTheLargestPowerOfTwoThatFits) {
       int e = 0;
       EXPECT_EQ(std::frexp(s, &e), 0.5f) << "a power of two: " << s;
       EXPECT_LE(double(amax) * s, max_finite(f)) << name(f) << " amax " << amax;
-      if (s < std::ldexp(1.0f, 126)) EXPECT_GT(double(amax) * s * 2, max_finite(f)) << name(f) << " amax " << amax;
+      if (s < std::ldexp(1.0f, 126)) {
+        EXPECT_GT(double(amax) * s * 2, max_finite(f)) << name(f) << " amax " << amax;
+      }
     }
     EXPECT_EQ(scale_for(0.0f, f), 1.0f);
     EXPECT_EQ(scale_for(NAN, f), 1.0f);

@@ -158,7 +158,9 @@ TEST(ZeroOptimizer, GradScaleIsTheScaledGradientsBitForBit) {
       for (float& x : gc) x *= c;
       scaled_first->step(a.data(), gc.data(), lr_of(t));
       scaled_inside->step(b.data(), g.data(), lr_of(t), c);
-      if (c != 1.0f) ASSERT_FALSE(same_bits(g.data(), gc.data(), l.total()));  // the scale matters
+      if (c != 1.0f) {
+        ASSERT_FALSE(same_bits(g.data(), gc.data(), l.total()));  // the scale matters
+      }
     }
     EXPECT_TRUE(same_bits(a.data(), b.data(), l.total())) << name;
     EXPECT_TRUE(same_bits(scaled_first->m().data(), scaled_inside->m().data(), l.total())) << name;
