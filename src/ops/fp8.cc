@@ -49,16 +49,10 @@ float decode(uint8_t q, Format f) {
   return sign * std::ldexp(static_cast<float>((1 << l.man) | mantissa), field - l.bias - l.man);
 }
 
-float scale_for(float amax, Format f) {
-  if (!(amax > 0) || !std::isfinite(amax)) return 1.0f;
-  const float max = max_finite(f);
-  int k = static_cast<int>(std::floor(std::log2(static_cast<double>(max) / amax)));
-  // log2 in double may land one off at an exact power; settle it on the products themselves.
-  while (k > -126 && static_cast<double>(amax) * std::ldexp(1.0, k) > max) --k;
-  while (k < 126 && static_cast<double>(amax) * std::ldexp(1.0, k + 1) <= max) ++k;
-  if (k > 126) k = 126;
-  if (k < -126) k = -126;
-  return std::ldexp(1.0f, k);
+std::string gpu_refusal(int major, int minor) {
+  if (major >= 9) return "";
+  return "the GPU's compute capability is " + std::to_string(major) + "." + std::to_string(minor) +
+         ": FP8 training needs a Hopper GPU (9.0) or later";
 }
 
 void quantize(uint8_t* out, const float* in, int64_t n, float scale, Format f) {

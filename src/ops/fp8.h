@@ -1,6 +1,6 @@
-// FP8 as train.precision = "fp8" computes it (OCP FP8: e4m3 "fn", no infinities, and e5m2), on
-// the host: the exact emulation that the CUDA casting kernels are tested against, and the one
-// definition of the per-tensor scale.
+// FP8 as Myriad's FP8 training computes it (OCP FP8: e4m3 "fn", no infinities, and e5m2; issue
+// 28, in development), on the host: the exact emulation that the CUDA casting kernels are tested
+// against, and the one definition of the per-tensor scale.
 //
 // Contract of a cast: q = encode(x * scale) with round to nearest, ties to even, saturating to
 // the largest finite value (CUDA's __NV_SATFINITE); a GEMM on q multiplies back by 1 / scale.
@@ -10,7 +10,15 @@
 // the format is floating point, so relative precision does not depend on where values sit.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <string>
+
+#if defined(__CUDACC__)
+#define MYRIAD_FP8_HD __host__ __device__
+#else
+#define MYRIAD_FP8_HD
+#endif
 
 namespace myriad::fp8 {
 
@@ -24,9 +32,23 @@ uint8_t encode(float x, Format f);
 // The value of a byte (every byte of e4m3 but 0x7f/0xff is finite; e5m2 has +-inf and NaNs).
 float decode(uint8_t q, Format f);
 // The power of two s, 2^-126..2^126, largest with amax * s <= max_finite(f): the cast's scale for
-// a tensor whose largest magnitude is amax. 1 when amax is 0 or not finite (a non-finite tensor
-// is caught by the step's gradient check, not here).
-float scale_for(float amax, Format f);
+// a tensor whose largest magnitude is amax. 1 when amax is 0. NaN when amax is not finite (an
+// infinity or a NaN in the tensor): the saturating cast would turn an infinity into a finite
+// value, so the whole tensor becomes NaN instead and the step's gradient check sees it. Host and
+// device compute it alike: exponent arithmetic only.
+MYRIAD_FP8_HD inline float scale_for(float amax, Format f) {
+  if (!(amax <= 3.4028235e38f)) return NAN;  // +inf, or NaN
+  if (!(amax > 0)) return 1.0f;
+  // amax = m 2^e with m in [0.5, 1); the largest finite is 0.875 x 2^9 (e4m3), 0.875 x 2^16 (e5m2).
+  int e = 0;
+  const float m = frexpf(amax, &e);
+  int k = (f == Format::e4m3 ? 9 : 16) - e - (m > 0.875f ? 1 : 0);
+  k = k < -126 ? -126 : (k > 126 ? 126 : k);
+  return ldexpf(1.0f, k);
+}
+// Why a GPU of compute capability major.minor cannot train in FP8 ("" when it can: Hopper, 9.0,
+// and later). A function of the capability alone, so that it is tested off the GPU.
+std::string gpu_refusal(int major, int minor);
 // The cast kernels' contract on n values: out[i] = encode(in[i] * scale).
 void quantize(uint8_t* out, const float* in, int64_t n, float scale, Format f);
 

@@ -114,8 +114,11 @@ TEST(Fp8, ScaleIsTheLargestPowerOfTwoThatFits) {
       }
     }
     EXPECT_EQ(scale_for(0.0f, f), 1.0f);
-    EXPECT_EQ(scale_for(NAN, f), 1.0f);
-    EXPECT_EQ(scale_for(INFINITY, f), 1.0f);
+    // A tensor holding an infinity or a NaN: every element becomes NaN (not a saturated finite
+    // value), so the step's gradient check sees it.
+    EXPECT_TRUE(std::isnan(scale_for(NAN, f)));
+    EXPECT_TRUE(std::isnan(scale_for(INFINITY, f)));
+    EXPECT_TRUE(std::isnan(decode(encode(1.0f * scale_for(INFINITY, f), f), f)));
   }
   // The tensor's largest value lands in the format's top binade.
   EXPECT_EQ(scale_for(1.0f, Format::e4m3), 256.0f);
@@ -129,4 +132,11 @@ TEST(Fp8, QuantizeScalesThenRounds) {
   quantize(q.data(), x.data(), int64_t(x.size()), 0.5f, Format::e4m3);
   for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(q[i], encode(x[i] * 0.5f, Format::e4m3));
   EXPECT_EQ(decode(q[3], Format::e4m3), 352.0f);  // 350: e4m3 steps by 32 in [256, 512)
+}
+
+TEST(Fp8, OnlyHopperAndLaterTrainInFp8) {
+  EXPECT_EQ(gpu_refusal(9, 0), "");
+  EXPECT_EQ(gpu_refusal(10, 0), "");
+  EXPECT_NE(gpu_refusal(8, 0).find("compute capability is 8.0"), std::string::npos) << gpu_refusal(8, 0);
+  EXPECT_NE(gpu_refusal(8, 9).find("Hopper"), std::string::npos);
 }
