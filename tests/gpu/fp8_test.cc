@@ -1,0 +1,209 @@
+// The FP8 kernels against the host's exact emulation (ops/fp8.h), and the FP8 GEMMs against a
+// float64 product of the same quantized operands.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "gpu_test_util.h"
+#include "model/cuda/matmul.h"
+#include "ops/cuda/ops.cuh"
+#include "ops/fp8.h"
+
+using namespace gpu_test;
+using myriad::fp8::Format;
+namespace fp8 = myriad::fp8;
+
+namespace {
+
+// Normal values with a few outliers 100x larger, so that the scale is set by a handful of values
+// and the bulk sits binades below, subnormals included.
+std::vector<float> with_outliers(size_t n, std::mt19937_64& gen, float std) {
+  std::vector<float> x = randn(n, gen, std);
+  std::uniform_int_distribution<size_t> at(0, n - 1);
+  for (int i = 0; i < 5; ++i) x[at(gen)] *= 100;
+  return round_bf16(x);
+}
+
+float host_amax(const std::vector<float>& x) {
+  float m = 0;
+  for (float v : x) m = std::max(m, std::fabs(v));
+  return m;
+}
+
+// What the device cast must write: the host emulation of x (rows,cols) and its transpose.
+void expected(std::vector<uint8_t>& q, std::vector<uint8_t>& qt, const std::vector<float>& x, int rows, int cols,
+              float scale, Format f) {
+  q.resize(x.size()), qt.resize(x.size());
+  fp8::quantize(q.data(), x.data(), int64_t(x.size()), scale, f);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) qt[size_t(c) * rows + r] = q[size_t(r) * cols + c];
+}
+
+struct CastCase {
+  int rows, cols;
+  Format f;
+};
+
+class Fp8Cast : public ::testing::TestWithParam<CastCase> {};
+
+TEST_P(Fp8Cast, AmaxScaleAndBothLayoutsAreTheHostsBytes) {
+  const auto [rows, cols, f] = GetParam();
+  std::mt19937_64 gen(seed());
+  const std::vector<float> x = with_outliers(size_t(rows) * cols, gen, 0.02f);
+  Dev<bf16> dx(x.size());
+  Dev<uint8_t> q(x.size()), qt(x.size());
+  Dev<float> amax(1), scale(1), inv(1);
+  dx.upload(to_bf16(x));
+  // 0x7f is NaN in both formats: a cast of finite values never writes it.
+  CUDA_OK(cudaMemset(q.p, 0x7f, x.size()));
+  CUDA_OK(cudaMemset(qt.p, 0x7f, x.size()));
+  scale.poison(), inv.poison();
+  myriad::cuda::amax(amax.p, dx.p, int64_t(x.size()), nullptr);
+  myriad::cuda::fp8_scales(scale.p, inv.p, amax.p, f, nullptr);
+  myriad::cuda::cast_fp8(q.p, qt.p, dx.p, rows, cols, scale.p, f, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+
+  const float a = host_amax(x), s = fp8::scale_for(a, f);
+  EXPECT_EQ(amax.download()[0], a);
+  EXPECT_EQ(scale.download()[0], s);
+  EXPECT_EQ(inv.download()[0], 1.0f / s);
+  std::vector<uint8_t> want, want_t;
+  expected(want, want_t, x, rows, cols, s, f);
+  const std::vector<uint8_t> got = q.download(), got_t = qt.download();
+  size_t bad = 0, bad_t = 0;
+  for (size_t i = 0; i < want.size(); ++i) bad += got[i] != want[i], bad_t += got_t[i] != want_t[i];
+  EXPECT_EQ(bad, 0u) << "bytes of " << want.size() << " differ from the host emulation";
+  EXPECT_EQ(bad_t, 0u) << "transposed bytes of " << want.size() << " differ";
+  // The largest magnitude lands in the format's top binade, short of saturation.
+  EXPECT_LE(a * s, fp8::max_finite(f));
+  EXPECT_GT(2 * a * s, fp8::max_finite(f));
+
+  // Without the transposed copy, the same bytes.
+  CUDA_OK(cudaMemset(q.p, 0x7f, x.size()));
+  myriad::cuda::cast_fp8(q.p, nullptr, dx.p, rows, cols, scale.p, f, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_TRUE(q.download() == want);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Fp8Cast,
+                         ::testing::Values(CastCase{64, 64, Format::e4m3}, CastCase{200, 72, Format::e4m3},
+                                           CastCase{1024, 768, Format::e4m3}, CastCase{8, 4104, Format::e5m2},
+                                           CastCase{4096, 2048, Format::e5m2}),
+                         [](const auto& i) {
+                           return std::to_string(i.param.rows) + "x" + std::to_string(i.param.cols) +
+                                  (i.param.f == Format::e4m3 ? "_e4m3" : "_e5m2");
+                         });
+
+TEST(Fp8Amax, NanMakesItInfiniteAndTheScaleOne) {
+  std::vector<float> x(1000, 0.5f);
+  x[617] = NAN;
+  Dev<bf16> dx(x.size());
+  Dev<float> amax(1), scale(1);
+  dx.upload(to_bf16(x));
+  myriad::cuda::amax(amax.p, dx.p, int64_t(x.size()), nullptr);
+  myriad::cuda::fp8_scales(scale.p, nullptr, amax.p, Format::e4m3, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(amax.download()[0], INFINITY);
+  EXPECT_EQ(scale.download()[0], 1.0f);
+}
+
+// The dequantized values of a device cast: decode(q) / scale, as the GEMM sees them.
+std::vector<float> dequantized(const std::vector<uint8_t>& q, float scale, Format f) {
+  std::vector<float> v(q.size());
+  for (size_t i = 0; i < q.size(); ++i) v[i] = fp8::decode(q[i], f) / scale;
+  return v;
+}
+
+// out (M,N) = a (M,K) . b (N,K)^T in float64.
+std::vector<float> product_nt(const std::vector<float>& a, const std::vector<float>& b, int M, int K, int N) {
+  std::vector<float> out(size_t(M) * N);
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      double s = 0;
+      for (int k = 0; k < K; ++k) s += double(a[size_t(i) * K + k]) * b[size_t(j) * K + k];
+      out[size_t(i) * N + j] = float(s);
+    }
+  return out;
+}
+
+std::vector<float> transposed(const std::vector<float>& x, int rows, int cols) {
+  std::vector<float> t(x.size());
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) t[size_t(c) * rows + r] = x[size_t(r) * cols + c];
+  return t;
+}
+
+// One operand cast on the device: its bytes in both layouts and its scale.
+struct Cast {
+  Dev<uint8_t> q, qt;
+  Dev<float> amax, scale, inv;
+  Format f;
+  float host_scale;
+  Cast(const Dev<bf16>& x, int rows, int cols, Format fmt)
+      : q(x.n), qt(x.n), amax(1), scale(1), inv(1), f(fmt) {
+    myriad::cuda::amax(amax.p, x.p, int64_t(x.n), nullptr);
+    myriad::cuda::fp8_scales(scale.p, inv.p, amax.p, f, nullptr);
+    myriad::cuda::cast_fp8(q.p, qt.p, x.p, rows, cols, scale.p, f, nullptr);
+    cudaDeviceSynchronize();
+    host_scale = scale.download()[0];
+  }
+  myriad::cuda::Matmul::Fp8Tensor rows() const { return {q.p, inv.p, f}; }
+  myriad::cuda::Matmul::Fp8Tensor cols() const { return {qt.p, inv.p, f}; }
+  std::vector<float> values() const { return dequantized(q.download(), host_scale, f); }
+};
+
+TEST(Fp8Matmul, ProductsOfTheQuantizedOperandsAndBitwiseRepeatable) {
+  std::mt19937_64 gen(seed());
+  const int N = 256, IC = 512, OC = 384;
+  const std::vector<float> x = with_outliers(size_t(N) * IC, gen, 1.0f), w = with_outliers(size_t(OC) * IC, gen, 0.02f),
+                           dy = with_outliers(size_t(N) * OC, gen, 1e-3f), bias = round_bf16(randn(OC, gen));
+  Dev<bf16> dx(x.size()), dw(w.size()), ddy(dy.size()), db(OC), out(size_t(N) * OC), dinp(x.size());
+  Dev<float> dwt(w.size());
+  dx.upload(to_bf16(x)), dw.upload(to_bf16(w)), ddy.upload(to_bf16(dy)), db.upload(to_bf16(bias));
+  // The forward's operands in e4m3; the gradient in e5m2.
+  const Cast cx(dx, N, IC, Format::e4m3), cw(dw, OC, IC, Format::e4m3), cdy(ddy, N, OC, Format::e5m2);
+  const std::vector<float> xq = cx.values(), wq = cw.values(), dyq = cdy.values();
+  myriad::cuda::Matmul mm;
+
+  for (bool fast : {false, true}) {
+    out.poison();
+    mm.forward_fp8(out.p, cx.rows(), cw.rows(), db.p, N, IC, OC, fast, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<float> want = product_nt(xq, wq, N, IC, OC);
+    for (size_t i = 0; i < want.size(); ++i) want[i] += bias[i % OC];
+    // bf16 output: at most 2^-9 relative per element.
+    EXPECT_LT(rel_err(to_float(out.download()), want), 3e-3) << "forward, fast accumulation " << fast;
+  }
+
+  // dinp = dy W (given W^T's bytes), written then accumulated.
+  dinp.poison();
+  mm.backward_input_fp8(dinp.p, cdy.rows(), cw.cols(), N, IC, OC, false, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<float> dinp_want = product_nt(dyq, transposed(wq, OC, IC), N, OC, IC);
+  const std::vector<float> dinp_got = to_float(dinp.download());
+  EXPECT_LT(rel_err(dinp_got, dinp_want), 3e-3);
+  mm.backward_input_fp8(dinp.p, cdy.rows(), cw.cols(), N, IC, OC, true, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<float> twice = dinp_want;
+  for (float& v : twice) v *= 2;
+  EXPECT_LT(rel_err(to_float(dinp.download()), twice), 3e-3);
+
+  // dW += dy^T x (given dy^T's and x^T's bytes), in fp32 onto what was there.
+  const std::vector<float> g0 = randn(w.size(), gen, 1e-3f);
+  dwt.upload(g0);
+  mm.backward_weight_fp8(dwt.p, cdy.cols(), cx.cols(), N, IC, OC, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<float> dw_want = product_nt(transposed(dyq, N, OC), transposed(xq, N, IC), OC, N, IC);
+  for (size_t i = 0; i < dw_want.size(); ++i) dw_want[i] += g0[i];
+  const std::vector<float> dw_got = dwt.download();
+  EXPECT_LT(rel_err(dw_got, dw_want), 1e-5);
+
+  // Bitwise repeatable.
+  dwt.upload(g0);
+  mm.backward_weight_fp8(dwt.p, cdy.cols(), cx.cols(), N, IC, OC, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_TRUE(dwt.download() == dw_got);
+}
+
+}  // namespace
