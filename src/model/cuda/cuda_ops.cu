@@ -67,6 +67,11 @@ struct CudaOps::State {
   float* scratch = nullptr;
   size_t scratch_floats = 0;
   float* rope_freqs = nullptr;  // (D/2) set_rope's, fp32
+  // Gemm::kFp8: an FP8 GEMM's two operands, each cast into its own buffer (grown to the largest,
+  // at a shape's first call), and per operand its [amax, scale, 1 / scale] on the device.
+  uint8_t* fp8_bytes[2] = {nullptr, nullptr};
+  size_t fp8_capacity[2] = {0, 0};
+  float* fp8_scalars = nullptr;  // (2, 3)
   std::vector<int64_t> bounds;  // sums_of_squares' segments, cached on the device
   int64_t* d_bounds = nullptr;
   float* h_sums = nullptr;        // pinned: their results
@@ -98,6 +103,9 @@ struct CudaOps::State {
     for (cudaEvent_t e : events) cudaEventDestroy(e);
     cudaFree(scratch);
     cudaFree(rope_freqs);
+    cudaFree(fp8_bytes[0]);
+    cudaFree(fp8_bytes[1]);
+    cudaFree(fp8_scalars);
     cudaFree(d_bounds);
     cudaFreeHost(h_sums);
     if (stream) cudaStreamDestroy(stream);
@@ -636,53 +644,111 @@ void CudaOps::norm_backward(Norm n, Act* dinp, float* dw, float* db, const Act* 
   }
 }
 
-void CudaOps::linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC) const {
-  OpScope op(*st_, "linear_forward", N, IC, OC);
+namespace {
+
+// Operand `slot` (0 or 1) of an FP8 GEMM: x (rows,cols) cast into the slot's buffer, row-major
+// or, transposed, as (cols,rows); valid until the slot's next cast.
+Matmul::Fp8Tensor fp8_operand(CudaOps::State& st, int slot, const bf16* x, int rows, int cols, fp8::Format f,
+                              bool transposed) {
+  const size_t bytes = size_t(rows) * cols;
+  if (bytes > st.fp8_capacity[slot]) {
+    CUDA_CHECK(cudaStreamSynchronize(st.stream));
+    cudaFree(st.fp8_bytes[slot]);
+    st.fp8_bytes[slot] = nullptr;
+    CUDA_CHECK(cudaMalloc(&st.fp8_bytes[slot], bytes));
+    st.fp8_capacity[slot] = bytes;
+  }
+  if (!st.fp8_scalars) CUDA_CHECK(cudaMalloc(&st.fp8_scalars, 6 * sizeof(float)));
+  float* amax = st.fp8_scalars + 3 * slot;
+  cuda::amax(amax, x, int64_t(bytes), st.stream);
+  cuda::fp8_scales(amax + 1, amax + 2, amax, f, st.stream);
+  uint8_t* q = st.fp8_bytes[slot];
+  cuda::cast_fp8(transposed ? nullptr : q, transposed ? q : nullptr, x, rows, cols, amax + 1, f, st.stream);
+  return {q, amax + 2, f};
+}
+
+constexpr fp8::Format kFwd = fp8::Format::e4m3, kGrad = fp8::Format::e5m2;
+
+}  // namespace
+
+std::string CudaOps::fp8_refusal() const {
+  int d = 0;
+  cudaDeviceProp p{};
+  CUDA_CHECK(cudaGetDevice(&d));
+  CUDA_CHECK(cudaGetDeviceProperties(&p, d));
+  return fp8::gpu_refusal(p.major, p.minor);
+}
+
+void CudaOps::linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC,
+                             Gemm g) const {
+  OpScope op(*st_, g == Gemm::kFp8 ? "linear_forward_fp8" : "linear_forward", N, IC, OC);
+  if (g == Gemm::kFp8) {
+    const Matmul::Fp8Tensor x = fp8_operand(*st_, 0, inp, N, IC, kFwd, false),
+                            wq = fp8_operand(*st_, 1, w, OC, IC, kFwd, false);
+    st_->mm.forward_fp8(out, x, wq, b, N, IC, OC, /*fast_accum=*/true, st_->stream);
+    return;
+  }
   st_->mm.forward(out, inp, w, b, N, IC, OC, st_->stream);
 }
 
 void CudaOps::linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N,
-                                 int IC, int F) const {
-  if (m == Mlp::kGelu) {
+                                 int IC, int F, Gemm g) const {
+  if (m == Mlp::kGelu && g == Gemm::kBf16) {
     OpScope op(*st_, "linear_gelu_forward", N, IC, F);
     st_->mm.forward_gelu(out, pre, inp, w, b, N, IC, F, st_->stream);
     return;
   }
-  {
-    OpScope op(*st_, "linear_forward", N, IC, 2 * F);
-    st_->mm.forward(pre, inp, w, b, N, IC, 2 * F, st_->stream);
+  linear_forward(pre, inp, w, b, N, IC, F * pre_width(m), g);
+  if (m == Mlp::kGelu) {
+    OpScope op(*st_, "gelu_forward", N, F);
+    cuda::gelu_forward(out, pre, int64_t(N) * F, st_->stream);
+    return;
   }
   OpScope op(*st_, "swiglu_forward", N, F);
   cuda::swiglu_forward(out, pre, N, F, st_->stream);
 }
 
 void CudaOps::linear_backward_input(Act* dinp, const Act* dout, const Param* w, int N, int IC, int OC,
-                                    bool accumulate) const {
-  OpScope op(*st_, "linear_backward_input", N, IC, OC);
+                                    bool accumulate, Gemm g) const {
+  OpScope op(*st_, g == Gemm::kFp8 ? "linear_backward_input_fp8" : "linear_backward_input", N, IC, OC);
+  if (g == Gemm::kFp8) {
+    const Matmul::Fp8Tensor dy = fp8_operand(*st_, 0, dout, N, OC, kGrad, false),
+                            wt = fp8_operand(*st_, 1, w, OC, IC, kFwd, /*transposed=*/true);
+    st_->mm.backward_input_fp8(dinp, dy, wt, N, IC, OC, accumulate, st_->stream);
+    return;
+  }
   st_->mm.backward_input(dinp, dout, w, N, IC, OC, accumulate, st_->stream);
 }
 
 void CudaOps::linear_backward_input_act(Mlp m, Act* dpre, const Act* dout, const Param* w, const Act* pre, int N,
-                                        int F, int OC) const {
-  if (m == Mlp::kGelu) {
+                                        int F, int OC, Gemm g) const {
+  if (m == Mlp::kGelu && g == Gemm::kBf16) {
     OpScope op(*st_, "linear_backward_input_dgelu", N, F, OC);
     st_->mm.backward_input_dgelu(dpre, dout, w, pre, N, F, OC, st_->stream);
     return;
   }
-  // The activation's output gradient (N,F) in scratch (bf16), then SwiGLU's backward into dpre.
+  // The activation's output gradient (N,F) in scratch (bf16), then the activation's backward.
   Act* dact = reinterpret_cast<Act*>(scratch((size_t(N) * F + 1) / 2));
-  {
-    OpScope op(*st_, "linear_backward_input", N, F, OC);
-    st_->mm.backward_input(dact, dout, w, N, F, OC, /*accumulate=*/false, st_->stream);
+  linear_backward_input(dact, dout, w, N, F, OC, /*accumulate=*/false, g);
+  if (m == Mlp::kGelu) {
+    OpScope op(*st_, "gelu_backward", N, F);
+    cuda::gelu_backward(dpre, pre, dact, int64_t(N) * F, st_->stream);
+    return;
   }
   OpScope op(*st_, "swiglu_backward", N, F);
   cuda::swiglu_backward(dpre, pre, dact, N, F, st_->stream);
 }
 
-void CudaOps::linear_backward_weight(float* dw, float* db, const Act* dout, const Act* inp, int N, int IC,
-                                     int OC) const {
-  OpScope op(*st_, "linear_backward_weight", N, IC, OC);
-  st_->mm.backward_weight(dw, dout, inp, N, IC, OC, st_->stream);
+void CudaOps::linear_backward_weight(float* dw, float* db, const Act* dout, const Act* inp, int N, int IC, int OC,
+                                     Gemm g) const {
+  OpScope op(*st_, g == Gemm::kFp8 ? "linear_backward_weight_fp8" : "linear_backward_weight", N, IC, OC);
+  if (g == Gemm::kFp8) {
+    const Matmul::Fp8Tensor dyt = fp8_operand(*st_, 0, dout, N, OC, kGrad, /*transposed=*/true),
+                            xt = fp8_operand(*st_, 1, inp, N, IC, kFwd, /*transposed=*/true);
+    st_->mm.backward_weight_fp8(dw, dyt, xt, N, IC, OC, st_->stream);
+  } else {
+    st_->mm.backward_weight(dw, dout, inp, N, IC, OC, st_->stream);
+  }
   if (db) bias_backward(db, dout, N, OC);
 }
 

@@ -51,8 +51,7 @@ Choices& choices() {
   return c;
 }
 
-// "cublasLt <version> <device> v2": choices saved under another library, device or key format
-// (v2: the operand types) are not reused.
+// "cublasLt <version> <device>": choices saved under another library or device are not reused.
 std::string header_line() {
   int dev = 0;
   cudaDeviceProp p{};
@@ -60,7 +59,7 @@ std::string header_line() {
   cudaGetDeviceProperties(&p, dev);
   std::string name = p.name;
   std::replace(name.begin(), name.end(), ' ', '_');
-  return "cublasLt " + std::to_string(cublasLtGetVersion()) + " " + name + " v2";
+  return "cublasLt " + std::to_string(cublasLtGetVersion()) + " " + name;
 }
 
 // Reads the saved choices once (lines "<key> : <8 words of the algorithm, hex>").
@@ -78,8 +77,11 @@ void load_choices(Choices& c) {
     Key k{};
     std::string colon;
     if (!(s >> k.m >> k.n >> k.k >> k.ta >> k.tb >> k.lda >> k.ldb >> k.epi >> k.f32 >> k.align_a >> k.align_b >>
-          k.align_d >> k.type_a >> k.type_b >> k.fast_accum >> colon) ||
-        colon != ":")
+          k.align_d >> colon))
+      continue;
+    // Lines written before FP8 end their key here (bf16 operands); later ones add the types.
+    k.type_a = k.type_b = CUDA_R_16BF, k.fast_accum = false;
+    if (colon != ":" && !(std::istringstream(colon) >> k.type_a && s >> k.type_b >> k.fast_accum >> colon && colon == ":"))
       continue;
     cublasLtMatmulAlgo_t algo{};
     bool ok = true;

@@ -70,7 +70,8 @@ __global__ void cast_kernel(uint8_t* __restrict__ out, uint8_t* __restrict__ out
     uint8_t q[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) q[j] = to_fp8(v[j] * scale, f);
-    if (col + 8 <= cols) {
+    if (!out) {
+    } else if (col + 8 <= cols) {
       *reinterpret_cast<uint2*>(out + int64_t(row) * cols + col) = *reinterpret_cast<const uint2*>(q);
     } else {
       for (int j = 0; j < 8 && col + j < cols; ++j) out[int64_t(row) * cols + col + j] = q[j];
@@ -111,7 +112,8 @@ void fp8_scales(float* scale, float* inv_scale, const float* amax, fp8::Format f
 void cast_fp8(uint8_t* out, uint8_t* out_t, const bf16* x, int rows, int cols, const float* scale, fp8::Format f,
               cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
-  MYRIAD_CHECK(cols % 8 == 0 && detail::all_aligned16(x, out) && (!out_t || (rows % 8 == 0 && detail::aligned16(out_t))),
+  MYRIAD_CHECK(cols % 8 == 0 && detail::aligned16(x) && (!out || detail::aligned16(out)) &&
+                   (!out_t || (rows % 8 == 0 && detail::aligned16(out_t))) && (out || out_t),
                "cast_fp8: rows ", rows, " cols ", cols, ": 8-element rows (and columns when transposed), 16-byte "
                "aligned buffers");
   const dim3 grid(ceil_div(cols, kTile), ceil_div(rows, kTile));

@@ -217,8 +217,9 @@ void amax(float* amax, const bf16* x, int64_t n, cudaStream_t stream);
 // *scale = fp8::scale_for(*amax, f); *inv_scale = 1 / *scale (skipped when null): on the device,
 // so that no step waits for the host.
 void fp8_scales(float* scale, float* inv_scale, const float* amax, fp8::Format f, cudaStream_t stream);
-// out (rows,cols) = encode(x * *scale); out_t (cols,rows), when not null, the same bytes transposed,
-// written in the same pass (the K-major operands Hopper's FP8 GEMMs take for the backward).
+// out (rows,cols) = encode(x * *scale); out_t (cols,rows) the same bytes transposed, written in
+// the same pass (the K-major operands Hopper's FP8 GEMMs take for the backward). Either may be
+// null, not both.
 // cols (and rows, with out_t) multiples of 8; buffers 16-byte aligned.
 void cast_fp8(uint8_t* out, uint8_t* out_t, const bf16* x, int rows, int cols, const float* scale, fp8::Format f,
               cudaStream_t stream);
