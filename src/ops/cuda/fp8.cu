@@ -67,7 +67,7 @@ __global__ void cast_kernel(uint8_t* __restrict__ out, uint8_t* __restrict__ out
 #pragma unroll
       for (int j = 0; j < 8; ++j) v[j] = col + j < cols ? __bfloat162float(x[int64_t(row) * cols + col + j]) : 0.0f;
     }
-    uint8_t q[8];
+    alignas(8) uint8_t q[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) q[j] = to_fp8(v[j] * scale, f);
     if (!out) {
