@@ -200,7 +200,9 @@ TEST(Fp8Matmul, ProductsOfTheQuantizedOperandsAndBitwiseRepeatable) {
   std::vector<float> dw_want = product_nt(transposed(dyq, N, OC), transposed(xq, N, IC), OC, N, IC);
   for (size_t i = 0; i < dw_want.size(); ++i) dw_want[i] += g0[i];
   const std::vector<float> dw_got = dwt.download();
-  EXPECT_LT(rel_err(dw_got, dw_want), 1e-5);
+  // Hopper's FP8 tensor cores accumulate below fp32 between cuBLASLt's promotions to fp32:
+  // measured 1.7e-4 here (2026-12-03, H200), where a bf16 GEMM's fp32 accumulation gives 1e-6.
+  EXPECT_LT(rel_err(dw_got, dw_want), 1e-3);
 
   // Bitwise repeatable.
   dwt.upload(g0);
@@ -245,6 +247,12 @@ TEST_P(Fp8Engine, FollowsBf16AndRepeatsBitwise) {
   }
   f->state_to_host(), f2->state_to_host();
   EXPECT_EQ(engine_cases::rel(f->host_state().params, f2->host_state().params, P), 0.0);
+  // A prompt of 2 x 37 tokens (not a multiple of 16) samples through bf16 GEMMs: finite logits.
+  const std::vector<int32_t> tokens = batch(bcfg, 7);
+  const int64_t Vp = bcfg.padded_vocab();
+  std::vector<float> logits(2 * Vp);
+  f->last_logits(tokens.data(), 2, 37, logits.data());
+  EXPECT_TRUE(all_finite(logits));
 }
 
 INSTANTIATE_TEST_SUITE_P(Blocks, Fp8Engine,
