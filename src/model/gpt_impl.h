@@ -88,7 +88,7 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
     // cuBLASLt's FP8 GEMMs take leading dimensions of 16 bytes: every GEMM dimension a multiple
     // of 16 (the tokens of a micro-batch, the widths of the block's weights).
     for (auto [what, n] : {std::pair<const char*, int64_t>{"train.micro_batch x model.seq_len", maxB_ * maxT_},
-                           {"model.d_model", C_}, {"model.d_model / parallel.tp", Cl_},
+                           {"model.d_model", C_}, {"the attention width per tensor-parallel rank", Cl_},
                            {"the QKV width per tensor-parallel rank", Ql_}, {"the MLP's width per rank", Fl_}})
       if (n % 16 != 0)
         throw_input("config: train.precision = \"fp8\" needs ", what, " (", n, ") to be a multiple of 16");

@@ -167,6 +167,11 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   if (model.ffn() % l.tp != 0) return refuse(cat("tp ", l.tp, " does not divide the MLP's ", model.ffn(), " features"));
   if (f.fp8 && !(c.fp8_peak_tflops > 0 && c.fp8_gemm_efficiency > 0))
     return refuse(cat("fp8: the cluster ", c.name, " has no FP8 GEMM rate ([gpu] fp8_peak_tflops, fp8_gemm_efficiency)"));
+  // What the engine refuses in fp8 (gpt_impl.h): tp > 1, and GEMM dimensions off 16.
+  if (f.fp8 && l.tp > 1) return refuse(cat("fp8: tp ", l.tp, " (the engine's FP8 runs at tp 1 for now)"));
+  if (f.fp8 && ((int64_t(l.mb) * model.seq_len) % 16 != 0 || model.d_model % 16 != 0 ||
+                ((model.heads + 2 * model.kv()) * model.head_dim()) % 16 != 0 || model.ffn() % 16 != 0))
+    return refuse("fp8: a GEMM dimension (mb x seq_len, d_model, the QKV or MLP width) is not a multiple of 16");
   p.dp = static_cast<int>(gpus / group);
   if (global_batch % (int64_t(p.dp) * l.mb) != 0)
     return refuse(cat("dp x mb = ", p.dp * l.mb, " does not divide the global batch ", global_batch));
@@ -204,8 +209,12 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   // for the weight gradient), the inputs and the weights again (transposed).
   const double weights = (qkv_w + d + fc_w + ffn) * d / tp;
   const double inputs = t * (2 * d + d / tp + ffn / tp), out_grads = t * (qkv_w / tp + d + fc_w / tp + d);
-  const double cast_fwd = f.fp8 ? 5 * (inputs + weights) / (c.hbm_gbps * 1e9) : 0;
-  const double cast_bwd = f.fp8 ? 5 * (2 * out_grads + inputs + weights) / (c.hbm_gbps * 1e9) : 0;
+  // With GELU, FP8 GEMMs have no GELU epilogue: the activation is a pass of its own (pre read,
+  // out written: 4 bytes a feature), and its backward too (pre and dact read, dpre written: 6).
+  const double gelu_fwd = f.fp8 && !model.swiglu() ? 4 * t * ffn / tp / (c.hbm_gbps * 1e9) : 0;
+  const double gelu_bwd = f.fp8 && !model.swiglu() ? 6 * t * ffn / tp / (c.hbm_gbps * 1e9) : 0;
+  const double cast_fwd = f.fp8 ? 5 * (inputs + weights) / (c.hbm_gbps * 1e9) + gelu_fwd : 0;
+  const double cast_bwd = f.fp8 ? 5 * (2 * out_grads + inputs + weights) / (c.hbm_gbps * 1e9) + gelu_bwd : 0;
   const double attn_fwd = 4 * t * mean_keys(model.seq_len, f.window) * d / tp / (peak * c.attention_efficiency);
   const double passes = f.fused_ops ? c.fused_memory_passes : c.unfused_memory_passes;
   const double mem_fwd = passes * t * d * c.act_bytes / tp / (c.hbm_gbps * 1e9);  // sequence parallel: 1/tp of the tokens
@@ -217,7 +226,8 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   // Recompute in the backward: full repeats the layer's forward; selective (the engine's) only the
   // fc GEMM with its activation, whose outputs are the layer's largest.
   const double recompute = l.recompute == "full"        ? gemm_fwd + attn_fwd + mem_fwd + tp_exposed + cast_fwd
-                           : l.recompute == "selective" ? block_gemm_s(2 * t * d * fc_w / tp)
+                           : l.recompute == "selective" ? block_gemm_s(2 * t * d * fc_w / tp) +
+                                                              (f.fp8 ? 5 * (t * d + fc_w * d / tp) / (c.hbm_gbps * 1e9) + gelu_fwd : 0)
                                                         : 0;
   const double layer_fwd = gemm_fwd + attn_fwd + mem_fwd + tp_exposed + cast_fwd;
   const double layer_bwd = 2 * gemm_fwd + 2.5 * attn_fwd + 2 * mem_fwd + tp_exposed + recompute + cast_bwd;

@@ -98,7 +98,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Fp8Cast,
                                   (i.param.f == Format::e4m3 ? "_e4m3" : "_e5m2");
                          });
 
-TEST(Fp8Amax, NanMakesItInfiniteAndTheScaleOne) {
+TEST(Fp8Amax, NanMakesItInfiniteAndTheCastNan) {
   std::vector<float> x(1000, 0.5f);
   x[617] = NAN;
   Dev<bf16> dx(x.size());
@@ -106,9 +106,12 @@ TEST(Fp8Amax, NanMakesItInfiniteAndTheScaleOne) {
   dx.upload(to_bf16(x));
   myriad::cuda::amax(amax.p, dx.p, int64_t(x.size()), nullptr);
   myriad::cuda::fp8_scales(scale.p, nullptr, amax.p, Format::e4m3, nullptr);
+  Dev<uint8_t> q(x.size());
+  myriad::cuda::cast_fp8(q.p, nullptr, dx.p, 1, int(x.size()), scale.p, Format::e4m3, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   EXPECT_EQ(amax.download()[0], INFINITY);
-  EXPECT_EQ(scale.download()[0], 1.0f);
+  EXPECT_TRUE(std::isnan(scale.download()[0]));
+  for (uint8_t b : q.download()) ASSERT_TRUE(std::isnan(fp8::decode(b, Format::e4m3))) << "every byte NaN";
 }
 
 // The dequantized values of a device cast: decode(q) / scale, as the GEMM sees them.

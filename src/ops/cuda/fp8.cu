@@ -16,7 +16,8 @@ using fp8::Format;
 
 // Non-negative floats order as their bits do, so the largest magnitude is an integer atomicMax:
 // exact and independent of the order the blocks finish in. A NaN makes the amax infinite (fmaxf
-// alone would skip it), so its scale is 1 and the NaN reaches the step's gradient check.
+// alone would skip it); a non-finite amax makes the scale NaN (fp8::scale_for), so the cast is
+// all NaN and the step's gradient check sees it.
 __global__ void amax_kernel(unsigned* out, const bf16* __restrict__ x, int64_t n) {
   float m = 0.0f;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -116,6 +117,7 @@ void cast_fp8(uint8_t* out, uint8_t* out_t, const bf16* x, int rows, int cols, c
                    (!out_t || (rows % 8 == 0 && detail::aligned16(out_t))) && (out || out_t),
                "cast_fp8: rows ", rows, " cols ", cols, ": 8-element rows (and columns when transposed), 16-byte "
                "aligned buffers");
+  MYRIAD_CHECK(ceil_div(rows, kTile) <= 65535, "cast_fp8: ", rows, " rows exceed the grid's 65535 tiles of ", kTile);
   const dim3 grid(ceil_div(cols, kTile), ceil_div(rows, kTile));
   cast_kernel<<<grid, 256, 0, stream>>>(out, out_t, x, rows, cols, scale, f);
   check_launch("cast_fp8");

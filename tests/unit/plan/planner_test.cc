@@ -252,6 +252,10 @@ TEST(Planner, Fp8RunsTheBlocksGemmsAtItsRateAndPaysForItsCasts) {
   EXPECT_FALSE(a100.fits);
   EXPECT_NE(a100.why_not.find("no FP8 GEMM rate"), std::string::npos) << a100.why_not;
   EXPECT_TRUE(plan::parse_features("tp_overlap,fp8").fp8);
+  // What the engine refuses in fp8, the planner does not offer.
+  const plan::Prediction tp2 = plan::predict(m, 8, 2, h200, plan::parse_layout("tp=2,mb=8"), plan::parse_features("fp8"));
+  EXPECT_FALSE(tp2.fits);
+  EXPECT_NE(tp2.why_not.find("tp 2"), std::string::npos) << tp2.why_not;
 }
 
 // MegaScale's Table 2 (Megatron-LM and MegaScale columns) and its ablation, with the one
