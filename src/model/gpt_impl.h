@@ -364,11 +364,8 @@ template <class Ops>
 void GptModel<Ops>::row_parallel_backward(Act* dinp, float* dw, float* db, const Act* dout_full,
                                           const Act* dout, const Act* inp, const Param* w, int IC, int OC,
                                           const Act* pre) {
-  if (pre)
-    ops_.linear_backward_input_act(mlp_, dinp, dout_full, w, pre, N_, IC, OC, block_gemm());
-  else
-    ops_.linear_backward_input(dinp, dout_full, w, N_, IC, OC, /*accumulate=*/false, block_gemm());
-  ops_.linear_backward_weight(dw, sp_ ? nullptr : db, dout_full, inp, N_, IC, OC, block_gemm());
+  ops_.linear_backward(mlp_, dinp, dw, sp_ ? nullptr : db, dout_full, inp, w, pre, N_, IC, OC, /*accumulate=*/false,
+                       block_gemm());
   if (sp_ && db) ops_.bias_backward(db, dout, R_, OC);  // this rank's rows: summed in finish_grads()
 }
 
@@ -581,8 +578,8 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
     const Act* mlp_in = parallel_block_ ? a.ln1 : a.ln2;
     const int Pl = static_cast<int>(Pl_);
     row_parallel_backward(dfc_.data(), g.fcproj_w, g.fcproj_b, dout, dresid, a.act, w.fcproj_w, Fl, C, a.fc);
-    ops_.linear_backward_input(dln_.data(), dfc_.data(), w.fc_w, N, C, Pl, /*accumulate=*/false, block_gemm());
-    ops_.linear_backward_weight(g.fc_w, g.fc_b, dfc_.data(), mlp_in, N, C, Pl, block_gemm());
+    ops_.linear_backward(mlp_, dln_.data(), g.fc_w, g.fc_b, dfc_.data(), mlp_in, w.fc_w, nullptr, N, C, Pl,
+                         /*accumulate=*/false, block_gemm());
     if (!parallel_block_) {
       // dresid becomes the gradient at mid: the pass-through plus LN2's input gradient.
       Act* dln2 = column_input_backward(dln_.data(), C);
@@ -594,8 +591,8 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
     row_parallel_backward(datty_.data(), g.proj_w, g.proj_b, dout, dresid, a.atty, w.proj_w, Cl, C, nullptr);
     ops_.attention_backward(dqkv_.data(), datty_.data(), a.atty, a.qkv, a.saved, B, T, Hl, Hkvl, D, W);
     if (rope_) ops_.rope_backward(dqkv_.data(), B, T, Hkvl, G, D);
-    ops_.linear_backward_input(dln_.data(), dqkv_.data(), w.qkv_w, N, C, Ql, /*accumulate=*/parallel_block_, block_gemm());
-    ops_.linear_backward_weight(g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, N, C, Ql, block_gemm());
+    ops_.linear_backward(mlp_, dln_.data(), g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, w.qkv_w, nullptr, N, C, Ql,
+                         /*accumulate=*/parallel_block_, block_gemm());
     Act* dln1 = column_input_backward(dln_.data(), C);
     ops_.norm_backward(norm_, dresid, g.ln1_w, g.ln1_b, dln1, a.in, w.ln1_w, a.ln1_mean, a.ln1_rstd, R, C);
   }

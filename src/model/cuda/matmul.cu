@@ -259,8 +259,14 @@ void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, i
   }
   const cublasLtMatmulAlgo_t algo = it->second;
   lock.unlock();
-  CUBLAS_CHECK(cublasLtMatmul(handle_, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &algo,
-                              workspace_, workspace_bytes_, stream));
+  if (const cublasStatus_t status = cublasLtMatmul(handle_, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &algo,
+                                                   workspace_, workspace_bytes_, stream);
+      status != CUBLAS_STATUS_SUCCESS)
+    throw_runtime("cuBLASLt: a ", m, "x", n, "x", k, fp8 ? " FP8" : " bf16", " GEMM (types ", static_cast<int>(type_a),
+                  "/", static_cast<int>(type_b), ", ", trans_a ? "T" : "N", trans_b ? "T" : "N", ", beta ", beta,
+                  ", epilogue ", static_cast<int>(epi), ", alignments A ", align_a, " B ", align_b, " D ", align_d,
+                  fp8 ? cat(" scales ", alignment(fp8->a_inv_scale), "/", alignment(fp8->b_inv_scale)) : std::string(),
+                  ") failed with status ", static_cast<int>(status));
   cublasLtMatrixLayoutDestroy(la);
   cublasLtMatrixLayoutDestroy(lb);
   cublasLtMatrixLayoutDestroy(ld);

@@ -108,15 +108,15 @@ class CpuOps {
   void linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N, int IC,
                           int F, Gemm g = Gemm::kBf16) const;
   // dinp (N,IC) = dout (N,OC) @ w (OC,IC); += when `accumulate`.
-  void linear_backward_input(Act* dinp, const Act* dout, const Param* w, int N, int IC, int OC, bool accumulate,
-                             Gemm g = Gemm::kBf16) const;
-  // The same through the activation: dpre (N, F x pre_width(m)) (=), the gradient of
-  // linear_act_forward's pre from that of its out, dout (N,OC) @ w (OC,F).
-  void linear_backward_input_act(Mlp m, Act* dpre, const Act* dout, const Param* w, const Act* pre, int N, int F,
-                                 int OC, Gemm g = Gemm::kBf16) const;
+  void linear_backward_input(Act* dinp, const Act* dout, const Param* w, int N, int IC, int OC, bool accumulate) const;
   // dw (OC,IC) += dout^T @ inp; db (OC) += column sums of dout (db may be null).
-  void linear_backward_weight(float* dw, float* db, const Act* dout, const Act* inp, int N, int IC, int OC,
-                              Gemm g = Gemm::kBf16) const;
+  void linear_backward_weight(float* dw, float* db, const Act* dout, const Act* inp, int N, int IC, int OC) const;
+  // A block linear's whole backward, both GEMMs from one dout (so that an FP8 GEMM casts it once):
+  // linear_backward_weight, and linear_backward_input into dinp or, when `pre` is given (the
+  // MLP's second linear, IC = F), through the activation m into dinp = dpre (N, F x pre_width(m))
+  // (=, the gradient of linear_act_forward's pre; `accumulate` must then be false).
+  void linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
+                       const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g = Gemm::kBf16) const;
   // Why this op set cannot compute Gemm::kFp8 ("" when it can).
   std::string fp8_refusal() const { return "the CPU engine computes in fp32 (FP8 needs a Hopper GPU)"; }
   void add(Act* out, const Act* a, const Act* b, int64_t n) const;  // out may alias a or b
