@@ -20,15 +20,21 @@ common=(--set data.train="${DATA}_train" --set data.valid="${DATA}_valid" --set 
         --set optim.warmup_steps=$((STEPS / 20)) --set checkpoint.every=0)
 llama=(--set model.norm=rmsnorm --set model.position_encoding=rope --set model.mlp=swiglu
        --set model.mlp_hidden=2048 --set model.kv_heads=4 --set model.bias=false --set model.tied_embeddings=true)
+run() {  # SHAPE PRECISION
+  local shape=$1 precision=$2 extra=() start=$(date +%s)
+  [ $shape = llama ] && extra=("${llama[@]}")
+  local dir=$runs/$shape-$precision; rm -rf "$dir"  # this script's own run directory
+  "$MYRIAD" train --config configs/gpt2-124m.toml "${common[@]}" "${extra[@]}" \
+    --set train.precision=$precision --run-dir "$dir" > "$dir.log" 2>&1
+  echo "$shape $precision rc=$? $(( $(date +%s) - start )) s"
+}
+# The two precisions of a shape run side by side on the one GPU (a small model leaves it room);
+# each run's numbers do not depend on the other.
 shapes=("$@"); [ ${#shapes[@]} -gt 0 ] || shapes=(gpt llama)
 for shape in "${shapes[@]}"; do
+  run $shape bf16 & run $shape fp8 & wait
   for precision in bf16 fp8; do
-    extra=(); [ $shape = llama ] && extra=("${llama[@]}")
-    dir=$runs/$shape-$precision; rm -rf "$dir"  # this script's own run directory
-    start=$(date +%s)
-    "$MYRIAD" train --config configs/gpt2-124m.toml "${common[@]}" "${extra[@]}" \
-      --set train.precision=$precision --run-dir "$dir" > "$dir.log" 2>&1
-    echo "$shape $precision rc=$? $(( $(date +%s) - start )) s"
+    dir=$runs/$shape-$precision
     python3 - "$dir/metrics.jsonl" "$shape" "$precision" >> "$OUT/convergence.jsonl" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):

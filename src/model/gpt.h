@@ -266,11 +266,13 @@ class GptModel {
   Norm norm_;
   Mlp mlp_;
   bool rope_;
-  Gemm gemm_;  // the block's linears (train.precision); the LM head's are always bf16
-  // The block's GEMMs in the current forward or backward: gemm_, except where its tokens are not a
-  // multiple of 16 (sampling a prompt), which cuBLASLt's FP8 GEMMs cannot take: bf16 there.
+  Gemm gemm_;       // the block's linears (train.precision)
+  Gemm head_gemm_;  // the LM head's: bf16 unless train.fp8_lm_head
+  // The GEMMs in the current forward or backward: gemm_ (head_gemm_), except where its tokens are
+  // not a multiple of 16 (sampling a prompt), which cuBLASLt's FP8 GEMMs cannot take: bf16 there.
   // Training shapes are checked when the model is built.
   Gemm block_gemm() const { return N_ % 16 == 0 ? gemm_ : Gemm::kBf16; }
+  Gemm head_gemm() const { return N_ % 16 == 0 ? head_gemm_ : Gemm::kBf16; }
   bool parallel_block_;
   Recompute recompute_;
 

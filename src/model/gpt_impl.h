@@ -78,6 +78,7 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
       mlp_(cfg.model.swiglu() ? Mlp::kSwiGlu : Mlp::kGelu),
       rope_(cfg.model.rope()),
       gemm_(cfg.train.precision == "fp8" ? Gemm::kFp8 : Gemm::kBf16),
+      head_gemm_(cfg.train.precision == "fp8" && cfg.train.fp8_lm_head ? Gemm::kFp8 : Gemm::kBf16),
       parallel_block_(cfg.model.parallel_block),
       recompute_(gpt_detail::recompute_mode<Recompute>(cfg.train.recompute)) {
   MYRIAD_CHECK(flat_size == 0 || flat_size >= layout_.total(), "flat size ", flat_size);
@@ -471,7 +472,7 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, const int32_t* tokens, int64_t s
   if (!ch.head) return;
   column_input_forward(s.lnf, C);
   ops_.linear_forward(s.logits.data(), s.lnf, p_.head, static_cast<const Param*>(nullptr), N, C,
-                      static_cast<int>(Vl_));
+                      static_cast<int>(Vl_), head_gemm());
   last_logits_ = s.logits.data();
   s.dlogits_scale = 0;
   if (!targets) return;
@@ -552,8 +553,8 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
     else if (s.dlogits_scale != grad_scale)
       ops_.crossentropy_forward_backward(s.losses.data(), dlogits, s.targets.data(), dloss, N, V_, Vp_);
     s.dlogits_scale = 0;
-    ops_.linear_backward_input(dln_.data(), dlogits, p_.head, N, C, static_cast<int>(Vl_), /*accumulate=*/false);
-    ops_.linear_backward_weight(g_.head, static_cast<float*>(nullptr), dlogits, s.lnf, N, C, static_cast<int>(Vl_));
+    ops_.linear_backward(mlp_, dln_.data(), g_.head, static_cast<float*>(nullptr), dlogits, s.lnf, p_.head, nullptr, N,
+                         C, static_cast<int>(Vl_), /*accumulate=*/false, head_gemm());
     Act* dlnf = column_input_backward(dln_.data(), C);
     ops_.zero(dresid_.data(), int64_t(R) * C);
     ops_.norm_backward(norm_, dresid_.data(), g_.lnf_w, g_.lnf_b, dlnf, s.out, p_.lnf_w, s.lnf_mean, s.lnf_rstd,

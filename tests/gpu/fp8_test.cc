@@ -226,12 +226,12 @@ double cosine(const float* a, const float* b, int64_t n) {
   return ab / std::sqrt(std::max(aa * bb, 1e-300));
 }
 
-TEST_P(Fp8Engine, FollowsBf16AndRepeatsBitwise) {
+// `fp8`: the sets that make the fp8 run of case c.
+void follows_bf16_and_repeats_bitwise(engine_cases::Case c, const std::vector<std::string>& fp8) {
   using namespace engine_cases;
-  Case c = GetParam();
   c.sets.push_back("optim.grad_clip=0");
   const myriad::Config bcfg = config(c, "cuda");
-  const myriad::Config fcfg = config(Case{c.name, with(c.sets, {"train.precision=fp8"})}, "cuda");
+  const myriad::Config fcfg = config(Case{c.name, with(c.sets, fp8)}, "cuda");
   auto b = myriad::make_engine(bcfg), f = myriad::make_engine(fcfg), f2 = myriad::make_engine(fcfg);
   const int64_t P = b->layout().total();
   const double beta1 = bcfg.optim.beta1;
@@ -256,6 +256,14 @@ TEST_P(Fp8Engine, FollowsBf16AndRepeatsBitwise) {
   std::vector<float> logits(2 * Vp);
   f->last_logits(tokens.data(), 2, 37, logits.data());
   EXPECT_TRUE(all_finite(logits));
+}
+
+TEST_P(Fp8Engine, FollowsBf16AndRepeatsBitwise) { follows_bf16_and_repeats_bitwise(GetParam(), {"train.precision=fp8"}); }
+
+// train.fp8_lm_head: the LM head's three GEMMs in FP8 too, under the same bounds.
+TEST(Fp8Engine, TheLmHeadInFp8FollowsBf16AndRepeatsBitwise) {
+  follows_bf16_and_repeats_bitwise(engine_cases::Case{"llama_head", engine_cases::with(engine_cases::kLlama, {"model.seq_len=128"})},
+                                   {"train.precision=fp8", "train.fp8_lm_head=true"});
 }
 
 INSTANTIATE_TEST_SUITE_P(Blocks, Fp8Engine,
