@@ -205,8 +205,9 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
                                     block_gemm_s(2 * t * d * fc_w / tp) + block_gemm_s(2 * t * ffn * d / tp);
   // FP8's casts as the engine makes them: each operand of each block GEMM per call, its amax
   // read (bf16), then read again and written as one byte: 5 bytes an element. Forward: the four
-  // GEMMs' inputs and weights; backward: each output gradient twice (as it is, and transposed
-  // for the weight gradient), the inputs and the weights again (transposed).
+  // GEMMs' inputs and weights; backward: each output gradient once into both layouts (6 bytes:
+  // as it is for the input gradient, transposed for the weight gradient), the inputs and the
+  // weights again (transposed).
   const double weights = (qkv_w + d + fc_w + ffn) * d / tp;
   const double inputs = t * (2 * d + d / tp + ffn / tp), out_grads = t * (qkv_w / tp + d + fc_w / tp + d);
   // With GELU, FP8 GEMMs have no GELU epilogue: the activation is a pass of its own (pre read,
@@ -214,7 +215,7 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   const double gelu_fwd = f.fp8 && !model.swiglu() ? 4 * t * ffn / tp / (c.hbm_gbps * 1e9) : 0;
   const double gelu_bwd = f.fp8 && !model.swiglu() ? 6 * t * ffn / tp / (c.hbm_gbps * 1e9) : 0;
   const double cast_fwd = f.fp8 ? 5 * (inputs + weights) / (c.hbm_gbps * 1e9) + gelu_fwd : 0;
-  const double cast_bwd = f.fp8 ? 5 * (2 * out_grads + inputs + weights) / (c.hbm_gbps * 1e9) + gelu_bwd : 0;
+  const double cast_bwd = f.fp8 ? (6 * out_grads + 5 * (inputs + weights)) / (c.hbm_gbps * 1e9) + gelu_bwd : 0;
   const double attn_fwd = 4 * t * mean_keys(model.seq_len, f.window) * d / tp / (peak * c.attention_efficiency);
   const double passes = f.fused_ops ? c.fused_memory_passes : c.unfused_memory_passes;
   const double mem_fwd = passes * t * d * c.act_bytes / tp / (c.hbm_gbps * 1e9);  // sequence parallel: 1/tp of the tokens

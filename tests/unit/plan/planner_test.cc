@@ -237,14 +237,15 @@ TEST(Planner, Fp8RunsTheBlocksGemmsAtItsRateAndPaysForItsCasts) {
   EXPECT_NEAR(fp8.mfu / fp8.tokens_per_s, bf16.mfu / bf16.tokens_per_s, 1e-15);  // the same FLOPs over the bf16 peak
 
   // At an FP8 rate equal to bf16's, what is left is the casts: per layer, forward the inputs of
-  // QKV (d), the projection (d), fc (d) and the down projection (F), and the weights; backward
-  // the output gradients twice (QKV 3072 wide, d, gate/up 2F, d), the inputs and weights again.
+  // QKV (d), the projection (d), fc (d) and the down projection (F), and the weights, 5 bytes an
+  // element; backward the output gradients (QKV 3072 wide, d, gate/up 2F, d) once into both
+  // layouts, 6 bytes, and the inputs and weights again.
   plan::Cluster same = h200;
   same.fp8_peak_tflops = h200.peak_tflops, same.fp8_gemm_efficiency = h200.gemm_efficiency;
   const plan::Prediction casts_only = plan::predict(m, 8, 1, same, l, plan::parse_features("misc,fp8"));
   const double t = 8 * 2048.0, d = 2048, F = 8192, qkv = (32 + 2 * 8) * 64;
   const double inputs = t * (3 * d + F), weights = (qkv + d + 2 * F + F) * d, grads = t * (qkv + d + 2 * F + d);
-  const double casts = 16 * 5 * (2 * inputs + 2 * weights + 2 * grads) / (h200.hbm_gbps * 1e9);
+  const double casts = 16 * (5 * (2 * inputs + 2 * weights) + 6 * grads) / (h200.hbm_gbps * 1e9);
   EXPECT_NEAR(casts_only.step_s - bf16.step_s, casts, 1e-9);
 
   const plan::Prediction a100 =
