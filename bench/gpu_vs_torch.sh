@@ -6,6 +6,9 @@
 # config and writes $OUT/bench_gpu.jsonl.
 #   bench/gpu_vs_torch.sh [NAME...]    NAME in: gpt2-124m gpt2-350m gpt-1.3b gpt-2.7b gpt-1.3b-pw
 #                                                llama-1b llama-3b
+# NAME-fp8 runs Myriad with train.precision = "fp8" against the reference's FP8 (torchao's
+# tensorwise recipe: bench/torch_llama.py --fp8, bench/torch_gpt_fp8.py) and against the
+# reference in bf16 ("pytorch_bf16" in the JSON line). A Myriad run that fails skips the rest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MYRIAD=${MYRIAD:-/tmp/m/bin/myriad}
@@ -16,7 +19,8 @@ STEPS=${STEPS:-10}
 names=("$@"); [ ${#names[@]} -gt 0 ] || names=(gpt2-124m gpt2-350m gpt-1.3b gpt-1.3b-pw gpt-2.7b)
 for name in "${names[@]}"; do
   ref=bench/torch_gpt.py
-  case $name in
+  fp8=; [ "${name%-fp8}" != "$name" ] && fp8=1
+  case ${name%-fp8} in
     # Llama 3.2's shapes at T 2048, as the reference runs them (its RoPE unscaled: the same work).
     llama-1b)    cfg=configs/llama-3.2-1b.toml; B=8; ref=bench/torch_llama.py
                  extra=(--set model.seq_len=2048 --set train.recompute=none); targs=(--preset llama-1b) ;;
@@ -30,15 +34,29 @@ for name in "${names[@]}"; do
     gpt-2.7b)    cfg=configs/gpt-2.7b.toml;  B=8;  extra=(); targs=(--preset gpt-2.7b) ;;
     *) echo "unknown bench $name" >&2; exit 2 ;;
   esac
+  if [ -n "$fp8" ]; then extra+=(--set train.precision=fp8); fi
   m=$("$MYRIAD" bench --config $cfg --set train.global_batch=$B --set train.micro_batch=$B "${extra[@]}" \
         --steps "$STEPS" --warmup 3 2>"$OUT/bench_$name.err" | tail -1)
-  t=$(python3 $ref "${targs[@]}" --steps "$STEPS" --warmup 5 2>"$OUT/torch_$name.err" | tail -1)
-  echo "{\"bench\": \"$name\", \"myriad\": ${m:-null}, \"pytorch\": ${t:-null}}" >> "$OUT/bench_gpu.jsonl"
-  python3 - "$name" "${m:-null}" "${t:-null}" <<'PY'
+  t=; tb=
+  if [ -n "$m" ]; then
+    if [ -n "$fp8" ]; then
+      tb=$(python3 $ref "${targs[@]}" --steps "$STEPS" --warmup 5 2>"$OUT/torch_bf16_$name.err" | tail -1)
+      if [ $ref = bench/torch_llama.py ]; then targs+=(--fp8); else ref=bench/torch_gpt_fp8.py; fi
+    fi
+    t=$(python3 $ref "${targs[@]}" --steps "$STEPS" --warmup 5 2>"$OUT/torch_$name.err" | tail -1)
+  fi
+  echo "{\"bench\": \"$name\", \"myriad\": ${m:-null}, \"pytorch\": ${t:-null}${fp8:+, \"pytorch_bf16\": ${tb:-null}}}" \
+    >> "$OUT/bench_gpu.jsonl"
+  python3 - "$name" "${m:-null}" "${t:-null}" "${tb:-null}" <<'PY'
 import json, sys
-name, m, t = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
-mt = m and m.get("tokens_per_s"); tt = t and (t.get("tokens_per_s") or t.get("tok_per_s"))
-ratio = f"{mt / tt:.2f}x" if mt and tt else "n/a"
-print(f"{name:12s} myriad {mt or 0:9.0f} tok/s mfu {m.get('mfu', 0) if m else 0:.3f} mem {m.get('peak_memory_gib', 0) if m else 0:.1f} GiB | pytorch {tt or 0:9.0f} tok/s mfu {t.get('mfu', 0) if t else 0} | ratio {ratio}")
+name, m, t, tb = sys.argv[1], *(json.loads(a) for a in sys.argv[2:5])
+tps = lambda r: r and (r.get("tokens_per_s") or r.get("tok_per_s"))
+mt, tt = tps(m), tps(t)
+ratio = lambda a, b: f"{a / b:.2f}x" if a and b else "n/a"
+line = (f"{name:12s} myriad {mt or 0:9.0f} tok/s mfu {m.get('mfu', 0) if m else 0:.3f} mem {m.get('peak_memory_gib', 0) if m else 0:.1f} GiB"
+        f" | pytorch {tt or 0:9.0f} tok/s mfu {t.get('mfu', 0) if t else 0} | ratio {ratio(mt, tt)}")
+if tb is not None:
+    line += f" | pytorch bf16 {tps(tb) or 0:9.0f} tok/s | ratio {ratio(mt, tps(tb))}"
+print(line)
 PY
 done

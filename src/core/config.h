@@ -82,6 +82,10 @@ struct TrainConfig {
   // kernel), cudnn (an error where it cannot), myriad. The CPU has one.
   std::string attention = "auto";
   bool deterministic = true;  // bitwise-repeatable steps; false lets cuDNN's backward add atomically
+  // The linear layers' GEMMs: bf16 (the CPU engine: fp32), or fp8 (Hopper and later; ops/fp8.h).
+  // A compute format only: the weights, the optimizer and the checkpoints are the same either way.
+  std::string precision = "bf16";
+  bool fp8_lm_head = false;  // with precision fp8: the LM head's GEMMs in FP8 too
   // Steps whose batch is read and dropped, with no update: the data around a loss spike that
   // recurs on replay (a supervised launch adds them by itself).
   std::vector<int64_t> skip_steps;
@@ -206,6 +210,8 @@ struct Config {
     f("train", "recompute", train.recompute);
     f("train", "attention", train.attention);
     f("train", "deterministic", train.deterministic);
+    f("train", "precision", train.precision);
+    f("train", "fp8_lm_head", train.fp8_lm_head);
     f("train", "skip_steps", train.skip_steps);
     f("parallel", "tp", parallel.tp);
     f("parallel", "pp", parallel.pp);

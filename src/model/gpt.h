@@ -13,7 +13,9 @@
 //   the MLP          the first GEMM's activation, GELU or SwiGLU (Mlp, passed to the fused
 //                    GEMM + activation ops; SwiGLU's GEMM is twice as wide)
 //   the LM head      wte (tied) or lm_head
-// and the layout (params.h) holds the tensors each variant has.
+// and the layout (params.h) holds the tensors each variant has. train.precision chooses the
+// arithmetic of the block's linear GEMMs (Gemm, passed to every linear op of a layer), bf16 or
+// FP8; the LM head, attention, the norms and the update stay as they are.
 //
 // One object owns this rank's parameters and their gradients, and the activations of the
 // micro-batches in flight, up to (micro_batch, seq_len) tokens each. Not thread-safe: one
@@ -264,6 +266,13 @@ class GptModel {
   Norm norm_;
   Mlp mlp_;
   bool rope_;
+  Gemm gemm_;       // the block's linears (train.precision)
+  Gemm head_gemm_;  // the LM head's: bf16 unless train.fp8_lm_head
+  // The GEMMs in the current forward or backward: gemm_ (head_gemm_), except where its tokens are
+  // not a multiple of 16 (sampling a prompt), which cuBLASLt's FP8 GEMMs cannot take: bf16 there.
+  // Training shapes are checked when the model is built.
+  Gemm block_gemm() const { return N_ % 16 == 0 ? gemm_ : Gemm::kBf16; }
+  Gemm head_gemm() const { return N_ % 16 == 0 ? head_gemm_ : Gemm::kBf16; }
   bool parallel_block_;
   Recompute recompute_;
 

@@ -77,10 +77,23 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
       norm_{cfg.model.rmsnorm() ? NormKind::kRMSNorm : NormKind::kLayerNorm, static_cast<float>(cfg.model.norm_eps)},
       mlp_(cfg.model.swiglu() ? Mlp::kSwiGlu : Mlp::kGelu),
       rope_(cfg.model.rope()),
+      gemm_(cfg.train.precision == "fp8" ? Gemm::kFp8 : Gemm::kBf16),
+      head_gemm_(cfg.train.precision == "fp8" && cfg.train.fp8_lm_head ? Gemm::kFp8 : Gemm::kBf16),
       parallel_block_(cfg.model.parallel_block),
       recompute_(gpt_detail::recompute_mode<Recompute>(cfg.train.recompute)) {
   MYRIAD_CHECK(flat_size == 0 || flat_size >= layout_.total(), "flat size ", flat_size);
   ops_.select_attention(cfg.train.attention, cfg.train.deterministic);
+  if (gemm_ == Gemm::kFp8) {
+    if (const std::string why = ops_.fp8_refusal(); !why.empty())
+      throw_input("config: train.precision = \"fp8\": ", why, "; use train.precision = \"bf16\"");
+    // cuBLASLt's FP8 GEMMs take leading dimensions of 16 bytes: every GEMM dimension a multiple
+    // of 16 (the tokens of a micro-batch, the widths of the block's weights).
+    for (auto [what, n] : {std::pair<const char*, int64_t>{"train.micro_batch x model.seq_len", maxB_ * maxT_},
+                           {"model.d_model", C_}, {"the attention width per tensor-parallel rank", Cl_},
+                           {"the QKV width per tensor-parallel rank", Ql_}, {"the MLP's width per rank", Fl_}})
+      if (n % 16 != 0)
+        throw_input("config: train.precision = \"fp8\" needs ", what, " (", n, ") to be a multiple of 16");
+  }
   if (rope_) {
     const ModelConfig& m = cfg.model;
     RopeScaling scaling{m.rope_scaling, m.rope_factor, m.rope_low_freq_factor, m.rope_high_freq_factor,
@@ -331,12 +344,12 @@ template <class Ops>
 void GptModel<Ops>::row_parallel_forward(Act* out, const Act* inp, const Param* w, const Param* b, int IC,
                                          int OC) {
   if (!tp_) {
-    ops_.linear_forward(out, inp, w, b, N_, IC, OC);
+    ops_.linear_forward(out, inp, w, b, N_, IC, OC, block_gemm());
     return;
   }
   // The partial product of this rank's input features, reduced over the ranks; the bias once.
   Act* partial = sp_ ? full_.data() : out;
-  ops_.linear_forward(partial, inp, w, static_cast<const Param*>(nullptr), N_, IC, OC);
+  ops_.linear_forward(partial, inp, w, static_cast<const Param*>(nullptr), N_, IC, OC, block_gemm());
   reduce_partial(partial, out, OC);
   if (b) ops_.add_bias(out, b, R_, OC);
 }
@@ -352,11 +365,8 @@ template <class Ops>
 void GptModel<Ops>::row_parallel_backward(Act* dinp, float* dw, float* db, const Act* dout_full,
                                           const Act* dout, const Act* inp, const Param* w, int IC, int OC,
                                           const Act* pre) {
-  if (pre)
-    ops_.linear_backward_input_act(mlp_, dinp, dout_full, w, pre, N_, IC, OC);
-  else
-    ops_.linear_backward_input(dinp, dout_full, w, N_, IC, OC, /*accumulate=*/false);
-  ops_.linear_backward_weight(dw, sp_ ? nullptr : db, dout_full, inp, N_, IC, OC);
+  ops_.linear_backward(mlp_, dinp, dw, sp_ ? nullptr : db, dout_full, inp, w, pre, N_, IC, OC, /*accumulate=*/false,
+                       block_gemm());
   if (sp_ && db) ops_.bias_backward(db, dout, R_, OC);  // this rank's rows: summed in finish_grads()
 }
 
@@ -462,7 +472,7 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, const int32_t* tokens, int64_t s
   if (!ch.head) return;
   column_input_forward(s.lnf, C);
   ops_.linear_forward(s.logits.data(), s.lnf, p_.head, static_cast<const Param*>(nullptr), N, C,
-                      static_cast<int>(Vl_));
+                      static_cast<int>(Vl_), head_gemm());
   last_logits_ = s.logits.data();
   s.dlogits_scale = 0;
   if (!targets) return;
@@ -486,7 +496,7 @@ void GptModel<Ops>::layer_forward(int64_t l, LayerActs& a) {
   const int Hkvl = static_cast<int>(Hkvl_), D = static_cast<int>(D_), G = static_cast<int>(G_);
   const LayerTensors<Param>& w = p_.layers[l];
   column_input_forward(a.ln1, C);
-  ops_.linear_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, C, static_cast<int>(Ql_));
+  ops_.linear_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, C, static_cast<int>(Ql_), block_gemm());
   if (rope_) ops_.rope_forward(a.qkv, B, T, Hkvl, G, D);
   ops_.attention_forward(a.atty, a.saved, a.qkv, B, T, Hl, Hkvl, D, W);
   // The MLP reads LN2(mid = in + attention) in the sequential block and the shared LN1(in) in
@@ -499,7 +509,7 @@ void GptModel<Ops>::layer_forward(int64_t l, LayerActs& a) {
     column_input_forward(a.ln2, C);
     mlp_in = a.ln2;
   }
-  ops_.linear_act_forward(mlp_, a.act, a.fc, mlp_in, w.fc_w, w.fc_b, N, C, Fl);
+  ops_.linear_act_forward(mlp_, a.act, a.fc, mlp_in, w.fc_w, w.fc_b, N, C, Fl, block_gemm());
 }
 
 // With the forward's kernels on the forward's inputs, so the refill is bitwise what the forward
@@ -512,7 +522,7 @@ void GptModel<Ops>::recompute(const Chunk& ch, Slot& s, int64_t l) {
   const LayerTensors<Param>& w = p_.layers[l];
   if (recompute_ == Recompute::kSelective) {
     ops_.linear_act_forward(mlp_, a.act, a.fc, parallel_block_ ? a.ln1 : a.ln2, w.fc_w, w.fc_b, N_, C_,
-                            static_cast<int>(Fl_));
+                            static_cast<int>(Fl_), block_gemm());
   } else {
     ops_.norm_forward(norm_, local_rows(a.ln1, C_), a.ln1_mean, a.ln1_rstd, a.in, w.ln1_w, w.ln1_b, R_, C_);
     layer_forward(l, a);
@@ -543,8 +553,8 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
     else if (s.dlogits_scale != grad_scale)
       ops_.crossentropy_forward_backward(s.losses.data(), dlogits, s.targets.data(), dloss, N, V_, Vp_);
     s.dlogits_scale = 0;
-    ops_.linear_backward_input(dln_.data(), dlogits, p_.head, N, C, static_cast<int>(Vl_), /*accumulate=*/false);
-    ops_.linear_backward_weight(g_.head, static_cast<float*>(nullptr), dlogits, s.lnf, N, C, static_cast<int>(Vl_));
+    ops_.linear_backward(mlp_, dln_.data(), g_.head, static_cast<float*>(nullptr), dlogits, s.lnf, p_.head, nullptr, N,
+                         C, static_cast<int>(Vl_), /*accumulate=*/false, head_gemm());
     Act* dlnf = column_input_backward(dln_.data(), C);
     ops_.zero(dresid_.data(), int64_t(R) * C);
     ops_.norm_backward(norm_, dresid_.data(), g_.lnf_w, g_.lnf_b, dlnf, s.out, p_.lnf_w, s.lnf_mean, s.lnf_rstd,
@@ -569,8 +579,8 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
     const Act* mlp_in = parallel_block_ ? a.ln1 : a.ln2;
     const int Pl = static_cast<int>(Pl_);
     row_parallel_backward(dfc_.data(), g.fcproj_w, g.fcproj_b, dout, dresid, a.act, w.fcproj_w, Fl, C, a.fc);
-    ops_.linear_backward_input(dln_.data(), dfc_.data(), w.fc_w, N, C, Pl, /*accumulate=*/false);
-    ops_.linear_backward_weight(g.fc_w, g.fc_b, dfc_.data(), mlp_in, N, C, Pl);
+    ops_.linear_backward(mlp_, dln_.data(), g.fc_w, g.fc_b, dfc_.data(), mlp_in, w.fc_w, nullptr, N, C, Pl,
+                         /*accumulate=*/false, block_gemm());
     if (!parallel_block_) {
       // dresid becomes the gradient at mid: the pass-through plus LN2's input gradient.
       Act* dln2 = column_input_backward(dln_.data(), C);
@@ -582,8 +592,8 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
     row_parallel_backward(datty_.data(), g.proj_w, g.proj_b, dout, dresid, a.atty, w.proj_w, Cl, C, nullptr);
     ops_.attention_backward(dqkv_.data(), datty_.data(), a.atty, a.qkv, a.saved, B, T, Hl, Hkvl, D, W);
     if (rope_) ops_.rope_backward(dqkv_.data(), B, T, Hkvl, G, D);
-    ops_.linear_backward_input(dln_.data(), dqkv_.data(), w.qkv_w, N, C, Ql, /*accumulate=*/parallel_block_);
-    ops_.linear_backward_weight(g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, N, C, Ql);
+    ops_.linear_backward(mlp_, dln_.data(), g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, w.qkv_w, nullptr, N, C, Ql,
+                         /*accumulate=*/parallel_block_, block_gemm());
     Act* dln1 = column_input_backward(dln_.data(), C);
     ops_.norm_backward(norm_, dresid, g.ln1_w, g.ln1_b, dln1, a.in, w.ln1_w, a.ln1_mean, a.ln1_rstd, R, C);
   }

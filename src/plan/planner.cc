@@ -51,6 +51,10 @@ Cluster load_cluster(const std::string& path) {
   c.gemm_efficiency = get(t, path, "gpu", "gemm_efficiency");
   c.gemm_half_flops = get(t, path, "gpu", "gemm_half_gflops") * 1e9;
   c.attention_efficiency = get(t, path, "gpu", "attention_efficiency");
+  c.fp8_peak_tflops = get(t, path, "gpu", "fp8_peak_tflops", false, 0);
+  c.fp8_gemm_efficiency = get(t, path, "gpu", "fp8_gemm_efficiency", false, 0);
+  if (c.fp8_peak_tflops < 0 || c.fp8_gemm_efficiency < 0 || c.fp8_gemm_efficiency > 1)
+    throw_input("cluster ", path, ": [gpu] fp8_peak_tflops must be >= 0 and fp8_gemm_efficiency in [0, 1]");
   c.hbm_gbps = get(t, path, "gpu", "hbm_gbps");
   c.memory_gib = get(t, path, "gpu", "memory_gib");
   c.act_bytes = get(t, path, "gpu", "act_bytes", false, 2);
@@ -118,9 +122,10 @@ Features parse_features(const std::string& text) {
     else if (item == "fused_ops") f.fused_ops = true;
     else if (item == "misc") f.misc = true;
     else if (item == "lamb") f.optimizer = "lamb";
+    else if (item == "fp8") f.fp8 = true;
     else
       throw_input("plan: --features '", item, "': expected megatron, megascale, or a list of parallel_block, window=W, "
-                  "tp_overlap, pp_overlap, dp_overlap, fused_ops, misc, lamb");
+                  "tp_overlap, pp_overlap, dp_overlap, fused_ops, misc, lamb, fp8");
   }
   return f;
 }
@@ -160,6 +165,13 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   if (model.heads % l.tp != 0) return refuse(cat("tp ", l.tp, " does not divide ", model.heads, " heads"));
   if (model.kv() % l.tp != 0) return refuse(cat("tp ", l.tp, " does not divide ", model.kv(), " key/value heads"));
   if (model.ffn() % l.tp != 0) return refuse(cat("tp ", l.tp, " does not divide the MLP's ", model.ffn(), " features"));
+  if (f.fp8 && !(c.fp8_peak_tflops > 0 && c.fp8_gemm_efficiency > 0))
+    return refuse(cat("fp8: the cluster ", c.name, " has no FP8 GEMM rate ([gpu] fp8_peak_tflops, fp8_gemm_efficiency)"));
+  // What the engine refuses in fp8 (gpt_impl.h): tp > 1, and GEMM dimensions off 16.
+  if (f.fp8 && l.tp > 1) return refuse(cat("fp8: tp ", l.tp, " (the engine's FP8 runs at tp 1 for now)"));
+  if (f.fp8 && ((int64_t(l.mb) * model.seq_len) % 16 != 0 || model.d_model % 16 != 0 ||
+                ((model.heads + 2 * model.kv()) * model.head_dim()) % 16 != 0 || model.ffn() % 16 != 0))
+    return refuse("fp8: a GEMM dimension (mb x seq_len, d_model, the QKV or MLP width) is not a multiple of 16");
   p.dp = static_cast<int>(gpus / group);
   if (global_batch % (int64_t(p.dp) * l.mb) != 0)
     return refuse(cat("dp x mb = ", p.dp * l.mb, " does not divide the global batch ", global_batch));
@@ -177,15 +189,33 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   auto gemm_s = [&](double flops) {
     return flops / (peak * c.gemm_efficiency * flops / (flops + c.gemm_half_flops));
   };
+  // The block's linear GEMMs: bf16, or FP8 at the cluster's FP8 rate (the LM head stays bf16).
+  auto block_gemm_s = [&](double flops) {
+    if (!f.fp8) return gemm_s(flops);
+    return flops / (c.fp8_peak_tflops * 1e12 * c.fp8_gemm_efficiency * flops / (flops + c.gemm_half_flops));
+  };
   // The layer's GEMM widths: QKV (3d with as many key/value heads as query heads), the MLP's
   // features and its first GEMM's outputs (twice the features for SwiGLU's gate and up).
   const double qkv_w = double((model.heads + 2 * model.kv()) * model.head_dim()), ffn = double(model.ffn());
   const double fc_w = ffn * (model.swiglu() ? 2 : 1);
   // The parallel block fuses QKV with fc and the two output projections (PaLM).
   const double gemm_fwd = f.parallel_block
-                              ? gemm_s(2 * t * d * (qkv_w + fc_w) / tp) + gemm_s(2 * t * (d + ffn) * d / tp)
-                              : gemm_s(2 * t * d * qkv_w / tp) + gemm_s(2 * t * d * d / tp) +
-                                    gemm_s(2 * t * d * fc_w / tp) + gemm_s(2 * t * ffn * d / tp);
+                              ? block_gemm_s(2 * t * d * (qkv_w + fc_w) / tp) + block_gemm_s(2 * t * (d + ffn) * d / tp)
+                              : block_gemm_s(2 * t * d * qkv_w / tp) + block_gemm_s(2 * t * d * d / tp) +
+                                    block_gemm_s(2 * t * d * fc_w / tp) + block_gemm_s(2 * t * ffn * d / tp);
+  // FP8's casts as the engine makes them: each operand of each block GEMM per call, its amax
+  // read (bf16), then read again and written as one byte: 5 bytes an element. Forward: the four
+  // GEMMs' inputs and weights; backward: each output gradient once into both layouts (6 bytes:
+  // as it is for the input gradient, transposed for the weight gradient), the inputs and the
+  // weights again (transposed).
+  const double weights = (qkv_w + d + fc_w + ffn) * d / tp;
+  const double inputs = t * (2 * d + d / tp + ffn / tp), out_grads = t * (qkv_w / tp + d + fc_w / tp + d);
+  // With GELU, FP8 GEMMs have no GELU epilogue: the activation is a pass of its own (pre read,
+  // out written: 4 bytes a feature), and its backward too (pre and dact read, dpre written: 6).
+  const double gelu_fwd = f.fp8 && !model.swiglu() ? 4 * t * ffn / tp / (c.hbm_gbps * 1e9) : 0;
+  const double gelu_bwd = f.fp8 && !model.swiglu() ? 6 * t * ffn / tp / (c.hbm_gbps * 1e9) : 0;
+  const double cast_fwd = f.fp8 ? 5 * (inputs + weights) / (c.hbm_gbps * 1e9) + gelu_fwd : 0;
+  const double cast_bwd = f.fp8 ? (6 * out_grads + 5 * (inputs + weights)) / (c.hbm_gbps * 1e9) + gelu_bwd : 0;
   const double attn_fwd = 4 * t * mean_keys(model.seq_len, f.window) * d / tp / (peak * c.attention_efficiency);
   const double passes = f.fused_ops ? c.fused_memory_passes : c.unfused_memory_passes;
   const double mem_fwd = passes * t * d * c.act_bytes / tp / (c.hbm_gbps * 1e9);  // sequence parallel: 1/tp of the tokens
@@ -196,11 +226,12 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   const double tp_exposed = f.tp_overlap ? tp_layer * (1 - c.tp_overlap_hidden) : tp_layer;
   // Recompute in the backward: full repeats the layer's forward; selective (the engine's) only the
   // fc GEMM with its activation, whose outputs are the layer's largest.
-  const double recompute = l.recompute == "full"        ? gemm_fwd + attn_fwd + mem_fwd + tp_exposed
-                           : l.recompute == "selective" ? gemm_s(2 * t * d * fc_w / tp)
+  const double recompute = l.recompute == "full"        ? gemm_fwd + attn_fwd + mem_fwd + tp_exposed + cast_fwd
+                           : l.recompute == "selective" ? block_gemm_s(2 * t * d * fc_w / tp) +
+                                                              (f.fp8 ? 5 * (t * d + fc_w * d / tp) / (c.hbm_gbps * 1e9) + gelu_fwd : 0)
                                                         : 0;
-  const double layer_fwd = gemm_fwd + attn_fwd + mem_fwd + tp_exposed;
-  const double layer_bwd = 2 * gemm_fwd + 2.5 * attn_fwd + 2 * mem_fwd + tp_exposed + recompute;
+  const double layer_fwd = gemm_fwd + attn_fwd + mem_fwd + tp_exposed + cast_fwd;
+  const double layer_bwd = 2 * gemm_fwd + 2.5 * attn_fwd + 2 * mem_fwd + tp_exposed + recompute + cast_bwd;
   // The LM head and loss (last stage) spread over every chunk, as balanced stages do (the
   // project's partition_layers gives the last stage fewer layers).
   // The loss over the logits: unfused (Megatron-LM's), four passes over them in fp32 forward and

@@ -26,6 +26,8 @@ struct Cluster {
   double gemm_efficiency = 0;   // of peak, large GEMMs
   double gemm_half_flops = 0;   // a GEMM of this many FLOPs reaches half of gemm_efficiency (small shapes)
   double attention_efficiency = 0;  // of peak, fused attention forward and backward
+  double fp8_peak_tflops = 0;      // dense FP8 (e4m3) per GPU; 0: no FP8 (--features fp8 is refused)
+  double fp8_gemm_efficiency = 0;  // of fp8_peak_tflops, large FP8 GEMMs
   double hbm_gbps = 0;          // achieved memory bandwidth, for the memory-bound ops
   double memory_gib = 0;        // per GPU
   double act_bytes = 2;         // bytes of an activation or weight element as computed: bf16 on GPUs, fp32 on CPUs
@@ -66,9 +68,10 @@ struct Features {
   bool fused_ops = false;
   bool misc = false;        // MegaScale's remaining items (its "misc")
   std::string optimizer = "adamw";
+  bool fp8 = false;  // the block's linear GEMMs in FP8 (train.precision = "fp8"); the LM head in bf16
 };
 // "megatron", "megascale", or a comma list of parallel_block, window=W, tp_overlap, pp_overlap,
-// dp_overlap, fused_ops, misc, lamb.
+// dp_overlap, fused_ops, misc, lamb, fp8.
 Features parse_features(const std::string& text);
 
 struct Prediction {

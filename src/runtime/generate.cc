@@ -24,6 +24,9 @@ LoadedModel load_for_inference(const std::string& path) {
   Config cfg = parse_config(meta.at("config").get<std::string>(), dir + "/meta.json");
   cfg.parallel = ParallelConfig{};  // sampling runs the whole model in this process, one row
   cfg.train.global_batch = cfg.train.micro_batch = 1;
+  // FP8 is a training compute format: sampling computes in bf16 (fp32 on the CPU) on any device.
+  cfg.train.precision = "bf16";
+  cfg.train.fp8_lm_head = false;
 #ifdef MYRIAD_HAVE_CUDA
   // Sampling has no device option: with train.device = auto, a model the CUDA kernels cannot
   // run (an imported GPT-2 of head size 32, one trained on CPUs) runs on the CPU instead.

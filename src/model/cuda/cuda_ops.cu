@@ -67,6 +67,14 @@ struct CudaOps::State {
   float* scratch = nullptr;
   size_t scratch_floats = 0;
   float* rope_freqs = nullptr;  // (D/2) set_rope's, fp32
+  // Gemm::kFp8: the FP8 GEMMs' operands, cast into three buffers (grown to the largest, at a
+  // shape's first call): 0 an activation or a gradient, 1 a weight or the backward's input, 2 the
+  // gradient transposed. Per buffer its amax, scale and 1 / scale on the device, at floats
+  // 64 b, 64 b + 16 and 64 b + 32: cuBLASLt reads the scale where it is aligned to 64 bytes.
+  static constexpr int kFp8Buffers = 3;
+  uint8_t* fp8_bytes[kFp8Buffers] = {};
+  size_t fp8_capacity[kFp8Buffers] = {};
+  float* fp8_scalars = nullptr;  // (kFp8Buffers, 64)
   std::vector<int64_t> bounds;  // sums_of_squares' segments, cached on the device
   int64_t* d_bounds = nullptr;
   float* h_sums = nullptr;        // pinned: their results
@@ -98,6 +106,8 @@ struct CudaOps::State {
     for (cudaEvent_t e : events) cudaEventDestroy(e);
     cudaFree(scratch);
     cudaFree(rope_freqs);
+    for (uint8_t* b : fp8_bytes) cudaFree(b);
+    cudaFree(fp8_scalars);
     cudaFree(d_bounds);
     cudaFreeHost(h_sums);
     if (stream) cudaStreamDestroy(stream);
@@ -636,21 +646,76 @@ void CudaOps::norm_backward(Norm n, Act* dinp, float* dw, float* db, const Act* 
   }
 }
 
-void CudaOps::linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC) const {
+namespace {
+
+uint8_t* fp8_buffer(CudaOps::State& st, int i, size_t bytes) {
+  if (bytes > st.fp8_capacity[i]) {
+    CUDA_CHECK(cudaStreamSynchronize(st.stream));
+    cudaFree(st.fp8_bytes[i]);
+    st.fp8_bytes[i] = nullptr;
+    CUDA_CHECK(cudaMalloc(&st.fp8_bytes[i], bytes));
+    st.fp8_capacity[i] = bytes;
+  }
+  return st.fp8_bytes[i];
+}
+
+// x (rows,cols) as FP8 GEMM operands: one amax, one scale, one pass that writes the bytes
+// row-major into buffer `r` and/or transposed, (cols,rows), into buffer `t` (-1: not wanted).
+// Each stays valid until its buffer's next cast; the scalars are those of the first buffer named.
+struct Fp8Operand {
+  Matmul::Fp8Tensor rows, cols;
+};
+Fp8Operand fp8_cast(CudaOps::State& st, int r, int t, const bf16* x, int rows, int cols, fp8::Format f) {
+  const size_t bytes = size_t(rows) * cols;
+  uint8_t* q = r >= 0 ? fp8_buffer(st, r, bytes) : nullptr;
+  uint8_t* qt = t >= 0 ? fp8_buffer(st, t, bytes) : nullptr;
+  if (!st.fp8_scalars) CUDA_CHECK(cudaMalloc(&st.fp8_scalars, CudaOps::State::kFp8Buffers * 64 * sizeof(float)));
+  // A scope of its own, outside the GEMM's: the profile shows what the casts cost.
+  OpScope op(st, q && qt ? "fp8_cast_both" : qt ? "fp8_cast_t" : "fp8_cast", rows, cols);
+  float* amax = st.fp8_scalars + 64 * (r >= 0 ? r : t);
+  cuda::amax(amax, x, int64_t(bytes), st.stream);
+  cuda::fp8_scales(amax + 16, amax + 32, amax, f, st.stream);
+  cuda::cast_fp8(q, qt, x, rows, cols, amax + 16, f, st.stream);
+  return {{q, amax + 32, f}, {qt, amax + 32, f}};
+}
+
+constexpr fp8::Format kFwd = fp8::Format::e4m3, kGrad = fp8::Format::e5m2;
+
+}  // namespace
+
+std::string CudaOps::fp8_refusal() const {
+  int d = 0;
+  cudaDeviceProp p{};
+  CUDA_CHECK(cudaGetDevice(&d));
+  CUDA_CHECK(cudaGetDeviceProperties(&p, d));
+  return fp8::gpu_refusal(p.major, p.minor);
+}
+
+void CudaOps::linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC,
+                             Gemm g) const {
+  if (g == Gemm::kFp8) {
+    const Matmul::Fp8Tensor x = fp8_cast(*st_, 0, -1, inp, N, IC, kFwd).rows,
+                            wq = fp8_cast(*st_, 1, -1, w, OC, IC, kFwd).rows;
+    OpScope op(*st_, "linear_forward_fp8", N, IC, OC);
+    st_->mm.forward_fp8(out, x, wq, b, N, IC, OC, /*fast_accum=*/true, st_->stream);
+    return;
+  }
   OpScope op(*st_, "linear_forward", N, IC, OC);
   st_->mm.forward(out, inp, w, b, N, IC, OC, st_->stream);
 }
 
 void CudaOps::linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N,
-                                 int IC, int F) const {
-  if (m == Mlp::kGelu) {
+                                 int IC, int F, Gemm g) const {
+  if (m == Mlp::kGelu && g == Gemm::kBf16) {
     OpScope op(*st_, "linear_gelu_forward", N, IC, F);
     st_->mm.forward_gelu(out, pre, inp, w, b, N, IC, F, st_->stream);
     return;
   }
-  {
-    OpScope op(*st_, "linear_forward", N, IC, 2 * F);
-    st_->mm.forward(pre, inp, w, b, N, IC, 2 * F, st_->stream);
+  linear_forward(pre, inp, w, b, N, IC, F * pre_width(m), g);
+  if (m == Mlp::kGelu) {
+    OpScope op(*st_, "gelu_forward", N, F);
+    cuda::gelu_forward(out, pre, int64_t(N) * F, st_->stream);
+    return;
   }
   OpScope op(*st_, "swiglu_forward", N, F);
   cuda::swiglu_forward(out, pre, N, F, st_->stream);
@@ -662,28 +727,54 @@ void CudaOps::linear_backward_input(Act* dinp, const Act* dout, const Param* w, 
   st_->mm.backward_input(dinp, dout, w, N, IC, OC, accumulate, st_->stream);
 }
 
-void CudaOps::linear_backward_input_act(Mlp m, Act* dpre, const Act* dout, const Param* w, const Act* pre, int N,
-                                        int F, int OC) const {
-  if (m == Mlp::kGelu) {
-    OpScope op(*st_, "linear_backward_input_dgelu", N, F, OC);
-    st_->mm.backward_input_dgelu(dpre, dout, w, pre, N, F, OC, st_->stream);
-    return;
-  }
-  // The activation's output gradient (N,F) in scratch (bf16), then SwiGLU's backward into dpre.
-  Act* dact = reinterpret_cast<Act*>(scratch((size_t(N) * F + 1) / 2));
-  {
-    OpScope op(*st_, "linear_backward_input", N, F, OC);
-    st_->mm.backward_input(dact, dout, w, N, F, OC, /*accumulate=*/false, st_->stream);
-  }
-  OpScope op(*st_, "swiglu_backward", N, F);
-  cuda::swiglu_backward(dpre, pre, dact, N, F, st_->stream);
-}
-
 void CudaOps::linear_backward_weight(float* dw, float* db, const Act* dout, const Act* inp, int N, int IC,
                                      int OC) const {
-  OpScope op(*st_, "linear_backward_weight", N, IC, OC);
-  st_->mm.backward_weight(dw, dout, inp, N, IC, OC, st_->stream);
+  {
+    OpScope op(*st_, "linear_backward_weight", N, IC, OC);
+    st_->mm.backward_weight(dw, dout, inp, N, IC, OC, st_->stream);
+  }
   if (db) bias_backward(db, dout, N, OC);
+}
+
+void CudaOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp,
+                              const Param* w, const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g) const {
+  MYRIAD_CHECK(!(pre && accumulate), "linear_backward: a gradient through the activation is written, not added");
+  // The input gradient: into dinp, or through the activation (its output gradient (N,IC) in
+  // scratch, bf16). GELU's backward rides the bf16 GEMM's epilogue.
+  const bool dgelu = pre && m == Mlp::kGelu && g == Gemm::kBf16;
+  Act* dx = pre && !dgelu ? reinterpret_cast<Act*>(scratch((size_t(N) * IC + 1) / 2)) : dinp;
+  Matmul::Fp8Tensor dy_t{};
+  if (g == Gemm::kFp8) {
+    // dout once into both layouts: row-major for the input gradient, transposed for the weight's.
+    const Fp8Operand dy = fp8_cast(*st_, 0, 2, dout, N, OC, kGrad);
+    dy_t = dy.cols;
+    const Matmul::Fp8Tensor wt = fp8_cast(*st_, -1, 1, w, OC, IC, kFwd).cols;
+    OpScope op(*st_, "linear_backward_input_fp8", N, IC, OC);
+    st_->mm.backward_input_fp8(dx, dy.rows, wt, N, IC, OC, accumulate, st_->stream);
+  } else if (dgelu) {
+    OpScope op(*st_, "linear_backward_input_dgelu", N, IC, OC);
+    st_->mm.backward_input_dgelu(dinp, dout, w, pre, N, IC, OC, st_->stream);
+  } else {
+    linear_backward_input(dx, dout, w, N, IC, OC, accumulate);
+  }
+  if (pre && !dgelu) {
+    OpScope op(*st_, m == Mlp::kGelu ? "gelu_backward" : "swiglu_backward", N, IC);
+    if (m == Mlp::kGelu)
+      cuda::gelu_backward(dinp, pre, dx, int64_t(N) * IC, st_->stream);
+    else
+      cuda::swiglu_backward(dinp, pre, dx, N, IC, st_->stream);
+  }
+  if (g == Gemm::kFp8) {
+    // Buffer 1 again: the input gradient's GEMM, queued before on the same stream, has read W^T.
+    const Matmul::Fp8Tensor xt = fp8_cast(*st_, -1, 1, inp, N, IC, kFwd).cols;
+    {
+      OpScope op(*st_, "linear_backward_weight_fp8", N, IC, OC);
+      st_->mm.backward_weight_fp8(dw, dy_t, xt, N, IC, OC, st_->stream);
+    }
+    if (db) bias_backward(db, dout, N, OC);
+  } else {
+    linear_backward_weight(dw, db, dout, inp, N, IC, OC);
+  }
 }
 
 void CudaOps::bias_backward(float* db, const Act* dout, int rows, int OC) const {

@@ -127,14 +127,23 @@ class CudaOps {
                              const Param* w, const Param* bias, int N, int C) const;
   void norm_backward(Norm n, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
                      const float* mean, const float* rstd, int N, int C) const;
-  void linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC) const;
-  // GELU fused into the GEMM's epilogue; SwiGLU a kernel after the GEMM (its pairs span columns).
+  // Gemm::kFp8: each operand cast per call (its amax, a power-of-two scale and the bytes, in the
+  // layout Hopper's FP8 GEMMs take: ops/fp8.h), activations and weights in e4m3, gradients in
+  // e5m2; the forward's GEMM with cuBLASLt's fast accumulation, the backward's without.
+  void linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC,
+                      Gemm g = Gemm::kBf16) const;
+  // GELU fused into the GEMM's epilogue (in bf16; after an FP8 GEMM a kernel of its own); SwiGLU
+  // a kernel after the GEMM (its pairs span columns).
   void linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N, int IC,
-                          int F) const;
+                          int F, Gemm g = Gemm::kBf16) const;
   void linear_backward_input(Act* dinp, const Act* dout, const Param* w, int N, int IC, int OC, bool accumulate) const;
-  void linear_backward_input_act(Mlp m, Act* dpre, const Act* dout, const Param* w, const Act* pre, int N, int F,
-                                 int OC) const;
   void linear_backward_weight(float* dw, float* db, const Act* dout, const Act* inp, int N, int IC, int OC) const;
+  // As CpuOps::linear_backward. In FP8 dout is cast once (e5m2) into both layouts, W^T and inp^T
+  // (e4m3) each once; GELU's backward is then a kernel of its own (in bf16, the GEMM's epilogue).
+  void linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
+                       const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g = Gemm::kBf16) const;
+  // Why this GPU cannot compute Gemm::kFp8 ("" when it can: fp8::gpu_refusal of its capability).
+  std::string fp8_refusal() const;
   void add(Act* out, const Act* a, const Act* b, int64_t n) const;
   void bias_backward(float* db, const Act* dout, int rows, int OC) const;  // db += column sums
   // train.attention (auto, cudnn, myriad) and train.deterministic; auto picks cuDNN's fused

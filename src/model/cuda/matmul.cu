@@ -25,12 +25,16 @@ struct Key {
   int lda, ldb, epi;
   bool f32;
   uint32_t align_a, align_b, align_d;
-  auto tie() const { return std::tie(m, n, k, ta, tb, lda, ldb, epi, f32, align_a, align_b, align_d); }
+  int type_a, type_b;  // cudaDataType_t: bf16, or an FP8 format
+  bool fast_accum;
+  auto tie() const {
+    return std::tie(m, n, k, ta, tb, lda, ldb, epi, f32, align_a, align_b, align_d, type_a, type_b, fast_accum);
+  }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
   std::string text() const {
     std::ostringstream s;
     s << m << ' ' << n << ' ' << k << ' ' << ta << ' ' << tb << ' ' << lda << ' ' << ldb << ' ' << epi << ' ' << f32
-      << ' ' << align_a << ' ' << align_b << ' ' << align_d;
+      << ' ' << align_a << ' ' << align_b << ' ' << align_d << ' ' << type_a << ' ' << type_b << ' ' << fast_accum;
     return s.str();
   }
 };
@@ -73,7 +77,11 @@ void load_choices(Choices& c) {
     Key k{};
     std::string colon;
     if (!(s >> k.m >> k.n >> k.k >> k.ta >> k.tb >> k.lda >> k.ldb >> k.epi >> k.f32 >> k.align_a >> k.align_b >>
-          k.align_d >> colon) || colon != ":")
+          k.align_d >> colon))
+      continue;
+    // Lines written before FP8 end their key here (bf16 operands); later ones add the types.
+    k.type_a = k.type_b = CUDA_R_16BF, k.fast_accum = false;
+    if (colon != ":" && !(std::istringstream(colon) >> k.type_a && s >> k.type_b >> k.fast_accum >> colon && colon == ":"))
       continue;
     cublasLtMatmulAlgo_t algo{};
     bool ok = true;
@@ -120,9 +128,23 @@ Matmul::~Matmul() {
 
 void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, int lda,
                   const void* b, bool trans_b, int ldb, int m, int n, int k, float beta,
-                  const bf16* bias, cudaStream_t stream, cublasLtEpilogue_t epi, const void* aux) {
+                  const bf16* bias, cudaStream_t stream, cublasLtEpilogue_t epi, const void* aux,
+                  const Fp8Operands* fp8) {
   cublasLtMatmulDesc_t desc;
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  cudaDataType_t type_a = CUDA_R_16BF, type_b = CUDA_R_16BF;
+  int8_t fast_accum = 0;
+  if (fp8) {
+    // Hopper's FP8 GEMMs take A transposed and B not (both K-major), with per-tensor scales that
+    // multiply the product back: D = (a_inv b_inv) A B.
+    MYRIAD_CHECK(trans_a && !trans_b, "cuBLASLt FP8: A must be transposed and B not (both K-major)");
+    type_a = fp8->a_type, type_b = fp8->b_type, fast_accum = fp8->fast_accum ? 1 : 0;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &fp8->a_inv_scale,
+                                                sizeof fp8->a_inv_scale));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &fp8->b_inv_scale,
+                                                sizeof fp8->b_inv_scale));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof fast_accum));
+  }
   cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
@@ -143,8 +165,8 @@ void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, i
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type, sizeof aux_type));
   }
   cublasLtMatrixLayout_t la, lb, ld;
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, trans_a ? k : m, trans_a ? m : k, lda));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, trans_b ? n : k, trans_b ? k : n, ldb));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, type_a, trans_a ? k : m, trans_a ? m : k, lda));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, type_b, trans_b ? n : k, trans_b ? k : n, ldb));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, d_type, m, n, m));
 
   // Parameters sit at arbitrary offsets of the flat buffers: tell the heuristic the alignment
@@ -155,8 +177,9 @@ void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, i
     return a;
   };
   const uint32_t align_a = alignment(a), align_b = alignment(b), align_d = alignment(d);
-  const Key key{m, n, k, trans_a, trans_b, lda, ldb, static_cast<int>(epi), d_type == CUDA_R_32F,
-                align_a, align_b, align_d};
+  const Key key{m,       n,       k,       trans_a,           trans_b,           lda, ldb, static_cast<int>(epi),
+                d_type == CUDA_R_32F, align_a, align_b, align_d, static_cast<int>(type_a), static_cast<int>(type_b),
+                fast_accum != 0};
   const float alpha = 1.0f;
   Choices& c = choices();
   std::unique_lock<std::mutex> lock(c.mu);
@@ -191,7 +214,7 @@ void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, i
     CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, desc, la, lb, ld, ld, pref, wanted, results, &found));
     cublasLtMatmulPreferenceDestroy(pref);
     if (found == 0)
-      throw_runtime("cuBLASLt: no algorithm for a ", m, "x", n, "x", k, " bf16 GEMM");
+      throw_runtime("cuBLASLt: no algorithm for a ", m, "x", n, "x", k, fp8 ? " FP8" : " bf16", " GEMM");
     int best = 0;
     if (found > 1) {
       // Timed on this call's operands; a call that accumulates (beta 1) writes a scratch output
@@ -222,7 +245,7 @@ void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, i
           if (ms < best_ms) best_ms = ms, best = i;
         }
         if (const char* r = std::getenv("MYRIAD_GEMM_REPORT"); r && std::string(r) == "1")
-          log::info("gemm ", m, "x", n, "x", k, (trans_a ? " T" : " N"), (trans_b ? "T" : "N"), " epilogue ",
+          log::info("gemm ", m, "x", n, "x", k, fp8 ? " fp8" : "", (trans_a ? " T" : " N"), (trans_b ? "T" : "N"), " epilogue ",
                     static_cast<int>(epi), d_type == CUDA_R_32F ? " fp32 out" : "", ": ", found,
                     " candidates, the heuristic's first ", first_ms / 3, " ms, the fastest (#", best, ") ",
                     best_ms / 3, " ms = ", 2.0 * m * n * k / (best_ms / 3 * 1e-3) / 1e12, " TFLOP/s");
@@ -236,8 +259,14 @@ void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, i
   }
   const cublasLtMatmulAlgo_t algo = it->second;
   lock.unlock();
-  CUBLAS_CHECK(cublasLtMatmul(handle_, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &algo,
-                              workspace_, workspace_bytes_, stream));
+  if (const cublasStatus_t status = cublasLtMatmul(handle_, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &algo,
+                                                   workspace_, workspace_bytes_, stream);
+      status != CUBLAS_STATUS_SUCCESS)
+    throw_runtime("cuBLASLt: a ", m, "x", n, "x", k, fp8 ? " FP8" : " bf16", " GEMM (types ", static_cast<int>(type_a),
+                  "/", static_cast<int>(type_b), ", ", trans_a ? "T" : "N", trans_b ? "T" : "N", ", beta ", beta,
+                  ", epilogue ", static_cast<int>(epi), ", alignments A ", align_a, " B ", align_b, " D ", align_d,
+                  fp8 ? cat(" scales ", alignment(fp8->a_inv_scale), "/", alignment(fp8->b_inv_scale)) : std::string(),
+                  ") failed with status ", static_cast<int>(status));
   cublasLtMatrixLayoutDestroy(la);
   cublasLtMatrixLayoutDestroy(lb);
   cublasLtMatrixLayoutDestroy(ld);
@@ -275,6 +304,37 @@ void Matmul::backward_weight(float* dweight, const bf16* dout, const bf16* inp, 
                              int OC, cudaStream_t stream) {
   // dW^T (IC,OC) += inp^T (IC,N) . dout (N,OC)
   gemm(dweight, CUDA_R_32F, inp, false, IC, dout, true, OC, IC, OC, N, 1.0f, nullptr, stream);
+}
+
+// FP8: the same products as above, each operand K-major (Hopper's FP8 GEMMs take no other
+// layout), so the backward takes the transposed copies that cast_fp8 writes.
+namespace {
+cudaDataType_t fp8_type(fp8::Format f) { return f == fp8::Format::e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
+}  // namespace
+
+void Matmul::forward_fp8(bf16* out, const Fp8Tensor& inp, const Fp8Tensor& weight, const bf16* bias, int N, int IC,
+                         int OC, bool fast_accum, cudaStream_t stream) {
+  // out^T (OC,N) = W (OC,IC) . inp^T (IC,N): W's bytes (IC,OC) column-major, transposed.
+  const Fp8Operands ops{fp8_type(weight.format), fp8_type(inp.format), weight.inv_scale, inp.inv_scale, fast_accum};
+  gemm(out, CUDA_R_16BF, weight.data, true, IC, inp.data, false, IC, OC, N, IC, 0.0f, bias, stream,
+       CUBLASLT_EPILOGUE_DEFAULT, nullptr, &ops);
+}
+
+void Matmul::backward_input_fp8(bf16* dinp, const Fp8Tensor& dout, const Fp8Tensor& weight_t, int N, int IC, int OC,
+                                bool accumulate, cudaStream_t stream) {
+  // dinp^T (IC,N) = W^T (IC,OC) . dout^T (OC,N): W^T's bytes (OC,IC) column-major, transposed.
+  const Fp8Operands ops{fp8_type(weight_t.format), fp8_type(dout.format), weight_t.inv_scale, dout.inv_scale, false};
+  gemm(dinp, CUDA_R_16BF, weight_t.data, true, OC, dout.data, false, OC, IC, N, OC, accumulate ? 1.0f : 0.0f,
+       nullptr, stream, CUBLASLT_EPILOGUE_DEFAULT, nullptr, &ops);
+}
+
+void Matmul::backward_weight_fp8(float* dweight, const Fp8Tensor& dout_t, const Fp8Tensor& inp_t, int N, int IC,
+                                 int OC, cudaStream_t stream) {
+  // dW^T (IC,OC) += inp^T (IC,N) . dout (N,OC): inp^T's bytes (N,IC) column-major, transposed;
+  // dout^T's bytes (N,OC) column-major as they are.
+  const Fp8Operands ops{fp8_type(inp_t.format), fp8_type(dout_t.format), inp_t.inv_scale, dout_t.inv_scale, false};
+  gemm(dweight, CUDA_R_32F, inp_t.data, true, N, dout_t.data, false, N, IC, OC, N, 1.0f, nullptr, stream,
+       CUBLASLT_EPILOGUE_DEFAULT, nullptr, &ops);
 }
 
 }  // namespace myriad::cuda

@@ -19,6 +19,8 @@
 #include <map>
 #include <tuple>
 
+#include "ops/fp8.h"
+
 namespace myriad::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -48,13 +50,39 @@ class Matmul {
   void backward_weight(float* dweight, const bf16* dout, const bf16* inp, int N, int IC, int OC,
                        cudaStream_t stream);
 
+  // FP8 (train.precision = "fp8"): the products above on FP8 operands (cast_fp8's bytes and the
+  // inverse of their scale, on the device), each operand K-major as Hopper requires. A product
+  // accumulates in fp32 (fast_accum: cuBLASLt's faster, coarser accumulation, the forward's
+  // option); outputs as above.
+  struct Fp8Tensor {
+    const uint8_t* data;
+    const float* inv_scale;  // 1 / the cast's scale
+    fp8::Format format;
+  };
+  // out (N,OC) = inp (N,IC) @ weight (OC,IC)^T + bias
+  void forward_fp8(bf16* out, const Fp8Tensor& inp, const Fp8Tensor& weight, const bf16* bias, int N, int IC, int OC,
+                   bool fast_accum, cudaStream_t stream);
+  // dinp (N,IC) (= or +=) = dout (N,OC) @ weight (OC,IC), given weight_t (IC,OC)
+  void backward_input_fp8(bf16* dinp, const Fp8Tensor& dout, const Fp8Tensor& weight_t, int N, int IC, int OC,
+                          bool accumulate, cudaStream_t stream);
+  // dweight (OC,IC) += dout (N,OC)^T @ inp (N,IC), in fp32, given dout_t (OC,N) and inp_t (IC,N)
+  void backward_weight_fp8(float* dweight, const Fp8Tensor& dout_t, const Fp8Tensor& inp_t, int N, int IC, int OC,
+                           cudaStream_t stream);
+
  private:
   // Column-major D (m,n) = alpha op(A) op(B) + beta C, C = D.
   // The epilogue: BIAS / GELU_AUX(_BIAS) / DGELU with `aux` the (m,n) pre-activation.
+  // fp8: A and B in FP8 with their inverse scales (device pointers), else both bf16.
+  struct Fp8Operands {
+    cudaDataType_t a_type, b_type;
+    const float* a_inv_scale;
+    const float* b_inv_scale;
+    bool fast_accum;
+  };
   void gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, int lda, const void* b,
             bool trans_b, int ldb, int m, int n, int k, float beta, const bf16* bias,
             cudaStream_t stream, cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT,
-            const void* aux = nullptr);
+            const void* aux = nullptr, const Fp8Operands* fp8 = nullptr);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;

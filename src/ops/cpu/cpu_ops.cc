@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include "core/clock.h"
+#include "core/error.h"
 #include "ops/cpu/ops.h"
 #include "ops/cpu/reduce.h"
 #include "ops/cpu/vecmath.h"
@@ -90,11 +91,14 @@ void CpuOps::norm_backward(Norm n, Act* dinp, float* dw, float* db, const Act* d
   else
     cpu::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
 }
-void CpuOps::linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC) const {
+void CpuOps::linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC,
+                            Gemm g) const {
+  MYRIAD_CHECK(g == Gemm::kBf16, "the CPU op set computes its linears in fp32");
   cpu::linear_forward(out, inp, w, b, N, IC, OC);
 }
 void CpuOps::linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N,
-                                int IC, int F) const {
+                                int IC, int F, Gemm g) const {
+  MYRIAD_CHECK(g == Gemm::kBf16, "the CPU op set computes its linears in fp32");
   cpu::linear_forward(pre, inp, w, b, N, IC, F * pre_width(m));
   if (m == Mlp::kSwiGlu)
     cpu::swiglu_forward(out, pre, N, F);
@@ -107,25 +111,31 @@ void CpuOps::linear_backward_input(Act* dinp, const Act* dout, const Param* w, i
   cpu::linear_backward(dinp, static_cast<float*>(nullptr), static_cast<float*>(nullptr), dout,
                        static_cast<const float*>(nullptr), w, N, IC, OC);
 }
-void CpuOps::linear_backward_input_act(Mlp m, Act* dpre, const Act* dout, const Param* w, const Act* pre, int N,
-                                       int F, int OC) const {
-  // Through a scratch of the activation's output gradient; dpre is written (=).
-  const int64_t n = int64_t(N) * F;
-  std::vector<float>& dact = *scratch_;
-  dact.assign(static_cast<size_t>(n), 0.0f);
-  cpu::linear_backward(dact.data(), static_cast<float*>(nullptr), static_cast<float*>(nullptr), dout,
-                       static_cast<const float*>(nullptr), w, N, F, OC);
-  zero(dpre, n * pre_width(m));
-  if (m == Mlp::kSwiGlu)
-    cpu::swiglu_backward(dpre, pre, dact.data(), N, F);
-  else
-    cpu::gelu_backward(dpre, pre, dact.data(), n);
-}
 void CpuOps::linear_backward_weight(float* dw, float* db, const Act* dout, const Act* inp, int N, int IC,
                                     int OC) const {
   cpu::linear_backward(static_cast<float*>(nullptr), dw, static_cast<float*>(nullptr), dout, inp,
                        static_cast<const float*>(nullptr), N, IC, OC);
   if (db) bias_backward(db, dout, N, OC);
+}
+void CpuOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
+                             const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g) const {
+  MYRIAD_CHECK(g == Gemm::kBf16, "the CPU op set computes its linears in fp32");
+  MYRIAD_CHECK(!(pre && accumulate), "linear_backward: a gradient through the activation is written, not added");
+  if (!pre) {
+    linear_backward_input(dinp, dout, w, N, IC, OC, accumulate);
+  } else {
+    // Through a scratch of the activation's output gradient (N,F); dpre is written (=).
+    const int64_t n = int64_t(N) * IC;
+    std::vector<float>& dact = *scratch_;
+    dact.assign(static_cast<size_t>(n), 0.0f);
+    linear_backward_input(dact.data(), dout, w, N, IC, OC, /*accumulate=*/true);
+    zero(dinp, n * pre_width(m));
+    if (m == Mlp::kSwiGlu)
+      cpu::swiglu_backward(dinp, pre, dact.data(), N, IC);
+    else
+      cpu::gelu_backward(dinp, pre, dact.data(), n);
+  }
+  linear_backward_weight(dw, db, dout, inp, N, IC, OC);
 }
 void CpuOps::add(Act* out, const Act* a, const Act* b, int64_t n) const { cpu::residual_forward(out, a, b, n); }
 void CpuOps::attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int H, int Hkv, int D,

@@ -99,19 +99,26 @@ class CpuOps {
                              const Param* w, const Param* bias, int N, int C) const;
   void norm_backward(Norm n, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
                      const float* mean, const float* rstd, int N, int C) const;
-  void linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC) const;
+  // The linears take the GEMMs' arithmetic (ops/kinds.h): the CPU computes in fp32, kBf16 only
+  // (train.precision = "fp8" is refused before a CPU model is built: fp8_refusal).
+  void linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC,
+                      Gemm g = Gemm::kBf16) const;
   // The MLP's first GEMM and its activation: pre (N, F x pre_width(m)) = inp @ w^T + b (kept for
   // backward), out (N,F) = gelu(pre) or SwiGLU of pre's (gate, up) pairs.
   void linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N, int IC,
-                          int F) const;
+                          int F, Gemm g = Gemm::kBf16) const;
   // dinp (N,IC) = dout (N,OC) @ w (OC,IC); += when `accumulate`.
   void linear_backward_input(Act* dinp, const Act* dout, const Param* w, int N, int IC, int OC, bool accumulate) const;
-  // The same through the activation: dpre (N, F x pre_width(m)) (=), the gradient of
-  // linear_act_forward's pre from that of its out, dout (N,OC) @ w (OC,F).
-  void linear_backward_input_act(Mlp m, Act* dpre, const Act* dout, const Param* w, const Act* pre, int N, int F,
-                                 int OC) const;
   // dw (OC,IC) += dout^T @ inp; db (OC) += column sums of dout (db may be null).
   void linear_backward_weight(float* dw, float* db, const Act* dout, const Act* inp, int N, int IC, int OC) const;
+  // A block linear's whole backward, both GEMMs from one dout (so that an FP8 GEMM casts it once):
+  // linear_backward_weight, and linear_backward_input into dinp or, when `pre` is given (the
+  // MLP's second linear, IC = F), through the activation m into dinp = dpre (N, F x pre_width(m))
+  // (=, the gradient of linear_act_forward's pre; `accumulate` must then be false).
+  void linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
+                       const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g = Gemm::kBf16) const;
+  // Why this op set cannot compute Gemm::kFp8 ("" when it can).
+  std::string fp8_refusal() const { return "the CPU engine computes in fp32 (FP8 needs a Hopper GPU)"; }
   void add(Act* out, const Act* a, const Act* b, int64_t n) const;  // out may alias a or b
   // Which attention kernel, and whether its backward must be bitwise repeatable (train.attention,
   // train.deterministic): the CPU has one kernel, always deterministic.

@@ -18,6 +18,8 @@
 
 #include <cstdint>
 
+#include "ops/fp8.h"
+
 namespace myriad::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -208,6 +210,19 @@ void swiglu_backward(bf16* dgu,         // (N,F,2) =
 // takes in one call). The same elements, moved; out and in must not overlap.
 void qkv_to_heads(bf16* out, const bf16* in, int64_t tokens, int H, int Hkv, int D, cudaStream_t stream);
 void qkv_from_heads(bf16* out, const bf16* in, int64_t tokens, int H, int Hkv, int D, cudaStream_t stream);
+
+// ---- FP8 (train.precision = "fp8"; ops/fp8.h has the contract and the host emulation) ----
+// *amax = the largest |x[i]| (infinite when any x[i] is NaN). Clears *amax first.
+void amax(float* amax, const bf16* x, int64_t n, cudaStream_t stream);
+// *scale = fp8::scale_for(*amax, f); *inv_scale = 1 / *scale (skipped when null): on the device,
+// so that no step waits for the host.
+void fp8_scales(float* scale, float* inv_scale, const float* amax, fp8::Format f, cudaStream_t stream);
+// out (rows,cols) = encode(x * *scale); out_t (cols,rows) the same bytes transposed, written in
+// the same pass (the K-major operands Hopper's FP8 GEMMs take for the backward). Either may be
+// null, not both.
+// cols (and rows, with out_t) multiples of 8; buffers 16-byte aligned.
+void cast_fp8(uint8_t* out, uint8_t* out_t, const bf16* x, int rows, int cols, const float* scale, fp8::Format f,
+              cudaStream_t stream);
 
 // Throws a runtime Error naming the call site when the last launch failed.
 void check_launch(const char* what);

@@ -228,3 +228,20 @@ TEST(Config, GlobalBatchMustSplitIntoMicroBatches) {
   e = myriad::test::input_error([&] { parse_config("[train]\nglobal_batch = 6\nmicro_batch = 4\n", "b.toml"); });
   EXPECT_EQ(e.rfind("b.toml: train.global_batch (6)", 0), 0u) << e;
 }
+
+TEST(Config, Fp8IsRefusedWhereItCannotRun) {
+  std::string e = input_error([] { parse_config(kSmall, "my.toml", {"train.precision=fp16"}); });
+  EXPECT_NE(e.find("train.precision = \"fp16\" is not one of: bf16, fp8"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "my.toml", {"train.precision=fp8", "train.device=cpu"}); });
+  EXPECT_NE(e.find("train.precision = \"fp8\" runs on Hopper GPUs"), std::string::npos) << e;
+  EXPECT_NE(e.find("use train.precision = \"bf16\""), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "my.toml", {"train.precision=fp8", "parallel.tp=2"}); });
+  EXPECT_NE(e.find("parallel.tp = 2 is not built yet"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "my.toml", {"train.fp8_lm_head=true", "train.device=cuda"}); });
+  EXPECT_NE(e.find("train.fp8_lm_head = true puts the LM head in FP8"), std::string::npos) << e;
+  EXPECT_NE(e.find("set train.precision = \"fp8\" too"), std::string::npos) << e;
+  // On a GPU (device auto or cuda) the key parses; the engine checks the GPU (tests/gpu/fp8_test.cc).
+  EXPECT_EQ(parse_config(kSmall, "my.toml", {"train.precision=fp8", "train.device=cuda"}).train.precision, "fp8");
+  EXPECT_TRUE(
+      parse_config(kSmall, "my.toml", {"train.precision=fp8", "train.fp8_lm_head=true", "train.device=cuda"}).train.fp8_lm_head);
+}

@@ -223,6 +223,42 @@ TEST(Planner, BadInputNamesWhatIsWrong) {
   EXPECT_NE(p.why_not.find("does not divide 100 GPUs"), std::string::npos) << p.why_not;
 }
 
+// FP8 (--features fp8): the block's GEMMs at the cluster's FP8 rate, plus the engine's casts
+// (5 bytes an element of each operand, per call), the LM head in bf16, MFU against the bf16
+// peak; refused on a cluster without an FP8 rate.
+TEST(Planner, Fp8RunsTheBlocksGemmsAtItsRateAndPaysForItsCasts) {
+  const plan::Cluster h200 = plan::load_cluster(std::string(MYRIAD_SOURCE_DIR) + "/configs/clusters/h200.toml");
+  ModelConfig m = load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/llama-3.2-1b.toml", {"model.seq_len=2048"}).model;
+  const plan::Layout l = plan::parse_layout("tp=1,pp=1,mb=8");
+  const plan::Prediction bf16 = plan::predict(m, 8, 1, h200, l, plan::parse_features("misc")),
+                         fp8 = plan::predict(m, 8, 1, h200, l, plan::parse_features("misc,fp8"));
+  ASSERT_TRUE(bf16.fits && fp8.fits) << fp8.why_not;
+  EXPECT_LT(fp8.step_s, bf16.step_s);
+  EXPECT_NEAR(fp8.mfu / fp8.tokens_per_s, bf16.mfu / bf16.tokens_per_s, 1e-15);  // the same FLOPs over the bf16 peak
+
+  // At an FP8 rate equal to bf16's, what is left is the casts: per layer, forward the inputs of
+  // QKV (d), the projection (d), fc (d) and the down projection (F), and the weights, 5 bytes an
+  // element; backward the output gradients (QKV 3072 wide, d, gate/up 2F, d) once into both
+  // layouts, 6 bytes, and the inputs and weights again.
+  plan::Cluster same = h200;
+  same.fp8_peak_tflops = h200.peak_tflops, same.fp8_gemm_efficiency = h200.gemm_efficiency;
+  const plan::Prediction casts_only = plan::predict(m, 8, 1, same, l, plan::parse_features("misc,fp8"));
+  const double t = 8 * 2048.0, d = 2048, F = 8192, qkv = (32 + 2 * 8) * 64;
+  const double inputs = t * (3 * d + F), weights = (qkv + d + 2 * F + F) * d, grads = t * (qkv + d + 2 * F + d);
+  const double casts = 16 * (5 * (2 * inputs + 2 * weights) + 6 * grads) / (h200.hbm_gbps * 1e9);
+  EXPECT_NEAR(casts_only.step_s - bf16.step_s, casts, 1e-9);
+
+  const plan::Prediction a100 =
+      plan::predict(m, 8, 1, plan::load_cluster(kCluster), l, plan::parse_features("fp8"));
+  EXPECT_FALSE(a100.fits);
+  EXPECT_NE(a100.why_not.find("no FP8 GEMM rate"), std::string::npos) << a100.why_not;
+  EXPECT_TRUE(plan::parse_features("tp_overlap,fp8").fp8);
+  // What the engine refuses in fp8, the planner does not offer.
+  const plan::Prediction tp2 = plan::predict(m, 8, 2, h200, plan::parse_layout("tp=2,mb=8"), plan::parse_features("fp8"));
+  EXPECT_FALSE(tp2.fits);
+  EXPECT_NE(tp2.why_not.find("tp 2"), std::string::npos) << tp2.why_not;
+}
+
 // MegaScale's Table 2 (Megatron-LM and MegaScale columns) and its ablation, with the one
 // calibration of configs/clusters/a100-megascale.toml (tools/plan_fit.py fitted it).
 struct Row {

@@ -1,0 +1,126 @@
+// FP8 casts (ops/fp8.h has the contract and the host emulation they are tested against).
+#include <cuda_fp8.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/ops.cuh"
+#include "ops/fp8.h"
+
+namespace myriad::cuda {
+namespace {
+
+using detail::ceil_div;
+using fp8::Format;
+
+// Non-negative floats order as their bits do, so the largest magnitude is an integer atomicMax:
+// exact and independent of the order the blocks finish in. A NaN makes the amax infinite (fmaxf
+// alone would skip it); a non-finite amax makes the scale NaN (fp8::scale_for), so the cast is
+// all NaN and the step's gradient check sees it.
+__global__ void amax_kernel(unsigned* out, const bf16* __restrict__ x, int64_t n) {
+  float m = 0.0f;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t vectors = n / 8;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < vectors; i += stride) {
+    float f[8];
+    detail::load_bf16<8>(f, x + 8 * i);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(f[j])) + (f[j] != f[j] ? INFINITY : 0.0f);
+  }
+  for (int64_t i = 8 * vectors + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += stride) {
+    const float f = __bfloat162float(x[i]);
+    m = fmaxf(m, fabsf(f)) + (f != f ? INFINITY : 0.0f);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((threadIdx.x & 31) == 0) atomicMax(out, __float_as_uint(m));
+}
+
+__global__ void scales_kernel(float* scale, float* inv, const float* amax, Format f) {
+  const float s = fp8::scale_for(*amax, f);
+  *scale = s;
+  if (inv) *inv = 1.0f / s;  // exact: a power of two
+}
+
+__device__ __forceinline__ uint8_t to_fp8(float x, Format f) {
+  return static_cast<uint8_t>(
+      __nv_cvt_float_to_fp8(x, __NV_SATFINITE, f == Format::e4m3 ? __NV_E4M3 : __NV_E5M2));
+}
+
+// A 64x64 tile per block of 256 threads: read as 16-byte rows of 8 bf16, written cast in the
+// source's order (8 bytes a thread) and, through shared memory, transposed (the same).
+constexpr int kTile = 64;
+__global__ void cast_kernel(uint8_t* __restrict__ out, uint8_t* __restrict__ out_t, const bf16* __restrict__ x,
+                            int rows, int cols, const float* __restrict__ scale_ptr, Format f) {
+  __shared__ __align__(16) uint8_t tile[kTile][kTile + 8];  // [column][row] of the cast tile
+  const float scale = *scale_ptr;
+  const int r0 = blockIdx.y * kTile, c0 = blockIdx.x * kTile;
+  // 256 threads: 32 rows x 8 vectors of 8 columns, in two passes.
+  const int vc = threadIdx.x % 8, vr = threadIdx.x / 8;
+  for (int pass = 0; pass < kTile / 32; ++pass) {
+    const int r = vr + 32 * pass, row = r0 + r, col = c0 + 8 * vc;
+    if (row >= rows || col >= cols) continue;
+    float v[8];
+    if (col + 8 <= cols) {
+      detail::load_bf16<8>(v, x + int64_t(row) * cols + col);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = col + j < cols ? __bfloat162float(x[int64_t(row) * cols + col + j]) : 0.0f;
+    }
+    alignas(8) uint8_t q[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) q[j] = to_fp8(v[j] * scale, f);
+    if (!out) {
+    } else if (col + 8 <= cols) {
+      *reinterpret_cast<uint2*>(out + int64_t(row) * cols + col) = *reinterpret_cast<const uint2*>(q);
+    } else {
+      for (int j = 0; j < 8 && col + j < cols; ++j) out[int64_t(row) * cols + col + j] = q[j];
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) tile[8 * vc + j][r] = q[j];
+  }
+  if (!out_t) return;
+  __syncthreads();
+  // out_t (cols, rows): row c of the tile is tile[c][0..64).
+  for (int pass = 0; pass < kTile / 32; ++pass) {
+    const int c = vr + 32 * pass, col = c0 + c, row = r0 + 8 * vc;
+    if (col >= cols || row >= rows) continue;
+    if (row + 8 <= rows) {
+      *reinterpret_cast<uint2*>(out_t + int64_t(col) * rows + row) = *reinterpret_cast<const uint2*>(&tile[c][8 * vc]);
+    } else {
+      for (int j = 0; j < 8 && row + j < rows; ++j) out_t[int64_t(col) * rows + row + j] = tile[c][8 * vc + j];
+    }
+  }
+}
+
+}  // namespace
+
+void amax(float* out, const bf16* x, int64_t n, cudaStream_t stream) {
+  MYRIAD_CHECK(cudaMemsetAsync(out, 0, sizeof(float), stream) == cudaSuccess, "amax: cannot clear its output");
+  if (n <= 0) return;
+  MYRIAD_CHECK(detail::aligned16(x), "amax: the input must be 16-byte aligned");
+  const int blocks = std::min<int64_t>(ceil_div(n, 256 * 8), 1024);
+  amax_kernel<<<blocks, 256, 0, stream>>>(reinterpret_cast<unsigned*>(out), x, n);
+  check_launch("amax");
+}
+
+void fp8_scales(float* scale, float* inv_scale, const float* amax, fp8::Format f, cudaStream_t stream) {
+  scales_kernel<<<1, 1, 0, stream>>>(scale, inv_scale, amax, f);
+  check_launch("fp8_scales");
+}
+
+void cast_fp8(uint8_t* out, uint8_t* out_t, const bf16* x, int rows, int cols, const float* scale, fp8::Format f,
+              cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  MYRIAD_CHECK(cols % 8 == 0 && detail::aligned16(x) && (!out || detail::aligned16(out)) &&
+                   (!out_t || (rows % 8 == 0 && detail::aligned16(out_t))) && (out || out_t),
+               "cast_fp8: rows ", rows, " cols ", cols, ": 8-element rows (and columns when transposed), 16-byte "
+               "aligned buffers");
+  MYRIAD_CHECK(ceil_div(rows, kTile) <= 65535, "cast_fp8: ", rows, " rows exceed the grid's 65535 tiles of ", kTile);
+  const dim3 grid(ceil_div(cols, kTile), ceil_div(rows, kTile));
+  cast_kernel<<<grid, 256, 0, stream>>>(out, out_t, x, rows, cols, scale, f);
+  check_launch("cast_fp8");
+}
+
+}  // namespace myriad::cuda
