@@ -49,6 +49,14 @@ float decode(uint8_t q, Format f) {
   return sign * std::ldexp(static_cast<float>((1 << l.man) | mantissa), field - l.bias - l.man);
 }
 
+std::string recipe(bool lm_head) {
+  auto name = [](Format f) { return f == Format::e4m3 ? "e4m3" : "e5m2"; };
+  return std::string("the block's linear GEMMs") + (lm_head ? " and the LM head's" : "") + " in FP8 (activations and weights " +
+         name(kForward) + ", gradients " + name(kGradient) +
+         "; per-tensor current scaling by a power of two from each operand's amax; fast accumulation in the forward "
+         "only)" + (lm_head ? "" : "; the LM head in bf16") + "; attention, the norms and the update in bf16/fp32";
+}
+
 std::string gpu_refusal(int major, int minor) {
   if (major >= 9) return "";
   return "the GPU's compute capability is " + std::to_string(major) + "." + std::to_string(minor) +

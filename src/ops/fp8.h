@@ -46,6 +46,11 @@ MYRIAD_FP8_HD inline float scale_for(float amax, Format f) {
   k = k < -126 ? -126 : (k > 126 ? 126 : k);
   return ldexpf(1.0f, k);
 }
+// train.precision = "fp8"'s recipe: the formats of the GEMMs' operands (the weights take the
+// forward's), each scaled per tensor by scale_for its current amax.
+constexpr Format kForward = Format::e4m3, kGradient = Format::e5m2;
+// The recipe in words, as a run logs it at its start (lm_head: train.fp8_lm_head).
+std::string recipe(bool lm_head);
 // Why a GPU of compute capability major.minor cannot train in FP8 ("" when it can: Hopper, 9.0,
 // and later). A function of the capability alone, so that it is tested off the GPU.
 std::string gpu_refusal(int major, int minor);

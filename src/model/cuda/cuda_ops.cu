@@ -679,7 +679,7 @@ Fp8Operand fp8_cast(CudaOps::State& st, int r, int t, const bf16* x, int rows, i
   return {{q, amax + 32, f}, {qt, amax + 32, f}};
 }
 
-constexpr fp8::Format kFwd = fp8::Format::e4m3, kGrad = fp8::Format::e5m2;
+constexpr fp8::Format kFwd = fp8::kForward, kGrad = fp8::kGradient;
 
 }  // namespace
 

@@ -140,3 +140,15 @@ TEST(Fp8, OnlyHopperAndLaterTrainInFp8) {
   EXPECT_NE(gpu_refusal(8, 0).find("compute capability is 8.0"), std::string::npos) << gpu_refusal(8, 0);
   EXPECT_NE(gpu_refusal(8, 9).find("Hopper"), std::string::npos);
 }
+
+// What a run logs at its start: the formats the GEMMs use, and where the LM head computes.
+TEST(Fp8, TheRecipeNamesItsFormatsAndTheLmHead) {
+  EXPECT_EQ(kForward, Format::e4m3);
+  EXPECT_EQ(kGradient, Format::e5m2);
+  const std::string block = recipe(false), head = recipe(true);
+  EXPECT_NE(block.find("activations and weights e4m3, gradients e5m2"), std::string::npos) << block;
+  EXPECT_NE(block.find("per-tensor current scaling"), std::string::npos) << block;
+  EXPECT_NE(block.find("the LM head in bf16"), std::string::npos) << block;
+  EXPECT_NE(head.find("and the LM head's in FP8"), std::string::npos) << head;
+  EXPECT_EQ(head.find("the LM head in bf16"), std::string::npos) << head;
+}
