@@ -679,8 +679,6 @@ Fp8Operand fp8_cast(CudaOps::State& st, int r, int t, const bf16* x, int rows, i
   return {{q, amax + 32, f}, {qt, amax + 32, f}};
 }
 
-constexpr fp8::Format kFwd = fp8::kForward, kGrad = fp8::kGradient;
-
 }  // namespace
 
 std::string CudaOps::fp8_refusal() const {
@@ -694,8 +692,8 @@ std::string CudaOps::fp8_refusal() const {
 void CudaOps::linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC,
                              Gemm g) const {
   if (g == Gemm::kFp8) {
-    const Matmul::Fp8Tensor x = fp8_cast(*st_, 0, -1, inp, N, IC, kFwd).rows,
-                            wq = fp8_cast(*st_, 1, -1, w, OC, IC, kFwd).rows;
+    const Matmul::Fp8Tensor x = fp8_cast(*st_, 0, -1, inp, N, IC, fp8::kForward).rows,
+                            wq = fp8_cast(*st_, 1, -1, w, OC, IC, fp8::kForward).rows;
     OpScope op(*st_, "linear_forward_fp8", N, IC, OC);
     st_->mm.forward_fp8(out, x, wq, b, N, IC, OC, /*fast_accum=*/true, st_->stream);
     return;
@@ -721,21 +719,6 @@ void CudaOps::linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, cons
   cuda::swiglu_forward(out, pre, N, F, st_->stream);
 }
 
-void CudaOps::linear_backward_input(Act* dinp, const Act* dout, const Param* w, int N, int IC, int OC,
-                                    bool accumulate) const {
-  OpScope op(*st_, "linear_backward_input", N, IC, OC);
-  st_->mm.backward_input(dinp, dout, w, N, IC, OC, accumulate, st_->stream);
-}
-
-void CudaOps::linear_backward_weight(float* dw, float* db, const Act* dout, const Act* inp, int N, int IC,
-                                     int OC) const {
-  {
-    OpScope op(*st_, "linear_backward_weight", N, IC, OC);
-    st_->mm.backward_weight(dw, dout, inp, N, IC, OC, st_->stream);
-  }
-  if (db) bias_backward(db, dout, N, OC);
-}
-
 void CudaOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp,
                               const Param* w, const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g) const {
   MYRIAD_CHECK(!(pre && accumulate), "linear_backward: a gradient through the activation is written, not added");
@@ -746,16 +729,17 @@ void CudaOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act*
   Matmul::Fp8Tensor dy_t{};
   if (g == Gemm::kFp8) {
     // dout once into both layouts: row-major for the input gradient, transposed for the weight's.
-    const Fp8Operand dy = fp8_cast(*st_, 0, 2, dout, N, OC, kGrad);
+    const Fp8Operand dy = fp8_cast(*st_, 0, 2, dout, N, OC, fp8::kGradient);
     dy_t = dy.cols;
-    const Matmul::Fp8Tensor wt = fp8_cast(*st_, -1, 1, w, OC, IC, kFwd).cols;
+    const Matmul::Fp8Tensor wt = fp8_cast(*st_, -1, 1, w, OC, IC, fp8::kForward).cols;
     OpScope op(*st_, "linear_backward_input_fp8", N, IC, OC);
     st_->mm.backward_input_fp8(dx, dy.rows, wt, N, IC, OC, accumulate, st_->stream);
   } else if (dgelu) {
     OpScope op(*st_, "linear_backward_input_dgelu", N, IC, OC);
     st_->mm.backward_input_dgelu(dinp, dout, w, pre, N, IC, OC, st_->stream);
   } else {
-    linear_backward_input(dx, dout, w, N, IC, OC, accumulate);
+    OpScope op(*st_, "linear_backward_input", N, IC, OC);
+    st_->mm.backward_input(dx, dout, w, N, IC, OC, accumulate, st_->stream);
   }
   if (pre && !dgelu) {
     OpScope op(*st_, m == Mlp::kGelu ? "gelu_backward" : "swiglu_backward", N, IC);
@@ -766,15 +750,14 @@ void CudaOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act*
   }
   if (g == Gemm::kFp8) {
     // Buffer 1 again: the input gradient's GEMM, queued before on the same stream, has read W^T.
-    const Matmul::Fp8Tensor xt = fp8_cast(*st_, -1, 1, inp, N, IC, kFwd).cols;
-    {
-      OpScope op(*st_, "linear_backward_weight_fp8", N, IC, OC);
-      st_->mm.backward_weight_fp8(dw, dy_t, xt, N, IC, OC, st_->stream);
-    }
-    if (db) bias_backward(db, dout, N, OC);
+    const Matmul::Fp8Tensor xt = fp8_cast(*st_, -1, 1, inp, N, IC, fp8::kForward).cols;
+    OpScope op(*st_, "linear_backward_weight_fp8", N, IC, OC);
+    st_->mm.backward_weight_fp8(dw, dy_t, xt, N, IC, OC, st_->stream);
   } else {
-    linear_backward_weight(dw, db, dout, inp, N, IC, OC);
+    OpScope op(*st_, "linear_backward_weight", N, IC, OC);
+    st_->mm.backward_weight(dw, dout, inp, N, IC, OC, st_->stream);
   }
+  if (db) bias_backward(db, dout, N, OC);
 }
 
 void CudaOps::bias_backward(float* db, const Act* dout, int rows, int OC) const {

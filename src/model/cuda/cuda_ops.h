@@ -136,8 +136,6 @@ class CudaOps {
   // a kernel after the GEMM (its pairs span columns).
   void linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N, int IC,
                           int F, Gemm g = Gemm::kBf16) const;
-  void linear_backward_input(Act* dinp, const Act* dout, const Param* w, int N, int IC, int OC, bool accumulate) const;
-  void linear_backward_weight(float* dw, float* db, const Act* dout, const Act* inp, int N, int IC, int OC) const;
   // As CpuOps::linear_backward. In FP8 dout is cast once (e5m2) into both layouts, W^T and inp^T
   // (e4m3) each once; GELU's backward is then a kernel of its own (in bf16, the GEMM's epilogue).
   void linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,

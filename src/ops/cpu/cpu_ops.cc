@@ -105,37 +105,28 @@ void CpuOps::linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const
   else
     cpu::gelu_forward(out, pre, int64_t(N) * F);
 }
-void CpuOps::linear_backward_input(Act* dinp, const Act* dout, const Param* w, int N, int IC, int OC,
-                                   bool accumulate) const {
-  if (!accumulate) zero(dinp, int64_t(N) * IC);
-  cpu::linear_backward(dinp, static_cast<float*>(nullptr), static_cast<float*>(nullptr), dout,
-                       static_cast<const float*>(nullptr), w, N, IC, OC);
-}
-void CpuOps::linear_backward_weight(float* dw, float* db, const Act* dout, const Act* inp, int N, int IC,
-                                    int OC) const {
-  cpu::linear_backward(static_cast<float*>(nullptr), dw, static_cast<float*>(nullptr), dout, inp,
-                       static_cast<const float*>(nullptr), N, IC, OC);
-  if (db) bias_backward(db, dout, N, OC);
-}
 void CpuOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
                              const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g) const {
   MYRIAD_CHECK(g == Gemm::kBf16, "the CPU op set computes its linears in fp32");
   MYRIAD_CHECK(!(pre && accumulate), "linear_backward: a gradient through the activation is written, not added");
-  if (!pre) {
-    linear_backward_input(dinp, dout, w, N, IC, OC, accumulate);
-  } else {
-    // Through a scratch of the activation's output gradient (N,F); dpre is written (=).
-    const int64_t n = int64_t(N) * IC;
-    std::vector<float>& dact = *scratch_;
-    dact.assign(static_cast<size_t>(n), 0.0f);
-    linear_backward_input(dact.data(), dout, w, N, IC, OC, /*accumulate=*/true);
+  // The input gradient into dinp, or into a scratch of the activation's output gradient (N,F).
+  const int64_t n = int64_t(N) * IC;
+  std::vector<float>& dact = *scratch_;
+  if (pre) dact.assign(static_cast<size_t>(n), 0.0f);
+  float* dx = pre ? dact.data() : dinp;
+  if (!pre && !accumulate) zero(dinp, n);
+  cpu::linear_backward(dx, static_cast<float*>(nullptr), static_cast<float*>(nullptr), dout,
+                       static_cast<const float*>(nullptr), w, N, IC, OC);
+  if (pre) {
     zero(dinp, n * pre_width(m));
     if (m == Mlp::kSwiGlu)
-      cpu::swiglu_backward(dinp, pre, dact.data(), N, IC);
+      cpu::swiglu_backward(dinp, pre, dx, N, IC);
     else
-      cpu::gelu_backward(dinp, pre, dact.data(), n);
+      cpu::gelu_backward(dinp, pre, dx, n);
   }
-  linear_backward_weight(dw, db, dout, inp, N, IC, OC);
+  cpu::linear_backward(static_cast<float*>(nullptr), dw, static_cast<float*>(nullptr), dout, inp,
+                       static_cast<const float*>(nullptr), N, IC, OC);
+  if (db) bias_backward(db, dout, N, OC);
 }
 void CpuOps::add(Act* out, const Act* a, const Act* b, int64_t n) const { cpu::residual_forward(out, a, b, n); }
 void CpuOps::attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int H, int Hkv, int D,

@@ -107,14 +107,11 @@ class CpuOps {
   // backward), out (N,F) = gelu(pre) or SwiGLU of pre's (gate, up) pairs.
   void linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N, int IC,
                           int F, Gemm g = Gemm::kBf16) const;
-  // dinp (N,IC) = dout (N,OC) @ w (OC,IC); += when `accumulate`.
-  void linear_backward_input(Act* dinp, const Act* dout, const Param* w, int N, int IC, int OC, bool accumulate) const;
-  // dw (OC,IC) += dout^T @ inp; db (OC) += column sums of dout (db may be null).
-  void linear_backward_weight(float* dw, float* db, const Act* dout, const Act* inp, int N, int IC, int OC) const;
-  // A block linear's whole backward, both GEMMs from one dout (so that an FP8 GEMM casts it once):
-  // linear_backward_weight, and linear_backward_input into dinp or, when `pre` is given (the
-  // MLP's second linear, IC = F), through the activation m into dinp = dpre (N, F x pre_width(m))
-  // (=, the gradient of linear_act_forward's pre; `accumulate` must then be false).
+  // A linear's whole backward, both GEMMs from one dout (so that an FP8 GEMM casts it once):
+  // dw (OC,IC) += dout^T @ inp; db (OC) += column sums of dout (db may be null); and the input
+  // gradient dout (N,OC) @ w (OC,IC) into dinp (N,IC) (+= when `accumulate`) or, when `pre` is
+  // given (the MLP's second linear, IC = F), through the activation m into dinp = dpre
+  // (N, F x pre_width(m)) (=, the gradient of linear_act_forward's pre; `accumulate` false).
   void linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
                        const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g = Gemm::kBf16) const;
   // Why this op set cannot compute Gemm::kFp8 ("" when it can).
