@@ -9,7 +9,7 @@
 # ends with the weights of the run that never broke, bit for bit; and the GPU run's checkpoint
 # trains on in one GPU process, one CPU process and a CPU run in another layout. The Llama block
 # (RMSNorm, RoPE, SwiGLU, GQA, untied head) in tp 2 + sp, pp 2 interleaved, dp 2 and 3D, and a
-# one-GPU Llama run killed and restarted, bitwise. FP8 in dp 2, pp 2 and full recompute, killed and
+# one-GPU Llama run killed and restarted, bitwise. FP8 in dp 2, tp 2 x dp 2, pp 2 and full recompute, killed and
 # restarted, and from a bf16 checkpoint.
 # Prints one line per check ("ok: ..." or "FAIL: ...") plus the step times, and exits nonzero
 # on a failure.
@@ -112,8 +112,8 @@ compare "Llama: tp 2 x pp 2 x dp 2 + sp (8 processes)" llama_3d llama_one
 MYRIAD_INJECT_FAULT=step:14:kill@rank=0 LFLAGS="--max-restarts 1" launch llama_one_killed 1 "${llama[@]}"
 resumed_bitwise "Llama on one GPU killed at step 14, restarted" llama_one llama_one_killed
 
-# FP8 (train.precision = "fp8"): its one-GPU run within 2% of bf16's; dp 2, pp 2 interleaved and
-# full recompute against it; killed and restarted, bitwise; a bf16 checkpoint trains on in fp8.
+# FP8 (train.precision = "fp8"): its one-GPU run within 2% of bf16's; dp 2, tp 2 x dp 2, pp 2
+# interleaved and full recompute against it; killed and restarted, bitwise; a bf16 checkpoint trains on in fp8.
 fp8=(--set train.precision=fp8)
 train1 fp8_one "${fp8[@]}"
 compare "fp8 on one GPU against bf16" fp8_one one 0.02
@@ -121,6 +121,8 @@ launch fp8_dp2 2 "${fp8[@]}" --set parallel.dp=2
 compare "fp8: dp 2" fp8_dp2 fp8_one
 launch fp8_pp2_v2 2 "${fp8[@]}" --set parallel.pp=2 --set parallel.virtual_stages=2
 compare "fp8: pp 2, interleaved v 2" fp8_pp2_v2 fp8_one
+launch fp8_tp2_dp2 4 "${fp8[@]}" --set parallel.tp=2 --set parallel.dp=2 --set parallel.sequence_parallel=true
+compare "fp8: tp 2 x dp 2 + sp (4 processes, the amaxes met over tp)" fp8_tp2_dp2 fp8_one
 train1 fp8_recompute "${fp8[@]}" --set train.recompute=full
 compare "fp8: full recompute" fp8_recompute fp8_one
 MYRIAD_INJECT_FAULT=step:14:kill@rank=0 LFLAGS="--max-restarts 1" launch fp8_one_killed 1 "${fp8[@]}"

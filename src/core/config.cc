@@ -242,16 +242,16 @@ void Config::validate() const {
   require_one_of("train.recompute", train.recompute, {"none", "selective", "full"});
   require_one_of("train.attention", train.attention, {"auto", "cudnn", "myriad"});
   require_one_of("train.precision", train.precision, {"bf16", "fp8"});
+  require_one_of("train.fp8_gradients", train.fp8_gradients, {"e5m2", "e4m3"});
   if (train.fp8_lm_head && train.precision != "fp8")
     throw_input("config: train.fp8_lm_head = true puts the LM head in FP8 beside the block's linears: set "
                 "train.precision = \"fp8\" too, or train.fp8_lm_head = false");
+  if (train.precision != "fp8" && (train.fp8_gradients != "e5m2" || train.fp8_fast_accum))
+    throw_input("config: train.fp8_gradients and train.fp8_fast_accum shape the FP8 recipe, but train.precision = \"",
+                train.precision, "\": set train.precision = \"fp8\", or leave them at their defaults");
   if (train.precision == "fp8" && train.device == "cpu")
     throw_input("config: train.precision = \"fp8\" runs on Hopper GPUs (train.device = \"cuda\" or \"auto\"); "
                 "the CPU engine computes in fp32: use train.precision = \"bf16\"");
-  if (train.precision == "fp8" && parallel.tp > 1)
-    throw_input("config: train.precision = \"fp8\" with parallel.tp = ", parallel.tp,
-                " is not built yet (each rank would scale its shard by its own amax, not the layer's); "
-                "use parallel.tp = 1 or train.precision = \"bf16\"");
   for (int64_t s : train.skip_steps)
     if (s < 1 || s > train.steps) throw_input("config: train.skip_steps lists step ", s, ", not one of 1..train.steps (", train.steps, ")");
 

@@ -7,10 +7,12 @@
 #include <cstring>
 #include <type_traits>
 
+#include "comm/communicator.h"
 #include "core/error.h"
 #include "model/flops.h"
 #include "model/gpt.h"
 #include "model/memory_plan.h"
+#include "ops/fp8.h"
 #include "ops/rope.h"
 
 namespace myriad {
@@ -93,6 +95,14 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
                            {"the QKV width per tensor-parallel rank", Ql_}, {"the MLP's width per rank", Fl_}})
       if (n % 16 != 0)
         throw_input("config: train.precision = \"fp8\" needs ", what, " (", n, ") to be a multiple of 16");
+    if (head_gemm_ == Gemm::kFp8 && Vl_ % 16 != 0)
+      throw_input("config: train.fp8_lm_head needs the vocabulary rows per tensor-parallel rank (", Vl_,
+                  ") to be a multiple of 16");
+    // Each rank's amax meets the group's before a cast, so a shard is scaled as the whole tensor.
+    fp8::AmaxGroup group;
+    if (tp_)
+      group = {tps_, [tp = tp_, s = stream()](const float* local, float* all) { tp->all_gather(local, all, 1, s)->wait(); }};
+    ops_.set_fp8(fp8::recipe_of(cfg.train), std::move(group));
   }
   if (rope_) {
     const ModelConfig& m = cfg.model;

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "core/config.h"
+
 namespace myriad::fp8 {
 namespace {
 
@@ -49,12 +51,24 @@ float decode(uint8_t q, Format f) {
   return sign * std::ldexp(static_cast<float>((1 << l.man) | mantissa), field - l.bias - l.man);
 }
 
-std::string recipe(bool lm_head) {
-  auto name = [](Format f) { return f == Format::e4m3 ? "e4m3" : "e5m2"; };
-  return std::string("the block's linear GEMMs") + (lm_head ? " and the LM head's" : "") + " in FP8 (activations and weights " +
-         name(kForward) + ", gradients " + name(kGradient) +
-         "; per-tensor current scaling by a power of two from each operand's amax; fast accumulation in the forward "
-         "only)" + (lm_head ? "" : "; the LM head in bf16") + "; attention, the norms and the update in bf16/fp32";
+namespace {
+const char* name(Format f) { return f == Format::e4m3 ? "e4m3" : "e5m2"; }
+}  // namespace
+
+Recipe recipe_of(const TrainConfig& t) {
+  Recipe r;
+  r.gradient = t.fp8_gradients == "e4m3" ? Format::e4m3 : Format::e5m2;
+  r.fast_accum = t.fp8_fast_accum;
+  r.lm_head = t.fp8_lm_head;
+  return r;
+}
+
+std::string describe(const Recipe& r) {
+  return std::string("the block's linear GEMMs") + (r.lm_head ? " and the LM head's" : "") +
+         " in FP8 (activations and weights " + name(r.forward) + ", gradients " + name(r.gradient) +
+         "; per-tensor current scaling by a power of two from each operand's amax, over the tensor-parallel group; " +
+         (r.fast_accum ? "fast accumulation in the forward" : "no fast accumulation") + ")" +
+         (r.lm_head ? "" : "; the LM head in bf16") + "; attention, the norms and the update in bf16/fp32";
 }
 
 std::string gpu_refusal(int major, int minor) {

@@ -1,5 +1,5 @@
 // FP8 as Myriad's FP8 training computes it (OCP FP8: e4m3 "fn", no infinities, and e5m2; issue
-// 28, in development), on the host: the exact emulation that the CUDA casting kernels are tested
+// 28), on the host: the exact emulation that the CUDA casting kernels are tested
 // against, and the one definition of the per-tensor scale.
 //
 // Contract of a cast: q = encode(x * scale) with round to nearest, ties to even, saturating to
@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #if defined(__CUDACC__)
@@ -19,6 +20,10 @@
 #else
 #define MYRIAD_FP8_HD
 #endif
+
+namespace myriad {
+struct TrainConfig;
+}
 
 namespace myriad::fp8 {
 
@@ -46,11 +51,28 @@ MYRIAD_FP8_HD inline float scale_for(float amax, Format f) {
   k = k < -126 ? -126 : (k > 126 ? 126 : k);
   return ldexpf(1.0f, k);
 }
-// train.precision = "fp8"'s recipe: the formats of the GEMMs' operands (the weights take the
-// forward's), each scaled per tensor by scale_for its current amax.
-constexpr Format kForward = Format::e4m3, kGradient = Format::e5m2;
-// The recipe in words, as a run logs it at its start (lm_head: train.fp8_lm_head).
-std::string recipe(bool lm_head);
+// A run's FP8 recipe (train.precision = "fp8" and the train.fp8_* keys): the formats of the
+// GEMMs' operands (the weights take the forward's), each scaled per tensor by scale_for its current
+// amax; whether the forward's GEMM accumulates with cuBLASLt's fast (coarser) accumulation; whether
+// the LM head's GEMMs are FP8 too.
+struct Recipe {
+  Format forward = Format::e4m3;   // activations and weights
+  Format gradient = Format::e5m2;  // output gradients (train.fp8_gradients)
+  bool fast_accum = false;         // train.fp8_fast_accum
+  bool lm_head = false;            // train.fp8_lm_head
+};
+Recipe recipe_of(const TrainConfig& t);
+// The recipe in words, as a run logs it at its start.
+std::string describe(const Recipe& r);
+// Where the amaxes of a tensor's shards meet. Under tensor parallelism a rank holds a slice of a
+// weight, an activation or a gradient; each rank scales its slice by the whole tensor's amax, as
+// one GPU would, so the layout computes what one GPU computes. gather(local, all): all[ranks]
+// (device floats) receives every rank's *local, in rank order, on the op set's stream; collective
+// over the group. ranks 1: nothing to gather.
+struct AmaxGroup {
+  int ranks = 1;
+  std::function<void(const float* local, float* all)> gather;
+};
 // Why a GPU of compute capability major.minor cannot train in FP8 ("" when it can: Hopper, 9.0,
 // and later). A function of the capability alone, so that it is tested off the GPU.
 std::string gpu_refusal(int major, int minor);

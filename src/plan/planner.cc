@@ -167,11 +167,12 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   if (model.ffn() % l.tp != 0) return refuse(cat("tp ", l.tp, " does not divide the MLP's ", model.ffn(), " features"));
   if (f.fp8 && !(c.fp8_peak_tflops > 0 && c.fp8_gemm_efficiency > 0))
     return refuse(cat("fp8: the cluster ", c.name, " has no FP8 GEMM rate ([gpu] fp8_peak_tflops, fp8_gemm_efficiency)"));
-  // What the engine refuses in fp8 (gpt_impl.h): tp > 1, and GEMM dimensions off 16.
-  if (f.fp8 && l.tp > 1) return refuse(cat("fp8: tp ", l.tp, " (the engine's FP8 runs at tp 1 for now)"));
+  // What the engine refuses in fp8 (gpt_impl.h): a GEMM dimension of a rank's shard off 16.
   if (f.fp8 && ((int64_t(l.mb) * model.seq_len) % 16 != 0 || model.d_model % 16 != 0 ||
-                ((model.heads + 2 * model.kv()) * model.head_dim()) % 16 != 0 || model.ffn() % 16 != 0))
-    return refuse("fp8: a GEMM dimension (mb x seq_len, d_model, the QKV or MLP width) is not a multiple of 16");
+                (model.heads / l.tp * model.head_dim()) % 16 != 0 ||
+                ((model.heads + 2 * model.kv()) / l.tp * model.head_dim()) % 16 != 0 || (model.ffn() / l.tp) % 16 != 0))
+    return refuse(cat("fp8: a GEMM dimension (mb x seq_len, d_model, or the attention, QKV or MLP width per tp rank of ",
+                      l.tp, ") is not a multiple of 16"));
   p.dp = static_cast<int>(gpus / group);
   if (global_batch % (int64_t(p.dp) * l.mb) != 0)
     return refuse(cat("dp x mb = ", p.dp * l.mb, " does not divide the global batch ", global_batch));

@@ -272,7 +272,7 @@ Trainer::End Trainer::run() {
   log::info("train: steps ", step_ + 1, "..", t.steps, ", ", t.global_batch, " sequences x ",
             cfg_.model.seq_len, " tokens per step, micro-batch ", t.micro_batch, ", ",
             engine_->device(), ", ", cfg_.optim.name);
-  if (t.precision == "fp8") log::info("precision: ", fp8::recipe(t.fp8_lm_head));
+  if (t.precision == "fp8") log::info("precision: ", fp8::describe(fp8::recipe_of(t)));
   log::info("memory: optimizer state ", memory_bytes(MemoryKind::kOptimizerState),
             " bytes on this rank (", engine_->layout().total(), " parameters here)");
   double elapsed = 0;

@@ -3,11 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <thread>
 #include <cstring>
 
 #include "core/config.h"
 #include "engine_cases.h"
 #include "gpu_test_util.h"
+#include "model/cuda/cuda_ops.h"
 #include "model/cuda/matmul.h"
 #include "runtime/engine.h"
 #include "ops/cuda/ops.cuh"
@@ -63,7 +67,7 @@ TEST_P(Fp8Cast, AmaxScaleAndBothLayoutsAreTheHostsBytes) {
   CUDA_OK(cudaMemset(qt.p, 0x7f, x.size()));
   scale.poison(), inv.poison();
   myriad::cuda::amax(amax.p, dx.p, int64_t(x.size()), nullptr);
-  myriad::cuda::fp8_scales(scale.p, inv.p, amax.p, f, nullptr);
+  myriad::cuda::fp8_scales(scale.p, inv.p, amax.p, 1, f, nullptr);
   myriad::cuda::cast_fp8(q.p, qt.p, dx.p, rows, cols, scale.p, f, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
 
@@ -105,13 +109,25 @@ TEST(Fp8Amax, NanMakesItInfiniteAndTheCastNan) {
   Dev<float> amax(1), scale(1);
   dx.upload(to_bf16(x));
   myriad::cuda::amax(amax.p, dx.p, int64_t(x.size()), nullptr);
-  myriad::cuda::fp8_scales(scale.p, nullptr, amax.p, Format::e4m3, nullptr);
+  myriad::cuda::fp8_scales(scale.p, nullptr, amax.p, 1, Format::e4m3, nullptr);
   Dev<uint8_t> q(x.size());
   myriad::cuda::cast_fp8(q.p, nullptr, dx.p, 1, int(x.size()), scale.p, Format::e4m3, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   EXPECT_EQ(amax.download()[0], INFINITY);
   EXPECT_TRUE(std::isnan(scale.download()[0]));
   for (uint8_t b : q.download()) ASSERT_TRUE(std::isnan(fp8::decode(b, Format::e4m3))) << "every byte NaN";
+}
+
+// The scale of a tensor held in shards is the largest of their amaxes.
+TEST(Fp8Amax, TheScaleOfShardsIsTheLargestAmaxs) {
+  Dev<float> amaxes(4), scale(1), inv(1);
+  const std::vector<float> a = {0.25f, 3.5f, 0.0f, 1.0f};
+  amaxes.upload(a);
+  scale.poison(), inv.poison();
+  myriad::cuda::fp8_scales(scale.p, inv.p, amaxes.p, 4, Format::e5m2, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(scale.download()[0], fp8::scale_for(3.5f, Format::e5m2));
+  EXPECT_EQ(inv.download()[0], 1.0f / fp8::scale_for(3.5f, Format::e5m2));
 }
 
 // The dequantized values of a device cast: decode(q) / scale, as the GEMM sees them.
@@ -149,7 +165,7 @@ struct Cast {
   Cast(const Dev<bf16>& x, int rows, int cols, Format fmt)
       : q(x.n), qt(x.n), amax(1), scale(1), inv(1), f(fmt) {
     myriad::cuda::amax(amax.p, x.p, int64_t(x.n), nullptr);
-    myriad::cuda::fp8_scales(scale.p, inv.p, amax.p, f, nullptr);
+    myriad::cuda::fp8_scales(scale.p, inv.p, amax.p, 1, f, nullptr);
     myriad::cuda::cast_fp8(q.p, qt.p, x.p, rows, cols, scale.p, f, nullptr);
     cudaDeviceSynchronize();
     host_scale = scale.download()[0];
@@ -271,6 +287,83 @@ INSTANTIATE_TEST_SUITE_P(Blocks, Fp8Engine,
                                            engine_cases::Case{"llama_cudnn", engine_cases::with(engine_cases::kLlama,
                                                                                              {"model.seq_len=128"})}),
                          [](const auto& i) { return std::string(i.param.name); });
+
+// The other recipe: e4m3 gradients, fast accumulation in the forward (train.fp8_gradients,
+// train.fp8_fast_accum), under the same bounds.
+TEST(Fp8Engine, TheE4m3GradientRecipeFollowsBf16AndRepeatsBitwise) {
+  follows_bf16_and_repeats_bitwise(engine_cases::Case{"llama_e4m3", engine_cases::with(engine_cases::kLlama, {"model.seq_len=128"})},
+                                   {"train.precision=fp8", "train.fp8_gradients=e4m3", "train.fp8_fast_accum=true"});
+}
+
+// Tensor parallelism: two op sets, "ranks" on a thread each, hold the two halves of a weight's rows
+// (a column-parallel linear). Their amaxes meet (fp8::AmaxGroup), so each half is cast with the
+// whole weight's scale, and the two outputs are the one-GPU output's halves. Rank 1's rows are
+// 2^-14 of rank 0's: on one GPU they sit in e4m3's subnormals, coarsely; scaled by their own amax
+// they would not. The same ranks without the group show that the check can fail.
+TEST(Fp8Group, ShardsScaledAsTheWholeTensorComputeWhatOneGpuComputes) {
+  using myriad::cuda::CudaOps;
+  const int N = 256, IC = 512, OC = 256, half = OC / 2;
+  std::mt19937_64 gen(seed());
+  const std::vector<float> x = round_bf16(randn(size_t(N) * IC, gen, 1.0f));
+  std::vector<float> w = randn(size_t(OC) * IC, gen, 0.02f);
+  for (size_t i = size_t(half) * IC; i < w.size(); ++i) w[i] = std::ldexp(w[i], -14);
+  w = round_bf16(w);
+  Dev<bf16> dx(x.size()), dw(w.size()), dy(size_t(N) * OC);
+  dx.upload(to_bf16(x)), dw.upload(to_bf16(w)), dy.poison();
+  {
+    CudaOps one;
+    one.set_fp8(fp8::Recipe{}, {});
+    one.linear_forward(dy.p, dx.p, dw.p, nullptr, N, IC, OC, myriad::Gemm::kFp8);
+    CUDA_OK(cudaStreamSynchronize(one.stream()));
+  }
+  const std::vector<float> y = to_float(dy.download());
+
+  // Rank r's output columns [r half, (r+1) half) against the one GPU's: the rms of the differences
+  // over the columns' rms, the larger of the two ranks'.
+  auto ranks_part_from_one = [&](bool grouped) {
+    Dev<float> board(2);
+    std::barrier meet(2);
+    std::vector<std::vector<float>> out(2);
+    auto rank = [&](int r) {
+      CudaOps ops;
+      fp8::AmaxGroup group;
+      if (grouped)
+        group = {2, [&, r, s = ops.stream()](const float* local, float* all) {
+                   CUDA_OK(cudaMemcpyAsync(board.p + r, local, sizeof(float), cudaMemcpyDeviceToDevice, s));
+                   CUDA_OK(cudaStreamSynchronize(s));
+                   meet.arrive_and_wait();
+                   CUDA_OK(cudaMemcpyAsync(all, board.p, 2 * sizeof(float), cudaMemcpyDeviceToDevice, s));
+                   CUDA_OK(cudaStreamSynchronize(s));
+                   meet.arrive_and_wait();  // both have read the board before the next cast writes it
+                 }};
+      ops.set_fp8(fp8::Recipe{}, std::move(group));
+      Dev<bf16> y_r(size_t(N) * half);
+      y_r.poison();
+      ops.linear_forward(y_r.p, dx.p, dw.p + size_t(r) * half * IC, nullptr, N, IC, half, myriad::Gemm::kFp8);
+      CUDA_OK(cudaStreamSynchronize(ops.stream()));
+      out[r] = to_float(y_r.download());
+    };
+    std::thread t1(rank, 1);
+    rank(0);
+    t1.join();
+    double worst = 0;
+    for (int r = 0; r < 2; ++r) {
+      double rms = 0, diff = 0;
+      for (int n = 0; n < N; ++n)
+        for (int c = 0; c < half; ++c) {
+          const double want = y[size_t(n) * OC + r * half + c];
+          const double d = out[r][size_t(n) * half + c] - want;
+          rms += want * want, diff += d * d;
+        }
+      worst = std::max(worst, std::sqrt(diff / rms));
+    }
+    return worst;
+  };
+  const double grouped = ranks_part_from_one(true), alone = ranks_part_from_one(false);
+  EXPECT_LT(grouped, 0.005) << "the shards' outputs part from one GPU's, with the amaxes met";
+  EXPECT_GT(alone, 0.05) << "scaled by their own amaxes, the shards still compute what one GPU computes: the check "
+                           "above cannot fail";
+}
 
 TEST(Fp8Engine, RefusesWhatItCannotCompute) {
   using namespace engine_cases;

@@ -69,12 +69,16 @@ struct CudaOps::State {
   float* rope_freqs = nullptr;  // (D/2) set_rope's, fp32
   // Gemm::kFp8: the FP8 GEMMs' operands, cast into three buffers (grown to the largest, at a
   // shape's first call): 0 an activation or a gradient, 1 a weight or the backward's input, 2 the
-  // gradient transposed. Per buffer its amax, scale and 1 / scale on the device, at floats
-  // 64 b, 64 b + 16 and 64 b + 32: cuBLASLt reads the scale where it is aligned to 64 bytes.
+  // gradient transposed. Per buffer a slot of device floats: its amax at 0, scale at 16, 1 / scale
+  // at 32 and the group's amaxes from 48 (cuBLASLt reads a scale only where it is aligned to 64
+  // bytes).
   static constexpr int kFp8Buffers = 3;
   uint8_t* fp8_bytes[kFp8Buffers] = {};
   size_t fp8_capacity[kFp8Buffers] = {};
-  float* fp8_scalars = nullptr;  // (kFp8Buffers, 64)
+  float* fp8_scalars = nullptr;  // (kFp8Buffers, fp8_slot)
+  int fp8_slot = 64;
+  fp8::Recipe fp8;         // set_fp8's
+  fp8::AmaxGroup amaxes;   // set_fp8's
   std::vector<int64_t> bounds;  // sums_of_squares' segments, cached on the device
   int64_t* d_bounds = nullptr;
   float* h_sums = nullptr;        // pinned: their results
@@ -669,17 +673,32 @@ Fp8Operand fp8_cast(CudaOps::State& st, int r, int t, const bf16* x, int rows, i
   const size_t bytes = size_t(rows) * cols;
   uint8_t* q = r >= 0 ? fp8_buffer(st, r, bytes) : nullptr;
   uint8_t* qt = t >= 0 ? fp8_buffer(st, t, bytes) : nullptr;
-  if (!st.fp8_scalars) CUDA_CHECK(cudaMalloc(&st.fp8_scalars, CudaOps::State::kFp8Buffers * 64 * sizeof(float)));
+  if (!st.fp8_scalars)
+    CUDA_CHECK(cudaMalloc(&st.fp8_scalars, CudaOps::State::kFp8Buffers * st.fp8_slot * sizeof(float)));
   // A scope of its own, outside the GEMM's: the profile shows what the casts cost.
   OpScope op(st, q && qt ? "fp8_cast_both" : qt ? "fp8_cast_t" : "fp8_cast", rows, cols);
-  float* amax = st.fp8_scalars + 64 * (r >= 0 ? r : t);
+  float* slot = st.fp8_scalars + st.fp8_slot * (r >= 0 ? r : t);
+  float *amax = slot, *scale = slot + 16, *inv = slot + 32, *group = slot + 48;
   cuda::amax(amax, x, int64_t(bytes), st.stream);
-  cuda::fp8_scales(amax + 16, amax + 32, amax, f, st.stream);
-  cuda::cast_fp8(q, qt, x, rows, cols, amax + 16, f, st.stream);
-  return {{q, amax + 32, f}, {qt, amax + 32, f}};
+  const int ranks = st.amaxes.ranks;
+  if (ranks > 1) st.amaxes.gather(amax, group);
+  cuda::fp8_scales(scale, inv, ranks > 1 ? group : amax, ranks, f, st.stream);
+  cuda::cast_fp8(q, qt, x, rows, cols, scale, f, st.stream);
+  return {{q, inv, f}, {qt, inv, f}};
 }
 
 }  // namespace
+
+void CudaOps::set_fp8(const fp8::Recipe& r, fp8::AmaxGroup group) const {
+  MYRIAD_CHECK(group.ranks >= 1 && (group.ranks == 1 || group.gather), "set_fp8: ", group.ranks,
+               " ranks without a gather");
+  CUDA_CHECK(cudaStreamSynchronize(st_->stream));  // no cast in flight reads the old slots
+  cudaFree(st_->fp8_scalars);
+  st_->fp8_scalars = nullptr;
+  st_->fp8_slot = 48 + (group.ranks + 15) / 16 * 16;
+  st_->fp8 = r;
+  st_->amaxes = std::move(group);
+}
 
 std::string CudaOps::fp8_refusal() const {
   int d = 0;
@@ -692,10 +711,10 @@ std::string CudaOps::fp8_refusal() const {
 void CudaOps::linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC,
                              Gemm g) const {
   if (g == Gemm::kFp8) {
-    const Matmul::Fp8Tensor x = fp8_cast(*st_, 0, -1, inp, N, IC, fp8::kForward).rows,
-                            wq = fp8_cast(*st_, 1, -1, w, OC, IC, fp8::kForward).rows;
+    const Matmul::Fp8Tensor x = fp8_cast(*st_, 0, -1, inp, N, IC, st_->fp8.forward).rows,
+                            wq = fp8_cast(*st_, 1, -1, w, OC, IC, st_->fp8.forward).rows;
     OpScope op(*st_, "linear_forward_fp8", N, IC, OC);
-    st_->mm.forward_fp8(out, x, wq, b, N, IC, OC, /*fast_accum=*/true, st_->stream);
+    st_->mm.forward_fp8(out, x, wq, b, N, IC, OC, st_->fp8.fast_accum, st_->stream);
     return;
   }
   OpScope op(*st_, "linear_forward", N, IC, OC);
@@ -729,9 +748,9 @@ void CudaOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act*
   Matmul::Fp8Tensor dy_t{};
   if (g == Gemm::kFp8) {
     // dout once into both layouts: row-major for the input gradient, transposed for the weight's.
-    const Fp8Operand dy = fp8_cast(*st_, 0, 2, dout, N, OC, fp8::kGradient);
+    const Fp8Operand dy = fp8_cast(*st_, 0, 2, dout, N, OC, st_->fp8.gradient);
     dy_t = dy.cols;
-    const Matmul::Fp8Tensor wt = fp8_cast(*st_, -1, 1, w, OC, IC, fp8::kForward).cols;
+    const Matmul::Fp8Tensor wt = fp8_cast(*st_, -1, 1, w, OC, IC, st_->fp8.forward).cols;
     OpScope op(*st_, "linear_backward_input_fp8", N, IC, OC);
     st_->mm.backward_input_fp8(dx, dy.rows, wt, N, IC, OC, accumulate, st_->stream);
   } else if (dgelu) {
@@ -750,7 +769,7 @@ void CudaOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act*
   }
   if (g == Gemm::kFp8) {
     // Buffer 1 again: the input gradient's GEMM, queued before on the same stream, has read W^T.
-    const Matmul::Fp8Tensor xt = fp8_cast(*st_, -1, 1, inp, N, IC, fp8::kForward).cols;
+    const Matmul::Fp8Tensor xt = fp8_cast(*st_, -1, 1, inp, N, IC, st_->fp8.forward).cols;
     OpScope op(*st_, "linear_backward_weight_fp8", N, IC, OC);
     st_->mm.backward_weight_fp8(dw, dy_t, xt, N, IC, OC, st_->stream);
   } else {

@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "ops/fp8.h"
 #include "ops/kinds.h"
 
 namespace myriad::cuda {
@@ -127,9 +128,9 @@ class CudaOps {
                              const Param* w, const Param* bias, int N, int C) const;
   void norm_backward(Norm n, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
                      const float* mean, const float* rstd, int N, int C) const;
-  // Gemm::kFp8: each operand cast per call (its amax, a power-of-two scale and the bytes, in the
-  // layout Hopper's FP8 GEMMs take: ops/fp8.h), activations and weights in e4m3, gradients in
-  // e5m2; the forward's GEMM with cuBLASLt's fast accumulation, the backward's without.
+  // Gemm::kFp8: each operand cast per call (its amax, over the group set_fp8 names, a power-of-two
+  // scale and the bytes, in the layout Hopper's FP8 GEMMs take: ops/fp8.h), in set_fp8's recipe's
+  // formats; only the forward's GEMM may use fast accumulation (the recipe's fast_accum).
   void linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC,
                       Gemm g = Gemm::kBf16) const;
   // GELU fused into the GEMM's epilogue (in bf16; after an FP8 GEMM a kernel of its own); SwiGLU
@@ -142,6 +143,9 @@ class CudaOps {
                        const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g = Gemm::kBf16) const;
   // Why this GPU cannot compute Gemm::kFp8 ("" when it can: fp8::gpu_refusal of its capability).
   std::string fp8_refusal() const;
+  // The recipe of the Gemm::kFp8 linears, and the group whose amaxes meet (ops/fp8.h); before the
+  // first of them. The defaults: fp8::Recipe{}, one rank.
+  void set_fp8(const fp8::Recipe& r, fp8::AmaxGroup group) const;
   void add(Act* out, const Act* a, const Act* b, int64_t n) const;
   void bias_backward(float* db, const Act* dout, int rows, int OC) const;  // db += column sums
   // train.attention (auto, cudnn, myriad) and train.deterministic; auto picks cuDNN's fused

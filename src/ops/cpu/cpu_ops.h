@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/fp8.h"
 #include "ops/kinds.h"
 
 namespace myriad::cpu {
@@ -116,6 +117,7 @@ class CpuOps {
                        const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g = Gemm::kBf16) const;
   // Why this op set cannot compute Gemm::kFp8 ("" when it can).
   std::string fp8_refusal() const { return "the CPU engine computes in fp32 (FP8 needs a Hopper GPU)"; }
+  void set_fp8(const fp8::Recipe&, fp8::AmaxGroup) const {}  // never called: fp8_refusal comes first
   void add(Act* out, const Act* a, const Act* b, int64_t n) const;  // out may alias a or b
   // Which attention kernel, and whether its backward must be bitwise repeatable (train.attention,
   // train.deterministic): the CPU has one kernel, always deterministic.

@@ -37,8 +37,10 @@ __global__ void amax_kernel(unsigned* out, const bf16* __restrict__ x, int64_t n
   if ((threadIdx.x & 31) == 0) atomicMax(out, __float_as_uint(m));
 }
 
-__global__ void scales_kernel(float* scale, float* inv, const float* amax, Format f) {
-  const float s = fp8::scale_for(*amax, f);
+__global__ void scales_kernel(float* scale, float* inv, const float* amax, int count, Format f) {
+  float m = amax[0];
+  for (int i = 1; i < count; ++i) m = fmaxf(m, amax[i]);  // amaxes are >= 0 or infinite, never NaN
+  const float s = fp8::scale_for(m, f);
   *scale = s;
   if (inv) *inv = 1.0f / s;  // exact: a power of two
 }
@@ -105,8 +107,9 @@ void amax(float* out, const bf16* x, int64_t n, cudaStream_t stream) {
   check_launch("amax");
 }
 
-void fp8_scales(float* scale, float* inv_scale, const float* amax, fp8::Format f, cudaStream_t stream) {
-  scales_kernel<<<1, 1, 0, stream>>>(scale, inv_scale, amax, f);
+void fp8_scales(float* scale, float* inv_scale, const float* amax, int count, fp8::Format f, cudaStream_t stream) {
+  MYRIAD_CHECK(count >= 1, "fp8_scales: ", count, " amaxes");
+  scales_kernel<<<1, 1, 0, stream>>>(scale, inv_scale, amax, count, f);
   check_launch("fp8_scales");
 }
 

@@ -214,9 +214,10 @@ void qkv_from_heads(bf16* out, const bf16* in, int64_t tokens, int H, int Hkv, i
 // ---- FP8 (train.precision = "fp8"; ops/fp8.h has the contract and the host emulation) ----
 // *amax = the largest |x[i]| (infinite when any x[i] is NaN). Clears *amax first.
 void amax(float* amax, const bf16* x, int64_t n, cudaStream_t stream);
-// *scale = fp8::scale_for(*amax, f); *inv_scale = 1 / *scale (skipped when null): on the device,
-// so that no step waits for the host.
-void fp8_scales(float* scale, float* inv_scale, const float* amax, fp8::Format f, cudaStream_t stream);
+// *scale = fp8::scale_for(the largest of amax[count], f); *inv_scale = 1 / *scale (skipped when
+// null): on the device, so that no step waits for the host. count > 1: the amaxes of a tensor's
+// shards, one per tensor-parallel rank.
+void fp8_scales(float* scale, float* inv_scale, const float* amax, int count, fp8::Format f, cudaStream_t stream);
 // out (rows,cols) = encode(x * *scale); out_t (cols,rows) the same bytes transposed, written in
 // the same pass (the K-major operands Hopper's FP8 GEMMs take for the backward). Either may be
 // null, not both.

@@ -235,8 +235,12 @@ TEST(Config, Fp8IsRefusedWhereItCannotRun) {
   e = input_error([] { parse_config(kSmall, "my.toml", {"train.precision=fp8", "train.device=cpu"}); });
   EXPECT_NE(e.find("train.precision = \"fp8\" runs on Hopper GPUs"), std::string::npos) << e;
   EXPECT_NE(e.find("use train.precision = \"bf16\""), std::string::npos) << e;
-  e = input_error([] { parse_config(kSmall, "my.toml", {"train.precision=fp8", "parallel.tp=2"}); });
-  EXPECT_NE(e.find("parallel.tp = 2 is not built yet"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "my.toml", {"train.precision=fp8", "train.device=cuda", "train.fp8_gradients=e4m4"}); });
+  EXPECT_NE(e.find("train.fp8_gradients = \"e4m4\" is not one of: e5m2, e4m3"), std::string::npos) << e;
+  for (const char* key : {"train.fp8_gradients=e4m3", "train.fp8_fast_accum=true"}) {
+    e = input_error([&] { parse_config(kSmall, "my.toml", {key, "train.device=cuda"}); });
+    EXPECT_NE(e.find("shape the FP8 recipe, but train.precision = \"bf16\""), std::string::npos) << key << ": " << e;
+  }
   e = input_error([] { parse_config(kSmall, "my.toml", {"train.fp8_lm_head=true", "train.device=cuda"}); });
   EXPECT_NE(e.find("train.fp8_lm_head = true puts the LM head in FP8"), std::string::npos) << e;
   EXPECT_NE(e.find("set train.precision = \"fp8\" too"), std::string::npos) << e;
@@ -244,4 +248,10 @@ TEST(Config, Fp8IsRefusedWhereItCannotRun) {
   EXPECT_EQ(parse_config(kSmall, "my.toml", {"train.precision=fp8", "train.device=cuda"}).train.precision, "fp8");
   EXPECT_TRUE(
       parse_config(kSmall, "my.toml", {"train.precision=fp8", "train.fp8_lm_head=true", "train.device=cuda"}).train.fp8_lm_head);
+  // Tensor parallelism in fp8 parses (the engine reduces each amax over the group).
+  const Config tp = parse_config(kSmall, "my.toml", {"train.precision=fp8", "train.device=cuda", "parallel.tp=2",
+                                                     "train.fp8_gradients=e4m3", "train.fp8_fast_accum=true"});
+  EXPECT_EQ(tp.parallel.tp, 2);
+  EXPECT_EQ(tp.train.fp8_gradients, "e4m3");
+  EXPECT_TRUE(tp.train.fp8_fast_accum);
 }

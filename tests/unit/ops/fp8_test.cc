@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "core/config.h"
 #include "ops/fp8.h"
 
 using namespace myriad::fp8;
@@ -142,13 +143,26 @@ TEST(Fp8, OnlyHopperAndLaterTrainInFp8) {
 }
 
 // What a run logs at its start: the formats the GEMMs use, and where the LM head computes.
-TEST(Fp8, TheRecipeNamesItsFormatsAndTheLmHead) {
-  EXPECT_EQ(kForward, Format::e4m3);
-  EXPECT_EQ(kGradient, Format::e5m2);
-  const std::string block = recipe(false), head = recipe(true);
+TEST(Fp8, TheRecipeComesFromTheConfigAndNamesItself) {
+  myriad::TrainConfig t;
+  t.precision = "fp8";
+  Recipe r = recipe_of(t);
+  EXPECT_EQ(r.forward, Format::e4m3);
+  EXPECT_EQ(r.gradient, Format::e5m2);
+  EXPECT_FALSE(r.fast_accum);
+  EXPECT_FALSE(r.lm_head);
+  const std::string block = describe(r);
   EXPECT_NE(block.find("activations and weights e4m3, gradients e5m2"), std::string::npos) << block;
   EXPECT_NE(block.find("per-tensor current scaling"), std::string::npos) << block;
+  EXPECT_NE(block.find("no fast accumulation"), std::string::npos) << block;
   EXPECT_NE(block.find("the LM head in bf16"), std::string::npos) << block;
+  t.fp8_gradients = "e4m3", t.fp8_fast_accum = true, t.fp8_lm_head = true;
+  r = recipe_of(t);
+  EXPECT_EQ(r.gradient, Format::e4m3);
+  EXPECT_TRUE(r.fast_accum);
+  const std::string head = describe(r);
   EXPECT_NE(head.find("and the LM head's in FP8"), std::string::npos) << head;
+  EXPECT_NE(head.find("gradients e4m3"), std::string::npos) << head;
+  EXPECT_NE(head.find("fast accumulation in the forward"), std::string::npos) << head;
   EXPECT_EQ(head.find("the LM head in bf16"), std::string::npos) << head;
 }
