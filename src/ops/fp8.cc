@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/config.h"
+#include "core/error.h"
 
 namespace myriad::fp8 {
 namespace {
@@ -56,6 +57,8 @@ const char* name(Format f) { return f == Format::e4m3 ? "e4m3" : "e5m2"; }
 }  // namespace
 
 Recipe recipe_of(const TrainConfig& t) {
+  MYRIAD_CHECK(t.fp8_gradients == "e4m3" || t.fp8_gradients == "e5m2", "train.fp8_gradients = \"", t.fp8_gradients,
+               "\" passed the config's validation");
   Recipe r;
   r.gradient = t.fp8_gradients == "e4m3" ? Format::e4m3 : Format::e5m2;
   r.fast_accum = t.fp8_fast_accum;

@@ -328,12 +328,13 @@ TEST(Fp8Group, ShardsScaledAsTheWholeTensorComputeWhatOneGpuComputes) {
       CudaOps ops;
       fp8::AmaxGroup group;
       if (grouped)
+        // A failed copy is recorded, never returned from: the peer waits at the barrier.
         group = {2, [&, r, s = ops.stream()](const float* local, float* all) {
-                   CUDA_OK(cudaMemcpyAsync(board.p + r, local, sizeof(float), cudaMemcpyDeviceToDevice, s));
-                   CUDA_OK(cudaStreamSynchronize(s));
+                   EXPECT_EQ(cudaMemcpyAsync(board.p + r, local, sizeof(float), cudaMemcpyDeviceToDevice, s), cudaSuccess);
+                   EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
                    meet.arrive_and_wait();
-                   CUDA_OK(cudaMemcpyAsync(all, board.p, 2 * sizeof(float), cudaMemcpyDeviceToDevice, s));
-                   CUDA_OK(cudaStreamSynchronize(s));
+                   EXPECT_EQ(cudaMemcpyAsync(all, board.p, 2 * sizeof(float), cudaMemcpyDeviceToDevice, s), cudaSuccess);
+                   EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
                    meet.arrive_and_wait();  // both have read the board before the next cast writes it
                  }};
       ops.set_fp8(fp8::Recipe{}, std::move(group));
