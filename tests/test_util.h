@@ -52,22 +52,41 @@ inline std::vector<nlohmann::json> jsonl(const std::filesystem::path& p) {
   return out;
 }
 
-// `myriad ARGS`, run to its end with ENV ("NAME=value ...") and one OpenMP thread, the launcher's
-// variables of an enclosing run unset; its stdout and stderr together.
+// A command run through the shell to its end: its exit code, its output (what the command
+// sends to stdout; add 2>&1 for stderr too) and its wall time.
 struct Result {
   int code = -1;  // the exit code, or 128 + the signal
   std::string output;
+  double seconds = 0;
 };
-inline Result run_myriad(const std::string& args, const std::string& env = "") {
-  const std::string cmd = cat("env -u MYRIAD_RDZV -u MYRIAD_JOB -u MYRIAD_INJECT_FAULT OMP_NUM_THREADS=1 ", env, " ",
-                              MYRIAD_BINARY_DIR, "/myriad ", args, " 2>&1");
+inline Result run_shell(const std::string& command) {
   Result r;
-  FILE* p = popen(cmd.c_str(), "r");
+  const auto t0 = std::chrono::steady_clock::now();
+  FILE* p = popen(command.c_str(), "r");
   char buf[4096];
   for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) r.output.append(buf, n);
   const int status = pclose(p);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
+}
+
+// The launcher's variables of an enclosing run unset, and one OpenMP thread.
+inline constexpr const char* kCleanEnv =
+    "env -u MYRIAD_RDZV -u MYRIAD_JOB -u MYRIAD_NNODES -u MYRIAD_NODE_RANK -u SLURM_JOB_ID -u MYRIAD_INJECT_FAULT "
+    "OMP_NUM_THREADS=1";
+
+// `myriad ARGS`, run to its end with ENV ("NAME=value ...") in the clean environment; its stdout
+// and stderr together.
+inline Result run_myriad(const std::string& args, const std::string& env = "") {
+  return run_shell(cat(kCleanEnv, " ", env, " ", MYRIAD_BINARY_DIR, "/myriad ", args, " 2>&1"));
+}
+
+// The last line of a command's output.
+inline std::string last_line(const std::string& s) {
+  std::string t = s;
+  while (!t.empty() && t.back() == '\n') t.pop_back();
+  return t.substr(t.rfind('\n') == std::string::npos ? 0 : t.rfind('\n') + 1);
 }
 
 // A test suite's fresh scratch directory (NAME_<pid> under the temp directory, into `dir`)

@@ -30,6 +30,7 @@
 #include "core/log.h"
 #include "core/preemption.h"
 #include "core/text.h"
+#include "core/worker_report.h"
 #include "data/prepare.h"
 #include "data/tokenizer.h"
 #include "driver/hang_report.h"
@@ -51,6 +52,16 @@ int cmd_self_check(int argc, char** argv);  // self_check.cc
 }
 
 namespace {
+
+// A failing process under `myriad launch` leaves its launcher the typed record of why
+// (MYRIAD_FAULT_RECORD, core/worker_report.h): the driver decides from it, not from the line
+// printed beside it.
+void write_fault_record(const Error& e) {
+  const char* path = std::getenv("MYRIAD_FAULT_RECORD");
+  if (!path || !*path) return;
+  const char* rank = std::getenv("MYRIAD_RANK");
+  write_record(path, encode(fault_of(e, rank && *rank ? std::atoi(rank) : -1)));
+}
 
 const char* kUsage = R"(myriad: train GPT-style language models
 
@@ -99,6 +110,7 @@ int cmd_train(int argc, char** argv) {
     // (threads joined, buffers freed, on a loaded machine) would let their echoes reach the
     // launcher first and be reported as the cause. Every file it wrote is flushed already.
     std::fprintf(stderr, "myriad: %s: %s\n", class_name(e.cls()), e.what());
+    write_fault_record(e);
     trainer.dump_flight_record();  // what its groups did last, for the hang report
     std::fflush(stdout), std::fflush(stderr);
     std::_Exit(exit_code(e.cls()));
@@ -397,12 +409,15 @@ int main(int argc, char** argv) {
     throw_input("myriad: unknown command '", cmd, "'", did_you_mean(cmd, commands), "; see myriad help");
   } catch (const Error& e) {
     std::fprintf(stderr, "myriad: %s: %s\n", class_name(e.cls()), e.what());
+    write_fault_record(e);
     return exit_code(e.cls());
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "myriad: runtime fault: out of memory\n");
+    write_fault_record(Error(ErrorClass::kRuntime, "out of memory"));
     return exit_code(ErrorClass::kRuntime);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "myriad: internal error: %s\n", e.what());
+    write_fault_record(Error(ErrorClass::kInternal, e.what()));
     return exit_code(ErrorClass::kInternal);
   }
 }

@@ -299,6 +299,11 @@ void Config::validate() const {
     throw_input("config: fault.preempt_grace_s (", fault.preempt_grace_s, ") must be 1..86400 seconds");
   require_one_of("fault.preempt_signal", fault.preempt_signal, {"", "SIGUSR2", "SIGHUP", "SIGQUIT", "SIGXCPU"});
   if (observe.trace_every < 1) throw_input("config: observe.trace_every (", observe.trace_every, ") must be at least 1");
+  non_negative("fault.straggler_margin_ms", fault.straggler_margin_ms);
+  if (!(fault.stall_factor >= 1)) throw_input("config: fault.stall_factor (", fault.stall_factor, ") must be at least 1");
+  if (!(fault.stall_floor_s > 0)) throw_input("config: fault.stall_floor_s (", fault.stall_floor_s, ") must be above 0");
+  if (!(fault.straggler_factor > 1))
+    throw_input("config: fault.straggler_factor (", fault.straggler_factor, ") must be above 1");
   if (fault.evict_after < 1) throw_input("config: fault.evict_after (", fault.evict_after, ") must be at least 1");
   if (fault.spike_factor > 0 && fault.spike_factor <= 1)
     throw_input("config: fault.spike_factor (", fault.spike_factor, ") must be above 1 (or 0: off)");

@@ -116,7 +116,9 @@ struct CommConfig {
 
 // What a supervised launch (myriad launch) reads from each worker's heartbeat.
 struct FaultConfig {
-  double step_timeout_s = 0;       // no new step for this long is a hang; 0 = 10 x the median step, at least 60 s
+  double step_timeout_s = 0;       // no new step for this long is a stall; 0 = from the observed step time:
+  double stall_factor = 5;         // ... this x the median of the last 21 steps,
+  double stall_floor_s = 5;        // ... and at least this
   double startup_timeout_s = 1800;  // allowance before the first step, and around evaluations and saves
   double spike_factor = 0;          // a loss above this x the median of the last 21 is a numerics fault; 0 = off
   int64_t sdc_check_every = 0;      // steps between the data-parallel replicas' parameter check; 0 = off
@@ -124,6 +126,8 @@ struct FaultConfig {
   int64_t evict_after = 2;          // a node that causes this many faults in a row is evicted
   std::string evict_command;        // run for an evicted node ({host}, {node} replaced); empty = none
   bool evict_stragglers = false;    // a node with a straggler is evicted (else they are reported)
+  double straggler_factor = 2;      // a straggler's own step time is over this x the job's median ...
+  double straggler_margin_ms = 50;  // ... and this much more
   double diag_min_bus_gbps = 0.02;  // the self-check's all-reduce among the node's processes must reach this
   double preempt_grace_s = 25;      // from a preemption signal to the process's exit, the save included
   std::string preempt_signal;       // a signal besides SIGTERM that preempts (SIGUSR2, SIGHUP, ...); "" = none
@@ -242,6 +246,8 @@ struct Config {
     f("checkpoint", "async_policy", checkpoint.async_policy);
     f("checkpoint", "load", checkpoint.load);
     f("fault", "step_timeout_s", fault.step_timeout_s);
+    f("fault", "stall_factor", fault.stall_factor);
+    f("fault", "stall_floor_s", fault.stall_floor_s);
     f("fault", "startup_timeout_s", fault.startup_timeout_s);
     f("fault", "spike_factor", fault.spike_factor);
     f("fault", "sdc_check_every", fault.sdc_check_every);
@@ -249,6 +255,8 @@ struct Config {
     f("fault", "evict_after", fault.evict_after);
     f("fault", "evict_command", fault.evict_command);
     f("fault", "evict_stragglers", fault.evict_stragglers);
+    f("fault", "straggler_factor", fault.straggler_factor);
+    f("fault", "straggler_margin_ms", fault.straggler_margin_ms);
     f("fault", "diag_min_bus_gbps", fault.diag_min_bus_gbps);
     f("fault", "preempt_grace_s", fault.preempt_grace_s);
     f("fault", "preempt_signal", fault.preempt_signal);

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/worker_report.h"
 
 namespace myriad::driver {
 namespace {
@@ -110,12 +111,13 @@ void check_flight_record(const nlohmann::json& j, const std::string& file) {
   }
 }
 
-void check_heartbeat(const nlohmann::json& j, const std::string& file) {
-  const Checker c(file);
-  c.object(j, "");
-  c.integer(j, "step", "", false);
-  c.string(j, "phase", "");
-  check_finished(c, j);
+// A heartbeat through its one decoder (core/worker_report.h).
+HeartbeatRecord check_heartbeat(const nlohmann::json& j, const std::string& file) {
+  try {
+    return decode_heartbeat(j);
+  } catch (const Error& e) {
+    throw_input("hang-report: ", file, ": ", e.what(), ": not a record Myriad wrote; move it out of the driver/ folder");
+  }
 }
 
 // A file's JSON, or an input error naming the file and where its text stops being JSON.
@@ -201,12 +203,11 @@ HangReport analyze_hang(const nlohmann::json& ranks, const nlohmann::json& last_
     if (const auto it = by_rank.find(rank); it == by_rank.end()) {
       where = " (it left no record: stopped or gone";
       if (const std::string key = std::to_string(rank); last_beats.contains(key)) {
-        const nlohmann::json& b = last_beats[key];
-        where += cat("; its last heartbeat", b.contains("age_s") ? cat(", ", std::round(b["age_s"].get<double>() * 10) / 10, " s old") : "",
-                     ": step ", b.value("step", int64_t(-1)), ", phase ", b.value("phase", std::string("?")));
-        if (b.contains("finished"))
-          where += cat(", its last finished operation ", b["finished"].value("group", ""), "'s ",
-                       b["finished"].value("op", ""), " #", b["finished"].value("match", uint64_t(0)));
+        const HeartbeatRecord b = check_heartbeat(last_beats[key], "the heartbeat of rank " + key);
+        where += cat("; its last heartbeat", b.age_s >= 0 ? cat(", ", std::round(b.age_s * 10) / 10, " s old") : "",
+                     ": step ", b.step, ", phase ", b.phase.empty() ? "?" : b.phase);
+        if (b.finished)
+          where += cat(", its last finished operation ", b.finished->group, "'s ", b.finished->op, " #", b.finished->match);
       }
       where += ")";
     } else {
@@ -270,11 +271,10 @@ HangReport write_hang_report(const std::string& run_dir) {
     const std::string name = e.path().filename().string();
     // (heartbeat_rank_<R>.tmp: a beat being written, or cut by a crash)
     if (name.rfind("heartbeat_rank_", 0) != 0 || e.path().extension() == ".tmp") continue;
-    nlohmann::json j = read_json(e.path());
-    check_heartbeat(j, e.path().string());
+    HeartbeatRecord h = check_heartbeat(read_json(e.path()), e.path().string());
     const auto written = fs::last_write_time(e.path(), ec);
-    if (!ec) j["age_s"] = std::chrono::duration<double>(fs::file_time_type::clock::now() - written).count();
-    beats[name.substr(15)] = std::move(j);
+    if (!ec) h.age_s = std::chrono::duration<double>(fs::file_time_type::clock::now() - written).count();
+    beats[name.substr(15)] = encode(h);
   }
   return write_hang_report(run_dir, ranks, beats);
 }

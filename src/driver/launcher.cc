@@ -1,5 +1,7 @@
 #include "driver/launcher.h"
 
+#include "driver/policy.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -508,10 +510,9 @@ std::vector<Launcher::Event> Launcher::wait(double timeout_s) {
 RunResult Launcher::run(const std::function<void()>& tick) {
   RunResult r;
   const double t0 = now_s();
-  // A communication fault is most often the echo of a peer that left on an error of its own
-  // (its groups aborted): before stopping the rest, give the cause a moment to exit and be the
-  // failure reported.
-  constexpr double kEchoGrace_s = 2.0;
+  // A communication fault may be the echo of a peer that left on an error of its own (its groups
+  // aborted): before stopping the rest, the cause gets kEchoWait_s to exit and be the failure
+  // reported (driver/policy.h).
   double stop_at = -1;  // when a communication fault's grace ends
   auto stop_others = [&](const WorkerExit& x) {
     stop_at = -1;
@@ -556,7 +557,7 @@ RunResult Launcher::run(const std::function<void()>& tick) {
         const bool echo = e.exit.error_class() == ErrorClass::kComm;
         if (!r.failure) {
           r.failure = e.exit;
-          if (echo) stop_at = now_s() + kEchoGrace_s;
+          if (echo) stop_at = now_s() + kEchoWait_s;
           else stop_others(e.exit);
         } else if (!echo && r.failure->error_class() == ErrorClass::kComm) {
           r.failure = e.exit;  // the cause, after its echo

@@ -25,9 +25,9 @@
 // first (core/preemption.h).
 //
 // This class is the mechanism; the policy of `myriad launch` (the first failure stops the rest,
-// signals are forwarded) is run(). A communication fault waits 2 s before it stops the rest:
-// it is most often the echo of a peer that failed on its own, which then is the failure. The per-node agent of the fault-tolerant driver will drive
-// spawn()/wait()/stop() from its own loop instead, between heartbeats.
+// signals are forwarded) is run(). A communication fault waits driver/policy.h's kEchoWait_s
+// before it stops the rest: it may be the echo of a peer that failed on its own, which then is
+// the failure. A supervised launch's agent (driver/agent.h) runs it once per attempt.
 #pragma once
 
 #include <signal.h>

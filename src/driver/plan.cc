@@ -1,5 +1,7 @@
 #include "driver/plan.h"
 
+#include <unistd.h>
+
 #include <sched.h>
 #include <stdlib.h>
 
@@ -280,6 +282,27 @@ std::vector<WorkerSpec> worker_specs(const LaunchPlan& plan, const std::string& 
     out.push_back(std::move(w));
   }
   return out;
+}
+
+std::optional<Config> worker_config(const std::vector<std::string>& command) {
+  if (command.empty() || command[0] != "train") return std::nullopt;
+  std::string config;
+  std::vector<std::string> sets;
+  for (size_t i = 1; i + 1 < command.size(); ++i) {
+    if (command[i] == "--config") config = command[i + 1];
+    if (command[i] == "--set") sets.push_back(command[i + 1]);
+  }
+  if (config.empty()) return std::nullopt;
+  try {
+    return load_config(config, sets);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  return ::gethostname(buf, sizeof buf - 1) == 0 ? std::string(buf) : std::string("localhost");
 }
 
 }  // namespace myriad::driver

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "core/config.h"
 #include "driver/launcher.h"
 
 namespace myriad::driver {
@@ -69,6 +70,14 @@ void prepare_run_dir(LaunchPlan& plan);
 // The workers of this node: `exe` is what they execute, argv0 their argv[0].
 std::vector<WorkerSpec> worker_specs(const LaunchPlan& plan, const std::string& exe,
                                      const std::string& argv0);
+
+// The workers' config (a train command's --config and --set), whose fault section the agent acts
+// on and whose layout it shrinks; nullopt when the command is not a train or its config does not
+// load (the workers then report why).
+std::optional<Config> worker_config(const std::vector<std::string>& command);
+
+// This machine's host name ("localhost" when it has none).
+std::string host_name();
 
 // Whether `name` may be a job name (and store key part): letters, digits, '.', '_', '-'.
 bool valid_job_name(const std::string& name);

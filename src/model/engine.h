@@ -1,7 +1,7 @@
 // An Engine is a model with its gradients and optimizer state on one device: what the step
-// loop drives. The CPU engine (runtime/engine.cc) runs Gpt and the optimizers of optim/ in
-// fp32; the CUDA engine (model/cuda/gpt_cuda.h) keeps fp32 master weights and optimizer state
-// with bf16 copies for compute. Both hold the same canonical layout (model/params.h), so a
+// loop drives. There is one engine, the one step of runtime/model_engine.h, on an op set: the
+// CPU's (fp32) or CUDA's (fp32 master weights and optimizer state, bf16 or fp8 compute;
+// runtime/engine.h builds it). Both hold the same canonical layout (model/params.h), so a
 // checkpoint written by one loads into the other.
 #pragma once
 
@@ -16,8 +16,8 @@ namespace myriad {
 // Wall seconds of one step's phases on this rank. Compute is forward and backward; the waits
 // are the time this rank sat blocked on communication that the overlap did not hide: pipeline
 // receives (the bubble) and data-parallel reduce-scatters and all-gathers; optimizer is the
-// norm, clipping and update. The rest of the step (the batch, the loss) is not listed. All zero
-// where the engine does not time its phases (the CUDA engine, so far).
+// norm, clipping and update. The rest of the step (the batch, the loss) is not listed. Both op
+// sets time them (the CPU's with its clock, CUDA's with events between the op set's marks).
 struct StepTimes {
   double forward_s = 0, backward_s = 0, bubble_s = 0, dp_wait_s = 0, optimizer_s = 0;
 };

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/communicator.h"
+#include "core/worker_report.h"
 
 namespace myriad {
 namespace {
@@ -28,22 +29,6 @@ nlohmann::json record_json(const comm::OpRecord& r) {
   return j;
 }
 
-// Written to a temporary name and renamed, so that a reader never sees half a file.
-void write_json(const std::string& path, const nlohmann::json& j) {
-  const std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "w");
-  if (!f) return;
-  const std::string text = j.dump() + "\n";
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (std::fclose(f) == 0 && ok) std::rename(tmp.c_str(), path.c_str());
-}
-
-nlohmann::json describe(const std::string& group, const comm::OpRecord& r) {
-  nlohmann::json j = {{"group", group}, {"op", comm::op_name(r.op)}, {"seq", r.seq}, {"match", r.match}};
-  if (r.step >= 0) j["step"] = r.step;
-  if (r.peer >= 0) j["peer"] = r.peer;
-  return j;
-}
 
 }  // namespace
 
@@ -77,7 +62,9 @@ Heartbeat::~Heartbeat() {
   if (thread_.joinable()) thread_.join();
 }
 
-void Heartbeat::set(int64_t step, double allowance_s) { step_ = step, allowance_s_ = allowance_s; }
+void Heartbeat::set(int64_t step, double allowance_s) {
+  step_ = step, allowance_s_ = allowance_s, allowance_from_s_ = comm::wall_us() * 1e-6;
+}
 
 void Heartbeat::watch(std::vector<comm::Communicator*> groups) {
   std::lock_guard<std::mutex> lock(groups_mu_);
@@ -110,37 +97,52 @@ void Heartbeat::dump_flight_record() {
                                       {"state", batch_.done ? "done" : "running"}}}}});
   }
   j["groups"] = std::move(groups);
-  write_json(flight_path_, j);
+  write_record(flight_path_, j);  // whole, renamed into place
 }
+
+void Heartbeat::step_done(int64_t step) {
+  if (steps_run_++ > 0) return;
+  first_step_unix_s_ = comm::wall_us() * 1e-6;
+  first_step_ = step;
+}
+
+void Heartbeat::set_resumed_from(const std::string& checkpoint) {
+  std::lock_guard<std::mutex> lock(groups_mu_);
+  resumed_from_ = checkpoint;
+}
+
+namespace {
+OpRef op_ref(const std::string& group, const comm::OpRecord& r) {
+  return {group, comm::op_name(r.op), r.seq, r.match, r.step, r.peer};
+}
+}  // namespace
 
 // A failed write only skips a beat: the launcher waits several before it calls a worker frozen.
 void Heartbeat::beat() {
   if (path_.empty()) return;
-  nlohmann::json j = {{"beat", ++beats_}, {"step", step_.load()}, {"phase", g_phase.load(std::memory_order_relaxed)},
-                      {"allowance_s", allowance_s_.load()}, {"own_ms", own_ms_.load()},
-                      {"step_ms", step_ms_.load()}, {"tokens_per_s", tokens_per_s_.load()}};
+  HeartbeatRecord h;
+  h.beat = ++beats_, h.step = step_.load(), h.phase = g_phase.load(std::memory_order_relaxed);
+  h.allowance_s = allowance_s_.load(), h.allowance_from_s = allowance_from_s_.load(), h.own_ms = own_ms_.load();
+  h.step_ms = step_ms_.load(), h.tokens_per_s = tokens_per_s_.load();
+  h.steps_run = steps_run_.load(), h.first_step = first_step_.load(), h.first_step_unix_s = first_step_unix_s_.load();
   {
     std::lock_guard<std::mutex> lock(groups_mu_);
-    nlohmann::json groups = nlohmann::json::array();
+    h.resumed_from = resumed_from_;
     int64_t started_us = 0, ended_us = 0;
     for (comm::Communicator* g : groups_) {
       const std::vector<comm::OpRecord> recs = g->records();
       if (recs.empty()) continue;
       const comm::OpRecord& last = recs.back();
-      groups.push_back({{"group", g->name()}, {"op", comm::op_name(last.op)}, {"match", last.match},
-                        {"state", comm::state_name(last.state)}});
+      h.groups.push_back({g->name(), comm::op_name(last.op), comm::state_name(last.state), last.match});
       for (const comm::OpRecord& r : recs) {
-        if (r.started_us > started_us) started_us = r.started_us, j["started"] = describe(g->name(), r);
-        if (r.state == comm::OpState::kDone && r.ended_us > ended_us)
-          ended_us = r.ended_us, j["finished"] = describe(g->name(), r);
+        if (r.started_us > started_us) started_us = r.started_us, h.started = op_ref(g->name(), r);
+        if (r.state == comm::OpState::kDone && r.ended_us > ended_us) ended_us = r.ended_us, h.finished = op_ref(g->name(), r);
       }
     }
     if (!batch_.group.empty())
-      groups.push_back({{"group", batch_.group}, {"op", batch_.op}, {"match", batch_.step},
-                        {"state", batch_.done ? "done" : "running"}});
-    j["groups"] = std::move(groups);
+      h.groups.push_back({batch_.group, batch_.op, batch_.done ? "done" : "running", static_cast<uint64_t>(batch_.step)});
   }
-  write_json(path_, j);
+  write_record(path_, encode(h));
 }
 
 }  // namespace myriad

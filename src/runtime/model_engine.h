@@ -26,6 +26,7 @@
 
 #include "core/clock.h"
 #include "core/error.h"
+#include "core/worker_report.h"
 #include "core/fault.h"
 #include "core/log.h"
 #include "model/engine.h"
@@ -126,9 +127,7 @@ class ModelEngine final : public Engine {
                         [step] { fault::trigger(cat("pp_recv:", step)); }};
     StepResult r;
     r.loss = step_loss(pipeline_->train(mine, 1.0f / float(accum * dp), hooks));
-    if (!std::isfinite(r.loss))
-      throw Error(ErrorClass::kNumerics, cat("step ", step, ": loss is ", r.loss,
-                                             "; lower optim.lr or resume from an earlier checkpoint"));
+    if (!std::isfinite(r.loss)) throw nonfinite_loss(step, r.loss);
     set_phase("optimizer");  // the gradients' reductions, the norm, the update
     sync_tied_embedding();
     dp_.finish_reduce(model_.grads());  // the owned ranges now hold the sums over dp

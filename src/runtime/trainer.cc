@@ -19,6 +19,7 @@
 #include "core/log.h"
 #include "core/memory.h"
 #include "core/preemption.h"
+#include "core/worker_report.h"
 #include "data/tokenizer.h"
 #include "model/params.h"
 #include "observe/trace.h"
@@ -315,16 +316,20 @@ Trainer::End Trainer::run() {
     if (engine_->peak_memory() > 0) rec["peak_memory_gib"] = double(engine_->peak_memory()) / (1 << 30);
     if (engine_->peak_flops() > 0)
       rec["mfu"] = tokens_per_step / dt * engine_->flops_per_token() / engine_->peak_flops();
-    // How long the launcher may see no new step: a multiple of the recent median step, or
-    // fault.step_timeout_s; evaluations and saves get the start-up allowance.
+    // How long the launcher may see no new step before it calls the job stalled: the observed
+    // step time (fault.stall_factor x the median of the last 21 steps, at least
+    // fault.stall_floor_s), as NVIDIA's resiliency extension times its sections, or
+    // fault.step_timeout_s when set; evaluations and saves get the start-up allowance.
     recent_step_s_.push_back(dt);
     if (recent_step_s_.size() > 21) recent_step_s_.erase(recent_step_s_.begin());
     std::vector<double> sorted = recent_step_s_;
     std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
-    const double allowance = allowance_s_ = cfg_.fault.step_timeout_s > 0 ? cfg_.fault.step_timeout_s
-                                                          : std::max(60.0, 10 * sorted[sorted.size() / 2]);
+    const double allowance = allowance_s_ =
+        cfg_.fault.step_timeout_s > 0 ? cfg_.fault.step_timeout_s
+                                      : std::max(cfg_.fault.stall_floor_s, cfg_.fault.stall_factor * sorted[sorted.size() / 2]);
     heartbeat_.set_rate(dt * 1e3, tokens_per_step / dt);
     heartbeat_.set(step_, cfg_.fault.startup_timeout_s);
+    heartbeat_.step_done(step_);
     set_phase("eval");
     if (eval_due()) {
       trace::Span span("eval");
@@ -430,16 +435,14 @@ bool Trainer::save_due() const {
 // A non-finite loss, or (fault.spike_factor) one far above the recent median: a numerics fault,
 // raised before the step is saved, so that the restart resumes from the checkpoint before it.
 void Trainer::check_loss(float loss) {
-  if (!std::isfinite(loss))
-    throw Error(ErrorClass::kNumerics, cat("step ", step_, ": loss is ", loss,
-                                           "; lower optim.lr or resume from an earlier checkpoint"));
+  if (!std::isfinite(loss)) throw nonfinite_loss(step_, loss);
   const double f = cfg_.fault.spike_factor;
   if (f > 0 && recent_loss_.size() >= 5) {
     std::vector<double> sorted = recent_loss_;
     std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
     const double median = sorted[sorted.size() / 2];
     if (loss > f * median)
-      throw Error(ErrorClass::kNumerics,
+      throw FaultError(FaultKind::kLoss, ErrorClass::kNumerics, step_,
                   cat("step ", step_, ": loss ", fmt("%.4f", loss), " is above fault.spike_factor (", f,
                       ") x the median of the last ", recent_loss_.size(), " steps (", fmt("%.4f", median),
                       "): a loss spike; resume from the checkpoint before it"));
@@ -475,8 +478,9 @@ void Trainer::check_replicas() {
           cat("silent data corruption at step ", step_, ": rank ", word(q, 0), "'s copy of the parameters rank ",
               word(o, 0), " updates differs from what that update left");
       if (q == dp->rank())
-        throw Error(ErrorClass::kRuntime, cat(what, "; restarting from the latest checkpoint (check this rank's "
-                                                    "device if it recurs)"));
+        throw FaultError(FaultKind::kSdc, ErrorClass::kRuntime, step_,
+                         cat(what, "; restarting from the latest checkpoint (check this rank's device if it recurs)"),
+                         static_cast<int>(word(q, 0)));
       log::warn(what);
     }
 }
@@ -717,6 +721,7 @@ void Trainer::resume_from(const std::string& dir) {
   recent_loss_ = meta.value("fault", nlohmann::json::object()).value("recent_losses", std::vector<double>{});
   *engine_->host_state().steps_taken = meta.at("optimizer").at("steps_taken").get<int64_t>();
   engine_->state_from_host();
+  heartbeat_.set_resumed_from(dir);
   log::info("resume: ", dir, " (step ", step_, ", ", consumed_, " samples consumed) in ", fmt("%.2f", now_s() - t0),
             " s", broadcast ? cat(", the parameters read by data-parallel rank 0 and broadcast") : "");
 }

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "test_util.h"
 #include "observe/tensorboard.h"
 
 namespace fs = std::filesystem;
@@ -19,28 +20,16 @@ using myriad::cat;
 
 namespace {
 
-struct Result {
-  int code = -1;       // exit code, or 128 + signal
-  std::string output;  // stdout and stderr
-};
+using myriad::test::Result;
+using myriad::test::last_line;
+using myriad::test::read_file;
 
+
+// `myriad ARGS` in this process's own environment (the thread count included), ENV added.
 Result run(const std::string& args, const std::string& env = "") {
-  const std::string cmd = cat(env, env.empty() ? "" : " ", MYRIAD_BINARY_DIR, "/myriad ", args,
-                              " 2>&1");
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) r.output.append(buf, n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
+  return myriad::test::run_shell(cat(env, env.empty() ? "" : " ", MYRIAD_BINARY_DIR, "/myriad ", args, " 2>&1"));
 }
 
-std::string last_line(const std::string& s) {
-  std::string t = s;
-  while (!t.empty() && t.back() == '\n') t.pop_back();
-  return t.substr(t.rfind('\n') == std::string::npos ? 0 : t.rfind('\n') + 1);
-}
 
 // What `myriad sample` printed: everything after its log line.
 std::string sample_text(const std::string& out) {
@@ -56,12 +45,6 @@ std::vector<nlohmann::json> metrics(const fs::path& run_dir) {
   return out;
 }
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 class Cli : public ::testing::Test {
  protected:

@@ -19,6 +19,7 @@
 
 #include "comm/local_redis.h"
 #include "core/error.h"
+#include "test_util.h"
 #include "runtime/engine.h"
 
 namespace fs = std::filesystem;
@@ -26,42 +27,15 @@ using myriad::cat;
 
 namespace {
 
-struct Result {
-  int code = -1;       // exit code, or 128 + signal
-  std::string output;  // stdout and stderr
-  double seconds = 0;
-};
+using myriad::test::Result;
+using myriad::test::last_line;
+using myriad::test::read_file;
+Result run(const std::string& args, const std::string& env = "") { return myriad::test::run_myriad(args, env); }
 
-// `myriad ARGS` with `env` added, in a clean environment for the launcher's variables.
-Result run(const std::string& args, const std::string& env = "") {
-  const std::string cmd =
-      cat("env -u MYRIAD_RDZV -u MYRIAD_JOB -u MYRIAD_NNODES -u MYRIAD_NODE_RANK -u SLURM_JOB_ID "
-          "-u MYRIAD_INJECT_FAULT OMP_NUM_THREADS=1 ", env, " ", MYRIAD_BINARY_DIR, "/myriad ", args, " 2>&1");
-  Result r;
-  const auto t0 = std::chrono::steady_clock::now();
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return r;
-}
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-std::string last_line(const std::string& s) {
-  std::string t = s;
-  while (!t.empty() && t.back() == '\n') t.pop_back();
-  return t.substr(t.rfind('\n') == std::string::npos ? 0 : t.rfind('\n') + 1);
-}
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 void write_file(const fs::path& p, const std::string& bytes) {
   std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;

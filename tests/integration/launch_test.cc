@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using myriad::cat;
@@ -34,34 +35,15 @@ std::string command(const fs::path& cwd, const std::string& env, const std::stri
              "/myriad ", args);
 }
 
-struct Result {
-  int code = -1;       // exit code, or 128 + signal
-  std::string output;  // stdout and stderr
-};
+using myriad::test::Result;
+using myriad::test::last_line;
+using myriad::test::read_file;
 
 Result run(const fs::path& cwd, const std::string& args, const std::string& env = "") {
-  Result r;
-  FILE* p = popen((command(cwd, env, args) + " 2>&1").c_str(), "r");
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
+  return myriad::test::run_shell(command(cwd, env, args) + " 2>&1");
 }
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
-std::string last_line(const std::string& s) {
-  std::string t = s;
-  while (!t.empty() && t.back() == '\n') t.pop_back();
-  const size_t nl = t.rfind('\n');
-  return nl == std::string::npos ? t : t.substr(nl + 1);
-}
 
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;

@@ -122,6 +122,27 @@ TEST_F(Restart, HangsAreFoundAndTheRunRestarts) {
   }
 }
 
+// Without fault.step_timeout_s a stall is found from the observed step time: the steps of this
+// tiny model take milliseconds, so the allowance is fault.stall_floor_s (5 s), not a minute.
+TEST_F(Restart, AStallIsFoundFromTheObservedStepTime) {
+  const fs::path rd = dir_ / "stall_observed";
+  Result r = run(launch(rd, "--max-restarts 1"), "MYRIAD_INJECT_FAULT=step:5:stall@rank=1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::vector<nlohmann::json> ev = jsonl(rd / "driver/events.jsonl");
+  ASSERT_GE(ev.size(), 4u) << r.output;
+  EXPECT_EQ(ev[0]["event"], "fault");
+  const std::string detail = ev[0]["detail"];
+  long long waited = -1;
+  double allowance = -1;
+  const size_t at = detail.find("completed a step for ");
+  ASSERT_NE(at, std::string::npos) << detail;
+  ASSERT_EQ(std::sscanf(detail.c_str() + at, "completed a step for %lld s (allowance %lf s", &waited, &allowance), 2)
+      << detail;
+  EXPECT_EQ(allowance, 5) << detail;
+  EXPECT_LE(waited, 10) << "found within the floor and the watch's second: " << detail;
+  EXPECT_EQ(ev.back()["event"], "resumed");
+}
+
 // The self-check's collective: the node's processes all-reduce and check every element; a
 // bandwidth below what fault.diag_min_bus_gbps expects fails the node (the agent evicts it).
 TEST_F(Restart, SelfCheckMeasuresTheNodesCollectiveAgainstItsExpectedBandwidth) {

@@ -1,0 +1,81 @@
+#include "driver/policy.h"
+
+#include <algorithm>
+
+namespace myriad::driver {
+
+const char* action_name(Action a) {
+  switch (a) {
+    case Action::kRestart: return "restart";
+    case Action::kSkipStep: return "skip step";
+    case Action::kRerunCheck: return "rerun check";
+    case Action::kEvict: return "evict";
+    case Action::kReplace: return "replace";
+    case Action::kShrink: return "shrink";
+    case Action::kStop: return "stop";
+  }
+  return "?";
+}
+
+namespace {
+
+// How many faults in a row, this one included, the same node caused, counted back to the last
+// change of the job's nodes. A loss fault, or a fault of no rank (a lost agent), ends the run.
+int64_t in_a_row(const JobHistory& h, const FaultRecord& f) {
+  auto counts = [&](const FaultRecord& r) { return r.node == f.node && r.rank >= 0 && r.kind != FaultKind::kLoss; };
+  if (!counts(f)) return 0;
+  int64_t n = 1;
+  for (auto it = h.past.rbegin(); it != h.past.rend() && !it->nodes_changed && counts(it->fault); ++it) ++n;
+  return n;
+}
+
+}  // namespace
+
+Decision decide(const JobHistory& h, const FaultRecord& f) {
+  if (f.cls == ErrorClass::kInput || f.cls == ErrorClass::kInternal)
+    return {Action::kStop, cat("a ", class_name(f.cls), " fails the same way on every restart")};
+  if (h.restarts >= h.max_restarts)
+    return {Action::kStop, cat("the job made its ", h.max_restarts, " restart(s) (--max-restarts)")};
+  switch (f.kind) {
+    case FaultKind::kSdc: {
+      const bool again = !h.past.empty() && h.past.back().fault.kind == FaultKind::kSdc &&
+                         h.past.back().fault.step == f.step && h.past.back().fault.rank == f.rank;
+      if (!again)
+        return {Action::kRerunCheck, cat("rerun step ", f.step, " and check rank ", f.rank, "'s replica again"), -1,
+                f.step, f.rank};
+      if (h.nnodes == 1)
+        return {Action::kStop,
+                cat("persistent: the rerun of step ", f.step, " corrupted it again; replace this node's faulty device")};
+      return {Action::kEvict, cat("persistent: the rerun of step ", f.step, " corrupted it again"), f.node};
+    }
+    case FaultKind::kLoss:
+      if (f.step >= 0 && f.step == h.last_loss_step &&
+          std::find(h.skipped.begin(), h.skipped.end(), f.step) == h.skipped.end())
+        return {Action::kSkipStep,
+                cat("the loss fault at step ", f.step, " recurred on the replay: the data, not a machine; the next "
+                    "attempt skips that step's batch (train.skip_steps)"),
+                -1, f.step};
+      return {Action::kRestart, "resuming from the latest committed checkpoint"};
+    case FaultKind::kDiag:
+    case FaultKind::kLost:
+      return {Action::kEvict, f.detail, f.node};
+    default:
+      break;
+  }
+  if (f.evict) return {Action::kEvict, f.detail, f.node};
+  if (h.nnodes > 1 && f.node >= 0)
+    if (const int64_t n = in_a_row(h, f); n >= h.evict_after)
+      return {Action::kEvict, cat("it caused the last ", n, " faults (fault.evict_after = ", h.evict_after, ")"), f.node};
+  return {Action::kRestart, "resuming from the latest committed checkpoint"};
+}
+
+Decision fill(const JobHistory& h, int leaving) {
+  if (leaving <= 0) return {Action::kRestart, "no node leaves"};
+  if (h.idle_spares >= leaving) return {Action::kReplace, cat(leaving, " spare(s) take the places")};
+  // Spares for every place or none: a job shrinks around no spare.
+  const std::string refused = h.shrink_refused ? h.shrink_refused(leaving) : std::string("the job cannot shrink");
+  if (refused.empty()) return {Action::kShrink, cat("no spare: the job goes on without ", leaving, " node(s)")};
+  return {Action::kStop, cat("no spare (myriad launch --spare) is there to take its place; ", refused)};
+}
+
+}  // namespace myriad::driver

@@ -1,0 +1,122 @@
+// The fault-tolerance policy (driver/policy.h): one row per fault class and history, as the
+// schedule simulator's tests take one row per schedule.
+#include "driver/policy.h"
+
+#include <gtest/gtest.h>
+
+namespace myriad::driver {
+namespace {
+
+FaultRecord fault(FaultKind kind, int node, int rank, int64_t step = -1, ErrorClass cls = ErrorClass::kRuntime) {
+  FaultRecord f;
+  f.kind = kind, f.node = node, f.rank = rank, f.step = step, f.cls = cls;
+  f.detail = cat(kind_name(kind), " on rank ", rank);
+  return f;
+}
+
+// A job of `nnodes` with `restarts` of 10 made and nothing else yet.
+JobHistory job(int nnodes, int64_t restarts = 0) {
+  JobHistory h;
+  h.nnodes = nnodes, h.restarts = restarts, h.max_restarts = 10, h.evict_after = 3;
+  h.shrink_refused = [nnodes](int gone) { return nnodes - gone >= 2 ? "" : "1 node cannot hold tp x pp of 8"; };
+  return h;
+}
+
+JobHistory with_past(JobHistory h, std::vector<FaultRecord> past, bool nodes_changed_after_first = false) {
+  for (size_t i = 0; i < past.size(); ++i) h.past.push_back({past[i], i == 0 && nodes_changed_after_first});
+  return h;
+}
+
+struct Row {
+  const char* name;
+  JobHistory history;
+  FaultRecord fault;
+  Action action;
+  int node = -1;        // kEvict: who leaves
+  int64_t step = -1;    // kSkipStep / kRerunCheck
+  const char* why = "";  // a part of the reason that must show
+};
+
+TEST(Policy, DecidesEveryFaultClassAndHistory) {
+  FaultRecord loss7 = fault(FaultKind::kLoss, 0, 1, 7, ErrorClass::kNumerics);
+  FaultRecord sdc6 = fault(FaultKind::kSdc, 1, 2, 6);
+  FaultRecord crash_n1 = fault(FaultKind::kCrash, 1, 2);
+  FaultRecord straggler = fault(FaultKind::kStraggler, 1, 3);
+  straggler.evict = true;
+  JobHistory loss_seen = job(2);
+  loss_seen.last_loss_step = 7;
+  JobHistory loss_skipped = loss_seen;
+  loss_skipped.skipped = {7};
+  const std::vector<Row> rows = {
+      {"a crash restarts", job(1), fault(FaultKind::kCrash, 0, 1), Action::kRestart},
+      {"a kill on several nodes restarts", job(4), crash_n1, Action::kRestart},
+      {"a hang restarts", job(1), fault(FaultKind::kHang, 0, 1), Action::kRestart},
+      {"a stall restarts", job(2), fault(FaultKind::kStall, 0, 0), Action::kRestart},
+      {"a comm fault restarts", job(2), fault(FaultKind::kComm, 0, 0, -1, ErrorClass::kComm), Action::kRestart},
+      {"bad input stops", job(2), fault(FaultKind::kCrash, 0, 0, -1, ErrorClass::kInput), Action::kStop, -1, -1,
+       "input error"},
+      {"a bug stops", job(2), fault(FaultKind::kCrash, 0, 0, -1, ErrorClass::kInternal), Action::kStop, -1, -1,
+       "internal error"},
+      {"the budget spent stops", job(2, 10), crash_n1, Action::kStop, -1, -1, "10 restart(s)"},
+      {"a first loss fault restarts", job(2), loss7, Action::kRestart},
+      {"a loss fault at another step restarts", [] { JobHistory h = job(2); h.last_loss_step = 5; return h; }(), loss7,
+       Action::kRestart},
+      {"a loss fault recurring on the replay skips its step", loss_seen, loss7, Action::kSkipStep, -1, 7, "recurred"},
+      {"a loss fault at a step skipped already restarts", loss_skipped, loss7, Action::kRestart},
+      {"a loss fault counts for no node", with_past(job(2), {loss7, loss7}), loss7, Action::kRestart},
+      {"a first sdc reruns the check", job(2), sdc6, Action::kRerunCheck, -1, 6, "rank 2"},
+      {"an sdc again at the same step and rank evicts", with_past(job(2), {sdc6}), sdc6, Action::kEvict, 1, -1,
+       "persistent"},
+      {"an sdc again on one node stops", with_past(job(1), {fault(FaultKind::kSdc, 0, 1, 6)}),
+       fault(FaultKind::kSdc, 0, 1, 6), Action::kStop, -1, -1, "faulty device"},
+      {"an sdc at another step reruns", with_past(job(2), {fault(FaultKind::kSdc, 1, 2, 4)}), sdc6,
+       Action::kRerunCheck, -1, 6},
+      {"an sdc of another rank reruns", with_past(job(2), {fault(FaultKind::kSdc, 1, 3, 6)}), sdc6,
+       Action::kRerunCheck, -1, 6},
+      {"an evicting straggler evicts", job(2), straggler, Action::kEvict, 1},
+      {"a failed self-check evicts", job(2), fault(FaultKind::kDiag, 1, -1), Action::kEvict, 1},
+      {"a lost agent evicts", job(4), fault(FaultKind::kLost, 3, -1), Action::kEvict, 3},
+      {"the third fault in a row of one node evicts it", with_past(job(2), {crash_n1, crash_n1}), crash_n1,
+       Action::kEvict, 1, -1, "the last 3 faults"},
+      {"two in a row do not", with_past(job(2), {crash_n1}), crash_n1, Action::kRestart},
+      {"another node's fault between breaks the run", with_past(job(2), {crash_n1, fault(FaultKind::kCrash, 0, 0)}),
+       crash_n1, Action::kRestart},
+      {"a change of nodes restarts the count", with_past(job(2), {crash_n1, crash_n1}, true), crash_n1,
+       Action::kRestart},
+      {"on one node a repeat culprit restarts in place", with_past(job(1), {fault(FaultKind::kCrash, 0, 1),
+                                                                            fault(FaultKind::kCrash, 0, 1)}),
+       fault(FaultKind::kCrash, 0, 1), Action::kRestart},
+  };
+  for (const Row& row : rows) {
+    const Decision d = decide(row.history, row.fault);
+    EXPECT_EQ(action_name(d.action), std::string(action_name(row.action))) << row.name << ": " << d.why;
+    if (row.action == Action::kEvict) EXPECT_EQ(d.node, row.node) << row.name;
+    if (row.step >= 0) EXPECT_EQ(d.step, row.step) << row.name;
+    EXPECT_NE(d.why.find(row.why), std::string::npos) << row.name << ": " << d.why;
+  }
+}
+
+TEST(Policy, PlacesAreFilledBySparesForAllOrByShrinkingOrTheJobStops) {
+  JobHistory h = job(4);
+  EXPECT_EQ(fill(h, 0).action, Action::kRestart);
+  h.idle_spares = 2;
+  EXPECT_EQ(fill(h, 2).action, Action::kReplace);
+  EXPECT_EQ(fill(h, 1).action, Action::kReplace);
+  // Fewer spares than places: none is taken; the job shrinks when it can.
+  h.idle_spares = 1;
+  EXPECT_EQ(fill(h, 2).action, Action::kShrink);
+  const Decision d = fill(h, 3);  // 1 node left cannot hold the groups
+  EXPECT_EQ(d.action, Action::kStop);
+  EXPECT_NE(d.why.find("no spare (myriad launch --spare) is there to take its place; 1 node cannot"), std::string::npos)
+      << d.why;
+}
+
+// The comm fault is the echo, one rule for the launcher and the agent.
+TEST(Policy, ACommFaultMayBeAnEchoAndNothingElseIs) {
+  EXPECT_TRUE(may_be_echo(fault(FaultKind::kComm, 0, 0, -1, ErrorClass::kComm)));
+  EXPECT_FALSE(may_be_echo(fault(FaultKind::kCrash, 0, 0)));
+  EXPECT_FALSE(may_be_echo(fault(FaultKind::kLoss, 0, 0, 3, ErrorClass::kNumerics)));
+}
+
+}  // namespace
+}  // namespace myriad::driver
