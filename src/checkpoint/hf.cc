@@ -1,5 +1,7 @@
 #include "checkpoint/hf.h"
 
+#include "checkpoint/state.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -619,7 +621,7 @@ static std::vector<std::string> write_model(const fs::path& into, const std::map
 void export_hf(const std::string& dir, const std::string& out_arg, const ExportOptions& opt) {
   const bool overwrite = opt.overwrite;
   const nlohmann::json meta = read_meta(dir);
-  const Config cfg = parse_config(meta.at("config").get<std::string>(), dir + "/meta.json");
+  const Config cfg = parse_config(decode_meta(meta, dir).config, dir + "/meta.json");
   const ModelConfig& m = cfg.model;
   // A Llama-family model (any of the block's Llama keys) as LlamaForCausalLM, else GPT-2.
   const bool as_llama = llama::family(m);
@@ -676,7 +678,7 @@ void export_hf(const std::string& dir, const std::string& out_arg, const ExportO
       HostTensor& t = own[p.name];
       t.shape = st.global_shape;
       t.data.resize(static_cast<size_t>(numel(t.shape)));
-      load(dir, meta, {{"model/" + p.name, t.shape, std::vector<int64_t>(t.shape.size(), 0), t.shape, t.data.data()}});
+      load(dir, meta, {{param_name(p.name), t.shape, std::vector<int64_t>(t.shape.size(), 0), t.shape, t.data.data()}});
     }
     tensors = llama::to_hf(std::move(own), m);
   } else {
@@ -684,7 +686,7 @@ void export_hf(const std::string& dir, const std::string& out_arg, const ExportO
     for (const Names& n : gpt2_names(m)) {
       HostTensor t{shapes.at(n.myriad), {}};
       t.data.resize(static_cast<size_t>(numel(t.shape)));
-      load(dir, meta, {{"model/" + n.myriad, t.shape, std::vector<int64_t>(t.shape.size(), 0), t.shape, t.data.data()}});
+      load(dir, meta, {{param_name(n.myriad), t.shape, std::vector<int64_t>(t.shape.size(), 0), t.shape, t.data.data()}});
       tensors[n.gpt2] = convert(n, t, m, /*to_gpt2=*/true);
     }
   }
@@ -864,17 +866,18 @@ static void save_imported(const fs::path& out, const Config& cfg, std::map<std::
   const std::vector<float> zeros(largest, 0.0f);  // every tensor's moments: read, never written
   for (auto& [tensor, t] : model) {
     const std::vector<int64_t> at(t.shape.size(), 0);
-    shards.push_back({"model/" + tensor, t.shape, at, t.shape, t.data.data()});
-    shards.push_back({"optim/m/" + tensor, t.shape, at, t.shape, const_cast<float*>(zeros.data())});
-    shards.push_back({"optim/v/" + tensor, t.shape, at, t.shape, const_cast<float*>(zeros.data())});
+    shards.push_back({param_name(tensor), t.shape, at, t.shape, t.data.data()});
+    for (int moment : {1, 2})
+      shards.push_back({moment_name(moment, tensor), t.shape, at, t.shape, const_cast<float*>(zeros.data())});
   }
-  nlohmann::json meta = {{"config", to_toml(cfg)},
-                         {"data", {{"consumed", 0}, {"seed", cfg.train.seed}}},
-                         {"optimizer", {{"name", cfg.optim.name}, {"steps_taken", 0}}},
-                         {"tokenizer", cfg.data.tokenizer},
-                         {"rng", {{"model_seed", cfg.model.seed}, {"data_seed", cfg.train.seed}}},
-                         {"imported_from", fs::absolute(hf_dir).lexically_normal().string()}};
-  save_as(out.string(), 0, meta, shards);
+  // The state of a run at its step 0: the data at its start, no optimizer step taken.
+  Meta meta;
+  meta.config = to_toml(cfg), meta.tokenizer = cfg.data.tokenizer;
+  meta.data = {0, cfg.train.seed};
+  meta.optimizer = {cfg.optim.name, 0};
+  meta.rng = {cfg.model.seed, cfg.train.seed};
+  meta.imported_from = fs::absolute(hf_dir).lexically_normal().string();
+  save_as(out.string(), 0, encode(meta), shards);
   const ModelConfig& m = cfg.model;
   log::info("import: ", hf_dir, " -> ", out.string(), " (", kind, ", ", m.layers, " layers, d_model ", m.d_model,
             ", vocab ", m.vocab_size, ", tokenizer ", cfg.data.tokenizer, ")");
@@ -979,14 +982,12 @@ void import_hf(const std::string& hf_dir, const std::string& out_arg) {
       throw_input("import: ", st_path.string(), ": tensor ", n.gpt2, " has shape ", shape_str(it->second.shape),
                   " but ", cfg_path.filename().string(), " (n_layer ", m.layers, ", n_embd ", m.d_model, ", vocab_size ",
                   m.vocab_size, ", n_positions ", cfg.positions(), ") makes it ", shape_str(want));
-    model["model/" + n.myriad] = convert(n, it->second, m, /*to_gpt2=*/false);
+    model[n.myriad] = convert(n, it->second, m, /*to_gpt2=*/false);
     byname.erase(it);
   }
   if (!byname.empty())
     throw_input("import: ", st_path.string(), ": tensor ", byname.begin()->first, " is not part of a GPT-2 model");
-  std::map<std::string, HostTensor> plain;
-  for (auto& [name, t] : model) plain[name.substr(6)] = std::move(t);
-  save_imported(out, cfg, plain, hf_dir, "GPT-2");
+  save_imported(out, cfg, model, hf_dir, "GPT-2");
 }
 
 }  // namespace myriad::checkpoint

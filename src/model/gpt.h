@@ -63,11 +63,12 @@
 #include "model/memory_plan.h"
 #include "model/params.h"
 #include "ops/cpu/cpu_ops.h"
+#include "ops/op_set.h"
 #include "parallel/mappings.h"
 
 namespace myriad {
 
-template <class Ops>
+template <OpSet Ops>
 class GptModel {
  public:
   using Act = typename Ops::Act;      // activations and their gradients

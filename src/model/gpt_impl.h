@@ -47,7 +47,7 @@ Recompute recompute_mode(const std::string& mode) {
 
 }  // namespace gpt_detail
 
-template <class Ops>
+template <OpSet Ops>
 GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par, const ModelPart* part,
                         int64_t flat_size, Ops ops)
     : ops_(std::move(ops)),
@@ -151,7 +151,7 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
                " bytes, the memory plan (model/memory_plan.h) says ", model::buffer_bytes(memory_shape()));
 }
 
-template <class Ops>
+template <OpSet Ops>
 model::GptMemoryShape GptModel<Ops>::memory_shape() const {
   model::GptMemoryShape s = model::memory_shape(cfg_.model, tps_, maxB_, Vp_);
   MYRIAD_CHECK(s.Cl == Cl_ && s.Ql == Ql_ && s.Fl == Fl_ && s.Pl == Pl_ && s.Vl == Vl_ && s.Hl == Hl_,
@@ -162,7 +162,7 @@ model::GptMemoryShape GptModel<Ops>::memory_shape() const {
   return s;
 }
 
-template <class Ops>
+template <OpSet Ops>
 void GptModel<Ops>::carve_layer(LayerActs& l, int64_t& acts, int64_t& floats, Act* a, float* st, bool set,
                                 bool mlp) const {
   const int64_t BT = maxB_ * maxT_, C = C_;
@@ -181,7 +181,7 @@ void GptModel<Ops>::carve_layer(LayerActs& l, int64_t& acts, int64_t& floats, Ac
   if (mlp) l.fc = take(BT * Pl_), l.act = take(BT * Fl_);
 }
 
-template <class Ops>
+template <OpSet Ops>
 typename GptModel<Ops>::Slot& GptModel<Ops>::acquire(Chunk& ch, int mb, int B) {
   for (auto& s : ch.slots)
     MYRIAD_CHECK(s->mb != mb, "micro-batch ", mb, " is already in flight in layers [", ch.l0,
@@ -231,7 +231,7 @@ typename GptModel<Ops>::Slot& GptModel<Ops>::acquire(Chunk& ch, int mb, int B) {
   return *ch.slots.back();
 }
 
-template <class Ops>
+template <OpSet Ops>
 typename GptModel<Ops>::Slot& GptModel<Ops>::held(int c, int mb) const {
   MYRIAD_CHECK(c >= 0 && c < num_chunks(), "chunk ", c, " of ", num_chunks());
   Slot* found = nullptr;
@@ -241,7 +241,7 @@ typename GptModel<Ops>::Slot& GptModel<Ops>::held(int c, int mb) const {
   return *found;
 }
 
-template <class Ops>
+template <OpSet Ops>
 void GptModel<Ops>::set_shape(int B, int T) {
   MYRIAD_CHECK(B <= maxB_ && T <= maxT_, "batch ", B, "x", T, " exceeds ", maxB_, "x", maxT_);
   B_ = B, T_ = T, N_ = B * T;
@@ -250,13 +250,13 @@ void GptModel<Ops>::set_shape(int B, int T) {
   r0_ = sp_ ? tpr_ * R_ : 0;
 }
 
-template <class Ops>
+template <OpSet Ops>
 int64_t GptModel<Ops>::boundary_elems(int B) const {
   const int64_t N = int64_t(B) * maxT_;
   return (sp_cfg_ && N % tps_ == 0 ? N / tps_ : N) * C_;
 }
 
-template <class Ops>
+template <OpSet Ops>
 template <class T>
 typename GptModel<Ops>::template Tensors<T> GptModel<Ops>::tensors_in(T* base) const {
   auto at = [&](const std::string& name) -> T* {
@@ -274,12 +274,12 @@ typename GptModel<Ops>::template Tensors<T> GptModel<Ops>::tensors_in(T* base) c
   return t;
 }
 
-template <class Ops>
+template <OpSet Ops>
 void GptModel<Ops>::zero_grads() { ops_.zero(grads_.data(), grads_.size()); }
 
 // ---- the tensor-parallel pieces (the identity, or the plain op, without TP) ----
 
-template <class Ops>
+template <OpSet Ops>
 template <class Region>
 void GptModel<Ops>::tp_region(const Act* in, int64_t n_in, Act* out, int64_t n_out, Region region) {
   if constexpr (std::is_same_v<Act, float>) {
@@ -302,7 +302,7 @@ void GptModel<Ops>::tp_region(const Act* in, int64_t n_in, Act* out, int64_t n_o
   }
 }
 
-template <class Ops>
+template <OpSet Ops>
 void GptModel<Ops>::reduce_partial(Act* partial, Act* out, int64_t width) {
   const int64_t n = int64_t(N_) * width, chunk = int64_t(R_) * width;
   if (sp_)
@@ -313,7 +313,7 @@ void GptModel<Ops>::reduce_partial(Act* partial, Act* out, int64_t width) {
     tp_region(out, n, out, n, [&](const float*, float* x) { parallel::ReduceFromTp::forward(tp_, x, n, stream()); });
 }
 
-template <class Ops>
+template <OpSet Ops>
 void GptModel<Ops>::gather_rows(const Act* dlocal, Act* dfull, int64_t width) {
   const int64_t chunk = int64_t(R_) * width;
   tp_region(dlocal, chunk, dfull, int64_t(N_) * width, [&](const float* l, float* f) {
@@ -321,12 +321,12 @@ void GptModel<Ops>::gather_rows(const Act* dlocal, Act* dfull, int64_t width) {
   });
 }
 
-template <class Ops>
+template <OpSet Ops>
 typename GptModel<Ops>::Act* GptModel<Ops>::local_rows(Act* full, int64_t width) const {
   return sp_ ? full + int64_t(r0_) * width : full;
 }
 
-template <class Ops>
+template <OpSet Ops>
 void GptModel<Ops>::column_input_forward(Act* full, int64_t width) {
   if (!sp_) return;  // without SP, CopyToTp's forward: the identity
   const int64_t chunk = int64_t(R_) * width;
@@ -335,7 +335,7 @@ void GptModel<Ops>::column_input_forward(Act* full, int64_t width) {
   });
 }
 
-template <class Ops>
+template <OpSet Ops>
 typename GptModel<Ops>::Act* GptModel<Ops>::column_input_backward(Act* dfull, int64_t width) {
   if (!tp_) return dfull;
   const int64_t n = int64_t(N_) * width, chunk = int64_t(R_) * width;
@@ -350,7 +350,7 @@ typename GptModel<Ops>::Act* GptModel<Ops>::column_input_backward(Act* dfull, in
   return dfull;
 }
 
-template <class Ops>
+template <OpSet Ops>
 void GptModel<Ops>::row_parallel_forward(Act* out, const Act* inp, const Param* w, const Param* b, int IC,
                                          int OC) {
   if (!tp_) {
@@ -364,14 +364,14 @@ void GptModel<Ops>::row_parallel_forward(Act* out, const Act* inp, const Param* 
   if (b) ops_.add_bias(out, b, R_, OC);
 }
 
-template <class Ops>
+template <OpSet Ops>
 const typename GptModel<Ops>::Act* GptModel<Ops>::row_parallel_dout(const Act* dout, int OC) {
   if (!sp_) return dout;  // ReduceFromTp's backward: the identity
   gather_rows(dout, full_.data(), OC);
   return full_.data();
 }
 
-template <class Ops>
+template <OpSet Ops>
 void GptModel<Ops>::row_parallel_backward(Act* dinp, float* dw, float* db, const Act* dout_full,
                                           const Act* dout, const Act* inp, const Param* w, int IC, int OC,
                                           const Act* pre) {
@@ -380,7 +380,7 @@ void GptModel<Ops>::row_parallel_backward(Act* dinp, float* dw, float* db, const
   if (sp_ && db) ops_.bias_backward(db, dout, R_, OC);  // this rank's rows: summed in finish_grads()
 }
 
-template <class Ops>
+template <OpSet Ops>
 void GptModel<Ops>::embedding_forward_tp(const Slot& s, Act* out) {
   // This rank's rows of wte for the tokens it owns, zero for the others; summed over the ranks
   // (exactly one rank contributes each row, so the sum is exact).
@@ -390,7 +390,7 @@ void GptModel<Ops>::embedding_forward_tp(const Slot& s, Act* out) {
   if (p_.wpe) ops_.add_positions(out, p_.wpe, r0_, R_, T_, C_);  // positions (replicated) on the rows held here
 }
 
-template <class Ops>
+template <OpSet Ops>
 void GptModel<Ops>::embedding_backward_tp(const Slot& s, const Act* dresid) {
   // wpe from the rows held here (with SP a partial sum, completed in finish_grads()).
   if (g_.wpe) ops_.positions_backward(g_.wpe, dresid, r0_, R_, T_, C_);
@@ -405,7 +405,7 @@ void GptModel<Ops>::embedding_backward_tp(const Slot& s, const Act* dresid) {
 
 // Vocab-parallel cross-entropy over s.logits (N, Vl): columns [v0, v0 + Vl) of the vocabulary,
 // the first `live` of them real (the rest padding).
-template <class Ops>
+template <OpSet Ops>
 void GptModel<Ops>::crossentropy_forward_tp(Slot& s) {
   const int live = static_cast<int>(std::clamp<int64_t>(V_ - v0_, 0, Vl_));
   ops_.ce_row_max(s.ce_max.data(), s.logits.data(), N_, Vl_, live);
@@ -419,7 +419,7 @@ void GptModel<Ops>::crossentropy_forward_tp(Slot& s) {
 }
 
 // dlogits = (softmax - onehot) * dlosses on this rank's live columns, 0 on the padding; in place.
-template <class Ops>
+template <OpSet Ops>
 void GptModel<Ops>::crossentropy_backward_tp(Slot& s, float dloss) {
   const int live = static_cast<int>(std::clamp<int64_t>(V_ - v0_, 0, Vl_));
   ops_.ce_tp_backward(s.logits.data(), s.ce_max.data(), s.ce_sum.data(), dloss, s.targets.data(), v0_, N_, Vl_,
@@ -428,7 +428,7 @@ void GptModel<Ops>::crossentropy_backward_tp(Slot& s, float dloss) {
 
 // ---- the model ----
 
-template <class Ops>
+template <OpSet Ops>
 void GptModel<Ops>::forward(Chunk& ch, Slot& s, const int32_t* tokens, int64_t stride, const Act* input,
                             bool targets, float grad_scale) {
   const int B = B_, T = T_, C = C_, N = N_, R = R_;
@@ -499,7 +499,7 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, const int32_t* tokens, int64_t s
   ops_.mean_into(loss_.data(), s.losses.data(), N);
 }
 
-template <class Ops>
+template <OpSet Ops>
 void GptModel<Ops>::layer_forward(int64_t l, LayerActs& a) {
   const int B = B_, T = T_, C = C_, N = N_, R = R_, W = window_;
   const int Cl = static_cast<int>(Cl_), Hl = static_cast<int>(Hl_), Fl = static_cast<int>(Fl_);
@@ -525,7 +525,7 @@ void GptModel<Ops>::layer_forward(int64_t l, LayerActs& a) {
 // With the forward's kernels on the forward's inputs, so the refill is bitwise what the forward
 // computed (LN1 too: the fused residual + norm rounds the residual to Act before its statistics,
 // exactly what norm_forward reads back from `in`).
-template <class Ops>
+template <OpSet Ops>
 void GptModel<Ops>::recompute(const Chunk& ch, Slot& s, int64_t l) {
   if (recompute_ == Recompute::kNone || shared_holds_ == std::make_tuple(&s, s.mb, l)) return;
   LayerActs& a = s.layers[l - ch.l0];
@@ -540,7 +540,7 @@ void GptModel<Ops>::recompute(const Chunk& ch, Slot& s, int64_t l) {
   shared_holds_ = {&s, s.mb, l};
 }
 
-template <class Ops>
+template <OpSet Ops>
 double GptModel<Ops>::take_loss() {
   double sum = 0;
   ops_.download(&sum, loss_.data(), 1);
@@ -548,7 +548,7 @@ double GptModel<Ops>::take_loss() {
   return sum;
 }
 
-template <class Ops>
+template <OpSet Ops>
 void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput, float grad_scale) {
   const int B = B_, T = T_, C = C_, N = N_, R = R_, W = window_;
   const int Cl = static_cast<int>(Cl_), Hl = static_cast<int>(Hl_), Fl = static_cast<int>(Fl_);
@@ -615,7 +615,7 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
     ops_.embedding_backward(g_.wte, g_.wpe, dresid_.data(), s.inputs, B, T, C);
 }
 
-template <class Ops>
+template <OpSet Ops>
 void GptModel<Ops>::forward_chunk(int c, int mb, int B, const int32_t* tokens, const Act* input,
                                   float grad_scale) {
   MYRIAD_CHECK(c >= 0 && c < num_chunks(), "chunk ", c, " of ", num_chunks());
@@ -625,12 +625,12 @@ void GptModel<Ops>::forward_chunk(int c, int mb, int B, const int32_t* tokens, c
   forward(ch, s, tokens, maxT_ + 1, input, /*targets=*/true, grad_scale);
 }
 
-template <class Ops>
+template <OpSet Ops>
 const typename GptModel<Ops>::Act* GptModel<Ops>::chunk_output(int c, int mb) const {
   return held(c, mb).out;
 }
 
-template <class Ops>
+template <OpSet Ops>
 void GptModel<Ops>::backward_chunk(int c, int mb, const Act* doutput, Act* dinput, float grad_scale) {
   Slot& s = held(c, mb);
   set_shape(s.B, maxT_);
@@ -638,7 +638,7 @@ void GptModel<Ops>::backward_chunk(int c, int mb, const Act* doutput, Act* dinpu
   s.mb = -1;
 }
 
-template <class Ops>
+template <OpSet Ops>
 void GptModel<Ops>::drop_chunk(int c, int mb) { held(c, mb).mb = -1; }
 
 // ---- the whole model in this process ----
@@ -646,7 +646,7 @@ void GptModel<Ops>::drop_chunk(int c, int mb) { held(c, mb).mb = -1; }
 // The micro-batch number of the whole-model forwards (loss, sampling): never a schedule's.
 inline constexpr int kWholeModel = 1 << 30;
 
-template <class Ops>
+template <OpSet Ops>
 float GptModel<Ops>::forward_backward(const int32_t* tokens, int B, float grad_scale) {
   for (int c = 0; c < num_chunks(); ++c)
     forward_chunk(c, 0, B, tokens, c > 0 ? chunk_output(c - 1, 0) : nullptr, grad_scale);
@@ -660,7 +660,7 @@ float GptModel<Ops>::forward_backward(const int32_t* tokens, int B, float grad_s
   return static_cast<float>(take_loss());
 }
 
-template <class Ops>
+template <OpSet Ops>
 float GptModel<Ops>::loss(const int32_t* tokens, int B) {
   for (int c = 0; c < num_chunks(); ++c)
     forward_chunk(c, kWholeModel, B, tokens, c > 0 ? chunk_output(c - 1, kWholeModel) : nullptr, 0.0f);
@@ -668,7 +668,7 @@ float GptModel<Ops>::loss(const int32_t* tokens, int B) {
   return static_cast<float>(take_loss());
 }
 
-template <class Ops>
+template <OpSet Ops>
 void GptModel<Ops>::last_logits(const int32_t* tokens, int B, int T, float* out) {
   MYRIAD_CHECK(part_.embedding && part_.head, "last_logits needs the whole model in one process");
   set_shape(B, T);
@@ -695,7 +695,7 @@ void GptModel<Ops>::last_logits(const int32_t* tokens, int B, int T, float* out)
       std::memcpy(out + b * Vp_ + q * Vl_, all.data() + q * chunk + b * Vl_, Vl_ * sizeof(float));
 }
 
-template <class Ops>
+template <OpSet Ops>
 void GptModel<Ops>::finish_grads(int64_t begin, int64_t end) {
   if (!sp_cfg_) return;
   // Every replicated tensor (norms, row-parallel biases, wpe) saw only this rank's tokens: one
@@ -716,7 +716,7 @@ void GptModel<Ops>::finish_grads(int64_t begin, int64_t end) {
   for (auto [a, b] : runs) ops_.copy(grads_.data() + a, packed.data() + at, b - a), at += b - a;
 }
 
-template <class Ops>
+template <OpSet Ops>
 double GptModel<Ops>::flops_per_token() const {
   // One formula for every MFU (model/flops.h); this layout's matmul weights are what it counts.
   MYRIAD_CHECK(model::matmul_params(cfg_.model, Vp_) == double(layout_.matmul_params()), "model/flops.h counts ",

@@ -40,14 +40,15 @@ void use_local_gpu() {
 #endif
 }
 
-std::unique_ptr<Engine> make_engine(const Config& cfg, const parallel::ParallelContext* parallel) {
+std::unique_ptr<Engine> make_engine(const Config& cfg, const parallel::ParallelContext* parallel,
+                                    const std::string& gemm_choices) {
   const std::string& d = cfg.train.device;
   if (d == "cuda" || (d == "auto" && cuda_available())) {
 #ifdef MYRIAD_HAVE_CUDA
     if (!cuda_available())
       throw_input("config: train.device = \"cuda\" but no GPU is visible; use cpu or auto");
     check_cuda_config(cfg);
-    return make_cuda_model_engine(cfg, parallel);
+    return make_cuda_model_engine(cfg, parallel, gemm_choices);
 #else
     throw_input("config: train.device = \"cuda\" but this build has no CUDA (nvcc was not found "
                 "at build time); use cpu or auto");

@@ -18,14 +18,17 @@ struct ParallelContext;
 // a group of more than one rank the engine holds this rank's shards (layout() is the local
 // layout; host_state() the local shards). With several processes on the GPU the engine is the
 // one step on the CUDA op set.
-std::unique_ptr<Engine> make_engine(const Config& cfg,
-                                    const parallel::ParallelContext* parallel = nullptr);
+// gemm_choices: the file a GPU engine keeps its GEMM algorithm choices in across restarts
+// (model/cuda/matmul.h), so that a resumed run computes bit for bit as the run it continues; ""
+// keeps them in memory. The CPU has no choices to keep.
+std::unique_ptr<Engine> make_engine(const Config& cfg, const parallel::ParallelContext* parallel = nullptr,
+                                    const std::string& gemm_choices = "");
 
 #ifdef MYRIAD_HAVE_CUDA
 // The one step (runtime/model_engine.h) on the CUDA op set, in any 3D layout, one process or
 // many.
-std::unique_ptr<Engine> make_cuda_model_engine(const Config& cfg,
-                                               const parallel::ParallelContext* parallel);
+std::unique_ptr<Engine> make_cuda_model_engine(const Config& cfg, const parallel::ParallelContext* parallel,
+                                               const std::string& gemm_choices);
 #endif
 
 // Each rank uses GPU local_rank % device_count (MYRIAD_LOCAL_RANK); a no-op without GPUs.

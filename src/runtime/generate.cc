@@ -5,11 +5,12 @@
 #include <filesystem>
 #include <numeric>
 
-#include "checkpoint/checkpoint.h"
+#include "checkpoint/state.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "runtime/engine.h"
+#include "runtime/state.h"
 #ifdef MYRIAD_HAVE_CUDA
 #include "model/cuda/device.h"
 #endif
@@ -21,7 +22,7 @@ namespace myriad {
 LoadedModel load_for_inference(const std::string& path) {
   const std::string dir = checkpoint::resolve(path);
   nlohmann::json meta = checkpoint::read_meta(dir);
-  Config cfg = parse_config(meta.at("config").get<std::string>(), dir + "/meta.json");
+  Config cfg = parse_config(checkpoint::decode_meta(meta, dir).config, dir + "/meta.json");
   cfg.parallel = ParallelConfig{};  // sampling runs the whole model in this process, one row
   cfg.train.global_batch = cfg.train.micro_batch = 1;
   // FP8 is a training compute format: sampling computes in bf16 (fp32 on the CPU) on any device.
@@ -37,14 +38,7 @@ LoadedModel load_for_inference(const std::string& path) {
     }
 #endif
   std::unique_ptr<Engine> engine = make_engine(cfg);
-  std::vector<checkpoint::Shard> shards;
-  for (const ParamSpec& p : engine->layout().tensors()) {
-    ParamLayout::Stored r = engine->layout().stored(p);
-    if (!r.empty())
-      shards.push_back({"model/" + p.name, r.global_shape, r.offset, r.shape,
-                        engine->host_state().params + p.offset});
-  }
-  checkpoint::load(dir, meta, shards);
+  checkpoint::load(dir, meta, ParamsState(*engine).shards(/*for_save=*/false));
   engine->state_from_host();
   return {cfg, std::move(engine), dir};
 }

@@ -42,7 +42,7 @@
 
 namespace myriad {
 
-template <class Ops>
+template <OpSet Ops>
 class ModelEngine final : public Engine {
  public:
   using Model = GptModel<Ops>;

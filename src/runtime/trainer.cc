@@ -26,6 +26,7 @@
 #include "ops/fp8.h"
 #include "optim/optimizer.h"
 #include "runtime/engine.h"
+#include "runtime/state.h"
 
 namespace fs = std::filesystem;
 
@@ -98,15 +99,16 @@ std::string weights_mismatch(const Config& saved, const std::string& saved_token
 }
 
 // The tokenizer a checkpoint's token ids belong to (meta.json's, else its config's).
-std::string tokenizer_of(const nlohmann::json& meta, const Config& saved) {
-  return meta.value("tokenizer", saved.data.tokenizer);
+std::string tokenizer_of(const checkpoint::Meta& meta, const Config& saved) {
+  return meta.tokenizer.empty() ? saved.data.tokenizer : meta.tokenizer;
 }
 
 // Building the engine allocates every buffer the model plan holds: running out of memory there
 // is a plan that cannot fit, which a retry does not fix (an input error, not a runtime fault).
-std::unique_ptr<Engine> make_planned_engine(const Config& cfg, const parallel::ParallelContext* ctx) {
+std::unique_ptr<Engine> make_planned_engine(const Config& cfg, const parallel::ParallelContext* ctx,
+                                            const std::string& gemm_choices) {
   try {
-    return make_engine(cfg, ctx);
+    return make_engine(cfg, ctx, gemm_choices);
   } catch (const std::bad_alloc&) {
     const double P = double(ParamLayout(cfg).total());
     const int ranks = ctx ? ctx->tp_size() * ctx->pp_size() : 1;
@@ -174,8 +176,15 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
   // The GEMM algorithms a GPU run chooses (model/cuda/matmul.h), kept with the run: its restart
   // does not retune and computes bit for bit as before.
   const std::string algos = (fs::path(run_dir_) / cat("gemm_algos.rank", dist_ ? dist_->rank() : 0, ".txt")).string();
-  ::setenv("MYRIAD_GEMM_ALGOS", algos.c_str(), 1);
-  engine_ = make_planned_engine(cfg_, dist_ ? dist_->context() : nullptr);
+  engine_ = make_planned_engine(cfg_, dist_ ? dist_->context() : nullptr, algos);
+  // What a checkpoint holds (runtime/state.h): every save and resume asks these.
+  state_.push_back(std::make_unique<Progress>(step_));
+  state_.push_back(std::make_unique<ParamsState>(*engine_));
+  state_.push_back(std::make_unique<OptimizerState>(*engine_, cfg_.optim.name));
+  state_.push_back(std::make_unique<DataPosition>(consumed_, cfg_.train.seed));
+  state_.push_back(std::make_unique<RngState>(cfg_.model.seed, cfg_.train.seed));
+  state_.push_back(std::make_unique<LossHistory>(recent_loss_));
+  state_.push_back(std::make_unique<SkipList>(cfg_.train.skip_steps, step_));
   if (cfg_.observe.trace) {
     const int64_t offset = dist_ ? dist_->clock_offset_us() : 0;
     const int rank = dist_ ? dist_->rank() : 0;
@@ -223,7 +232,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
   // touched, here rather than in the step of the first save.
   if (cfg_.checkpoint.async && engine_->host_state_is_live()) {
     int64_t total = 0;
-    for (const checkpoint::Shard& s : shards(true)) total += s.numel();
+    for (const checkpoint::Shard& s : checkpoint::shards_of(state_, true)) total += s.numel();
     snapshot_.assign(static_cast<size_t>(total), 0.0f);
   }
 }
@@ -520,31 +529,6 @@ float Trainer::evaluate() {
 
 std::string Trainer::checkpoint_root() const { return cfg_.checkpoint_root(run_dir_); }
 
-// Saving: the regions this rank writes (the engine says which: each has one writer). Loading:
-// every region this rank holds, whatever layout wrote them.
-std::vector<checkpoint::Shard> Trainer::shards(bool for_save) {
-  std::vector<checkpoint::Shard> out;
-  Engine::HostState st = engine_->host_state();
-  const ParamLayout& layout = engine_->layout();
-  auto writes = [&](const ParamSpec& p, bool params) {
-    return !for_save || engine_->writes_to_checkpoint(p, params);
-  };
-  for (const ParamSpec& p : layout.tensors()) {
-    if (!writes(p, /*params=*/true)) continue;
-    for (const auto& r : layout.stored_regions(p, 0, p.numel))
-      out.push_back({"model/" + p.name, r.global_shape, r.offset, r.shape, st.params + p.offset + r.local_begin});
-  }
-  for (const OwnedPiece& piece : owned_pieces(layout, st.owned)) {
-    if (!writes(*piece.tensor, /*params=*/false)) continue;
-    for (const auto& r : layout.stored_regions(*piece.tensor, piece.local_begin, piece.local_end)) {
-      const int64_t at = piece.packed + (r.local_begin - piece.local_begin);
-      out.push_back({"optim/m/" + piece.tensor->name, r.global_shape, r.offset, r.shape, st.m + at});
-      out.push_back({"optim/v/" + piece.tensor->name, r.global_shape, r.offset, r.shape, st.v + at});
-    }
-  }
-  return out;
-}
-
 void Trainer::save_checkpoint(bool always) {
   // A save due while the last one is still being written waits for it, or (async_policy skip)
   // is skipped: by every rank, or the others would wait for its part in vain. The last step's
@@ -565,7 +549,7 @@ void Trainer::save_checkpoint(bool always) {
   const double t1 = now_s();
   const int64_t snapshot_us = trace::now_us();
   engine_->state_to_host();
-  std::vector<checkpoint::Shard> shards = this->shards(true);
+  std::vector<checkpoint::Shard> shards = checkpoint::shards_of(state_, true);
   if (engine_->host_state_is_live() && cfg_.checkpoint.async) {
     struct Copy {
       float* to;
@@ -584,17 +568,7 @@ void Trainer::save_checkpoint(bool always) {
 #pragma omp parallel for schedule(dynamic)
     for (size_t i = 0; i < copies.size(); ++i) std::memcpy(copies[i].to, copies[i].from, copies[i].n * sizeof(float));
   }
-  nlohmann::json meta = {{"config", to_toml(cfg_)},
-                         {"data", {{"consumed", consumed_}, {"seed", cfg_.train.seed}}},
-                         {"optimizer", {{"name", cfg_.optim.name}, {"steps_taken", *engine_->host_state().steps_taken}}},
-                         {"tokenizer", cfg_.data.tokenizer},
-                         // Every random draw is counter-based (init: model.seed, tensor, element;
-                         // data order: train.seed, samples consumed), so these and `consumed`
-                         // are the whole RNG state.
-                         {"rng", {{"model_seed", cfg_.model.seed}, {"data_seed", cfg_.train.seed}}},
-                         // The losses the spike check compares with, so that a replay from here
-                         // checks each step as the run that reached it did.
-                         {"fault", {{"recent_losses", recent_loss_}}}};
+  nlohmann::json meta = checkpoint::encode(checkpoint::meta_of(state_, to_toml(cfg_), cfg_.data.tokenizer));
   checkpoint::SaveGroup group;
   if (dist_) group.rank = dist_->rank(), group.world = dist_->world();
   group.id = start_id_, group.timeout_s = cfg_.comm.timeout_s, group.cancel = writer_.cancelled();
@@ -661,13 +635,14 @@ void Trainer::resume_latest_good() {
 void Trainer::init_from(const std::string& path) {
   const std::string dir = checkpoint::resolve(path);
   const nlohmann::json meta = checkpoint::read_meta(dir);
-  const Config saved = parse_config(meta.at("config").get<std::string>(), dir + "/meta.json");
-  if (const std::string d = weights_mismatch(saved, tokenizer_of(meta, saved), cfg_); !d.empty())
+  const checkpoint::Meta saved_meta = checkpoint::decode_meta(meta, dir);
+  const Config saved = parse_config(saved_meta.config, dir + "/meta.json");
+  if (const std::string d = weights_mismatch(saved, tokenizer_of(saved_meta, saved), cfg_); !d.empty())
     throw_input("checkpoint.init_from: checkpoint ", dir, " does not fit this model: ", d,
                 "; initialize from a checkpoint of the same architecture and tokenizer");
   std::vector<checkpoint::Shard> weights;
-  for (checkpoint::Shard& s : shards(false))
-    if (s.name.rfind("model/", 0) == 0) weights.push_back(std::move(s));
+  for (checkpoint::Shard& s : checkpoint::shards_of(state_, false))
+    if (checkpoint::is_param(s.name)) weights.push_back(std::move(s));
   try {
     checkpoint::load(dir, meta, weights);
   } catch (const Error& e) {
@@ -675,17 +650,18 @@ void Trainer::init_from(const std::string& path) {
     throw_input("checkpoint.init_from: ", e.what());
   }
   engine_->state_from_host();
-  log::info("init: the weights of ", dir, " (step ", meta.value("step", int64_t(0)),
+  log::info("init: the weights of ", dir, " (step ", saved_meta.step,
             "); step 0, a fresh optimizer, this run's config");
 }
 
 void Trainer::resume_from(const std::string& dir) {
-  nlohmann::json meta = checkpoint::read_meta(dir);
-  Config saved = parse_config(meta.at("config").get<std::string>(), dir + "/meta.json");
+  const nlohmann::json meta = checkpoint::read_meta(dir);
+  const checkpoint::Meta saved_meta = checkpoint::decode_meta(meta, dir);
+  Config saved = parse_config(saved_meta.config, dir + "/meta.json");
   if (std::string d = model_difference(saved, cfg_); !d.empty())
     throw_input("checkpoint ", dir, " is from a different model: ", d,
                 "; resume with the checkpoint's model or use a new run directory");
-  if (const std::string tok = tokenizer_of(meta, saved); tok != cfg_.data.tokenizer)
+  if (const std::string tok = tokenizer_of(saved_meta, saved); tok != cfg_.data.tokenizer)
     throw_input("checkpoint ", dir, " was trained on the ", tok, " tokenizer's ids but data.tokenizer = \"",
                 cfg_.data.tokenizer, "\"; resume with data prepared by the ", tok, " tokenizer or use a new run directory");
   if (saved.optim.name != cfg_.optim.name)
@@ -698,8 +674,8 @@ void Trainer::resume_from(const std::string& dir) {
   comm::Communicator* dp = dist_ ? dist_->context()->dp : nullptr;
   const bool broadcast = dp && dp->size() > 1 && cfg_.checkpoint.load == "broadcast" && engine_->host_state_is_live();
   std::vector<checkpoint::Shard> reads;
-  for (checkpoint::Shard& s : shards(false))
-    if (!broadcast || dp->rank() == 0 || s.name.rfind("model/", 0) != 0) reads.push_back(std::move(s));
+  for (checkpoint::Shard& s : checkpoint::shards_of(state_, false))
+    if (!broadcast || dp->rank() == 0 || !checkpoint::is_param(s.name)) reads.push_back(std::move(s));
   std::exception_ptr failed;
   try {
     checkpoint::load(dir, meta, reads);
@@ -716,10 +692,8 @@ void Trainer::resume_from(const std::string& dir) {
     if (!failed) dp->broadcast(engine_->host_state().params, engine_->layout().total(), 0)->wait();
   }
   if (failed) std::rethrow_exception(failed);
-  step_ = saved_step_ = meta.at("step").get<int64_t>();
-  consumed_ = meta.at("data").at("consumed").get<int64_t>();
-  recent_loss_ = meta.value("fault", nlohmann::json::object()).value("recent_losses", std::vector<double>{});
-  *engine_->host_state().steps_taken = meta.at("optimizer").at("steps_taken").get<int64_t>();
+  checkpoint::restore(state_, saved_meta);
+  saved_step_ = step_;
   engine_->state_from_host();
   heartbeat_.set_resumed_from(dir);
   log::info("resume: ", dir, " (step ", step_, ", ", consumed_, " samples consumed) in ", fmt("%.2f", now_s() - t0),

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "checkpoint/checkpoint.h"
+#include "checkpoint/state.h"
 #include "core/config.h"
 #include "data/loader.h"
 #include "model/engine.h"
@@ -60,9 +60,6 @@ class Trainer {
   std::unique_ptr<data::IndexedDataset> open_data(const std::string& prefix, const char* key);
   std::string checkpoint_root() const;
   void trace_collectives();
-  // Every tensor of this rank a checkpoint holds: the model, then the optimizer state. For
-  // saving, tensors replicated over tensor parallelism come from tp rank 0 only.
-  std::vector<checkpoint::Shard> shards(bool for_save);
 
   Config cfg_;
   std::string run_dir_;
@@ -71,6 +68,10 @@ class Trainer {
   // declared after dist_ and stops before dist_ goes.
   Heartbeat heartbeat_;
   std::unique_ptr<Engine> engine_;
+  // What a checkpoint holds, as components (runtime/state.h) over the state below and the
+  // engine's: the step, the parameters, the optimizer, the data position, the RNG, the loss
+  // history, the skip list.
+  checkpoint::Components state_;
   std::unique_ptr<data::IndexedDataset> train_data_, valid_data_;
   std::unique_ptr<data::BatchLoader> loader_;      // null on the members that take shared batches
   std::unique_ptr<data::SharedBatch> shared_;      // the node-shared batch, with tensor parallelism

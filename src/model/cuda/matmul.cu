@@ -66,9 +66,8 @@ std::string header_line() {
 void load_choices(Choices& c) {
   if (c.loaded) return;
   c.loaded = true;
-  const char* p = std::getenv("MYRIAD_GEMM_ALGOS");
-  if (!p || !*p) return;
-  c.path = p, c.header = header_line();
+  if (c.path.empty()) return;
+  c.header = header_line();
   std::ifstream in(c.path);
   std::string line;
   if (!std::getline(in, line) || line != c.header) return;
@@ -335,6 +334,13 @@ void Matmul::backward_weight_fp8(float* dweight, const Fp8Tensor& dout_t, const 
   const Fp8Operands ops{fp8_type(inp_t.format), fp8_type(dout_t.format), inp_t.inv_scale, dout_t.inv_scale, false};
   gemm(dweight, CUDA_R_32F, inp_t.data, true, N, dout_t.data, false, N, IC, OC, N, 1.0f, nullptr, stream,
        CUBLASLT_EPILOGUE_DEFAULT, nullptr, &ops);
+}
+
+void persist_gemm_choices(const std::string& path) {
+  Choices& c = choices();
+  std::lock_guard<std::mutex> lock(c.mu);
+  if (c.path == path) return;
+  c.path = path, c.loaded = false;  // read at the next GEMM
 }
 
 }  // namespace myriad::cuda

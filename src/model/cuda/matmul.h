@@ -5,10 +5,10 @@
 // The algorithm for each shape (sizes, layouts, epilogue, the pointers' alignment) is chosen at
 // its first use: cuBLASLt's heuristic proposes up to 8, each is timed on the call's own operands
 // (the output to a scratch buffer when the call accumulates), and the fastest is kept for the
-// whole process, so that every model of a process computes alike. With MYRIAD_GEMM_ALGOS set
-// (the trainer sets RUN_DIR/cuda/gemm_algos.rank<R>.txt) the choices are saved there and read
-// back at the next start: a restart does not retune, and a resumed run computes bit for bit as
-// the run it continues. MYRIAD_GEMM_TUNE=0 takes the heuristic's first choice (for measuring).
+// whole process, so that every model of a process computes alike. Given a file
+// (persist_gemm_choices: the engine's builder passes RUN_DIR/gemm_algos.rank<R>.txt) the choices
+// are saved there and read back at the next start: a restart does not retune, and a resumed run
+// computes bit for bit as the run it continues. MYRIAD_GEMM_TUNE=0 takes the heuristic's first choice (for measuring).
 #pragma once
 
 #include <cublasLt.h>
@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <map>
+#include <string>
 #include <tuple>
 
 #include "ops/fp8.h"
@@ -24,6 +25,10 @@
 namespace myriad::cuda {
 
 using bf16 = __nv_bfloat16;
+
+// The file the process's choices persist in ("" keeps them in memory only); set before the
+// first GEMM.
+void persist_gemm_choices(const std::string& path);
 
 class Matmul {
  public:

@@ -1,13 +1,6 @@
-// The CPU op set: what the one layer schedule (model/gpt.h) runs on, in fp32 on the host.
-//
-// An op set is a class the schedule is instantiated with (GptModel<Ops>); it names the element
-// types and owns the kernels and the buffers:
-//   Act        activations and their gradients (fp32 here; bf16 on a GPU)
-//   Param      the weights the kernels read (here the fp32 parameters themselves)
-//   Buffer<T>  an owned buffer of T in the op set's memory: zeros(n), data(), size()
-// Every pointer an op takes is the op set's memory, shapes in comments as in ops/cpu/ops.h,
-// whose conventions hold: row-major; backward ops ACCUMULATE into their gradients unless marked
-// (=); results independent of thread timing. Parameter gradients are fp32 whatever Act is.
+// The CPU op set: what the one layer schedule (model/gpt.h) runs on, in fp32 on the host. The
+// contract every op set meets is ops/op_set.h's concept OpSet; this class is its reference, and
+// the kernels' comments below say what each computes.
 //
 // Besides the kernels of ops/cpu/ops.h, the pieces of the tensor-parallel layers that are
 // row loops (vocabulary-parallel embedding and cross-entropy, biases and positions on the rows a

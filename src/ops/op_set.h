@@ -1,0 +1,99 @@
+// The op sets' contract, written once: what the one layer schedule (model/gpt.h) and the one
+// step (runtime/model_engine.h) call on an op set. CpuOps (ops/cpu/cpu_ops.h) and CudaOps
+// (model/cuda/cuda_ops.h) both satisfy it; GptModel and ModelEngine take only op sets that do,
+// so a kernel one of them lacks, or takes with other arguments, fails at the template's
+// declaration with this concept's name rather than deep in an instantiation.
+//
+// An op set names the element types and owns the kernels and buffers:
+//   Act        activations and their gradients (fp32 on the CPU; bf16 on a GPU)
+//   Param      the weights the kernels read (the fp32 parameters themselves on the CPU; a bf16
+//              compute copy on a GPU)
+//   Buffer<T>  an owned buffer of T in the op set's memory: zeros(n), data(), size()
+//   Tokens     a micro-batch's token ids, with what a lookup's backward needs
+// Every pointer an op takes is the op set's memory, shapes in comments as in ops/cpu/ops.h,
+// whose conventions hold: row-major; backward ops ACCUMULATE into their gradients unless marked
+// (=); results independent of thread timing. Parameter gradients are fp32 whatever Act is. The
+// kernels' own comments are at CpuOps, the reference.
+//
+// Why CudaOps lives in model/cuda/ and not beside CpuOps in ops/: it owns the cuBLASLt GEMMs
+// (model/cuda/matmul.h) and the device (model/cuda/device.h), which are the model floor's, while
+// ops/cuda/ holds only its kernels. ops/ compiles as C++17 under nvcc too, so the concept is
+// checked from host C++20 code (model/gpt.h), never from a .cu file.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ops/fp8.h"
+#include "ops/kinds.h"
+
+namespace myriad {
+
+template <class O>
+concept OpSet = requires(const O& o, typename O::Act* a, const typename O::Act* ca, const typename O::Param* cp,
+                         float* f, const float* cf, const int32_t* cids,
+                         typename O::Tokens& tokens, const typename O::Tokens& ctokens, double* d, Norm n, Mlp m,
+                         Gemm g, int i, int64_t l, bool b, const std::string& s,
+                         const std::vector<std::pair<int64_t, int64_t>>& pieces, const std::vector<double>& freqs,
+                         const fp8::Recipe& recipe, fp8::AmaxGroup group) {
+  // Types and buffers.
+  typename O::template Buffer<float>;
+  typename O::template Buffer<typename O::Act>;
+  { o.name() } -> std::convertible_to<const char*>;
+  // Moving data.
+  o.zero(f, l);
+  o.copy(f, cf, l);
+  o.download(f, ca, l);
+  o.download(f, cf, l);
+  o.download(d, static_cast<const double*>(d), l);
+  o.upload(f, cf, l);
+  o.load_tokens(tokens, cids, i, i, l, l, l);
+  o.mean_into(d, cf, l);
+  // What the step needs besides the model.
+  { o.device_name() } -> std::convertible_to<std::string>;
+  { o.peak_flops() } -> std::convertible_to<double>;
+  { O::peak_bytes() } -> std::convertible_to<int64_t>;
+  o.comm_stream();
+  { o.sums_of_squares(cf, pieces) } -> std::convertible_to<std::vector<double>>;
+  o.accumulate(f, cf, l);
+  { o.mark() } -> std::convertible_to<int>;
+  { o.seconds(i, i) } -> std::convertible_to<double>;
+  o.clear_marks();
+  // The block's kernels.
+  o.embedding_forward(a, cids, cp, cp, i, i, i);
+  o.embedding_backward(f, f, ca, ctokens, i, i, i);
+  o.norm_forward(n, a, f, f, ca, cp, cp, i, i);
+  o.residual_norm_forward(n, a, a, f, f, ca, ca, cp, cp, i, i);
+  o.norm_backward(n, a, f, f, ca, ca, cp, cf, cf, i, i);
+  o.linear_forward(a, ca, cp, cp, i, i, i, g);
+  o.linear_act_forward(m, a, a, ca, cp, cp, i, i, i, g);
+  o.linear_backward(m, a, f, f, ca, ca, cp, ca, i, i, i, b, g);
+  { o.fp8_refusal() } -> std::convertible_to<std::string>;
+  o.set_fp8(recipe, group);
+  o.add(a, ca, ca, l);
+  o.select_attention(s, b);
+  { o.attention_saved(i, i, i) } -> std::convertible_to<int64_t>;
+  o.attention_forward(a, f, ca, i, i, i, i, i, i);
+  o.attention_backward(a, ca, ca, ca, cf, i, i, i, i, i, i);
+  o.set_rope(freqs);
+  o.rope_forward(a, i, i, i, i, i);
+  o.rope_backward(a, i, i, i, i, i);
+  o.crossentropy_forward(f, ca, cids, i, i, i);
+  o.crossentropy_forward_backward(f, a, cids, 1.0f, i, i, i);
+  // The rows a rank holds (tensor parallelism).
+  o.add_bias(a, cp, i, i);
+  o.bias_backward(f, ca, i, i);
+  o.vocab_rows_forward(a, cids, cp, l, l, i, i);
+  o.vocab_rows_backward(f, ca, ctokens, l, l, i, i);
+  o.add_positions(a, cp, i, i, i, i);
+  o.positions_backward(f, ca, i, i, i, i);
+  o.ce_row_max(f, ca, i, l, i);
+  o.ce_partials(f, ca, cf, cids, l, i, l, i);
+  o.ce_losses(f, f, cf, i);
+  o.ce_tp_backward(a, cf, cf, 1.0f, cids, l, i, l, i);
+};
+
+}  // namespace myriad

@@ -1,0 +1,55 @@
+#include "runtime/state.h"
+
+#include <algorithm>
+
+#include "optim/optimizer.h"
+
+namespace myriad {
+
+std::vector<checkpoint::Shard> ParamsState::shards(bool for_save) {
+  std::vector<checkpoint::Shard> out;
+  float* params = engine_.host_state().params;
+  const ParamLayout& layout = engine_.layout();
+  for (const ParamSpec& p : layout.tensors()) {
+    if (for_save && !engine_.writes_to_checkpoint(p, /*params=*/true)) continue;
+    for (const auto& r : layout.stored_regions(p, 0, p.numel))
+      out.push_back({checkpoint::param_name(p.name), r.global_shape, r.offset, r.shape, params + p.offset + r.local_begin});
+  }
+  return out;
+}
+
+std::vector<checkpoint::Shard> OptimizerState::shards(bool for_save) {
+  std::vector<checkpoint::Shard> out;
+  Engine::HostState st = engine_.host_state();
+  const ParamLayout& layout = engine_.layout();
+  for (const OwnedPiece& piece : owned_pieces(layout, st.owned)) {
+    if (for_save && !engine_.writes_to_checkpoint(*piece.tensor, /*params=*/false)) continue;
+    for (const auto& r : layout.stored_regions(*piece.tensor, piece.local_begin, piece.local_end)) {
+      const int64_t at = piece.packed + (r.local_begin - piece.local_begin);
+      out.push_back({checkpoint::moment_name(1, piece.tensor->name), r.global_shape, r.offset, r.shape, st.m + at});
+      out.push_back({checkpoint::moment_name(2, piece.tensor->name), r.global_shape, r.offset, r.shape, st.v + at});
+    }
+  }
+  return out;
+}
+
+void OptimizerState::save(checkpoint::Meta& meta) const {
+  meta.optimizer = {name_, *engine_.host_state().steps_taken};
+}
+
+void OptimizerState::load(const checkpoint::Meta& meta) { *engine_.host_state().steps_taken = meta.optimizer.steps_taken; }
+
+void SkipList::save(checkpoint::Meta& meta) const {
+  meta.skipped_steps.clear();
+  for (int64_t s : steps_)
+    if (s <= step_) meta.skipped_steps.push_back(s);
+  std::sort(meta.skipped_steps.begin(), meta.skipped_steps.end());
+  meta.skipped_steps.erase(std::unique(meta.skipped_steps.begin(), meta.skipped_steps.end()), meta.skipped_steps.end());
+}
+
+void SkipList::load(const checkpoint::Meta& meta) {
+  for (int64_t s : meta.skipped_steps)
+    if (std::find(steps_.begin(), steps_.end(), s) == steps_.end()) steps_.push_back(s);
+}
+
+}  // namespace myriad
