@@ -1,28 +1,43 @@
 #!/usr/bin/env bash
 # A chaos run of the fault-tolerant driver (docs/RELIABILITY.md): NODES simulated nodes of 2
 # workers each (default 4: 8 workers, tp 2 x dp 4) on this machine, a private redis-server on
-# loopback, one spare agent waiting; every INTERVAL seconds (default 120) a random fault from the
-# list: a worker killed (SIGKILL), a worker stopped (SIGSTOP), a node's agent killed (the node
-# lost); after each, one more spare starts, as a cluster would bring one back. The job must finish by itself; then
-#   ETTR = productive step time / wall time, the productive steps being those metrics.jsonl keeps
-#   (a resume drops the recomputed ones), and the final weights against a fault-free run's.
-#   STEPS=20000 INTERVAL=120 scripts/chaos.sh [MYRIAD_BINARY]
+# loopback, one spare agent waiting; every INTERVAL seconds (default 120) one fault of a class
+# drawn at random strikes the running job:
+#   kill      a worker killed (SIGKILL)               stop   a worker stopped (SIGSTOP)
+#   stall     a worker's training thread stuck         nan    a worker's loss not finite
+#   spike     a worker's loss 1000 x (fault.spike_factor finds it)
+#   sdc       one bit of a worker's parameters flipped (the replicas' check finds it)
+#   diag      a worker killed, and its node's self-check then fails (the node is evicted)
+#   lost      a node's agent killed (the node lost)
+#   save      a worker's next checkpoint write fails
+#   redis     the store restarted empty (the job must not notice)
+# The worker-side faults go through the live injection files (core/fault.h: RUN_DIR/driver/
+# inject_rank_<R>, inject_node<N>); after each fault that may cost a node one more spare starts,
+# as a cluster would bring one back. The job must finish by itself. Then, from metrics.jsonl, the
+# events and RUN_DIR/driver/injected.jsonl (this script's record of each fault):
+#   ETTR = productive step time / wall time (the steps metrics.jsonl keeps: a resume drops the
+#   recomputed ones); per class, the median time from the fault to the job's first productive
+#   step after it; the final weights against a fault-free run's (same layout: bit for bit).
+# `myriad report RUN_DIR` draws the run's timeline (report/timeline.png).
+#   STEPS=20000 INTERVAL=120 [CLASSES="kill stop ..."] scripts/chaos.sh [MYRIAD_BINARY]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=$(realpath "${1:-build/myriad}")
-NODES=${NODES:-4}; STEPS=${STEPS:-20000}; INTERVAL=${INTERVAL:-120}
+NODES=${NODES:-4}; STEPS=${STEPS:-20000}; INTERVAL=${INTERVAL:-120}; EVERY=${EVERY:-20}
+CLASSES=(${CLASSES:-kill stop stall nan spike sdc diag lost save redis})
 W=$(mktemp -d); echo "chaos: work in $W"
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize yes --logfile "$W/redis.log" >/dev/null
+redis() { redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize yes --logfile "$W/redis.log" >/dev/null; }
+redis
 trap 'redis-cli -p $PORT shutdown nosave >/dev/null 2>&1; pkill -KILL -f "rdzv redis://127.0.0.1:$PORT" 2>/dev/null' EXIT
 "$B" prepare --input README.md --input docs/ARCHITECTURE.md --input docs/CONFIG.md --input docs/RELIABILITY.md \
   --tokenizer byte --output "$W/d" >/dev/null 2>&1
 train() {  # RUN_DIR
   echo train --config configs/demo.toml --run-dir "$1" --set model.layers=2 --set model.d_model=64 \
     --set model.seq_len=32 --set parallel.tp=2 --set parallel.dp=$NODES --set train.global_batch=$((2 * NODES)) \
-    --set train.micro_batch=2 --set train.steps=$STEPS --set checkpoint.every=100 --set checkpoint.keep_last=2 \
+    --set train.micro_batch=2 --set train.steps=$STEPS --set checkpoint.every=$EVERY --set checkpoint.keep_last=3 \
     --set train.log_every=1 --set train.eval_every=0 --set data.train="$W/d" --set data.valid= \
-    --set comm.timeout_s=300 --set fault.step_timeout_s=10
+    --set comm.timeout_s=300 --set fault.spike_factor=3 --set fault.sdc_check_every=1
 }
 agents() {  # JOB RUN_DIR RESTARTS: every node's agent, in the background
   for n in $(seq 0 $((NODES - 1))); do
@@ -32,45 +47,80 @@ agents() {  # JOB RUN_DIR RESTARTS: every node's agent, in the background
 }
 spare() {  # JOB RUN_DIR (each spare a machine of its own name: an evicted name may not rejoin)
   local name="spare$RANDOM"
-  OMP_NUM_THREADS=1 "$B" launch --nnodes "$NODES" --spare --node-name "$name" --nproc-per-node 2 --max-restarts 100 \
+  OMP_NUM_THREADS=1 "$B" launch --nnodes "$NODES" --spare --node-name "$name" --nproc-per-node 2 --max-restarts 1000 \
     --rdzv "redis://127.0.0.1:$PORT/$1" -- $(train "$2") >"$W/$1_$name.txt" 2>&1 &
 }
 # The fault-free run, for its weights.
 t0=$(date +%s); agents ref "$W/ref" 0; wait; echo "chaos: the fault-free run took $(( $(date +%s) - t0 )) s"
 # The chaos run.
+R="$W/chaos"; mkdir -p "$R/driver"
 start=$(date +%s.%N)
-agents chaos "$W/chaos" 100
-spare chaos "$W/chaos"
+agents chaos "$R" 1000
+spare chaos "$R"
+running() { pgrep -f "rdzv redis://127.0.0.1:$PORT/chaos -- train" >/dev/null; }
+inject() {  # FILE ITEM: a live fault for a worker or a node's self-check
+  printf '%s\n' "$2" > "$1.tmp" && mv "$1.tmp" "$1"
+}
+record() {  # CLASS TARGET
+  printf '{"time": %s, "class": "%s", "target": "%s"}\n' "$(date +%s.%N)" "$1" "$2" >> "$R/driver/injected.jsonl"
+  echo "chaos: $(date +%T) $1 $2"
+}
+beat() {  # NODE EXPR: from that node's agent heartbeat in the store (j), e.g. its pid
+  redis-cli -p "$PORT" get "myriad/chaos/driver/agent/node$1" | python3 -c "import json,sys; j=json.load(sys.stdin); print($2)" 2>/dev/null
+}
 faults=0
-while pgrep -f "rdzv redis://127.0.0.1:$PORT/chaos -- train" >/dev/null; do
-  for s in $(seq "$INTERVAL"); do sleep 1; pgrep -f "rdzv redis://127.0.0.1:$PORT/chaos -- train" >/dev/null || break 2; done
-  workers=($(pgrep -f "myriad train --config configs/demo.toml --run-dir $W/chaos"))
+while running; do
+  for s in $(seq "$INTERVAL"); do sleep 1; running || break 2; done
+  workers=($(pgrep -f "myriad train --config configs/demo.toml --run-dir $R "))
   [ ${#workers[@]} -eq $((2 * NODES)) ] || continue  # between attempts
-  case $((RANDOM % 3)) in
-    0) pid=${workers[$((RANDOM % ${#workers[@]}))]}; echo "chaos: $(date +%T) SIGKILL worker $pid"; kill -KILL "$pid" ;;
-    1) pid=${workers[$((RANDOM % ${#workers[@]}))]}; echo "chaos: $(date +%T) SIGSTOP worker $pid"; kill -STOP "$pid" ;;
-    2) node=$((RANDOM % NODES))
-       pid=$(redis-cli -p "$PORT" get "myriad/chaos/driver/agent/node$node" | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
-       echo "chaos: $(date +%T) node $node lost (its agent $pid killed)"
-       kill -KILL "$pid" ;;
+  rank=$((RANDOM % (2 * NODES))); node=$((rank / 2))
+  pid=${workers[$((RANDOM % ${#workers[@]}))]}
+  class=${CLASSES[$((RANDOM % ${#CLASSES[@]}))]}
+  case $class in
+    kill) record kill "worker $pid"; kill -KILL "$pid" ;;
+    stop) record stop "worker $pid"; kill -STOP "$pid" ;;
+    stall|nan|spike) record "$class" "rank $rank"; inject "$R/driver/inject_rank_$rank" "step:next:$class" ;;
+    sdc) record sdc "rank $rank"; inject "$R/driver/inject_rank_$rank" "step:next:flip" ;;
+    save) record save "rank $rank"; inject "$R/driver/inject_rank_$rank" "checkpoint_write:fail" ;;
+    diag) victim=$(beat "$node" 'j["workers"][0]["pid"]'); [ -n "$victim" ] || continue
+          record diag "node $node"; inject "$R/driver/inject_node$node" "diag:fail"; kill -KILL "$victim" ;;
+    lost) agent=$(beat "$node" 'j["pid"]'); [ -n "$agent" ] || continue
+          record lost "node $node"; kill -KILL "$agent" ;;
+    redis) record redis "store"; redis-cli -p "$PORT" shutdown nosave >/dev/null 2>&1; sleep 1; redis ;;
   esac
   faults=$((faults + 1))
-  spare chaos "$W/chaos"  # a node lost or evicted takes a spare: one more waits (idle ones leave at the end)
+  case $class in diag|lost|sdc|stop) spare chaos "$R" ;; esac  # a node may leave: one more spare waits
 done
 wait
 end=$(date +%s.%N)
 python3 - "$W" "$start" "$end" "$faults" "$STEPS" <<'PY'
-import json, os, sys
+import json, os, statistics, sys
 w, start, end, faults, steps = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-rows = [json.loads(l) for l in open(os.path.join(w, "chaos/metrics.jsonl"))]
-productive = sum(r["step_ms"] for r in rows) / 1e3  # every step logged once: a resume drops the recomputed
+run = os.path.join(w, "chaos")
+rows = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl"))]
+productive = sum(r.get("step_ms", 0) for r in rows) / 1e3  # every step logged once: a resume drops the recomputed
 last = rows[-1]["step"] if rows else 0
-events = [json.loads(l) for l in open(os.path.join(w, "chaos/driver/events.jsonl"))]
+events = []
+for name in os.listdir(os.path.join(run, "driver")):
+    if name.startswith("events") and name.endswith(".jsonl"):
+        events += [json.loads(l) for l in open(os.path.join(run, "driver", name))]
+events.sort(key=lambda e: e["time"])
 kinds = {}
 for e in events: kinds[e["event"]] = kinds.get(e["event"], 0) + 1
-same = all(open(os.path.join(w, "chaos/checkpoints/step_%08d" % steps, f), "rb").read() ==
+injected = [json.loads(l) for l in open(os.path.join(run, "driver", "injected.jsonl"))] if os.path.exists(os.path.join(run, "driver", "injected.jsonl")) else []
+resumed = [e["time"] for e in events if e["event"] == "resumed"]
+back = {}
+for i, f in enumerate(injected):
+    until = injected[i + 1]["time"] if i + 1 < len(injected) else float("inf")
+    after = [t for t in resumed if f["time"] < t < until]
+    back.setdefault(f["class"], []).append(after[0] - f["time"] if after else None)
+same = all(open(os.path.join(run, "checkpoints/step_%08d" % steps, f), "rb").read() ==
            open(os.path.join(w, "ref/checkpoints/step_%08d" % steps, f), "rb").read()
            for f in os.listdir(os.path.join(w, "ref/checkpoints/step_%08d" % steps)) if f.startswith("shard_"))
 print("chaos: %d faults in %.0f s, finished step %d of %d; events %s; ETTR %.1f%%; final weights %s the fault-free run's"
       % (faults, end - start, last, steps, kinds, 100 * productive / (end - start), "equal to" if same else "DIFFER from"))
+for c, times in sorted(back.items()):
+    got = [t for t in times if t is not None]
+    print("chaos: %-6s %d fault(s), %d recovered by a restart; median fault -> first productive step %s"
+          % (c, len(times), len(got), "%.1f s" % statistics.median(got) if got else "-"))
 PY

@@ -8,7 +8,13 @@ RUN_DIR/metrics.jsonl, and writes
                                step over the median rank's
   RUN_DIR/report/curves.png    loss, tokens/s and MFU by step
   RUN_DIR/report/index.html    both pictures and the table of the slowest ranks
-It prints the slowest ranks, slowest first. Plots with matplotlib (Debian's python3-matplotlib).
+and, for a supervised launch (RUN_DIR/driver/events.jsonl), its faults and recoveries:
+  RUN_DIR/report/timeline.png  wall time: productive, and each recovery's phases: detect (the
+                               fault injected -> found; a chaos run records its faults in
+                               driver/injected.jsonl), stop, check (self-checks), restart, and
+                               load and first step (-> the first productive step)
+It prints the slowest ranks, slowest first, and the recoveries. Plots with matplotlib (Debian's
+python3-matplotlib).
 """
 import collections
 import glob
@@ -153,16 +159,116 @@ def load_metrics(run_dir):
     return metrics
 
 
+PHASE_COLORS = [("detect", "tab:red"), ("stop", "tab:orange"), ("check", "gold"), ("restart", "tab:purple"),
+                ("load and first step", "tab:blue")]
+
+
+def read_jsonl(path, what):
+    out = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise InputError("%s line %d is not JSON: not %s Myriad wrote" % (path, n, what))
+    return out
+
+
+def recoveries(run_dir):
+    """Each fault of a supervised launch and its recovery's phase boundaries (Unix times), from
+    RUN_DIR/driver/events*.jsonl (every node's) and a chaos run's driver/injected.jsonl."""
+    driver = os.path.join(run_dir, "driver")
+    events = []
+    for path in sorted(glob.glob(os.path.join(driver, "events*.jsonl"))):
+        events += read_jsonl(path, "an event file")
+    if not events:
+        return [], []
+    injected = []
+    if os.path.exists(os.path.join(driver, "injected.jsonl")):
+        injected = read_jsonl(os.path.join(driver, "injected.jsonl"), "an injection record")
+    first = collections.defaultdict(dict)  # attempt -> event -> its earliest time (any node)
+    last_check = {}
+    for e in events:
+        a, kind, t = e.get("attempt", 0), e.get("event"), e.get("time", 0)
+        if kind not in first[a] or t < first[a][kind]:
+            first[a][kind] = t
+        if kind == "diagnose" and str(e.get("detail", "")).startswith("self-check of node"):
+            last_check[a] = max(last_check.get(a, 0), t)
+    out = []
+    for a in sorted(first):
+        if "fault" not in first[a]:
+            continue
+        found = first[a]["fault"]
+        before = [f for f in injected if f["time"] <= found]
+        start = before[-1]["time"] if before else found
+        if out and start < out[-1]["times"][-1]:
+            start = found  # that injection was the last fault's
+        stop = first[a].get("stop", found)
+        check = last_check.get(a, stop)
+        restart = first.get(a + 1, {}).get("restart", check)
+        back = first.get(a + 1, {}).get("resumed")
+        out.append({"attempt": a, "class": before[-1]["class"] if before and start != found else "",
+                    "times": [start, found, stop, check, restart] + ([back] if back else [])})
+    return out, events
+
+
+def timeline(run_dir, out):
+    """Writes report/timeline.png; returns its summary lines ([] without events)."""
+    recs, events = recoveries(run_dir)
+    if not events:
+        return []
+    t0 = min(e["time"] for e in events)
+    injected_path = os.path.join(run_dir, "driver", "injected.jsonl")
+    if os.path.exists(injected_path):
+        t0 = min([t0] + [f["time"] for f in read_jsonl(injected_path, "an injection record")])
+    t1 = max(e["time"] for e in events)
+    fig, ax = plt.subplots(figsize=(14, 2.2))
+    ax.broken_barh([(0, t1 - t0)], (0, 1), color="tab:green")
+    lines = []
+    for r in recs:
+        ts = r["times"]
+        for i in range(len(ts) - 1):
+            ax.broken_barh([(ts[i] - t0, max(ts[i + 1] - ts[i], 0))], (0, 1), color=PHASE_COLORS[i][1])
+        lost = ts[-1] - ts[0]
+        phases = ", ".join("%s %.1f s" % (PHASE_COLORS[i][0], ts[i + 1] - ts[i]) for i in range(len(ts) - 1))
+        lines.append("attempt %d%s: %.1f s lost (%s)%s" % (r["attempt"], " (%s)" % r["class"] if r["class"] else "",
+                                                          lost, phases, "" if len(ts) == 6 else "; no restart"))
+    ax.set_yticks([])
+    ax.set_xlabel("seconds")
+    ax.set_title("productive (green) and each recovery: " + ", ".join("%s (%s)" % p for p in PHASE_COLORS))
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "timeline.png"), dpi=100)
+    plt.close(fig)
+    return lines
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: report.py RUN_DIR")
     run_dir = sys.argv[1]
+    out = os.path.join(run_dir, "report")
     try:
         names, own, phase = load(run_dir)
         metrics = load_metrics(run_dir)
+        has_events = bool(glob.glob(os.path.join(run_dir, "driver", "events*.jsonl")))
+        if has_events:
+            os.makedirs(out, exist_ok=True)
+        recovered = timeline(run_dir, out) if has_events else []
     except InputError as err:
         print("myriad: input error: report: %s" % err, file=sys.stderr)
         sys.exit(2)
+    for line in recovered:
+        print("report: recovery: " + line)
+    if not own and has_events:
+        with open(os.path.join(out, "index.html"), "w") as f:
+            f.write("<!doctype html><meta charset=utf-8><title>myriad report: %s</title>" % html.escape(run_dir))
+            f.write("<h1>%s</h1><h2>Faults and recoveries</h2><img src=timeline.png><ul>%s</ul>" % (
+                html.escape(run_dir), "".join("<li>%s</li>" % html.escape(l) for l in recovered)))
+        print("report: %d recoveries (no traced steps for the heat maps); in %s" % (
+            len(recovered), os.path.join(out, "index.html")))
+        return
     if not own:
         print("myriad: input error: report: %s holds no traced steps (RUN_DIR/traces/rank_*.jsonl): train with "
               "--set observe.trace=true" % os.path.join(run_dir, "traces"), file=sys.stderr)
@@ -197,7 +303,6 @@ def main():
     slowness = {r: statistics.median([v for v in grid[i] if v == v] or [1.0]) for i, r in enumerate(ranks)}
     order = sorted(ranks, key=lambda r: -slowness[r])
 
-    out = os.path.join(run_dir, "report")
     os.makedirs(out, exist_ok=True)
     labels = [names[r] for r in ranks]
     fig, axes = plt.subplots(1, 2, figsize=(14, 1.2 + 0.45 * len(ranks)), gridspec_kw={"width_ratios": [3, 1]})
@@ -239,6 +344,9 @@ def main():
         f.write("<h1>%s</h1><h2>Where the time went, rank by rank</h2><img src=heatmap.png>" % html.escape(run_dir))
         if curves:
             f.write("<h2>Training</h2><img src=curves.png>")
+        if recovered:
+            f.write("<h2>Faults and recoveries</h2><img src=timeline.png><ul>%s</ul>" % "".join(
+                "<li>%s</li>" % html.escape(l) for l in recovered))
         f.write("<h2>Slowest ranks</h2><table border=1 cellpadding=4><tr><th>rank</th><th>where</th>"
                 "<th>own time / median</th>%s</tr>%s</table>" % (
                     "".join("<th>%s ms/step</th>" % p for p in PHASES), rows))

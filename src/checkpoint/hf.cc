@@ -621,7 +621,7 @@ static std::vector<std::string> write_model(const fs::path& into, const std::map
 void export_hf(const std::string& dir, const std::string& out_arg, const ExportOptions& opt) {
   const bool overwrite = opt.overwrite;
   const nlohmann::json meta = read_meta(dir);
-  const Config cfg = parse_config(decode_meta(meta, dir).config, dir + "/meta.json");
+  const Config cfg = parse_config(config_of(meta, dir), dir + "/meta.json");
   const ModelConfig& m = cfg.model;
   // A Llama-family model (any of the block's Llama keys) as LlamaForCausalLM, else GPT-2.
   const bool as_llama = llama::family(m);

@@ -70,6 +70,10 @@ Meta decode_meta(const nlohmann::json& j, const std::string& dir) {
   return m;
 }
 
+std::string config_of(const nlohmann::json& j, const std::string& dir) {
+  return field<std::string>(j, dir, {"config"}, nullptr);
+}
+
 std::vector<Shard> shards_of(const Components& state, bool for_save) {
   std::vector<Shard> out;
   for (const auto& c : state)

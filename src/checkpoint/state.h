@@ -52,6 +52,9 @@ struct Meta {
 nlohmann::json encode(const Meta& m);
 // A field missing or of the wrong type is Corrupt naming `dir` and the field.
 Meta decode_meta(const nlohmann::json& j, const std::string& dir);
+// The config alone (TOML): all that sampling and export read, so that they take a checkpoint of
+// weights whatever training state it lacks.
+std::string config_of(const nlohmann::json& j, const std::string& dir);
 
 // A stateful part of a run.
 class Component {

@@ -203,6 +203,7 @@ int cmd_self_check(int argc, char** argv) {
   const std::string device = args.has("device") ? args.get("device") : "auto";
   if (device != "auto" && device != "cpu" && device != "cuda")
     throw_input("self-check: --device must be auto, cpu or cuda, got '", device, "'");
+  fault::poll_live(0);
   fault::trigger("diag");  // diag:fail (a runtime fault), kill, hang, ...
   const double bus = ranks > 1 ? collective_check(static_cast<int>(ranks), min_gbps) : 0;  // forks: first
   const double gflops = compute_check(), mem = memory_check(), disk = storage_check(dir);

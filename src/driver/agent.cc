@@ -164,6 +164,7 @@ struct JobState {
 struct Stop {
   FaultRecord fault;
   Decision decision;
+  nlohmann::json record;  // as the store holds it (the job's state after the decision included)
   nlohmann::json json(const JobState& state) const {
     nlohmann::json j = encode(fault);
     j.update(state.json());
@@ -173,6 +174,7 @@ struct Stop {
   }
   static Stop from(const nlohmann::json& j) {
     Stop s;
+    s.record = j;
     s.fault = decode_fault(j);
     const nlohmann::json d = j.value("decision", nlohmann::json::object());
     for (Action a : {Action::kRestart, Action::kSkipStep, Action::kRerunCheck, Action::kEvict, Action::kReplace,
@@ -216,12 +218,12 @@ JobHistory history_of(JobBoard& board, const LaunchPlan& plan, const std::option
 // it after the decision (a skipped step, the loss fault's step).
 Stop record_stop(JobBoard& board, const LaunchPlan& plan, const std::optional<Config>& cfg, int64_t max_restarts,
                  JobState state, int64_t attempt, FaultRecord fault) {
-  Stop s{fault, decide(history_of(board, plan, cfg, max_restarts, state, attempt), fault)};
+  const JobHistory history = history_of(board, plan, cfg, max_restarts, state, attempt);
+  Stop s{fault, decide(history, fault), {}};
   if (fault.kind == FaultKind::kLoss) state.last_loss_step = fault.step;
   if (s.decision.action == Action::kSkipStep) state.skipped.push_back(s.decision.step);
   if (s.decision.action == Action::kEvict) s.fault.evict = true;
-  if (fault.kind == FaultKind::kSdc && (s.decision.action == Action::kEvict || s.decision.action == Action::kStop))
-    s.fault.detail += "; " + s.decision.why;
+  if (const std::string p = persistent_corruption(history, fault); !p.empty()) s.fault.detail += "; " + p;
   return Stop::from(board.stop(attempt, s.json(state)));
 }
 
@@ -395,7 +397,8 @@ nlohmann::json self_check(Launcher& launcher, const LaunchPlan& plan, const std:
   std::error_code ec;
   std::filesystem::remove(record, ec);
   spec.env = {{"MYRIAD_NODE_RANK", std::to_string(plan.node_rank)}, {"MYRIAD_ATTEMPT", std::to_string(attempt)},
-              {"MYRIAD_FAULT_RECORD", record}};
+              {"MYRIAD_FAULT_RECORD", record},
+              {"MYRIAD_INJECT_LIVE", (std::filesystem::path(plan.run_dir) / "driver" / cat("inject_node", plan.node_rank)).string()}};
   spec.log_path = (std::filesystem::path(plan.log_dir) / cat("self_check_node", plan.node_rank, ".log")).string();
   launcher.spawn(spec);
   constexpr double kLimit_s = 60;
@@ -573,6 +576,7 @@ std::optional<Leaving> Agent::stop_and_check(int64_t attempt, const Stop& cause)
   Launcher& launcher = *launcher_;
   const int me = plan_.node_rank;
   auto beat = [this](const char* status) { beat_checking(status); };
+  check_line_.clear();
   const nlohmann::json mine = self_check(launcher, plan_, cfg_, attempt, check_line_, beat);
   board.diagnosed(attempt, me, mine);
   events_->write("diagnose", -1, mine["ok"] ? "" : class_name(ErrorClass::kRuntime),
@@ -644,19 +648,25 @@ std::optional<Leaving> Agent::stop_and_check(int64_t attempt, const Stop& cause)
             break;
           }
     }
+    // The spares went meanwhile (none took a place): the places are filled as without spares.
+    Decision how = fill_places;
+    if (how.action == Action::kReplace && p["spares"].empty()) {
+      h.idle_spares = 0;
+      how = fill(h, static_cast<int>(leave.size()));
+    }
     const std::string m = leave.begin().key();
-    if (fill_places.action == Action::kReplace && p["spares"].size() < leave.size()) {
-      p["error"] = cat("node ", m, " left the job (", leave[m].get<std::string>(),
-                       ") and a spare left while it was being given a place");
-    } else if (fill_places.action == Action::kShrink) {
+    if (how.action == Action::kReplace && p["spares"].size() < leave.size()) {
+      p["error"] = cat("node ", m, " left the job (", leave[m].get<std::string>(), ") and no spare (myriad launch "
+                       "--spare) is there to take its place; a spare left while it was being given a place");
+    } else if (how.action == Action::kShrink) {
       nlohmann::json nodes = nlohmann::json::array();
       for (int n = 0; n < plan_.nnodes; ++n)
         if (!leave.contains(std::to_string(n))) nodes.push_back(n);
       const int64_t new_dp = int64_t(nodes.size()) * plan_.nproc_per_node / (cfg_->parallel.tp * cfg_->parallel.pp);
       p["shrink"] = {{"nodes", nodes}, {"dp", new_dp}};
       p["nnodes"] = nodes.size(), p["dp"] = new_dp;
-    } else if (fill_places.action == Action::kStop) {
-      p["error"] = cat("node ", m, " left the job (", leave[m].get<std::string>(), ") and ", fill_places.why);
+    } else if (how.action == Action::kStop) {
+      p["error"] = cat("node ", m, " left the job (", leave[m].get<std::string>(), ") and ", how.why);
     }
     settled = board.settle(attempt, p);
   } else {
@@ -766,11 +776,18 @@ int Agent::run() {
     for (WorkerSpec& spec : specs) {
       spec.env.emplace_back("MYRIAD_HEARTBEAT", hangs.add(spec.rank, launcher.size()));
       spec.env.emplace_back("MYRIAD_FAULT_RECORD", hangs.fault_path(spec.rank).string());
+      spec.env.emplace_back("MYRIAD_INJECT_LIVE", hangs.inject_path(spec.rank).string());
       launcher.spawn(spec);
     }
     StoreWatch store_watch{store.get()};
     std::optional<FaultRecord> straggler;  // to evict (fault.evict_stragglers)
     std::optional<JobWatch> job;
+    // The job watch beats for this agent until the attempt's stop and check ends (it outlives
+    // the run), and no longer.
+    struct Forget {
+      JobWatch*& watch;
+      ~Forget() { watch = nullptr; }
+    } forget{job_watch_};
     if (board_) {
       job.emplace(*watch_board_, launcher, plan_, hangs, fault_.heartbeat_s, attempt, s_.node_name,
                   [&, attempt](FaultRecord f) {
@@ -833,8 +850,7 @@ int Agent::run() {
       }
       hangs.stragglers.clear();
     });
-    errors_ = nullptr;  // (the job watch, which owns them, ends with this attempt)
-    job_watch_ = nullptr;
+    errors_ = nullptr;  // the workers have ended
     hangs_ = nullptr;
     hangs.read_all();  // what the workers said last, the ones that ended too
     check_resumed();
@@ -889,7 +905,7 @@ int Agent::run() {
     } else {
       cause = *job->remote;
     }
-    if (board_) job_.carry_over(board_->stopped(attempt).value_or(nlohmann::json::object()));
+    if (board_) job_.carry_over(cause.record);
     const FaultRecord& f = cause.fault;
     const Decision& d = cause.decision;
     failed_class = f.cls;

@@ -37,7 +37,7 @@ std::string HangWatch::add(int rank, int index) {
   r.rank = rank, r.index = index;
   r.path = (dir / cat("heartbeat_rank_", rank)).string();
   std::error_code ec;
-  for (const std::filesystem::path& p : {std::filesystem::path(r.path), flight_path(rank), fault_path(rank)})
+  for (const std::filesystem::path& p : {std::filesystem::path(r.path), flight_path(rank), fault_path(rank), inject_path(rank)})
     std::filesystem::remove(p, ec);  // the last attempt's
   ranks.push_back(r);
   return r.path;

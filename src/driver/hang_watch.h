@@ -43,10 +43,13 @@ struct HangWatch {
 
   HangWatch(Launcher& l, const std::string& run_dir);
   // Watches rank `rank`, the launcher's worker `index`; returns the path of its heartbeat (its
-  // MYRIAD_HEARTBEAT), after removing the last attempt's heartbeat, flight and fault records.
+  // MYRIAD_HEARTBEAT), after removing the last attempt's heartbeat, flight and fault records and
+  // any fault injected for it that it did not take.
   std::string add(int rank, int index);
   std::filesystem::path flight_path(int rank) const { return dir / cat("flight_rank_", rank, ".json"); }
   std::filesystem::path fault_path(int rank) const { return dir / cat("fault_rank_", rank, ".json"); }
+  // Where a chaos run injects faults into the rank while it runs (core/fault.h's live injection).
+  std::filesystem::path inject_path(int rank) const { return dir / cat("inject_rank_", rank); }
   // Asks every running worker of this node for its flight record (SIGUSR1: runtime/heartbeat.h)
   // and waits up to 2 s for them; `except` (a stopped rank) cannot answer.
   void request_flight_records(int except = -1);

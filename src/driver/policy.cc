@@ -20,52 +20,52 @@ const char* action_name(Action a) {
 namespace {
 
 // How many faults in a row, this one included, the same node caused, counted back to the last
-// change of the job's nodes. A loss fault, or a fault of no rank (a lost agent), ends the run.
+// change of the job's nodes, up to evict_after. A loss fault, or a fault of no rank (a lost
+// agent), ends the run.
 int64_t in_a_row(const JobHistory& h, const FaultRecord& f) {
   auto counts = [&](const FaultRecord& r) { return r.node == f.node && r.rank >= 0 && r.kind != FaultKind::kLoss; };
   if (!counts(f)) return 0;
   int64_t n = 1;
-  for (auto it = h.past.rbegin(); it != h.past.rend() && !it->nodes_changed && counts(it->fault); ++it) ++n;
+  for (auto it = h.past.rbegin(); n < h.evict_after && it != h.past.rend() && !it->nodes_changed && counts(it->fault);
+       ++it)
+    ++n;
   return n;
 }
 
 }  // namespace
 
+std::string persistent_corruption(const JobHistory& h, const FaultRecord& f) {
+  if (f.kind != FaultKind::kSdc || h.past.empty()) return "";
+  const JobHistory::Past& last = h.past.back();
+  if (last.nodes_changed || last.fault.kind != FaultKind::kSdc || last.fault.step != f.step || last.fault.rank != f.rank)
+    return "";
+  return cat("persistent: the rerun of step ", f.step, " corrupted it again",
+             h.nnodes == 1 ? "; replace this node's faulty device" : "");
+}
+
 Decision decide(const JobHistory& h, const FaultRecord& f) {
   if (f.cls == ErrorClass::kInput || f.cls == ErrorClass::kInternal)
     return {Action::kStop, cat("a ", class_name(f.cls), " fails the same way on every restart")};
+  const std::string persistent = persistent_corruption(h, f);
+  if (!persistent.empty() && h.nnodes == 1) return {Action::kStop, persistent};
   if (h.restarts >= h.max_restarts)
     return {Action::kStop, cat("the job made its ", h.max_restarts, " restart(s) (--max-restarts)")};
-  switch (f.kind) {
-    case FaultKind::kSdc: {
-      const bool again = !h.past.empty() && h.past.back().fault.kind == FaultKind::kSdc &&
-                         h.past.back().fault.step == f.step && h.past.back().fault.rank == f.rank;
-      if (!again)
-        return {Action::kRerunCheck, cat("rerun step ", f.step, " and check rank ", f.rank, "'s replica again"), -1,
-                f.step, f.rank};
-      if (h.nnodes == 1)
-        return {Action::kStop,
-                cat("persistent: the rerun of step ", f.step, " corrupted it again; replace this node's faulty device")};
-      return {Action::kEvict, cat("persistent: the rerun of step ", f.step, " corrupted it again"), f.node};
-    }
-    case FaultKind::kLoss:
-      if (f.step >= 0 && f.step == h.last_loss_step &&
-          std::find(h.skipped.begin(), h.skipped.end(), f.step) == h.skipped.end())
-        return {Action::kSkipStep,
-                cat("the loss fault at step ", f.step, " recurred on the replay: the data, not a machine; the next "
-                    "attempt skips that step's batch (train.skip_steps)"),
-                -1, f.step};
-      return {Action::kRestart, "resuming from the latest committed checkpoint"};
-    case FaultKind::kDiag:
-    case FaultKind::kLost:
-      return {Action::kEvict, f.detail, f.node};
-    default:
-      break;
-  }
-  if (f.evict) return {Action::kEvict, f.detail, f.node};
+  // A node leaves: its device corrupts replicas, it failed its check or was lost, or it named
+  // itself (a straggler), or it caused the last fault.evict_after faults.
+  if (!persistent.empty()) return {Action::kEvict, persistent, f.node};
+  if (f.kind == FaultKind::kDiag || f.kind == FaultKind::kLost || f.evict) return {Action::kEvict, f.detail, f.node};
   if (h.nnodes > 1 && f.node >= 0)
     if (const int64_t n = in_a_row(h, f); n >= h.evict_after)
       return {Action::kEvict, cat("it caused the last ", n, " faults (fault.evict_after = ", h.evict_after, ")"), f.node};
+  if (f.kind == FaultKind::kSdc)
+    return {Action::kRerunCheck, cat("rerun step ", f.step, " and check rank ", f.rank, "'s replica again"), -1, f.step,
+            f.rank};
+  if (f.kind == FaultKind::kLoss && f.step >= 0 && f.step == h.last_loss_step &&
+      std::find(h.skipped.begin(), h.skipped.end(), f.step) == h.skipped.end())
+    return {Action::kSkipStep,
+            cat("the loss fault at step ", f.step, " recurred on the replay: the data, not a machine; the next "
+                "attempt skips that step's batch (train.skip_steps)"),
+            -1, f.step};
   return {Action::kRestart, "resuming from the latest committed checkpoint"};
 }
 

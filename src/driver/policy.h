@@ -66,6 +66,10 @@ struct Decision {
 };
 
 Decision decide(const JobHistory& history, const FaultRecord& fault);
+// A corrupt replica corrupt again on the rerun of its step, with the job's nodes unchanged
+// since: "persistent: the rerun of step S corrupted it again" (on one node, "; replace this
+// node's faulty device" more), for the fault's record; "" when it is not.
+std::string persistent_corruption(const JobHistory& history, const FaultRecord& fault);
 // How the places of `leaving` nodes are filled.
 Decision fill(const JobHistory& history, int leaving);
 

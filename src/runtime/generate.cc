@@ -22,7 +22,7 @@ namespace myriad {
 LoadedModel load_for_inference(const std::string& path) {
   const std::string dir = checkpoint::resolve(path);
   nlohmann::json meta = checkpoint::read_meta(dir);
-  Config cfg = parse_config(checkpoint::decode_meta(meta, dir).config, dir + "/meta.json");
+  Config cfg = parse_config(checkpoint::config_of(meta, dir), dir + "/meta.json");
   cfg.parallel = ParallelConfig{};  // sampling runs the whole model in this process, one row
   cfg.train.global_batch = cfg.train.micro_batch = 1;
   // FP8 is a training compute format: sampling computes in bf16 (fp32 on the CPU) on any device.

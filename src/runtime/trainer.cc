@@ -291,6 +291,7 @@ Trainer::End Trainer::run() {
     const double t0 = now_s();
     set_phase("data");
     trace::set_step(step_ + 1);
+    fault::poll_live(step_ + 1);  // a chaos run's faults, armed for this step (core/fault.h)
     if (std::count(t.skip_steps.begin(), t.skip_steps.end(), step_ + 1)) {
       skip_step();
       continue;
@@ -307,6 +308,7 @@ Trainer::End Trainer::run() {
     // Injected faults that act on the step's results, then the checks that catch such faults.
     const std::string injected = fault::action(cat("step:", step_));
     if (injected == "nan") r.loss = std::numeric_limits<float>::quiet_NaN();
+    if (injected == "spike") r.loss *= 1000.0f;
     if (injected == "flip") engine_->flip_parameter_bit();
     check_loss(r.loss);
     if (cfg_.fault.sdc_check_every > 0 && step_ % cfg_.fault.sdc_check_every == 0) check_replicas();
@@ -378,7 +380,7 @@ Trainer::End Trainer::run() {
       heartbeat_.set_own_ms(own[own.size() / 2] * 1e3);
     }
     last_end_ = end;
-    fault::trigger(cat("step:", step_));
+    fault::carry_out(injected, cat("step:", step_));
     if (const int ms = fault::delay_ms(); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     if (r.stop && step_ < t.steps) return stop_preempted();
   }

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "core/error.h"
 #include "test_util.h"
@@ -144,6 +145,50 @@ TEST_F(Restart, AStallIsFoundFromTheObservedStepTime) {
 }
 
 // The self-check's collective: the node's processes all-reduce and check every element; a
+// A fault written into a running worker's live injection file (core/fault.h), as a chaos run
+// does: rank 1 takes step:next:spike at its next step, the spike check finds it, the job
+// restarts and ends as the run that never broke; `myriad report` then draws the recovery.
+TEST_F(Restart, ALiveInjectedFaultStrikesTheRunningJobAndTheReportDrawsItsRecovery) {
+  const fs::path straight = dir_ / "live_straight", rd = dir_ / "live";
+  ASSERT_EQ(run(launch(straight, "", "--set train.steps=40")).code, 0);
+  Result r;
+  // Its first attempt's steps take 100 ms each (numerics unchanged), so the fault lands mid-run.
+  std::thread job([&] {
+    r = run(launch(rd, "--max-restarts 1", "--set fault.spike_factor=3 --set train.steps=40"),
+            "MYRIAD_INJECT_FAULT=step:1:slow:100");
+  });
+  // Once rank 1 has completed step 8 (the spike check has its 5 losses), the fault goes in.
+  bool injected = false;
+  for (int i = 0; i < 600 && !injected; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::ifstream in(rd / "driver/heartbeat_rank_1");
+    const nlohmann::json beat = nlohmann::json::parse(in, nullptr, false);
+    if (beat.is_object() && beat.value("step", 0) >= 8) {
+      std::ofstream(rd / "driver/inject_rank_1.tmp") << "step:next:spike\n";
+      fs::rename(rd / "driver/inject_rank_1.tmp", rd / "driver/inject_rank_1");
+      injected = true;
+    }
+  }
+  job.join();
+  ASSERT_TRUE(injected) << r.output;
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::vector<nlohmann::json> ev = jsonl(rd / "driver/events.jsonl");
+  ASSERT_GE(ev.size(), 5u) << r.output;
+  EXPECT_EQ(ev[0]["event"], "fault");
+  EXPECT_EQ(ev[0]["class"], "numerics fault");
+  EXPECT_NE(ev[0]["detail"].get<std::string>().find("a loss spike"), std::string::npos) << ev[0].dump();
+  EXPECT_EQ(ev.back()["event"], "resumed");
+  EXPECT_EQ(read_file(rd / "checkpoints/step_00000040/shard_00000.bin"),
+            read_file(straight / "checkpoints/step_00000040/shard_00000.bin"));
+  // The report: without traces, the timeline alone, each phase of the recovery named.
+  Result report = run(cat("report ", rd.string()));
+  ASSERT_EQ(report.code, 0) << report.output;
+  EXPECT_NE(report.output.find("report: recovery: attempt 0: "), std::string::npos) << report.output;
+  for (const char* phase : {"detect ", "stop ", "check ", "restart ", "load and first step "})
+    EXPECT_NE(report.output.find(phase), std::string::npos) << phase << " in " << report.output;
+  EXPECT_TRUE(fs::exists(rd / "report/timeline.png"));
+}
+
 // bandwidth below what fault.diag_min_bus_gbps expects fails the node (the agent evicts it).
 TEST_F(Restart, SelfCheckMeasuresTheNodesCollectiveAgainstItsExpectedBandwidth) {
   const std::string dir = (dir_ / "check").string();

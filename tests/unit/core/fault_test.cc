@@ -104,3 +104,30 @@ TEST(Fault, CheckInjectionRefusesWhatWouldNeverFire) {
 }
 
 }  // namespace
+
+namespace {
+
+// Live injection: a file written while the process runs arms its items, each firing once where
+// its point is next reached; `step:next` is the step about to run; an item off the grammar is
+// dropped and the rest armed.
+TEST(Fault, ALiveFileArmsItsItemsOnceEach) {
+  const std::string path = ::testing::TempDir() + "myriad_inject_live";
+  setenv("MYRIAD_INJECT_LIVE", path.c_str(), 1);
+  EXPECT_EQ(fault::poll_live(7), "");  // no file: nothing
+  {
+    FILE* f = std::fopen(path.c_str(), "w");
+    std::fputs("step:next:spike\ncheckpoint_write:fail, step:3:meteor ,diag:fail\n", f);
+    std::fclose(f);
+  }
+  EXPECT_EQ(fault::poll_live(7), "step:7:spike,checkpoint_write:fail,diag:fail");
+  EXPECT_EQ(std::fopen(path.c_str(), "r"), nullptr) << "the file is taken";
+  EXPECT_EQ(fault::action("step:6"), "");
+  EXPECT_EQ(fault::action("step:7"), "spike");
+  EXPECT_EQ(fault::action("step:7"), "") << "once";
+  EXPECT_THROW(fault::trigger("checkpoint_write"), Error);
+  EXPECT_EQ(fault::trigger("checkpoint_write"), "");
+  EXPECT_EQ(fault::action("diag"), "fail");
+  unsetenv("MYRIAD_INJECT_LIVE");
+}
+
+}  // namespace

@@ -73,11 +73,19 @@ TEST(Policy, DecidesEveryFaultClassAndHistory) {
        Action::kRerunCheck, -1, 6},
       {"an sdc of another rank reruns", with_past(job(2), {fault(FaultKind::kSdc, 1, 3, 6)}), sdc6,
        Action::kRerunCheck, -1, 6},
+      {"an sdc again after the nodes changed reruns", with_past(job(2), {sdc6}, true), sdc6, Action::kRerunCheck, -1,
+       6},
+      {"a persistent sdc with the budget spent stops", with_past(job(2, 10), {sdc6}), sdc6, Action::kStop, -1, -1,
+       "restart(s)"},
+      {"a first sdc of a repeat culprit evicts it", with_past(job(2), {crash_n1, crash_n1}), sdc6, Action::kEvict, 1,
+       -1, "the last 3 faults"},
       {"an evicting straggler evicts", job(2), straggler, Action::kEvict, 1},
       {"a failed self-check evicts", job(2), fault(FaultKind::kDiag, 1, -1), Action::kEvict, 1},
       {"a lost agent evicts", job(4), fault(FaultKind::kLost, 3, -1), Action::kEvict, 3},
       {"the third fault in a row of one node evicts it", with_past(job(2), {crash_n1, crash_n1}), crash_n1,
        Action::kEvict, 1, -1, "the last 3 faults"},
+      {"the count stops at fault.evict_after", with_past(job(2), {crash_n1, crash_n1, crash_n1, crash_n1}), crash_n1,
+       Action::kEvict, 1, -1, "the last 3 faults (fault.evict_after = 3)"},
       {"two in a row do not", with_past(job(2), {crash_n1}), crash_n1, Action::kRestart},
       {"another node's fault between breaks the run", with_past(job(2), {crash_n1, fault(FaultKind::kCrash, 0, 0)}),
        crash_n1, Action::kRestart},
@@ -94,6 +102,15 @@ TEST(Policy, DecidesEveryFaultClassAndHistory) {
     if (row.step >= 0) EXPECT_EQ(d.step, row.step) << row.name;
     EXPECT_NE(d.why.find(row.why), std::string::npos) << row.name << ": " << d.why;
   }
+}
+
+// The record of a persistent corruption says so, on one node with what to do.
+TEST(Policy, APersistentCorruptionIsNamed) {
+  const FaultRecord sdc = fault(FaultKind::kSdc, 0, 1, 6);
+  EXPECT_EQ(persistent_corruption(with_past(job(1), {sdc}), sdc),
+            "persistent: the rerun of step 6 corrupted it again; replace this node's faulty device");
+  EXPECT_EQ(persistent_corruption(with_past(job(2), {sdc}), sdc), "persistent: the rerun of step 6 corrupted it again");
+  EXPECT_EQ(persistent_corruption(job(1), sdc), "");
 }
 
 TEST(Policy, PlacesAreFilledBySparesForAllOrByShrinkingOrTheJobStops) {
