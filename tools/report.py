@@ -237,7 +237,8 @@ def timeline(run_dir, out):
                                                           lost, phases, "" if len(ts) == 6 else "; no restart"))
     ax.set_yticks([])
     ax.set_xlabel("seconds")
-    ax.set_title("productive (green) and each recovery: " + ", ".join("%s (%s)" % p for p in PHASE_COLORS))
+    ax.set_title("productive (green) and each recovery: " + ", ".join(
+        "%s (%s)" % (name, color.replace("tab:", "")) for name, color in PHASE_COLORS))
     fig.tight_layout()
     fig.savefig(os.path.join(out, "timeline.png"), dpi=100)
     plt.close(fig)

@@ -130,8 +130,8 @@ void HangWatch::operator()() {
     }
     // The allowance runs from the worker's last word on it (after an evaluation or a save), or
     // else from when its step last moved.
-    const double waited = r.last->allowance_from_s > 0 ? wall_s() - r.last->allowance_from_s : now - r.step_at;
-    all_stuck = all_stuck && waited > r.last->allowance_s;
+    r.waited = r.last->allowance_from_s > 0 ? wall_s() - r.last->allowance_from_s : now - r.step_at;
+    all_stuck = all_stuck && r.waited > r.last->allowance_s;
   }
   find_stragglers();
   if (!all_stuck) return;
@@ -145,7 +145,7 @@ void HangWatch::operator()() {
     holdup = Holdup{r->culprits[0], r->findings[0]};
   const Rank& first = ranks[0];
   fault = FaultRecord{FaultKind::kStall, ErrorClass::kRuntime, holdup ? holdup->rank : -1, -1, first.step,
-                      cat("hang: no rank of this node completed a step for ", static_cast<int>(now - first.step_at),
+                      cat("hang: no rank of this node completed a step for ", static_cast<int>(first.waited),
                           " s (allowance ", first.last->allowance_s, " s, after step ", first.step, ", ",
                           first.last->phase, "); all stopped",
                           holdup ? "; " + holdup->detail : std::string("; no single rank holds it up"))};

@@ -35,6 +35,7 @@ struct HangWatch {
     std::string path;
     long long beat = -1, step = -1;
     double beat_at = 0, step_at = 0;
+    double waited = 0;  // seconds its allowance has run (at the last look)
     std::optional<HeartbeatRecord> last;  // its last heartbeat, as read
     bool straggler = false;               // reported in this attempt
   };
