@@ -52,4 +52,17 @@ void SkipList::load(const checkpoint::Meta& meta) {
     if (std::find(steps_.begin(), steps_.end(), s) == steps_.end()) steps_.push_back(s);
 }
 
+checkpoint::Components run_state(Engine& engine, const Config& cfg, int64_t& step, int64_t& consumed,
+                                 std::vector<double>& recent_losses, std::vector<int64_t>& skip_steps) {
+  checkpoint::Components state;
+  state.push_back(std::make_unique<Progress>(step));
+  state.push_back(std::make_unique<ParamsState>(engine));
+  state.push_back(std::make_unique<OptimizerState>(engine, cfg.optim.name));
+  state.push_back(std::make_unique<DataPosition>(consumed, cfg.train.seed));
+  state.push_back(std::make_unique<RngState>(cfg.model.seed, cfg.train.seed));
+  state.push_back(std::make_unique<LossHistory>(recent_losses));
+  state.push_back(std::make_unique<SkipList>(skip_steps, step));
+  return state;
+}
+
 }  // namespace myriad

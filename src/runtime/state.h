@@ -1,5 +1,5 @@
 // The components of a run's checkpoint (checkpoint/state.h's Component), each over the state it
-// owns or borrows. The Trainer builds them once (state_of) and asks them on every save and
+// owns or borrows. The Trainer builds them once (run_state) and asks them on every save and
 // resume; `myriad sample` loads the parameters alone through ParamsState.
 #pragma once
 
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "checkpoint/state.h"
+#include "core/config.h"
 #include "model/engine.h"
 
 namespace myriad {
@@ -95,5 +96,11 @@ class Progress : public checkpoint::Component {
  private:
   int64_t& step_;
 };
+
+// What a training run's checkpoint holds, in order: the step, the parameters, the optimizer, the
+// data position, the RNG, the loss history, the skip list, over the engine and the run's
+// counters (which must outlive the components).
+checkpoint::Components run_state(Engine& engine, const Config& cfg, int64_t& step, int64_t& consumed,
+                                 std::vector<double>& recent_losses, std::vector<int64_t>& skip_steps);
 
 }  // namespace myriad

@@ -178,13 +178,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
   const std::string algos = (fs::path(run_dir_) / cat("gemm_algos.rank", dist_ ? dist_->rank() : 0, ".txt")).string();
   engine_ = make_planned_engine(cfg_, dist_ ? dist_->context() : nullptr, algos);
   // What a checkpoint holds (runtime/state.h): every save and resume asks these.
-  state_.push_back(std::make_unique<Progress>(step_));
-  state_.push_back(std::make_unique<ParamsState>(*engine_));
-  state_.push_back(std::make_unique<OptimizerState>(*engine_, cfg_.optim.name));
-  state_.push_back(std::make_unique<DataPosition>(consumed_, cfg_.train.seed));
-  state_.push_back(std::make_unique<RngState>(cfg_.model.seed, cfg_.train.seed));
-  state_.push_back(std::make_unique<LossHistory>(recent_loss_));
-  state_.push_back(std::make_unique<SkipList>(cfg_.train.skip_steps, step_));
+  state_ = run_state(*engine_, cfg_, step_, consumed_, recent_loss_, cfg_.train.skip_steps);
   if (cfg_.observe.trace) {
     const int64_t offset = dist_ ? dist_->clock_offset_us() : 0;
     const int rank = dist_ ? dist_->rank() : 0;

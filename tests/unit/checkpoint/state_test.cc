@@ -70,13 +70,7 @@ TEST(CheckpointState, EveryComponentRoundTripsThroughACheckpoint) {
     std::vector<int64_t> skips;
     checkpoint::Components state;
     explicit Run(const Config& cfg) : engine(make_engine(cfg)) {
-      state.push_back(std::make_unique<Progress>(step));
-      state.push_back(std::make_unique<ParamsState>(*engine));
-      state.push_back(std::make_unique<OptimizerState>(*engine, cfg.optim.name));
-      state.push_back(std::make_unique<DataPosition>(consumed, cfg.train.seed));
-      state.push_back(std::make_unique<RngState>(cfg.model.seed, cfg.train.seed));
-      state.push_back(std::make_unique<LossHistory>(losses));
-      state.push_back(std::make_unique<SkipList>(skips, step));
+      state = run_state(*engine, cfg, step, consumed, losses, skips);
     }
   };
   Run a(cfg), b(cfg);
