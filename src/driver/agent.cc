@@ -168,20 +168,14 @@ struct Stop {
   nlohmann::json json(const JobState& state) const {
     nlohmann::json j = encode(fault);
     j.update(state.json());
-    j["decision"] = {{"action", action_name(decision.action)}, {"why", decision.why}, {"node", decision.node},
-                     {"step", decision.step}, {"rank", decision.rank}};
+    j["decision"] = encode(decision);
     return j;
   }
   static Stop from(const nlohmann::json& j) {
     Stop s;
     s.record = j;
     s.fault = decode_fault(j);
-    const nlohmann::json d = j.value("decision", nlohmann::json::object());
-    for (Action a : {Action::kRestart, Action::kSkipStep, Action::kRerunCheck, Action::kEvict, Action::kReplace,
-                     Action::kShrink, Action::kStop})
-      if (d.value("action", "") == action_name(a)) s.decision.action = a;
-    s.decision.why = d.value("why", ""), s.decision.node = d.value("node", -1);
-    s.decision.step = d.value("step", int64_t(-1)), s.decision.rank = d.value("rank", -1);
+    s.decision = decode_decision(j.value("decision", nlohmann::json::object()));
     return s;
   }
 };

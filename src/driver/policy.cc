@@ -17,6 +17,21 @@ const char* action_name(Action a) {
   return "?";
 }
 
+nlohmann::json encode(const Decision& d) {
+  return {{"action", action_name(d.action)}, {"why", d.why}, {"node", d.node}, {"step", d.step}, {"rank", d.rank}};
+}
+
+Decision decode_decision(const nlohmann::json& j) {
+  Decision d;
+  if (!j.is_object()) return d;
+  for (Action a : {Action::kRestart, Action::kSkipStep, Action::kRerunCheck, Action::kEvict, Action::kReplace,
+                   Action::kShrink, Action::kStop})
+    if (j.value("action", "") == action_name(a)) d.action = a;
+  d.why = j.value("why", ""), d.node = j.value("node", -1);
+  d.step = j.value("step", int64_t(-1)), d.rank = j.value("rank", -1);
+  return d;
+}
+
 namespace {
 
 // How many faults in a row, this one included, the same node caused, counted back to the last

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,10 @@ struct Decision {
   int rank = -1;       // kRerunCheck: the rank whose replica is checked again
   bool operator==(const Decision&) const = default;
 };
+
+// A decision as a stop record carries it, and back (an unknown action reads as restart).
+nlohmann::json encode(const Decision& d);
+Decision decode_decision(const nlohmann::json& j);
 
 Decision decide(const JobHistory& history, const FaultRecord& fault);
 // A corrupt replica corrupt again on the rerun of its step, with the job's nodes unchanged

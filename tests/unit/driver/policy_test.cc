@@ -128,6 +128,13 @@ TEST(Policy, PlacesAreFilledBySparesForAllOrByShrinkingOrTheJobStops) {
       << d.why;
 }
 
+// A decision travels in a stop record and reads back the same.
+TEST(Policy, ADecisionReadsBackFromItsRecord) {
+  const Decision d{Action::kRerunCheck, "rerun step 6", -1, 6, 2};
+  EXPECT_EQ(decode_decision(nlohmann::json::parse(encode(d).dump())), d);
+  EXPECT_EQ(decode_decision(nlohmann::json()).action, Action::kRestart);
+}
+
 // The comm fault is the echo, one rule for the launcher and the agent.
 TEST(Policy, ACommFaultMayBeAnEchoAndNothingElseIs) {
   EXPECT_TRUE(may_be_echo(fault(FaultKind::kComm, 0, 0, -1, ErrorClass::kComm)));
