@@ -17,7 +17,9 @@
 # events and RUN_DIR/driver/injected.jsonl (this script's record of each fault):
 #   ETTR = productive step time / wall time (the steps metrics.jsonl keeps: a resume drops the
 #   recomputed ones); per class, the median time from the fault to the job's first productive
-#   step after it; the final weights against a fault-free run's (same layout: bit for bit).
+#   step after it (the first step past the last one logged when it struck: the replayed steps
+#   included), and to the restarted attempt's first step (the `resumed` event: the replay not
+#   included); the final weights against a fault-free run's (same layout: bit for bit).
 # `myriad report RUN_DIR` draws the run's timeline (report/timeline.png).
 #   STEPS=20000 INTERVAL=120 [CLASSES="kill stop ..."] scripts/chaos.sh [MYRIAD_BINARY]
 set -uo pipefail
@@ -61,8 +63,9 @@ running() { pgrep -f "rdzv redis://127.0.0.1:$PORT/chaos -- train" >/dev/null; }
 inject() {  # FILE ITEM: a live fault for a worker or a node's self-check
   printf '%s\n' "$2" > "$1.tmp" && mv "$1.tmp" "$1"
 }
-record() {  # CLASS TARGET
-  printf '{"time": %s, "class": "%s", "target": "%s"}\n' "$(date +%s.%N)" "$1" "$2" >> "$R/driver/injected.jsonl"
+record() {  # CLASS TARGET (and the last step metrics.jsonl holds as it strikes)
+  local step; step=$(tail -n 1 "$R/metrics.jsonl" 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["step"])' 2>/dev/null)
+  printf '{"time": %s, "class": "%s", "target": "%s", "step": %s}\n' "$(date +%s.%N)" "$1" "$2" "${step:-0}" >> "$R/driver/injected.jsonl"
   echo "chaos: $(date +%T) $1 $2"
 }
 beat() {  # NODE EXPR: from that node's agent heartbeat in the store (j), e.g. its pid
@@ -103,24 +106,30 @@ last = rows[-1]["step"] if rows else 0
 events = []
 for name in os.listdir(os.path.join(run, "driver")):
     if name.startswith("events") and name.endswith(".jsonl"):
-        events += [json.loads(l) for l in open(os.path.join(run, "driver", name))]
+        events += [dict(json.loads(l), file=name) for l in open(os.path.join(run, "driver", name))]
 events.sort(key=lambda e: e["time"])
-kinds = {}
-for e in events: kinds[e["event"]] = kinds.get(e["event"], 0) + 1
+kinds = {}  # the job's events as node 0's agent wrote them (every agent writes its own copy)
+for e in events:
+    if e["file"] == "events.jsonl": kinds[e["event"]] = kinds.get(e["event"], 0) + 1
+ended = {r["step"]: r["time"] for r in rows if "time" in r}
 injected = [json.loads(l) for l in open(os.path.join(run, "driver", "injected.jsonl"))] if os.path.exists(os.path.join(run, "driver", "injected.jsonl")) else []
 resumed = [e["time"] for e in events if e["event"] == "resumed"]
-back = {}
+back, productive_back = {}, {}
 for i, f in enumerate(injected):
     until = injected[i + 1]["time"] if i + 1 < len(injected) else float("inf")
     after = [t for t in resumed if f["time"] < t < until]
     back.setdefault(f["class"], []).append(after[0] - f["time"] if after else None)
+    nxt = ended.get(f.get("step", -1) + 1)
+    productive_back.setdefault(f["class"], []).append(nxt - f["time"] if nxt and nxt > f["time"] else None)
 same = all(open(os.path.join(run, "checkpoints/step_%08d" % steps, f), "rb").read() ==
            open(os.path.join(w, "ref/checkpoints/step_%08d" % steps, f), "rb").read()
            for f in os.listdir(os.path.join(w, "ref/checkpoints/step_%08d" % steps)) if f.startswith("shard_"))
 print("chaos: %d faults in %.0f s, finished step %d of %d; events %s; ETTR %.1f%%; final weights %s the fault-free run's"
       % (faults, end - start, last, steps, kinds, 100 * productive / (end - start), "equal to" if same else "DIFFER from"))
+med = lambda ts: "%.1f s" % statistics.median(ts) if ts else "-"
 for c, times in sorted(back.items()):
     got = [t for t in times if t is not None]
-    print("chaos: %-6s %d fault(s), %d recovered by a restart; median fault -> first productive step %s"
-          % (c, len(times), len(got), "%.1f s" % statistics.median(got) if got else "-"))
+    prod = [t for t in productive_back[c] if t is not None]
+    print("chaos: %-6s %d fault(s), %d recovered by a restart; median fault -> first productive step %s "
+          "(-> the restarted attempt's first step %s)" % (c, len(times), len(got), med(prod), med(got)))
 PY

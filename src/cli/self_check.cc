@@ -6,14 +6,16 @@
 //   GPUs     with --device cuda (or auto and GPUs visible): on every visible GPU, the same kind
 //            of GEMM through cuBLASLt as the training runs it, checked exactly, and 256 MiB
 //            through its memory and back (model/cuda/device.h)
-//   memory   256 MiB written with a pattern and read back
+//   memory   64 MiB written with a pattern and read back
 //   storage  a file written, synced, read back and removed in the checkpoint directory
-//   collective  the node's processes, as many as it runs workers (--ranks), all-reduce 32 MiB of
+//   collective  the node's processes, as many as it runs workers (--ranks), all-reduce 8 MiB of
 //            integer-valued floats over Gloo through a file store, each element checked, the bus
 //            bandwidth (2(n-1)/n x bytes / time, as nccl-tests count it) at least --min-bus-gbps
 // Prints one line, "self-check ok: ..." with what each check measured, or fails with the
-// failing check's error (a runtime fault, exit 3). The fault point "diag" (core/fault.h) makes
-// it fail on purpose: diag:fail@node=1.
+// failing check's error (a runtime fault, exit 3). Every recovery waits for it on every node, so
+// it is sized to be a smoke test of each path (about 0.3 s on a 2-core machine), not a burn-in:
+// 256 MiB of memory and 32 MiB all-reduced cost 2 s a recovery where four nodes share two cores.
+// The fault point "diag" (core/fault.h) makes it fail on purpose: diag:fail@node=1.
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -66,13 +68,13 @@ double compute_check() {
 }
 
 double memory_check() {
-  const size_t n = (256u << 20) / sizeof(uint64_t);
+  const size_t n = (64u << 20) / sizeof(uint64_t);
   std::vector<uint64_t> buf(n);
   const auto t0 = std::chrono::steady_clock::now();
   for (size_t i = 0; i < n; ++i) buf[i] = i * 0x9E3779B97F4A7C15ull;
   for (size_t i = 0; i < n; ++i)
     if (buf[i] != i * 0x9E3779B97F4A7C15ull)
-      throw_runtime("self-check: memory: word ", i, " of 256 MiB read back wrong: this machine's memory is bad");
+      throw_runtime("self-check: memory: word ", i, " of 64 MiB read back wrong: this machine's memory is bad");
   return 2.0 * n * sizeof(uint64_t) / seconds_since(t0) / 1e9;
 }
 
@@ -95,16 +97,16 @@ double storage_check(const std::filesystem::path& dir) {
   return 2.0 * data.size() / seconds_since(t0) / 1e6;
 }
 
-// One rank of the collective check; returns the best of 3 timed all-reduces' bus bandwidth in GB/s.
+// One rank of the collective check; returns the best of 2 timed all-reduces' bus bandwidth in GB/s.
 double collective_rank(const std::string& url, int rank, int n) {
   std::shared_ptr<comm::Store> store = comm::make_store(url, "0", 30);
   comm::CommOptions options;
   options.backend = "gloo", options.timeout_s = 30;
   std::unique_ptr<comm::Communicator> g = comm::make_group(store, "self_check", rank, n, options);
-  const int64_t count = (32 << 20) / int64_t(sizeof(float));
+  const int64_t count = (8 << 20) / int64_t(sizeof(float));
   std::vector<float> buf(static_cast<size_t>(count));
   double best_s = 1e30;
-  for (int iter = 0; iter < 4; ++iter) {  // the first warms the connections up
+  for (int iter = 0; iter < 3; ++iter) {  // the first warms the connections up
     for (int64_t i = 0; i < count; ++i) buf[i] = float((rank + 1) * (i % 7 + 1));
     const auto t0 = std::chrono::steady_clock::now();
     g->all_reduce(buf.data(), count)->wait();

@@ -28,7 +28,9 @@
 namespace myriad::driver {
 
 struct HangWatch {
-  static constexpr double kFrozen_s = 4, kSilent_s = 30;
+  // A stopped process cannot beat by itself, so 2 missed beats are proof enough; a running one
+  // on a loaded machine can miss several (docs/RELIABILITY.md).
+  static constexpr double kFrozen_s = 2, kSilent_s = 30;
   struct Rank {
     int rank = 0;
     int index = -1;  // the launcher's worker index

@@ -311,7 +311,7 @@ Trainer::End Trainer::run() {
 
     nlohmann::json rec = {{"step", step_}, {"loss", r.loss}, {"lr", r.lr},
                           {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_step / dt},
-                          {"step_ms", dt * 1e3}};
+                          {"step_ms", dt * 1e3}, {"time", comm::wall_us() * 1e-6}};
     if (r.times.forward_s > 0) {  // the engine times its phases
       rec["forward_ms"] = r.times.forward_s * 1e3, rec["backward_ms"] = r.times.backward_s * 1e3;
       if (cfg_.parallel.pp > 1) rec["bubble_ms"] = r.times.bubble_s * 1e3;
@@ -346,7 +346,8 @@ Trainer::End Trainer::run() {
       save_checkpoint();
       // What the save cost the step: its time so far (the check and the evaluation included,
       // as in any step) less the median step's.
-      rec["checkpoint_stall_ms"] = (now_s() - t0 - sorted[sorted.size() / 2]) * 1e3;
+      // (at least 0: a save that cost nothing leaves only the step times' noise).
+      rec["checkpoint_stall_ms"] = std::max(0.0, now_s() - t0 - sorted[sorted.size() / 2]) * 1e3;
     }
     if (step_ % t.log_every == 0 || step_ == t.steps || rec.contains("val_loss") || rec.contains("checkpoint_stall_ms")) {
       if (metrics_) metrics_->write(rec);
