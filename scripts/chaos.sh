@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A chaos run of the fault-tolerant driver (docs/RELIABILITY.md): NODES simulated nodes of 2
 # workers each (default 4: 8 workers, tp 2 x dp 4) on this machine, a private redis-server on
-# loopback, one spare agent waiting; every INTERVAL seconds (default 120) one fault of a class
-# drawn at random strikes the running job:
+# loopback, one spare agent waiting; every INTERVAL seconds (default 120) one fault strikes the
+# running job, its class drawn at random without replacement (each class once in every
+# len(CLASSES) faults, in a random order):
 #   kill      a worker killed (SIGKILL)               stop   a worker stopped (SIGSTOP)
 #   stall     a worker's training thread stuck         nan    a worker's loss not finite
 #   spike     a worker's loss 1000 x (fault.spike_factor finds it)
@@ -13,15 +14,19 @@
 #   redis     the store restarted empty (the job must not notice)
 # The worker-side faults go through the live injection files (core/fault.h: RUN_DIR/driver/
 # inject_rank_<R>, inject_node<N>); after each fault that may cost a node one more spare starts,
-# as a cluster would bring one back. The job must finish by itself. Then, from metrics.jsonl, the
-# events and RUN_DIR/driver/injected.jsonl (this script's record of each fault):
+# as a cluster would bring one back. The job must finish by itself. Then tools/chaos_summary.py
+# WORK says, from metrics.jsonl, the events and RUN_DIR/driver/injected.jsonl (this script's
+# record of each fault):
 #   ETTR = productive step time / wall time (the steps metrics.jsonl keeps: a resume drops the
 #   recomputed ones); per class, the median time from the fault to the job's first productive
-#   step after it (the first step past the last one logged when it struck: the replayed steps
-#   included), and to the restarted attempt's first step (the `resumed` event: the replay not
+#   step after it (the first step past the furthest one reached when it struck: the replayed
+#   steps included), and to the restarted attempt's first step (the `resumed` event: the replay not
 #   included); the final weights against a fault-free run's (same layout: bit for bit).
 # `myriad report RUN_DIR` draws the run's timeline (report/timeline.png).
-#   STEPS=20000 INTERVAL=120 [CLASSES="kill stop ..."] scripts/chaos.sh [MYRIAD_BINARY]
+# REF=WORK reuses an earlier chaos run's work directory (same STEPS, NODES and EVERY): its
+# corpus and its fault-free run, instead of preparing and running them again (the corpus is
+# made from the repository's docs, which change; a fresh one would not be the run's).
+#   STEPS=20000 INTERVAL=120 [CLASSES="kill stop ..."] [REF=WORK] scripts/chaos.sh [MYRIAD_BINARY]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=$(realpath "${1:-build/myriad}")
@@ -32,8 +37,12 @@ PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); pr
 redis() { redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize yes --logfile "$W/redis.log" >/dev/null; }
 redis
 trap 'redis-cli -p $PORT shutdown nosave >/dev/null 2>&1; pkill -KILL -f "rdzv redis://127.0.0.1:$PORT" 2>/dev/null' EXIT
-"$B" prepare --input README.md --input docs/ARCHITECTURE.md --input docs/CONFIG.md --input docs/RELIABILITY.md \
-  --tokenizer byte --output "$W/d" >/dev/null 2>&1
+if [ -n "${REF:-}" ]; then
+  for f in "$REF"/d.bin "$REF"/d.idx "$REF"/d.json; do ln -s "$(realpath "$f")" "$W/"; done
+else
+  "$B" prepare --input README.md --input docs/ARCHITECTURE.md --input docs/CONFIG.md --input docs/RELIABILITY.md \
+    --tokenizer byte --output "$W/d" >/dev/null 2>&1
+fi
 train() {  # RUN_DIR
   echo train --config configs/demo.toml --run-dir "$1" --set model.layers=2 --set model.d_model=64 \
     --set model.seq_len=32 --set parallel.tp=2 --set parallel.dp=$NODES --set train.global_batch=$((2 * NODES)) \
@@ -53,7 +62,11 @@ spare() {  # JOB RUN_DIR (each spare a machine of its own name: an evicted name 
     --rdzv "redis://127.0.0.1:$PORT/$1" -- $(train "$2") >"$W/$1_$name.txt" 2>&1 &
 }
 # The fault-free run, for its weights.
-t0=$(date +%s); agents ref "$W/ref" 0; wait; echo "chaos: the fault-free run took $(( $(date +%s) - t0 )) s"
+if [ -n "${REF:-}" ]; then
+  ln -s "$(realpath "$REF/ref")" "$W/ref"; echo "chaos: the corpus and the fault-free run of $REF"
+else
+  t0=$(date +%s); agents ref "$W/ref" 0; wait; echo "chaos: the fault-free run took $(( $(date +%s) - t0 )) s"
+fi
 # The chaos run.
 R="$W/chaos"; mkdir -p "$R/driver"
 start=$(date +%s.%N)
@@ -72,22 +85,24 @@ beat() {  # NODE EXPR: from that node's agent heartbeat in the store (j), e.g. i
   redis-cli -p "$PORT" get "myriad/chaos/driver/agent/node$1" | python3 -c "import json,sys; j=json.load(sys.stdin); print($2)" 2>/dev/null
 }
 faults=0
+draw=()  # this cycle's classes not yet drawn
 while running; do
   for s in $(seq "$INTERVAL"); do sleep 1; running || break 2; done
   workers=($(pgrep -f "myriad train --config configs/demo.toml --run-dir $R "))
   [ ${#workers[@]} -eq $((2 * NODES)) ] || continue  # between attempts
   rank=$((RANDOM % (2 * NODES))); node=$((rank / 2))
   pid=${workers[$((RANDOM % ${#workers[@]}))]}
-  class=${CLASSES[$((RANDOM % ${#CLASSES[@]}))]}
+  [ ${#draw[@]} -gt 0 ] || draw=("${CLASSES[@]}")
+  k=$((RANDOM % ${#draw[@]})); class=${draw[$k]}; draw=("${draw[@]:0:$k}" "${draw[@]:$((k + 1))}")
   case $class in
     kill) record kill "worker $pid"; kill -KILL "$pid" ;;
     stop) record stop "worker $pid"; kill -STOP "$pid" ;;
     stall|nan|spike) record "$class" "rank $rank"; inject "$R/driver/inject_rank_$rank" "step:next:$class" ;;
     sdc) record sdc "rank $rank"; inject "$R/driver/inject_rank_$rank" "step:next:flip" ;;
     save) record save "rank $rank"; inject "$R/driver/inject_rank_$rank" "checkpoint_write:fail" ;;
-    diag) victim=$(beat "$node" 'j["workers"][0]["pid"]'); [ -n "$victim" ] || continue
+    diag) victim=$(beat "$node" 'j["workers"][0]["pid"]'); [ -n "$victim" ] || { draw+=("$class"); continue; }
           record diag "node $node"; inject "$R/driver/inject_node$node" "diag:fail"; kill -KILL "$victim" ;;
-    lost) agent=$(beat "$node" 'j["pid"]'); [ -n "$agent" ] || continue
+    lost) agent=$(beat "$node" 'j["pid"]'); [ -n "$agent" ] || { draw+=("$class"); continue; }
           record lost "node $node"; kill -KILL "$agent" ;;
     redis) record redis "store"; redis-cli -p "$PORT" shutdown nosave >/dev/null 2>&1; sleep 1; redis ;;
   esac
@@ -96,40 +111,5 @@ while running; do
 done
 wait
 end=$(date +%s.%N)
-python3 - "$W" "$start" "$end" "$faults" "$STEPS" <<'PY'
-import json, os, statistics, sys
-w, start, end, faults, steps = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-run = os.path.join(w, "chaos")
-rows = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl"))]
-productive = sum(r.get("step_ms", 0) for r in rows) / 1e3  # every step logged once: a resume drops the recomputed
-last = rows[-1]["step"] if rows else 0
-events = []
-for name in os.listdir(os.path.join(run, "driver")):
-    if name.startswith("events") and name.endswith(".jsonl"):
-        events += [dict(json.loads(l), file=name) for l in open(os.path.join(run, "driver", name))]
-events.sort(key=lambda e: e["time"])
-kinds = {}  # the job's events as node 0's agent wrote them (every agent writes its own copy)
-for e in events:
-    if e["file"] == "events.jsonl": kinds[e["event"]] = kinds.get(e["event"], 0) + 1
-ended = {r["step"]: r["time"] for r in rows if "time" in r}
-injected = [json.loads(l) for l in open(os.path.join(run, "driver", "injected.jsonl"))] if os.path.exists(os.path.join(run, "driver", "injected.jsonl")) else []
-resumed = [e["time"] for e in events if e["event"] == "resumed"]
-back, productive_back = {}, {}
-for i, f in enumerate(injected):
-    until = injected[i + 1]["time"] if i + 1 < len(injected) else float("inf")
-    after = [t for t in resumed if f["time"] < t < until]
-    back.setdefault(f["class"], []).append(after[0] - f["time"] if after else None)
-    nxt = ended.get(f.get("step", -1) + 1)
-    productive_back.setdefault(f["class"], []).append(nxt - f["time"] if nxt and nxt > f["time"] else None)
-same = all(open(os.path.join(run, "checkpoints/step_%08d" % steps, f), "rb").read() ==
-           open(os.path.join(w, "ref/checkpoints/step_%08d" % steps, f), "rb").read()
-           for f in os.listdir(os.path.join(w, "ref/checkpoints/step_%08d" % steps)) if f.startswith("shard_"))
-print("chaos: %d faults in %.0f s, finished step %d of %d; events %s; ETTR %.1f%%; final weights %s the fault-free run's"
-      % (faults, end - start, last, steps, kinds, 100 * productive / (end - start), "equal to" if same else "DIFFER from"))
-med = lambda ts: "%.1f s" % statistics.median(ts) if ts else "-"
-for c, times in sorted(back.items()):
-    got = [t for t in times if t is not None]
-    prod = [t for t in productive_back[c] if t is not None]
-    print("chaos: %-6s %d fault(s), %d recovered by a restart; median fault -> first productive step %s "
-          "(-> the restarted attempt's first step %s)" % (c, len(times), len(got), med(prod), med(got)))
-PY
+echo "$start $end $faults $STEPS" > "$W/chaos_times"
+python3 tools/chaos_summary.py "$W"
