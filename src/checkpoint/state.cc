@@ -21,6 +21,12 @@ nlohmann::json encode(const Meta& m) {
                       {"fault", {{"recent_losses", m.recent_losses}}},
                       {"skipped_steps", m.skipped_steps}};
   if (!m.imported_from.empty()) j["imported_from"] = m.imported_from;
+  if (!m.data.sources.empty()) {
+    j["data"]["since"] = m.data.since;
+    nlohmann::json& sources = j["data"]["sources"] = nlohmann::json::array();
+    for (const Meta::Data::Source& s : m.data.sources)
+      sources.push_back({{"name", s.name}, {"weight", s.weight}, {"epochs", s.epochs}, {"base", s.base}, {"taken", s.taken}});
+  }
   return j;
 }
 
@@ -67,6 +73,21 @@ Meta decode_meta(const nlohmann::json& j, const std::string& dir) {
   m.recent_losses = field<std::vector<double>>(j, dir, {"fault", "recent_losses"}, &no_losses);
   m.skipped_steps = field<std::vector<int64_t>>(j, dir, {"skipped_steps"}, &no_steps);
   m.imported_from = field<std::string>(j, dir, {"imported_from"}, &empty);
+  m.data.since = field<int64_t>(j, dir, {"data", "since"}, &none);
+  const nlohmann::json no_sources = nlohmann::json::array();
+  const nlohmann::json sources = field<nlohmann::json>(j, dir, {"data", "sources"}, &no_sources);
+  if (!sources.is_array()) throw Corrupt(cat("checkpoint ", dir, ": meta.json's data.sources is not an array"));
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const nlohmann::json& s = sources[i];
+    const std::string at = cat("data.sources[", i, "]");
+    try {
+      m.data.sources.push_back({s.at("name").get<std::string>(), s.at("weight").get<double>(), s.at("epochs").get<int64_t>(),
+                                s.at("base").get<int64_t>(), s.at("taken").get<int64_t>()});
+    } catch (const nlohmann::json::exception&) {
+      throw Corrupt(cat("checkpoint ", dir, ": meta.json's ", at, " is ", s.dump().substr(0, 60),
+                        ": each source needs name, weight, epochs, base and taken"));
+    }
+  }
   return m;
 }
 

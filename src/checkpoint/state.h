@@ -35,6 +35,16 @@ struct Meta {
   struct Data {
     int64_t consumed = 0;  // training samples consumed by the steps saved
     int64_t seed = 0;      // the data order's seed
+    // The blend's place (data/blend.h): where its balancing began, and each source's.
+    int64_t since = 0;
+    struct Source {
+      std::string name;
+      double weight = 1;
+      int64_t epochs = 0;        // its cap
+      int64_t base = 0, taken = 0;  // its samples taken by `since`, and by `consumed`
+      bool operator==(const Source&) const = default;
+    };
+    std::vector<Source> sources;  // empty in checkpoints from before blends: one file, all of `consumed`
   } data;
   struct Optimizer {
     std::string name;

@@ -68,7 +68,7 @@ const char* kUsage = R"(myriad: train GPT-style language models
 usage:
   myriad train   --config FILE [--set section.key=value]... [--run-dir DIR] [--resume auto|none|DIR]
   myriad prepare --input FILE [--input FILE]... --tokenizer byte|gpt2|llama3 --output PREFIX
-                 [--valid-fraction F] [--doc-separator LINE] [--overwrite]
+                 [--valid-fraction F] [--doc-separator LINE] [--overwrite] [--jobs N] [--per-input]
   myriad sample  --checkpoint DIR --prompt TEXT [--tokens N] [--temperature T] [--top-k K] [--seed S] [--logits FILE]
   myriad bench   --config FILE [--set section.key=value]... [--steps N] [--warmup K]
   myriad bench-init --ranks N [--store redis|file] [--url URL] [--threads T] [--tp 8] [--pp P] [--timeout S]
@@ -178,7 +178,7 @@ int cmd_report(int argc, char** argv) {
 
 int cmd_prepare(int argc, char** argv) {
   cli::Args args("prepare", argc, argv,
-                 {"input", "tokenizer", "output", "valid-fraction", "doc-separator"}, {"overwrite"});
+                 {"input", "tokenizer", "output", "valid-fraction", "doc-separator", "jobs"}, {"overwrite", "per-input"});
   data::PrepareOptions opt;
   opt.inputs = args.all("input");
   if (opt.inputs.empty()) throw_input("myriad prepare: --input is required; see myriad help");
@@ -189,10 +189,14 @@ int cmd_prepare(int argc, char** argv) {
     throw_input("myriad prepare: --valid-fraction must be in [0, 1), got ", opt.valid_fraction);
   opt.doc_separator = args.get("doc-separator");
   opt.overwrite = args.has("overwrite");
+  opt.per_input = args.has("per-input");
+  const long long jobs = args.get_int("jobs", 0);
+  if (jobs < 0 || jobs > 4096) throw_input("myriad prepare: --jobs must be 0 (one per core) .. 4096, got ", jobs);
+  opt.jobs = static_cast<int>(jobs);
   data::PrepareStats st = data::prepare(opt);
   for (const auto& split : st.splits)
     log::info("prepare: ", split.prefix, ": ", split.documents, " documents, ", split.tokens, " tokens");
-  if (st.splits.size() == 2)  // the fraction asked for is seldom a whole number of documents
+  if (st.splits.size() == 2 && !opt.per_input)  // the fraction asked for is seldom a whole number of documents
     log::info("prepare: ", st.splits[1].documents, " of ", st.documents, " documents to validation (",
               double(st.splits[1].documents) / double(st.documents), "): --valid-fraction ", opt.valid_fraction,
               " rounded to the nearest whole number of documents");

@@ -3,6 +3,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -67,6 +68,45 @@ struct Binder {
       auto x = e.value_exact<int64_t>();
       if (!x) wrong("an array of integers");
       v.push_back(*x);
+    }
+  }
+  // A prefix (one source; "" none) or an array of tables with name, path, weight, epochs.
+  void operator()(DataSources& v) const {
+    v.clear();
+    if (auto s = node.value_exact<std::string>()) {
+      if (!s->empty()) v.push_back(source_of_prefix(*s));
+      return;
+    }
+    const toml::array* a = node.as_array();
+    if (!a) wrong("a prefix (a string) or an array of sources ({name = ..., path = ..., weight = ...})");
+    const bool train = dotted == "data.train";
+    for (size_t i = 0; i < a->size(); ++i) {
+      const toml::table* t = (*a)[i].as_table();
+      const std::string at = cat(dotted, "[", i, "]");
+      if (!t) throw_input(origins.of(dotted), ": ", at, " must be a table {name = ..., path = ...", train ? ", weight = ...}" : "}",
+                          ", got ", type_name((*a)[i]));
+      DataSource d;
+      for (const auto& [key, e] : *t) {
+        const std::string k(key.str());
+        auto bad = [&](const char* what) {
+          throw_input(origins.of(dotted), ": ", at, ".", k, " must be ", what, ", got ", type_name(e));
+        };
+        if (k == "name") {
+          if (auto x = e.value_exact<std::string>()) d.name = *x; else bad("a string");
+        } else if (k == "path") {
+          if (auto x = e.value_exact<std::string>()) d.path = *x; else bad("a string");
+        } else if (k == "weight" && train) {
+          if (auto x = e.value<double>(); x && (e.is_integer() || e.is_floating_point())) d.weight = *x; else bad("a number");
+        } else if (k == "epochs" && train) {
+          if (auto x = e.value_exact<int64_t>()) d.epochs = *x; else bad("an integer");
+        } else {
+          throw_input(origins.of(dotted), ": ", at, " has an unknown key ", k, train ? " (name, path, weight, epochs)"
+                                                                                     : " (name, path: validation sources are not weighted)");
+        }
+      }
+      if (d.path.empty()) throw_input(origins.of(dotted), ": ", at, " has no path: give the prefix of its .bin/.idx");
+      if (d.name.empty()) d.name = source_of_prefix(d.path).name;
+      v.push_back(d);
     }
   }
   void operator()(std::map<std::string, std::string>& v) const {
@@ -214,9 +254,32 @@ void Config::validate() const {
                 "): each key/value head serves an equal group of query heads");
 
   require_one_of("data.tokenizer", data.tokenizer, {"byte", "gpt2", "llama3"});
+  for (const auto& [key, list] : {std::pair<const char*, const DataSources&>{"data.train", data.train}, {"data.valid", data.valid}})
+    for (size_t i = 0; i < list.size(); ++i) {
+      const DataSource& d = list[i];
+      for (size_t j = 0; j < i; ++j)
+        if (list[j].name == d.name)
+          throw_input("config: ", key, " names two sources '", d.name, "' (", list[j].path, " and ", d.path,
+                      "): give each a name of its own");
+      if (!(d.weight > 0) || !std::isfinite(d.weight))
+        throw_input("config: ", key, "'s source '", d.name, "' has weight ", d.weight,
+                    ": a weight is a positive number (its share of the samples, normalized over the sources)");
+      if (d.epochs < 0)
+        throw_input("config: ", key, "'s source '", d.name, "' has epochs ", d.epochs, ": 0 (no cap) or a positive cap");
+    }
 
   require_one_of("optim.name", optim.name, {"adamw", "lamb"});
-  require_one_of("optim.decay", optim.decay, {"cosine", "linear", "constant"});
+  require_one_of("optim.decay", optim.decay, {"cosine", "linear", "constant", "wsd"});
+  require_one_of("optim.decay_shape", optim.decay_shape, {"linear", "cosine", "1-sqrt"});
+  non_negative("optim.decay_steps", optim.decay_steps);
+  if (!(optim.decay_fraction > 0 && optim.decay_fraction <= 1))
+    throw_input("config: optim.decay_fraction (", optim.decay_fraction, ") must be in (0, 1]: the share of train.steps "
+                "the WSD schedule's decay takes");
+  const OptimConfig plain;
+  if (optim.decay != "wsd" && (optim.decay_steps != plain.decay_steps || optim.decay_fraction != plain.decay_fraction ||
+                               optim.decay_shape != plain.decay_shape))
+    throw_input("config: optim.decay_steps, optim.decay_fraction and optim.decay_shape shape the WSD schedule's decay, "
+                "but optim.decay = \"", optim.decay, "\": set optim.decay = \"wsd\", or leave them at their defaults");
   positive("optim.lr", optim.lr);
   non_negative("optim.min_lr", optim.min_lr);
   if (optim.min_lr > optim.lr)
@@ -367,6 +430,14 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return parse_config(text.str(), path, overrides);
 }
 
+DataSource source_of_prefix(const std::string& prefix) {
+  DataSource d;
+  d.path = prefix;
+  d.name = std::filesystem::path(prefix).filename().string();
+  if (d.name.empty()) d.name = prefix;
+  return d;
+}
+
 std::string to_toml(const Config& c) {
   toml::table root;
   c.visit([&](const char* s, const char* k, const auto& field) {
@@ -381,6 +452,20 @@ std::string to_toml(const Config& c) {
       toml::table m;
       for (const auto& [key, v] : field) m.insert(key, v);
       t.insert(k, m);
+    } else if constexpr (std::is_same_v<T, DataSources>) {
+      if (field.empty()) {
+        t.insert(k, "");
+      } else if (field.size() == 1 && field[0] == source_of_prefix(field[0].path)) {
+        t.insert(k, field[0].path);  // a lone prefix stays one
+      } else {
+        toml::array a;
+        for (const DataSource& d : field) {
+          toml::table e{{"name", d.name}, {"path", d.path}};
+          if (std::string(s) + "." + k == "data.train") e.insert("weight", d.weight), e.insert("epochs", d.epochs);
+          a.push_back(e);
+        }
+        t.insert(k, a);
+      }
     } else {
       t.insert(k, field);
     }

@@ -49,9 +49,26 @@ struct ModelConfig {
   bool rmsnorm() const { return norm == "rmsnorm"; }
 };
 
+// One token file (.bin/.idx, from `myriad prepare` or Megatron-LM) of a blend or of validation.
+struct DataSource {
+  std::string name;    // unique in its list: the metrics' and the checkpoint's key for it
+  std::string path;    // prefix of .bin/.idx
+  double weight = 1;   // training: its share of the samples (the weights are normalized)
+  int64_t epochs = 0;  // training: at most this many passes over it, then it leaves the blend; 0 = no cap
+  // (Spelled out: CUDA sources include this header as C++17.)
+  bool operator==(const DataSource& o) const {
+    return name == o.name && path == o.path && weight == o.weight && epochs == o.epochs;
+  }
+};
+// In TOML either one prefix ("data/web": one source named for its file, weight 1) or an array
+// of tables: [{name = "web", path = "data/web", weight = 0.7}, ...] (or [[data.train]] blocks).
+using DataSources = std::vector<DataSource>;
+// The source a lone prefix stands for (named for its file's stem).
+DataSource source_of_prefix(const std::string& prefix);
+
 struct DataConfig {
-  std::string train;              // prefix of .bin/.idx
-  std::string valid;              // prefix of .bin/.idx; empty = no validation
+  DataSources train;              // the training blend
+  DataSources valid;              // evaluated each; empty = no validation
   std::string tokenizer = "byte"; // byte, gpt2, llama3
 };
 
@@ -60,7 +77,12 @@ struct OptimConfig {
   double lr = 1e-3;
   double min_lr = 1e-4;
   int64_t warmup_steps = 10;
-  std::string decay = "cosine";  // cosine, linear, constant
+  std::string decay = "cosine";  // cosine, linear, constant, wsd
+  // wsd (warmup-stable-decay): lr from warmup to the decay's start, then down to min_lr over the
+  // last decay_steps steps (0: decay_fraction x train.steps), shaped decay_shape.
+  int64_t decay_steps = 0;
+  double decay_fraction = 0.1;
+  std::string decay_shape = "1-sqrt";  // linear, cosine, 1-sqrt
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;
@@ -202,6 +224,9 @@ struct Config {
     f("optim", "min_lr", optim.min_lr);
     f("optim", "warmup_steps", optim.warmup_steps);
     f("optim", "decay", optim.decay);
+    f("optim", "decay_steps", optim.decay_steps);
+    f("optim", "decay_fraction", optim.decay_fraction);
+    f("optim", "decay_shape", optim.decay_shape);
     f("optim", "weight_decay", optim.weight_decay);
     f("optim", "beta1", optim.beta1);
     f("optim", "beta2", optim.beta2);

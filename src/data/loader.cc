@@ -61,25 +61,51 @@ int64_t Sampler::sample(int64_t k) {
   return shuffle_ ? permutation(k / n_)[i] : i;
 }
 
+uint64_t source_seed(int64_t seed, const std::string& name, bool lone) {
+  if (lone) return static_cast<uint64_t>(seed);
+  uint64_t h = 0xCBF29CE484222325ull;  // FNV-1a of the name
+  for (unsigned char c : name) h = (h ^ c) * 0x100000001B3ull;
+  return mix64(static_cast<uint64_t>(seed) ^ mix64(h));
+}
+
+namespace {
+// The blend of one file, at sample `consumed` (an input error naming the file when it holds no
+// sample, as the blend's own check would).
+Blend lone_blend(const IndexedDataset& data, int64_t seq_len, int64_t consumed) {
+  if (consumed < 0) throw_input("consumed samples ", consumed, " is negative");
+  DataSource d = source_of_prefix(data.bin_path());
+  Blend b({d}, {num_samples(data, seq_len)});
+  BlendPosition at = b.position();
+  at.consumed = at.taken[0] = consumed;
+  b.resume(at);
+  return b;
+}
+}  // namespace
+
 BatchLoader::BatchLoader(const IndexedDataset& data, int64_t seq_len, int64_t seed, bool shuffle,
-                         int64_t global_batch, int64_t slice_begin, int64_t slice_len,
-                         int64_t consumed)
-    : data_(data),
+                         int64_t global_batch, int64_t slice_begin, int64_t slice_len, int64_t consumed)
+    : BatchLoader({{&data, static_cast<uint64_t>(seed)}}, lone_blend(data, seq_len, consumed), seq_len, shuffle,
+                  global_batch, slice_begin, slice_len) {}
+
+BatchLoader::BatchLoader(std::vector<SourceFile> sources, const Blend& blend, int64_t seq_len, bool shuffle,
+                         int64_t global_batch, int64_t slice_begin, int64_t slice_len)
+    : sources_(std::move(sources)),
+      blend_(blend),
       T_(seq_len),
-      seed_(seed),
       shuffle_(shuffle),
       global_batch_(global_batch),
       slice_begin_(slice_begin),
       slice_len_(slice_len),
-      num_samples_(data::num_samples(data, seq_len)),
-      consumed_(consumed) {
+      consumed_(blend.position().consumed) {
   if (global_batch < 1) throw_input("global batch ", global_batch, " must be at least 1");
   if (slice_begin < 0 || slice_len < 1 || slice_begin + slice_len > global_batch)
     throw_input("batch slice [", slice_begin, ", ", slice_begin + slice_len,
                 ") is not a non-empty part of the global batch of ", global_batch);
-  if (consumed < 0) throw_input("consumed samples ", consumed, " is negative");
-  Sampler probe(num_samples_, static_cast<uint64_t>(seed), shuffle);  // validates the size now
-  worker_ = std::thread([this, consumed] { run(consumed); });
+  MYRIAD_CHECK(static_cast<int>(sources_.size()) == blend_.size(), sources_.size(), " files for a blend of ",
+               blend_.size());
+  for (int s = 0; s < blend_.size(); ++s)  // validates the sizes now
+    Sampler probe(blend_.samples(s), sources_[s].seed, shuffle);
+  worker_ = std::thread([this] { run(); });
 }
 
 BatchLoader::~BatchLoader() {
@@ -91,24 +117,31 @@ BatchLoader::~BatchLoader() {
   worker_.join();
 }
 
-Batch BatchLoader::build(Sampler& sampler, int64_t first) const {
+// The next global batch's samples, all drawn from the blend (every rank walks the same stream),
+// of which this process reads its slice.
+Batch BatchLoader::build(Blend& blend, std::vector<Sampler>& samplers) const {
   Batch b;
   b.B = slice_len_;
   b.T = T_;
-  b.first_sample = first;
+  b.first_sample = blend.position().consumed;
   b.tokens.resize(static_cast<size_t>(slice_len_ * (T_ + 1)));
-  for (int64_t r = 0; r < slice_len_; ++r) {
-    const int64_t s = sampler.sample(first + slice_begin_ + r);
-    data_.read(s * T_, T_ + 1, b.tokens.data() + r * (T_ + 1));
+  for (int64_t g = 0; g < global_batch_; ++g) {
+    const Blend::Pick p = blend.next();
+    const int64_t r = g - slice_begin_;
+    if (r < 0 || r >= slice_len_) continue;
+    const int64_t s = samplers[p.source].sample(p.sample);
+    sources_[p.source].data->read(s * T_, T_ + 1, b.tokens.data() + r * (T_ + 1));
   }
   return b;
 }
 
-void BatchLoader::run(int64_t first) {
+void BatchLoader::run() {
   try {
-    Sampler sampler(num_samples_, static_cast<uint64_t>(seed_), shuffle_);
-    for (int64_t k = first;; k += global_batch_) {
-      Batch b = build(sampler, k);
+    Blend blend = blend_;
+    std::vector<Sampler> samplers;
+    for (int s = 0; s < blend.size(); ++s) samplers.emplace_back(blend.samples(s), sources_[s].seed, shuffle_);
+    for (;;) {
+      Batch b = build(blend, samplers);
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || !ready_; });
       if (stop_) return;

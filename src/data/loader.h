@@ -1,5 +1,5 @@
-// Training samples from a token file: a deterministic, resumable order and a prefetching
-// batch loader.
+// Training samples from token files: a deterministic, resumable order and a prefetching batch
+// loader over a blend of sources (data/blend.h; one file is the blend of one).
 //
 // A token stream of N tokens and sequence length T holds (N - 1) / T samples; sample s is the
 // tokens [s*T, s*T + T + 1): T inputs and, shifted by one, their T targets. The order of samples
@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "data/blend.h"
 #include "data/indexed_dataset.h"
 
 namespace myriad::data {
@@ -57,13 +58,29 @@ struct Batch {
   int64_t first_sample = 0;  // global sample number where this step's global batch starts
 };
 
+// The seed of a source's own order: the run's for a lone source (so a run of one file reads
+// as it always did), mixed with the source's name in a blend.
+uint64_t source_seed(int64_t seed, const std::string& name, bool lone);
+
+// One source of a loader: its file and the seed of its order.
+struct SourceFile {
+  const IndexedDataset* data = nullptr;
+  uint64_t seed = 0;
+};
+
 // Yields, step after step, this process's share of each global batch: a step takes the
-// global_batch samples numbered [consumed, consumed + global_batch) and this process reads
-// those at [slice_begin, slice_begin + slice_len) of them (a data-parallel rank's rows; one
-// process: 0, global_batch). A background thread builds the next batch while the caller's step
-// runs. `data` must outlive the loader. next() and consumed() are for one caller thread.
+// global_batch samples numbered [consumed, consumed + global_batch) of the blend's stream and
+// this process reads those at [slice_begin, slice_begin + slice_len) of them (a data-parallel
+// rank's rows; one process: 0, global_batch). A background thread builds the next batch while
+// the caller's step runs. The files must outlive the loader. next() and consumed() are for one
+// caller thread.
 class BatchLoader {
  public:
+  // `blend` as it stands at the first sample to read (its position's consumed); sources[s] is
+  // its source s.
+  BatchLoader(std::vector<SourceFile> sources, const Blend& blend, int64_t seq_len, bool shuffle,
+              int64_t global_batch, int64_t slice_begin, int64_t slice_len);
+  // One file, from sample `consumed` on.
   BatchLoader(const IndexedDataset& data, int64_t seq_len, int64_t seed, bool shuffle,
               int64_t global_batch, int64_t slice_begin, int64_t slice_len, int64_t consumed);
   // Stops and joins the thread (waiting at most for the batch it is building).
@@ -76,20 +93,16 @@ class BatchLoader {
   // Samples taken through next(), i.e. the `consumed` to resume after the last step taken:
   // prefetched batches do not count.
   int64_t consumed() const { return consumed_; }
-  int64_t num_samples() const { return num_samples_; }
-  // Fractional epochs consumed.
-  double epoch() const {
-    return static_cast<double>(consumed_) / static_cast<double>(num_samples_);
-  }
 
  private:
-  void run(int64_t first);
-  Batch build(Sampler& sampler, int64_t first) const;
+  void run();
+  Batch build(Blend& blend, std::vector<Sampler>& samplers) const;
 
-  const IndexedDataset& data_;
-  int64_t T_, seed_;
+  std::vector<SourceFile> sources_;
+  const Blend blend_;  // as it stands at the first batch
+  int64_t T_;
   bool shuffle_;
-  int64_t global_batch_, slice_begin_, slice_len_, num_samples_;
+  int64_t global_batch_, slice_begin_, slice_len_;
   int64_t consumed_;
 
   std::mutex mu_;

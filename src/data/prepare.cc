@@ -1,5 +1,9 @@
 #include "data/prepare.h"
 
+#include <stdlib.h>
+
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -8,6 +12,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "core/error.h"
 #include "data/indexed_dataset.h"
@@ -105,6 +110,83 @@ void text_documents(const std::string& path, const std::string& separator, const
   doc(current);
 }
 
+// The documents of one input, .jsonl or plain text.
+void documents(const std::string& path, const std::string& separator, const DocFn& doc) {
+  if (ends_with(path, ".jsonl")) jsonl_documents(path, doc);
+  else text_documents(path, separator, doc);
+}
+
+// Which documents go to validation, from their number i among all n: F of the first i
+// documents, rounded down, while i < n, so that they are spread evenly (a fraction 1/k takes
+// document i when i % k == k - 1); the last document makes the whole split the nearest count
+// (F of 10 is 4 for F = 0.4, not 1/3). The relative nudge keeps products such as 10 x 0.1 from
+// landing just below a whole number.
+struct Split {
+  double f;
+  int64_t n;
+  int64_t rounded_down(int64_t i) const { return static_cast<int64_t>(std::floor(double(i) * f * (1 + 1e-12))); }
+  int64_t nearest(int64_t i) const { return static_cast<int64_t>(std::floor(double(i) * f * (1 + 1e-12) + 0.5)); }
+  bool to_valid(int64_t i) const {
+    return i + 1 < n ? rounded_down(i + 1) > rounded_down(i) : nearest(n) > rounded_down(n - 1);
+  }
+  int64_t valid_documents() const { return n == 0 ? 0 : rounded_down(n - 1) + (to_valid(n - 1) ? 1 : 0); }
+};
+
+// fn(0), ..., fn(n - 1) on up to `jobs` threads; the error of the lowest input that failed is
+// rethrown (the one a single thread would have met first).
+void for_each_input(size_t n, int jobs, const std::function<void(size_t)>& fn) {
+  std::vector<std::exception_ptr> errors(n);
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next++) < n;) {
+      try {
+        fn(i);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 1; t < std::min<int>(jobs, static_cast<int>(n)); ++t) threads.emplace_back(work);
+  work();
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+// The private directory the parts of a parallel prepare go to, beside the output, removed with
+// everything in it when the prepare ends, however it ends: it is this process's own.
+struct Scratch {
+  std::filesystem::path dir;
+  explicit Scratch(const std::string& output_prefix) {
+    const std::filesystem::path parent = std::filesystem::absolute(output_prefix).parent_path();
+    std::filesystem::create_directories(parent);
+    std::string pattern = (parent / ".myriad-prepare-XXXXXX").string();
+    if (!::mkdtemp(pattern.data())) throw_input("prepare: cannot create a directory in ", parent.string(), ": is it writable?");
+    dir = pattern;
+  }
+  ~Scratch() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+};
+
+// PREFIX_<stem> for each input (per_input), refusing two inputs of one stem.
+std::vector<std::string> per_input_prefixes(const PrepareOptions& o) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < o.inputs.size(); ++i) {
+    const std::string stem = std::filesystem::path(o.inputs[i]).stem().string();
+    for (size_t k = 0; k < i; ++k)
+      if (std::filesystem::path(o.inputs[k]).stem().string() == stem)
+        throw_input("prepare: --per-input writes PREFIX_<name> for each input, but ", o.inputs[k], " and ", o.inputs[i],
+                    " are both named ", stem, ": rename one, or prepare them apart");
+    out.push_back(o.output_prefix + "_" + stem);
+  }
+  return out;
+}
+
 }  // namespace
 
 PrepareStats prepare(const PrepareOptions& o) {
@@ -125,6 +207,24 @@ PrepareStats prepare(const PrepareOptions& o) {
     if (!std::filesystem::is_regular_file(st))
       throw_input("prepare: input ", path, " is not a file");
     stats.input_bytes += static_cast<int64_t>(std::filesystem::file_size(path, ec));
+  }
+  const int jobs = o.jobs > 0 ? o.jobs : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  if (o.per_input) {
+    // Each input prepared on its own (in parallel), one output per input.
+    const std::vector<std::string> outputs = per_input_prefixes(o);
+    std::vector<PrepareStats> each(o.inputs.size());
+    for_each_input(o.inputs.size(), jobs, [&](size_t i) {
+      PrepareOptions one = o;
+      one.inputs = {o.inputs[i]}, one.output_prefix = outputs[i], one.per_input = false, one.jobs = 1;
+      each[i] = prepare(one);
+    });
+    PrepareStats all = stats;
+    for (const PrepareStats& e : each) {
+      all.splits.insert(all.splits.end(), e.splits.begin(), e.splits.end());
+      all.documents += e.documents, all.tokens += e.tokens, all.skipped += e.skipped;
+    }
+    all.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return all;
   }
   const bool split = o.valid_fraction > 0;
   std::vector<std::string> prefixes;
@@ -153,56 +253,67 @@ PrepareStats prepare(const PrepareOptions& o) {
                     ": give another --output, or add --overwrite to replace it");
       }
     }
-  const auto tok = make_tokenizer(o.tokenizer);
-
-  std::vector<std::unique_ptr<IndexedDatasetWriter>> out;
-  for (const auto& p : prefixes)
-    out.push_back(
-        std::make_unique<IndexedDatasetWriter>(p, tok->vocab_size(), tok->name(), tok->eot()));
-
-  // Validation takes F of the first n documents, rounded down, while the count is not known:
-  // the documents it takes are spread evenly, and a fraction 1/k takes document j when
-  // j % k == k - 1. The last document is held back until the end, when the count is known, and
-  // placed so that the whole split is the nearest count (F of 10 is 4 for F = 0.4, not 1/3).
-  // The relative nudge keeps products such as 10 x 0.1 from landing just below a whole number.
-  const double f = o.valid_fraction;
-  const auto rounded_down = [f](int64_t n) { return static_cast<int64_t>(std::floor(double(n) * f * (1 + 1e-12))); };
-  const auto nearest = [f](int64_t n) { return static_cast<int64_t>(std::floor(double(n) * f * (1 + 1e-12) + 0.5)); };
-  int64_t j = 0, valid = 0;
-  std::vector<int32_t> held;
-  bool holding = false;
-  const auto place = [&](const std::vector<int32_t>& ids, bool to_valid) {
-    out[to_valid ? 1 : 0]->add_document(ids);
-    valid += to_valid;
-  };
-  const DocFn add = [&](std::string_view text) {
-    if (blank(text)) {
-      if (!text.empty()) ++stats.skipped;
-      return;
-    }
-    std::vector<int32_t> ids = tok->encode(text);
-    ids.push_back(tok->eot());
-    if (!split) {
-      out[0]->add_document(ids);
-    } else {
-      if (holding) place(held, rounded_down(j) > valid);  // document j - 1
-      held = std::move(ids);
-      holding = true;
-    }
-    ++j;
-  };
-  for (const auto& path : o.inputs) {
-    if (ends_with(path, ".jsonl"))
-      jsonl_documents(path, add);
-    else
-      text_documents(path, o.doc_separator, add);
-  }
-  if (holding) place(held, nearest(j) > valid);
-  for (size_t s = 0; s < out.size(); ++s)
-    if (out[s]->documents() == 0)
-      throw_input("prepare: no documents for ", prefixes[s], " (", j, " documents in all",
-                  split ? cat("; valid_fraction ", f, " of ", j, " documents rounds to ", valid) : std::string(),
+  // Pass 1: each input's documents, counted, so that every document's split is known before
+  // any is tokenized (the split depends on the document's number among all of them).
+  std::vector<int64_t> first(o.inputs.size() + 1, 0), skipped(o.inputs.size(), 0);
+  for_each_input(o.inputs.size(), jobs, [&](size_t i) {
+    documents(o.inputs[i], o.doc_separator, [&](std::string_view text) {
+      if (blank(text)) skipped[i] += !text.empty();
+      else ++first[i + 1];
+    });
+  });
+  for (size_t i = 0; i < o.inputs.size(); ++i) first[i + 1] += first[i], stats.skipped += skipped[i];
+  const int64_t n = first.back();
+  const Split split_of{o.valid_fraction, n};
+  const int64_t to_valid = split ? split_of.valid_documents() : 0;
+  for (size_t s = 0; s < prefixes.size(); ++s)
+    if ((s == 0 ? n - to_valid : to_valid) == 0)
+      throw_input("prepare: no documents for ", prefixes[s], " (", n, " documents in all",
+                  split ? cat("; valid_fraction ", o.valid_fraction, " of ", n, " documents rounds to ", to_valid) : std::string(),
                   "): give more input", split ? (s == 1 ? " or a larger valid_fraction" : " or a smaller valid_fraction") : "");
+
+  // Pass 2: tokenized, input i into writers of its own (or, with one at a time, straight into the
+  // outputs), then joined in input order.
+  const auto tok = make_tokenizer(o.tokenizer);
+  auto writers = [&](const std::vector<std::string>& names) {
+    std::vector<std::unique_ptr<IndexedDatasetWriter>> w;
+    for (const auto& p : names) w.push_back(std::make_unique<IndexedDatasetWriter>(p, tok->vocab_size(), tok->name(), tok->eot()));
+    return w;
+  };
+  std::vector<std::unique_ptr<IndexedDatasetWriter>> out = writers(prefixes);
+  auto tokenize = [&](size_t i, const Tokenizer& t, std::vector<std::unique_ptr<IndexedDatasetWriter>>& to) {
+    int64_t j = first[i];
+    documents(o.inputs[i], o.doc_separator, [&](std::string_view text) {
+      if (blank(text)) return;
+      std::vector<int32_t> ids = t.encode(text);
+      ids.push_back(t.eot());
+      to[split && split_of.to_valid(j) ? 1 : 0]->add_document(ids);
+      ++j;
+    });
+  };
+  if (jobs == 1 || o.inputs.size() == 1) {
+    for (size_t i = 0; i < o.inputs.size(); ++i) tokenize(i, *tok, out);
+  } else {
+    const Scratch scratch(o.output_prefix);
+    std::vector<std::vector<std::string>> parts(o.inputs.size());
+    for_each_input(o.inputs.size(), jobs, [&](size_t i) {
+      for (size_t s = 0; s < prefixes.size(); ++s) parts[i].push_back((scratch.dir / cat("part", i, s == 0 ? "_a" : "_b")).string());
+      const auto own = make_tokenizer(o.tokenizer);  // a tokenizer per thread: they keep caches
+      std::vector<std::unique_ptr<IndexedDatasetWriter>> to = writers(parts[i]);
+      tokenize(i, *own, to);
+      for (size_t s = 0; s < to.size(); ++s) {
+        if (to[s]->documents() == 0) parts[i][s].clear();  // nothing to join
+        to[s]->finish();
+      }
+    });
+    for (size_t i = 0; i < o.inputs.size(); ++i)
+      for (size_t s = 0; s < prefixes.size(); ++s) {
+        if (parts[i][s].empty()) continue;
+        const IndexedDataset part(parts[i][s]);
+        for (int64_t q = 0; q < part.num_sequences(); ++q)
+          out[s]->add_document(part.read(part.sequence_start(q), part.sequence_length(q)));
+      }
+  }
   for (size_t s = 0; s < out.size(); ++s) {
     out[s]->finish();
     stats.splits.push_back({prefixes[s], out[s]->documents(), out[s]->tokens()});

@@ -22,6 +22,11 @@ struct PrepareOptions {
   std::string doc_separator;
   // Replace PREFIX.* files that are there already even when no earlier prepare wrote them.
   bool overwrite = false;
+  // Inputs tokenized at once (0: one per core). The output is the same whatever the number.
+  int jobs = 0;
+  // One output per input, PREFIX_<input's name without its extension> (each split on its own),
+  // ready to blend (data.train's sources), instead of one for all.
+  bool per_input = false;
 };
 
 struct SplitStats {
@@ -31,7 +36,7 @@ struct SplitStats {
 };
 
 struct PrepareStats {
-  std::vector<SplitStats> splits;  // {train, valid} with a valid fraction, else the one output
+  std::vector<SplitStats> splits;  // {train, valid} with a valid fraction, else the one output (per input with per_input)
   int64_t documents = 0;           // over all splits
   int64_t tokens = 0;
   int64_t skipped = 0;  // empty or whitespace-only documents, not written
@@ -41,6 +46,9 @@ struct PrepareStats {
 
 // Tokenizes every document, appends the tokenizer's eot after each, and writes the splits
 // (output directories are created; each file appears under its final name only when complete).
+// Several inputs are tokenized at once (options.jobs), each into parts of its own under a
+// private directory beside the output, which are then joined in input order: the files are
+// the ones a single thread writes.
 // Input errors: a missing or unreadable input (named), malformed JSON lines (file:line), an
 // unknown tokenizer, a valid_fraction outside [0, 0.5], a split left empty, an output file that
 // is one of the inputs, an output file that exists and that no earlier prepare wrote (by the

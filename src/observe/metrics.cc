@@ -53,6 +53,12 @@ void MetricsWriter::write(const nlohmann::json& record) {
   std::vector<std::pair<std::string, double>> scalars;
   for (const auto& t : kTags)
     if (record.contains(t.key) && record[t.key].is_number()) scalars.emplace_back(t.tag, record[t.key].get<double>() * t.scale);
+  // Per data source: val_loss/<name> and epochs/<name>.
+  for (const auto& [key, value] : record.items()) {
+    if (!value.is_number()) continue;
+    if (key.rfind("val_loss/", 0) == 0) scalars.emplace_back("lm loss validation/" + key.substr(9), value.get<double>());
+    if (key.rfind("epochs/", 0) == 0) scalars.emplace_back("data/epochs/" + key.substr(7), value.get<double>());
+  }
   tensorboard_->write(record.value("step", int64_t(0)), scalars);
 }
 

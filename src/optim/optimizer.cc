@@ -8,9 +8,24 @@
 
 namespace myriad {
 
+int64_t wsd_decay_steps(const OptimConfig& o, int64_t total_steps) {
+  const int64_t d = o.decay_steps > 0 ? o.decay_steps : std::llround(o.decay_fraction * double(total_steps));
+  return std::clamp<int64_t>(d, 1, std::max<int64_t>(1, total_steps - o.warmup_steps));
+}
+
 double lr_at(const OptimConfig& o, int64_t step, int64_t total_steps) {
   if (step < o.warmup_steps) return o.lr * double(step + 1) / double(o.warmup_steps);
   if (o.decay == "constant") return o.lr;
+  if (o.decay == "wsd") {
+    const int64_t d = wsd_decay_steps(o, total_steps), start = total_steps - d;
+    if (step < start) return o.lr;
+    // The decay's d steps end on min_lr: step start + i trains at progress (i + 1) / d.
+    const double p = std::min(1.0, double(step - start + 1) / double(d));
+    const double frac = o.decay_shape == "linear"   ? 1.0 - p
+                        : o.decay_shape == "cosine" ? 0.5 * (1.0 + std::cos(M_PI * p))
+                                                    : 1.0 - std::sqrt(p);
+    return o.min_lr + frac * (o.lr - o.min_lr);
+  }
   const double span = std::max<int64_t>(1, total_steps - o.warmup_steps);
   const double progress = std::min(1.0, double(step - o.warmup_steps) / span);
   const double frac = o.decay == "cosine" ? 0.5 * (1.0 + std::cos(M_PI * progress)) : 1.0 - progress;

@@ -22,8 +22,14 @@
 namespace myriad {
 
 // Learning rate at 0-based `step`: linear warmup to optim.lr over warmup_steps, then cosine or
-// linear decay to min_lr at train.steps (or constant).
+// linear decay to min_lr at train.steps, or constant, or warmup-stable-decay (wsd): optim.lr
+// until the last wsd_decay_steps steps, which go down to min_lr (reached on the last step) in
+// optim.decay_shape. The schedule depends on train.steps only through the decay's place, so a
+// run continued from a stable-phase checkpoint with more train.steps decays at its new end.
 double lr_at(const OptimConfig& o, int64_t step, int64_t total_steps);
+// WSD's decay length: optim.decay_steps, else decay_fraction x total_steps (rounded), within
+// [1, total_steps - warmup_steps].
+int64_t wsd_decay_steps(const OptimConfig& o, int64_t total_steps);
 
 // Scales grads so that their global L2 norm is at most max_norm (PyTorch's clip_grad_norm_:
 // coefficient max_norm / (norm + 1e-6) when below 1). Returns the norm before clipping.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/log.h"
 #include "optim/optimizer.h"
 
 namespace myriad {
@@ -52,13 +53,36 @@ void SkipList::load(const checkpoint::Meta& meta) {
     if (std::find(steps_.begin(), steps_.end(), s) == steps_.end()) steps_.push_back(s);
 }
 
-checkpoint::Components run_state(Engine& engine, const Config& cfg, int64_t& step, int64_t& consumed,
+void DataPosition::save(checkpoint::Meta& meta) const {
+  const data::BlendPosition& p = blend_.position();
+  meta.data = {p.consumed, seed_, p.since, {}};
+  for (size_t s = 0; s < p.names.size(); ++s)
+    meta.data.sources.push_back({p.names[s], p.weights[s], p.epochs[s], p.base[s], p.taken[s]});
+}
+
+void DataPosition::load(const checkpoint::Meta& meta) {
+  data::BlendPosition saved{meta.data.consumed, meta.data.since, {}, {}, {}, {}, {}};
+  for (const checkpoint::Meta::Data::Source& s : meta.data.sources) {
+    saved.names.push_back(s.name), saved.weights.push_back(s.weight), saved.epochs.push_back(s.epochs);
+    saved.base.push_back(s.base), saved.taken.push_back(s.taken);
+  }
+  if (meta.data.sources.empty() && blend_.size() == 1) {  // from before blends: one file, all consumed from it
+    const data::BlendPosition& now = blend_.position();
+    saved = {meta.data.consumed, 0, now.names, now.weights, now.epochs, {0}, {meta.data.consumed}};
+  }
+  const std::string changed = blend_.resume(saved);
+  if (!changed.empty())
+    log::info("data: the blend changed since the checkpoint (", changed, "): each source keeps its place, and the "
+              "balancing starts afresh at sample ", saved.consumed);
+}
+
+checkpoint::Components run_state(Engine& engine, const Config& cfg, int64_t& step, data::Blend& blend,
                                  std::vector<double>& recent_losses, std::vector<int64_t>& skip_steps) {
   checkpoint::Components state;
   state.push_back(std::make_unique<Progress>(step));
   state.push_back(std::make_unique<ParamsState>(engine));
   state.push_back(std::make_unique<OptimizerState>(engine, cfg.optim.name));
-  state.push_back(std::make_unique<DataPosition>(consumed, cfg.train.seed));
+  state.push_back(std::make_unique<DataPosition>(blend, cfg.train.seed));
   state.push_back(std::make_unique<RngState>(cfg.model.seed, cfg.train.seed));
   state.push_back(std::make_unique<LossHistory>(recent_losses));
   state.push_back(std::make_unique<SkipList>(skip_steps, step));

@@ -9,6 +9,7 @@
 
 #include "checkpoint/state.h"
 #include "core/config.h"
+#include "data/blend.h"
 #include "model/engine.h"
 
 namespace myriad {
@@ -38,15 +39,17 @@ class OptimizerState : public checkpoint::Component {
   std::string name_;
 };
 
-// Where the data stream stands: the samples consumed, and the order's seed.
+// Where the data stream stands: the blend's position (data/blend.h: the samples consumed, and
+// each source's), and the order's seed. A load into a blend that changed since the save keeps
+// each source's place and starts the balancing afresh (logged).
 class DataPosition : public checkpoint::Component {
  public:
-  DataPosition(int64_t& consumed, int64_t seed) : consumed_(consumed), seed_(seed) {}
-  void save(checkpoint::Meta& meta) const override { meta.data = {consumed_, seed_}; }
-  void load(const checkpoint::Meta& meta) override { consumed_ = meta.data.consumed; }
+  DataPosition(data::Blend& blend, int64_t seed) : blend_(blend), seed_(seed) {}
+  void save(checkpoint::Meta& meta) const override;
+  void load(const checkpoint::Meta& meta) override;
 
  private:
-  int64_t& consumed_;
+  data::Blend& blend_;
   int64_t seed_;
 };
 
@@ -100,7 +103,7 @@ class Progress : public checkpoint::Component {
 // What a training run's checkpoint holds, in order: the step, the parameters, the optimizer, the
 // data position, the RNG, the loss history, the skip list, over the engine and the run's
 // counters (which must outlive the components).
-checkpoint::Components run_state(Engine& engine, const Config& cfg, int64_t& step, int64_t& consumed,
+checkpoint::Components run_state(Engine& engine, const Config& cfg, int64_t& step, data::Blend& blend,
                                  std::vector<double>& recent_losses, std::vector<int64_t>& skip_steps);
 
 }  // namespace myriad

@@ -129,14 +129,20 @@ std::unique_ptr<data::IndexedDataset> Trainer::open_data(const std::string& pref
     throw_input("config: model.vocab_size (", cfg_.model.vocab_size, ") is below the ",
                 cfg_.data.tokenizer, " tokenizer's vocabulary (", tokenizer_vocab,
                 "): set model.vocab_size to at least ", tokenizer_vocab);
+  // The sidecar's tokenizer and vocabulary first: they say what is wrong better than an id
+  // out of range does.
+  {
+    const data::IndexedDataset sidecar(prefix);
+    const data::DatasetInfo& info = sidecar.info();
+    if (!info.tokenizer.empty() && info.tokenizer != cfg_.data.tokenizer)
+      throw_input(prefix, ".json: ", key, " was prepared with the ", info.tokenizer,
+                  " tokenizer but data.tokenizer = \"", cfg_.data.tokenizer, "\"");
+    if (cfg_.model.vocab_size < info.vocab_size)
+      throw_input(prefix, ".json: ", key, " has a vocabulary of ", info.vocab_size,
+                  " but model.vocab_size = ", cfg_.model.vocab_size,
+                  ": set model.vocab_size to at least ", info.vocab_size);
+  }
   auto d = std::make_unique<data::IndexedDataset>(prefix, cfg_.model.vocab_size);
-  if (!d->tokenizer().empty() && d->tokenizer() != cfg_.data.tokenizer)
-    throw_input(prefix, ".json: ", key, " was prepared with the ", d->tokenizer(),
-                " tokenizer but data.tokenizer = \"", cfg_.data.tokenizer, "\"");
-  if (cfg_.model.vocab_size < d->info().vocab_size)
-    throw_input(prefix, ".json: ", key, " has a vocabulary of ", d->info().vocab_size,
-                " but model.vocab_size = ", cfg_.model.vocab_size,
-                ": set model.vocab_size to at least ", d->info().vocab_size);
   // Fewer than one sample is an input error naming the file.
   data::num_samples(*d, cfg_.model.seq_len);
   return d;
@@ -162,8 +168,21 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
     throw_input("config: data.train is empty: set it to a prefix made by `myriad prepare` "
                 "(--set data.train=PREFIX)");
 
-  train_data_ = open_data(cfg_.data.train, "data.train");
-  if (!cfg_.data.valid.empty()) valid_data_ = open_data(cfg_.data.valid, "data.valid");
+  std::vector<int64_t> samples;
+  for (const DataSource& d : cfg_.data.train) {
+    train_files_.push_back(open_data(d.path, cat("data.train's source '", d.name, "'").c_str()));
+    samples.push_back(data::num_samples(*train_files_.back(), cfg_.model.seq_len));
+  }
+  for (const DataSource& d : cfg_.data.valid) valid_files_.push_back(open_data(d.path, cat("data.valid's source '", d.name, "'").c_str()));
+  blend_ = std::make_unique<data::Blend>(cfg_.data.train, samples);
+  // With every source capped the blend holds sum(cap x samples) samples; the run must fit.
+  int64_t capacity = 0;
+  bool capped = true;
+  for (size_t s = 0; s < samples.size(); ++s) capped = capped && cfg_.data.train[s].epochs > 0, capacity += cfg_.data.train[s].epochs * samples[s];
+  if (capped && capacity < cfg_.train.steps * cfg_.train.global_batch)
+    throw_input("config: data.train's sources are all capped (epochs) at ", capacity, " samples in all, but train.steps x "
+                "train.global_batch = ", cfg_.train.steps * cfg_.train.global_batch,
+                ": raise a source's epochs (or set 0: no cap), or lower train.steps");
 
   // Where the run writes must be writable before anything trains: a save that fails at the
   // first checkpoint would lose the steps before it.
@@ -178,7 +197,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
   const std::string algos = (fs::path(run_dir_) / cat("gemm_algos.rank", dist_ ? dist_->rank() : 0, ".txt")).string();
   engine_ = make_planned_engine(cfg_, dist_ ? dist_->context() : nullptr, algos);
   // What a checkpoint holds (runtime/state.h): every save and resume asks these.
-  state_ = run_state(*engine_, cfg_, step_, consumed_, recent_loss_, cfg_.train.skip_steps);
+  state_ = run_state(*engine_, cfg_, step_, *blend_, recent_loss_, cfg_.train.skip_steps);
   if (cfg_.observe.trace) {
     const int64_t offset = dist_ ? dist_->clock_offset_us() : 0;
     const int rank = dist_ ? dist_->rank() : 0;
@@ -218,10 +237,13 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
     log::info("data: this rank reads rows [", first_row, ", ", first_row + rows_, ") of each global batch of ",
               cfg_.train.global_batch);
   if (shared_) log::info("data: one reader per tensor-parallel group, batches shared through memory");
-  if (!shared_ || dist_->tp_rank() == 0)
-    loader_ = std::make_unique<data::BatchLoader>(*train_data_, cfg_.model.seq_len, cfg_.train.seed,
-                                                  /*shuffle=*/true, cfg_.train.global_batch,
-                                                  first_row, rows_, consumed_);
+  if (!shared_ || dist_->tp_rank() == 0) {
+    std::vector<data::SourceFile> files;
+    for (size_t s = 0; s < train_files_.size(); ++s)
+      files.push_back({train_files_[s].get(), data::source_seed(cfg_.train.seed, cfg_.data.train[s].name, train_files_.size() == 1)});
+    loader_ = std::make_unique<data::BatchLoader>(std::move(files), *blend_, cfg_.model.seq_len, /*shuffle=*/true,
+                                                  cfg_.train.global_batch, first_row, rows_);
+  }
   // The copy an asynchronous save takes of the CPU's live state: allocated, and its pages
   // touched, here rather than in the step of the first save.
   if (cfg_.checkpoint.async && engine_->host_state_is_live()) {
@@ -277,6 +299,7 @@ Trainer::End Trainer::run() {
             cfg_.model.seq_len, " tokens per step, micro-batch ", t.micro_batch, ", ",
             engine_->device(), ", ", cfg_.optim.name);
   if (t.precision == "fp8") log::info("precision: ", fp8::describe(fp8::recipe_of(t)));
+  describe_blend();
   log::info("memory: optimizer state ", memory_bytes(MemoryKind::kOptimizerState),
             " bytes on this rank (", engine_->layout().total(), " parameters here)");
   double elapsed = 0;
@@ -298,7 +321,7 @@ Trainer::End Trainer::run() {
     StepResult r = engine_->train_step(batch.tokens.data(), step_ + 1,
                                        lr_at(cfg_.optim, step_, t.steps), preemption::requested());
     ++step_;
-    consumed_ += t.global_batch;
+    advance_data();
     // Injected faults that act on the step's results, then the checks that catch such faults.
     const std::string injected = fault::action(cat("step:", step_));
     if (injected == "nan") r.loss = std::numeric_limits<float>::quiet_NaN();
@@ -338,8 +361,10 @@ Trainer::End Trainer::run() {
     set_phase("eval");
     if (eval_due()) {
       trace::Span span("eval");
-      rec["val_loss"] = evaluate();
+      evaluate(rec);
     }
+    if (blend_->size() > 1)
+      for (int s = 0; s < blend_->size(); ++s) rec["epochs/" + blend_->name(s)] = blend_->epochs_taken(s);
     set_phase("checkpoint");
     if (save_due()) {
       trace::Span span("checkpoint");
@@ -408,13 +433,13 @@ Trainer::End Trainer::stop_preempted() {
 void Trainer::skip_step() {
   next_batch();
   ++step_;
-  consumed_ += cfg_.train.global_batch;
+  advance_data();
   log::warn("step ", step_, "/", cfg_.train.steps, " skipped: its batch is dropped (train.skip_steps)");
   nlohmann::json rec = {{"step", step_}, {"skipped", true}};
   heartbeat_.set(step_, cfg_.fault.startup_timeout_s);  // an evaluation or a save may follow
   if (eval_due()) {
     set_phase("eval");
-    rec["val_loss"] = evaluate();
+    evaluate(rec);
   }
   if (save_due()) {
     set_phase("checkpoint");
@@ -430,7 +455,7 @@ void Trainer::skip_step() {
 
 bool Trainer::eval_due() const {
   const int64_t every = cfg_.train.eval_every;
-  return valid_data_ && every > 0 && (step_ % every == 0 || step_ == cfg_.train.steps);
+  return !valid_files_.empty() && every > 0 && (step_ % every == 0 || step_ == cfg_.train.steps);
 }
 
 bool Trainer::save_due() const {
@@ -512,16 +537,51 @@ data::Batch Trainer::next_batch() {
   return b;
 }
 
-float Trainer::evaluate() {
+void Trainer::evaluate(nlohmann::json& rec) {
   const int64_t mb = cfg_.train.micro_batch, T = cfg_.model.seq_len, G = cfg_.train.global_batch;
-  data::BatchLoader val(*valid_data_, T, cfg_.train.seed, /*shuffle=*/false, G, 0, G, 0);
-  double sum = 0;
-  int64_t n = 0;
-  for (int64_t s = 0; s < cfg_.train.eval_steps; ++s) {
-    data::Batch b = val.next();
-    for (int64_t i = 0; i < G / mb; ++i, ++n) sum += engine_->loss(b.tokens.data() + i * mb * (T + 1), mb);
+  double sum = 0, tokens = 0;
+  for (size_t v = 0; v < valid_files_.size(); ++v) {
+    data::BatchLoader val(*valid_files_[v], T, cfg_.train.seed, /*shuffle=*/false, G, 0, G, 0);
+    double loss = 0;
+    int64_t n = 0;
+    for (int64_t s = 0; s < cfg_.train.eval_steps; ++s) {
+      data::Batch b = val.next();
+      for (int64_t i = 0; i < G / mb; ++i, ++n) loss += engine_->loss(b.tokens.data() + i * mb * (T + 1), mb);
+    }
+    const double mean = static_cast<float>(loss / n), counted = double(n * mb * T);
+    if (valid_files_.size() > 1) rec["val_loss/" + cfg_.data.valid[v].name] = mean;
+    sum += mean * counted, tokens += counted;
   }
-  return static_cast<float>(sum / n);
+  rec["val_loss"] = static_cast<float>(sum / tokens);
+}
+
+void Trainer::advance_data() {
+  const int64_t step = step_;
+  for (int64_t g = 0; g < cfg_.train.global_batch; ++g) {
+    const data::Blend::Pick p = blend_->next();
+    const std::string& name = blend_->name(p.source);
+    const int64_t n = blend_->samples(p.source);
+    if (p.sample > 0 && p.sample % n == 0)
+      log::info("data: source '", name, "' starts its epoch ", p.sample / n + 1, " (a new order) in step ", step);
+    if (!blend_->active(p.source))
+      log::info("data: source '", name, "' reached its cap of ", cfg_.data.train[p.source].epochs, " epoch(s) in step ",
+                step, ": the other sources share its place from here");
+  }
+}
+
+void Trainer::describe_blend() const {
+  const int64_t left = (cfg_.train.steps - step_) * cfg_.train.global_batch;
+  double total = 0;
+  for (int s = 0; s < blend_->size(); ++s) total += blend_->active(s) ? cfg_.data.train[s].weight : 0;
+  for (int s = 0; s < blend_->size(); ++s) {
+    const DataSource& d = cfg_.data.train[s];
+    const double share = blend_->active(s) ? d.weight / total : 0;
+    log::info("data: source '", d.name, "' (", d.path, "): ", fmt("%.1f", 100 * share), "% of the samples, ",
+              train_files_[s]->num_tokens(), " tokens (", blend_->samples(s), " samples); ",
+              fmt("%.2f", blend_->epochs_taken(s)), " epochs taken, about ",
+              fmt("%.2f", blend_->epochs_taken(s) + share * double(left) / double(blend_->samples(s))), " by step ",
+              cfg_.train.steps, d.epochs > 0 ? cat(" (capped at ", d.epochs, ")") : std::string());
+  }
 }
 
 std::string Trainer::checkpoint_root() const { return cfg_.checkpoint_root(run_dir_); }
@@ -617,7 +677,8 @@ void Trainer::resume_latest_good() {
     if (bad.empty()) bad = "it failed to load on another rank";
     log::warn("resume: passing over ", dir, ": ", bad);
     if (newest_bad.empty()) newest_bad = bad;
-    step_ = consumed_ = 0, saved_step_ = -1;
+    step_ = 0, saved_step_ = -1;
+    blend_->start();
     recent_loss_.clear();
   }
   if (!dirs.empty())
@@ -693,7 +754,7 @@ void Trainer::resume_from(const std::string& dir) {
   saved_step_ = step_;
   engine_->state_from_host();
   heartbeat_.set_resumed_from(dir);
-  log::info("resume: ", dir, " (step ", step_, ", ", consumed_, " samples consumed) in ", fmt("%.2f", now_s() - t0),
+  log::info("resume: ", dir, " (step ", step_, ", ", blend_->position().consumed, " samples consumed) in ", fmt("%.2f", now_s() - t0),
             " s", broadcast ? cat(", the parameters read by data-parallel rank 0 and broadcast") : "");
 }
 

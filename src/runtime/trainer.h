@@ -33,8 +33,10 @@ class Trainer {
   // Writes this rank's flight record (runtime/heartbeat.h), as a failing worker does.
   void dump_flight_record() { heartbeat_.dump_flight_record(); }
 
-  // Mean validation loss over train.eval_steps global batches from the start of the valid set.
-  float evaluate();
+  // Each validation source's mean loss over train.eval_steps global batches from its start,
+  // into `rec`: val_loss/<name> (with more than one source) and val_loss, their mean weighted
+  // by the tokens evaluated.
+  void evaluate(nlohmann::json& rec);
   void check_loss(float loss);
   void skip_step();  // train.skip_steps: the batch read and dropped, the step counted
   bool eval_due() const;  // train.eval_every (with validation data), and the last step
@@ -56,6 +58,10 @@ class Trainer {
   // This rank's rows of the next step's global batch (global_batch / dp, T+1): read, or taken
   // from the node's reader.
   data::Batch next_batch();
+  // The blend's place after a step's global batch; logs a source's new epoch, or its cap.
+  void advance_data();
+  // The blend as the run starts: each source's share, tokens and expected epochs.
+  void describe_blend() const;
   // Opens a token file and checks it against the model (vocabulary) and the tokenizer.
   std::unique_ptr<data::IndexedDataset> open_data(const std::string& prefix, const char* key);
   std::string checkpoint_root() const;
@@ -72,7 +78,10 @@ class Trainer {
   // engine's: the step, the parameters, the optimizer, the data position, the RNG, the loss
   // history, the skip list.
   checkpoint::Components state_;
-  std::unique_ptr<data::IndexedDataset> train_data_, valid_data_;
+  // data.train's files, in the config's order, and where their blend stands (the samples
+  // consumed by completed steps, and each source's); data.valid's files.
+  std::vector<std::unique_ptr<data::IndexedDataset>> train_files_, valid_files_;
+  std::unique_ptr<data::Blend> blend_;
   std::unique_ptr<data::BatchLoader> loader_;      // null on the members that take shared batches
   std::unique_ptr<data::SharedBatch> shared_;      // the node-shared batch, with tensor parallelism
   std::unique_ptr<MetricsWriter> metrics_;
@@ -84,7 +93,6 @@ class Trainer {
   int64_t rows_ = 0;          // sequences of each global batch this rank reads: global_batch / dp
   int64_t step_ = 0;          // optimizer steps completed
   int64_t saved_step_ = -1;   // the step of the last save started (or resumed from)
-  int64_t consumed_ = 0;      // training samples consumed by completed steps
   std::map<std::string, uint64_t> traced_seq_;  // per group: the last operation traced
   std::string start_id_;      // names this start's partial saves (checkpoint::SaveGroup::id)
   // The copy of the state (every float of shards(true), in order) a save on the CPU writes

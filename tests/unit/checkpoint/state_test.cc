@@ -65,12 +65,13 @@ TEST(CheckpointState, EveryComponentRoundTripsThroughACheckpoint) {
 
   struct Run {
     std::unique_ptr<Engine> engine;
-    int64_t step = 0, consumed = 0;
+    int64_t step = 0;
+    data::Blend blend{{{"web", "w", 0.7, 0}, {"code", "c", 0.3, 2}}, {500, 60}};
     std::vector<double> losses;
     std::vector<int64_t> skips;
     checkpoint::Components state;
     explicit Run(const Config& cfg) : engine(make_engine(cfg)) {
-      state = run_state(*engine, cfg, step, consumed, losses, skips);
+      state = run_state(*engine, cfg, step, blend, losses, skips);
     }
   };
   Run a(cfg), b(cfg);
@@ -82,7 +83,8 @@ TEST(CheckpointState, EveryComponentRoundTripsThroughACheckpoint) {
   for (const FlatRange& r : sa.owned) owned += r.end - r.begin;
   for (int64_t i = 0; i < owned; ++i) sa.m[i] = 1e-3f * float(i % 13), sa.v[i] = 1e-6f * float(i % 17);
   *sa.steps_taken = 9;
-  a.step = 9, a.consumed = 72, a.losses = {4.5, 4.25, 4.0}, a.skips = {6, 30};
+  a.step = 9, a.losses = {4.5, 4.25, 4.0}, a.skips = {6, 30};
+  for (int i = 0; i < 72; ++i) a.blend.next();
 
   const std::string dir = checkpoint::save(root.string(), a.step,
                                            checkpoint::encode(checkpoint::meta_of(a.state, to_toml(cfg), "byte")),
@@ -97,7 +99,8 @@ TEST(CheckpointState, EveryComponentRoundTripsThroughACheckpoint) {
   EXPECT_EQ(std::vector<float>(sb.v, sb.v + owned), std::vector<float>(sa.v, sa.v + owned));
   EXPECT_EQ(*sb.steps_taken, 9);
   EXPECT_EQ(b.step, 9);
-  EXPECT_EQ(b.consumed, 72);
+  EXPECT_EQ(b.blend.position().consumed, 72);
+  EXPECT_EQ(b.blend.position(), a.blend.position()) << "every source's place";
   EXPECT_EQ(b.losses, a.losses);
   EXPECT_EQ(b.skips, std::vector<int64_t>{6}) << "the steps skipped up to the save, not the ones ahead";
   const checkpoint::Meta m = checkpoint::decode_meta(meta, dir);

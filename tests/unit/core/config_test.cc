@@ -54,7 +54,9 @@ TEST(Config, ValuesAndOverrides) {
   EXPECT_EQ(c.model.layers, 2);
   EXPECT_EQ(c.model.window, 8);
   EXPECT_EQ(c.optim.name, "lamb");
-  EXPECT_EQ(c.data.train, "data/x_train");
+  ASSERT_EQ(c.data.train.size(), 1u);
+  EXPECT_EQ(c.data.train[0], source_of_prefix("data/x_train"));
+  EXPECT_EQ(c.data.train[0].name, "x_train");
   EXPECT_DOUBLE_EQ(c.optim.lr, 0.5);
   EXPECT_EQ(c.parallel.stage_layers, (std::vector<int64_t>{1, 1}));
   EXPECT_EQ(c.comm.nccl_env.at("NCCL_IB_TIMEOUT"), "22");
@@ -254,4 +256,54 @@ TEST(Config, Fp8IsRefusedWhereItCannotRun) {
   EXPECT_EQ(tp.parallel.tp, 2);
   EXPECT_EQ(tp.train.fp8_gradients, "e4m3");
   EXPECT_TRUE(tp.train.fp8_fast_accum);
+}
+
+TEST(Config, DataSourcesArePrefixesOrNamedWeightedLists) {
+  const char* blend = R"(
+[[data.train]]
+name = "web"
+path = "data/web"
+weight = 0.7
+
+[[data.train]]
+name = "code"
+path = "data/code"
+weight = 3
+epochs = 2
+
+[data]
+valid = [{name = "web", path = "data/web_val"}, {path = "data/code_val"}]
+)";
+  const Config c = parse_config(blend, "blend.toml");
+  ASSERT_EQ(c.data.train.size(), 2u);
+  EXPECT_EQ(c.data.train[0], (DataSource{"web", "data/web", 0.7, 0}));
+  EXPECT_EQ(c.data.train[1], (DataSource{"code", "data/code", 3, 2}));
+  ASSERT_EQ(c.data.valid.size(), 2u);
+  EXPECT_EQ(c.data.valid[1].name, "code_val") << "a source without a name is named for its file";
+  // The round trip keeps the list; a lone prefix stays a string; "" is none.
+  const Config d = parse_config(to_toml(c), "round trip");
+  EXPECT_EQ(d.data.train, c.data.train);
+  EXPECT_EQ(d.data.valid, c.data.valid);
+  const Config lone = parse_config(kSmall, "x", {"data.train=data/x", "data.valid="});
+  EXPECT_NE(to_toml(lone).find("train = 'data/x'"), std::string::npos) << to_toml(lone);
+  EXPECT_TRUE(lone.data.valid.empty());
+  EXPECT_EQ(parse_config(kSmall, "x", {"data.train=[{name = \"a\", path = \"p\", weight = 2}]"}).data.train[0].weight, 2);
+
+  // Bad sources: one line naming the source or the key.
+  std::string e = input_error([] { parse_config(kSmall, "x", {"data.train=[{name = \"a\", path = \"p\", weight = 0}]"}); });
+  EXPECT_NE(e.find("data.train's source 'a' has weight 0"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "x", {"data.train=[{name = \"a\", path = \"p\", weight = -1}]"}); });
+  EXPECT_NE(e.find("source 'a' has weight -1"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "x", {"data.train=[{name = \"a\", path = \"p\", weight = \"heavy\"}]"}); });
+  EXPECT_NE(e.find("data.train[0].weight must be a number, got a string"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "x", {"data.train=[{name = \"a\", path = \"p\"}, {name = \"a\", path = \"q\"}]"}); });
+  EXPECT_NE(e.find("names two sources 'a' (p and q)"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "x", {"data.train=[{name = \"a\"}]"}); });
+  EXPECT_NE(e.find("data.train[0] has no path"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "x", {"data.valid=[{name = \"a\", path = \"p\", weight = 1}]"}); });
+  EXPECT_NE(e.find("data.valid[0] has an unknown key weight"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "x", {"data.train=[{name = \"a\", path = \"p\", epochs = -1}]"}); });
+  EXPECT_NE(e.find("source 'a' has epochs -1"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "x", {"data.train=3"}); });
+  EXPECT_NE(e.find("data.train must be a prefix (a string) or an array of sources"), std::string::npos) << e;
 }

@@ -290,3 +290,56 @@ TEST(Prepare, AnExistingOutputIsReplacedOnlyWhenPrepareWroteIt) {
   for (const auto& f : std::filesystem::directory_iterator(dir.path()))  // no temporary file left behind
     EXPECT_EQ(f.path().filename().string().find(".tmp-"), std::string::npos) << f.path();
 }
+
+// Inputs tokenized at once give the files one thread writes, byte for byte, and leave nothing
+// behind; --per-input writes one output per input, each split on its own.
+TEST(Prepare, ParallelInputsWriteTheFilesOfOneThreadAndPerInputOutputs) {
+  TempDir dir;
+  std::vector<std::string> ignored;
+  write_file(dir / "a.txt", fortune_file(40, ignored));
+  write_file(dir / "b.jsonl", "{\"text\": \"one\"}\n{\"text\": \"  \"}\n{\"text\": \"two\\nlines\"}\n");
+  write_file(dir / "c.txt", fortune_file(9, ignored));
+  write_file(dir / "d.txt", fortune_file(23, ignored));
+  PrepareOptions o;
+  o.inputs = {dir / "a.txt", dir / "b.jsonl", dir / "c.txt", dir / "d.txt"};
+  o.tokenizer = "byte";
+  o.doc_separator = "%";
+  o.valid_fraction = 0.1;
+  o.jobs = 1;
+  o.output_prefix = dir / "one/x";
+  const PrepareStats serial = prepare(o);
+  o.jobs = 3;
+  o.output_prefix = dir / "three/x";
+  const PrepareStats parallel = prepare(o);
+  EXPECT_EQ(parallel.documents, serial.documents);
+  EXPECT_EQ(parallel.skipped, serial.skipped);
+  for (const char* f : {"x_train.bin", "x_train.idx", "x_train.json", "x_valid.bin", "x_valid.idx", "x_valid.json"})
+    EXPECT_EQ(read_file(dir / (std::string("three/") + f)), read_file(dir / (std::string("one/") + f))) << f;
+  size_t entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir / "three")) {
+    ++entries;
+    EXPECT_NE(e.path().filename().string()[0], '.') << e.path();
+  }
+  EXPECT_EQ(entries, 6u) << "the parts' directory is gone";
+
+  o.per_input = true;
+  o.output_prefix = dir / "each/src";
+  o.inputs = {dir / "a.txt", dir / "d.txt"};
+  const PrepareStats each = prepare(o);
+  ASSERT_EQ(each.splits.size(), 4u);
+  EXPECT_EQ(each.splits[0].prefix, dir / "each/src_a_train");
+  EXPECT_EQ(each.splits[3].prefix, dir / "each/src_d_valid");
+  // Each is what a prepare of that input alone writes.
+  o.per_input = false;
+  o.inputs = {dir / "d.txt"};
+  o.output_prefix = dir / "alone/d";
+  prepare(o);
+  EXPECT_EQ(read_file(dir / "each/src_d_train.bin"), read_file(dir / "alone/d_train.bin"));
+  EXPECT_EQ(read_file(dir / "each/src_d_valid.idx"), read_file(dir / "alone/d_valid.idx"));
+  // Two inputs of one name cannot each have theirs.
+  std::filesystem::create_directories(dir / "sub");
+  write_file(dir / "sub/a.txt", fortune_file(5, ignored));
+  o.per_input = true;
+  o.inputs = {dir / "a.txt", dir / "sub/a.txt"};
+  EXPECT_NE(input_error([&] { prepare(o); }).find("are both named a"), std::string::npos);
+}
