@@ -113,6 +113,41 @@ TEST_F(BlendRun, ResumesInAnotherLayoutOnTheUnbrokenStreamAndValidatesEachSource
   EXPECT_EQ(tags["data/epochs/science"].size(), 20u);
 }
 
+// In one layout a resumed blend is the unbroken run bit for bit; under new weights it keeps
+// each source's place, says what changed, and balances afresh.
+TEST_F(BlendRun, ResumesBitwiseAndUnderNewWeightsKeepsEachSourcesPlace) {
+  Result r = run_myriad(train(dir_ / "one", ""));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_myriad(train(dir_ / "split", "--set checkpoint.every=10 --set checkpoint.async=false"),
+                 "MYRIAD_INJECT_FAULT=step:10:kill");
+  EXPECT_NE(r.code, 0) << r.output;
+  r = run_myriad(train(dir_ / "split", "--resume auto"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::map<int64_t, nlohmann::json> a, b;
+  for (const nlohmann::json& m : jsonl(dir_ / "one/metrics.jsonl")) a[m["step"]] = m;
+  for (const nlohmann::json& m : jsonl(dir_ / "split/metrics.jsonl")) b[m["step"]] = m;
+  ASSERT_EQ(b.size(), 20u);
+  for (int64_t step = 1; step <= 20; ++step) EXPECT_EQ(b[step]["loss"], a[step]["loss"]) << step;
+  EXPECT_EQ(myriad::test::read_file(dir_ / "one/checkpoints/step_00000020/shard_00000.bin"),
+            myriad::test::read_file(dir_ / "split/checkpoints/step_00000020/shard_00000.bin"));
+  // The same checkpoint continued with pratchett weighing 3 (was 1): half the samples from here.
+  const std::string heavier = cat(" --set 'data.train=[{name = \"science\", path = \"", science_, "_train\", weight = 3}, "
+                                  "{name = \"pratchett\", path = \"", pratchett_, "\", weight = 3}]'");
+  r = run_myriad(train(dir_ / "reweighted", "--set train.steps=10 --set checkpoint.every=10 --set checkpoint.async=false"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_myriad(train(dir_ / "reweighted", "--resume auto" + heavier));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("the blend changed since the checkpoint (source 'pratchett' weighs 3, was 1): each source keeps "
+                          "its place, and the balancing starts afresh at sample 80"), std::string::npos) << r.output;
+  std::map<int64_t, nlohmann::json> c;
+  for (const nlohmann::json& m : jsonl(dir_ / "reweighted/metrics.jsonl")) c[m["step"]] = m;
+  ASSERT_EQ(c.size(), 20u);
+  // pratchett's epochs: 20 of 80 samples before, then 40 of the next 80.
+  const double per = a[10]["epochs/pratchett"].get<double>() / 20;  // epochs per sample
+  EXPECT_NEAR(c[10]["epochs/pratchett"].get<double>(), 20 * per, 1e-12);
+  EXPECT_NEAR(c[20]["epochs/pratchett"].get<double>(), 60 * per, 1e-12);
+}
+
 TEST_F(BlendRun, BadSourcesAreRefusedWithOneLineNamingThem) {
   auto refused = [&](const std::string& set, const std::string& words) {
     const Result r = run_myriad(cat("train --config ", MYRIAD_SOURCE_DIR, "/configs/demo.toml --run-dir ",

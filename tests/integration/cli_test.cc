@@ -123,6 +123,31 @@ TEST_F(Cli, ResumeIsBitwiseIdentical) {
   EXPECT_TRUE(wa == read_file(split / "checkpoints/step_00000008/shard_00000.bin"));
 }
 
+// Warmup-stable-decay, continued: a 20-step run saved at step 10 (the stable phase) and
+// continued to 30 steps decays at its new end, trains steps 11-20 at the peak where the short
+// run decayed, and ends on min_lr.
+TEST_F(Cli, AWsdRunContinuedWithMoreStepsDecaysAtItsNewEnd) {
+  const fs::path run_dir = dir_ / "wsd";
+  const std::string wsd = "--set optim.decay=wsd --set optim.decay_steps=4 --set optim.lr=0.002 --set optim.min_lr=0.0002 "
+                          "--set checkpoint.every=10 --set train.log_every=1 ";
+  Result r = run(train_args(run_dir, wsd + "--set train.steps=20"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::map<int64_t, double> lr;
+  for (const nlohmann::json& m : metrics(run_dir)) lr[m["step"]] = m["lr"];
+  EXPECT_DOUBLE_EQ(lr[16], 0.002);
+  EXPECT_LT(lr[17], 0.002);
+  EXPECT_NEAR(lr[20], 0.0002, 1e-12);
+  r = run(train_args(run_dir, wsd + "--set train.steps=30 --set checkpoint.resume=" + (run_dir / "checkpoints/step_00000010").string()));
+  ASSERT_EQ(r.code, 0) << r.output;
+  lr.clear();
+  for (const nlohmann::json& m : metrics(run_dir)) lr[m["step"]] = m["lr"];
+  ASSERT_EQ(lr.size(), 30u);
+  for (int64_t step = 11; step <= 26; ++step) EXPECT_DOUBLE_EQ(lr[step], 0.002) << step;
+  EXPECT_LT(lr[27], 0.002);
+  EXPECT_GT(lr[27], lr[28]);
+  EXPECT_NEAR(lr[30], 0.0002, 1e-12);
+}
+
 TEST_F(Cli, SampleFromCheckpointIsDeterministic) {
   const fs::path rd = dir_ / "sample";
   ASSERT_EQ(run(train_args(rd, "--set train.steps=3")).code, 0);
