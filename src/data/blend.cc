@@ -24,9 +24,22 @@ void Blend::start() {
   rebalance();
 }
 
+int64_t Blend::capacity() const {
+  int64_t all = 0;
+  for (int s = 0; s < size(); ++s) {
+    if (caps_[s] == 0) return -1;
+    all += caps_[s] * samples_[s];
+  }
+  return all;
+}
+
 void Blend::rebalance() {
   pos_.since = pos_.consumed;
   pos_.base = pos_.taken;
+  reshare();
+}
+
+void Blend::reshare() {
   double total = 0;
   share_.assign(names_.size(), 0.0);
   for (int s = 0; s < size(); ++s)
@@ -38,11 +51,8 @@ void Blend::rebalance() {
 std::string Blend::resume(const BlendPosition& saved) {
   if (saved.names == names_ && saved.weights == configured_ && saved.epochs == caps_ &&
       saved.base.size() == names_.size() && saved.taken.size() == names_.size()) {
-    pos_ = saved;  // the same blend, where it stood
-    const int64_t since = pos_.since;
-    const std::vector<int64_t> base = pos_.base;
-    rebalance();  // the shares over the sources still active ...
-    pos_.since = since, pos_.base = base;  // ... and the balancing as it was
+    pos_ = saved;  // the same blend, where it stood, balanced as it was
+    reshare();
     return "";
   }
   std::string changed;

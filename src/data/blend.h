@@ -65,9 +65,15 @@ class Blend {
   double epochs_taken(int s) const { return double(pos_.taken[s]) / double(samples_[s]); }
   // Whether source s is still drawn from (its cap not reached).
   bool active(int s) const { return caps_[s] == 0 || pos_.taken[s] < caps_[s] * samples_[s]; }
+  // Its share of the samples from here (0 once it left).
+  double share(int s) const { return share_[s]; }
+  // The samples the blend holds when every source is capped (sum of cap x samples); -1 when a
+  // source has no cap.
+  int64_t capacity() const;
 
  private:
-  void rebalance();  // since = consumed, base = taken, weights over the active sources
+  void reshare();    // the configured weights, normalized over the active sources
+  void rebalance();  // the balancing afresh: since = consumed, base = taken; reshare
 
   std::vector<std::string> names_;
   std::vector<int64_t> samples_, caps_;

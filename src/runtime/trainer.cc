@@ -175,11 +175,8 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
   }
   for (const DataSource& d : cfg_.data.valid) valid_files_.push_back(open_data(d.path, cat("data.valid's source '", d.name, "'").c_str()));
   blend_ = std::make_unique<data::Blend>(cfg_.data.train, samples);
-  // With every source capped the blend holds sum(cap x samples) samples; the run must fit.
-  int64_t capacity = 0;
-  bool capped = true;
-  for (size_t s = 0; s < samples.size(); ++s) capped = capped && cfg_.data.train[s].epochs > 0, capacity += cfg_.data.train[s].epochs * samples[s];
-  if (capped && capacity < cfg_.train.steps * cfg_.train.global_batch)
+  // With every source capped the run must fit in the samples they hold.
+  if (const int64_t capacity = blend_->capacity(); capacity >= 0 && capacity < cfg_.train.steps * cfg_.train.global_batch)
     throw_input("config: data.train's sources are all capped (epochs) at ", capacity, " samples in all, but train.steps x "
                 "train.global_batch = ", cfg_.train.steps * cfg_.train.global_batch,
                 ": raise a source's epochs (or set 0: no cap), or lower train.steps");
@@ -571,11 +568,9 @@ void Trainer::advance_data() {
 
 void Trainer::describe_blend() const {
   const int64_t left = (cfg_.train.steps - step_) * cfg_.train.global_batch;
-  double total = 0;
-  for (int s = 0; s < blend_->size(); ++s) total += blend_->active(s) ? cfg_.data.train[s].weight : 0;
   for (int s = 0; s < blend_->size(); ++s) {
     const DataSource& d = cfg_.data.train[s];
-    const double share = blend_->active(s) ? d.weight / total : 0;
+    const double share = blend_->share(s);
     log::info("data: source '", d.name, "' (", d.path, "): ", fmt("%.1f", 100 * share), "% of the samples, ",
               train_files_[s]->num_tokens(), " tokens (", blend_->samples(s), " samples); ",
               fmt("%.2f", blend_->epochs_taken(s)), " epochs taken, about ",

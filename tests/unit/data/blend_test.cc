@@ -107,6 +107,9 @@ TEST(Blend, ASourceAtItsEpochCapLeavesAndTheOthersShareItsPlace) {
   const std::vector<Blend::Pick> picks = take(blend, 2000);
   EXPECT_EQ(blend.position().taken[2], 100);
   EXPECT_FALSE(blend.active(2));
+  EXPECT_DOUBLE_EQ(blend.share(2), 0.0);
+  EXPECT_DOUBLE_EQ(blend.share(0), 0.625);
+  EXPECT_EQ(blend.capacity(), -1) << "web and code have no cap";
   // Up to where books left (its 100th sample, near 100 / 0.2 = 500: its count within one of
   // 0.2 x the samples) the shares hold; after it 5:3.
   const int64_t left = blend.position().since;
@@ -116,6 +119,7 @@ TEST(Blend, ASourceAtItsEpochCapLeavesAndTheOthersShareItsPlace) {
   // With every source capped the blend runs out with an error that says what to change.
   DataSources capped = {{"a", "a", 1, 1}, {"b", "b", 1, 1}};
   Blend small(capped, {3, 3});
+  EXPECT_EQ(small.capacity(), 6);
   take(small, 6);
   const std::string msg = input_error([&] { small.next(); });
   EXPECT_NE(msg.find("every source reached its epoch cap after 6 samples"), std::string::npos) << msg;
