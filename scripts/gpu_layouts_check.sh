@@ -10,7 +10,8 @@
 # trains on in one GPU process, one CPU process and a CPU run in another layout. The Llama block
 # (RMSNorm, RoPE, SwiGLU, GQA, untied head) in tp 2 + sp, pp 2 interleaved, dp 2 and 3D, and a
 # one-GPU Llama run killed and restarted, bitwise. FP8 in dp 2, tp 2 x dp 2, pp 2 and full recompute, killed and
-# restarted, and from a bf16 checkpoint.
+# restarted, and from a bf16 checkpoint. Attention inside documents against the CPU and in
+# tp 2 + sp with a window, pp 2 with recompute and 3D.
 # Prints one line per check ("ok: ..." or "FAIL: ...") plus the step times, and exits nonzero
 # on a failure.
 set -uo pipefail
@@ -111,6 +112,35 @@ launch llama_3d 8 "${llama[@]}" --set parallel.tp=2 --set parallel.pp=2 --set pa
 compare "Llama: tp 2 x pp 2 x dp 2 + sp (8 processes)" llama_3d llama_one
 MYRIAD_INJECT_FAULT=step:14:kill@rank=0 LFLAGS="--max-restarts 1" launch llama_one_killed 1 "${llama[@]}"
 resumed_bitwise "Llama on one GPU killed at step 14, restarted" llama_one llama_one_killed
+
+# Attention inside documents (data.document_mask), each line of the docs a document packed into rows:
+# the one-GPU run against the CPU's and against the GPU run without the mask (it must differ);
+# without the end positions' loss and with a window against the CPU and in tp 2 + sp; pp 2
+# interleaved with full recompute, and 3D against one GPU.
+awk 'NF { print; print "%" }' README.md docs/*.md > "$W/lines.txt"
+$B prepare --input "$W/lines.txt" --tokenizer byte --doc-separator % --output "$W/p" >/dev/null 2>&1
+docs=(--set data.train="$W/p" --set data.document_mask=true)
+train1 docs_one "${docs[@]}"
+train1 docs_cpu "${docs[@]}" --set train.device=cpu
+compare "documents: one GPU against the CPU" docs_one docs_cpu
+train1 docs_unmasked --set data.train="$W/p"
+python3 - "$W/docs_one/metrics.jsonl" "$W/docs_unmasked/metrics.jsonl" <<'EOF2' || fail=1
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(f)] for f in sys.argv[1:])
+ok = bool(a) and abs(a[0] - b[0]) > 1e-4 * b[0]
+print(f"{'ok' if ok else 'FAIL'}: documents: the mask changes the first step's loss ({a[0]:.5f} masked, {b[0]:.5f} not)")
+sys.exit(0 if ok else 1)
+EOF2
+ends=(--set data.document_end_loss=false --set model.window=24)
+train1 docs_one_w "${docs[@]}" "${ends[@]}"
+train1 docs_cpu_w "${docs[@]}" "${ends[@]}" --set train.device=cpu
+compare "documents without their end positions' loss, window 24: one GPU against the CPU" docs_one_w docs_cpu_w
+launch docs_tp2_w 2 "${docs[@]}" "${ends[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true
+compare "documents without their end positions' loss: tp 2 + sp, window 24" docs_tp2_w docs_one_w
+launch docs_pp2_v2_rc 2 "${docs[@]}" --set train.recompute=full --set parallel.pp=2 --set parallel.virtual_stages=2
+compare "documents: pp 2 interleaved, full recompute" docs_pp2_v2_rc docs_one
+launch docs_3d 8 "${docs[@]}" --set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.sequence_parallel=true
+compare "documents: tp 2 x pp 2 x dp 2 + sp (8 processes)" docs_3d docs_one
 
 # FP8 (train.precision = "fp8"): its one-GPU run within 2% of bf16's; dp 2, tp 2 x dp 2, pp 2
 # interleaved and full recompute against it; killed and restarted, bitwise; a bf16 checkpoint trains on in fp8.

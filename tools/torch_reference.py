@@ -2,6 +2,7 @@
 """Float64 PyTorch reference for Myriad's CPU backend tests.
 
     /usr/bin/python3 tools/torch_reference.py DIR      # read DIR/model.json, params.bin, tokens.bin
+                                                       # (and docs.bin when there: documents)
     /usr/bin/python3 tools/torch_reference.py --selftest
     /usr/bin/python3 tools/torch_reference.py --gpt2 HF_DIR DIR   # GPT-2 logits of DIR/tokens.bin
     /usr/bin/python3 tools/torch_reference.py --hf-llama-write DIR  # DIR/hf/, DIR/hf_logits.bin
@@ -51,6 +52,7 @@ class Spec:
         self.vocab_size = int(js["vocab_size"])
         self.padded_vocab = int(js["padded_vocab"])
         self.window = int(js.get("window", 0))
+        self.document_end_loss = bool(js.get("document_end_loss", True))
         self.parallel_block = bool(js.get("parallel_block", False))
         self.bias = bool(js.get("bias", True))
         self.batch = int(js["batch"])
@@ -138,6 +140,14 @@ def allowed_keys(T, window, device=None):
     return ok
 
 
+def document_keys(ok, docs):
+    """(B, T, T) bool: ok (T, T) within each position's document, docs (B, T) the row index where
+    it begins: the block-diagonal causal mask of packed documents, written out."""
+    T = ok.shape[0]
+    j = torch.arange(T).view(1, 1, T)
+    return ok.view(1, T, T) & (j >= docs.view(docs.shape[0], T, 1))
+
+
 def layer_norm(x, P, prefix):
     return F.layer_norm(x, (x.shape[-1],), P[prefix + ".w"], P.get(prefix + ".b"), LN_EPS)
 
@@ -196,6 +206,8 @@ def attend(q, k, v, ok):
         q = q.reshape(B, H // G, G, T, D)
         k, v = k.unsqueeze(2), v.unsqueeze(2)
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(D)  # (B, H, T, T), or (B, Hkv, G, T, T)
+    if ok.dim() == 3:  # per row (documents): (B, 1, T, T) against the heads
+        ok = ok.unsqueeze(1) if G == 1 else ok.view(B, 1, 1, T, T)
     scores = scores.masked_fill(~ok, float("-inf"))
     out = torch.softmax(scores, dim=-1) @ v
     return out.reshape(B, H, T, D) if G > 1 else out
@@ -229,12 +241,18 @@ def mlp(n, P, prefix, spec):
     return linear(a, P, prefix + ".proj")
 
 
-def forward(P, spec, tokens):
-    """tokens (B, T+1) int -> (logits (B, T, Vp), mean cross-entropy over the first V columns)."""
+def forward(P, spec, tokens, docs=None):
+    """tokens (B, T+1) int -> (logits (B, T, Vp), mean cross-entropy over the first V columns).
+    docs (B, T+1), when given, keeps attention inside the documents packed in each row; with
+    spec.document_end_loss false the loss leaves out the targets that begin a document."""
     T = tokens.shape[1] - 1
     x = tokens[:, :T].long()
     y = tokens[:, 1:].long()
     ok = allowed_keys(T, spec.window)
+    if docs is not None:
+        ok = document_keys(ok, docs[:, :T])
+        if not spec.document_end_loss:
+            y = y.masked_fill(docs[:, 1:] == torch.arange(1, T + 1).view(1, T), -100)
     freqs = None
     if spec.positions == "rope":
         freqs = rope_frequencies(spec.rope_theta, spec.d_model // spec.heads, spec.rope_scaling)
@@ -252,14 +270,14 @@ def forward(P, spec, tokens):
     h = norm(h, P, "lnf", spec)
     logits = h @ P["wte" if spec.tied else "lm_head"].t()
     V = spec.vocab_size
-    loss = F.cross_entropy(logits[..., :V].reshape(-1, V), y.reshape(-1))
+    loss = F.cross_entropy(logits[..., :V].reshape(-1, V), y.reshape(-1), ignore_index=-100)
     return logits, loss
 
 
-def loss_and_grads(params64, spec, tokens):
+def loss_and_grads(params64, spec, tokens, docs=None):
     """params64: flat float64 tensor. Returns (logits, loss, flat gradient), all float64."""
     flat = params64.detach().clone().requires_grad_(True)
-    logits, loss = forward(views(flat, spec), spec, tokens)
+    logits, loss = forward(views(flat, spec), spec, tokens, docs)
     loss.backward()
     return logits.detach(), loss.detach(), flat.grad.detach()
 
@@ -357,7 +375,11 @@ def run_reference(d):
     spec, params, tokens = read_inputs(d)
     params64 = torch.from_numpy(params.astype(np.float64))
     tok = torch.from_numpy(tokens.astype(np.int64))
-    logits, loss, grads = loss_and_grads(params64, spec, tok)
+    docs = None
+    if os.path.exists(os.path.join(d, "docs.bin")):
+        docs = torch.from_numpy(np.fromfile(os.path.join(d, "docs.bin"), dtype="<i4").astype(np.int64))
+        docs = docs.view(spec.batch, spec.seq_len + 1)
+    logits, loss, grads = loss_and_grads(params64, spec, tok, docs)
     G = clipped_grads(spec, grads)
     adamw = adamw_step(spec, params64, G)
     lamb = lamb_step(spec, params64, G)

@@ -873,7 +873,7 @@ static void save_imported(const fs::path& out, const Config& cfg, std::map<std::
   // The state of a run at its step 0: the data at its start, no optimizer step taken.
   Meta meta;
   meta.config = to_toml(cfg), meta.tokenizer = cfg.data.tokenizer;
-  meta.data = {0, cfg.train.seed};
+  meta.data.consumed = 0, meta.data.seed = cfg.train.seed;
   meta.optimizer = {cfg.optim.name, 0};
   meta.rng = {cfg.model.seed, cfg.train.seed};
   meta.imported_from = fs::absolute(hf_dir).lexically_normal().string();

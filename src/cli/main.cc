@@ -70,7 +70,7 @@ usage:
   myriad prepare --input FILE [--input FILE]... --tokenizer byte|gpt2|llama3 --output PREFIX
                  [--valid-fraction F] [--doc-separator LINE] [--overwrite] [--jobs N] [--per-input]
   myriad sample  --checkpoint DIR --prompt TEXT [--tokens N] [--temperature T] [--top-k K] [--seed S] [--logits FILE]
-  myriad bench   --config FILE [--set section.key=value]... [--steps N] [--warmup K]
+  myriad bench   --config FILE [--set section.key=value]... [--steps N] [--warmup K] [--doc-length L]
   myriad bench-init --ranks N [--store redis|file] [--url URL] [--threads T] [--tp 8] [--pp P] [--timeout S]
   myriad launch --nproc-per-node N [--nnodes M --node-rank R] [--rdzv URL] [--job NAME] [--grace-period S] [--max-restarts N] [--spare] [--node-name NAME] -- COMMAND [ARGS...]
   myriad hang-report RUN_DIR
@@ -337,24 +337,37 @@ int cmd_plan(int argc, char** argv) {
 }
 
 // Training steps on fresh random tokens: the model and optimizer of a config, no data files.
+// --doc-length L packs each row with documents of L tokens on average (a new one at each
+// position with chance 1/L, fresh every step) under data.document_mask.
 int cmd_bench(int argc, char** argv) {
-  cli::Args args("bench", argc, argv, {"config", "set", "steps", "warmup"});
+  cli::Args args("bench", argc, argv, {"config", "set", "steps", "warmup", "doc-length"});
   Config cfg = load_config(args.required("config"), args.all("set"));
   const int64_t steps = args.get_int("steps", 10), warmup = args.get_int("warmup", 2);
+  const int64_t doc_length = args.get_int("doc-length", 0);
+  if (doc_length < 0) throw_input("bench: --doc-length ", doc_length, " must be at least 1 (or 0: no documents)");
+  if (doc_length > 0) cfg.data.document_mask = true;
+  cfg.validate();
   std::unique_ptr<Engine> engine = make_engine(cfg);
   const int64_t G = cfg.train.global_batch, T = cfg.model.seq_len;
-  std::vector<int32_t> tokens(G * (T + 1));
+  std::vector<int32_t> tokens(G * (T + 1)), doc_starts(doc_length > 0 ? G * (T + 1) : 0);
   std::mt19937 gen(1234);
   std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(cfg.model.vocab_size - 1));
+  std::uniform_int_distribution<int64_t> starts(0, std::max<int64_t>(doc_length, 1) - 1);
   std::vector<double> ms;
   // With observe.trace, the steps' spans go where a run's would (their cost is what is measured).
   const fs::path trace_dir = fs::temp_directory_path() / cat("myriad-bench-trace-", ::getpid());
   if (cfg.observe.trace) trace::open(trace_dir.string(), 0, "bench", cfg.observe.trace_every, 0);
   for (int64_t s = 0; s < warmup + steps; ++s) {
     for (auto& t : tokens) t = dist(gen);
+    for (int64_t i = 0, start = 0; i < int64_t(doc_starts.size()); ++i) {
+      if (i % (T + 1) == 0) start = 0;
+      else if (starts(gen) == 0) start = i % (T + 1);
+      doc_starts[i] = static_cast<int32_t>(start);
+    }
     trace::set_step(s + 1);
     auto t0 = std::chrono::steady_clock::now();
-    engine->train_step(tokens.data(), s + 1, lr_at(cfg.optim, s, cfg.train.steps));
+    engine->train_step({tokens.data(), doc_starts.empty() ? nullptr : doc_starts.data()}, s + 1,
+                       lr_at(cfg.optim, s, cfg.train.steps));
     double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (s >= warmup) ms.push_back(dt);
   }
@@ -370,6 +383,7 @@ int cmd_bench(int argc, char** argv) {
                       {"params", engine->layout().total()},
                       {"model_tflops_per_s", tps * engine->flops_per_token() / 1e12},
                       {"peak_memory_gib", engine->peak_memory() / double(1 << 30)}};
+  if (doc_length > 0) r["doc_length"] = doc_length;
   if (engine->peak_flops() > 0) {
     r["mfu"] = tps * engine->flops_per_token() / engine->peak_flops();
     r["peak_tflops_used"] = engine->peak_flops() / 1e12;

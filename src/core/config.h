@@ -70,6 +70,12 @@ struct DataConfig {
   DataSources train;              // the training blend
   DataSources valid;              // evaluated each; empty = no validation
   std::string tokenizer = "byte"; // byte, gpt2, llama3
+  // Attention stays inside each document of a packed row (boundaries from the .idx document
+  // index); positions are not reset at the boundaries.
+  bool document_mask = false;
+  // Whether each document's last position, whose target begins the next document, counts in
+  // the loss (false: Megatron's eod_mask_loss; needs document_mask).
+  bool document_end_loss = true;
 };
 
 struct OptimConfig {
@@ -219,6 +225,8 @@ struct Config {
     f("data", "train", data.train);
     f("data", "valid", data.valid);
     f("data", "tokenizer", data.tokenizer);
+    f("data", "document_mask", data.document_mask);
+    f("data", "document_end_loss", data.document_end_loss);
     f("optim", "name", optim.name);
     f("optim", "lr", optim.lr);
     f("optim", "min_lr", optim.min_lr);

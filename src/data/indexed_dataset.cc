@@ -417,6 +417,21 @@ int64_t IndexedDataset::document_index(int64_t i) const {
   return get<int64_t>(idx_ + kHeaderBytes + 12 * num_sequences_ + 8 * i);
 }
 
+int64_t IndexedDataset::document_begin(int64_t d) const {
+  const int64_t first = document_index(d);
+  return first < num_sequences_ ? sequence_start(first) : num_tokens_;
+}
+
+int64_t IndexedDataset::document_of(int64_t pos) const {
+  MYRIAD_CHECK(pos >= 0 && pos < num_tokens_, "token ", pos, " of ", num_tokens_);
+  int64_t lo = 0, hi = num_documents();  // document_begin(lo) <= pos < document_begin(hi)
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (document_begin(mid) <= pos ? lo : hi) = mid;
+  }
+  return lo;
+}
+
 void IndexedDataset::check_tokens(int64_t vocab) const {
   int64_t bad = 0, at = -1;
   const unsigned char* p = bin_;

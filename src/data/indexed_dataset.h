@@ -112,6 +112,12 @@ class IndexedDataset {
   int64_t sequence_length(int64_t i) const;  // tokens of sequence i
   int64_t sequence_start(int64_t i) const;   // stream position of sequence i's first token
   int64_t document_index(int64_t i) const;   // entry i of the document index
+  // Stream position of document d's first token (num_tokens() for d = num_documents(); an
+  // empty document begins where the next does).
+  int64_t document_begin(int64_t d) const;
+  // The document holding stream token pos (0 <= pos < num_tokens()): the last one to begin at
+  // or before it, found by bisection of the document index.
+  int64_t document_of(int64_t pos) const;
   const DatasetInfo& info() const { return info_; }
   // The tokenizer named by the sidecar, "" without one.
   const std::string& tokenizer() const { return info_.tokenizer; }

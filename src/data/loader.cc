@@ -1,5 +1,6 @@
 #include "data/loader.h"
 
+#include <algorithm>
 #include <numeric>
 #include <utility>
 
@@ -83,16 +84,18 @@ Blend lone_blend(const IndexedDataset& data, int64_t seq_len, int64_t consumed) 
 }  // namespace
 
 BatchLoader::BatchLoader(const IndexedDataset& data, int64_t seq_len, int64_t seed, bool shuffle,
-                         int64_t global_batch, int64_t slice_begin, int64_t slice_len, int64_t consumed)
+                         int64_t global_batch, int64_t slice_begin, int64_t slice_len, int64_t consumed,
+                         bool documents)
     : BatchLoader({{&data, static_cast<uint64_t>(seed)}}, lone_blend(data, seq_len, consumed), seq_len, shuffle,
-                  global_batch, slice_begin, slice_len) {}
+                  global_batch, slice_begin, slice_len, documents) {}
 
 BatchLoader::BatchLoader(std::vector<SourceFile> sources, const Blend& blend, int64_t seq_len, bool shuffle,
-                         int64_t global_batch, int64_t slice_begin, int64_t slice_len)
+                         int64_t global_batch, int64_t slice_begin, int64_t slice_len, bool documents)
     : sources_(std::move(sources)),
       blend_(blend),
       T_(seq_len),
       shuffle_(shuffle),
+      documents_(documents),
       global_batch_(global_batch),
       slice_begin_(slice_begin),
       slice_len_(slice_len),
@@ -119,18 +122,30 @@ BatchLoader::~BatchLoader() {
 
 // The next global batch's samples, all drawn from the blend (every rank walks the same stream),
 // of which this process reads its slice.
+void document_starts(const IndexedDataset& data, int64_t begin, int64_t T, int32_t* out) {
+  const int64_t docs = data.num_documents();
+  int64_t d = data.document_of(begin);
+  int64_t start = data.document_begin(d), next = data.document_begin(d + 1);
+  for (int64_t i = 0; i < T; ++i) {
+    while (begin + i >= next && d + 1 < docs) start = next, next = data.document_begin(++d + 1);
+    out[i] = static_cast<int32_t>(std::max<int64_t>(0, start - begin));
+  }
+}
+
 Batch BatchLoader::build(Blend& blend, std::vector<Sampler>& samplers) const {
   Batch b;
   b.B = slice_len_;
   b.T = T_;
   b.first_sample = blend.position().consumed;
   b.tokens.resize(static_cast<size_t>(slice_len_ * (T_ + 1)));
+  if (documents_) b.doc_starts.resize(static_cast<size_t>(slice_len_ * (T_ + 1)));
   for (int64_t g = 0; g < global_batch_; ++g) {
     const Blend::Pick p = blend.next();
     const int64_t r = g - slice_begin_;
     if (r < 0 || r >= slice_len_) continue;
     const int64_t s = samplers[p.source].sample(p.sample);
     sources_[p.source].data->read(s * T_, T_ + 1, b.tokens.data() + r * (T_ + 1));
+    if (documents_) document_starts(*sources_[p.source].data, s * T_, T_ + 1, b.doc_starts.data() + r * (T_ + 1));
   }
   return b;
 }

@@ -55,8 +55,15 @@ struct Batch {
   int64_t T = 0;  // sequence length
   // [B, T + 1] row-major; row b's inputs are tokens[b][0, T) and its targets tokens[b][1, T].
   std::vector<int32_t> tokens;
+  // [B, T + 1] with documents (data.document_mask), else empty: where the document of token
+  // b, i begins within its row (0 when it began before the row); laid out as tokens.
+  std::vector<int32_t> doc_starts;
   int64_t first_sample = 0;  // global sample number where this step's global batch starts
 };
+
+// Where the document of each of the T tokens from stream position `begin` begins, relative to
+// `begin` and at least 0, into out[T]: non-decreasing, out[i] <= i.
+void document_starts(const IndexedDataset& data, int64_t begin, int64_t T, int32_t* out);
 
 // The seed of a source's own order: the run's for a lone source (so a run of one file reads
 // as it always did), mixed with the source's name in a blend.
@@ -77,12 +84,13 @@ struct SourceFile {
 class BatchLoader {
  public:
   // `blend` as it stands at the first sample to read (its position's consumed); sources[s] is
-  // its source s.
+  // its source s. documents: the batches carry their rows' document starts too.
   BatchLoader(std::vector<SourceFile> sources, const Blend& blend, int64_t seq_len, bool shuffle,
-              int64_t global_batch, int64_t slice_begin, int64_t slice_len);
+              int64_t global_batch, int64_t slice_begin, int64_t slice_len, bool documents = false);
   // One file, from sample `consumed` on.
   BatchLoader(const IndexedDataset& data, int64_t seq_len, int64_t seed, bool shuffle,
-              int64_t global_batch, int64_t slice_begin, int64_t slice_len, int64_t consumed);
+              int64_t global_batch, int64_t slice_begin, int64_t slice_len, int64_t consumed,
+              bool documents = false);
   // Stops and joins the thread (waiting at most for the batch it is building).
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
@@ -102,6 +110,7 @@ class BatchLoader {
   const Blend blend_;  // as it stands at the first batch
   int64_t T_;
   bool shuffle_;
+  bool documents_;
   int64_t global_batch_, slice_begin_, slice_len_;
   int64_t consumed_;
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/params.h"
+#include "model/rows.h"
 
 namespace myriad {
 
@@ -45,7 +46,7 @@ class Engine {
   // finite. `stop`: this rank was asked to stop (a preemption signal); it rides the gradient
   // norm's reduction, so StepResult::stop is true on every rank of the job at the same step, or
   // on none (the ranks agree on the step to save at without a collective of their own).
-  virtual StepResult train_step(const int32_t* tokens, int64_t step, double lr, bool stop = false) = 0;
+  virtual StepResult train_step(Rows rows, int64_t step, double lr, bool stop = false) = 0;
 
   // Who writes what to a checkpoint, so that every stored region has exactly one writer:
   // whether this rank writes tensor p's parameters (params = true), or the optimizer state of
@@ -53,7 +54,7 @@ class Engine {
   // process writes everything.
   virtual bool writes_to_checkpoint(const ParamSpec& p, bool params) const { return true; }
   // Mean loss over tokens (B, T+1), B <= micro_batch; no gradients.
-  virtual float loss(const int32_t* tokens, int B) = 0;
+  virtual float loss(Rows rows, int B) = 0;
   // Logits (B, Vp) of the last position of each row of tokens (B, T), T <= seq_len.
   virtual void last_logits(const int32_t* tokens, int B, int T, float* out) = 0;
   // Model FLOPs per trained token, 6N + 12 L d T_att.

@@ -62,6 +62,7 @@
 #include "core/config.h"
 #include "model/memory_plan.h"
 #include "model/params.h"
+#include "model/rows.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/op_set.h"
 #include "parallel/mappings.h"
@@ -92,13 +93,14 @@ class GptModel {
   void zero_grads();
 
   // ---- one micro-batch through one chunk (what a pipeline schedule runs) ----
-  // Forward of local chunk c for micro-batch mb of B <= micro_batch rows. tokens (B, T+1), host
-  // memory, feed the embedding (the model's first chunk) and the loss (its last); input (R, C)
-  // is the previous virtual stage's output otherwise. The chunk keeps what its backward needs
+  // Forward of local chunk c for micro-batch mb of B <= micro_batch rows. rows.tokens (B, T+1),
+  // host memory, feed the embedding (the model's first chunk) and the loss (its last); input
+  // (R, C) is the previous virtual stage's output otherwise. rows.doc_starts (B, T), when set,
+  // keeps every chunk's attention inside documents. The chunk keeps what its backward needs
   // until backward_chunk(c, mb) (or drop_chunk). On the model's last chunk the mean loss over
   // the B*T tokens is added to the loss that take_loss() reads. grad_scale: the backward's that
   // follows (> 0; the loss's gradient is then made in the same pass), or 0 for a forward only.
-  void forward_chunk(int c, int mb, int B, const int32_t* tokens, const Act* input, float grad_scale);
+  void forward_chunk(int c, int mb, int B, Rows rows, const Act* input, float grad_scale);
   // The sum of the mean losses added since the last call, read from the op set's memory (on a
   // GPU the one wait for the device of a training step), then cleared.
   double take_loss();
@@ -120,9 +122,9 @@ class GptModel {
   // next tokens [:, 1:]. Gradients of grad_scale * mean-token-loss are ADDED to grads(), so a
   // step over k micro-batches passes grad_scale = 1/k. Returns the mean loss over B*T tokens.
   // With TP every rank passes the same tokens and gets the same loss.
-  float forward_backward(const int32_t* tokens, int B, float grad_scale);
-  // Forward only: the mean loss over the B*T tokens of tokens (B, T+1).
-  float loss(const int32_t* tokens, int B);
+  float forward_backward(Rows rows, int B, float grad_scale);
+  // Forward only: the mean loss over the B*T tokens of rows.tokens (B, T+1).
+  float loss(Rows rows, int B);
   // Logits of the last position of each row of tokens (B, T) -> (B, Vp) into out, for sampling
   // (T <= seq_len). With TP the vocabulary shards are gathered: every rank gets all Vp.
   void last_logits(const int32_t* tokens, int B, int T, float* out);
@@ -175,6 +177,9 @@ class GptModel {
     Buffer<float> losses, ce_max, ce_sum, ce_parts;  // head: (B,T) each, parts (B,T,2) (TP)
     float dlogits_scale = 0;  // head: the grad_scale whose dlogits the logits already hold (0: none)
     typename Ops::Tokens inputs, targets;  // (B,T) contiguous copies
+    typename Ops::Tokens doc_starts;       // (B,T) the rows' document starts, when `documents`
+    bool documents = false;
+    int counted = 0;  // head: the positions the mean loss is over (data.document_end_loss)
   };
   struct Chunk {
     int l0, l1;              // layers [l0, l1)
@@ -191,13 +196,16 @@ class GptModel {
   Slot& held(int c, int mb) const;
   // The shape of the forward or backward about to run: N = B*T rows, R of them here.
   void set_shape(int B, int T);
-  // Runs chunk ch on slot s: tokens (row stride `stride`) for the embedding and targets, input
-  // (R, C) otherwise; the head's logits (B, T, Vp/t) and, with targets, its losses.
-  void forward(Chunk& ch, Slot& s, const int32_t* tokens, int64_t stride, const Act* input,
-               bool targets, float grad_scale);
+  // Runs chunk ch on slot s: rows.tokens (row stride `stride`) for the embedding and targets,
+  // input (R, C) otherwise; the head's logits (B, T, Vp/t) and, with targets, its losses.
+  void forward(Chunk& ch, Slot& s, Rows rows, int64_t stride, const Act* input, bool targets, float grad_scale);
+  // Where slot s's positions' documents start (B,T), in the op set's memory; null: one each.
+  static const int32_t* doc_starts(const Slot& s) { return s.documents ? s.doc_starts.data() : nullptr; }
+  // The head's targets into s.targets (B,T), and s.counted.
+  void load_targets(Slot& s, Rows rows, int64_t stride);
   // Layer l from its LN1 output (local rows written) up to the MLP's GELU: every activation its
   // backward reads. The MLP projection and the residual add that follow make the next input.
-  void layer_forward(int64_t l, LayerActs& a);
+  void layer_forward(int64_t l, LayerActs& a, const int32_t* docs);
   // Refills what train.recompute dropped of slot s's layer l (l - ch.l0 of its layers).
   void recompute(const Chunk& ch, Slot& s, int64_t l);
   void backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput, float grad_scale);
@@ -260,6 +268,8 @@ class GptModel {
   ModelPart part_;
   ParamLayout layout_;
   int64_t L_, C_, H_, maxT_, maxB_, V_, Vp_, window_;
+  bool documents_;          // data.document_mask: slots hold the rows' document starts
+  bool document_end_loss_;  // data.document_end_loss
   int64_t D_, G_;  // head size; query heads per key/value head
   // This rank's query heads, key/value heads, attention width (Hl D), QKV width, MLP features,
   // MLP pre-activation width, vocab rows, and its first vocab row.

@@ -66,6 +66,8 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
       V_(cfg.model.vocab_size),
       Vp_(cfg.padded_vocab()),
       window_(cfg.model.window),
+      documents_(cfg.data.document_mask),
+      document_end_loss_(cfg.data.document_end_loss),
       D_(cfg.model.head_dim()),
       G_(cfg.model.heads / cfg.model.kv()),
       Hl_(H_ / tps_),
@@ -216,6 +218,7 @@ typename GptModel<Ops>::Slot& GptModel<Ops>::acquire(Chunk& ch, int mb, int B) {
   MYRIAD_CHECK(acts <= s->storage.size() && floats <= s->stats.size());
   s->inputs.zeros(BT);
   s->targets.zeros(BT);
+  if (documents_) s->doc_starts.zeros(BT);
   if (ch.head) {
     s->logits.zeros(BT * Vl_);
     s->losses.zeros(BT);
@@ -415,7 +418,7 @@ void GptModel<Ops>::crossentropy_forward_tp(Slot& s) {
   ops_.upload(s.ce_max.data(), mx.data(), N_);
   ops_.ce_partials(s.ce_parts.data(), s.logits.data(), s.ce_max.data(), s.targets.data(), v0_, N_, Vl_, live);
   parallel::sum_over_group(tp_, s.ce_parts.data(), 2 * int64_t(N_), stream());
-  ops_.ce_losses(s.losses.data(), s.ce_sum.data(), s.ce_parts.data(), N_);
+  ops_.ce_losses(s.losses.data(), s.ce_sum.data(), s.ce_parts.data(), s.targets.data(), N_);
 }
 
 // dlogits = (softmax - onehot) * dlosses on this rank's live columns, 0 on the padding; in place.
@@ -429,11 +432,17 @@ void GptModel<Ops>::crossentropy_backward_tp(Slot& s, float dloss) {
 // ---- the model ----
 
 template <OpSet Ops>
-void GptModel<Ops>::forward(Chunk& ch, Slot& s, const int32_t* tokens, int64_t stride, const Act* input,
-                            bool targets, float grad_scale) {
+void GptModel<Ops>::forward(Chunk& ch, Slot& s, Rows rows, int64_t stride, const Act* input, bool targets,
+                            float grad_scale) {
   const int B = B_, T = T_, C = C_, N = N_, R = R_;
   const int Cl = static_cast<int>(Cl_), Fl = static_cast<int>(Fl_);
+  const int32_t* tokens = rows.tokens;
   Act* first_in = ch.l1 > ch.l0 ? s.layers[0].in : s.out;
+  s.documents = rows.doc_starts != nullptr;
+  if (s.documents) {
+    MYRIAD_CHECK(documents_, "document starts passed to a model built without data.document_mask");
+    ops_.load_tokens(s.doc_starts, rows.doc_starts, B, T, stride);
+  }
   if (ch.embedding) {
     // With a backward to follow, the lookup's backward is prepared from the host's tokens.
     ops_.load_tokens(s.inputs, tokens, B, T, stride, v0_, grad_scale > 0 ? Vl_ : 0);
@@ -455,7 +464,7 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, const int32_t* tokens, int64_t s
   for (int64_t l = ch.l0; l < ch.l1; ++l) {
     LayerActs& a = s.layers[l - ch.l0];
     const LayerTensors<Param>& w = p_.layers[l];
-    layer_forward(l, a);
+    layer_forward(l, a, doc_starts(s));
     // The layer's output (R,C): the residual stream (mid in the sequential block, whose
     // attention branch is in it already; in in the parallel one) plus the branches.
     Act* branches = tmp2_.data();
@@ -486,21 +495,46 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, const int32_t* tokens, int64_t s
   last_logits_ = s.logits.data();
   s.dlogits_scale = 0;
   if (!targets) return;
-  ops_.load_tokens(s.targets, tokens + 1, B, T, stride);
+  load_targets(s, rows, stride);
   if (tp_) {
     crossentropy_forward_tp(s);  // its dlogits in backward, after the maxima met
-  } else if (grad_scale > 0) {   // d(mean loss)/d(loss_i) = grad_scale / N; in place, one pass
-    ops_.crossentropy_forward_backward(s.losses.data(), s.logits.data(), s.targets.data(), grad_scale / N, N, V_,
-                                       Vp_);
+  } else if (grad_scale > 0) {   // d(mean loss)/d(loss_i) = grad_scale / counted; in place, one pass
+    ops_.crossentropy_forward_backward(s.losses.data(), s.logits.data(), s.targets.data(), grad_scale / s.counted, N,
+                                       V_, Vp_);
     s.dlogits_scale = grad_scale;
   } else {
     ops_.crossentropy_forward(s.losses.data(), s.logits.data(), s.targets.data(), N, V_, Vp_);
   }
-  ops_.mean_into(loss_.data(), s.losses.data(), N);
+  ops_.mean_into(loss_.data(), s.losses.data(), N, s.counted);
+}
+
+// The targets, rows.tokens[:, 1:], with those that begin a document left out (-1) when
+// data.document_end_loss is off: each document's last position predicts the next document's
+// first token, which nothing before it tells (Megatron's eod_mask_loss, its end-of-text tokens
+// here the .idx's boundaries). s.counted: the positions the mean loss is over (at least 1).
+template <OpSet Ops>
+void GptModel<Ops>::load_targets(Slot& s, Rows rows, int64_t stride) {
+  const int B = B_, T = T_;
+  s.counted = N_;
+  if (document_end_loss_ || !rows.doc_starts) {
+    ops_.load_tokens(s.targets, rows.tokens + 1, B, T, stride);
+    return;
+  }
+  std::vector<int32_t> targets(static_cast<size_t>(B) * T);
+  int kept = 0;
+  for (int b = 0; b < B; ++b)
+    for (int i = 0; i < T; ++i) {
+      const int64_t at = b * stride + i + 1;  // the target's token
+      const bool begins = rows.doc_starts[at] == i + 1;
+      targets[static_cast<size_t>(b) * T + i] = begins ? -1 : rows.tokens[at];
+      kept += !begins;
+    }
+  s.counted = std::max(kept, 1);
+  ops_.load_tokens(s.targets, targets.data(), B, T, T);
 }
 
 template <OpSet Ops>
-void GptModel<Ops>::layer_forward(int64_t l, LayerActs& a) {
+void GptModel<Ops>::layer_forward(int64_t l, LayerActs& a, const int32_t* docs) {
   const int B = B_, T = T_, C = C_, N = N_, R = R_, W = window_;
   const int Cl = static_cast<int>(Cl_), Hl = static_cast<int>(Hl_), Fl = static_cast<int>(Fl_);
   const int Hkvl = static_cast<int>(Hkvl_), D = static_cast<int>(D_), G = static_cast<int>(G_);
@@ -508,7 +542,7 @@ void GptModel<Ops>::layer_forward(int64_t l, LayerActs& a) {
   column_input_forward(a.ln1, C);
   ops_.linear_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, C, static_cast<int>(Ql_), block_gemm());
   if (rope_) ops_.rope_forward(a.qkv, B, T, Hkvl, G, D);
-  ops_.attention_forward(a.atty, a.saved, a.qkv, B, T, Hl, Hkvl, D, W);
+  ops_.attention_forward(a.atty, a.saved, a.qkv, B, T, Hl, Hkvl, D, W, docs);
   // The MLP reads LN2(mid = in + attention) in the sequential block and the shared LN1(in) in
   // the parallel one, whose attention projection only the layer's output needs.
   const Act* mlp_in = a.ln1;
@@ -535,7 +569,7 @@ void GptModel<Ops>::recompute(const Chunk& ch, Slot& s, int64_t l) {
                             static_cast<int>(Fl_), block_gemm());
   } else {
     ops_.norm_forward(norm_, local_rows(a.ln1, C_), a.ln1_mean, a.ln1_rstd, a.in, w.ln1_w, w.ln1_b, R_, C_);
-    layer_forward(l, a);
+    layer_forward(l, a, doc_starts(s));
   }
   shared_holds_ = {&s, s.mb, l};
 }
@@ -556,7 +590,7 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
   const int Ql = static_cast<int>(Ql_);
   if (ch.head) {
     // dlogits overwrite the logits in place (the forward made them already where it could).
-    const float dloss = grad_scale / N;
+    const float dloss = grad_scale / s.counted;
     Act* dlogits = s.logits.data();
     if (tp_)
       crossentropy_backward_tp(s, dloss);
@@ -600,7 +634,8 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
     // Attention branch (in the parallel block dln_ still holds the MLP's share of LN1's output
     // gradient, and the attention's share adds to it).
     row_parallel_backward(datty_.data(), g.proj_w, g.proj_b, dout, dresid, a.atty, w.proj_w, Cl, C, nullptr);
-    ops_.attention_backward(dqkv_.data(), datty_.data(), a.atty, a.qkv, a.saved, B, T, Hl, Hkvl, D, W);
+    ops_.attention_backward(dqkv_.data(), datty_.data(), a.atty, a.qkv, a.saved, B, T, Hl, Hkvl, D, W,
+                            doc_starts(s));
     if (rope_) ops_.rope_backward(dqkv_.data(), B, T, Hkvl, G, D);
     ops_.linear_backward(mlp_, dln_.data(), g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, w.qkv_w, nullptr, N, C, Ql,
                          /*accumulate=*/parallel_block_, block_gemm());
@@ -616,13 +651,12 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
 }
 
 template <OpSet Ops>
-void GptModel<Ops>::forward_chunk(int c, int mb, int B, const int32_t* tokens, const Act* input,
-                                  float grad_scale) {
+void GptModel<Ops>::forward_chunk(int c, int mb, int B, Rows rows, const Act* input, float grad_scale) {
   MYRIAD_CHECK(c >= 0 && c < num_chunks(), "chunk ", c, " of ", num_chunks());
   Chunk& ch = chunks_[c];
   set_shape(B, maxT_);
   Slot& s = acquire(ch, mb, B);
-  forward(ch, s, tokens, maxT_ + 1, input, /*targets=*/true, grad_scale);
+  forward(ch, s, rows, maxT_ + 1, input, /*targets=*/true, grad_scale);
 }
 
 template <OpSet Ops>
@@ -647,9 +681,9 @@ void GptModel<Ops>::drop_chunk(int c, int mb) { held(c, mb).mb = -1; }
 inline constexpr int kWholeModel = 1 << 30;
 
 template <OpSet Ops>
-float GptModel<Ops>::forward_backward(const int32_t* tokens, int B, float grad_scale) {
+float GptModel<Ops>::forward_backward(Rows rows, int B, float grad_scale) {
   for (int c = 0; c < num_chunks(); ++c)
-    forward_chunk(c, 0, B, tokens, c > 0 ? chunk_output(c - 1, 0) : nullptr, grad_scale);
+    forward_chunk(c, 0, B, rows, c > 0 ? chunk_output(c - 1, 0) : nullptr, grad_scale);
   // Several chunks here (pp = 1 with virtual stages) pass their gradients in memory.
   for (int c = num_chunks() - 1; c >= 0; --c) {
     if (c > 0) din_.zeros(boundary_elems(B));
@@ -661,9 +695,9 @@ float GptModel<Ops>::forward_backward(const int32_t* tokens, int B, float grad_s
 }
 
 template <OpSet Ops>
-float GptModel<Ops>::loss(const int32_t* tokens, int B) {
+float GptModel<Ops>::loss(Rows rows, int B) {
   for (int c = 0; c < num_chunks(); ++c)
-    forward_chunk(c, kWholeModel, B, tokens, c > 0 ? chunk_output(c - 1, kWholeModel) : nullptr, 0.0f);
+    forward_chunk(c, kWholeModel, B, rows, c > 0 ? chunk_output(c - 1, kWholeModel) : nullptr, 0.0f);
   for (int c = 0; c < num_chunks(); ++c) drop_chunk(c, kWholeModel);
   return static_cast<float>(take_loss());
 }

@@ -51,7 +51,7 @@ concept OpSet = requires(const O& o, typename O::Act* a, const typename O::Act* 
   o.download(d, static_cast<const double*>(d), l);
   o.upload(f, cf, l);
   o.load_tokens(tokens, cids, i, i, l, l, l);
-  o.mean_into(d, cf, l);
+  o.mean_into(d, cf, l, l);
   // What the step needs besides the model.
   { o.device_name() } -> std::convertible_to<std::string>;
   { o.peak_flops() } -> std::convertible_to<double>;
@@ -76,8 +76,8 @@ concept OpSet = requires(const O& o, typename O::Act* a, const typename O::Act* 
   o.add(a, ca, ca, l);
   o.select_attention(s, b);
   { o.attention_saved(i, i, i) } -> std::convertible_to<int64_t>;
-  o.attention_forward(a, f, ca, i, i, i, i, i, i);
-  o.attention_backward(a, ca, ca, ca, cf, i, i, i, i, i, i);
+  o.attention_forward(a, f, ca, i, i, i, i, i, i, cids);
+  o.attention_backward(a, ca, ca, ca, cf, i, i, i, i, i, i, cids);
   o.set_rope(freqs);
   o.rope_forward(a, i, i, i, i, i);
   o.rope_backward(a, i, i, i, i, i);
@@ -92,7 +92,7 @@ concept OpSet = requires(const O& o, typename O::Act* a, const typename O::Act* 
   o.positions_backward(f, ca, i, i, i, i);
   o.ce_row_max(f, ca, i, l, i);
   o.ce_partials(f, ca, cf, cids, l, i, l, i);
-  o.ce_losses(f, f, cf, i);
+  o.ce_losses(f, f, cf, cids, i);
   o.ce_tp_backward(a, cf, cf, 1.0f, cids, l, i, l, i);
 };
 

@@ -110,9 +110,9 @@ class ModelEngine final : public Engine {
   int64_t peak_memory() const override { return model_.ops().peak_bytes(); }
 
   // One optimizer step; every group's collectives are issued in the same order on each rank.
-  StepResult train_step(const int32_t* tokens, int64_t step, double lr, bool stop = false) override {
+  StepResult train_step(Rows rows, int64_t step, double lr, bool stop = false) override {
     const int dp = ctx_.dp_size(), accum = pipeline_->schedule().m;
-    const int32_t* mine = tokens;  // (accum x micro_batch, T+1): this data-parallel rank's rows
+    const Rows mine = rows;  // (accum x micro_batch, T+1): this data-parallel rank's rows
     const double dp_waited = dp_.waited_s();
     model_.ops().clear_marks();
     model_.zero_grads();
@@ -164,9 +164,9 @@ class ModelEngine final : public Engine {
     return r;
   }
 
-  float loss(const int32_t* tokens, int B) override {
+  float loss(Rows rows, int B) override {
     ready_to_read_all();
-    return step_loss(ctx_.pp_size() > 1 ? pipeline_->evaluate(tokens, B) : model_.loss(tokens, B),
+    return step_loss(ctx_.pp_size() > 1 ? pipeline_->evaluate(rows, B) : model_.loss(rows, B),
                      /*over_dp=*/false);
   }
   void last_logits(const int32_t* tokens, int B, int T, float* out) override {

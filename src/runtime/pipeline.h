@@ -74,10 +74,10 @@ class Pipeline {
   // data-parallel rank's rows, host memory. Returns the mean loss over the micro-batches on the
   // rank holding the last virtual stage (read once, after the last backward is issued), 0 on
   // the others.
-  float train(const int32_t* tokens, float grad_scale, const Hooks& hooks);
+  float train(Rows rows, float grad_scale, const Hooks& hooks);
   // Forward only of B rows of tokens (B, T+1) through every virtual stage; the mean loss on the
   // last stage's rank, 0 elsewhere.
-  float evaluate(const int32_t* tokens, int B);
+  float evaluate(Rows rows, int B);
 
   const parallel::Schedule& schedule() const { return schedule_; }
   // Resolves the compute marks of the last train() (waits for the last of them).

@@ -63,7 +63,7 @@ void Pipeline<Model>::reap_sends(bool all) {
 }
 
 template <class Model>
-float Pipeline<Model>::train(const int32_t* tokens, float grad_scale, const Hooks& hooks) {
+float Pipeline<Model>::train(Rows rows, float grad_scale, const Hooks& hooks) {
   hooks_ = &hooks;
   struct Unset {
     const Hooks*& h;
@@ -72,13 +72,12 @@ float Pipeline<Model>::train(const int32_t* tokens, float grad_scale, const Hook
   using parallel::Action;
   using parallel::ActionKind;
   const int m = schedule_.m;
-  const int64_t row = int64_t(T_) + 1;
   std::vector<int> backwards(v_, 0);
   times_ = {};
   spans_.clear();
   for (const Action& a : schedule_.ranks[stage_]) {
     const int mb = a.microbatch, c = a.chunk;
-    const int32_t* mb_tokens = tokens + int64_t(mb) * B_ * row;
+    const Rows mb_rows = rows.from(int64_t(mb) * B_, T_);
     switch (a.kind) {
       case ActionKind::kRecvActivation: {
         Message& msg = recvs_[{a.kind, mb, c}];
@@ -100,7 +99,7 @@ float Pipeline<Model>::train(const int32_t* tokens, float grad_scale, const Hook
         else input = received(ActionKind::kRecvActivation, mb, c);
         set_phase("forward");
         const int t0 = model_.ops().mark();
-        model_.forward_chunk(c, mb, B_, mb_tokens, input, grad_scale);
+        model_.forward_chunk(c, mb, B_, mb_rows, input, grad_scale);
         spans_.push_back({"forward", mb, c, t0, model_.ops().mark()});
         recvs_.erase({ActionKind::kRecvActivation, mb, c});
         break;
@@ -161,7 +160,7 @@ const PipelineTimes& Pipeline<Model>::times() {
 }
 
 template <class Model>
-float Pipeline<Model>::evaluate(const int32_t* tokens, int B) {
+float Pipeline<Model>::evaluate(Rows rows, int B) {
   // The virtual stages in order, one micro-batch; no overlap needed for validation.
   constexpr int kEval = 1 << 29;
   const int64_t n = model_.boundary_elems(B);
@@ -176,7 +175,7 @@ float Pipeline<Model>::evaluate(const int32_t* tokens, int B) {
     } else if (!first(c)) {
       input = model_.chunk_output(c - 1, kEval);
     }
-    model_.forward_chunk(c, kEval, B, tokens, input, 0.0f);
+    model_.forward_chunk(c, kEval, B, rows, input, 0.0f);
     if (last(c)) loss = static_cast<float>(model_.take_loss());
     if (!last(c) && p_ > 1) send(links_.act_to_next, model_.chunk_output(c, kEval), n)->wait();
     if (p_ > 1) model_.drop_chunk(c, kEval);

@@ -229,7 +229,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
   const int64_t dp = dist_ ? dist_->context()->dp_size() : 1;
   rows_ = cfg_.train.global_batch / dp;
   const int64_t first_row = dist_ ? dist_->dp_rank() * rows_ : 0;
-  if (dist_) shared_ = dist_->shared_batch(rows_ * (cfg_.model.seq_len + 1), cfg_.comm.timeout_s);
+  if (dist_) shared_ = dist_->shared_batch(batch_ints(), cfg_.comm.timeout_s);
   if (dp > 1)
     log::info("data: this rank reads rows [", first_row, ", ", first_row + rows_, ") of each global batch of ",
               cfg_.train.global_batch);
@@ -239,7 +239,8 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
     for (size_t s = 0; s < train_files_.size(); ++s)
       files.push_back({train_files_[s].get(), data::source_seed(cfg_.train.seed, cfg_.data.train[s].name, train_files_.size() == 1)});
     loader_ = std::make_unique<data::BatchLoader>(std::move(files), *blend_, cfg_.model.seq_len, /*shuffle=*/true,
-                                                  cfg_.train.global_batch, first_row, rows_);
+                                                  cfg_.train.global_batch, first_row, rows_,
+                                                  cfg_.data.document_mask);
   }
   // The copy an asynchronous save takes of the CPU's live state: allocated, and its pages
   // touched, here rather than in the step of the first save.
@@ -297,6 +298,9 @@ Trainer::End Trainer::run() {
             engine_->device(), ", ", cfg_.optim.name);
   if (t.precision == "fp8") log::info("precision: ", fp8::describe(fp8::recipe_of(t)));
   describe_blend();
+  if (cfg_.data.document_mask)
+    log::info("data: attention stays inside each document packed in a row (its start from the .idx document index; "
+              "positions run on across documents)");
   log::info("memory: optimizer state ", memory_bytes(MemoryKind::kOptimizerState),
             " bytes on this rank (", engine_->layout().total(), " parameters here)");
   double elapsed = 0;
@@ -315,7 +319,7 @@ Trainer::End Trainer::run() {
       trace::Span span("data");
       batch = next_batch();
     }
-    StepResult r = engine_->train_step(batch.tokens.data(), step_ + 1,
+    StepResult r = engine_->train_step(rows_of(batch), step_ + 1,
                                        lr_at(cfg_.optim, step_, t.steps), preemption::requested());
     ++step_;
     advance_data();
@@ -518,32 +522,49 @@ data::Batch Trainer::next_batch() {
   // The shared batch's wait, as a group of the tensor-parallel ranks, for the hang report.
   const std::string group = shared_ ? cat("batch.", dist_->context()->tp->name()) : "";
   const std::vector<int> members = shared_ ? dist_->topology().group(parallel::Dim::kTp, dist_->rank()) : std::vector<int>{};
+  // Shared as one block of ints: the tokens, then the document starts when there are any.
+  std::vector<int32_t> ints;
   if (loader_) {
     b = loader_->next();
     if (shared_) {
-      shared_->publish(step_ + 1, b.tokens.data());
+      ints = b.tokens;
+      ints.insert(ints.end(), b.doc_starts.begin(), b.doc_starts.end());
+      shared_->publish(step_ + 1, ints.data());
       heartbeat_.set_batch(group, members, step_ + 1, "publish", true);
     }
   } else {
     b.B = rows_, b.T = cfg_.model.seq_len;
-    b.tokens.resize(b.B * (b.T + 1));
+    ints.resize(static_cast<size_t>(batch_ints()));
     heartbeat_.set_batch(group, members, step_ + 1, "take", false);
-    shared_->take(step_ + 1, b.tokens.data());
+    shared_->take(step_ + 1, ints.data());
     heartbeat_.set_batch(group, members, step_ + 1, "take", true);
+    const auto split = ints.begin() + b.B * (b.T + 1);
+    b.tokens.assign(ints.begin(), split);
+    b.doc_starts.assign(split, ints.end());
   }
   return b;
+}
+
+int64_t Trainer::batch_ints() const {
+  const int64_t T = cfg_.model.seq_len;
+  return rows_ * (T + 1) * (cfg_.data.document_mask ? 2 : 1);
+}
+
+Rows Trainer::rows_of(const data::Batch& b) {
+  return {b.tokens.data(), b.doc_starts.empty() ? nullptr : b.doc_starts.data()};
 }
 
 void Trainer::evaluate(nlohmann::json& rec) {
   const int64_t mb = cfg_.train.micro_batch, T = cfg_.model.seq_len, G = cfg_.train.global_batch;
   double sum = 0, tokens = 0;
   for (size_t v = 0; v < valid_files_.size(); ++v) {
-    data::BatchLoader val(*valid_files_[v], T, cfg_.train.seed, /*shuffle=*/false, G, 0, G, 0);
+    data::BatchLoader val(*valid_files_[v], T, cfg_.train.seed, /*shuffle=*/false, G, 0, G, 0,
+                          cfg_.data.document_mask);
     double loss = 0;
     int64_t n = 0;
     for (int64_t s = 0; s < cfg_.train.eval_steps; ++s) {
       data::Batch b = val.next();
-      for (int64_t i = 0; i < G / mb; ++i, ++n) loss += engine_->loss(b.tokens.data() + i * mb * (T + 1), mb);
+      for (int64_t i = 0; i < G / mb; ++i, ++n) loss += engine_->loss(rows_of(b).from(i * mb, T), mb);
     }
     const double mean = static_cast<float>(loss / n), counted = double(n * mb * T);
     if (valid_files_.size() > 1) rec["val_loss/" + cfg_.data.valid[v].name] = mean;

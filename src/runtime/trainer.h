@@ -58,6 +58,11 @@ class Trainer {
   // This rank's rows of the next step's global batch (global_batch / dp, T+1): read, or taken
   // from the node's reader.
   data::Batch next_batch();
+  // Ints in one step's batch of this rank: its rows' tokens and, with data.document_mask, their
+  // document starts.
+  int64_t batch_ints() const;
+  // The batch as the model reads it.
+  static Rows rows_of(const data::Batch& b);
   // The blend's place after a step's global batch; logs a source's new epoch, or its cap.
   void advance_data();
   // The blend as the run starts: each source's share, tokens and expected epochs.

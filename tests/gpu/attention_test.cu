@@ -44,6 +44,8 @@ std::vector<Config> all_configs(int D) {
 struct Case {
   int B, T, H, D, window;
   int Hkv = 0;  // 0 = H
+  std::vector<int32_t> docs = {};  // (B,T) each position's document start (data.document_mask); empty: none
+  const int32_t* doc_starts() const { return docs.empty() ? nullptr : docs.data(); }
   int kv() const { return Hkv > 0 ? Hkv : H; }
   int G() const { return H / kv(); }
   size_t qkv_per_token() const { return size_t(H + 2 * kv()) * D; }
@@ -95,16 +97,18 @@ Oracle oracle(const Case& c) {
 
   // Oracle.
   std::vector<float> out_ref(nout), probs(size_t(B) * H * T * T), dqkv_ref(nqkv, 0.f);
-  myriad::cpu::attention_forward<float>(out_ref.data(), probs.data(), qkv.data(), B, T, H, Hkv, D, W);
+  myriad::cpu::attention_forward<float>(out_ref.data(), probs.data(), qkv.data(), B, T, H, Hkv, D, W,
+                                        c.doc_starts());
   myriad::cpu::attention_backward<float>(dqkv_ref.data(), dout.data(), qkv.data(), probs.data(),
-                                         B, T, H, Hkv, D, W);
+                                         B, T, H, Hkv, D, W, c.doc_starts());
   std::vector<double> lse_ref(nlse);
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h)
       for (int i = 0; i < T; ++i) {
         const size_t group = size_t(h / G) * (G + 2) * D;
         const float* q = &qkv[(size_t(b) * T + i) * ts + group + size_t(h % G) * D];
-        const int lo = W > 0 ? std::max(0, i - W + 1) : 0;
+        int lo = W > 0 ? std::max(0, i - W + 1) : 0;
+        if (!c.docs.empty()) lo = std::max(lo, int(c.docs[size_t(b) * T + i]));
         std::vector<double> s;
         for (int j = lo; j <= i; ++j) {
           const float* k = &qkv[(size_t(b) * T + j) * ts + group + size_t(G) * D];
@@ -135,15 +139,19 @@ void run_case(const Case& c) {
 
   Dev<bf16> d_qkv(nqkv), d_out(nout), d_dout(nout), d_dqkv(nqkv);
   Dev<float> d_lse(nlse), d_scr(cu::attention_scratch_floats(B, T, H, D));
+  Dev<int32_t> d_docs(c.docs.size());
   d_qkv.upload(to_bf16(qkv));
   d_dout.upload(to_bf16(dout));
+  d_docs.upload(c.docs);
+  const int32_t* docs = c.docs.empty() ? nullptr : d_docs.p;
 
   for (const Config& cfg : configs) {
     SCOPED_TRACE(::testing::Message() << "B=" << B << " T=" << T << " H=" << H << " Hkv=" << Hkv << " D=" << D
-                                      << " window=" << W << " tilings " << str(cfg));
+                                      << " window=" << W << (docs ? " documents" : "") << " tilings "
+                                      << str(cfg));
     d_out.poison();
     d_lse.poison();
-    cu::attn_detail::forward(cfg, d_out.p, d_lse.p, d_qkv.p, B, T, H, Hkv, D, W, 0);
+    cu::attn_detail::forward(cfg, d_out.p, d_lse.p, d_qkv.p, B, T, H, Hkv, D, W, 0, docs);
     CUDA_OK(cudaDeviceSynchronize());
     const std::vector<float> out = to_float(d_out.download());
     const std::vector<float> lse = d_lse.download();
@@ -157,13 +165,13 @@ void run_case(const Case& c) {
     d_dqkv.poison();
     d_scr.poison();
     cu::attn_detail::backward(cfg, d_dqkv.p, d_scr.p, d_dout.p, d_out.p, d_qkv.p, d_lse.p, B, T,
-                              H, Hkv, D, W, 0);
+                              H, Hkv, D, W, 0, docs);
     CUDA_OK(cudaDeviceSynchronize());
     const std::vector<bf16> g1 = d_dqkv.download();
     d_dqkv.poison();
     d_scr.poison();
     cu::attn_detail::backward(cfg, d_dqkv.p, d_scr.p, d_dout.p, d_out.p, d_qkv.p, d_lse.p, B, T,
-                              H, Hkv, D, W, 0);
+                              H, Hkv, D, W, 0, docs);
     CUDA_OK(cudaDeviceSynchronize());
     const std::vector<bf16> g2 = d_dqkv.download();
     EXPECT_EQ(std::memcmp(g1.data(), g2.data(), g1.size() * sizeof(bf16)), 0)
@@ -205,6 +213,40 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionGqa,
                          ::testing::Combine(::testing::Values(64, 128), ::testing::Values(7, 100, 257),
                                             ::testing::Values(0, 5),
                                             ::testing::Values(std::make_pair(8, 2), std::make_pair(4, 1))));
+
+// Random document starts for B rows of T: row 0 one document begun before the row and running
+// past it; the others new documents at random (mean length mean_len), with documents of one
+// token back to back a third of the way in.
+std::vector<int32_t> random_docs(int B, int T, int mean_len, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::vector<int32_t> d(size_t(B) * T, 0);
+  for (int b = 1; b < B; ++b)
+    for (int i = 0, start = 0; i < T; ++i) {
+      if (i > 0 && (gen() % mean_len == 0 || i == T / 3 || i == T / 3 + 1)) start = i;
+      d[size_t(b) * T + i] = start;
+    }
+  return d;
+}
+
+// Packed documents (data.document_mask) against the CPU oracle, every tiling: alone, with a
+// window, with grouped-query heads; short documents inside one tile and long ones across many.
+class AttentionDocuments : public ::testing::TestWithParam<std::tuple<int, int, int, int>> {};
+
+TEST_P(AttentionDocuments, MatchesCpuOracle) {
+  const auto [D, T, window, mean_len] = GetParam();
+  run_case(Case{3, T, 4, D, window, 0, random_docs(3, T, mean_len, 17 * T + D)});
+  run_case(Case{3, T, 4, D, window, 1, random_docs(3, T, mean_len, 19 * T + D)});
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionDocuments,
+                         ::testing::Combine(::testing::Values(64, 80, 128), ::testing::Values(7, 100, 257),
+                                            ::testing::Values(0, 5, 64), ::testing::Values(3, 40)));
+
+TEST(AttentionDocumentsLarge, MatchesCpuOracle) {
+  run_case(Case{2, 1000, 2, 128, 0, 0, random_docs(2, 1000, 300, 1)});
+  run_case(Case{2, 2048, 2, 64, 0, 1, random_docs(2, 2048, 500, 2)});
+  run_case(Case{2, 777, 2, 80, 129, 0, random_docs(2, 777, 60, 3)});
+}
 
 TEST(AttentionLarge, MatchesCpuOracle) {
   run_case(Case{1, 1000, 2, 128, 0});
@@ -344,12 +386,17 @@ float median_ms(F&& f, int reps = 20) {
 // The forward's FLOPs over the visible (query, key) pairs; causal without a window counts T^2/2
 // as is customary. The backward is 2.5 times as much.
 double forward_flop(const Case& c) {
-  double pairs = 0.5 * double(c.T) * c.T;
-  if (c.window > 0) {
+  double pairs = 0.5 * double(c.T) * c.T * c.B;
+  if (c.window > 0 || !c.docs.empty()) {
     pairs = 0;
-    for (int i = 0; i < c.T; ++i) pairs += std::min(i + 1, c.window);
+    for (int b = 0; b < c.B; ++b)
+      for (int i = 0; i < c.T; ++i) {
+        int lo = c.window > 0 ? std::max(0, i - c.window + 1) : 0;
+        if (!c.docs.empty()) lo = std::max(lo, int(c.docs[size_t(b) * c.T + i]));
+        pairs += i - lo + 1;
+      }
   }
-  return 4.0 * c.B * c.H * c.D * pairs;
+  return 4.0 * c.H * c.D * pairs;
 }
 
 // Times forward and backward for each config; returns finite-ness of the last outputs.
@@ -358,22 +405,25 @@ void bench(const Case& c, const std::vector<Config>& configs) {
   const size_t nqkv = size_t(B) * T * c.qkv_per_token(), nout = size_t(B) * T * H * D;
   Dev<bf16> qkv(nqkv), out(nout), dout(nout), dqkv(nqkv);
   Dev<float> lse(size_t(B) * H * T), scr(cu::attention_scratch_floats(B, T, H, D));
+  Dev<int32_t> d_docs(c.docs.size());
+  d_docs.upload(c.docs);
+  const int32_t* docs = c.docs.empty() ? nullptr : d_docs.p;
   fill_random<<<1024, 256>>>(qkv.p, nqkv, 1u);
   fill_random<<<1024, 256>>>(dout.p, nout, 2u);
   const double fwd_flop = forward_flop(c), bwd_flop = 2.5 * fwd_flop;
   for (const Config& cfg : configs) {
     const float tf = median_ms([&] {
-      cu::attn_detail::forward(cfg, out.p, lse.p, qkv.p, B, T, H, Hkv, D, W, 0);
+      cu::attn_detail::forward(cfg, out.p, lse.p, qkv.p, B, T, H, Hkv, D, W, 0, docs);
     });
     const float tb = median_ms([&] {
       cu::attn_detail::backward(cfg, dqkv.p, scr.p, dout.p, out.p, qkv.p, lse.p, B, T, H, Hkv, D, W,
-                                0);
+                                0, docs);
     });
     CUDA_OK(cudaDeviceSynchronize());
     std::printf(
-        "BENCH B=%d H=%d Hkv=%d T=%d D=%d window=%d [%s]: fwd %.3f ms %.1f TFLOP/s | bwd %.3f ms "
+        "BENCH B=%d H=%d Hkv=%d T=%d D=%d window=%d%s [%s]: fwd %.3f ms %.1f TFLOP/s | bwd %.3f ms "
         "%.1f TFLOP/s | fwd+bwd %.1f TFLOP/s\n",
-        B, H, Hkv, T, D, W, str(cfg).c_str(), tf, fwd_flop / tf * 1e-9, tb,
+        B, H, Hkv, T, D, W, c.docs.empty() ? "" : " documents", str(cfg).c_str(), tf, fwd_flop / tf * 1e-9, tb,
         bwd_flop / tb * 1e-9, (fwd_flop + bwd_flop) / (tf + tb) * 1e-9);
   }
   const std::vector<float> o = to_float(out.download()), g = to_float(dqkv.download());
@@ -424,6 +474,10 @@ void bench_cudnn(const Case& c) {
 }
 
 TEST(AttentionBench, D128T2048Causal) { bench(Case{8, 2048, 16, 128, 0}, sweep_configs(128)); }
+// Packed documents of 512 tokens on average: TFLOP/s over the pairs each query sees.
+TEST(AttentionBench, D128T2048Documents) {
+  bench(Case{8, 2048, 16, 128, 0, 0, random_docs(8, 2048, 512, 5)}, {cu::attn_detail::default_config(128)});
+}
 TEST(AttentionBench, CudnnD128T2048Causal) { bench_cudnn(Case{8, 2048, 16, 128, 0}); }
 TEST(AttentionBench, CudnnD64T1024Causal) { bench_cudnn(Case{8, 1024, 16, 64, 0}); }
 TEST(AttentionBench, CudnnD80T2048Causal) { bench_cudnn(Case{8, 2048, 16, 80, 0}); }

@@ -4,6 +4,7 @@
 // loss in metrics.jsonl and in the TensorBoard files; bad sources refused with one line.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -146,6 +147,39 @@ TEST_F(BlendRun, ResumesBitwiseAndUnderNewWeightsKeepsEachSourcesPlace) {
   const double per = a[10]["epochs/pratchett"].get<double>() / 20;  // epochs per sample
   EXPECT_NEAR(c[10]["epochs/pratchett"].get<double>(), 20 * per, 1e-12);
   EXPECT_NEAR(c[20]["epochs/pratchett"].get<double>(), 60 * per, 1e-12);
+}
+
+// data.document_mask end to end: the same blend from the same weights loses differently on its
+// first step (rows cross document boundaries in the packed fortunes), in training and validation.
+TEST_F(BlendRun, DocumentMaskChangesWhatEachTokenSees) {
+  const std::string steps = "--set train.steps=2 --set train.eval_every=1";
+  const Result plain = run_myriad(train(dir_ / "plain", steps));
+  ASSERT_EQ(plain.code, 0) << plain.output;
+  const Result docs = run_myriad(train(dir_ / "docs", steps + " --set data.document_mask=true"));
+  ASSERT_EQ(docs.code, 0) << docs.output;
+  EXPECT_NE(docs.output.find("attention stays inside each document"), std::string::npos) << docs.output;
+  const auto a = jsonl(dir_ / "plain" / "metrics.jsonl"), b = jsonl(dir_ / "docs" / "metrics.jsonl");
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  for (const char* key : {"loss", "val_loss/science", "val_loss/computers"}) {
+    const double x = a[0][key].get<double>(), y = b[0][key].get<double>();
+    EXPECT_TRUE(std::isfinite(y)) << key;
+    EXPECT_GT(std::abs(x - y), 1e-6 * x) << key << ": the mask changed nothing";
+  }
+  // Without the starts' end positions in the loss, the losses are other again.
+  const Result ends = run_myriad(train(dir_ / "ends", steps + " --set data.document_mask=true --set data.document_end_loss=false"));
+  ASSERT_EQ(ends.code, 0) << ends.output;
+  const auto c = jsonl(dir_ / "ends" / "metrics.jsonl");
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_GT(std::abs(c[0]["loss"].get<double>() - b[0]["loss"].get<double>()), 1e-6);
+  const Result alone = run_myriad(train(dir_ / "alone", "--set data.document_end_loss=false"));
+  EXPECT_EQ(alone.code, 2) << alone.output;
+  EXPECT_NE(last_line(alone.output).find("data.document_end_loss = false leaves out"), std::string::npos) << alone.output;
+  // Only Myriad's attention kernel takes the document starts.
+  const Result cudnn = run_myriad(train(dir_ / "cudnn", "--set data.document_mask=true --set train.attention=cudnn"));
+  EXPECT_EQ(cudnn.code, 2) << cudnn.output;
+  EXPECT_NE(last_line(cudnn.output).find("data.document_mask = true needs Myriad's attention kernel"), std::string::npos)
+      << cudnn.output;
 }
 
 TEST_F(BlendRun, BadSourcesAreRefusedWithOneLineNamingThem) {

@@ -229,7 +229,19 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"llama_pp2_interleaved", 2, kLlama + " --set parallel.pp=2 --set parallel.virtual_stages=2"},
         Layout{"llama_dp2", 2, kLlama + " --set parallel.dp=2"},
         Layout{"llama_tp2_pp2_dp2", 8, kLlama + " --set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 "
-                                                "--set parallel.sequence_parallel=true --set parallel.bucket_mb=0.05"}),
+                                                "--set parallel.sequence_parallel=true --set parallel.bucket_mb=0.05"},
+        // Attention inside the packed fortunes (data.document_mask): the starts travel with the
+        // tokens to every stage, through the shared batch of a tensor-parallel group, and with
+        // a window and full recompute on the way; the vocabulary-parallel loss leaves out the
+        // targets that begin a document.
+        Layout{"documents_tp2_sp_window", 2, "--set data.document_mask=true --set data.document_end_loss=false "
+                                             "--set model.window=12 --set parallel.tp=2 "
+                                             "--set parallel.sequence_parallel=true"},
+        Layout{"documents_pp2_interleaved_recompute", 2, "--set data.document_mask=true --set train.recompute=full "
+                                                         "--set parallel.pp=2 --set parallel.virtual_stages=2"},
+        Layout{"llama_documents_tp2_pp2_dp2", 8, kLlama + " --set data.document_mask=true --set parallel.tp=2 "
+                                                          "--set parallel.pp=2 --set parallel.dp=2 "
+                                                          "--set parallel.bucket_mb=0.05"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // A 3D run saved at step 10 and resumed is bitwise the uninterrupted run: losses, gradient

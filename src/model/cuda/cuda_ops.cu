@@ -86,8 +86,9 @@ struct CudaOps::State {
   std::vector<cudaEvent_t> events;  // the phase timers' marks, reused step after step
   int marks = 0;                    // of them in use
   std::string attention = "auto";   // train.attention
-  std::map<std::tuple<int, int, int, int, int, int>, bool> cudnn_takes;  // per shape (B,T,H,Hkv,D,window)
-  std::set<std::tuple<int, int, int>> fallback_logged;               // (H,D,window) said to use Myriad's
+  // per shape (B,T,H,Hkv,D,window,documents)
+  std::map<std::tuple<int, int, int, int, int, int, bool>, bool> cudnn_takes;
+  std::set<std::tuple<int, int, int, bool>> fallback_logged;  // (H,D,window,documents) said to use Myriad's
   // The op profile (MYRIAD_OP_PROFILE=FILE; off otherwise): a pair of events around each op of
   // the step, [begin, end] at 2i and 2i+1, resolved when the next step clears its marks.
   struct Profile {
@@ -426,21 +427,22 @@ __global__ void ce_partials_kernel(float* parts, const __nv_bfloat16* logits, co
     parts[2 * n + 1] = t >= 0 && t < live ? __bfloat162float(x[t]) - m : 0.0f;
   }
 }
-__global__ void ce_losses_kernel(float* losses, float* sums, const float* parts, int N) {
+__global__ void ce_losses_kernel(float* losses, float* sums, const float* parts, const int32_t* targets, int N) {
   const int n = blockIdx.x * blockDim.x + threadIdx.x;
   if (n >= N) return;
   sums[n] = parts[2 * n];
-  losses[n] = logf(parts[2 * n]) - parts[2 * n + 1];
+  losses[n] = targets[n] < 0 ? 0.0f : logf(parts[2 * n]) - parts[2 * n + 1];  // negative: left out
 }
 __global__ void ce_tp_backward_kernel(__nv_bfloat16* d, const float* mx, const float* sums, float dloss,
                                       const int32_t* targets, int64_t v0, int64_t Vl, int live) {
   const int64_t n = blockIdx.x;
   __nv_bfloat16* row = d + n * Vl;
   const float m = mx[n], scale = dloss / sums[n];
+  const bool out = targets[n] < 0;  // left out of the loss: no gradient
   const int64_t t = int64_t(targets[n]) - v0;
   for (int64_t j = threadIdx.x; j < Vl; j += kRowThreads) {
     float g = 0.0f;
-    if (j < live) g = __expf(__bfloat162float(row[j]) - m) * scale - (j == t ? dloss : 0.0f);
+    if (j < live && !out) g = __expf(__bfloat162float(row[j]) - m) * scale - (j == t ? dloss : 0.0f);
     row[j] = __float2bfloat16(g);
   }
 }
@@ -449,9 +451,9 @@ __global__ void widen_kernel(float* dst, const __nv_bfloat16* src, int64_t n) {
     dst[i] = __bfloat162float(src[i]);
 }
 
-// *acc += float(sum of x / n), the sum in double over one block in a fixed order.
+// *acc += float(sum of x / count), the sum in double over one block in a fixed order.
 constexpr int kMeanThreads = 512;
-__global__ void mean_into_kernel(double* acc, const float* x, int64_t n) {
+__global__ void mean_into_kernel(double* acc, const float* x, int64_t n, int64_t count) {
   __shared__ double part[kMeanThreads];
   double s = 0;
   for (int64_t i = threadIdx.x; i < n; i += kMeanThreads) s += x[i];
@@ -461,7 +463,7 @@ __global__ void mean_into_kernel(double* acc, const float* x, int64_t n) {
     if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
     __syncthreads();
   }
-  if (threadIdx.x == 0) *acc += static_cast<float>(part[0] / n);
+  if (threadIdx.x == 0) *acc += static_cast<float>(part[0] / count);
 }
 
 unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65536)); }
@@ -581,9 +583,9 @@ std::vector<double> CudaOps::sums_of_squares(const float* x,
   return out;
 }
 
-void CudaOps::mean_into(double* acc, const float* x, int64_t n) const {
+void CudaOps::mean_into(double* acc, const float* x, int64_t n, int64_t count) const {
   if (n <= 0) return;
-  mean_into_kernel<<<1, kMeanThreads, 0, st_->stream>>>(acc, x, n);
+  mean_into_kernel<<<1, kMeanThreads, 0, st_->stream>>>(acc, x, n, count > 0 ? count : n);
   check_launch("mean_into");
 }
 
@@ -795,39 +797,39 @@ void CudaOps::select_attention(const std::string& kernel, bool deterministic) co
 }
 
 // Whether this shape runs on cuDNN: decided at its first call, the same for its forward and backward.
-static bool use_cudnn(CudaOps::State& st, int B, int T, int H, int Hkv, int D, int window) {
+static bool use_cudnn(CudaOps::State& st, int B, int T, int H, int Hkv, int D, int window, bool docs) {
   if (st.attention == "myriad") return false;
-  const auto key = std::make_tuple(B, T, H, Hkv, D, window);
+  const auto key = std::make_tuple(B, T, H, Hkv, D, window, docs);
   if (auto it = st.cudnn_takes.find(key); it != st.cudnn_takes.end()) return it->second;
-  std::string why;
-  const bool ok = cudnn::supports(B, T, H, Hkv, D, window, &why);
+  std::string why = "documents packed in a row (data.document_mask) need Myriad's kernel";
+  const bool ok = !docs && cudnn::supports(B, T, H, Hkv, D, window, &why);
   if (!ok && st.attention == "cudnn")
     throw_input("train.attention = \"cudnn\" but cuDNN's fused attention cannot take B ", B, " T ", T, " H ", H,
                 " Hkv ", Hkv, " D ", D, " window ", window, ": ", why,
                 "; use train.attention = \"auto\" or \"myriad\"");
   // Once per head shape: sampling grows T by one a token, and each new T is a new shape.
-  if (!ok && st.fallback_logged.insert({H, D, window}).second)
+  if (!ok && st.fallback_logged.insert({H, D, window, docs}).second)
     log::info("attention: Myriad's kernel for B ", B, " T ", T, " H ", H, " D ", D, " (cuDNN: ", why,
               "); further shapes of H ", H, " D ", D, " that cuDNN refuses are not logged");
   return st.cudnn_takes[key] = ok;
 }
 
 void CudaOps::attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int H, int Hkv, int D,
-                                int window) const {
+                                int window, const int32_t* docs) const {
   OpScope op(*st_, "attention_forward", B, T, H, D);
-  if (use_cudnn(*st_, B, T, H, Hkv, D, window))
+  if (use_cudnn(*st_, B, T, H, Hkv, D, window, docs))
     cudnn::attention_forward(out, saved, qkv, B, T, H, Hkv, D, window, st_->stream);
   else
-    cuda::attention_forward(out, saved, qkv, B, T, H, Hkv, D, window, st_->stream);
+    cuda::attention_forward(out, saved, qkv, B, T, H, Hkv, D, window, st_->stream, docs);
 }
 void CudaOps::attention_backward(Act* dqkv, const Act* dout, const Act* out, const Act* qkv, const float* saved,
-                                 int B, int T, int H, int Hkv, int D, int window) const {
+                                 int B, int T, int H, int Hkv, int D, int window, const int32_t* docs) const {
   OpScope op(*st_, "attention_backward", B, T, H, D);
-  if (use_cudnn(*st_, B, T, H, Hkv, D, window))
+  if (use_cudnn(*st_, B, T, H, Hkv, D, window, docs))
     cudnn::attention_backward(dqkv, dout, out, qkv, saved, B, T, H, Hkv, D, window, st_->stream);
   else
     cuda::attention_backward(dqkv, scratch(attention_scratch_floats(B, T, H, D)), dout, out, qkv, saved, B, T, H,
-                             Hkv, D, window, st_->stream);
+                             Hkv, D, window, st_->stream, docs);
 }
 
 void CudaOps::set_rope(const std::vector<double>& freqs) const {
@@ -916,10 +918,10 @@ void CudaOps::ce_partials(float* parts, const Act* logits, const float* mx, cons
   check_launch("ce_partials");
 }
 
-void CudaOps::ce_losses(float* losses, float* sums, const float* parts, int N) const {
+void CudaOps::ce_losses(float* losses, float* sums, const float* parts, const int32_t* targets, int N) const {
   OpScope op(*st_, "ce_losses", N);
   if (N <= 0) return;
-  ce_losses_kernel<<<(N + 255) / 256, 256, 0, st_->stream>>>(losses, sums, parts, N);
+  ce_losses_kernel<<<(N + 255) / 256, 256, 0, st_->stream>>>(losses, sums, parts, targets, N);
   check_launch("ce_losses");
 }
 

@@ -98,7 +98,7 @@ class CudaOps {
   void upload_params(Param* dst, const float* host, int64_t n) const;  // rounded to bf16
   void download(float* host, const Act* src, int64_t n) const;         // widened to fp32
   void download(double* host, const double* src, int64_t n) const;
-  void mean_into(double* acc, const float* x, int64_t n) const;        // one block, fixed order
+  void mean_into(double* acc, const float* x, int64_t n, int64_t count = 0) const;  // one block, fixed order
 
   // ---- what the step needs besides the model (runtime/model_engine.h) ----
   std::string device_name() const;  // "cuda:0 NVIDIA H200"
@@ -154,10 +154,12 @@ class CudaOps {
   // log2): one shape always runs on one kernel.
   void select_attention(const std::string& kernel, bool deterministic) const;
   int64_t attention_saved(int B, int H, int T) const { return int64_t(B) * H * T; }
+  // docs (B,T) on the device, or null: as CpuOps's. Only Myriad's kernel takes it (cuDNN's fused
+  // attention would need each document as a ragged sequence of its own).
   void attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int H, int Hkv, int D,
-                         int window) const;
+                         int window, const int32_t* docs = nullptr) const;
   void attention_backward(Act* dqkv, const Act* dout, const Act* out, const Act* qkv, const float* saved, int B,
-                          int T, int H, int Hkv, int D, int window) const;
+                          int T, int H, int Hkv, int D, int window, const int32_t* docs = nullptr) const;
   // The rotation frequencies go to the device once (fp32); the rotations as the CPU op set's.
   void set_rope(const std::vector<double>& freqs) const;
   void rope_forward(Act* qkv, int B, int T, int Hkv, int G, int D) const;
@@ -178,7 +180,7 @@ class CudaOps {
   void ce_row_max(float* mx, const Act* logits, int N, int64_t Vl, int live) const;
   void ce_partials(float* parts, const Act* logits, const float* mx, const int32_t* targets, int64_t v0, int N,
                    int64_t Vl, int live) const;
-  void ce_losses(float* losses, float* sums, const float* parts, int N) const;
+  void ce_losses(float* losses, float* sums, const float* parts, const int32_t* targets, int N) const;
   void ce_tp_backward(Act* dlogits, const float* mx, const float* sums, float dloss, const int32_t* targets,
                       int64_t v0, int N, int64_t Vl, int live) const;
   // The tensor-parallel regions reduce in fp32: activations widened before, narrowed after.

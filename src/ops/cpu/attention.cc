@@ -16,9 +16,9 @@
 //
 // Rows of queries go in blocks of kRowBlock: a block only multiplies against the keys some of
 // its rows can see (up to its last row, and from the first key its first row sees when a window
-// is set), which skips most of the masked upper triangle. The only scratch is the dS block of
-// the backward, one per thread. The softmax loops are also compiled for AVX2 (MYRIAD_AVX2_CLONE:
-// elementwise work and fixed-order lane sums, so the same bits either way).
+// or documents are set), which skips most of the masked upper triangle. The only scratch is the dS
+// block of the backward, one per thread. The softmax loops are also compiled for AVX2
+// (MYRIAD_AVX2_CLONE: elementwise work and fixed-order lane sums, so the same bits either way).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -35,15 +35,19 @@ namespace {
 
 constexpr int kRowBlock = 32;
 
-// The first key that query i sees.
-inline int first_key(int i, int window) { return window > 0 ? std::max(0, i - window + 1) : 0; }
+// The first key that query i sees: its window's and its document's (docs: the row's starts or
+// null). Both only grow with i, so a block's first row bounds the whole block.
+inline int first_key(int i, int window, const int32_t* docs) {
+  const int lo = window > 0 ? std::max(0, i - window + 1) : 0;
+  return docs ? std::max(lo, static_cast<int>(docs[i])) : lo;
+}
 
 // Softmax of rows i0..i1-1 of P (T,T) in place over the keys each row sees, zeros elsewhere.
 template <class Real>
-MYRIAD_ALWAYS_INLINE void softmax_rows(Real* P, int T, int i0, int i1, int window) {
+MYRIAD_ALWAYS_INLINE void softmax_rows(Real* P, int T, int i0, int i1, int window, const int32_t* docs) {
   for (int i = i0; i < i1; ++i) {
     Real* row = P + static_cast<int64_t>(i) * T;
-    const int lo = first_key(i, window);
+    const int lo = first_key(i, window, docs);
     const int n = i - lo + 1;
     Real* x = row + lo;
     const Real m = detail::max_of(x, n);
@@ -71,11 +75,11 @@ MYRIAD_ALWAYS_INLINE void softmax_backward_rows(Real* dS, const Real* P, int row
 }
 
 // float: also compiled for AVX2; double (tests only): baseline.
-MYRIAD_AVX2_CLONE void softmax_rows_kernel(float* P, int T, int i0, int i1, int window) {
-  softmax_rows(P, T, i0, i1, window);
+MYRIAD_AVX2_CLONE void softmax_rows_kernel(float* P, int T, int i0, int i1, int window, const int32_t* docs) {
+  softmax_rows(P, T, i0, i1, window, docs);
 }
-void softmax_rows_kernel(double* P, int T, int i0, int i1, int window) {
-  softmax_rows(P, T, i0, i1, window);
+void softmax_rows_kernel(double* P, int T, int i0, int i1, int window, const int32_t* docs) {
+  softmax_rows(P, T, i0, i1, window, docs);
 }
 MYRIAD_AVX2_CLONE void softmax_backward_kernel(float* dS, const float* P, int rows, int keys,
                                                int T) {
@@ -96,7 +100,7 @@ inline int64_t k_offset(int g, int G, int D) { return (static_cast<int64_t>(g) *
 
 template <class Real>
 void attention_forward(Real* out, Real* probs, const Real* qkv, int B, int T, int H, int Hkv,
-                       int D, int window) {
+                       int D, int window, const int32_t* docs) {
   if (Hkv <= 0 || H % Hkv != 0)
     throw std::invalid_argument("attention: query heads must be a multiple of key/value heads");
   const int G = H / Hkv;
@@ -113,16 +117,17 @@ void attention_forward(Real* out, Real* probs, const Real* qkv, int B, int T, in
     const Real* v = k + D;
     Real* P = probs + static_cast<int64_t>(bh) * T * T;       // (T,T)
     Real* o = out + static_cast<int64_t>(b) * T * C + h * D;  // (T,D), stride C
+    const int32_t* row_docs = docs ? docs + static_cast<int64_t>(b) * T : nullptr;
     for (int i0 = 0; i0 < T; i0 += kRowBlock) {
       const int i1 = std::min(T, i0 + kRowBlock);
-      const int j0 = first_key(i0, window);
+      const int j0 = first_key(i0, window, row_docs);
       const int rows = i1 - i0;
       const int keys = i1 - j0;
       Real* Pb = P + static_cast<int64_t>(i0) * T + j0;  // (rows, keys), stride T
       // S = q k^T / sqrt(D) for the keys this block may see, straight into probs.
       detail::gemm(false, true, rows, keys, D, scale, q + static_cast<int64_t>(i0) * RS, RS,
                    k + static_cast<int64_t>(j0) * RS, RS, Real(0), Pb, T);
-      softmax_rows_kernel(P, T, i0, i1, window);
+      softmax_rows_kernel(P, T, i0, i1, window, row_docs);
       // out = P v
       detail::gemm(false, false, rows, D, keys, Real(1), Pb, T, v + static_cast<int64_t>(j0) * RS,
                    RS, Real(0), o + static_cast<int64_t>(i0) * C, C);
@@ -132,7 +137,7 @@ void attention_forward(Real* out, Real* probs, const Real* qkv, int B, int T, in
 
 template <class Real>
 void attention_backward(Real* dqkv, const Real* dout, const Real* qkv, const Real* probs, int B,
-                        int T, int H, int Hkv, int D, int window) {
+                        int T, int H, int Hkv, int D, int window, const int32_t* docs) {
   if (Hkv <= 0 || H % Hkv != 0)
     throw std::invalid_argument("attention: query heads must be a multiple of key/value heads");
   const int G = H / Hkv;
@@ -152,6 +157,7 @@ void attention_backward(Real* dqkv, const Real* dout, const Real* qkv, const Rea
       const Real* v = k + D;
       Real* dk = dqkv + row0 + k_offset(g, G, D);
       Real* dv = dk + D;
+      const int32_t* row_docs = docs ? docs + static_cast<int64_t>(b) * T : nullptr;
       // The group's query heads in order: each adds its share into dk and dv.
       for (int h = g * G; h < (g + 1) * G; ++h) {
         const int bh = b * H + h;
@@ -161,7 +167,7 @@ void attention_backward(Real* dqkv, const Real* dout, const Real* qkv, const Rea
         const Real* P = probs + static_cast<int64_t>(bh) * T * T;
         for (int i0 = 0; i0 < T; i0 += kRowBlock) {
           const int i1 = std::min(T, i0 + kRowBlock);
-          const int j0 = first_key(i0, window);
+          const int j0 = first_key(i0, window, row_docs);
           const int rows = i1 - i0;
           const int keys = i1 - j0;
           const Real* Pb = P + static_cast<int64_t>(i0) * T + j0;  // (rows, keys), stride T
@@ -187,13 +193,13 @@ void attention_backward(Real* dqkv, const Real* dout, const Real* qkv, const Rea
   }
 }
 
-template void attention_forward<float>(float*, float*, const float*, int, int, int, int, int,
-                                       int);
-template void attention_forward<double>(double*, double*, const double*, int, int, int, int, int,
-                                        int);
+template void attention_forward<float>(float*, float*, const float*, int, int, int, int, int, int,
+                                       const int32_t*);
+template void attention_forward<double>(double*, double*, const double*, int, int, int, int, int, int,
+                                        const int32_t*);
 template void attention_backward<float>(float*, const float*, const float*, const float*, int, int,
-                                        int, int, int, int);
+                                        int, int, int, int, const int32_t*);
 template void attention_backward<double>(double*, const double*, const double*, const double*, int,
-                                         int, int, int, int, int);
+                                         int, int, int, int, int, const int32_t*);
 
 }  // namespace myriad::cpu

@@ -36,10 +36,10 @@ void CpuOps::load_tokens(Tokens& t, const int32_t* host, int B, int T, int64_t s
   for (int b = 0; b < B; ++b) copy(t.data() + int64_t(b) * T, host + b * stride, T);
 }
 
-void CpuOps::mean_into(double* acc, const float* x, int64_t n) const {
+void CpuOps::mean_into(double* acc, const float* x, int64_t n, int64_t count) const {
   double s = 0;
   for (int64_t i = 0; i < n; ++i) s += x[i];
-  *acc += static_cast<float>(s / n);
+  *acc += static_cast<float>(s / (count > 0 ? count : n));
 }
 
 std::string CpuOps::device_name() const {
@@ -130,13 +130,13 @@ void CpuOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* 
 }
 void CpuOps::add(Act* out, const Act* a, const Act* b, int64_t n) const { cpu::residual_forward(out, a, b, n); }
 void CpuOps::attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int H, int Hkv, int D,
-                               int window) const {
-  cpu::attention_forward(out, saved, qkv, B, T, H, Hkv, D, window);
+                               int window, const int32_t* docs) const {
+  cpu::attention_forward(out, saved, qkv, B, T, H, Hkv, D, window, docs);
 }
 void CpuOps::attention_backward(Act* dqkv, const Act* dout, const Act*, const Act* qkv, const float* saved, int B,
-                                int T, int H, int Hkv, int D, int window) const {
+                                int T, int H, int Hkv, int D, int window, const int32_t* docs) const {
   zero(dqkv, int64_t(B) * T * (H + 2 * Hkv) * D);
-  cpu::attention_backward(dqkv, dout, qkv, saved, B, T, H, Hkv, D, window);
+  cpu::attention_backward(dqkv, dout, qkv, saved, B, T, H, Hkv, D, window, docs);
 }
 void CpuOps::rope_forward(Act* qkv, int B, int T, int Hkv, int G, int D) const {
   cpu::rope_forward(qkv, freqs_->data(), B, T, Hkv, G, D, 0);
@@ -261,10 +261,10 @@ void CpuOps::ce_partials(float* parts, const Act* logits, const float* mx, const
   }
 }
 
-void CpuOps::ce_losses(float* losses, float* sums, const float* parts, int N) const {
+void CpuOps::ce_losses(float* losses, float* sums, const float* parts, const int32_t* targets, int N) const {
   for (int n = 0; n < N; ++n) {
     sums[n] = parts[2 * n];
-    losses[n] = std::log(parts[2 * n]) - parts[2 * n + 1];
+    losses[n] = targets[n] < 0 ? 0.0f : std::log(parts[2 * n]) - parts[2 * n + 1];
   }
 }
 
@@ -273,6 +273,10 @@ void CpuOps::ce_tp_backward(Act* dlogits, const float* mx, const float* sums, fl
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     float* d = dlogits + n * Vl;
+    if (targets[n] < 0) {
+      std::fill(d, d + Vl, 0.0f);
+      continue;
+    }
     const float m = mx[n], inv = 1.0f / sums[n], dl = dloss;
     const int64_t t = int64_t(targets[n]) - v0;
     const bool owned = t >= 0 && t < live;

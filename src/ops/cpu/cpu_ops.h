@@ -60,9 +60,10 @@ class CpuOps {
   // also be looked up in vocabulary rows [v0, v0 + Vl) (embedding_backward, vocab_rows_backward).
   void load_tokens(Tokens& t, const int32_t* host, int B, int T, int64_t stride, int64_t v0 = 0,
                    int64_t Vl = 0) const;
-  // *acc += the mean of x[0, n): summed in double in order, rounded to float (a micro-batch's mean
-  // loss), so the step's loss stays in the op set's memory until it is read once.
-  void mean_into(double* acc, const float* x, int64_t n) const;
+  // *acc += the sum of x[0, n) / count (0: n, the mean): summed in double in order, rounded to
+  // float (a micro-batch's mean loss, over the positions counted), so the step's loss stays in
+  // the op set's memory until it is read once.
+  void mean_into(double* acc, const float* x, int64_t n, int64_t count = 0) const;
 
   // ---- what the step needs besides the model (runtime/model_engine.h) ----
   std::string device_name() const;                  // for logs: "cpu (2 threads)"
@@ -118,18 +119,21 @@ class CpuOps {
   // Floats attention keeps for its backward, per micro-batch: the softmax rows (B,H,T,T).
   int64_t attention_saved(int B, int H, int T) const { return int64_t(B) * H * T * T; }
   // H query heads, Hkv key/value heads, of D features: qkv (B,T,Hkv*(H/Hkv+2)*D) as ops/cpu/ops.h
-  // lays it out, out (B,T,H*D).
+  // lays it out, out (B,T,H*D). docs (B,T): where each position's document begins in its row
+  // (data.document_mask), in the op set's memory; null: every row one document.
   void attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int H, int Hkv, int D,
-                         int window) const;
+                         int window, const int32_t* docs = nullptr) const;
   // dqkv (=); out is attention_forward's output.
   void attention_backward(Act* dqkv, const Act* dout, const Act* out, const Act* qkv, const float* saved, int B,
-                          int T, int H, int Hkv, int D, int window) const;
+                          int T, int H, int Hkv, int D, int window, const int32_t* docs = nullptr) const;
   // Rotary positions on the query and key heads of qkv, in place (ops/cpu/ops.h): the rotation
   // frequencies (D/2, ops/rope.h) are set once; each row of a micro-batch starts at position 0.
   // The backward rotates dqkv's query and key parts back, in place.
   void set_rope(const std::vector<double>& freqs) const { *freqs_ = freqs; }
   void rope_forward(Act* qkv, int B, int T, int Hkv, int G, int D) const;
   void rope_backward(Act* dqkv, int B, int T, int Hkv, int G, int D) const;
+  // A negative target leaves its position out (loss 0, gradient 0), in these and the
+  // vocabulary-parallel ops below.
   void crossentropy_forward(float* losses, const Act* logits, const int32_t* targets, int N, int V, int Vp) const;
   // The losses, and the logits turned into dlogits (=) in place, every token's loss having the
   // derivative dloss (the mean's): one pass where the device can.
@@ -155,7 +159,7 @@ class CpuOps {
   void ce_row_max(float* mx, const Act* logits, int N, int64_t Vl, int live) const;
   void ce_partials(float* parts, const Act* logits, const float* mx, const int32_t* targets, int64_t v0, int N,
                    int64_t Vl, int live) const;
-  void ce_losses(float* losses, float* sums, const float* parts, int N) const;
+  void ce_losses(float* losses, float* sums, const float* parts, const int32_t* targets, int N) const;
   void ce_tp_backward(Act* dlogits, const float* mx, const float* sums, float dloss, const int32_t* targets,
                       int64_t v0, int N, int64_t Vl, int live) const;
 

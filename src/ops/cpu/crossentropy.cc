@@ -73,7 +73,7 @@ void crossentropy_forward(Real* losses, const Real* logits, const int32_t* targe
                           int Vp) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
-    losses[n] = row_loss_kernel(logits + static_cast<int64_t>(n) * Vp, targets[n], V);
+    losses[n] = targets[n] < 0 ? Real(0) : row_loss_kernel(logits + static_cast<int64_t>(n) * Vp, targets[n], V);
   }
 }
 
@@ -83,7 +83,10 @@ void crossentropy_backward(Real* dlogits, const Real* logits, const int32_t* tar
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const int64_t off = static_cast<int64_t>(n) * Vp;
-    row_grad_kernel(dlogits + off, logits + off, targets[n], dlosses[n], V, Vp);
+    if (targets[n] < 0)
+      std::fill(dlogits + off, dlogits + off + Vp, Real(0));
+    else
+      row_grad_kernel(dlogits + off, logits + off, targets[n], dlosses[n], V, Vp);
   }
 }
 

@@ -84,19 +84,23 @@ void residual_forward(Real* out, const Real* a, const Real* b, int64_t n);
 // Causal self-attention, softmax(q k^T / sqrt(D)) v per query head, with grouped-query
 // attention: query head h attends with key/value head h / G, G = H / Hkv (Hkv = H: multi-head,
 // Hkv = 1: multi-query). H must be a multiple of Hkv. Query i sees key j when j <= i and, with
-// window > 0, i - j < window (window 0 = full causal).
+// window > 0, i - j < window (window 0 = full causal), and with docs, j >= docs[b,i]: docs (B,T)
+// holds where each position's document begins in its row (non-decreasing along a row, docs[b,i]
+// <= i), so that packed documents do not see each other. docs null: one document per row.
 template <class Real>
 void attention_forward(Real* out,          // (B,T,H*D) laid out (H,D) per token
                        Real* probs,        // (B,H,T,T) softmax rows saved for backward; masked = 0
                        const Real* qkv,    // (B,T,Hkv*(G+2)*D) laid out (Hkv,G+2,D) per token
-                       int B, int T, int H, int Hkv, int D, int window);
+                       int B, int T, int H, int Hkv, int D, int window,
+                       const int32_t* docs = nullptr);  // (B,T) or null
 // The key/value gradients of a group sum its G query heads' terms, added in head order.
 template <class Real>
 void attention_backward(Real* dqkv,         // (B,T,Hkv*(G+2)*D) +=
                         const Real* dout,   // (B,T,H*D)
                         const Real* qkv,    // (B,T,Hkv*(G+2)*D)
                         const Real* probs,  // (B,H,T,T)
-                        int B, int T, int H, int Hkv, int D, int window);
+                        int B, int T, int H, int Hkv, int D, int window,
+                        const int32_t* docs = nullptr);  // (B,T) or null
 
 // RMSNorm over the last dimension, as Hugging Face's LlamaRMSNorm: out = inp * rstd * weight,
 // rstd = 1 / sqrt(mean(inp^2) + eps), the mean of squares taken in Real (float or double).
@@ -150,14 +154,15 @@ void swiglu_backward(Real* dgu,         // (N,F,2) +=
                      int64_t N, int64_t F);
 
 // Softmax cross-entropy over the first V of Vp columns (the padded columns are not part of the
-// vocabulary and never enter the softmax).
+// vocabulary and never enter the softmax). A negative target leaves its position out: loss 0,
+// gradient 0 (data.document_end_loss).
 template <class Real>
 void crossentropy_forward(Real* losses,            // (N) -log p[target]
                           const Real* logits,      // (N,Vp)
-                          const int32_t* targets,  // (N), each in [0, V)
+                          const int32_t* targets,  // (N), each in [0, V) or negative
                           int N, int V, int Vp);
 // dlogits = (softmax(logits) - onehot(target)) * dlosses[n] on the first V columns, 0 on the
-// padding. Written (=), not accumulated; dlogits may alias logits (computed in place).
+// padding and on rows left out. Written (=), not accumulated; dlogits may alias logits.
 template <class Real>
 void crossentropy_backward(Real* dlogits,           // (N,Vp)
                            const Real* logits,      // (N,Vp)

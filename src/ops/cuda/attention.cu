@@ -1,5 +1,6 @@
 // Flash attention, forward and backward, on the tensor cores (mma.sync m16n8k16, bf16 operands,
-// fp32 accumulation), causal with an optional sliding window. Nothing T x T ever reaches device
+// fp32 accumulation), causal with an optional sliding window and, for packed documents, each
+// query's document start (data.document_mask). Nothing T x T ever reaches device
 // memory: scores live in registers, one tile at a time.
 //
 // Tiling. Every kernel gives each warp 16*MT "own" rows (queries in the forward and dQ kernels,
@@ -23,7 +24,7 @@
 // softmax in the exp2 domain (running max m and sum l per row, the output accumulator rescaled
 // when m grows; a row that has seen no key yet subtracts 0 instead of -inf), O += P V; at the
 // end O / l and lse = m/sqrt(D) + ln l. Key tiles are walked from the diagonal down, only those
-// the block can see (causal and window limits), and a warp skips a tile none of its rows can
+// the block can see (causal, window and document limits), and a warp skips a tile none of its rows can
 // see; masks are evaluated only on tiles that cross a limit. Blocks with the most key tiles are
 // launched first.
 //
@@ -58,6 +59,14 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kTile = 64;   // rows of the streamed tiles
+
+// The first key query `row` sees: its window's, and its document's when docs (the row of
+// document starts of its batch row) is set. Both only grow with the row, so a block's first
+// query bounds the keys of the whole block and its last query tells whether a tile needs masks.
+__device__ __forceinline__ int first_key(int row, int window, const int32_t* __restrict__ docs) {
+  const int lo = window > 0 ? max(0, row - window + 1) : 0;
+  return docs ? max(lo, __ldg(docs + row)) : lo;
+}
 constexpr int kPadT = 256;  // row padding of the scratch's per-(b,h) vectors
 
 // ---------------------------------------------------------------------------------------------
@@ -188,7 +197,8 @@ constexpr size_t fwd_smem() {
 template <int D, int W, int MT>
 __global__ void __launch_bounds__(W * 32)
     attn_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv,
-                    int T, int H, int G, int window, float c, float inv_sqrt_d) {
+                    int T, int H, int G, int window, const int32_t* __restrict__ docs, float c,
+                    float inv_sqrt_d) {
   constexpr int NT = W * 32, RW = 16 * MT, BR = RW * W, BC = kTile, LD = D + 8;
   constexpr int KS = D / 16;  // k-steps over D
   constexpr int SN = BC / 8;  // n-tiles of S
@@ -209,7 +219,8 @@ __global__ void __launch_bounds__(W * 32)
   const bf16* qg = x.q(h % G);
   const bf16* kg = x.k;
   const bf16* vg = x.v;
-  const int kb_lo = window > 0 ? max(0, q0 - window + 1) / BC : 0;
+  const int32_t* drow = docs ? docs + int64_t(b) * T : nullptr;
+  const int kb_lo = first_key(q0, window, drow) / BC;
   const int kb_hi = min(q0 + BR - 1, T - 1) / BC;
 
   load_tile<BR, D, NT>(sQ, qg, ts, q0, T);
@@ -219,6 +230,18 @@ __global__ void __launch_bounds__(W * 32)
   cp_async_commit();
 
   const int rw = q0 + warp * RW;  // the warp's first query
+  // The first keys of the warp's first and last rows (rows past T see none) and of this
+  // thread's own rows.
+  const int lo_first = rw < T ? first_key(rw, window, drow) : 0;
+  const int lo_last = first_key(min(rw + RW - 1, T - 1), window, drow);
+  int lo_row[MT][2];
+#pragma unroll
+  for (int t = 0; t < MT; ++t)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int row = rw + t * 16 + g + hf * 8;
+      lo_row[t][hf] = row < T ? first_key(row, window, drow) : 0;
+    }
   uint32_t qf[kQReg ? MT : 1][kQReg ? KS : 1][4];
   float o[MT][ON][4];
   float m[MT][2], l[MT][2];
@@ -249,10 +272,8 @@ __global__ void __launch_bounds__(W * 32)
     if (kb > kb_lo) load_tile<BC, D, NT>(sV + (st ^ 1) * BC * LD, vg, ts, k0 - BC, T);
     cp_async_commit();
 
-    const bool skip =
-        k0 > rw + RW - 1 || (window > 0 && rw - (k0 + BC - 1) >= window) || rw >= T;
-    const bool need_mask =
-        k0 + BC - 1 > rw || k0 + BC > T || (window > 0 && rw + RW - 1 - k0 >= window);
+    const bool skip = rw >= T || k0 > rw + RW - 1 || k0 + BC - 1 < lo_first;
+    const bool need_mask = k0 + BC - 1 > rw || k0 + BC > T || k0 < lo_last;
     float s[MT][SN][4];
     if (!skip) {
 #pragma unroll
@@ -292,7 +313,7 @@ __global__ void __launch_bounds__(W * 32)
             for (int e = 0; e < 4; ++e) {
               const int key = k0 + n * 8 + 2 * tig + (e & 1);
               const int row = e < 2 ? r0 : r1;
-              const bool ok = key <= row && key < T && (window <= 0 || row - key < window);
+              const bool ok = key <= row && key < T && key >= lo_row[t][e < 2 ? 0 : 1];
               if (!ok) s[t][n][e] = -INFINITY;
             }
           }
@@ -430,7 +451,7 @@ __global__ void __launch_bounds__(W * 32)
     attn_bwd_dkdv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                          const bf16* __restrict__ qkv, const float* __restrict__ dvec,
                          const float* __restrict__ lse2, int T, int Tp, int H, int G, int window,
-                         float c, float inv_sqrt_d) {
+                         const int32_t* __restrict__ docs, float c, float inv_sqrt_d) {
   constexpr int NT = W * 32, RW = 16 * MT, BC = RW * W, BQ = BN, LD = D + 8;
   constexpr int KS = D / 16;  // k-steps over D
   constexpr int SN = BQ / 8;  // n-tiles of S^T (queries)
@@ -452,9 +473,24 @@ __global__ void __launch_bounds__(W * 32)
   const int64_t ts = x.ts, os = int64_t(H) * D;
   const bf16* kg = x.k;
   const bf16* vg = x.v;
+  const int32_t* drow = docs ? docs + int64_t(b) * T : nullptr;
+  // The last query that sees a key of the block: within the window of its last key, and
+  // within that key's document (the last query whose document starts at or before the key).
+  int q_last = window > 0 ? int(min(int64_t(T - 1), int64_t(k0) + BC + window - 2)) : T - 1;
+  if (drow) {
+    const int k_last = min(k0 + BC - 1, T - 1);
+    int lo = k_last, hi = T;  // drow[lo] <= k_last < drow[hi] (hi = T: past the row)
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      if (__ldg(drow + mid) > k_last)
+        hi = mid;
+      else
+        lo = mid;
+    }
+    q_last = min(q_last, lo);
+  }
   const int qb_lo = k0 / BQ;
-  const int qb_hi =
-      (window > 0 ? int(min(int64_t(T - 1), int64_t(k0) + BC + window - 2)) : T - 1) / BQ;
+  const int qb_hi = q_last / BQ;
   const int nq = qb_hi - qb_lo + 1, steps = G * nq;
 
   // Step i: query head gq G + i / nq, query tile qb_lo + i % nq.
@@ -504,10 +540,11 @@ __global__ void __launch_bounds__(W * 32)
     if (it + 1 < steps) load_o(it + 1, st ^ 1);
     cp_async_commit();
 
-    const bool skip =
-        q0 + BQ - 1 < kw || (window > 0 && q0 - (kw + RW - 1) >= window) || kw >= T;
+    // Queries only grow their first key, so the tile's first query decides whether any of it
+    // sees the warp's keys, and its last whether all of it sees them all (q0 < T: qb_hi's bound).
+    const bool skip = kw >= T || q0 + BQ - 1 < kw || first_key(q0, window, drow) > kw + RW - 1;
     const bool need_mask = q0 < kw + RW - 1 || q0 + BQ > T || kw + RW - 1 >= T ||
-                           (window > 0 && q0 + BQ - 1 - kw >= window);
+                           first_key(q0 + BQ - 1, window, drow) > kw;
     float s[MT][SN][4];
     if (!skip) {
       // S^T = K Q^T (keys x queries), then P^T = exp2(S^T c - lse2[query]).
@@ -551,7 +588,7 @@ __global__ void __launch_bounds__(W * 32)
             for (int e = 0; e < 4; ++e) {
               const int q = q0 + n * 8 + 2 * tig + (e & 1);
               const int kr = kw + t * 16 + g + (e < 2 ? 0 : 8);
-              const bool ok = kr <= q && q < T && (window <= 0 || q - kr < window);
+              const bool ok = kr <= q && q < T && kr >= first_key(q, window, drow);
               if (!ok) s[t][n][e] = 0.f;
             }
           }
@@ -670,8 +707,8 @@ template <int D, int W, int MT, int BN>
 __global__ void __launch_bounds__(W * 32)
     attn_bwd_dq_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                        const bf16* __restrict__ qkv, const float* __restrict__ dvec,
-                       const float* __restrict__ lse2, int T, int Tp, int H, int G, int window, float c,
-                       float inv_sqrt_d) {
+                       const float* __restrict__ lse2, int T, int Tp, int H, int G, int window,
+                       const int32_t* __restrict__ docs, float c, float inv_sqrt_d) {
   constexpr int NT = W * 32, RW = 16 * MT, BQ = RW * W, BC = BN, LD = D + 8;
   constexpr int KS = D / 16;
   constexpr int SN = BC / 8;
@@ -692,7 +729,8 @@ __global__ void __launch_bounds__(W * 32)
   const bf16* kg = x.k;
   const bf16* vg = x.v;
   const bf16* dog = dout + int64_t(b) * T * os + int64_t(h) * D;
-  const int kb_lo = window > 0 ? max(0, q0 - window + 1) / BC : 0;
+  const int32_t* drow = docs ? docs + int64_t(b) * T : nullptr;
+  const int kb_lo = first_key(q0, window, drow) / BC;
   const int kb_hi = min(q0 + BQ - 1, T - 1) / BC;
 
   load_tile<BQ, D, NT>(sQ, qg, ts, q0, T);
@@ -703,8 +741,12 @@ __global__ void __launch_bounds__(W * 32)
   cp_async_commit();
 
   const int rw = q0 + warp * RW;
+  // As in the forward: the first keys of the warp's first and last rows and of this thread's.
+  const int lo_first = rw < T ? first_key(rw, window, drow) : 0;
+  const int lo_last = first_key(min(rw + RW - 1, T - 1), window, drow);
   // Padded rows (< Tp) are in bounds and hold zeros.
   float L[MT][2], Dd[MT][2];
+  int lo_row[MT][2];
 #pragma unroll
   for (int t = 0; t < MT; ++t)
 #pragma unroll
@@ -712,6 +754,7 @@ __global__ void __launch_bounds__(W * 32)
       const int row = rw + t * 16 + g + hf * 8;
       L[t][hf] = lse2[int64_t(bh) * Tp + row];
       Dd[t][hf] = dvec[int64_t(bh) * Tp + row];
+      lo_row[t][hf] = row < T ? first_key(row, window, drow) : 0;
     }
   float dq[MT][ON][4];
 #pragma unroll
@@ -731,10 +774,8 @@ __global__ void __launch_bounds__(W * 32)
     if (kb > kb_lo) load_tile<BC, D, NT>(sV + (st ^ 1) * BC * LD, vg, ts, k0 - BC, T);
     cp_async_commit();
 
-    const bool skip =
-        k0 > rw + RW - 1 || (window > 0 && rw - (k0 + BC - 1) >= window) || rw >= T;
-    const bool need_mask = k0 + BC - 1 > rw || k0 + BC > T || rw + RW > T ||
-                           (window > 0 && rw + RW - 1 - k0 >= window);
+    const bool skip = rw >= T || k0 > rw + RW - 1 || k0 + BC - 1 < lo_first;
+    const bool need_mask = k0 + BC - 1 > rw || k0 + BC > T || rw + RW > T || k0 < lo_last;
     float s[MT][SN][4];
     if (!skip) {
 #pragma unroll
@@ -775,8 +816,7 @@ __global__ void __launch_bounds__(W * 32)
             for (int e = 0; e < 4; ++e) {
               const int key = k0 + n * 8 + 2 * tig + (e & 1);
               const int row = rw + t * 16 + g + (e < 2 ? 0 : 8);
-              const bool ok =
-                  key <= row && key < T && row < T && (window <= 0 || row - key < window);
+              const bool ok = key <= row && key < T && row < T && key >= lo_row[t][e < 2 ? 0 : 1];
               if (!ok) s[t][n][e] = 0.f;
             }
           }
@@ -859,7 +899,7 @@ inline int padded_t(int T) { return (T + kPadT - 1) / kPadT * kPadT; }
 
 template <int D, int W, int MT, int BN>
 void launch_fwd(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int G, int window,
-                cudaStream_t stream) {
+                const int32_t* docs, cudaStream_t stream) {
   static_assert(BN == kTile, "the forward streams key tiles of kTile");
   constexpr size_t smem = fwd_smem<D, W, MT>();
   auto kernel = attn_fwd_kernel<D, W, MT>;
@@ -867,28 +907,30 @@ void launch_fwd(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int
   const float inv_sqrt_d = 1.f / std::sqrt(float(D));
   constexpr int rows = 16 * MT * W;
   const dim3 grid((T + rows - 1) / rows, B * H);
-  kernel<<<grid, W * 32, smem, stream>>>(out, lse, qkv, T, H, G, window, inv_sqrt_d * kLog2e,
+  kernel<<<grid, W * 32, smem, stream>>>(out, lse, qkv, T, H, G, window, docs, inv_sqrt_d * kLog2e,
                                          inv_sqrt_d);
   check_launch("attention_forward");
 }
 
 template <int D, int W, int MT, int BN>
 void launch_dkdv(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* dvec,
-                 const float* lse2, int B, int T, int H, int G, int window, cudaStream_t stream) {
+                 const float* lse2, int B, int T, int H, int G, int window, const int32_t* docs,
+                 cudaStream_t stream) {
   constexpr size_t smem = dkdv_smem<D, W, MT, BN>();
   auto kernel = attn_bwd_dkdv_kernel<D, W, MT, BN>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const float inv_sqrt_d = 1.f / std::sqrt(float(D));
   constexpr int rows = 16 * MT * W;
   const dim3 grid((T + rows - 1) / rows, B * (H / G));
-  kernel<<<grid, W * 32, smem, stream>>>(dqkv, dout, qkv, dvec, lse2, T, padded_t(T), H, G, window,
+  kernel<<<grid, W * 32, smem, stream>>>(dqkv, dout, qkv, dvec, lse2, T, padded_t(T), H, G, window, docs,
                                          inv_sqrt_d * kLog2e, inv_sqrt_d);
   check_launch("attention_backward (dK, dV)");
 }
 
 template <int D, int W, int MT, int BN>
 void launch_dq(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* dvec,
-               const float* lse2, int B, int T, int H, int G, int window, cudaStream_t stream) {
+               const float* lse2, int B, int T, int H, int G, int window, const int32_t* docs,
+               cudaStream_t stream) {
   static_assert(16 * MT * W <= kPadT, "query blocks must fit the scratch padding");
   constexpr size_t smem = dq_smem<D, W, MT, BN>();
   auto kernel = attn_bwd_dq_kernel<D, W, MT, BN>;
@@ -896,14 +938,14 @@ void launch_dq(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* dvec,
   const float inv_sqrt_d = 1.f / std::sqrt(float(D));
   constexpr int rows = 16 * MT * W;
   const dim3 grid((T + rows - 1) / rows, B * H);
-  kernel<<<grid, W * 32, smem, stream>>>(dqkv, dout, qkv, dvec, lse2, T, padded_t(T), H, G, window,
+  kernel<<<grid, W * 32, smem, stream>>>(dqkv, dout, qkv, dvec, lse2, T, padded_t(T), H, G, window, docs,
                                          inv_sqrt_d * kLog2e, inv_sqrt_d);
   check_launch("attention_backward (dQ)");
 }
 
-using FwdFn = void (*)(bf16*, float*, const bf16*, int, int, int, int, int, cudaStream_t);
+using FwdFn = void (*)(bf16*, float*, const bf16*, int, int, int, int, int, const int32_t*, cudaStream_t);
 using BwdFn = void (*)(bf16*, const bf16*, const bf16*, const float*, const float*, int, int, int,
-                       int, int, cudaStream_t);
+                       int, int, const int32_t*, cudaStream_t);
 template <class Fn>
 struct Variant {
   int D;
@@ -968,15 +1010,15 @@ std::vector<KernelCfg> dkdv_variants(int D) { return list_variants(kDkdvVariants
 std::vector<KernelCfg> dq_variants(int D) { return list_variants(kDqVariants, D); }
 
 void forward(const Config& cfg, bf16* out, float* lse, const bf16* qkv, int B, int T, int H,
-             int Hkv, int D, int window, cudaStream_t stream) {
+             int Hkv, int D, int window, cudaStream_t stream, const int32_t* docs) {
   check_shape("attention_forward", B, T, H, Hkv);
   find_variant(kFwdVariants, D, cfg.fwd, "attention_forward")(out, lse, qkv, B, T, H, H / Hkv, window,
-                                                              stream);
+                                                              docs, stream);
 }
 
 void backward(const Config& cfg, bf16* dqkv, float* scratch, const bf16* dout, const bf16* out,
               const bf16* qkv, const float* lse, int B, int T, int H, int Hkv, int D, int window,
-              cudaStream_t stream) {
+              cudaStream_t stream, const int32_t* docs) {
   check_shape("attention_backward", B, T, H, Hkv);
   const BwdFn dkdv = find_variant(kDkdvVariants, D, cfg.dkdv, "attention_backward");
   const BwdFn dq = find_variant(kDqVariants, D, cfg.dq, "attention_backward");
@@ -991,15 +1033,15 @@ void backward(const Config& cfg, bf16* dqkv, float* scratch, const bf16* dout, c
                                                                    B * H, T, Tp, H, D);
     check_launch("attention_backward (prep)");
   }
-  dkdv(dqkv, dout, qkv, dvec, lse2, B, T, H, H / Hkv, window, stream);
-  dq(dqkv, dout, qkv, dvec, lse2, B, T, H, H / Hkv, window, stream);
+  dkdv(dqkv, dout, qkv, dvec, lse2, B, T, H, H / Hkv, window, docs, stream);
+  dq(dqkv, dout, qkv, dvec, lse2, B, T, H, H / Hkv, window, docs, stream);
 }
 
 }  // namespace attn_detail
 
 void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int Hkv, int D,
-                       int window, cudaStream_t stream) {
-  attn_detail::forward(attn_detail::default_config(D), out, lse, qkv, B, T, H, Hkv, D, window, stream);
+                       int window, cudaStream_t stream, const int32_t* docs) {
+  attn_detail::forward(attn_detail::default_config(D), out, lse, qkv, B, T, H, Hkv, D, window, stream, docs);
 }
 
 size_t attention_scratch_floats(int B, int T, int H, int D) {
@@ -1008,9 +1050,9 @@ size_t attention_scratch_floats(int B, int T, int H, int D) {
 
 void attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16* out,
                         const bf16* qkv, const float* lse, int B, int T, int H, int Hkv, int D, int window,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, const int32_t* docs) {
   attn_detail::backward(attn_detail::default_config(D), dqkv, scratch, dout, out, qkv, lse, B, T,
-                        H, Hkv, D, window, stream);
+                        H, Hkv, D, window, stream, docs);
 }
 
 }  // namespace myriad::cuda

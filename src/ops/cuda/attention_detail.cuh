@@ -26,9 +26,9 @@ std::vector<KernelCfg> dkdv_variants(int D);
 std::vector<KernelCfg> dq_variants(int D);
 
 void forward(const Config& cfg, bf16* out, float* lse, const bf16* qkv, int B, int T, int H,
-             int Hkv, int D, int window, cudaStream_t stream);
+             int Hkv, int D, int window, cudaStream_t stream, const int32_t* docs = nullptr);
 void backward(const Config& cfg, bf16* dqkv, float* scratch, const bf16* dout, const bf16* out,
               const bf16* qkv, const float* lse, int B, int T, int H, int Hkv, int D, int window,
-              cudaStream_t stream);
+              cudaStream_t stream, const int32_t* docs = nullptr);
 
 }  // namespace myriad::cuda::attn_detail

@@ -89,6 +89,12 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int64_t row = blockIdx.x;
   bf16* x = logits + row * Vp;
   const int target = targets[row];
+  if (target < 0) {  // left out of the loss (data.document_end_loss): loss 0, gradient 0
+    if (threadIdx.x == 0) losses[row] = 0.0f;
+    if (dloss != 0.0f)
+      for (int j = threadIdx.x; j < Vp; j += blockDim.x) x[j] = __float2bfloat16(0.0f);
+    return;
+  }
   // Read before the sync below, so before any thread overwrites the row.
   const float xt = threadIdx.x == 0 ? __bfloat162float(x[target]) : 0.0f;
   const int nvec = Vp / VW;

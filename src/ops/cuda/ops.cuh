@@ -88,10 +88,11 @@ void bias_backward(float* dbias,       // (OC) +=
 // Softmax cross-entropy over the first V of Vp columns, one pass over each row:
 // losses[n] = -log softmax(logits[n])[targets[n]]; when dloss != 0, logits is overwritten in
 // place by dlogits = (softmax - onehot(target)) * dloss on the first V columns and 0 on the
-// padding (dloss = grad_scale / tokens: the mean's derivative).
+// padding (dloss = grad_scale / tokens: the mean's derivative). A negative target leaves its
+// row out: loss 0, dlogits 0.
 void crossentropy(float* losses,          // (N)
                   bf16* logits,           // (N,Vp) in: logits, out: dlogits when dloss != 0
-                  const int32_t* targets, // (N)
+                  const int32_t* targets, // (N) in [0, V), or negative
                   float dloss, int N, int V, int Vp, cudaStream_t stream);
 
 // out = bf16(in)
@@ -137,13 +138,15 @@ void lamb_step(float* w, bf16* w_bf16, float* m, float* v, const float* g, float
                int64_t total, AdamParams p, cudaStream_t stream);
 
 // Flash attention (never materializes T x T), causal with an optional sliding window: query i
-// sees keys j <= i with i - j < window when window > 0. Scale 1/sqrt(D). D in {64, 80, 128}.
+// sees keys j <= i with i - j < window when window > 0, and j >= docs[b,i] when docs (B,T), the
+// start of each position's document in its row, is set. Scale 1/sqrt(D). D in {64, 80, 128}.
 // Grouped-query: H query heads over Hkv key/value heads (H a multiple of Hkv), QKV per token
 // (Hkv, G+2, D) with G = H / Hkv (G = 1: (H, 3, D)); query head h reads key/value head h / G.
 void attention_forward(bf16* out,         // (B,T,H,D)
                        float* lse,        // (B,H,T) log-sum-exp of each score row (for backward)
                        const bf16* qkv,   // (B,T,Hkv,G+2,D)
-                       int B, int T, int H, int Hkv, int D, int window, cudaStream_t stream);
+                       int B, int T, int H, int Hkv, int D, int window, cudaStream_t stream,
+                       const int32_t* docs = nullptr);  // (B,T) or null
 // dqkv written (=); a key/value head's gradients sum its G query heads' in head order.
 // scratch: at least attention_scratch_floats(B, T, H, D) floats.
 size_t attention_scratch_floats(int B, int T, int H, int D);
@@ -153,7 +156,8 @@ void attention_backward(bf16* dqkv,        // (B,T,Hkv,G+2,D) =
                         const bf16* out,   // (B,T,H,D)
                         const bf16* qkv,   // (B,T,Hkv,G+2,D)
                         const float* lse,  // (B,H,T)
-                        int B, int T, int H, int Hkv, int D, int window, cudaStream_t stream);
+                        int B, int T, int H, int Hkv, int D, int window, cudaStream_t stream,
+                       const int32_t* docs = nullptr);  // (B,T) or null
 
 // ---- Llama family (ops/cpu/ops.h has their definitions; the CPU op is the oracle) ----------
 

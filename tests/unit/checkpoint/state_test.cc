@@ -24,7 +24,7 @@ Config tiny() {
 TEST(CheckpointState, MetaDecodesWhatItEncodesAndNamesAMissingField) {
   checkpoint::Meta m;
   m.step = 12, m.config = "[model]\nlayers = 2\n", m.tokenizer = "gpt2";
-  m.data = {96, 7}, m.optimizer = {"adamw", 12}, m.rng = {1234, 7};
+  m.data.consumed = 96, m.data.seed = 7, m.optimizer = {"adamw", 12}, m.rng = {1234, 7};
   m.recent_losses = {3.5, 3.25}, m.skipped_steps = {6}, m.imported_from = "/hf/gpt2";
   const nlohmann::json j = nlohmann::json::parse(checkpoint::encode(m).dump());
   const checkpoint::Meta back = checkpoint::decode_meta(j, "ck");

@@ -91,6 +91,50 @@ TEST(BatchLoader, BatchesAreSamples) {
   EXPECT_EQ(l.consumed(), 12);
 }
 
+TEST(BatchLoader, DocumentStartsComeFromTheDocumentIndex) {
+  // Documents of 5, 1, 1, 7, 3, 20, 2, 9 tokens (one of 1 at the very end too): each batch row's
+  // starts are where its positions' documents began, counted from the row and at least 0.
+  TempDir dir;
+  const std::vector<int> lengths = {5, 1, 1, 7, 3, 20, 2, 9, 1};
+  std::vector<int64_t> begins;  // stream position of each document's first token
+  {
+    IndexedDatasetWriter w(dir / "docs", 1000);
+    int64_t at = 0;
+    for (int n : lengths) {
+      begins.push_back(at);
+      w.add_document(std::vector<int32_t>(n, 7));
+      at += n;
+    }
+    w.finish();
+  }
+  IndexedDataset data(dir / "docs", 1000);
+  const int64_t total = data.num_tokens(), T = 6;
+  auto expected = [&](int64_t pos) {  // the last document to begin at or before pos
+    int64_t b = 0;
+    for (int64_t x : begins)
+      if (x <= pos) b = x;
+    return b;
+  };
+  for (int64_t pos = 0; pos < total; ++pos) ASSERT_EQ(data.document_begin(data.document_of(pos)), expected(pos));
+  for (int64_t begin = 0; begin + T <= total; ++begin) {
+    std::vector<int32_t> out(T);
+    document_starts(data, begin, T, out.data());
+    for (int64_t i = 0; i < T; ++i)
+      ASSERT_EQ(out[i], std::max<int64_t>(0, expected(begin + i) - begin)) << "row from " << begin << ", position " << i;
+  }
+  // The loader's rows carry them, row by row with the tokens, and only when asked.
+  BatchLoader l(data, T, 3, true, 4, 1, 2, 0, /*documents=*/true);
+  Sampler s(num_samples(data, T), 3, true);
+  const Batch b = l.next();
+  ASSERT_EQ(b.doc_starts.size(), 2u * (T + 1));
+  for (int64_t r = 0; r < 2; ++r) {
+    std::vector<int32_t> want(T + 1);
+    document_starts(data, s.sample(1 + r) * T, T + 1, want.data());
+    EXPECT_EQ(std::vector<int32_t>(b.doc_starts.begin() + r * (T + 1), b.doc_starts.begin() + (r + 1) * (T + 1)), want);
+  }
+  EXPECT_TRUE(BatchLoader(data, T, 3, true, 4, 0, 4, 0).next().doc_starts.empty());
+}
+
 TEST(BatchLoader, ResumeGivesTheSameBatches) {
   TempDir dir;
   IndexedDataset data(make_stream(dir, 3001), 1000);  // 187 samples of 16: steps cross epochs

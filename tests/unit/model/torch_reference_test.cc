@@ -29,6 +29,7 @@ struct Variant {
   int window;
   bool bias;
   std::vector<std::string> block = {};  // the block's variant keys (--set), GPT-2's when empty
+  bool documents = false;               // rows of packed documents (data.document_mask)
 };
 
 std::vector<float> read_f32(const fs::path& p, size_t n) {
@@ -74,6 +75,7 @@ void write_reference_inputs(const fs::path& dir, const Config& cfg, Gpt& model, 
   nlohmann::json js = {{"layers", m.layers}, {"d_model", m.d_model}, {"heads", m.heads}, {"seq_len", T},
                        {"vocab_size", m.vocab_size}, {"padded_vocab", cfg.padded_vocab()},
                        {"window", m.window}, {"parallel_block", m.parallel_block}, {"bias", m.bias},
+                       {"document_end_loss", cfg.data.document_end_loss},
                        {"norm", m.norm}, {"norm_eps", m.norm_eps}, {"positions", m.position_encoding},
                        {"rope_theta", m.rope_theta}, {"mlp", m.mlp}, {"mlp_hidden", m.ffn()},
                        {"kv_heads", m.kv()}, {"tied", m.tied_embeddings},
@@ -103,6 +105,12 @@ const std::vector<std::string> kLlama = {"model.norm=rmsnorm", "model.norm_eps=1
                                          "model.rope_theta=500", "model.mlp=swiglu", "model.mlp_hidden=48",
                                          "model.kv_heads=2", "model.tied_embeddings=false"};
 
+std::vector<std::string> with_documents(std::vector<std::string> sets) {
+  sets.push_back("data.document_mask=true");
+  return sets;
+}
+const std::vector<std::string> kLlamaDocuments = with_documents(kLlama);
+
 TEST_P(TorchReference, LogitsLossGradsAndOneOptimizerStep) {
   const Variant v = GetParam();
   const int B = 3, T = 8;
@@ -122,6 +130,15 @@ TEST_P(TorchReference, LogitsLossGradsAndOneOptimizerStep) {
   std::vector<int32_t> tokens;
   fs::path dir = fs::temp_directory_path() / cat("myriad_torchref_", v.name, "_", ::getpid());
   write_reference_inputs(dir, cfg, model, B, tokens);
+  // Packed documents, each token's start laid out as the tokens (T+1 a row): row 0 one
+  // document begun before it, row 1 documents of 3, 1, 1 and 4 tokens, row 2 a new document
+  // every other token.
+  std::vector<int32_t> docs;
+  if (v.documents) {
+    docs = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 4, 5, 5, 5, 5, 0, 0, 2, 2, 4, 4, 6, 6, 8};
+    write_raw(dir / "docs.bin", docs);
+  }
+  const Rows rows(tokens.data(), v.documents ? docs.data() : nullptr);
   const std::string cmd = cat("/usr/bin/python3 ", MYRIAD_SOURCE_DIR, "/tools/torch_reference.py ",
                               dir.string(), " > ", (dir / "log.txt").string(), " 2>&1");
   ASSERT_EQ(std::system(cmd.c_str()), 0)
@@ -129,7 +146,7 @@ TEST_P(TorchReference, LogitsLossGradsAndOneOptimizerStep) {
       << (dir / "log.txt");
 
   // Forward: logits and loss.
-  const float loss = model.loss(tokens.data(), B);
+  const float loss = model.loss(rows, B);
   std::vector<float> ref_logits = read_f32(dir / "ref_logits.bin", B * T * Vp);
   EXPECT_LT(rel_diff(model.logits(), ref_logits.data(), B * T * Vp), 1e-5);
   double ref_loss = 0;
@@ -139,6 +156,7 @@ TEST_P(TorchReference, LogitsLossGradsAndOneOptimizerStep) {
   // Sampling's logits of a prefix are the full forward's at the prefix's last position
   // (attention is causal), whatever the prefix length.
   for (int t : {1, T / 2 + 1, T}) {
+    if (v.documents) break;  // sampling reads one document
     std::vector<int32_t> prefix(B * t);
     for (int b = 0; b < B; ++b)
       std::copy_n(tokens.begin() + b * (T + 1), t, prefix.begin() + b * t);
@@ -151,7 +169,7 @@ TEST_P(TorchReference, LogitsLossGradsAndOneOptimizerStep) {
 
   // Backward: every parameter's gradient.
   model.zero_grads();
-  EXPECT_FLOAT_EQ(model.forward_backward(tokens.data(), B, 1.0f), loss);
+  EXPECT_FLOAT_EQ(model.forward_backward(rows, B, 1.0f), loss);
   std::vector<float> ref_grads = read_f32(dir / "ref_grads.bin", P);
   for (const ParamSpec& p : layout.tensors())
     EXPECT_LT(rel_diff(model.grads() + p.offset, ref_grads.data() + p.offset, p.numel), 1e-5) << p.name;
@@ -214,7 +232,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Variant{"llama_parallel_window_bias", true, 3, true, kLlama},
                       // The variant keys are independent: LayerNorm and GELU with RoPE and GQA.
                       Variant{"rope_gqa_layernorm_gelu", false, 0, true,
-                              {"model.position_encoding=rope", "model.kv_heads=2", "model.rope_theta=100"}}),
+                              {"model.position_encoding=rope", "model.kv_heads=2", "model.rope_theta=100"}},
+                      // Packed documents against a block-diagonal causal mask: GPT-2's block, and
+                      // Llama's with GQA and a window that cuts inside the documents.
+                      Variant{"documents", false, 0, true, {"data.document_mask=true"}, true},
+                      Variant{"llama_documents_window", false, 2, false, kLlamaDocuments, true},
+                      // ... and the loss without the targets that begin a document.
+                      Variant{"documents_without_end_loss", true, 0, true,
+                              {"data.document_mask=true", "data.document_end_loss=false"}, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // Hugging Face Llama, checked independently of Myriad's own export: tools/torch_reference.py

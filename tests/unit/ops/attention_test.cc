@@ -13,12 +13,35 @@ namespace {
 struct Shape {
   int B, T, C, H, window;
   int Hkv = 0;
+  std::vector<int32_t> docs = {};  // (B,T) each position's document start; empty: none
 
   int kv() const { return Hkv > 0 ? Hkv : H; }
   int G() const { return H / kv(); }
   int D() const { return C / H; }
   size_t qkv_size() const { return static_cast<size_t>(B) * T * kv() * (G() + 2) * D(); }
+  const int32_t* doc_starts() const { return docs.empty() ? nullptr : docs.data(); }
+  // Whether query i of row b sees key j: written out from the definitions, not the kernel's bounds.
+  bool visible(int b, int i, int j) const {
+    const bool causal = j <= i && (window <= 0 || i - j < window);
+    return causal && (docs.empty() || j >= docs[static_cast<size_t>(b) * T + i]);
+  }
 };
+
+// Random document starts for B rows of T: documents of length 1, several short ones, and one
+// that began before the row and runs past it (row 0 when B > 1: all zeros).
+std::vector<int32_t> random_docs(uint64_t seed, int B, int T) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> d(static_cast<size_t>(B) * T, 0);
+  for (int b = 1; b < B; ++b) {
+    int start = 0;
+    for (int i = 0; i < T; ++i) {
+      // New documents at 1 in 4 positions, and two single-token documents back to back.
+      if (i > 0 && (rng() % 4 == 0 || i == T / 2 || i == T / 2 + 1)) start = i;
+      d[static_cast<size_t>(b) * T + i] = start;
+    }
+  }
+  return d;
+}
 
 struct AttentionCase {
   Shape s;
@@ -33,7 +56,7 @@ struct AttentionCase {
   Vec forward(Vec* probs_out = nullptr) const {
     Vec out(R.size()), probs(probs_size());
     attention_forward(out.data(), probs.data(), qkv.data(), s.B, s.T, s.H, s.kv(), s.D(),
-                      s.window);
+                      s.window, s.doc_starts());
     if (probs_out) *probs_out = probs;
     return out;
   }
@@ -42,11 +65,9 @@ struct AttentionCase {
     Vec probs;
     forward(&probs);
     attention_backward(dqkv.data(), R.data(), qkv.data(), probs.data(), s.B, s.T, s.H, s.kv(),
-                       s.D(), s.window);
+                       s.D(), s.window, s.doc_starts());
   }
 };
-
-bool visible(int i, int j, int window) { return j <= i && (window <= 0 || i - j < window); }
 
 // Straightforward attention in double, laid out as the op: qkv (B,T,Hkv,G+2,D), out (B,T,H,D).
 // Query head h is slot h % G of group h / G; the group's key and value are slots G and G+1.
@@ -64,14 +85,14 @@ Vec naive_attention(const Vec& qkv, Shape s) {
         std::vector<double> w(s.T, 0.0);
         double m = -1e300, sum = 0;
         for (int j = 0; j < s.T; ++j) {
-          if (!visible(i, j, s.window)) continue;
+          if (!s.visible(b, i, j)) continue;
           double dotqk = 0;
           for (int d = 0; d < D; ++d) dotqk += at(i, 0, d) * at(j, 1, d);
           w[j] = dotqk / std::sqrt(static_cast<double>(D));
           m = std::max(m, w[j]);
         }
         for (int j = 0; j < s.T; ++j) {
-          w[j] = visible(i, j, s.window) ? std::exp(w[j] - m) : 0.0;
+          w[j] = s.visible(b, i, j) ? std::exp(w[j] - m) : 0.0;
           sum += w[j];
         }
         for (int d = 0; d < D; ++d) {
@@ -89,7 +110,7 @@ void check_probs(const Vec& probs, Shape s) {
       double sum = 0;
       for (int j = 0; j < s.T; ++j) {
         const double p = probs[(static_cast<size_t>(bh) * s.T + i) * s.T + j];
-        if (visible(i, j, s.window)) {
+        if (s.visible(bh / s.H, i, j)) {
           ASSERT_GT(p, 0.0);
           sum += p;
         } else {
@@ -103,7 +124,8 @@ void check_probs(const Vec& probs, Shape s) {
 void check_case(uint64_t seed, Shape s) {
   SCOPED_TRACE("B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) +
                " C=" + std::to_string(s.C) + " H=" + std::to_string(s.H) +
-               " Hkv=" + std::to_string(s.kv()) + " window=" + std::to_string(s.window));
+               " Hkv=" + std::to_string(s.kv()) + " window=" + std::to_string(s.window) +
+               (s.docs.empty() ? "" : " documents"));
   AttentionCase c(seed, s);
   Vec probs;
   const Vec out = c.forward(&probs);
@@ -121,6 +143,28 @@ TEST(Attention, GradientsMatchFiniteDifferences) {
   check_case(2, {2, 5, 12, 3, 2});
   check_case(3, {2, 5, 12, 3, 1});  // each query sees only itself
   check_case(4, {1, 5, 12, 3, 9});  // window wider than T = full causal
+}
+
+TEST(Attention, DocumentsSeeOnlyThemselves) {
+  // Each query attends to the earlier keys of its own document, alone and with a window, with
+  // grouped-query heads, within one row block and across several.
+  for (int window : {0, 5})
+    for (int Hkv : {0, 2}) {
+      check_case(11, {3, 12, 16, 4, window, Hkv, random_docs(3, 3, 12)});
+      check_case(12, {2, 70, 8, 2, window, Hkv > 0 ? 1 : 0, random_docs(4, 2, 70)});
+    }
+}
+
+TEST(Attention, OneDocumentPerRowIsPlainCausal) {
+  // Starts all 0 (every row one document) give the bits of no documents at all.
+  const Shape plain{2, 40, 16, 4, 7};
+  Shape zeros = plain;
+  zeros.docs.assign(2 * 40, 0);
+  AttentionCase a(5, plain), b(5, zeros);
+  EXPECT_EQ(a.forward(), b.forward());
+  Vec da(a.qkv.size()), db(b.qkv.size());
+  a.backward(da), b.backward(db);
+  EXPECT_EQ(da, db);
 }
 
 TEST(Attention, SeveralRowBlocks) {

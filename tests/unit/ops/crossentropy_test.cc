@@ -53,6 +53,23 @@ TEST(CrossEntropy, GradientMatchesFiniteDifferences) {
     for (int j = V; j < Vp; ++j) EXPECT_EQ(dlogits[n * Vp + j], 0.0);
 }
 
+TEST(CrossEntropy, NegativeTargetsAreLeftOut) {
+  // Rows 2 and 5 left out (data.document_end_loss): loss 0 and gradient 0, the other rows as
+  // before; the gradient still matches finite differences of the remaining loss.
+  CrossEntropyCase c(4);
+  const Vec all = c.losses();
+  c.targets[2] = c.targets[5] = -1;
+  const Vec some = c.losses();
+  for (int n = 0; n < N; ++n) EXPECT_EQ(some[n], n == 2 || n == 5 ? 0.0 : all[n]) << n;
+  Vec dlogits(N * Vp, 7.0);
+  crossentropy_backward(dlogits.data(), c.logits.data(), c.targets.data(), c.R.data(), N, V, Vp);
+  for (int j = 0; j < Vp; ++j) {
+    EXPECT_EQ(dlogits[2 * Vp + j], 0.0);
+    EXPECT_EQ(dlogits[5 * Vp + j], 0.0);
+  }
+  check_gradient("dlogits", c.logits, dlogits, [&] { return c.loss(); });
+}
+
 TEST(CrossEntropy, PaddingIsIgnored) {
   CrossEntropyCase c(3);
   const Vec before = c.losses();

@@ -1,0 +1,22 @@
+// Rows of a batch as the model reads them: the token ids and, with data.document_mask, where
+// each position's document begins, so that attention keeps to it. One record from the loader
+// to the attention kernels, sliced by micro-batch on the way.
+#pragma once
+
+#include <cstdint>
+
+namespace myriad {
+
+struct Rows {
+  const int32_t* tokens = nullptr;      // (rows, T+1): inputs [:, :T], targets [:, 1:]
+  const int32_t* doc_starts = nullptr;  // (rows, T+1) or null: where each token's document begins in its row
+
+  // Implicit from token ids alone: rows of one document each (every caller before documents).
+  Rows(const int32_t* t, const int32_t* d = nullptr) : tokens(t), doc_starts(d) {}
+  // Rows [first, ...) of rows T tokens long.
+  Rows from(int64_t first, int64_t T) const {
+    return {tokens + first * (T + 1), doc_starts ? doc_starts + first * (T + 1) : nullptr};
+  }
+};
+
+}  // namespace myriad
