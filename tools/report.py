@@ -6,7 +6,8 @@ RUN_DIR/metrics.jsonl, and writes
   RUN_DIR/report/heatmap.png   rank x step: each step's own time (less the waits on peers) over
                                the median rank's that step; rank x phase: each phase's time per
                                step over the median rank's
-  RUN_DIR/report/curves.png    loss, tokens/s and MFU by step
+  RUN_DIR/report/curves.png    loss, tokens/s and MFU by step, and the validation losses (val_loss
+                               and each source's val_loss/<name>) where the run evaluated
   RUN_DIR/report/index.html    both pictures and the table of the slowest ranks
 and, for a supervised launch (RUN_DIR/driver/events.jsonl), its faults and recoveries:
   RUN_DIR/report/timeline.png  wall time: productive, and each recovery's phases: detect (the
@@ -149,7 +150,7 @@ def load_metrics(run_dir):
             if i + 1 == len(lines):
                 break  # a line cut by a crash
             raise InputError("%s, line %d is not a JSON object: not the metrics Myriad writes" % (path, i + 1))
-        for key in ("step", "loss", "tokens_per_s", "mfu"):
+        for key in ["step", "loss", "tokens_per_s", "mfu"] + [k for k in m if k.startswith("val_loss")]:
             if key in m and not (is_int(m[key]) if key == "step" else is_number(m[key])):
                 raise InputError("%s, line %d: %s must be a number, got %s: not the metrics Myriad writes" % (
                     path, i + 1, key, json.dumps(m[key])[:40]))
@@ -322,13 +323,20 @@ def main():
     fig.savefig(os.path.join(out, "heatmap.png"), dpi=100)
     plt.close(fig)
 
-    curves = [("loss", "loss"), ("tokens_per_s", "tokens/s"), ("mfu", "MFU")]
-    curves = [(k, t) for k, t in curves if any(k in m for m in metrics)]
+    # One panel per curve; the validation panel holds val_loss and each source's val_loss/<name>.
+    validation = sorted({k for m in metrics for k in m if k.startswith("val_loss")})
+    curves = [("loss", ["loss"]), ("tokens/s", ["tokens_per_s"]), ("MFU", ["mfu"]), ("validation loss", validation)]
+    curves = [(t, [k for k in keys if any(k in m for m in metrics)]) for t, keys in curves]
+    curves = [(t, keys) for t, keys in curves if keys]
     if curves:
         fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.2), squeeze=False)
-        for ax, (key, title) in zip(axes[0], curves):
-            pts = [(m["step"], m[key]) for m in metrics if key in m]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts])
+        for ax, (title, keys) in zip(axes[0], curves):
+            for key in keys:
+                pts = [(m["step"], m[key]) for m in metrics if key in m]
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o" if len(pts) < 20 else None,
+                        label=key if len(keys) > 1 else None)
+            if len(keys) > 1:
+                ax.legend(fontsize=7)
             ax.set_title(title)
             ax.set_xlabel("step")
         fig.tight_layout()
@@ -344,7 +352,8 @@ def main():
         f.write("<!doctype html><meta charset=utf-8><title>myriad report: %s</title>" % html.escape(run_dir))
         f.write("<h1>%s</h1><h2>Where the time went, rank by rank</h2><img src=heatmap.png>" % html.escape(run_dir))
         if curves:
-            f.write("<h2>Training</h2><img src=curves.png>")
+            f.write("<h2>Training</h2><img src=curves.png><p>curves: %s</p>" % html.escape(
+                "; ".join("%s (%s)" % (t, ", ".join(keys)) for t, keys in curves)))
         if recovered:
             f.write("<h2>Faults and recoveries</h2><img src=timeline.png><ul>%s</ul>" % "".join(
                 "<li>%s</li>" % html.escape(l) for l in recovered))

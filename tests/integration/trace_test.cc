@@ -179,7 +179,9 @@ TEST(Report, TheSlowRankComesFirstAndThePicturesAreImages) {
   Result r = run(cat("launch --nproc-per-node 8 -- train --config ", MYRIAD_SOURCE_DIR, "/configs/demo.toml --run-dir ",
                      rd.string(), " --set parallel.pp=2 --set parallel.dp=4 --set model.layers=2 --set model.d_model=32",
                      " --set model.seq_len=16 --set train.global_batch=8 --set train.micro_batch=1 --set train.steps=8",
-                     " --set train.eval_every=0 --set data.train=", data, " --set data.valid= --set observe.trace=true"),
+                     " --set train.eval_every=4 --set train.eval_steps=1 --set data.train=", data,
+                     " --set 'data.valid=[{name = \"first\", path = \"", data, "\"}, {name = \"again\", path = \"",
+                     data, "\"}]' --set observe.trace=true"),
                  "MYRIAD_INJECT_FAULT=step:1:slow:50@rank=5");
   ASSERT_EQ(r.code, 0) << r.output;
   Result rep = run(cat("report ", rd.string()));
@@ -201,6 +203,8 @@ TEST(Report, TheSlowRankComesFirstAndThePicturesAreImages) {
   const std::string page = myriad::test::read_file(rd / "report" / "index.html");
   EXPECT_NE(page.find("<img src=heatmap.png>"), std::string::npos);
   EXPECT_NE(page.find("<tr><td>5</td>"), std::string::npos) << page;
+  // The validation curves: the mean and each source's.
+  EXPECT_NE(page.find("validation loss (val_loss, val_loss/again, val_loss/first)"), std::string::npos) << page;
   // A run that was not traced is an input error naming the folder.
   Result none = run(cat("report ", dir.string()));
   EXPECT_EQ(none.code, 2) << none.output;
