@@ -120,8 +120,6 @@ BatchLoader::~BatchLoader() {
   worker_.join();
 }
 
-// The next global batch's samples, all drawn from the blend (every rank walks the same stream),
-// of which this process reads its slice.
 void document_starts(const IndexedDataset& data, int64_t begin, int64_t T, int32_t* out) {
   const int64_t docs = data.num_documents();
   int64_t d = data.document_of(begin);
@@ -132,6 +130,8 @@ void document_starts(const IndexedDataset& data, int64_t begin, int64_t T, int32
   }
 }
 
+// The next global batch's samples, all drawn from the blend (every rank walks the same stream),
+// of which this process reads its slice.
 Batch BatchLoader::build(Blend& blend, std::vector<Sampler>& samplers) const {
   Batch b;
   b.B = slice_len_;

@@ -95,10 +95,11 @@ class GptModel {
   // ---- one micro-batch through one chunk (what a pipeline schedule runs) ----
   // Forward of local chunk c for micro-batch mb of B <= micro_batch rows. rows.tokens (B, T+1),
   // host memory, feed the embedding (the model's first chunk) and the loss (its last); input
-  // (R, C) is the previous virtual stage's output otherwise. rows.doc_starts (B, T), when set,
+  // (R, C) is the previous virtual stage's output otherwise. rows.doc_starts (B, T+1), when set,
   // keeps every chunk's attention inside documents. The chunk keeps what its backward needs
   // until backward_chunk(c, mb) (or drop_chunk). On the model's last chunk the mean loss over
-  // the B*T tokens is added to the loss that take_loss() reads. grad_scale: the backward's that
+  // the B*T tokens (those counted: data.document_end_loss) is added to the loss that
+  // take_loss() reads. grad_scale: the backward's that
   // follows (> 0; the loss's gradient is then made in the same pass), or 0 for a forward only.
   void forward_chunk(int c, int mb, int B, Rows rows, const Act* input, float grad_scale);
   // The sum of the mean losses added since the last call, read from the op set's memory (on a
@@ -120,10 +121,11 @@ class GptModel {
   // ---- the whole model in this process (pp = 1) ----
   // Forward and backward of one micro-batch. tokens (B, T+1): inputs are [:, :T], targets the
   // next tokens [:, 1:]. Gradients of grad_scale * mean-token-loss are ADDED to grads(), so a
-  // step over k micro-batches passes grad_scale = 1/k. Returns the mean loss over B*T tokens.
+  // step over k micro-batches passes grad_scale = 1/k. Returns the mean loss over B*T tokens
+  // (those counted).
   // With TP every rank passes the same tokens and gets the same loss.
   float forward_backward(Rows rows, int B, float grad_scale);
-  // Forward only: the mean loss over the B*T tokens of rows.tokens (B, T+1).
+  // Forward only: the mean loss over the B*T tokens (those counted) of rows.tokens (B, T+1).
   float loss(Rows rows, int B);
   // Logits of the last position of each row of tokens (B, T) -> (B, Vp) into out, for sampling
   // (T <= seq_len). With TP the vocabulary shards are gathered: every rank gets all Vp.

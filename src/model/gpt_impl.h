@@ -441,6 +441,14 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, Rows rows, int64_t stride, const
   s.documents = rows.doc_starts != nullptr;
   if (s.documents) {
     MYRIAD_CHECK(documents_, "document starts passed to a model built without data.document_mask");
+    // The kernels bound whole blocks of queries by their first row's start: the starts must
+    // only grow along a row, each at or before its own position.
+    for (int b = 0; b < B; ++b)
+      for (int i = 0; i < T; ++i) {
+        const int32_t d = rows.doc_starts[b * stride + i];
+        MYRIAD_CHECK(d >= 0 && d <= i && (i == 0 || d >= rows.doc_starts[b * stride + i - 1]), "document start ", d,
+                     " at row ", b, ", position ", i, ": starts must grow along a row and not pass their position");
+      }
     ops_.load_tokens(s.doc_starts, rows.doc_starts, B, T, stride);
   }
   if (ch.embedding) {

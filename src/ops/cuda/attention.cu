@@ -194,7 +194,8 @@ constexpr size_t fwd_smem() {
   return size_t(16 * MT * W + 4 * kTile) * (D + 8) * sizeof(bf16);
 }
 
-template <int D, int W, int MT>
+// kDocs: compiled with the document starts or without (their loads and bisections gone).
+template <int D, int W, int MT, bool kDocs>
 __global__ void __launch_bounds__(W * 32)
     attn_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv,
                     int T, int H, int G, int window, const int32_t* __restrict__ docs, float c,
@@ -219,7 +220,7 @@ __global__ void __launch_bounds__(W * 32)
   const bf16* qg = x.q(h % G);
   const bf16* kg = x.k;
   const bf16* vg = x.v;
-  const int32_t* drow = docs ? docs + int64_t(b) * T : nullptr;
+  const int32_t* drow = kDocs ? docs + int64_t(b) * T : nullptr;
   const int kb_lo = first_key(q0, window, drow) / BC;
   const int kb_hi = min(q0 + BR - 1, T - 1) / BC;
 
@@ -446,7 +447,7 @@ constexpr size_t dkdv_smem() {
   return size_t(2 * 16 * MT * W + 4 * BN) * (D + 8) * sizeof(bf16) + 4 * BN * sizeof(float);
 }
 
-template <int D, int W, int MT, int BN>
+template <int D, int W, int MT, int BN, bool kDocs>
 __global__ void __launch_bounds__(W * 32)
     attn_bwd_dkdv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                          const bf16* __restrict__ qkv, const float* __restrict__ dvec,
@@ -473,7 +474,7 @@ __global__ void __launch_bounds__(W * 32)
   const int64_t ts = x.ts, os = int64_t(H) * D;
   const bf16* kg = x.k;
   const bf16* vg = x.v;
-  const int32_t* drow = docs ? docs + int64_t(b) * T : nullptr;
+  const int32_t* drow = kDocs ? docs + int64_t(b) * T : nullptr;
   // The last query that sees a key of the block: within the window of its last key, and
   // within that key's document (the last query whose document starts at or before the key).
   int q_last = window > 0 ? int(min(int64_t(T - 1), int64_t(k0) + BC + window - 2)) : T - 1;
@@ -703,7 +704,7 @@ constexpr size_t dq_smem() {
   return size_t(2 * 16 * MT * W + 4 * BN) * (D + 8) * sizeof(bf16);
 }
 
-template <int D, int W, int MT, int BN>
+template <int D, int W, int MT, int BN, bool kDocs>
 __global__ void __launch_bounds__(W * 32)
     attn_bwd_dq_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                        const bf16* __restrict__ qkv, const float* __restrict__ dvec,
@@ -729,7 +730,7 @@ __global__ void __launch_bounds__(W * 32)
   const bf16* kg = x.k;
   const bf16* vg = x.v;
   const bf16* dog = dout + int64_t(b) * T * os + int64_t(h) * D;
-  const int32_t* drow = docs ? docs + int64_t(b) * T : nullptr;
+  const int32_t* drow = kDocs ? docs + int64_t(b) * T : nullptr;
   const int kb_lo = first_key(q0, window, drow) / BC;
   const int kb_hi = min(q0 + BQ - 1, T - 1) / BC;
 
@@ -902,7 +903,7 @@ void launch_fwd(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int
                 const int32_t* docs, cudaStream_t stream) {
   static_assert(BN == kTile, "the forward streams key tiles of kTile");
   constexpr size_t smem = fwd_smem<D, W, MT>();
-  auto kernel = attn_fwd_kernel<D, W, MT>;
+  auto kernel = docs ? attn_fwd_kernel<D, W, MT, true> : attn_fwd_kernel<D, W, MT, false>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const float inv_sqrt_d = 1.f / std::sqrt(float(D));
   constexpr int rows = 16 * MT * W;
@@ -917,7 +918,7 @@ void launch_dkdv(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* dve
                  const float* lse2, int B, int T, int H, int G, int window, const int32_t* docs,
                  cudaStream_t stream) {
   constexpr size_t smem = dkdv_smem<D, W, MT, BN>();
-  auto kernel = attn_bwd_dkdv_kernel<D, W, MT, BN>;
+  auto kernel = docs ? attn_bwd_dkdv_kernel<D, W, MT, BN, true> : attn_bwd_dkdv_kernel<D, W, MT, BN, false>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const float inv_sqrt_d = 1.f / std::sqrt(float(D));
   constexpr int rows = 16 * MT * W;
@@ -933,7 +934,7 @@ void launch_dq(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* dvec,
                cudaStream_t stream) {
   static_assert(16 * MT * W <= kPadT, "query blocks must fit the scratch padding");
   constexpr size_t smem = dq_smem<D, W, MT, BN>();
-  auto kernel = attn_bwd_dq_kernel<D, W, MT, BN>;
+  auto kernel = docs ? attn_bwd_dq_kernel<D, W, MT, BN, true> : attn_bwd_dq_kernel<D, W, MT, BN, false>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const float inv_sqrt_d = 1.f / std::sqrt(float(D));
   constexpr int rows = 16 * MT * W;
