@@ -119,7 +119,10 @@ resumed_bitwise "Llama on one GPU killed at step 14, restarted" llama_one llama_
 # interleaved with full recompute, and 3D against one GPU.
 awk 'NF { print; print "%" }' README.md docs/*.md > "$W/lines.txt"
 $B prepare --input "$W/lines.txt" --tokenizer byte --doc-separator % --output "$W/p" >/dev/null 2>&1
-docs=(--set data.train="$W/p" --set data.document_mask=true)
+# At optim.lr 5e-4: at 1e-3 this corpus (each line a document) spikes at step 19 without the
+# end positions' loss, and bf16 and fp32 trajectories part there by percents (measured on
+# dcf9d2d; the same runs at 5e-4 agree within 0.06%).
+docs=(--set data.train="$W/p" --set data.document_mask=true --set optim.lr=5e-4)
 train1 docs_one "${docs[@]}"
 train1 docs_cpu "${docs[@]}" --set train.device=cpu
 compare "documents: one GPU against the CPU" docs_one docs_cpu
