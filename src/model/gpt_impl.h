@@ -532,9 +532,8 @@ void GptModel<Ops>::load_targets(Slot& s, Rows rows, int64_t stride) {
   int kept = 0;
   for (int b = 0; b < B; ++b)
     for (int i = 0; i < T; ++i) {
-      const int64_t at = b * stride + i + 1;  // the target's token
-      const bool begins = rows.doc_starts[at] == i + 1;
-      targets[static_cast<size_t>(b) * T + i] = begins ? -1 : rows.tokens[at];
+      const bool begins = rows.target_begins_document(b, i, stride);
+      targets[static_cast<size_t>(b) * T + i] = begins ? -1 : rows.tokens[b * stride + i + 1];
       kept += !begins;
     }
   s.counted = std::max(kept, 1);

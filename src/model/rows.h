@@ -17,6 +17,11 @@ struct Rows {
   Rows from(int64_t first, int64_t T) const {
     return {tokens + first * (T + 1), doc_starts ? doc_starts + first * (T + 1) : nullptr};
   }
+  // Whether target i of row b (its token i + 1; rows `stride` apart) begins a document, which
+  // data.document_end_loss = false leaves out of the loss.
+  bool target_begins_document(int64_t b, int64_t i, int64_t stride) const {
+    return doc_starts && doc_starts[b * stride + i + 1] == i + 1;
+  }
 };
 
 }  // namespace myriad

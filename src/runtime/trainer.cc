@@ -562,11 +562,16 @@ void Trainer::evaluate(nlohmann::json& rec) {
                           cfg_.data.document_mask);
     double loss = 0;
     int64_t n = 0;
+    double counted = 0;  // the targets the loss counted (data.document_end_loss)
     for (int64_t s = 0; s < cfg_.train.eval_steps; ++s) {
       data::Batch b = val.next();
       for (int64_t i = 0; i < G / mb; ++i, ++n) loss += engine_->loss(rows_of(b).from(i * mb, T), mb);
+      counted += double(G * T);
+      if (!cfg_.data.document_end_loss)
+        for (int64_t r = 0; r < G; ++r)
+          for (int64_t t = 0; t < T; ++t) counted -= rows_of(b).target_begins_document(r, t, T + 1);
     }
-    const double mean = static_cast<float>(loss / n), counted = double(n * mb * T);
+    const double mean = static_cast<float>(loss / n);
     if (valid_files_.size() > 1) rec["val_loss/" + cfg_.data.valid[v].name] = mean;
     sum += mean * counted, tokens += counted;
   }
