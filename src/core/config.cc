@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
 
@@ -70,11 +72,30 @@ struct Binder {
       v.push_back(*x);
     }
   }
-  // A prefix (one source; "" none) or an array of tables with name, path, weight, epochs.
+  // A prefix (one source; "" none), Megatron-LM's blend string "W1 PREFIX1 W2 PREFIX2 ..." (for
+  // data.train), or an array of tables with name, path, weight, epochs.
   void operator()(DataSources& v) const {
     v.clear();
     if (auto s = node.value_exact<std::string>()) {
-      if (!s->empty()) v.push_back(source_of_prefix(*s));
+      std::istringstream in(*s);
+      std::vector<std::string> words{std::istream_iterator<std::string>(in), std::istream_iterator<std::string>()};
+      char* end = nullptr;
+      // A first word that is a number opens a blend string; anything else is one prefix.
+      if (dotted != "data.train" || words.size() < 2 || (std::strtod(words[0].c_str(), &end), *end != '\0')) {
+        if (!s->empty()) v.push_back(source_of_prefix(*s));
+        return;
+      }
+      for (size_t i = 0; i < words.size(); i += 2) {
+        const double w = std::strtod(words[i].c_str(), &end);
+        if (*end != '\0' || i + 1 == words.size())
+          throw_input(origins.of(dotted), ": ", dotted, " = \"", *s, "\" reads as Megatron-LM's blend, weight and prefix ",
+                      "pairs, but ", i + 1 == words.size() ? cat("weight ", words[i], " has no prefix")
+                                                          : cat("'", words[i], "' in a weight's place is not a number"),
+                      ": write pairs, or an array of sources ({name = ..., path = ..., weight = ...})");
+        DataSource d = source_of_prefix(words[i + 1]);
+        d.weight = w;
+        v.push_back(d);
+      }
       return;
     }
     const toml::array* a = node.as_array();

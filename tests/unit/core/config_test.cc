@@ -289,8 +289,26 @@ valid = [{name = "web", path = "data/web_val"}, {path = "data/code_val"}]
   EXPECT_TRUE(lone.data.valid.empty());
   EXPECT_EQ(parse_config(kSmall, "x", {"data.train=[{name = \"a\", path = \"p\", weight = 2}]"}).data.train[0].weight, 2);
 
+  // Megatron-LM's blend string: weight and prefix pairs, each source named for its file; a
+  // prefix whose first word is no number stays one prefix, spaces and all.
+  const Config mega = parse_config(kSmall, "x", {"data.train=0.7 data/web_train 3e-1 /d/code"});
+  ASSERT_EQ(mega.data.train.size(), 2u);
+  EXPECT_EQ(mega.data.train[0], (DataSource{"web_train", "data/web_train", 0.7, 0}));
+  EXPECT_EQ(mega.data.train[1], (DataSource{"code", "/d/code", 0.3, 0}));
+  EXPECT_EQ(parse_config(to_toml(mega), "round trip").data.train, mega.data.train);
+  EXPECT_EQ(parse_config(kSmall, "x", {"data.train=my data/x"}).data.train,
+            (DataSources{DataSource{"x", "my data/x", 1, 0}}));
+  EXPECT_EQ(parse_config(kSmall, "x", {"data.valid=1 data/v"}).data.valid[0].path, "1 data/v")
+      << "validation sources are not weighted: a string is one prefix";
+
   // Bad sources: one line naming the source or the key.
-  std::string e = input_error([] { parse_config(kSmall, "x", {"data.train=[{name = \"a\", path = \"p\", weight = 0}]"}); });
+  std::string e = input_error([] { parse_config(kSmall, "x", {"data.train=0.7 data/web 0.3"}); });
+  EXPECT_NE(e.find("weight 0.3 has no prefix"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "x", {"data.train=0.7 data/web heavy data/code"}); });
+  EXPECT_NE(e.find("'heavy' in a weight's place is not a number"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "x", {"data.train=0 data/web 1 data/code"}); });
+  EXPECT_NE(e.find("data.train's source 'web' has weight 0"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "x", {"data.train=[{name = \"a\", path = \"p\", weight = 0}]"}); });
   EXPECT_NE(e.find("data.train's source 'a' has weight 0"), std::string::npos) << e;
   e = input_error([] { parse_config(kSmall, "x", {"data.train=[{name = \"a\", path = \"p\", weight = -1}]"}); });
   EXPECT_NE(e.find("source 'a' has weight -1"), std::string::npos) << e;
