@@ -67,6 +67,25 @@ __device__ __forceinline__ int first_key(int row, int window, const int32_t* __r
   const int lo = window > 0 ? max(0, row - window + 1) : 0;
   return docs ? max(lo, __ldg(docs + row)) : lo;
 }
+
+// The first keys of a warp whose rows are queries (forward, dQ): of its first row (0 past T:
+// such a warp skips every tile), of its last row below T, and of this thread's own rows
+// rw + 16 t + g + 8 hf (0 past T, where nothing is written).
+template <int MT>
+struct WarpFirstKeys {
+  int first, last, row[MT][2];
+  __device__ __forceinline__ WarpFirstKeys(int rw, int RW, int g, int T, int window, const int32_t* drow) {
+    first = rw < T ? first_key(rw, window, drow) : 0;
+    last = first_key(min(rw + RW - 1, T - 1), window, drow);
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = rw + t * 16 + g + hf * 8;
+        row[t][hf] = r < T ? first_key(r, window, drow) : 0;
+      }
+  }
+};
 constexpr int kPadT = 256;  // row padding of the scratch's per-(b,h) vectors
 
 // ---------------------------------------------------------------------------------------------
@@ -231,18 +250,7 @@ __global__ void __launch_bounds__(W * 32)
   cp_async_commit();
 
   const int rw = q0 + warp * RW;  // the warp's first query
-  // The first keys of the warp's first and last rows (rows past T see none) and of this
-  // thread's own rows.
-  const int lo_first = rw < T ? first_key(rw, window, drow) : 0;
-  const int lo_last = first_key(min(rw + RW - 1, T - 1), window, drow);
-  int lo_row[MT][2];
-#pragma unroll
-  for (int t = 0; t < MT; ++t)
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int row = rw + t * 16 + g + hf * 8;
-      lo_row[t][hf] = row < T ? first_key(row, window, drow) : 0;
-    }
+  const WarpFirstKeys<MT> lo(rw, RW, g, T, window, drow);
   uint32_t qf[kQReg ? MT : 1][kQReg ? KS : 1][4];
   float o[MT][ON][4];
   float m[MT][2], l[MT][2];
@@ -273,8 +281,8 @@ __global__ void __launch_bounds__(W * 32)
     if (kb > kb_lo) load_tile<BC, D, NT>(sV + (st ^ 1) * BC * LD, vg, ts, k0 - BC, T);
     cp_async_commit();
 
-    const bool skip = rw >= T || k0 > rw + RW - 1 || k0 + BC - 1 < lo_first;
-    const bool need_mask = k0 + BC - 1 > rw || k0 + BC > T || k0 < lo_last;
+    const bool skip = rw >= T || k0 > rw + RW - 1 || k0 + BC - 1 < lo.first;
+    const bool need_mask = k0 + BC - 1 > rw || k0 + BC > T || k0 < lo.last;
     float s[MT][SN][4];
     if (!skip) {
 #pragma unroll
@@ -314,7 +322,7 @@ __global__ void __launch_bounds__(W * 32)
             for (int e = 0; e < 4; ++e) {
               const int key = k0 + n * 8 + 2 * tig + (e & 1);
               const int row = e < 2 ? r0 : r1;
-              const bool ok = key <= row && key < T && key >= lo_row[t][e < 2 ? 0 : 1];
+              const bool ok = key <= row && key < T && key >= lo.row[t][e < 2 ? 0 : 1];
               if (!ok) s[t][n][e] = -INFINITY;
             }
           }
@@ -742,12 +750,9 @@ __global__ void __launch_bounds__(W * 32)
   cp_async_commit();
 
   const int rw = q0 + warp * RW;
-  // As in the forward: the first keys of the warp's first and last rows and of this thread's.
-  const int lo_first = rw < T ? first_key(rw, window, drow) : 0;
-  const int lo_last = first_key(min(rw + RW - 1, T - 1), window, drow);
+  const WarpFirstKeys<MT> lo(rw, RW, g, T, window, drow);
   // Padded rows (< Tp) are in bounds and hold zeros.
   float L[MT][2], Dd[MT][2];
-  int lo_row[MT][2];
 #pragma unroll
   for (int t = 0; t < MT; ++t)
 #pragma unroll
@@ -755,7 +760,6 @@ __global__ void __launch_bounds__(W * 32)
       const int row = rw + t * 16 + g + hf * 8;
       L[t][hf] = lse2[int64_t(bh) * Tp + row];
       Dd[t][hf] = dvec[int64_t(bh) * Tp + row];
-      lo_row[t][hf] = row < T ? first_key(row, window, drow) : 0;
     }
   float dq[MT][ON][4];
 #pragma unroll
@@ -775,8 +779,8 @@ __global__ void __launch_bounds__(W * 32)
     if (kb > kb_lo) load_tile<BC, D, NT>(sV + (st ^ 1) * BC * LD, vg, ts, k0 - BC, T);
     cp_async_commit();
 
-    const bool skip = rw >= T || k0 > rw + RW - 1 || k0 + BC - 1 < lo_first;
-    const bool need_mask = k0 + BC - 1 > rw || k0 + BC > T || rw + RW > T || k0 < lo_last;
+    const bool skip = rw >= T || k0 > rw + RW - 1 || k0 + BC - 1 < lo.first;
+    const bool need_mask = k0 + BC - 1 > rw || k0 + BC > T || rw + RW > T || k0 < lo.last;
     float s[MT][SN][4];
     if (!skip) {
 #pragma unroll
@@ -817,7 +821,7 @@ __global__ void __launch_bounds__(W * 32)
             for (int e = 0; e < 4; ++e) {
               const int key = k0 + n * 8 + 2 * tig + (e & 1);
               const int row = rw + t * 16 + g + (e < 2 ? 0 : 8);
-              const bool ok = key <= row && key < T && row < T && key >= lo_row[t][e < 2 ? 0 : 1];
+              const bool ok = key <= row && key < T && row < T && key >= lo.row[t][e < 2 ? 0 : 1];
               if (!ok) s[t][n][e] = 0.f;
             }
           }
