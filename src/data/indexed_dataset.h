@@ -125,9 +125,11 @@ class IndexedDataset {
   // Tokens [begin, begin + count) of the stream, widened to int32, into out[count].
   void read(int64_t begin, int64_t count, int32_t* out) const;
   std::vector<int32_t> read(int64_t begin, int64_t count) const;
+  // Every token id in [0, vocab_size), else an input error naming the file and the first bad
+  // id (what the constructor checks when given vocab_size > 0).
+  void check_tokens(int64_t vocab_size) const;
 
  private:
-  void check_tokens(int64_t vocab_size) const;
 
   std::string prefix_;
   DType dtype_ = DType::kUInt16;

@@ -129,20 +129,18 @@ std::unique_ptr<data::IndexedDataset> Trainer::open_data(const std::string& pref
     throw_input("config: model.vocab_size (", cfg_.model.vocab_size, ") is below the ",
                 cfg_.data.tokenizer, " tokenizer's vocabulary (", tokenizer_vocab,
                 "): set model.vocab_size to at least ", tokenizer_vocab);
-  // The sidecar's tokenizer and vocabulary first: they say what is wrong better than an id
-  // out of range does.
-  {
-    const data::IndexedDataset sidecar(prefix);
-    const data::DatasetInfo& info = sidecar.info();
-    if (!info.tokenizer.empty() && info.tokenizer != cfg_.data.tokenizer)
-      throw_input(prefix, ".json: ", key, " was prepared with the ", info.tokenizer,
-                  " tokenizer but data.tokenizer = \"", cfg_.data.tokenizer, "\"");
-    if (cfg_.model.vocab_size < info.vocab_size)
-      throw_input(prefix, ".json: ", key, " has a vocabulary of ", info.vocab_size,
-                  " but model.vocab_size = ", cfg_.model.vocab_size,
-                  ": set model.vocab_size to at least ", info.vocab_size);
-  }
-  auto d = std::make_unique<data::IndexedDataset>(prefix, cfg_.model.vocab_size);
+  // The sidecar's tokenizer and vocabulary before the token ids: they say what is wrong better
+  // than an id out of range does.
+  auto d = std::make_unique<data::IndexedDataset>(prefix);
+  const data::DatasetInfo& info = d->info();
+  if (!info.tokenizer.empty() && info.tokenizer != cfg_.data.tokenizer)
+    throw_input(prefix, ".json: ", key, " was prepared with the ", info.tokenizer,
+                " tokenizer but data.tokenizer = \"", cfg_.data.tokenizer, "\"");
+  if (cfg_.model.vocab_size < info.vocab_size)
+    throw_input(prefix, ".json: ", key, " has a vocabulary of ", info.vocab_size,
+                " but model.vocab_size = ", cfg_.model.vocab_size,
+                ": set model.vocab_size to at least ", info.vocab_size);
+  d->check_tokens(cfg_.model.vocab_size);
   // Fewer than one sample is an input error naming the file.
   data::num_samples(*d, cfg_.model.seq_len);
   return d;
