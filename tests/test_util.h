@@ -89,6 +89,15 @@ inline std::string last_line(const std::string& s) {
   return t.substr(t.rfind('\n') == std::string::npos ? 0 : t.rfind('\n') + 1);
 }
 
+// Exit code 2, and a last line "myriad: input error: ..." holding `needle`: the one-line
+// refusal every bad input gets.
+inline void expect_input_error(const Result& r, const std::string& needle) {
+  EXPECT_EQ(r.code, 2) << r.output;
+  const std::string line = last_line(r.output);
+  EXPECT_EQ(line.rfind("myriad: input error: ", 0), 0u) << r.output;
+  EXPECT_NE(line.find(needle), std::string::npos) << "expected '" << needle << "' in: " << line;
+}
+
 // A test suite's fresh scratch directory (NAME_<pid> under the temp directory, into `dir`)
 // holding a byte-level corpus of fortunes made by `myriad prepare`; returns the corpus prefix.
 inline std::string make_corpus_dir(const std::string& name, std::filesystem::path& dir) {

@@ -1,6 +1,7 @@
 #include "checkpoint/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -123,6 +124,32 @@ void copy_overlap(const float* src, const std::vector<int64_t>& src_off,
     }
     if (d < 0) break;
   }
+}
+
+// COMMITTED of `dir`, opened and locked (shared, or exclusive without waiting): the descriptor,
+// or -1 when the checkpoint is gone (pruned meanwhile) or, for `exclusive`, held by a reader. A
+// file system that cannot lock gives an unlocked descriptor: no worse than before holds existed.
+int lock_commit_marker(const fs::path& dir, bool exclusive) {
+  const fs::path marker = dir / kCommitMarker;
+  // An exclusive lock over NFS needs a descriptor open for writing.
+  int fd = exclusive ? ::open(marker.c_str(), O_RDWR | O_CLOEXEC) : -1;
+  if (fd < 0) fd = ::open(marker.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  int rc;
+  while ((rc = ::flock(fd, exclusive ? LOCK_EX | LOCK_NB : LOCK_SH)) != 0 && errno == EINTR) {}
+  if (rc != 0 && errno == EWOULDBLOCK) {
+    ::close(fd);
+    return -1;
+  }
+  // Held: still the marker of a checkpoint under its committed name (a pruner that had it first
+  // moved the directory away, or removed it, before letting go)?
+  struct stat held{}, now{};
+  if (::fstat(fd, &held) != 0 || ::stat(marker.c_str(), &now) != 0 || held.st_ino != now.st_ino ||
+      held.st_dev != now.st_dev) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 }  // namespace
@@ -256,14 +283,22 @@ void save_into(const fs::path& final_dir, const fs::path& tmp, int64_t step, nlo
       sync_dir(root.string());
       return;
     }
-    // Replace a committed checkpoint of the same step only now that the new one is complete.
+    // Replace a committed checkpoint of the same step only now that the new one is complete,
+    // and once no reader holds it (ReadHold): the save waits for them.
     const fs::path old = root / (final_dir.filename().string() + ".replaced");
     const bool had_old = fs::exists(final_dir);
+    int held = -1;
+    for (double waited = 0; had_old && fs::exists(final_dir / kCommitMarker) &&
+                            (held = lock_commit_marker(final_dir, true)) < 0; waited += 0.1) {
+      if (waited == 0) log::info("checkpoint: waiting for the readers of ", final_dir.string(), " to replace it");
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
     fs::remove_all(old, ec);
     if (had_old) fs::rename(final_dir, old);
     fs::rename(tmp, final_dir);
     sync_dir(root.string());
     if (had_old) fs::remove_all(old, ec);
+    if (held >= 0) ::close(held);
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;
@@ -355,6 +390,30 @@ std::vector<std::string> committed_newest_first(const std::string& root) {
     if (committed(e.path())) out.push_back(e.path().string());
   std::sort(out.rbegin(), out.rend());  // step_<8 digits>: the names sort as the steps
   return out;
+}
+
+
+ReadHold::ReadHold(const std::string& path) {
+  if (fs::exists(fs::path(path) / "meta.json")) {
+    dir_ = path;
+    fd_ = lock_commit_marker(path, false);  // read_meta says what is wrong with one that is not held
+    return;
+  }
+  std::vector<std::string> found = committed_newest_first(path);
+  if (found.empty()) found = committed_newest_first((fs::path(path) / "checkpoints").string());
+  for (const std::string& dir : found) {
+    if ((fd_ = lock_commit_marker(dir, false)) < 0) continue;
+    if (dir != found.front())
+      log::warn("checkpoint: ", found.front(), " was pruned as it was chosen; reading ", dir, ", the newest left");
+    dir_ = dir;
+    return;
+  }
+  throw_input("checkpoint ", path, ": no committed checkpoint there (give a step_XXXXXXXX "
+              "directory, a checkpoints/ directory or a run directory)");
+}
+
+ReadHold::~ReadHold() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 std::string resolve(const std::string& path) {
@@ -528,11 +587,20 @@ void prune(const std::string& root, int64_t keep_last, int64_t keep_every, const
   for (size_t i = 0; i + keep_last < done.size(); ++i) {
     const int64_t step = std::stoll(done[i].filename().string().substr(5));
     if (keep_every > 0 && step % keep_every == 0) continue;
+    // Never from under a reader (ReadHold): a later prune takes it.
+    const int held = lock_commit_marker(done[i], true);
+    if (held < 0) {
+      if (fs::exists(done[i] / kCommitMarker))
+        log::info("checkpoint: kept ", done[i].string(), " for now: a reader holds it (export, sample, verify, a "
+                  "resume); a later save prunes it");
+      continue;
+    }
     // Out of the step_<8 digits> names first: a removal cut short (the process killed) must not
     // leave a committed-looking checkpoint with files missing.
     const fs::path doomed = done[i].string() + ".pruned";
     fs::rename(done[i], doomed, ec);
     fs::remove_all(ec ? done[i] : doomed, ec);
+    ::close(held);
     log::info("checkpoint: removed ", done[i].string(), " (checkpoint.keep_last = ", keep_last, ")");
   }
 }

@@ -109,6 +109,25 @@ std::vector<std::string> committed_newest_first(const std::string& root);
 // `path` or `path`/checkpoints (a run directory); an input error naming `path` when none.
 std::string resolve(const std::string& path);
 
+// A committed checkpoint held for reading (export, sample, verify, a resume or init_from):
+// while the hold lives, prune() and a save that replaces its step leave it where it is. It is a
+// shared flock(2) on the checkpoint's COMMITTED, which they take exclusively before they move
+// the checkpoint away; the kernel drops it when the process ends, however it ends.
+// `path` is resolved as resolve() does; a checkpoint pruned between its choice and its hold is
+// passed over for the next newest one, and the log says so.
+class ReadHold {
+ public:
+  explicit ReadHold(const std::string& path);
+  ~ReadHold();
+  ReadHold(const ReadHold&) = delete;
+  ReadHold& operator=(const ReadHold&) = delete;
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+  int fd_ = -1;
+};
+
 // Reads and checks DIR/meta.json of a committed checkpoint: every byte of it must match the
 // CRC32 that COMMITTED records (Corrupt otherwise).
 nlohmann::json read_meta(const std::string& dir);
@@ -133,8 +152,9 @@ void check_writable(const std::string& root);
 void remove_leftovers(const std::string& root);
 
 // Deletes committed checkpoints beyond the newest keep_last (0 = keep all), except those whose
-// step is a multiple of keep_every (> 0), and the leftovers of failed saves: partial
-// directories of another id than `id` (this start's), and of this id up to `committed_step`.
+// step is a multiple of keep_every (> 0) and those a reader holds (ReadHold: a later prune
+// takes them), and the leftovers of failed saves: partial directories of another id than `id`
+// (this start's), and of this id up to `committed_step`.
 void prune(const std::string& root, int64_t keep_last, int64_t keep_every, const std::string& id,
            int64_t committed_step);
 

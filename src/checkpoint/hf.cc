@@ -536,7 +536,23 @@ std::map<std::string, HostTensor> read_safetensors(const std::string& path,
   if (!header.is_object()) throw_input("import: ", path, ": the header is not a JSON object: not a safetensors file");
   const int64_t data_start = 8 + static_cast<int64_t>(n);
   const uint64_t data_bytes = static_cast<uint64_t>(size - data_start);
-  std::map<std::string, HostTensor> out;
+  // As the reference library requires: the tensors' bytes tile the data section exactly, with no
+  // overlap, no gap and nothing after the last (a file that breaks this is damaged or crafted,
+  // and other readers refuse it). Every entry counts, those skipped included.
+  std::vector<std::pair<uint64_t, uint64_t>> spans;
+  for (const auto& [name, e] : header.items()) {
+    if (name == "__metadata__" || !e.is_object() || !e.contains("data_offsets")) continue;
+    const nlohmann::json& o = e["data_offsets"];
+    if (o.is_array() && o.size() == 2 && o[0].is_number_unsigned() && o[1].is_number_unsigned())
+      spans.emplace_back(o[0].get<uint64_t>(), o[1].get<uint64_t>());
+  }
+  // Each entry read is checked first, then the whole (its message names the entry), then read.
+  struct Planned {
+    std::string name, dtype;
+    HostTensor t;
+    uint64_t begin, end;
+  };
+  std::vector<Planned> planned;
   for (const auto& [name, e] : header.items()) {
     if (name == "__metadata__" || (skip && skip(name))) continue;
     const std::string where = cat("import: ", path, ": tensor ", name);
@@ -572,16 +588,31 @@ std::map<std::string, HostTensor> read_safetensors(const std::string& path,
       throw_input(where, " (shape ", shape_str(t.shape), ") has data_offsets [", begin, ", ", end,
                   "] that do not fit its shape or the file");
     t.data.resize(static_cast<size_t>(elements));
-    in.seekg(data_start + static_cast<int64_t>(begin));
-    if (dtype == "F32") {
-      in.read(reinterpret_cast<char*>(t.data.data()), static_cast<std::streamsize>(end - begin));
+    planned.push_back({name, dtype, std::move(t), begin, end});
+  }
+  std::sort(spans.begin(), spans.end());
+  uint64_t covered = 0;
+  for (const auto& [b, e] : spans) {
+    if (b != covered)
+      throw_input("import: ", path, ": the tensors' data_offsets ", b < covered ? "overlap" : "leave a gap", " at byte ",
+                  std::min(b, covered), " of the data: not a valid safetensors file");
+    covered = std::max(covered, e);
+  }
+  if (covered < data_bytes)
+    throw_input("import: ", path, ": ", data_bytes - covered, " bytes follow the last tensor's data: not a valid "
+                "safetensors file (it may be damaged, or two files joined)");
+  std::map<std::string, HostTensor> out;
+  for (Planned& p : planned) {
+    in.seekg(data_start + static_cast<int64_t>(p.begin));
+    if (p.dtype == "F32") {
+      in.read(reinterpret_cast<char*>(p.t.data.data()), static_cast<std::streamsize>(p.end - p.begin));
     } else {  // widened to fp32, exactly
-      std::vector<uint16_t> half(static_cast<size_t>(elements));
-      in.read(reinterpret_cast<char*>(half.data()), static_cast<std::streamsize>(end - begin));
-      for (size_t i = 0; i < half.size(); ++i) t.data[i] = dtype == "BF16" ? from_bf16(half[i]) : from_f16(half[i]);
+      std::vector<uint16_t> half(p.t.data.size());
+      in.read(reinterpret_cast<char*>(half.data()), static_cast<std::streamsize>(p.end - p.begin));
+      for (size_t i = 0; i < half.size(); ++i) p.t.data[i] = p.dtype == "BF16" ? from_bf16(half[i]) : from_f16(half[i]);
     }
     if (!in) throw_runtime("import: cannot read ", path, ": ", std::strerror(errno));
-    out[name] = std::move(t);
+    out[p.name] = std::move(p.t);
   }
   return out;
 }
@@ -616,6 +647,43 @@ static std::vector<std::string> write_model(const fs::path& into, const std::map
   write_text(into / kIndex, nlohmann::json({{"metadata", {{"total_size", total}}}, {"weight_map", map}}).dump(2) + "\n");
   files.push_back(kIndex);
   return files;
+}
+
+nlohmann::json hf_special_tokens(const std::string& tokenizer) {
+  if (tokenizer == "gpt2") return {{"bos_token_id", 50256}, {"eos_token_id", 50256}};
+  if (tokenizer == "llama3") return {{"bos_token_id", 128000}, {"eos_token_id", 128001}};
+  return {{"bos_token_id", nullptr}, {"eos_token_id", nullptr}};
+}
+
+// The files transformers' AutoTokenizer reads for `tokenizer`, into `into`, whatever the model's
+// family (a GPT-2 layout may train on Llama 3's ids): their names. The byte tokenizer has none.
+static std::vector<std::string> write_tokenizer(const fs::path& into, const std::string& tokenizer, int64_t max_length) {
+  if (tokenizer == "llama3") {  // transformers' fast tokenizer reads tokenizer.json: the one Myriad encodes with
+    const fs::path src = fs::path(data::llama3_dir()) / "tokenizer.json";
+    const std::string bytes = read_file(src.string());
+    if (bytes.empty()) throw_input("export: ", src.string(), " is missing: run scripts/setup.sh");
+    write_text(into / "tokenizer.json", bytes);
+    write_text(into / "tokenizer_config.json",
+               nlohmann::json({{"tokenizer_class", "PreTrainedTokenizerFast"},
+                               {"bos_token", "<|begin_of_text|>"},
+                               {"eos_token", "<|end_of_text|>"},
+                               {"model_max_length", max_length}})
+                       .dump(2) +
+                   "\n");
+    return {"tokenizer.json", "tokenizer_config.json"};
+  }
+  if (tokenizer == "gpt2") {  // transformers' GPT2Tokenizer reads vocab.json and merges.txt: the same BPE files
+    const fs::path src = data::gpt2_dir();
+    for (const auto& [from, to] : {std::pair<const char*, const char*>{"encoder.json", "vocab.json"}, {"vocab.bpe", "merges.txt"}}) {
+      const std::string bytes = read_file((src / from).string());
+      if (bytes.empty()) throw_input("export: ", (src / from).string(), " is missing: run scripts/setup.sh");
+      write_text(into / to, bytes);
+    }
+    write_text(into / "tokenizer_config.json",
+               nlohmann::json({{"tokenizer_class", "GPT2Tokenizer"}, {"model_max_length", max_length}}).dump(2) + "\n");
+    return {"vocab.json", "merges.txt", "tokenizer_config.json"};
+  }
+  return {};
 }
 
 void export_hf(const std::string& dir, const std::string& out_arg, const ExportOptions& opt) {
@@ -690,28 +758,14 @@ void export_hf(const std::string& dir, const std::string& out_arg, const ExportO
       tensors[n.gpt2] = convert(n, t, m, /*to_gpt2=*/true);
     }
   }
-  const bool gpt2 = cfg.data.tokenizer == "gpt2", llama3 = cfg.data.tokenizer == "llama3";
   // The export's files (not the manifest) into the folder `into`, each on the disk: their names.
   auto write_files = [&](const fs::path& into) {
     std::vector<std::string> files = write_model(into, tensors, dtype, opt.max_shard_bytes);
+    for (const std::string& f : write_tokenizer(into, cfg.data.tokenizer, cfg.positions())) files.push_back(f);
     if (as_llama) {
       write_text(into / "config.json",
                  llama::hf_config(cfg, dtype == "BF16" ? "bfloat16" : "float32", meta.value("step", 0)).dump(2) + "\n");
       files.push_back("config.json");
-      if (llama3) {  // transformers' fast tokenizer reads tokenizer.json: the one Myriad encodes with
-        const fs::path src = fs::path(data::llama3_dir()) / "tokenizer.json";
-        const std::string bytes = read_file(src.string());
-        if (bytes.empty()) throw_input("export: ", src.string(), " is missing: run scripts/setup.sh");
-        write_text(into / "tokenizer.json", bytes);
-        write_text(into / "tokenizer_config.json",
-                   nlohmann::json({{"tokenizer_class", "PreTrainedTokenizerFast"},
-                                   {"bos_token", "<|begin_of_text|>"},
-                                   {"eos_token", "<|end_of_text|>"},
-                                   {"model_max_length", cfg.positions()}})
-                           .dump(2) +
-                       "\n");
-        files.insert(files.end(), {"tokenizer.json", "tokenizer_config.json"});
-      }
       std::sort(files.begin(), files.end());
       return files;
     }
@@ -732,23 +786,11 @@ void export_hf(const std::string& dir, const std::string& out_arg, const ExportO
                              {"attn_pdrop", 0.0},
                              {"scale_attn_weights", true},
                              {"tie_word_embeddings", true},
-                             {"bos_token_id", gpt2 ? nlohmann::json(50256) : nlohmann::json(nullptr)},
-                             {"eos_token_id", gpt2 ? nlohmann::json(50256) : nlohmann::json(nullptr)},
+                             {"bos_token_id", hf_special_tokens(cfg.data.tokenizer)["bos_token_id"]},
+                             {"eos_token_id", hf_special_tokens(cfg.data.tokenizer)["eos_token_id"]},
                              {"myriad", {{"tokenizer", cfg.data.tokenizer}, {"step", meta.value("step", 0)}}}};
     write_text(into / "config.json", config.dump(2) + "\n");
     files.push_back("config.json");
-    if (gpt2) {  // transformers' GPT2Tokenizer reads vocab.json and merges.txt: the same BPE files
-      const fs::path src = data::gpt2_dir();
-      for (const auto& [from, to] : {std::pair<const char*, const char*>{"encoder.json", "vocab.json"}, {"vocab.bpe", "merges.txt"}}) {
-        const std::string bytes = read_file((src / from).string());
-        if (bytes.empty()) throw_input("export: ", (src / from).string(), " is missing: run scripts/setup.sh");
-        write_text(into / to, bytes);
-        files.push_back(to);
-      }
-      write_text(into / "tokenizer_config.json",
-                 nlohmann::json({{"tokenizer_class", "GPT2Tokenizer"}, {"model_max_length", cfg.positions()}}).dump(2) + "\n");
-      files.push_back("tokenizer_config.json");
-    }
     std::sort(files.begin(), files.end());
     return files;
   };
@@ -811,13 +853,18 @@ void export_hf(const std::string& dir, const std::string& out_arg, const ExportO
 
 // The weights of a model directory: model.safetensors, or the shards model.safetensors.index.json
 // maps them to (plain file names in the directory, each tensor in the file its entry names).
-static std::map<std::string, HostTensor> read_model_tensors(const std::string& hf_dir) {
+static std::map<std::string, HostTensor> read_model_tensors(const std::string& hf_dir,
+                                                            const std::function<bool(const std::string&)>& skip = {}) {
   const fs::path index = fs::path(hf_dir) / kIndex, single = fs::path(hf_dir) / "model.safetensors";
-  if (!fs::exists(index)) {
-    if (!fs::exists(single))
-      throw_input("import: ", hf_dir, " has neither model.safetensors nor ", kIndex, ": not a Hugging Face model directory");
-    return read_safetensors(single.string());
+  // model.safetensors first, as transformers loads a directory that holds both.
+  if (fs::exists(single)) {
+    if (fs::exists(index))
+      log::warn("import: ", hf_dir, " holds both model.safetensors and ", kIndex, ": reading model.safetensors, as "
+                "transformers does (the index and its shards are ignored)");
+    return read_safetensors(single.string(), skip);
   }
+  if (!fs::exists(index))
+    throw_input("import: ", hf_dir, " has neither model.safetensors nor ", kIndex, ": not a Hugging Face model directory");
   const nlohmann::json j = nlohmann::json::parse(read_file(index.string()), nullptr, false);
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
     throw_input("import: ", index.string(), ": weight_map is missing or not an object");
@@ -833,7 +880,7 @@ static std::map<std::string, HostTensor> read_model_tensors(const std::string& h
   std::set<std::string> files;
   for (const auto& [tensor, f] : where) files.insert(f);
   for (const std::string& f : files) {
-    for (auto& [name, t] : read_safetensors((fs::path(hf_dir) / f).string())) {
+    for (auto& [name, t] : read_safetensors((fs::path(hf_dir) / f).string(), skip)) {
       auto it = where.find(name);
       if (it == where.end() || it->second != f)
         throw_input("import: ", (fs::path(hf_dir) / f).string(), ": tensor ", name, " is not mapped to this file by ", kIndex);
@@ -841,7 +888,7 @@ static std::map<std::string, HostTensor> read_model_tensors(const std::string& h
     }
   }
   for (const auto& [tensor, f] : where)
-    if (!out.count(tensor)) throw_input("import: ", (fs::path(hf_dir) / f).string(), ": tensor ", tensor, " is missing (", kIndex, " maps it there)");
+    if (!out.count(tensor) && !(skip && skip(tensor))) throw_input("import: ", (fs::path(hf_dir) / f).string(), ": tensor ", tensor, " is missing (", kIndex, " maps it there)");
   return out;
 }
 
@@ -854,6 +901,15 @@ static void refuse_non_finite(const std::map<std::string, HostTensor>& st, const
         throw_input("import: ", from, ": tensor ", name, " element ", i, " is ",
                     std::isnan(t.data[i]) ? "nan" : t.data[i] > 0 ? "inf" : "-inf",
                     " (a flat index): the model holds non-finite weights; import a sound copy of it");
+}
+
+// A model must have an embedding row for every id of its tokenizer, or `sample` and training
+// read past the table (`train` refuses such a model; so does an import).
+static void refuse_small_vocabulary(const Config& cfg, const std::string& where, const char* vocab_key) {
+  const int64_t ids = data::tokenizer_vocab_size(cfg.data.tokenizer);
+  if (cfg.model.vocab_size < ids)
+    throw_input(where, vocab_key, " = ", cfg.model.vocab_size, " is below the ", cfg.data.tokenizer, " tokenizer's ", ids,
+                " ids, which the model's embedding must cover: import a model whose vocabulary covers its tokenizer's");
 }
 
 // `model` (Myriad's stored tensors by name) as the committed checkpoint `out` of step 0, with a
@@ -891,7 +947,11 @@ void import_hf(const std::string& hf_dir, const std::string& out_arg) {
   if (fs::exists(fs::symlink_status(out, ec)))
     throw_input("import: --output ", out_arg, " exists (", out.string(), "): give a new directory; an import never "
                 "replaces one");
-  const fs::path cfg_path = fs::path(hf_dir) / "config.json", st_path = fs::path(hf_dir) / "model.safetensors";
+  const fs::path cfg_path = fs::path(hf_dir) / "config.json";
+  // Where the weights are, for messages: model.safetensors, or the index of its shards.
+  const fs::path st_path = fs::exists(fs::path(hf_dir) / "model.safetensors") || !fs::exists(fs::path(hf_dir) / kIndex)
+                               ? fs::path(hf_dir) / "model.safetensors"
+                               : fs::path(hf_dir) / kIndex;
   if (!fs::exists(cfg_path)) throw_input("import: ", cfg_path.string(), " is missing: give a Hugging Face GPT-2 or Llama model directory");
   if (!fs::is_regular_file(cfg_path)) throw_input("import: ", cfg_path.string(), " is not a file: give a Hugging Face GPT-2 or Llama model directory");
   const nlohmann::json hf = nlohmann::json::parse(read_file(cfg_path.string()), nullptr, false);
@@ -901,7 +961,10 @@ void import_hf(const std::string& hf_dir, const std::string& out_arg) {
   // is the file's error, named, rather than a JSON library's exception.
   auto get = [&](const char* key) -> int64_t {
     if (!hf.contains(key) || !hf[key].is_number_integer())
-      throw_input(where, key, " is missing or not an integer");
+      throw_input(where, key, " is missing or not an integer", hf.contains(key) ? cat(" (", hf[key].dump(), ")") : "");
+    if (hf[key].is_number_unsigned() && hf[key].get<uint64_t>() > uint64_t(std::numeric_limits<int32_t>::max()))
+      throw_input(where, key, " = ", hf[key].dump(), " is past the largest size Myriad takes (2^31 - 1)");
+    if (hf[key].get<int64_t>() < 1) throw_input(where, key, " = ", hf[key].dump(), ": it must be a positive integer");
     return hf[key].get<int64_t>();
   };
   auto text = [&](const char* key, const std::string& fallback, const char* example) -> std::string {
@@ -923,6 +986,7 @@ void import_hf(const std::string& hf_dir, const std::string& out_arg) {
   if (type == "llama") {
     Config cfg = llama::from_hf_config(hf, where);
     cfg = parse_config(to_toml(cfg), cfg_path.string());  // the config's own checks
+    refuse_small_vocabulary(cfg, where, "vocab_size");
     std::map<std::string, HostTensor> st = read_model_tensors(hf_dir);
     refuse_non_finite(st, hf_dir);
     std::map<std::string, HostTensor> model = llama::from_hf(st, cfg.model, cat("import: ", hf_dir, ": "));
@@ -942,6 +1006,8 @@ void import_hf(const std::string& hf_dir, const std::string& out_arg) {
     throw_input(where, "layer_norm_epsilon = ", eps, "; Myriad's LayerNorm uses 1e-5");
   Config cfg;
   cfg.model.layers = get("n_layer"), cfg.model.d_model = get("n_embd"), cfg.model.heads = get("n_head");
+  if (cfg.model.d_model % cfg.model.heads != 0)
+    throw_input(where, "n_embd = ", cfg.model.d_model, " is not a multiple of n_head = ", cfg.model.heads);
   cfg.model.vocab_size = get("vocab_size");
   cfg.model.positions = cfg.model.seq_len = get("n_positions");
   cfg.data.tokenizer = cfg.model.vocab_size == 256 ? "byte" : "gpt2";
@@ -959,9 +1025,9 @@ void import_hf(const std::string& hf_dir, const std::string& out_arg) {
   }
   // The config's own checks (heads divide d_model, ...), through its TOML text.
   cfg = parse_config(to_toml(cfg), cfg_path.string());
+  refuse_small_vocabulary(cfg, where, "vocab_size");
   const ModelConfig& m = cfg.model;
-  if (!fs::exists(st_path)) throw_input("import: ", st_path.string(), " is missing: give a Hugging Face GPT-2 or Llama model directory");
-  std::map<std::string, HostTensor> st = read_safetensors(st_path.string(), mask_buffer);
+  std::map<std::string, HostTensor> st = read_model_tensors(hf_dir, mask_buffer);
   refuse_non_finite(st, st_path.string());
   // Some released checkpoints carry a copy of the tied head.
   std::map<std::string, HostTensor> byname;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,10 @@ void write_safetensors(const std::string& path, const std::map<std::string, Host
 std::map<std::string, HostTensor> read_safetensors(const std::string& path,
                                                    const std::function<bool(const std::string&)>& skip = {});
 
+// A tokenizer's special ids in a Hugging Face config.json: {"bos_token_id", "eos_token_id"}
+// (gpt2: 50256 both; llama3: 128000 and 128001; byte: none, null), whatever the model family.
+nlohmann::json hf_special_tokens(const std::string& tokenizer);
+
 struct ExportOptions {
   std::string dtype;                        // "bf16", "fp32"; "" = bf16 for a Llama model, fp32 for GPT-2
   int64_t max_shard_bytes = 5'000'000'000;  // more than this is written in shards with an index
@@ -42,10 +47,10 @@ struct ExportOptions {
 };
 
 // The model of the committed checkpoint `dir` as a Hugging Face model directory: a Llama-family
-// model (checkpoint/hf_llama.h) as LlamaForCausalLM, in bf16 unless asked for fp32, with
-// tokenizer.json and tokenizer_config.json for the llama3 tokenizer; any other as GPT-2
-// (GPT2LMHeadModel, fp32, with vocab.json, merges.txt and tokenizer_config.json for the gpt2
-// tokenizer). The weights are OUT/model.safetensors, or shards of at most max_shard_bytes with
+// model (checkpoint/hf_llama.h) as LlamaForCausalLM, in bf16 unless asked for fp32; any other
+// as GPT-2 (GPT2LMHeadModel, fp32). Either family gets its tokenizer's files: tokenizer.json
+// and tokenizer_config.json for llama3, vocab.json, merges.txt and tokenizer_config.json for
+// gpt2 (none for byte), and its special ids in config.json. The weights are OUT/model.safetensors, or shards of at most max_shard_bytes with
 // OUT/model.safetensors.index.json; then OUT/config.json, and the manifest OUT/myriad_export.json
 // that lists the files. What the format cannot express (GPT-2: a parallel block, a window, no
 // biases; Llama: LayerNorm, learned positions, GELU, the parallel block, a window) is an input

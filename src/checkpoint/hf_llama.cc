@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -74,7 +75,6 @@ nlohmann::json hf_config(const Config& cfg, const std::string& torch_dtype, int6
                {"low_freq_factor", m.rope_low_freq_factor},
                {"high_freq_factor", m.rope_high_freq_factor},
                {"original_max_position_embeddings", m.rope_original_positions}};
-  const bool llama3 = cfg.data.tokenizer == "llama3";
   return {{"architectures", {"LlamaForCausalLM"}},
           {"model_type", "llama"},
           {"vocab_size", m.vocab_size},
@@ -100,8 +100,8 @@ nlohmann::json hf_config(const Config& cfg, const std::string& torch_dtype, int6
           // directory's >100k-token tokenizer for one of Mistral's and warns that it splits
           // wrongly (it does not: gpu_hf_check.sh compares the ids).
           {"transformers_version", "4.45.0"},
-          {"bos_token_id", llama3 ? nlohmann::json(128000) : nlohmann::json(nullptr)},
-          {"eos_token_id", llama3 ? nlohmann::json(128001) : nlohmann::json(nullptr)},
+          {"bos_token_id", hf_special_tokens(cfg.data.tokenizer)["bos_token_id"]},
+          {"eos_token_id", hf_special_tokens(cfg.data.tokenizer)["eos_token_id"]},
           {"myriad", {{"tokenizer", cfg.data.tokenizer}, {"step", step}}}};
 }
 
@@ -147,17 +147,24 @@ std::map<std::string, HostTensor> to_hf(std::map<std::string, HostTensor> my, co
 }
 
 Config from_hf_config(const nlohmann::json& hf, const std::string& where) {
-  auto integer = [&](const char* key, std::optional<int64_t> fallback = std::nullopt) -> int64_t {
-    if (!hf.contains(key) || hf[key].is_null()) {
+  // Sizes are positive integers, named in transformers' words with the value as the file writes
+  // it: Myriad's own config check would speak of model.d_model where the file says hidden_size.
+  auto integer = [&](const nlohmann::json& j, const std::string& key, std::optional<int64_t> fallback,
+                     const std::string& prefix = "") -> int64_t {
+    if (!j.contains(key) || j[key].is_null()) {
       if (fallback) return *fallback;
-      throw_input(where, key, " is missing: not a LlamaForCausalLM config");
+      throw_input(where, prefix, key, " is missing", prefix.empty() ? ": not a LlamaForCausalLM config" : "");
     }
-    if (!hf[key].is_number_integer()) throw_input(where, key, " is ", hf[key].dump(), ", not an integer");
-    return hf[key].get<int64_t>();
+    if (!j[key].is_number_integer()) throw_input(where, prefix, key, " is ", j[key].dump(), ", not an integer");
+    if (j[key].is_number_unsigned() && j[key].get<uint64_t>() > uint64_t(std::numeric_limits<int32_t>::max()))
+      throw_input(where, prefix, key, " = ", j[key].dump(), " is past the largest size Myriad takes (2^31 - 1)");
+    const int64_t v = j[key].get<int64_t>();
+    if (v < 1) throw_input(where, prefix, key, " = ", j[key].dump(), ": it must be a positive integer");
+    return v;
   };
-  auto number = [&](const nlohmann::json& j, const std::string& key, double fallback) -> double {
+  auto number = [&](const nlohmann::json& j, const std::string& key, double fallback, const std::string& prefix = "") -> double {
     if (!j.contains(key) || j[key].is_null()) return fallback;
-    if (!j[key].is_number()) throw_input(where, key, " is ", j[key].dump(), ", not a number");
+    if (!j[key].is_number()) throw_input(where, prefix, key, " is ", j[key].dump(), ", not a number");
     return j[key].get<double>();
   };
   auto flag = [&](const char* key, bool fallback) -> bool {
@@ -174,36 +181,94 @@ Config from_hf_config(const nlohmann::json& hf, const std::string& where) {
   Config cfg;
   ModelConfig& m = cfg.model;
   m.norm = "rmsnorm", m.position_encoding = "rope", m.mlp = "swiglu", m.bias = attention_bias;
-  m.layers = integer("num_hidden_layers"), m.d_model = integer("hidden_size"), m.heads = integer("num_attention_heads");
-  m.kv_heads = integer("num_key_value_heads", m.heads);
-  m.mlp_hidden = integer("intermediate_size");
-  m.vocab_size = integer("vocab_size");
-  m.positions = integer("max_position_embeddings", 2048);
+  m.layers = integer(hf, "num_hidden_layers", {}), m.d_model = integer(hf, "hidden_size", {});
+  m.heads = integer(hf, "num_attention_heads", {});
+  m.kv_heads = integer(hf, "num_key_value_heads", m.heads);
+  m.mlp_hidden = integer(hf, "intermediate_size", {});
+  m.vocab_size = integer(hf, "vocab_size", {});
+  m.positions = integer(hf, "max_position_embeddings", 2048);
   m.seq_len = std::min<int64_t>(m.positions, 8192);
   m.norm_eps = number(hf, "rms_norm_eps", 1e-6);
-  m.rope_theta = number(hf, "rope_theta", 10000);
   m.tied_embeddings = flag("tie_word_embeddings", false);
   m.init_std = number(hf, "initializer_range", 0.02);
-  if (m.heads > 0 && m.d_model % m.heads == 0 && integer("head_dim", m.d_model / m.heads) != m.d_model / m.heads)
-    throw_input(where, "head_dim = ", hf["head_dim"].dump(), " but hidden_size / num_attention_heads = ",
-                m.d_model / m.heads, ": Myriad's head size is d_model / heads");
-  // rope_scaling: none (null, or transformers' "default"), or Llama 3.1's.
+  // The head size: Myriad's is hidden_size / num_attention_heads, so a head_dim of its own (a
+  // decoupled head size, as Qwen3 and Gemma have) is named first.
+  if (hf.contains("head_dim") && !hf["head_dim"].is_null()) {
+    const int64_t d = integer(hf, "head_dim", {});
+    if (m.d_model % m.heads != 0 || d != m.d_model / m.heads)
+      throw_input(where, "head_dim = ", hf["head_dim"].dump(), " but hidden_size / num_attention_heads = ", m.d_model, " / ",
+                  m.heads, m.d_model % m.heads == 0 ? cat(" = ", m.d_model / m.heads) : std::string(),
+                  ": Myriad's head size is d_model / heads (a head_dim of its own is not supported)");
+  }
+  if (m.d_model % m.heads != 0)
+    throw_input(where, "hidden_size = ", m.d_model, " is not a multiple of num_attention_heads = ", m.heads);
+  if (m.heads % m.kv_heads != 0)
+    throw_input(where, "num_key_value_heads = ", m.kv_heads, " does not divide num_attention_heads = ", m.heads,
+                ": each key/value head serves an equal group of query heads");
+
+  // Rotary positions, in either form transformers writes: before version 5, rope_theta and
+  // rope_scaling ({rope_type or type, and the type's fields}, null for none) at the top; from
+  // version 5, rope_parameters ({rope_theta, rope_type, and the type's fields}). Both are read;
+  // where a file has both, they must agree. Nothing the file does not say is filled in, except
+  // transformers' own default theta (10000) when neither form gives one.
+  const nlohmann::json params = hf.contains("rope_parameters") ? hf["rope_parameters"] : nlohmann::json();
+  if (!params.is_null() && !params.is_object())
+    throw_input(where, "rope_parameters is ", params.dump().substr(0, 80), ", not an object or null");
+  if (params.is_object())
+    for (const auto& [key, value] : params.items())
+      if (value.is_object())
+        throw_input(where, "rope_parameters.", key, " is an object: rotary parameters per layer type are not "
+                    "supported (Myriad's layers share one rotary embedding)");
   const nlohmann::json scaling = hf.contains("rope_scaling") ? hf["rope_scaling"] : nlohmann::json();
   if (!scaling.is_null() && !scaling.is_object())
-    throw_input(where, "rope_scaling is ", scaling.dump(), ", not an object or null");
-  const nlohmann::json type = scaling.is_null()                ? nlohmann::json("default")
-                              : scaling.contains("rope_type") ? scaling["rope_type"]
-                              : scaling.contains("type")      ? scaling["type"]
-                                                              : nlohmann::json();
-  if (type != "default") {
-    if (type != "llama3")
-      throw_input(where, "rope_scaling.rope_type = ", type.dump(), ": Myriad's rotary scaling is Llama 3.1's "
-                  "(\"llama3\") or none");
+    throw_input(where, "rope_scaling is ", scaling.dump().substr(0, 80), ", not an object or null");
+  const bool top_theta = hf.contains("rope_theta") && !hf["rope_theta"].is_null();
+  const bool inner_theta = params.is_object() && params.contains("rope_theta") && !params["rope_theta"].is_null();
+  m.rope_theta = number(hf, "rope_theta", 10000);
+  if (inner_theta) {
+    const double t = number(params, "rope_theta", 0, "rope_parameters.");
+    if (top_theta && t != m.rope_theta)
+      throw_input(where, "rope_theta = ", hf["rope_theta"].dump(), " but rope_parameters.rope_theta = ",
+                  params["rope_theta"].dump(), ": the two forms disagree; keep one");
+    m.rope_theta = t;
+  }
+  // A scaling as one form writes it: its type (transformers' "default" is none) and the fields
+  // Llama 3.1's needs, each required, the positions an integer.
+  struct Scaling {
+    std::string type = "default";
+    double factor = 0, low = 0, high = 0;
+    int64_t positions = 0;
+    bool operator==(const Scaling&) const = default;
+  };
+  auto scaling_of = [&](const nlohmann::json& j, const std::string& prefix) {
+    Scaling s;
+    const nlohmann::json type = j.contains("rope_type") ? j["rope_type"] : j.contains("type") ? j["type"] : nlohmann::json();
+    if (type.is_null()) return s;
+    if (type != "default" && type != "llama3")
+      throw_input(where, prefix, "rope_type = ", type.dump(), ": Myriad's rotary scaling is Llama 3.1's (\"llama3\") or none");
+    s.type = type.get<std::string>();
+    if (s.type == "default") return s;
+    for (const char* key : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+      if (!j.contains(key) || j[key].is_null())
+        throw_input(where, prefix, key, " is missing: Llama 3.1's rotary scaling (rope_type \"llama3\") needs factor, "
+                    "low_freq_factor, high_freq_factor and original_max_position_embeddings");
+    s.factor = number(j, "factor", 0, prefix), s.low = number(j, "low_freq_factor", 0, prefix);
+    s.high = number(j, "high_freq_factor", 0, prefix);
+    s.positions = integer(j, "original_max_position_embeddings", {}, prefix);
+    return s;
+  };
+  const std::optional<Scaling> old_form = scaling.is_object() ? std::optional(scaling_of(scaling, "rope_scaling."))
+                                                                : std::nullopt;
+  const std::optional<Scaling> new_form = params.is_object() ? std::optional(scaling_of(params, "rope_parameters."))
+                                                               : std::nullopt;
+  if (old_form && new_form && !(*old_form == *new_form))
+    throw_input(where, "rope_scaling (", scaling.dump(), ") and rope_parameters (", params.dump(),
+                ") describe different rotary scalings: the two forms disagree; keep one");
+  const Scaling s = new_form ? *new_form : old_form ? *old_form : Scaling{};
+  if (s.type == "llama3") {
     m.rope_scaling = "llama3";
-    m.rope_factor = number(scaling, "factor", m.rope_factor);
-    m.rope_low_freq_factor = number(scaling, "low_freq_factor", m.rope_low_freq_factor);
-    m.rope_high_freq_factor = number(scaling, "high_freq_factor", m.rope_high_freq_factor);
-    m.rope_original_positions = static_cast<int64_t>(number(scaling, "original_max_position_embeddings", 8192));
+    m.rope_factor = s.factor, m.rope_low_freq_factor = s.low, m.rope_high_freq_factor = s.high;
+    m.rope_original_positions = s.positions;
   }
   // The tokenizer the model was trained with: what `export` wrote, else Llama 3's for its
   // vocabulary, else bytes (the ids then are not the model's own tokenizer's).

@@ -25,7 +25,8 @@ nlohmann::json encode(const Meta& m) {
     j["data"]["since"] = m.data.since;
     nlohmann::json& sources = j["data"]["sources"] = nlohmann::json::array();
     for (const Meta::Data::Source& s : m.data.sources)
-      sources.push_back({{"name", s.name}, {"weight", s.weight}, {"epochs", s.epochs}, {"base", s.base}, {"taken", s.taken}});
+      sources.push_back({{"name", s.name}, {"weight", s.weight}, {"epochs", s.epochs}, {"base", s.base}, {"taken", s.taken},
+                         {"order", s.order}});
   }
   return j;
 }
@@ -82,7 +83,10 @@ Meta decode_meta(const nlohmann::json& j, const std::string& dir) {
     const std::string at = cat("data.sources[", i, "]");
     try {
       m.data.sources.push_back({s.at("name").get<std::string>(), s.at("weight").get<double>(), s.at("epochs").get<int64_t>(),
-                                s.at("base").get<int64_t>(), s.at("taken").get<int64_t>()});
+                                s.at("base").get<int64_t>(), s.at("taken").get<int64_t>(),
+                                s.contains("order") ? s.at("order").get<std::string>() : std::string()});
+      if (const std::string& o = m.data.sources.back().order; !o.empty() && o != "run_seed" && o != "named")
+        throw Corrupt(cat("checkpoint ", dir, ": meta.json's ", at, ".order is \"", o, "\", not run_seed or named"));
     } catch (const nlohmann::json::exception&) {
       throw Corrupt(cat("checkpoint ", dir, ": meta.json's ", at, " is ", s.dump().substr(0, 60),
                         ": each source needs name, weight, epochs, base and taken"));

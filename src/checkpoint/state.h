@@ -6,7 +6,8 @@
 // same schema, both kept here.
 //
 //   meta.json  {"format", "step", "tensors" (checkpoint.h writes these three),
-//               "config": TOML, "tokenizer", "data": {"consumed", "seed"},
+//               "config": TOML, "tokenizer", "data": {"consumed", "seed", "since", "sources":
+//               [{"name", "weight", "epochs", "base", "taken", "order"}]},
 //               "optimizer": {"name", "steps_taken"}, "rng": {"model_seed", "data_seed"},
 //               "fault": {"recent_losses"}, "skipped_steps", "imported_from"}
 #pragma once
@@ -42,6 +43,7 @@ struct Meta {
       double weight = 1;
       int64_t epochs = 0;        // its cap
       int64_t base = 0, taken = 0;  // its samples taken by `since`, and by `consumed`
+      std::string order;  // its order's seed: "run_seed" or "named" (data/blend.h); "" before it was kept
       bool operator==(const Source&) const = default;
     };
     std::vector<Source> sources;  // empty in checkpoints from before blends: one file, all of `consumed`

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <chrono>
 #include <cctype>
 #include <cerrno>
@@ -151,6 +153,8 @@ int cmd_trace(int argc, char** argv) {
 // RUN_DIR/report/{heatmap.png, curves.png, index.html}.
 int cmd_report(int argc, char** argv) {
   if (argc != 1) throw_input("usage: myriad report RUN_DIR");
+  if (std::error_code ec; !fs::is_directory(argv[0], ec))
+    throw_input("report: ", argv[0], " is not a directory: give the run directory a train wrote (its --run-dir)");
   // The script relative to this binary, wherever it was copied with its tree: an installed one
   // (<prefix>/bin/myriad -> <prefix>/share/myriad/tools/report.py, `cmake --install`), else a
   // source tree's build (<source>/build/myriad -> <source>/tools/report.py). MYRIAD_TOOLS wins.
@@ -176,6 +180,10 @@ int cmd_report(int argc, char** argv) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : exit_code(ErrorClass::kRuntime);
 }
 
+// The signal that asked `myriad prepare` to stop (0: none); set by its handler.
+std::atomic<int> g_prepare_stop{0};
+void on_prepare_signal(int sig) { g_prepare_stop.store(sig); }
+
 int cmd_prepare(int argc, char** argv) {
   cli::Args args("prepare", argc, argv,
                  {"input", "tokenizer", "output", "valid-fraction", "doc-separator", "jobs"}, {"overwrite", "per-input"});
@@ -193,7 +201,20 @@ int cmd_prepare(int argc, char** argv) {
   const long long jobs = args.get_int("jobs", 0);
   if (jobs < 0 || jobs > 4096) throw_input("myriad prepare: --jobs must be 0 (one per core) .. 4096, got ", jobs);
   opt.jobs = static_cast<int>(jobs);
-  data::PrepareStats st = data::prepare(opt);
+  // SIGTERM, SIGINT or SIGHUP stops the prepare at its next document; it removes what it was
+  // writing, then ends by the same signal (as the default action would have, less the litter).
+  opt.stop = &g_prepare_stop;
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) ::signal(sig, on_prepare_signal);
+  data::PrepareStats st;
+  try {
+    st = data::prepare(opt);
+  } catch (const data::Interrupted& e) {
+    std::fprintf(stderr, "myriad: %s\n", e.what());
+    std::fflush(stderr);
+    ::signal(e.signal, SIG_DFL);
+    ::raise(e.signal);
+    throw;  // the signal is blocked or ignored: an ordinary runtime fault
+  }
   for (const auto& split : st.splits)
     log::info("prepare: ", split.prefix, ": ", split.documents, " documents, ", split.tokens, " tokens");
   if (st.splits.size() == 2 && !opt.per_input)  // the fraction asked for is seldom a whole number of documents
@@ -223,23 +244,31 @@ int cmd_sample(int argc, char** argv) {
                 args.get("temperature"));
   std::string prompt = args.required("prompt");
   std::vector<int32_t> ids = tok->encode(prompt);
+  check_prompt(ids, m.cfg);  // every id before any lookup
   log::info("sample: ", m.dir, ", ", ids.size(), " prompt tokens");
   // For comparing with another implementation: the prompt's ids and the logits after its last
-  // token, {"prompt_ids": [...], "logits": [vocab_size floats]}, into a new file.
+  // token, {"prompt_ids": [...], "logits": [vocab_size floats]}, into a new file, made once the
+  // logits are computed (nothing is left behind by a failure).
   if (args.has("logits")) {
     const std::string path = args.get("logits");
-    if (ids.empty() || int64_t(ids.size()) > m.cfg.model.seq_len)
+    if (int64_t(ids.size()) > m.cfg.model.seq_len)
       throw_input("myriad sample: --logits needs a prompt of 1..", m.cfg.model.seq_len, " tokens, got ", ids.size());
-    // A new file only, made here (O_EXCL: never one that exists, nor through a link).
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0)
-      throw_input("myriad sample: --logits ", path, ": ", errno == EEXIST ? "exists: give a new file" : std::strerror(errno));
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(path, ec))) throw_input("myriad sample: --logits ", path, " exists: give a new file");
     std::vector<float> logits(static_cast<size_t>(m.cfg.padded_vocab()));
     m.engine->last_logits(ids.data(), 1, static_cast<int>(ids.size()), logits.data());
     logits.resize(static_cast<size_t>(m.cfg.model.vocab_size));
     const std::string text = nlohmann::json({{"prompt_ids", ids}, {"logits", logits}}).dump() + "\n";
+    // A new file only, made here (O_EXCL: never one that exists, nor through a link).
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0)
+      throw_input("myriad sample: --logits ", path, ": ", errno == EEXIST ? "exists: give a new file" : std::strerror(errno));
     const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-    if (::close(fd) != 0 || !ok) throw_runtime("myriad sample: cannot write --logits ", path, ": ", std::strerror(errno));
+    if (::close(fd) != 0 || !ok) {
+      const int err = errno;
+      ::unlink(path.c_str());  // the file this command made, half written
+      throw_runtime("myriad sample: cannot write --logits ", path, ": ", std::strerror(err));
+    }
   }
   // Streamed token by token (the tokenizers decode byte-wise, so the pieces add up to the
   // whole), so a long sample shows progress and stops at end-of-text.
@@ -250,14 +279,16 @@ int cmd_sample(int argc, char** argv) {
   return 0;
 }
 
-// "5GB", "500MB", "64KB" (powers of 1000, as transformers' max_shard_size), "2GiB" (of 1024), or
-// bytes: the bytes.
+// A size as transformers' max_shard_size reads it: "5GB", "500MB", "64KB" (powers of 1000),
+// "2GiB" (of 1024), or bytes; units in any case, and, as there, a lowercase final "b" of
+// GB/MB/KB counts bits ("5Gb" and "5gb" are 625 MB). The bytes.
 int64_t parse_size(const std::string& flag, const std::string& text) {
   size_t digits = 0;
   while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.')) ++digits;
-  const std::string unit = text.substr(digits);
+  std::string unit = text.substr(digits);
+  for (char& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
   const std::map<std::string, double> units = {{"", 1},      {"B", 1},        {"KB", 1e3},          {"MB", 1e6},
-                                               {"GB", 1e9}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}};
+                                               {"GB", 1e9}, {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}};
   double value = 0;
   try {
     size_t used = 0;
@@ -266,9 +297,12 @@ int64_t parse_size(const std::string& flag, const std::string& text) {
   } catch (const std::exception&) {
     value = -1;
   }
-  if (value <= 0 || !units.count(unit) || value * units.at(unit) > 1e18)
+  const bool bits = unit.size() == 2 && unit != "B" && text.back() == 'b';
+  const double bytes = units.count(unit) ? value * units.at(unit) / (bits ? 8 : 1) : -1;
+  if (value <= 0 || !units.count(unit) || bytes > 1e18)
     throw_input(flag, " ", text, " is not a size such as 5GB, 500MB or 2GiB");
-  return static_cast<int64_t>(value * units.at(unit));
+  if (bits) log::info(flag, " ", text, " is ", int64_t(bytes), " bytes: a lowercase b counts bits, as transformers reads it");
+  return static_cast<int64_t>(bytes);
 }
 
 // A checkpoint's model as a Hugging Face GPT-2 or Llama directory (checkpoint/hf.h).
@@ -282,7 +316,8 @@ int cmd_export(int argc, char** argv) {
     throw_input("export: --dtype ", opt.dtype, " is not one of: bf16, fp32");
   if (args.has("max-shard-size")) opt.max_shard_bytes = parse_size("export: --max-shard-size", args.get("max-shard-size"));
   opt.overwrite = args.has("overwrite");
-  checkpoint::export_hf(checkpoint::resolve(args.required("checkpoint")), args.required("output"), opt);
+  const checkpoint::ReadHold held(args.required("checkpoint"));  // not pruned while it is read
+  checkpoint::export_hf(held.dir(), args.required("output"), opt);
   return 0;
 }
 
@@ -298,7 +333,8 @@ int cmd_import(int argc, char** argv) {
 // and piece named) when not.
 int cmd_verify(int argc, char** argv) {
   if (argc != 1) throw_input("usage: myriad verify CHECKPOINT");
-  const std::string dir = checkpoint::resolve(argv[0]);
+  const checkpoint::ReadHold held(argv[0]);
+  const std::string& dir = held.dir();
   const int64_t pieces = checkpoint::verify(dir);
   std::printf("verify: %s is sound: meta.json and %lld pieces match their checksums\n", dir.c_str(),
               static_cast<long long>(pieces));
@@ -313,6 +349,7 @@ int cmd_plan(int argc, char** argv) {
   const plan::Cluster cluster = plan::load_cluster(args.required("cluster"));
   const int64_t gpus = args.get_int("gpus", 1), batch = args.get_int("batch", cfg.train.global_batch);
   if (gpus < 1) throw_input("plan: --gpus must be at least 1");
+  if (batch < 1) throw_input("plan: --batch must be a positive number of sequences, got ", batch);
   const plan::Features features = plan::parse_features(args.get("features", "megatron"));
   std::printf("%s on %lld x %s, global batch %lld (%.0f tokens)\n", args.get("config").c_str(),
               static_cast<long long>(gpus), cluster.name.c_str(), static_cast<long long>(batch),
@@ -343,6 +380,8 @@ int cmd_bench(int argc, char** argv) {
   cli::Args args("bench", argc, argv, {"config", "set", "steps", "warmup", "doc-length"});
   Config cfg = load_config(args.required("config"), args.all("set"));
   const int64_t steps = args.get_int("steps", 10), warmup = args.get_int("warmup", 2);
+  if (steps < 1) throw_input("bench: --steps ", steps, " must be at least 1 (the steps timed)");
+  if (warmup < 0) throw_input("bench: --warmup ", warmup, " must be 0 or more (the untimed steps before them)");
   const int64_t doc_length = args.get_int("doc-length", 0);
   if (doc_length < 0) throw_input("bench: --doc-length ", doc_length, " must be at least 1 (or 0: no documents)");
   if (doc_length > 0) cfg.data.document_mask = true;

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <cctype>
 #include <set>
 #include <sstream>
 
@@ -81,10 +83,14 @@ struct Binder {
       std::vector<std::string> words{std::istream_iterator<std::string>(in), std::istream_iterator<std::string>()};
       char* end = nullptr;
       // A first word that is a number opens a blend string; anything else is one prefix.
-      if (dotted != "data.train" || words.size() < 2 || (std::strtod(words[0].c_str(), &end), *end != '\0')) {
+      if (words.size() < 2 || (std::strtod(words[0].c_str(), &end), *end != '\0')) {
         if (!s->empty()) v.push_back(source_of_prefix(*s));
         return;
       }
+      if (dotted != "data.train")
+        throw_input(origins.of(dotted), ": ", dotted, " = \"", *s, "\" reads as Megatron-LM's blend of weight and prefix "
+                    "pairs, but validation sources are not blended: each is evaluated on its own (val_loss/<name>); give "
+                    "one prefix, or an array of sources [{name = ..., path = ...}, ...]");
       for (size_t i = 0; i < words.size(); i += 2) {
         const double w = std::strtod(words[i].c_str(), &end);
         if (*end != '\0' || i + 1 == words.size())
@@ -96,6 +102,12 @@ struct Binder {
         d.weight = w;
         v.push_back(d);
       }
+      // The string cannot name its sources: two of one file name (a/train, b/train) are named by
+      // their paths as written, so that each keeps a name, an order and a curve of its own.
+      std::map<std::string, int> uses;  // sources per file name
+      for (const DataSource& d : v) ++uses[d.name];
+      for (DataSource& d : v)
+        if (uses[d.name] > 1) d.name = std::filesystem::path(d.path).lexically_normal().string();
       return;
     }
     const toml::array* a = node.as_array();
@@ -169,6 +181,18 @@ void apply_override(toml::table& root, const std::string& text, Origins& origins
     t->insert_or_assign(parts.back(), value);
   }
   origins.overridden[path] = "--set " + text;
+}
+
+// Where `key` first appears in `text` from `from` on as a whole key: not a part of a longer one
+// (optim.decay in "optim.decay_steps", model.mlp in "model.mlp_hidden"). npos when it does not.
+size_t find_whole_key(const std::string& text, const std::string& key, size_t from) {
+  auto word = [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_'; };
+  for (size_t at = text.find(key, from); at != std::string::npos; at = text.find(key, at + 1)) {
+    const size_t end = at + key.size();
+    if ((at == 0 || (!word(text[at - 1]) && text[at - 1] != '.')) && (end == text.size() || !word(text[end])))
+      return at;
+  }
+  return std::string::npos;
 }
 
 std::vector<std::string> known_keys(const Config& c) {
@@ -288,6 +312,11 @@ void Config::validate() const {
       if (d.epochs < 0)
         throw_input("config: ", key, "'s source '", d.name, "' has epochs ", d.epochs, ": 0 (no cap) or a positive cap");
     }
+  double weights = 0;  // normalized by their sum, which must be a number
+  for (const DataSource& d : data.train) weights += d.weight;
+  if (!std::isfinite(weights))
+    throw_input("config: data.train's weights sum to ", weights, ", which cannot be normalized: scale them down (only "
+                "their ratios matter)");
 
   require_one_of("optim.name", optim.name, {"adamw", "lamb"});
   require_one_of("optim.decay", optim.decay, {"cosine", "linear", "constant", "wsd"});
@@ -313,6 +342,13 @@ void Config::validate() const {
   non_negative("optim.grad_clip", optim.grad_clip);
 
   positive("train.steps", train.steps);
+  // WSD's decay of a fixed length must fit after the warmup, or it would be cut short without a
+  // word (its fraction form is clamped, and the run says so: Trainer::run).
+  if (optim.decay == "wsd" && optim.decay_steps > std::max<int64_t>(0, train.steps - optim.warmup_steps))
+    throw_input("config: optim.decay_steps = ", optim.decay_steps, " is longer than the steps after warmup (train.steps ",
+                train.steps, " - optim.warmup_steps ", optim.warmup_steps, " = ",
+                std::max<int64_t>(0, train.steps - optim.warmup_steps), "): lower optim.decay_steps (or use "
+                "optim.decay_fraction), or raise train.steps");
   positive("train.global_batch", train.global_batch);
   positive("train.micro_batch", train.micro_batch);
   // dp = 0 is resolved from the world size at start, where accum_steps is checked again.
@@ -440,7 +476,7 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
       size_t first = std::string::npos;
       std::string from = origin;
       for (const std::string& k : known_keys(c)) {
-        const size_t at = what.find(k, 8);
+        const size_t at = find_whole_key(what, k, 8);
         if (at != std::string::npos && at < first && origins.of(k) != origin) first = at, from = origins.of(k);
       }
       what = from + ": " + what.substr(8);

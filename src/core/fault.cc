@@ -8,6 +8,7 @@
 #include <cstring>
 #include <sstream>
 #include <algorithm>
+#include <optional>
 #include <cstdio>
 #include <fstream>
 #include <mutex>
@@ -21,6 +22,22 @@ namespace myriad::fault {
 namespace {
 
 std::atomic<int> g_delay_ms{0};
+std::atomic<double> g_delay_factor{1};  // slow:xK: every step takes K times its own time,
+std::atomic<int> g_delay_floor_ms{0};   // and (slow:xK:MS) at least MS longer
+
+// K and MS of "slow:xK[:MS]" (K above 1, at most 100; MS 0 when absent), or nullopt when the
+// argument is not of that form.
+std::optional<std::pair<double, int>> slower_by(const std::string& arg) {
+  if (arg.size() < 2 || arg[0] != 'x') return std::nullopt;
+  char* end = nullptr;
+  const double k = std::strtod(arg.c_str() + 1, &end);
+  if (end == arg.c_str() + 1 || !(k > 1 && k <= 100)) return std::nullopt;
+  if (*end == '\0') return std::pair{k, 0};
+  const std::string ms = end + 1;
+  if (*end != ':' || ms.empty() || ms.size() > 7 || ms.find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
+  return std::pair{k, std::stoi(ms)};
+}
 
 // Armed live items ("POINT:ACTION"), each taken when it fires.
 std::mutex g_live_mu;
@@ -85,6 +102,14 @@ std::string carry_out(const std::string& a, const std::string& point) {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   if (a == "throw" || a == "fail")
     throw_runtime("injected fault at ", point, ": write failed (No space left on device)");
+  if (a.rfind("slow:x", 0) == 0) {
+    const auto k = slower_by(a.substr(5));
+    if (!k)
+      throw_input("environment: MYRIAD_INJECT_FAULT: '", point, ":", a, "' needs slow:xK[:MS], K a number above 1 (at "
+                  "most 100), MS an integer");
+    g_delay_factor = k->first, g_delay_floor_ms = k->second;
+    return "";
+  }
   for (const char* timed : {"slow:", "pause:"}) {
     if (a.rfind(timed, 0) != 0) continue;
     int ms = 0;
@@ -100,7 +125,11 @@ std::string carry_out(const std::string& a, const std::string& point) {
   return a;
 }
 
-int delay_ms() { return g_delay_ms.load(); }
+int delay_ms(double step_ms) {
+  const double k = g_delay_factor.load();
+  const int slower = k > 1 ? std::max(g_delay_floor_ms.load(), static_cast<int>((k - 1) * std::max(0.0, step_ms))) : 0;
+  return g_delay_ms.load() + slower;
+}
 
 // One item of MYRIAD_INJECT_FAULT's grammar (`source` names where it came from), or an input error.
 void check_item(const std::string& item, const char* source) {
@@ -144,6 +173,10 @@ void check_item(const std::string& item, const char* source) {
   if (point == "comm_check" && !sleeps && action != "kill" && action != "fail" && action != "throw")
     refuse("the communication check takes kill, fail, throw, sleep or sleep_ignore_term");
   const std::string ms = a.find(':') == std::string::npos ? "" : a.substr(a.find(':') + 1);
+  if (action == "slow" && ms.rfind("x", 0) == 0) {
+    if (!slower_by(ms)) refuse("slow:xK[:MS] needs K, a number above 1 (at most 100), and MS an integer");
+    return;
+  }
   if (timed && (ms.empty() || ms.find_first_not_of("0123456789") != std::string::npos)) refuse(action + ":MS needs MS, a number");
   if (!timed && !ms.empty()) refuse(action + " takes no argument");
 }

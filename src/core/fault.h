@@ -14,6 +14,10 @@
 //            spike    that step's loss is 1000 x what it was (step:S only; fault.spike_factor finds it)
 //            flip     one bit of this rank's parameters is flipped (step:S only)
 //            slow:MS  the rank sleeps MS milliseconds every step from then on (step:S only)
+//            slow:xK[:MS]  every step of the rank from then on takes K times its own time (it
+//                     sleeps K - 1 times what the step took, and at least MS ms): a slower device,
+//                     whatever the machine's load, where a fixed sleep stops being a straggler once
+//                     a loaded machine slows every step (step:S only)
 //            pause:MS the thread that reaches the point sleeps MS milliseconds there (e.g. a
 //                     slow disk: checkpoint_write:pause:500)
 //   @rank=R  only the process whose MYRIAD_RANK is R; @node=N only on node N (MYRIAD_NODE_RANK)
@@ -45,8 +49,9 @@ std::string trigger(const std::string& point);
 // trigger() for an action taken already (action(point) takes a live item: ask once per point).
 std::string carry_out(const std::string& action, const std::string& point);
 
-// The per-step delay a slow:MS fault set (0 when none).
-int delay_ms();
+// The delay a slow fault set for a step whose own time was `step_ms` (0 when none): slow:MS's
+// milliseconds, and slow:xK:MS's (K - 1) x step_ms, at least MS.
+int delay_ms(double step_ms = 0);
 
 // Arms the items of the live injection file, if one is there (see above); `next_step` replaces
 // `next`. Returns the items armed ("" when none); an item off the grammar is dropped with a

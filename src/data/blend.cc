@@ -18,9 +18,18 @@ Blend::Blend(const DataSources& sources, std::vector<int64_t> samples) : samples
   start();
 }
 
+namespace {
+// The orders of a position saved before they were kept: a lone source's was the run's seed.
+std::vector<SourceOrder> orders_of(const BlendPosition& p) {
+  if (!p.orders.empty()) return p.orders;
+  return std::vector<SourceOrder>(p.names.size(), p.names.size() == 1 ? SourceOrder::kRunSeed : SourceOrder::kNamed);
+}
+}  // namespace
+
 void Blend::start() {
   const size_t n = names_.size();
-  pos_ = BlendPosition{0, 0, names_, configured_, caps_, std::vector<int64_t>(n, 0), std::vector<int64_t>(n, 0)};
+  pos_ = BlendPosition{0, 0, names_, configured_, caps_, std::vector<int64_t>(n, 0), std::vector<int64_t>(n, 0),
+                       std::vector<SourceOrder>(n, n == 1 ? SourceOrder::kRunSeed : SourceOrder::kNamed)};
   rebalance();
 }
 
@@ -49,14 +58,18 @@ void Blend::reshare() {
 }
 
 std::string Blend::resume(const BlendPosition& saved) {
+  const std::vector<SourceOrder> saved_orders = orders_of(saved);
   if (saved.names == names_ && saved.weights == configured_ && saved.epochs == caps_ &&
-      saved.base.size() == names_.size() && saved.taken.size() == names_.size()) {
+      saved.base.size() == names_.size() && saved.taken.size() == names_.size() &&
+      saved_orders.size() == names_.size()) {
     pos_ = saved;  // the same blend, where it stood, balanced as it was
+    pos_.orders = saved_orders;
     reshare();
     return "";
   }
   std::string changed;
   std::vector<int64_t> taken(names_.size(), 0);
+  std::vector<SourceOrder> orders(names_.size(), SourceOrder::kNamed);
   for (int s = 0; s < size(); ++s) {
     const auto at = std::find(saved.names.begin(), saved.names.end(), names_[s]);
     if (at == saved.names.end()) {
@@ -65,6 +78,7 @@ std::string Blend::resume(const BlendPosition& saved) {
     }
     const size_t i = static_cast<size_t>(at - saved.names.begin());
     if (i < saved.taken.size()) taken[s] = saved.taken[i];
+    if (i < saved_orders.size()) orders[s] = saved_orders[i];
     if (i >= saved.weights.size() || saved.weights[i] != configured_[s])
       changed += cat(changed.empty() ? "" : "; ", "source '", names_[s], "' weighs ", configured_[s],
                      i < saved.weights.size() ? cat(", was ", saved.weights[i]) : std::string());
@@ -76,7 +90,7 @@ std::string Blend::resume(const BlendPosition& saved) {
     if (std::find(names_.begin(), names_.end(), old) == names_.end())
       changed += cat(changed.empty() ? "" : "; ", "source '", old, "' left the blend");
   if (changed.empty()) changed = "the blend's sources were reordered";
-  pos_ = BlendPosition{saved.consumed, saved.consumed, names_, configured_, caps_, taken, taken};
+  pos_ = BlendPosition{saved.consumed, saved.consumed, names_, configured_, caps_, taken, taken, orders};
   rebalance();
   return changed;
 }

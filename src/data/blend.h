@@ -13,8 +13,8 @@
 // catch up in a burst.
 //
 // Within source s, its j-th sample is sample perm_e(j mod n_s) of its own file, epoch e =
-// j / n_s, shuffled by the source's own order (data/loader.h's Sampler; a lone source keeps the
-// run's seed, a blend's sources mix their name into it).
+// j / n_s, shuffled by the source's own order (data/loader.h's Sampler), seeded as its
+// SourceOrder says.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +25,13 @@
 
 namespace myriad::data {
 
+// How a source's samples are shuffled: by the run's seed itself, as a run of one file always
+// was, or by the run's seed mixed with the source's name, so that a blend's sources draw
+// unrelated orders. Fixed when the source first enters a run (a lone source at a run's start:
+// kRunSeed; every other: kNamed) and kept by every resume, so a source reads the same order
+// whether others join it or leave.
+enum class SourceOrder { kRunSeed, kNamed };
+
 // Where the blend stands after `consumed` samples of the stream.
 struct BlendPosition {
   int64_t consumed = 0;
@@ -34,6 +41,9 @@ struct BlendPosition {
   std::vector<int64_t> epochs;     // each source's cap (0: none)
   std::vector<int64_t> base;       // each source's samples taken by `since`
   std::vector<int64_t> taken;      // each source's samples taken by `consumed`
+  // Each source's order; empty in checkpoints from before it was kept (then a lone source's
+  // was kRunSeed, a blend's kNamed).
+  std::vector<SourceOrder> orders;
   bool operator==(const BlendPosition&) const = default;
 };
 
@@ -46,8 +56,8 @@ class Blend {
   void start();
   // A resume: `saved` is the checkpoint's position (sources matched by name). The same blend
   // continues as it was; a changed one starts its balancing afresh at saved.consumed, each
-  // source keeping what it took (a new source from 0). Returns what changed ("" nothing), for
-  // the log.
+  // source keeping what it took and its order (a new source from 0, kNamed). Returns what
+  // changed ("" nothing), for the log.
   std::string resume(const BlendPosition& saved);
 
   // The source and the within-source sample number of the stream's next sample; advances.
@@ -61,6 +71,7 @@ class Blend {
   int size() const { return static_cast<int>(names_.size()); }
   const std::string& name(int s) const { return names_[s]; }
   int64_t samples(int s) const { return samples_[s]; }
+  SourceOrder order(int s) const { return pos_.orders[s]; }
   // Epochs of source s consumed so far (fractional).
   double epochs_taken(int s) const { return double(pos_.taken[s]) / double(samples_[s]); }
   // Whether source s is still drawn from (its cap not reached).

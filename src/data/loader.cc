@@ -62,8 +62,8 @@ int64_t Sampler::sample(int64_t k) {
   return shuffle_ ? permutation(k / n_)[i] : i;
 }
 
-uint64_t source_seed(int64_t seed, const std::string& name, bool lone) {
-  if (lone) return static_cast<uint64_t>(seed);
+uint64_t source_seed(int64_t seed, const std::string& name, SourceOrder order) {
+  if (order == SourceOrder::kRunSeed) return static_cast<uint64_t>(seed);
   uint64_t h = 0xCBF29CE484222325ull;  // FNV-1a of the name
   for (unsigned char c : name) h = (h ^ c) * 0x100000001B3ull;
   return mix64(static_cast<uint64_t>(seed) ^ mix64(h));
@@ -128,6 +128,15 @@ void document_starts(const IndexedDataset& data, int64_t begin, int64_t T, int32
     while (begin + i >= next && d + 1 < docs) start = next, next = data.document_begin(++d + 1);
     out[i] = static_cast<int32_t>(std::max<int64_t>(0, start - begin));
   }
+}
+
+bool has_counted_target(const IndexedDataset& data, int64_t T) {
+  // The samples read tokens [0, n T + 1): a target there is counted when the token before it is
+  // of its own document, i.e. some document there holds two tokens.
+  const int64_t end = num_samples(data, T) * T + 1;
+  for (int64_t d = 0; d < data.num_documents() && data.document_begin(d) + 1 < end; ++d)
+    if (data.document_begin(d + 1) - data.document_begin(d) >= 2) return true;
+  return false;
 }
 
 // The next global batch's samples, all drawn from the blend (every rank walks the same stream),

@@ -65,9 +65,14 @@ struct Batch {
 // `begin` and at least 0, into out[T]: non-decreasing, out[i] <= i.
 void document_starts(const IndexedDataset& data, int64_t begin, int64_t T, int32_t* out);
 
-// The seed of a source's own order: the run's for a lone source (so a run of one file reads
-// as it always did), mixed with the source's name in a blend.
-uint64_t source_seed(int64_t seed, const std::string& name, bool lone);
+// Whether some sample of `data` (seq_len T) has a target that does not begin a document: one
+// that data.document_end_loss = false counts. False only when every document a sample reaches
+// is one token long.
+bool has_counted_target(const IndexedDataset& data, int64_t T);
+
+// The seed of a source's own order (data/blend.h's SourceOrder): the run's seed, or the run's
+// seed mixed with the source's name.
+uint64_t source_seed(int64_t seed, const std::string& name, SourceOrder order);
 
 // One source of a loader: its file and the seed of its order.
 struct SourceFile {

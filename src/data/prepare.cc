@@ -1,8 +1,12 @@
 #include "data/prepare.h"
 
+#include <signal.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -15,6 +19,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "data/indexed_dataset.h"
 #include "data/tokenizer.h"
 
@@ -155,13 +160,16 @@ void for_each_input(size_t n, int jobs, const std::function<void(size_t)>& fn) {
 }
 
 // The private directory the parts of a parallel prepare go to, beside the output, removed with
-// everything in it when the prepare ends, however it ends: it is this process's own.
+// everything in it when the prepare ends, however it ends but killed: it is this process's own.
+// Its name carries the process's id (.myriad-prepare-<pid>-XXXXXX), so that a later prepare can
+// tell a killed one's.
+constexpr const char* kScratchPrefix = ".myriad-prepare-";
 struct Scratch {
   std::filesystem::path dir;
   explicit Scratch(const std::string& output_prefix) {
     const std::filesystem::path parent = std::filesystem::absolute(output_prefix).parent_path();
     std::filesystem::create_directories(parent);
-    std::string pattern = (parent / ".myriad-prepare-XXXXXX").string();
+    std::string pattern = (parent / cat(kScratchPrefix, ::getpid(), "-XXXXXX")).string();
     if (!::mkdtemp(pattern.data())) throw_input("prepare: cannot create a directory in ", parent.string(), ": is it writable?");
     dir = pattern;
   }
@@ -172,6 +180,40 @@ struct Scratch {
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
 };
+
+// The process id a name of prepare's own scheme carries after `lead` ("<pid>" then "-..." or
+// nothing), or -1 when `name` is not of that form.
+long pid_after(const std::string& name, const std::string& lead) {
+  if (name.size() <= lead.size() || name.compare(0, lead.size(), lead) != 0) return -1;
+  size_t at = lead.size(), end = at;
+  while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
+  if (end == at || end - at > 9 || (end < name.size() && name[end] != '-')) return -1;
+  return std::stol(name.substr(at, end - at));
+}
+
+// Whether process `pid` is gone from this machine (a live one, or one of another user's, is not).
+bool gone(long pid) { return pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH; }
+
+// What a killed prepare left under the names this one writes: PREFIX.{bin,idx,json}.tmp-<pid>[-i]
+// (data/indexed_dataset.h's temporaries) and scratch folders beside them, each of a process gone.
+// Removed and said; anything of a live process, or of another naming, is left alone.
+void remove_stale_leftovers(const std::vector<std::string>& prefixes, const std::string& output_prefix) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path parent = fs::absolute(output_prefix).parent_path();
+  if (!fs::is_directory(parent, ec)) return;
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    const std::string name = e.path().filename().string();
+    bool stale = e.is_directory(ec) && gone(pid_after(name, kScratchPrefix));
+    for (const std::string& p : prefixes)
+      for (const char* ext : {".bin", ".idx", ".json"})
+        stale = stale || (!e.is_directory(ec) && fs::absolute(p).parent_path() == parent &&
+                          gone(pid_after(name, fs::path(p).filename().string() + ext + ".tmp-")));
+    if (!stale) continue;
+    fs::remove_all(e.path(), ec);
+    if (!ec) log::info("prepare: removed ", e.path().string(), ", left by a prepare that was killed (its process is gone)");
+  }
+}
 
 // PREFIX_<stem> for each input (per_input), refusing two inputs of one stem.
 std::vector<std::string> per_input_prefixes(const PrepareOptions& o) {
@@ -191,6 +233,13 @@ std::vector<std::string> per_input_prefixes(const PrepareOptions& o) {
 
 PrepareStats prepare(const PrepareOptions& o) {
   const auto start = std::chrono::steady_clock::now();
+  // Checked at each document: a signal stops the prepare there, and unwinding removes what it
+  // was writing (the writers' temporaries, the scratch folder).
+  auto check_stop = [&] {
+    if (o.stop && o.stop->load() != 0)
+      throw Interrupted(o.stop->load(), cat("prepare: stopped by signal ", o.stop->load(), " before ", o.output_prefix,
+                                            " was complete; its partial files are removed"));
+  };
   if (o.inputs.empty()) throw_input("prepare: no input files");
   if (o.output_prefix.empty()) throw_input("prepare: no output prefix");
   if (o.output_prefix.back() == '/' || std::filesystem::is_directory(o.output_prefix))
@@ -210,14 +259,27 @@ PrepareStats prepare(const PrepareOptions& o) {
   }
   const int jobs = o.jobs > 0 ? o.jobs : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   if (o.per_input) {
-    // Each input prepared on its own (in parallel), one output per input.
+    // Each input prepared on its own (in parallel), one output per input. One that fails leaves
+    // the others' outputs, complete, and the error says which they are.
     const std::vector<std::string> outputs = per_input_prefixes(o);
     std::vector<PrepareStats> each(o.inputs.size());
-    for_each_input(o.inputs.size(), jobs, [&](size_t i) {
-      PrepareOptions one = o;
-      one.inputs = {o.inputs[i]}, one.output_prefix = outputs[i], one.per_input = false, one.jobs = 1;
-      each[i] = prepare(one);
-    });
+    std::vector<char> done(o.inputs.size(), 0);
+    try {
+      for_each_input(o.inputs.size(), jobs, [&](size_t i) {
+        PrepareOptions one = o;
+        one.inputs = {o.inputs[i]}, one.output_prefix = outputs[i], one.per_input = false, one.jobs = 1;
+        each[i] = prepare(one);
+        done[i] = 1;
+      });
+    } catch (const Error& e) {
+      std::string kept;
+      for (size_t i = 0; i < outputs.size(); ++i)
+        if (done[i]) kept += cat(kept.empty() ? "" : ", ", outputs[i]);
+      const std::string said = cat(e.what(), kept.empty() ? "; no input's output was written"
+                                                          : cat("; the other inputs' outputs are complete and kept: ", kept));
+      if (const auto* stopped = dynamic_cast<const Interrupted*>(&e)) throw Interrupted(stopped->signal, said);
+      throw Error(e.cls(), said);
+    }
     PrepareStats all = stats;
     for (const PrepareStats& e : each) {
       all.splits.insert(all.splits.end(), e.splits.begin(), e.splits.end());
@@ -240,6 +302,7 @@ PrepareStats prepare(const PrepareOptions& o) {
         if (same_file(in, p + ext))
           throw_input("prepare: --output ", o.output_prefix, " would write ", p + ext, ", which is also an input (",
                       in, "): choose another --output");
+  remove_stale_leftovers(prefixes, o.output_prefix);
   // A file the user already has under one of the names is never replaced, unless an earlier
   // prepare wrote it (its sidecar says so) or --overwrite is given.
   if (!o.overwrite)
@@ -257,8 +320,12 @@ PrepareStats prepare(const PrepareOptions& o) {
   // any is tokenized (the split depends on the document's number among all of them).
   std::vector<int64_t> first(o.inputs.size() + 1, 0), skipped(o.inputs.size(), 0);
   for_each_input(o.inputs.size(), jobs, [&](size_t i) {
+    // A JSON line is a document even when its text is empty; plain text's empty pieces (the
+    // end after a last separator) are no documents.
+    const bool jsonl = ends_with(o.inputs[i], ".jsonl");
     documents(o.inputs[i], o.doc_separator, [&](std::string_view text) {
-      if (blank(text)) skipped[i] += !text.empty();
+      check_stop();
+      if (blank(text)) skipped[i] += jsonl || !text.empty();
       else ++first[i + 1];
     });
   });
@@ -284,6 +351,7 @@ PrepareStats prepare(const PrepareOptions& o) {
   auto tokenize = [&](size_t i, const Tokenizer& t, std::vector<std::unique_ptr<IndexedDatasetWriter>>& to) {
     int64_t j = first[i];
     documents(o.inputs[i], o.doc_separator, [&](std::string_view text) {
+      check_stop();
       if (blank(text)) return;
       std::vector<int32_t> ids = t.encode(text);
       ids.push_back(t.eot());
@@ -310,10 +378,13 @@ PrepareStats prepare(const PrepareOptions& o) {
       for (size_t s = 0; s < prefixes.size(); ++s) {
         if (parts[i][s].empty()) continue;
         const IndexedDataset part(parts[i][s]);
-        for (int64_t q = 0; q < part.num_sequences(); ++q)
+        for (int64_t q = 0; q < part.num_sequences(); ++q) {
+          if (q % 4096 == 0) check_stop();
           out[s]->add_document(part.read(part.sequence_start(q), part.sequence_length(q)));
+        }
       }
   }
+  check_stop();
   for (size_t s = 0; s < out.size(); ++s) {
     out[s]->finish();
     stats.splits.push_back({prefixes[s], out[s]->documents(), out[s]->tokens()});

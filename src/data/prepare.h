@@ -1,9 +1,12 @@
 // prepare: text files -> token files (MMIDIDX, see indexed_dataset.h) for training.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "core/error.h"
 
 namespace myriad::data {
 
@@ -27,6 +30,17 @@ struct PrepareOptions {
   // One output per input, PREFIX_<input's name without its extension> (each split on its own),
   // ready to blend (data.train's sources), instead of one for all.
   bool per_input = false;
+  // Set (to the signal's number) when the prepare is to stop: it then stops within a document,
+  // removes what it was writing, and throws Interrupted. Null: never.
+  const std::atomic<int>* stop = nullptr;
+};
+
+// A prepare stopped by PrepareOptions::stop: nothing half written is left (its temporary files
+// and scratch parts are removed); outputs already complete (other inputs' with per_input) stay.
+class Interrupted : public Error {
+ public:
+  Interrupted(int signal, const std::string& what) : Error(ErrorClass::kRuntime, what), signal(signal) {}
+  int signal;
 };
 
 struct SplitStats {
@@ -53,6 +67,9 @@ struct PrepareStats {
 // unknown tokenizer, a valid_fraction outside [0, 0.5], a split left empty, an output file that
 // is one of the inputs, an output file that exists and that no earlier prepare wrote (by the
 // PREFIX.json sidecar) unless `overwrite`.
+// What an earlier prepare killed before it could clean up left under the output's names (its
+// PREFIX.bin.tmp-<pid> files and .myriad-prepare-<pid>-* scratch folders, their process gone from
+// this machine) is removed first, and said.
 PrepareStats prepare(const PrepareOptions& options);
 
 }  // namespace myriad::data

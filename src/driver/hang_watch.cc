@@ -153,6 +153,7 @@ void HangWatch::operator()() {
 }
 
 void HangWatch::find_stragglers(std::vector<double> population) {
+  const bool job_wide = !population.empty();
   std::vector<double> own;
   if (population.empty())
     for (const Rank& r : ranks) population.push_back(r.last ? r.last->own_ms : 0);
@@ -162,9 +163,17 @@ void HangWatch::find_stragglers(std::vector<double> population) {
   // The lower median: with two ranks, the faster one's time.
   std::nth_element(own.begin(), own.begin() + (own.size() - 1) / 2, own.end());
   const double median = own[(own.size() - 1) / 2];
+  const double now = comm::steady_now_s();
   for (Rank& r : ranks) {
     const double mine = r.last ? r.last->own_ms : 0;
-    if (r.straggler || !(mine > slower * median && mine > median + margin_ms)) continue;
+    double& since = r.over_since[job_wide ? 1 : 0];
+    if (r.straggler) continue;
+    if (!(mine > slower * median && mine > median + margin_ms) || r.last->steps_run < kMinSteps) {
+      since = 0;
+      continue;
+    }
+    if (since == 0) since = now;
+    if (now - since < kSustain_s) continue;
     r.straggler = true;
     stragglers.push_back({FaultKind::kStraggler, ErrorClass::kRuntime, r.rank, -1, r.step,
                           cat("straggler: rank ", r.rank, "'s steps take ", static_cast<int>(mine),

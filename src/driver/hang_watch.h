@@ -40,9 +40,17 @@ struct HangWatch {
     double waited = 0;  // seconds its allowance has run (at the last look)
     std::optional<HeartbeatRecord> last;  // its last heartbeat, as read
     bool straggler = false;               // reported in this attempt
+    // Since when its steps have been over the thresholds without a break (steady clock; 0: they
+    // are not), against this node's ranks [0] and against the job's [1].
+    double over_since[2] = {0, 0};
   };
-  // A straggler's thresholds (fault.straggler_factor, fault.straggler_margin_ms).
+  // A straggler's thresholds (fault.straggler_factor, fault.straggler_margin_ms). A rank is one
+  // only once its heartbeat's median own time spans kMinSteps steps and has stayed over both for
+  // kSustain_s: on a loaded machine a rank starved for a moment, or a restarted attempt's first
+  // slow steps, must not cost a node its place.
   double slower = 2, margin_ms = 50;
+  static constexpr int64_t kMinSteps = 6;
+  static constexpr double kSustain_s = 2;
 
   HangWatch(Launcher& l, const std::string& run_dir);
   // Watches rank `rank`, the launcher's worker `index`; returns the path of its heartbeat (its

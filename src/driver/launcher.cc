@@ -568,6 +568,14 @@ RunResult Launcher::run(const std::function<void()>& tick) {
   }
   for (const Worker& w : workers_)
     if (w.exit) r.exits.push_back(*w.exit);
+  // A preemption that came as the run ended: every worker finished it (exit 0, its last step
+  // saved), so the job is done, not preempted.
+  if (r.preempted && !r.failure && !r.exits.empty() &&
+      std::all_of(r.exits.begin(), r.exits.end(), [](const WorkerExit& x) { return x.ok(); }) &&
+      r.exits.size() == workers_.size()) {
+    log::info("launch: the preemption came as the run ended: every worker finished (exit 0)");
+    r.preempted = false, r.signal = 0;
+  }
   r.seconds = now_s() - t0;
   return r;
 }

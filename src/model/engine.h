@@ -29,6 +29,9 @@ struct StepResult {
   double lr = 0;
   StepTimes times;
   bool stop = false;  // some rank was asked to stop (train_step's `stop`): every rank sees the same
+  // No target of the global batch counted (data.document_end_loss = false and every target
+  // begins a document): nothing was computed or updated, and the loss is none.
+  bool counted_nothing = false;
 };
 
 class Engine {
@@ -43,7 +46,9 @@ class Engine {
   // (global_batch / dp, T+1) in host memory (the whole batch with one rank): forward and
   // backward over the micro-batches, global-norm clipping, the update at learning rate lr.
   // `step` (1-based) names the step in errors. Throws a numerics Error when the loss is not
-  // finite. `stop`: this rank was asked to stop (a preemption signal); it rides the gradient
+  // finite. A micro-batch that counts no target (data.document_end_loss = false) is left out of
+  // the step's mean, its loss and its gradient alike; a step none of whose micro-batches counts
+  // one is not taken (counted_nothing). `stop`: this rank was asked to stop (a preemption signal); it rides the gradient
   // norm's reduction, so StepResult::stop is true on every rank of the job at the same step, or
   // on none (the ranks agree on the step to save at without a collective of their own).
   virtual StepResult train_step(Rows rows, int64_t step, double lr, bool stop = false) = 0;

@@ -13,6 +13,21 @@ int64_t wsd_decay_steps(const OptimConfig& o, int64_t total_steps) {
   return std::clamp<int64_t>(d, 1, std::max<int64_t>(1, total_steps - o.warmup_steps));
 }
 
+std::string schedule_warning(const OptimConfig& o, int64_t total_steps) {
+  const int64_t w = o.warmup_steps;
+  if (w > 0 && (w > total_steps || (w == total_steps && o.decay != "constant")))
+    return cat("optim.warmup_steps = ", w, " is not shorter than train.steps = ", total_steps, ": the run ends in its "
+               "warmup, at lr ", lr_at(o, total_steps - 1, total_steps), " of optim.lr ", o.lr,
+               o.decay == "constant" ? std::string() : cat(", and never decays to optim.min_lr ", o.min_lr));
+  if (o.decay == "wsd" && o.decay_steps == 0) {
+    const int64_t asked = std::llround(o.decay_fraction * double(total_steps)), used = wsd_decay_steps(o, total_steps);
+    if (asked != used)
+      return cat("optim.decay_fraction = ", o.decay_fraction, " of train.steps = ", total_steps, " is ", asked,
+                 " decay steps, but ", total_steps - w, " follow the warmup: the decay takes ", used);
+  }
+  return "";
+}
+
 double lr_at(const OptimConfig& o, int64_t step, int64_t total_steps) {
   if (step < o.warmup_steps) return o.lr * double(step + 1) / double(o.warmup_steps);
   if (o.decay == "constant") return o.lr;

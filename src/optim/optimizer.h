@@ -30,6 +30,10 @@ double lr_at(const OptimConfig& o, int64_t step, int64_t total_steps);
 // WSD's decay length: optim.decay_steps, else decay_fraction x total_steps (rounded), within
 // [1, total_steps - warmup_steps].
 int64_t wsd_decay_steps(const OptimConfig& o, int64_t total_steps);
+// What a run of `total_steps` would not see of the schedule it asks for, with the values used
+// ("" when it sees all of it): a warmup that lasts the whole run (lr never reaches optim.lr's
+// plateau's end, nor decays to min_lr), or a WSD decay fraction cut to the steps after warmup.
+std::string schedule_warning(const OptimConfig& o, int64_t total_steps);
 
 // Scales grads so that their global L2 norm is at most max_norm (PyTorch's clip_grad_norm_:
 // coefficient max_norm / (norm + 1e-6) when below 1). Returns the norm before clipping.

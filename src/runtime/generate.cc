@@ -20,7 +20,8 @@ namespace fs = std::filesystem;
 namespace myriad {
 
 LoadedModel load_for_inference(const std::string& path) {
-  const std::string dir = checkpoint::resolve(path);
+  const checkpoint::ReadHold held(path);  // not pruned while it is read
+  const std::string dir = held.dir();
   nlohmann::json meta = checkpoint::read_meta(dir);
   Config cfg = parse_config(checkpoint::config_of(meta, dir), dir + "/meta.json");
   cfg.parallel = ParallelConfig{};  // sampling runs the whole model in this process, one row
@@ -43,12 +44,19 @@ LoadedModel load_for_inference(const std::string& path) {
   return {cfg, std::move(engine), dir};
 }
 
+void check_prompt(const std::vector<int32_t>& prompt, const Config& cfg) {
+  if (prompt.empty()) throw_input("sample: the prompt encodes to no tokens");
+  const int64_t V = cfg.model.vocab_size;
+  for (size_t i = 0; i < prompt.size(); ++i)
+    if (prompt[i] < 0 || prompt[i] >= V)
+      throw_input("sample: the prompt's token ", i, " is id ", prompt[i], ", outside the model's vocabulary of ", V,
+                  " ids (model.vocab_size; data.tokenizer = \"", cfg.data.tokenizer, "\"): this model cannot read it");
+}
+
 std::vector<int32_t> generate(Engine& engine, const Config& cfg, std::vector<int32_t> prompt,
                               const SampleOptions& opt) {
-  if (prompt.empty()) throw_input("sample: the prompt encodes to no tokens");
+  check_prompt(prompt, cfg);
   const int64_t V = cfg.model.vocab_size, Vp = cfg.padded_vocab(), T = cfg.model.seq_len;
-  for (int32_t t : prompt)
-    if (t < 0 || t >= V) throw_input("sample: prompt token ", t, " is outside the vocabulary");
   std::vector<float> logits(Vp);
   std::vector<int32_t> out;
   std::vector<int32_t> order(V);

@@ -34,6 +34,11 @@ struct SampleOptions {
 // The most tokens one sample may ask for: a bound on the time a typo can cost.
 inline constexpr int64_t kMaxSampleTokens = 1 << 20;
 
+// A prompt the model can read: at least one token, every id in [0, model.vocab_size) (a
+// tokenizer larger than the model's table would read past it). An input error naming the first
+// id outside, with its position, otherwise.
+void check_prompt(const std::vector<int32_t>& prompt, const Config& cfg);
+
 // Continues `prompt` (at least one token) and returns the new tokens only. The context is the
 // last seq_len tokens. Deterministic for a given seed.
 std::vector<int32_t> generate(Engine& engine, const Config& cfg, std::vector<int32_t> prompt,

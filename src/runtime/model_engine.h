@@ -126,7 +126,14 @@ class ModelEngine final : public Engine {
                         },
                         [step] { fault::trigger(cat("pp_recv:", step)); }};
     StepResult r;
-    r.loss = step_loss(pipeline_->train(mine, 1.0f / float(accum * dp), hooks));
+    // The micro-batches the step's mean is over: those that count a target, on every rank.
+    const int counted = counted_microbatches(mine, accum);
+    if (counted == 0) {
+      r.counted_nothing = true, r.lr = lr;
+      return r;
+    }
+    r.loss = step_loss(pipeline_->train(mine, 1.0f / float(counted), hooks));
+    if (counted < accum * dp) r.loss = float(double(r.loss) * (accum * dp) / counted);  // the empty ones added 0
     if (!std::isfinite(r.loss)) throw nonfinite_loss(step, r.loss);
     set_phase("optimizer");  // the gradients' reductions, the norm, the update
     sync_tied_embedding();
@@ -172,6 +179,11 @@ class ModelEngine final : public Engine {
   void last_logits(const int32_t* tokens, int B, int T, float* out) override {
     if (ctx_.pp_size() > 1)
       throw_input("sampling runs on the whole model: use myriad sample on the checkpoint");
+    // The embedding's rows are read by id: an id past the table would read other memory.
+    for (int64_t i = 0; i < int64_t(B) * T; ++i)
+      if (tokens[i] < 0 || tokens[i] >= cfg_.model.vocab_size)
+        throw_input("token id ", tokens[i], " (position ", i, ") is outside the model's vocabulary of ",
+                    cfg_.model.vocab_size, " ids");
     ready_to_read_all();
     model_.last_logits(tokens, B, T, out);
   }
@@ -343,6 +355,18 @@ class ModelEngine final : public Engine {
     ctx_.pp->recv(tied_other_.data(), t.size(), peer, stream)->wait();
     sent->wait();
     model_.ops().accumulate(g, tied_other_.data(), t.size());
+  }
+
+  // The micro-batches of the global batch that count at least one target: all accum x dp of
+  // them, but with data.document_end_loss = false those whose every target begins a document
+  // count none (summed over dp: every rank of a data-parallel replica holds the same rows).
+  int counted_microbatches(Rows mine, int accum) {
+    const int dp = ctx_.dp_size();
+    if (cfg_.data.document_end_loss || !mine.doc_starts) return accum * dp;
+    const int64_t mb = cfg_.train.micro_batch, T = cfg_.model.seq_len;
+    int counted = 0;
+    for (int i = 0; i < accum; ++i) counted += mine.from(i * mb, T).counted_targets(mb, T, false) > 0;
+    return dp > 1 ? static_cast<int>(std::lround(parallel::sum_over_group(ctx_.dp, double(counted)))) : counted;
   }
 
   // The step's loss lives on the last stage: broadcast over the pipeline, averaged over dp.

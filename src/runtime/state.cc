@@ -57,22 +57,27 @@ void DataPosition::save(checkpoint::Meta& meta) const {
   const data::BlendPosition& p = blend_.position();
   meta.data = {p.consumed, seed_, p.since, {}};
   for (size_t s = 0; s < p.names.size(); ++s)
-    meta.data.sources.push_back({p.names[s], p.weights[s], p.epochs[s], p.base[s], p.taken[s]});
+    meta.data.sources.push_back({p.names[s], p.weights[s], p.epochs[s], p.base[s], p.taken[s],
+                                 p.orders[s] == data::SourceOrder::kRunSeed ? "run_seed" : "named"});
 }
 
 void DataPosition::load(const checkpoint::Meta& meta) {
-  data::BlendPosition saved{meta.data.consumed, meta.data.since, {}, {}, {}, {}, {}};
+  data::BlendPosition saved{meta.data.consumed, meta.data.since, {}, {}, {}, {}, {}, {}};
+  bool orders = true;  // every source's order recorded (else the blend derives them: data/blend.h)
   for (const checkpoint::Meta::Data::Source& s : meta.data.sources) {
     saved.names.push_back(s.name), saved.weights.push_back(s.weight), saved.epochs.push_back(s.epochs);
     saved.base.push_back(s.base), saved.taken.push_back(s.taken);
+    saved.orders.push_back(s.order == "run_seed" ? data::SourceOrder::kRunSeed : data::SourceOrder::kNamed);
+    orders = orders && !s.order.empty();
   }
+  if (!orders) saved.orders.clear();
   if (meta.data.sources.empty() && blend_.size() == 1) {  // from before blends: one file, all consumed from it
     const data::BlendPosition& now = blend_.position();
-    saved = {meta.data.consumed, 0, now.names, now.weights, now.epochs, {0}, {meta.data.consumed}};
+    saved = {meta.data.consumed, 0, now.names, now.weights, now.epochs, {0}, {meta.data.consumed}, {}};
   }
   const std::string changed = blend_.resume(saved);
   if (!changed.empty())
-    log::info("data: the blend changed since the checkpoint (", changed, "): each source keeps its place, and the "
+    log::info("data: the blend changed since the checkpoint (", changed, "): each source keeps its place and its order, and the "
               "balancing starts afresh at sample ", saved.consumed);
 }
 

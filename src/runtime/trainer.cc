@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <thread>
 #include <tuple>
 #include <filesystem>
@@ -143,6 +144,11 @@ std::unique_ptr<data::IndexedDataset> Trainer::open_data(const std::string& pref
   d->check_tokens(cfg_.model.vocab_size);
   // Fewer than one sample is an input error naming the file.
   data::num_samples(*d, cfg_.model.seq_len);
+  // Without the targets that begin documents, a file of one-token documents counts none: its
+  // loss would be no number at all (trained as 0, evaluated as NaN).
+  if (cfg_.data.document_mask && !cfg_.data.document_end_loss && !data::has_counted_target(*d, cfg_.model.seq_len))
+    throw_input(prefix, ": ", key, " has only one-token documents, so with data.document_end_loss = false no target "
+                "of it counts (each begins a document): set data.document_end_loss = true, or leave this source out");
   return d;
 }
 
@@ -183,6 +189,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
   // first checkpoint would lose the steps before it.
   require_writable_dir((fs::path(run_dir_) / "logs").string(), "run directory", "choose a writable --run-dir");
   checkpoint::check_writable(checkpoint_root());
+  refuse_foreign_checkpoints();
   if (!dist_ || dist_->rank() == 0) checkpoint::remove_leftovers(checkpoint_root());
   start_id_ = std::to_string(dist_ ? dist_->start_id()
                                    : static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) % 1000000007);
@@ -235,7 +242,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
   if (!shared_ || dist_->tp_rank() == 0) {
     std::vector<data::SourceFile> files;
     for (size_t s = 0; s < train_files_.size(); ++s)
-      files.push_back({train_files_[s].get(), data::source_seed(cfg_.train.seed, cfg_.data.train[s].name, train_files_.size() == 1)});
+      files.push_back({train_files_[s].get(), data::source_seed(cfg_.train.seed, blend_->name(int(s)), blend_->order(int(s)))});
     loader_ = std::make_unique<data::BatchLoader>(std::move(files), *blend_, cfg_.model.seq_len, /*shuffle=*/true,
                                                   cfg_.train.global_batch, first_row, rows_,
                                                   cfg_.data.document_mask);
@@ -250,6 +257,23 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
 }
 
 Trainer::~Trainer() { trace::close(); }
+
+// The run directory's rule: a fresh run (checkpoint.resume = none) never writes where committed
+// checkpoints are. Its saves would take their step numbers and its pruning their places, so the
+// run that wrote them would lose them; it is refused before it changes anything. --resume auto
+// continues them, and --resume DIR says which checkpoint the run goes on from.
+void Trainer::refuse_foreign_checkpoints() const {
+  if (cfg_.checkpoint.resume != "none") return;
+  const std::vector<std::string> found = checkpoint::committed_newest_first(checkpoint_root());
+  if (found.empty()) return;
+  std::string names;
+  for (size_t i = 0; i < found.size() && i < 3; ++i)
+    names += cat(i ? ", " : "", fs::path(found[i]).filename().string());
+  if (found.size() > 3) names += cat(" and ", found.size() - 3, " more");
+  throw_input("checkpoint directory ", checkpoint_root(), " holds committed checkpoints of an earlier run (", names,
+              "), which a fresh run would overwrite and prune: continue that run with --resume auto, train in a new "
+              "--run-dir, or move its checkpoints away first");
+}
 
 // The communication of the steps traced: each group's operations completed since the last call,
 // on lane 1, with the flows that tie them across ranks (observe/trace.h). Called after every
@@ -295,6 +319,7 @@ Trainer::End Trainer::run() {
             cfg_.model.seq_len, " tokens per step, micro-batch ", t.micro_batch, ", ",
             engine_->device(), ", ", cfg_.optim.name);
   if (t.precision == "fp8") log::info("precision: ", fp8::describe(fp8::recipe_of(t)));
+  if (const std::string w = schedule_warning(cfg_.optim, t.steps); !w.empty()) log::warn("schedule: ", w);
   describe_blend();
   if (cfg_.data.document_mask)
     log::info("data: attention stays inside each document packed in a row (its start from the .idx document index; "
@@ -308,17 +333,21 @@ Trainer::End Trainer::run() {
     set_phase("data");
     trace::set_step(step_ + 1);
     fault::poll_live(step_ + 1);  // a chaos run's faults, armed for this step (core/fault.h)
-    if (std::count(t.skip_steps.begin(), t.skip_steps.end(), step_ + 1)) {
-      skip_step();
-      continue;
-    }
     data::Batch batch;  // (global_batch / dp, T+1): this rank's rows
     {
       trace::Span span("data");
       batch = next_batch();
     }
+    if (std::count(t.skip_steps.begin(), t.skip_steps.end(), step_ + 1)) {
+      skip_step("train.skip_steps");
+      continue;
+    }
     StepResult r = engine_->train_step(rows_of(batch), step_ + 1,
                                        lr_at(cfg_.optim, step_, t.steps), preemption::requested());
+    if (r.counted_nothing) {
+      skip_step("no target of its batch counts: each begins a document, and data.document_end_loss = false");
+      continue;
+    }
     ++step_;
     advance_data();
     // Injected faults that act on the step's results, then the checks that catch such faults.
@@ -400,7 +429,8 @@ Trainer::End Trainer::run() {
     }
     last_end_ = end;
     fault::carry_out(injected, cat("step:", step_));
-    if (const int ms = fault::delay_ms(); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    const double own_ms = (dt - r.times.bubble_s - r.times.dp_wait_s) * 1e3;  // the step's, less its waits on peers
+    if (const int ms = fault::delay_ms(own_ms); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     if (r.stop && step_ < t.steps) return stop_preempted();
   }
   // The last save is written before the run ends, and its failure is the run's; meanwhile the
@@ -427,14 +457,19 @@ Trainer::End Trainer::stop_preempted() {
   return End::kPreempted;
 }
 
-// The batch is read, so that every later step trains on the batch it would have had, and
-// dropped: no forward, no update. The step still saves when one is due.
-void Trainer::skip_step() {
-  next_batch();
+// The step's batch, read (so that every later step trains on the batch it would have had), is
+// dropped: no update. The step still evaluates and saves when due. `why` is said once for a
+// skip_steps entry each, and once per run for a batch that counts no target.
+void Trainer::skip_step(const std::string& why) {
   ++step_;
   advance_data();
-  log::warn("step ", step_, "/", cfg_.train.steps, " skipped: its batch is dropped (train.skip_steps)");
+  const bool listed = why == "train.skip_steps";
+  if (listed || !said_no_target_)
+    log::warn("step ", step_, "/", cfg_.train.steps, " skipped: its batch is dropped (", why, ")",
+              listed ? "" : "; later such steps are marked \"skipped\" in metrics.jsonl without a word here");
+  said_no_target_ = said_no_target_ || !listed;
   nlohmann::json rec = {{"step", step_}, {"skipped", true}};
+  if (!listed) rec["counted_targets"] = 0;
   heartbeat_.set(step_, cfg_.fault.startup_timeout_s);  // an evaluation or a save may follow
   if (eval_due()) {
     set_phase("eval");
@@ -555,25 +590,36 @@ Rows Trainer::rows_of(const data::Batch& b) {
 void Trainer::evaluate(nlohmann::json& rec) {
   const int64_t mb = cfg_.train.micro_batch, T = cfg_.model.seq_len, G = cfg_.train.global_batch;
   double sum = 0, tokens = 0;
+  std::string none;  // the sources that counted no target
   for (size_t v = 0; v < valid_files_.size(); ++v) {
     data::BatchLoader val(*valid_files_[v], T, cfg_.train.seed, /*shuffle=*/false, G, 0, G, 0,
                           cfg_.data.document_mask);
     double loss = 0;
-    int64_t n = 0;
+    int64_t n = 0;       // micro-batches evaluated: those that count a target
     double counted = 0;  // the targets the loss counted (data.document_end_loss)
     for (int64_t s = 0; s < cfg_.train.eval_steps; ++s) {
       data::Batch b = val.next();
-      for (int64_t i = 0; i < G / mb; ++i, ++n) loss += engine_->loss(rows_of(b).from(i * mb, T), mb);
-      counted += double(G * T);
-      if (!cfg_.data.document_end_loss)
-        for (int64_t r = 0; r < G; ++r)
-          for (int64_t t = 0; t < T; ++t) counted -= rows_of(b).target_begins_document(r, t, T + 1);
+      for (int64_t i = 0; i < G / mb; ++i) {
+        const Rows rows = rows_of(b).from(i * mb, T);  // every rank reads the same rows: all skip alike
+        const int64_t c = rows.counted_targets(mb, T, cfg_.data.document_end_loss);
+        if (c == 0) continue;
+        loss += engine_->loss(rows, mb), ++n, counted += double(c);
+      }
+    }
+    if (n == 0) {
+      none += cat(none.empty() ? "" : ", ", "'", cfg_.data.valid[v].name, "'");
+      continue;
     }
     const double mean = static_cast<float>(loss / n);
     if (valid_files_.size() > 1) rec["val_loss/" + cfg_.data.valid[v].name] = mean;
     sum += mean * counted, tokens += counted;
   }
-  rec["val_loss"] = static_cast<float>(sum / tokens);
+  if (!none.empty() && !said_no_eval_target_)
+    log::warn("eval: validation source(s) ", none, " counted no target in train.eval_steps = ", cfg_.train.eval_steps,
+              " batches (each begins a document, and data.document_end_loss = false): left out of val_loss",
+              tokens > 0 ? "" : ", which this evaluation therefore lacks", "; said once");
+  said_no_eval_target_ = said_no_eval_target_ || !none.empty();
+  if (tokens > 0) rec["val_loss"] = static_cast<float>(sum / tokens);
 }
 
 void Trainer::advance_data() {
@@ -710,7 +756,8 @@ void Trainer::resume_latest_good() {
 // checkpoint.init_from: the model's weights only; the step, the data position and the optimizer
 // start afresh, under the run's own config.
 void Trainer::init_from(const std::string& path) {
-  const std::string dir = checkpoint::resolve(path);
+  const checkpoint::ReadHold held(path);  // another run's checkpoint: not pruned while it is read
+  const std::string dir = held.dir();
   const nlohmann::json meta = checkpoint::read_meta(dir);
   const checkpoint::Meta saved_meta = checkpoint::decode_meta(meta, dir);
   const Config saved = parse_config(saved_meta.config, dir + "/meta.json");
@@ -732,6 +779,8 @@ void Trainer::init_from(const std::string& path) {
 }
 
 void Trainer::resume_from(const std::string& dir) {
+  std::optional<checkpoint::ReadHold> held;  // --resume DIR may name a live run's checkpoint
+  if (fs::exists(fs::path(dir) / "meta.json")) held.emplace(dir);  // (read_meta says what else is wrong)
   const nlohmann::json meta = checkpoint::read_meta(dir);
   const checkpoint::Meta saved_meta = checkpoint::decode_meta(meta, dir);
   Config saved = parse_config(saved_meta.config, dir + "/meta.json");

@@ -38,7 +38,9 @@ class Trainer {
   // by the tokens evaluated.
   void evaluate(nlohmann::json& rec);
   void check_loss(float loss);
-  void skip_step();  // train.skip_steps: the batch read and dropped, the step counted
+  // The step's batch, already read, dropped and the step counted: train.skip_steps, or a batch
+  // that counts no target (`why` says which).
+  void skip_step(const std::string& why);
   bool eval_due() const;  // train.eval_every (with validation data), and the last step
   bool save_due() const;  // checkpoint.every, and the last step
   void check_replicas();
@@ -53,6 +55,8 @@ class Trainer {
   void resume_from(const std::string& dir);
   End stop_preempted();
   void init_from(const std::string& path);
+  // A fresh run into a checkpoint directory that holds committed checkpoints: an input error.
+  void refuse_foreign_checkpoints() const;
   // --resume auto: the newest committed checkpoint that loads on every rank, or a fresh start.
   void resume_latest_good();
   // This rank's rows of the next step's global batch (global_batch / dp, T+1): read, or taken
@@ -95,6 +99,7 @@ class Trainer {
   std::vector<double> recent_loss_;    // the last steps' losses, for fault.spike_factor
   std::vector<double> recent_own_s_;   // the last steps' own times (the heartbeat's own_ms)
   double last_end_ = 0;                // when the last step ended (its checks and save included)
+  bool said_no_target_ = false, said_no_eval_target_ = false;  // a step's, an evaluation's: warned once
   int64_t rows_ = 0;          // sequences of each global batch this rank reads: global_batch / dp
   int64_t step_ = 0;          // optimizer steps completed
   int64_t saved_step_ = -1;   // the step of the last save started (or resumed from)

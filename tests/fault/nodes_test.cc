@@ -375,9 +375,12 @@ TEST_F(Nodes, TheStorePasswordNeverReachesALog) {
   EXPECT_EQ(wrong->output().find("wrong"), std::string::npos) << wrong->output();
 }
 
-// A straggler (rank 2 sleeps 200 ms a step): found against the whole job's step times (its
-// node's own ranks are all slow: rank 3 waits on it inside tensor parallelism) and, with
-// fault.evict_stragglers, its node evicted; the spare takes its place; bitwise the fault-free end.
+// A straggler (rank 2's steps take 4 times their own time, and at least 200 ms more: a slower
+// device, whatever the machine's load, where a fixed sleep stops being twice the median once a
+// loaded machine slows every step):
+// found against the whole job's step times (its node's own ranks are all slow: rank 3 waits on
+// it inside tensor parallelism) and, with fault.evict_stragglers, its node evicted; the spare
+// takes its place; bitwise the fault-free end.
 TEST_F(Nodes, AStragglerIsFoundAcrossNodesAndEvicted) {
   myriad::comm::LocalRedis redis;
   // 40 steps: found around step 9 (the median of its last 10), well before the end.
@@ -387,7 +390,7 @@ TEST_F(Nodes, AStragglerIsFoundAcrossNodesAndEvicted) {
   const std::string extra = "--set fault.evict_stragglers=true";
   auto spare = agent(redis, "straggler", -1, rd, layout, extra);
   auto a = agent(redis, "straggler", 0, rd, layout, extra),
-       b = agent(redis, "straggler", 1, rd, layout, extra, "MYRIAD_INJECT_FAULT=step:2:slow:200@rank=2");
+       b = agent(redis, "straggler", 1, rd, layout, extra, "MYRIAD_INJECT_FAULT=step:2:slow:x4:200@rank=2");
   EXPECT_EQ(b->wait(), 3) << b->output();
   EXPECT_NE(b->output().find("evicted: straggler: rank 2's steps take "), std::string::npos) << b->output();
   ASSERT_EQ(a->wait(), 0) << a->output();

@@ -139,7 +139,7 @@ TEST_F(BlendRun, ResumesBitwiseAndUnderNewWeightsKeepsEachSourcesPlace) {
   r = run_myriad(train(dir_ / "reweighted", "--resume auto" + heavier));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("the blend changed since the checkpoint (source 'pratchett' weighs 3, was 1): each source keeps "
-                          "its place, and the balancing starts afresh at sample 80"), std::string::npos) << r.output;
+                          "its place and its order, and the balancing starts afresh at sample 80"), std::string::npos) << r.output;
   std::map<int64_t, nlohmann::json> c;
   for (const nlohmann::json& m : jsonl(dir_ / "reweighted/metrics.jsonl")) c[m["step"]] = m;
   ASSERT_EQ(c.size(), 20u);

@@ -21,6 +21,7 @@ using myriad::cat;
 namespace {
 
 using myriad::test::Result;
+using myriad::test::expect_input_error;
 using myriad::test::last_line;
 using myriad::test::read_file;
 
@@ -171,14 +172,6 @@ TEST_F(Cli, SampleFromCheckpointIsDeterministic) {
   Result huge = run(cat("sample --checkpoint ", rd.string(), " --prompt 'The ' --temperature 1e400"));
   EXPECT_EQ(huge.code, 2) << huge.output;
   EXPECT_NE(last_line(huge.output).find("--temperature is out of range, got '1e400'"), std::string::npos) << huge.output;
-}
-
-// Each bad input: exit code 2, one line naming the culprit.
-void expect_input_error(const Result& r, const std::string& needle) {
-  EXPECT_EQ(r.code, 2) << r.output;
-  const std::string line = last_line(r.output);
-  EXPECT_EQ(line.rfind("myriad: input error: ", 0), 0u) << r.output;
-  EXPECT_NE(line.find(needle), std::string::npos) << "expected '" << needle << "' in: " << line;
 }
 
 TEST_F(Cli, BadConfigAndCommandLine) {

@@ -23,6 +23,7 @@ using myriad::test::jsonl;
 using myriad::test::Proc;
 using myriad::test::read_file;
 using myriad::test::Result;
+using myriad::test::expect_input_error;
 using myriad::test::run_myriad;
 
 namespace {
@@ -32,14 +33,6 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 std::string last_line(std::string s) {
   while (!s.empty() && s.back() == '\n') s.pop_back();
   return s.substr(s.rfind('\n') == std::string::npos ? 0 : s.rfind('\n') + 1);
-}
-
-// Exit 2 with a last line "myriad: input error: ..." that holds `needle`.
-void expect_input_error(const Result& r, const std::string& needle) {
-  EXPECT_EQ(r.code, 2) << r.output;
-  const std::string line = last_line(r.output);
-  EXPECT_EQ(line.rfind("myriad: input error: ", 0), 0u) << r.output;
-  EXPECT_TRUE(contains(line, needle)) << "expected '" << needle << "' in: " << line;
 }
 
 // Waits until `path` holds `needle` (a process's output); false after `seconds`.

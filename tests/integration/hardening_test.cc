@@ -28,6 +28,7 @@ using myriad::cat;
 namespace {
 
 using myriad::test::Result;
+using myriad::test::expect_input_error;
 using myriad::test::last_line;
 using myriad::test::read_file;
 Result run(const std::string& args, const std::string& env = "") { return myriad::test::run_myriad(args, env); }
@@ -39,14 +40,6 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 
 void write_file(const fs::path& p, const std::string& bytes) {
   std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
-}
-
-// Exit code 2, and a last line "myriad: input error: ..." holding `needle`.
-void expect_input_error(const Result& r, const std::string& needle) {
-  EXPECT_EQ(r.code, 2) << r.output;
-  const std::string line = last_line(r.output);
-  EXPECT_EQ(line.rfind("myriad: input error: ", 0), 0u) << r.output;
-  EXPECT_TRUE(contains(line, needle)) << "expected '" << needle << "' in: " << line;
 }
 
 // A loopback port nothing listens on (bound, then released).

@@ -70,7 +70,7 @@ bool in_own_mount_namespace(const fs::path& dir, const std::string& script) {
 }
 
 // Exit 2 and one line that says `what`.
-void expect_input_error(const Result& r, const std::string& what) {
+void expect_one_line_error(const Result& r, const std::string& what) {
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_TRUE(contains(r.output, what)) << "expected '" << what << "' in: " << r.output;
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
@@ -212,7 +212,7 @@ TEST_F(Interchange, AModelGpt2CannotExpressIsRefused) {
            {"--set model.bias=false", "model.bias"}}) {
     const fs::path rd = dir_ / cat("refused_", named);
     ASSERT_EQ(run_myriad(train(rd, "--set train.steps=1 " + flag)).code, 0);
-    expect_input_error(run_myriad(cat("export --checkpoint ", rd.string(), " --output ", (dir_ / "refused_out").string())),
+    expect_one_line_error(run_myriad(cat("export --checkpoint ", rd.string(), " --output ", (dir_ / "refused_out").string())),
                        named);
   }
 }
@@ -237,7 +237,7 @@ TEST_F(Interchange, BadSafetensorsAreInputErrors) {
     fs::create_directories(d);
     fs::copy_file(good / "config.json", d / "config.json", fs::copy_options::overwrite_existing);
     std::ofstream(d / "model.safetensors", std::ios::binary) << read_file(good / "model.safetensors").substr(0, 40);
-    expect_input_error(run_myriad(cat("import --hf ", d.string(), " --output ", (d / "out").string())), "truncated header");
+    expect_one_line_error(run_myriad(cat("import --hf ", d.string(), " --output ", (d / "out").string())), "truncated header");
   }
   // A dtype Myriad does not read (F32, BF16 and F16 it does).
   {
@@ -249,14 +249,14 @@ TEST_F(Interchange, BadSafetensorsAreInputErrors) {
     ASSERT_NE(at, std::string::npos);
     bytes.replace(at, 5, "\"F64\"");
     std::ofstream(d / "model.safetensors", std::ios::binary) << bytes;
-    expect_input_error(run_myriad(cat("import --hf ", d.string(), " --output ", (d / "out").string())), "dtype F64");
+    expect_one_line_error(run_myriad(cat("import --hf ", d.string(), " --output ", (d / "out").string())), "dtype F64");
   }
-  expect_input_error(run_myriad(variant("missing", [](auto& t, const fs::path& d) {
+  expect_one_line_error(run_myriad(variant("missing", [](auto& t, const fs::path& d) {
                        t.erase("h.1.mlp.c_fc.bias");
                        myriad::checkpoint::write_safetensors((d / "model.safetensors").string(), t);
                      })),
                      "tensor h.1.mlp.c_fc.bias is missing");
-  expect_input_error(run_myriad(variant("shape", [](auto& t, const fs::path& d) {
+  expect_one_line_error(run_myriad(variant("shape", [](auto& t, const fs::path& d) {
                        t["h.0.attn.c_proj.weight"].shape = {16, 64};
                        myriad::checkpoint::write_safetensors((d / "model.safetensors").string(), t);
                      })),
@@ -298,7 +298,7 @@ TEST_F(Interchange, VerifyFindsAFlippedByte) {
   bytes[at] ^= 0x01;
   std::ofstream(ckpt / "shard_00000.bin", std::ios::binary) << bytes;
   Result bad = run_myriad(cat("verify ", ckpt.string()));
-  expect_input_error(bad, "shard_00000.bin: piece 0 of tensor ");
+  expect_one_line_error(bad, "shard_00000.bin: piece 0 of tensor ");
   EXPECT_TRUE(contains(bad.output, "checksum mismatch")) << bad.output;
   // The named tensor is the one whose bytes hold the flipped one.
   const auto meta = nlohmann::json::parse(read_file(ckpt / "meta.json"));
@@ -322,7 +322,7 @@ TEST_F(Interchange, ImportNeverReplacesAnExistingPath) {
   for (const std::string& out : {(dir_ / "nonexist/../victim").string(), (victim / "nope/..").string(),
                                  victim.string() + "/", (victim / ".").string(), victim.string()}) {
     const Result r = run_myriad(cat("import --hf ", hf.string(), " --output ", out));
-    expect_input_error(r, "exists");
+    expect_one_line_error(r, "exists");
     EXPECT_TRUE(contains(r.output, victim.string())) << r.output;
     EXPECT_EQ(listing(victim), std::vector<std::string>{"important.txt"});
     EXPECT_EQ(read_file(victim / "important.txt"), "x\n");
@@ -359,7 +359,7 @@ TEST_F(Interchange, AnExportFolderHoldsExactlyThatExport) {
   // A file the export did not write: refused and named, the folder left as it is.
   std::ofstream(out / "notes.txt") << "mine\n";
   const std::string model = read_file(out / "model.safetensors");
-  expect_input_error(run_myriad(cat("export --checkpoint ", gpt2_run().string(), " --output ", out.string())),
+  expect_one_line_error(run_myriad(cat("export --checkpoint ", gpt2_run().string(), " --output ", out.string())),
                      "notes.txt");
   EXPECT_EQ(read_file(out / "notes.txt"), "mine\n");
   EXPECT_EQ(read_file(out / "model.safetensors"), model);
@@ -370,7 +370,7 @@ TEST_F(Interchange, AnExportFolderHoldsExactlyThatExport) {
   // Another tool's model (no manifest) is refused; an empty folder is taken.
   fs::create_directories(dir_ / "theirs");
   std::ofstream(dir_ / "theirs/model.safetensors") << "theirs";
-  expect_input_error(run_myriad(cat("export --checkpoint ", (dir_ / "small").string(), " --output ", (dir_ / "theirs").string())),
+  expect_one_line_error(run_myriad(cat("export --checkpoint ", (dir_ / "small").string(), " --output ", (dir_ / "theirs").string())),
                      "model.safetensors");
   EXPECT_EQ(read_file(dir_ / "theirs/model.safetensors"), "theirs");
   fs::create_directories(dir_ / "empty_out");
@@ -379,10 +379,10 @@ TEST_F(Interchange, AnExportFolderHoldsExactlyThatExport) {
   EXPECT_EQ(listing(dir_ / "empty_out"), (std::vector<std::string>{"config.json", "model.safetensors", "myriad_export.json"}));
   // A file, or the checkpoint's own folder, is never the output.
   std::ofstream(dir_ / "a_file") << "f";
-  expect_input_error(run_myriad(cat("export --checkpoint ", (dir_ / "small").string(), " --output ", (dir_ / "a_file").string(),
+  expect_one_line_error(run_myriad(cat("export --checkpoint ", (dir_ / "small").string(), " --output ", (dir_ / "a_file").string(),
                                     " --overwrite")),
                      "not a directory");
-  expect_input_error(run_myriad(cat("export --checkpoint ", (dir_ / "small").string(), " --output ", (dir_ / "small").string(),
+  expect_one_line_error(run_myriad(cat("export --checkpoint ", (dir_ / "small").string(), " --output ", (dir_ / "small").string(),
                                     " --overwrite")),
                      "holds the checkpoint");
   EXPECT_EQ(run_myriad(cat("verify ", (dir_ / "small").string())).code, 0);
@@ -425,7 +425,7 @@ TEST_F(Interchange, AnExportThatFailsLeavesTheEarlierExportWhole) {
 TEST_F(Interchange, AnExportThatCannotCreateItsFolderIsAnInputError) {
   small_export();
   Result r = run_myriad(cat("export --checkpoint ", (dir_ / "small").string(), " --output /sys/myriad_export_test"));
-  expect_input_error(r, "/sys/myriad_export_test");
+  expect_one_line_error(r, "/sys/myriad_export_test");
   EXPECT_TRUE(contains(r.output, "Operation not permitted") || contains(r.output, "Permission denied")) << r.output;
   const fs::path d = dir_ / "ro", ro = d / "mnt";
   fs::create_directories(ro);
@@ -435,7 +435,7 @@ TEST_F(Interchange, AnExportThatCannotCreateItsFolderIsAnInputError) {
                                  (d / "rc").string(), "\n");
   if (!in_own_mount_namespace(d, script)) GTEST_SKIP() << "unshare -rm cannot mount a tmpfs here";
   r = {std::stoi(read_file(d / "rc")), read_file(d / "log")};
-  expect_input_error(r, (ro / "new").string());
+  expect_one_line_error(r, (ro / "new").string());
   EXPECT_TRUE(contains(r.output, "Read-only file system")) << r.output;
 }
 
@@ -478,7 +478,7 @@ TEST_F(Interchange, AnExportIntoAMountPointIsWrittenInsideIt) {
   EXPECT_EQ(nlohmann::json::parse(read_file(d / "second.json"))["files"],
             nlohmann::json({"config.json", "model.safetensors"}));
   const Result third{std::stoi(rc("third")), read_file(d / "third.log")};
-  expect_input_error(third, "notes.txt");
+  expect_one_line_error(third, "notes.txt");
   EXPECT_EQ(read_file(d / "third.notes"), "mine\n");
   EXPECT_EQ(read_file(d / "third.ls"), "config.json\nmodel.safetensors\nmyriad_export.json\nnotes.txt\n");
   // The full disk: staging fails, the earlier export stays whole, the staging folder goes.
@@ -503,7 +503,7 @@ TEST_F(Interchange, AnOutputThatHoldsTheCheckpointThroughALinkIsRefused) {
   fs::copy(dir_ / "small", out / "run", fs::copy_options::recursive);
   fs::create_directory_symlink(out / "run", link);
   for (const fs::path& ckpt : {link, link / "checkpoints"}) {
-    expect_input_error(run_myriad(cat("export --checkpoint ", ckpt.string(), " --output ", out.string(), " --overwrite")),
+    expect_one_line_error(run_myriad(cat("export --checkpoint ", ckpt.string(), " --output ", out.string(), " --overwrite")),
                        "holds the checkpoint");
     EXPECT_EQ(run_myriad(cat("verify ", (out / "run").string())).code, 0);
   }
@@ -522,7 +522,7 @@ TEST_F(Interchange, ImportRefusesNonFiniteWeights) {
     t[tensor].data[element] = value;
     myriad::checkpoint::write_safetensors((d / "model.safetensors").string(), t);
     const Result r = run_myriad(cat("import --hf ", d.string(), " --output ", (d / "out").string()));
-    expect_input_error(r, cat("tensor ", tensor, " element ", element, " is ", std::isnan(value) ? "nan" : value > 0 ? "inf" : "-inf"));
+    expect_one_line_error(r, cat("tensor ", tensor, " element ", element, " is ", std::isnan(value) ? "nan" : value > 0 ? "inf" : "-inf"));
     EXPECT_TRUE(contains(r.output, (d / "model.safetensors").string())) << r.output;
     EXPECT_FALSE(fs::exists(d / "out"));
   }
@@ -558,7 +558,7 @@ TEST_F(Interchange, MalformedHeadersAndConfigsAreInputErrors) {
     h["ln_f.bias"][c.key] = c.value;
     if (c.name == "huge") h["ln_f.bias"]["data_offsets"] = {0, 4};
     const Result r = import(c.name, h, config);
-    expect_input_error(r, c.says);
+    expect_one_line_error(r, c.says);
     EXPECT_TRUE(contains(r.output, "model.safetensors")) << r.output;
   }
   struct ConfigCase {
@@ -575,7 +575,7 @@ TEST_F(Interchange, MalformedHeadersAndConfigsAreInputErrors) {
     nlohmann::json bad = config;
     bad[c.key] = c.value;
     const Result r = import(cat("config_", c.key), header, bad);
-    expect_input_error(r, c.key);
+    expect_one_line_error(r, c.key);
     EXPECT_TRUE(contains(r.output, "config.json")) << r.output;
   }
   // model.safetensors a directory, config.json a directory.
@@ -586,7 +586,7 @@ TEST_F(Interchange, MalformedHeadersAndConfigsAreInputErrors) {
     fs::remove(d / file);
     fs::create_directories(d / file);
     const Result r = run_myriad(cat("import --hf ", d.string(), " --output ", (d / "out").string()));
-    expect_input_error(r, (d / file).string());
+    expect_one_line_error(r, (d / file).string());
     EXPECT_TRUE(contains(r.output, "not a file")) << r.output;
   }
 }
@@ -598,9 +598,9 @@ TEST_F(Interchange, ImportDropsAMaskBufferOfAnyDtype) {
   auto [header, data] = split_safetensors(read_file(good / "model.safetensors"));
   const uint64_t at = data.size();
   header["h.0.attn.bias"] = {{"dtype", "BOOL"}, {"shape", {1, 1, 16, 16}}, {"data_offsets", {at, at + 256}}};
-  header["transformer.h.1.attn.bias"] = {{"dtype", "U8"}, {"shape", {1, 1, 16, 16}}, {"data_offsets", {at, at + 256}}};
-  header["h.1.attn.masked_bias"] = {{"dtype", "F16"}, {"shape", nlohmann::json::array()}, {"data_offsets", {at, at + 2}}};
-  data.append(256, '\1');
+  header["transformer.h.1.attn.bias"] = {{"dtype", "U8"}, {"shape", {1, 1, 16, 16}}, {"data_offsets", {at + 256, at + 512}}};
+  header["h.1.attn.masked_bias"] = {{"dtype", "F16"}, {"shape", nlohmann::json::array()}, {"data_offsets", {at + 512, at + 514}}};
+  data.append(514, '\1');
   const fs::path d = dir_ / "mask_hf";
   fs::create_directories(d);
   fs::copy_file(good / "config.json", d / "config.json", fs::copy_options::overwrite_existing);
@@ -750,35 +750,178 @@ TEST_F(Interchange, WhatLlamaOrMyriadCannotExpressIsRefused) {
     std::ofstream(d / "config.json") << c.dump(2);
     return run_myriad(cat("import --hf ", d.string(), " --output ", (d / "out").string()));
   };
-  expect_input_error(with_config("yarn", [](auto& c) { c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; }),
+  expect_one_line_error(with_config("yarn", [](auto& c) { c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; }),
                      "rope_scaling.rope_type = \"yarn\"");
-  expect_input_error(with_config("bias", [](auto& c) { c["attention_bias"] = true; }),
+  expect_one_line_error(with_config("bias", [](auto& c) { c["attention_bias"] = true; }),
                      "attention_bias = true but mlp_bias = false");
-  expect_input_error(with_config("gelu", [](auto& c) { c["hidden_act"] = "gelu"; }), "hidden_act = \"gelu\"");
+  expect_one_line_error(with_config("gelu", [](auto& c) { c["hidden_act"] = "gelu"; }), "hidden_act = \"gelu\"");
   // transformers' "default" scaling is none.
   EXPECT_EQ(with_config("default_scaling", [](auto& c) { c["rope_scaling"] = {{"rope_type", "default"}}; }).code, 0);
-  expect_input_error(with_config("head_dim", [](auto& c) { c["head_dim"] = 16; }), "head_dim = 16");
-  expect_input_error(with_config("kv3", [](auto& c) { c["num_key_value_heads"] = 3; }),
-                     "model.kv_heads (3) must divide model.heads (4)");
-  expect_input_error(with_config("theta", [](auto& c) { c["rope_theta"] = 0; }), "model.rope_theta must be positive");
-  expect_input_error(with_config("tied", [](auto& c) { c["tie_word_embeddings"] = true; }),
+  expect_one_line_error(with_config("head_dim", [](auto& c) { c["head_dim"] = 16; }), "head_dim = 16");
+  expect_one_line_error(with_config("kv3", [](auto& c) { c["num_key_value_heads"] = 3; }),
+                     "num_key_value_heads = 3 does not divide num_attention_heads = 4");
+  expect_one_line_error(with_config("theta", [](auto& c) { c["rope_theta"] = 0; }), "model.rope_theta must be positive");
+  expect_one_line_error(with_config("tied", [](auto& c) { c["tie_word_embeddings"] = true; }),
                      "lm_head.weight differs from model.embed_tokens.weight but tie_word_embeddings is true");
   // Export: a window, a parallel block, a bad dtype or shard size.
   ASSERT_EQ(run_myriad(train(dir_ / "llama_window", cat("--set train.steps=1 --set model.window=4 ", kLlamaSets))).code, 0);
-  expect_input_error(run_myriad(cat("export --checkpoint ", (dir_ / "llama_window").string(), " --output ",
+  expect_one_line_error(run_myriad(cat("export --checkpoint ", (dir_ / "llama_window").string(), " --output ",
                                     (dir_ / "llama_window_hf").string())),
                      "model.window = 4 (LlamaForCausalLM's attention is full causal)");
   EXPECT_FALSE(fs::exists(dir_ / "llama_window_hf"));
   // A GPT-2 block with fewer key/value heads fits neither format; the message names what GPT-2 lacks.
   ASSERT_EQ(run_myriad(train(dir_ / "gpt2_gqa", "--set train.steps=1 --set model.kv_heads=2")).code, 0);
-  expect_input_error(run_myriad(cat("export --checkpoint ", (dir_ / "gpt2_gqa").string(), " --output ",
+  expect_one_line_error(run_myriad(cat("export --checkpoint ", (dir_ / "gpt2_gqa").string(), " --output ",
                                     (dir_ / "gpt2_gqa_hf").string())),
                      "model.kv_heads = 2, which GPT-2 cannot express, and model.norm = \"layernorm\"");
-  expect_input_error(run_myriad(cat("export --checkpoint ", rd.string(), " --dtype fp16 --output ", (dir_ / "x").string())),
+  expect_one_line_error(run_myriad(cat("export --checkpoint ", rd.string(), " --dtype fp16 --output ", (dir_ / "x").string())),
                      "--dtype fp16 is not one of: bf16, fp32");
-  expect_input_error(run_myriad(cat("export --checkpoint ", rd.string(), " --max-shard-size lots --output ", (dir_ / "x").string())),
+  expect_one_line_error(run_myriad(cat("export --checkpoint ", rd.string(), " --max-shard-size lots --output ", (dir_ / "x").string())),
                      "--max-shard-size lots is not a size");
   EXPECT_FALSE(fs::exists(dir_ / "x"));
+}
+
+// Hardening III items 3, 8 and 12: the rotary parameters in either form transformers writes
+// (before 5: rope_theta and rope_scaling at the top; from 5: rope_parameters), each read, the
+// two compared where a file has both; nothing the file does not say is filled in; each refusal
+// names the field and its value as written. A theta other than the default and Llama 3.1's
+// scaling, so that neither can hide behind a default.
+TEST_F(Interchange, RotaryParametersInEitherFormWithNothingFilledIn) {
+  const fs::path rd = dir_ / "rope";
+  ASSERT_EQ(run_myriad(train(rd, cat("--set train.steps=1 ", kLlamaSets, " --set model.rope_theta=500000 --set "
+                                     "model.rope_scaling=llama3 --set model.rope_factor=4 --set model.rope_original_positions=8"))).code, 0);
+  const fs::path good = dir_ / "rope_hf";
+  ASSERT_EQ(run_myriad(cat("export --checkpoint ", rd.string(), " --dtype fp32 --output ", good.string())).code, 0);
+  const auto exported = nlohmann::json::parse(read_file(good / "config.json"));
+  EXPECT_EQ(exported["rope_theta"], 500000.0);
+  EXPECT_EQ(exported["rope_scaling"]["rope_type"], "llama3");
+  auto with_config = [&](const std::string& name, const std::function<void(nlohmann::json&)>& change) {
+    const fs::path d = dir_ / name;
+    fs::create_directories(d);
+    fs::copy_file(good / "model.safetensors", d / "model.safetensors", fs::copy_options::overwrite_existing);
+    nlohmann::json c = exported;
+    change(c);
+    std::ofstream(d / "config.json") << c.dump(2);
+    return run_myriad(cat("import --hf ", d.string(), " --output ", (d / "out").string()));
+  };
+  auto imported = [&](const std::string& name) {
+    const std::string dir = (dir_ / name / "out").string();
+    return myriad::parse_config(myriad::checkpoint::read_meta(dir)["config"].get<std::string>(), dir).model;
+  };
+  // transformers 5's form: rope_parameters alone.
+  const nlohmann::json v5 = {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 4.0}, {"low_freq_factor", 1.0},
+                             {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8}};
+  for (const auto& [name, change] : std::vector<std::pair<std::string, std::function<void(nlohmann::json&)>>>{
+           {"rope_v4", [](nlohmann::json&) {}},
+           {"rope_v5", [&](nlohmann::json& c) { c.erase("rope_theta"), c.erase("rope_scaling"), c["rope_parameters"] = v5; }},
+           {"rope_both", [&](nlohmann::json& c) { c["rope_parameters"] = v5; }},
+           {"rope_v5_null_scaling", [&](nlohmann::json& c) { c.erase("rope_theta"), c["rope_scaling"] = nullptr, c["rope_parameters"] = v5; }}}) {
+    const Result r = with_config(name, change);
+    ASSERT_EQ(r.code, 0) << name << ": " << r.output;
+    const myriad::ModelConfig m = imported(name);
+    EXPECT_EQ(m.rope_theta, 500000.0) << name;
+    EXPECT_EQ(m.rope_scaling, "llama3") << name;
+    EXPECT_EQ(m.rope_factor, 4.0) << name;
+    EXPECT_EQ(m.rope_original_positions, 8) << name;
+    EXPECT_EQ(weights((dir_ / name / "out").string()), weights(myriad::checkpoint::resolve(rd.string()))) << name;
+  }
+  // The same model samples the same in either form: its positions turn as they did.
+  const Result a = run_myriad(cat("sample --checkpoint ", rd.string(), " --prompt abc --tokens 12 --temperature 0"));
+  const Result b = run_myriad(cat("sample --checkpoint ", (dir_ / "rope_v5/out").string(), " --prompt abc --tokens 12 --temperature 0"));
+  ASSERT_EQ(b.code, 0) << b.output;
+  EXPECT_EQ(a.output.substr(a.output.find("prompt tokens")), b.output.substr(b.output.find("prompt tokens")));
+  // rope_type default in the new form: no scaling, the theta read.
+  ASSERT_EQ(with_config("rope_v5_default", [](auto& c) {
+              c.erase("rope_theta"), c.erase("rope_scaling"), c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 250000.0}};
+            }).code, 0);
+  EXPECT_EQ(imported("rope_v5_default").rope_theta, 250000.0);
+  EXPECT_EQ(imported("rope_v5_default").rope_scaling, "");
+
+  // Refused, naming the field and its value as written.
+  expect_one_line_error(with_config("rope_disagree", [&](auto& c) { c["rope_parameters"] = v5, c["rope_parameters"]["rope_theta"] = 10000.0; }),
+                     "rope_theta = 500000.0 but rope_parameters.rope_theta = 10000.0: the two forms disagree");
+  expect_one_line_error(with_config("rope_disagree_factor", [&](auto& c) { c["rope_parameters"] = v5, c["rope_parameters"]["factor"] = 8.0; }),
+                     "describe different rotary scalings: the two forms disagree");
+  expect_one_line_error(with_config("rope_bare", [](auto& c) { c["rope_scaling"] = {{"rope_type", "llama3"}}; }),
+                     "rope_scaling.factor is missing");
+  expect_one_line_error(with_config("rope_bare_v5", [](auto& c) {
+                       c.erase("rope_scaling"), c["rope_parameters"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
+                     }),
+                     "rope_parameters.low_freq_factor is missing");
+  expect_one_line_error(with_config("rope_fraction", [](auto& c) { c["rope_scaling"]["original_max_position_embeddings"] = 8192.9; }),
+                     "rope_scaling.original_max_position_embeddings is 8192.9, not an integer");
+  expect_one_line_error(with_config("rope_huge", [](auto& c) { c["rope_scaling"]["original_max_position_embeddings"] = 1e30; }),
+                     "rope_scaling.original_max_position_embeddings is 1e+30, not an integer");
+  expect_one_line_error(with_config("rope_per_layer", [&](auto& c) { c["rope_parameters"] = {{"full_attention", v5}}; }),
+                     "rope_parameters.full_attention is an object");
+  // The sizes, in transformers' words.
+  expect_one_line_error(with_config("kv0", [](auto& c) { c["num_key_value_heads"] = 0; }),
+                     "num_key_value_heads = 0: it must be a positive integer");
+  expect_one_line_error(with_config("head_dim_decoupled", [](auto& c) { c["num_attention_heads"] = 5, c["head_dim"] = 8; }),
+                     "head_dim = 8 but hidden_size / num_attention_heads = 32 / 5");
+  expect_one_line_error(with_config("hidden_odd", [](auto& c) { c["num_attention_heads"] = 5, c.erase("head_dim"); }),
+                     "hidden_size = 32 is not a multiple of num_attention_heads = 5");
+  // Item 4: a vocabulary smaller than its tokenizer's is refused at import.
+  expect_one_line_error(with_config("vocab100", [](auto& c) { c["vocab_size"] = 100; }),
+                     "vocab_size = 100 is below the byte tokenizer's 256 ids");
+}
+
+// Hardening III, unclear cases decided: safetensors as the reference library reads them
+// (the tensors tile the data exactly: overlapping offsets and trailing bytes are refused); a
+// folder with both model.safetensors and an index loads model.safetensors, as transformers does;
+// --max-shard-size in any case, a lowercase b counting bits as in transformers; a GPT-2-layout
+// model on Llama 3's ids exports that tokenizer and its special ids.
+TEST_F(Interchange, UnclearCasesDecided) {
+  const fs::path good = small_export();
+  const auto [header, data] = split_safetensors(read_file(good / "model.safetensors"));
+  auto import = [&](const std::string& name, const std::string& bytes) {
+    const fs::path d = dir_ / name;
+    fs::create_directories(d);
+    fs::copy_file(good / "config.json", d / "config.json", fs::copy_options::overwrite_existing);
+    std::ofstream(d / "model.safetensors", std::ios::binary) << bytes;
+    return run_myriad(cat("import --hf ", d.string(), " --output ", (d / "out").string()));
+  };
+  expect_one_line_error(import("trailing", join_safetensors(header, data + std::string(64, '\0'))),
+                     "64 bytes follow the last tensor's data");
+  const nlohmann::json overlap = {{"a", {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {0, 8}}}},
+                                   {"b", {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {4, 12}}}},
+                                   {"c", {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {12, 20}}}}};
+  expect_one_line_error(import("overlap", join_safetensors(overlap, std::string(20, '\0'))), "data_offsets overlap at byte 4");
+  nlohmann::json gap = header;
+  gap["ln_f.bias"]["data_offsets"] = gap["ln_f.weight"]["data_offsets"];  // its own bytes then belong to nothing
+  expect_one_line_error(import("gap", join_safetensors(gap, data)), "data_offsets leave a gap at byte");
+
+  // Both a single file and an index: the single file is read, and the log says so.
+  const fs::path both = dir_ / "both";
+  fs::copy(good, both, fs::copy_options::recursive);
+  std::ofstream(both / "model.safetensors.index.json") << R"({"weight_map": {"wte.weight": "gone.safetensors"}})";
+  const Result r = run_myriad(cat("import --hf ", both.string(), " --output ", (both / "out").string()));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "reading model.safetensors, as transformers does")) << r.output;
+
+  // --max-shard-size in lowercase: bytes as transformers counts them (a lowercase b is bits).
+  const std::string ckpt = myriad::checkpoint::resolve((dir_ / "small").string());
+  const Result kb = run_myriad(cat("export --checkpoint ", ckpt, " --max-shard-size 80kb --output ", (dir_ / "lower").string()));
+  ASSERT_EQ(kb.code, 0) << kb.output;
+  EXPECT_TRUE(contains(kb.output, "--max-shard-size 80kb is 10000 bytes")) << kb.output;
+  const auto index = nlohmann::json::parse(read_file(dir_ / "lower/model.safetensors.index.json"));
+  EXPECT_GT(index["weight_map"].size(), 0u);
+  ASSERT_EQ(run_myriad(cat("export --checkpoint ", ckpt, " --max-shard-size 10KB --output ", (dir_ / "upper").string())).code, 0);
+  EXPECT_EQ(read_file(dir_ / "lower/model.safetensors.index.json"), read_file(dir_ / "upper/model.safetensors.index.json"));
+
+  // A GPT-2 layout on Llama 3's ids.
+  const std::string llama_data = (dir_ / "gpt2_llama3_corpus").string();
+  ASSERT_EQ(run_myriad(cat("prepare --input /usr/share/games/fortunes/science --tokenizer llama3 --output ", llama_data,
+                           " --doc-separator %")).code, 0);
+  const fs::path rd = dir_ / "gpt2_llama3";
+  ASSERT_EQ(run_myriad(train(rd, cat("--set train.steps=1 --set data.tokenizer=llama3 --set model.vocab_size=128256 ",
+                                     "--set train.global_batch=2 --set train.micro_batch=1 --set data.train=", llama_data))).code, 0);
+  ASSERT_EQ(run_myriad(cat("export --checkpoint ", rd.string(), " --output ", (dir_ / "gpt2_llama3_hf").string())).code, 0);
+  const auto config = nlohmann::json::parse(read_file(dir_ / "gpt2_llama3_hf/config.json"));
+  EXPECT_EQ(config["model_type"], "gpt2");
+  EXPECT_EQ(config["bos_token_id"], 128000);
+  EXPECT_EQ(config["eos_token_id"], 128001);
+  EXPECT_EQ(read_file(dir_ / "gpt2_llama3_hf/tokenizer.json"), read_file(fs::path(myriad::data::llama3_dir()) / "tokenizer.json"));
 }
 
 }  // namespace

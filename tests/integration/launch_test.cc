@@ -292,7 +292,7 @@ TEST_F(Launch, TwoLaunchersActAsTwoNodes) {
 }
 
 // Each bad launch: exit code 2 and one line naming the culprit.
-void expect_input_error(const Result& r, const std::string& needle) {
+void expect_one_line_error(const Result& r, const std::string& needle) {
   EXPECT_EQ(r.code, 2) << r.output;
   std::string out = r.output;
   while (!out.empty() && out.back() == '\n') out.pop_back();
@@ -303,41 +303,41 @@ void expect_input_error(const Result& r, const std::string& needle) {
 
 TEST_F(Launch, BadArguments) {
   const fs::path d = dir_;
-  expect_input_error(run(d, "launch --nproc-per-node 0 -- comm-check"), "--nproc-per-node must be 1..4096, got 0");
-  expect_input_error(run(d, "launch --nproc-per-node two -- comm-check"), "--nproc-per-node must be an integer");
-  expect_input_error(run(d, "launch -- comm-check"), "--nproc-per-node is required");
-  expect_input_error(run(d, "launch --nproc-per-node 2 comm-check"), "expected '--'");
-  expect_input_error(run(d, "launch --nproc-per-node 2 --"), "nothing to run after '--'");
-  expect_input_error(run(d, "launch --nproc-per-nodes 2 -- comm-check"), "did you mean 'nproc-per-node'");
-  expect_input_error(run(d, "launch --nproc-per-node 1 -- launch --nproc-per-node 1 -- comm-check"),
+  expect_one_line_error(run(d, "launch --nproc-per-node 0 -- comm-check"), "--nproc-per-node must be 1..4096, got 0");
+  expect_one_line_error(run(d, "launch --nproc-per-node two -- comm-check"), "--nproc-per-node must be an integer");
+  expect_one_line_error(run(d, "launch -- comm-check"), "--nproc-per-node is required");
+  expect_one_line_error(run(d, "launch --nproc-per-node 2 comm-check"), "expected '--'");
+  expect_one_line_error(run(d, "launch --nproc-per-node 2 --"), "nothing to run after '--'");
+  expect_one_line_error(run(d, "launch --nproc-per-nodes 2 -- comm-check"), "did you mean 'nproc-per-node'");
+  expect_one_line_error(run(d, "launch --nproc-per-node 1 -- launch --nproc-per-node 1 -- comm-check"),
                      "cannot be launch itself");
-  expect_input_error(run(d, "launch --nproc-per-node 2 --grace-period -1 -- comm-check"),
+  expect_one_line_error(run(d, "launch --nproc-per-node 2 --grace-period -1 -- comm-check"),
                      "--grace-period must be");
-  expect_input_error(run(d, "launch --nproc-per-node 2 --nnodes 2 --node-rank 2 --rdzv file:///tmp/x/j -- comm-check"),
+  expect_one_line_error(run(d, "launch --nproc-per-node 2 --nnodes 2 --node-rank 2 --rdzv file:///tmp/x/j -- comm-check"),
                      "node rank 2 (--node-rank) is out of range for 2 node(s) (--nnodes)");
-  expect_input_error(run(d, "launch --nproc-per-node 2 --nnodes 2 --node-rank 1 -- comm-check"),
+  expect_one_line_error(run(d, "launch --nproc-per-node 2 --nnodes 2 --node-rank 1 -- comm-check"),
                      "2 nodes need a rendezvous store");
-  expect_input_error(run(d, "launch --nproc-per-node 2 --nnodes 0 -- comm-check"), "node count (--nnodes) must be");
-  expect_input_error(run(d, "launch --nproc-per-node 1 --nnodes 2 --node-rank 0 --rdzv redis://127.0.0.1:6379 -- comm-check"),
+  expect_one_line_error(run(d, "launch --nproc-per-node 2 --nnodes 0 -- comm-check"), "node count (--nnodes) must be");
+  expect_one_line_error(run(d, "launch --nproc-per-node 1 --nnodes 2 --node-rank 0 --rdzv redis://127.0.0.1:6379 -- comm-check"),
                      "names no job");
-  expect_input_error(run(d, "launch --nproc-per-node 1 --rdzv http://host/j -- comm-check"), "unknown scheme");
-  expect_input_error(run(d, "launch --nproc-per-node 1 --job 'a b' -- comm-check"), "the job name 'a b'");
-  expect_input_error(run(d, "launch --nproc-per-node 1 --job x --rdzv file:///tmp/s/y -- comm-check"),
+  expect_one_line_error(run(d, "launch --nproc-per-node 1 --rdzv http://host/j -- comm-check"), "unknown scheme");
+  expect_one_line_error(run(d, "launch --nproc-per-node 1 --job 'a b' -- comm-check"), "the job name 'a b'");
+  expect_one_line_error(run(d, "launch --nproc-per-node 1 --job x --rdzv file:///tmp/s/y -- comm-check"),
                      "--job x disagrees with the job 'y'");
   // Placement from the environment: flags win, and bad values are named.
-  expect_input_error(run(d, "launch --nproc-per-node 1 --rdzv file:///tmp/x/j -- comm-check",
+  expect_one_line_error(run(d, "launch --nproc-per-node 1 --rdzv file:///tmp/x/j -- comm-check",
                          "SLURM_JOB_ID=7 SLURM_NODEID=2 SLURM_NNODES=2"),
                      "node rank 2 (SLURM_NODEID) is out of range for 2 node(s) (SLURM_NNODES)");
-  expect_input_error(run(d, "launch --nproc-per-node 1 --rdzv file:///tmp/x/j -- comm-check",
+  expect_one_line_error(run(d, "launch --nproc-per-node 1 --rdzv file:///tmp/x/j -- comm-check",
                          "SLURM_JOB_ID=7 SLURM_NODEID=0 SLURM_NNODES=2 SLURM_STEP_NUM_TASKS=16"),
                      "srun started 16 tasks on 2 node(s)");
-  expect_input_error(run(d, "launch --nproc-per-node 1 --nnodes 4 --rdzv file:///tmp/x/j -- comm-check",
+  expect_one_line_error(run(d, "launch --nproc-per-node 1 --nnodes 4 --rdzv file:///tmp/x/j -- comm-check",
                          "JOB_COMPLETION_INDEX=4"),
                      "node rank 4 (JOB_COMPLETION_INDEX) is out of range for 4 node(s) (--nnodes)");
-  expect_input_error(run(d, "launch --nproc-per-node 1 -- comm-check", "MYRIAD_NNODES=x"),
+  expect_one_line_error(run(d, "launch --nproc-per-node 1 -- comm-check", "MYRIAD_NNODES=x"),
                      "MYRIAD_NNODES must be an integer, got 'x'");
   // comm-check outside a launch.
-  expect_input_error(run(d, "comm-check"), "MYRIAD_RANK is not set");
+  expect_one_line_error(run(d, "comm-check"), "MYRIAD_RANK is not set");
 }
 
 }  // namespace

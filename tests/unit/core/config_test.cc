@@ -298,8 +298,21 @@ valid = [{name = "web", path = "data/web_val"}, {path = "data/code_val"}]
   EXPECT_EQ(parse_config(to_toml(mega), "round trip").data.train, mega.data.train);
   EXPECT_EQ(parse_config(kSmall, "x", {"data.train=my data/x"}).data.train,
             (DataSources{DataSource{"x", "my data/x", 1, 0}}));
-  EXPECT_EQ(parse_config(kSmall, "x", {"data.valid=1 data/v"}).data.valid[0].path, "1 data/v")
-      << "validation sources are not weighted: a string is one prefix";
+  // Hardening III: two prefixes of one file name are named by their paths (the string cannot
+  // name them); a validation string in the blend's form is refused (validation does not blend).
+  const Config twins = parse_config(kSmall, "x", {"data.train=0.5 a/train 0.5 b/train 1 c/web"});
+  ASSERT_EQ(twins.data.train.size(), 3u);
+  EXPECT_EQ(twins.data.train[0].name, "a/train");
+  EXPECT_EQ(twins.data.train[1].name, "b/train");
+  EXPECT_EQ(twins.data.train[2].name, "web") << "a file name of its own stays the name";
+  EXPECT_EQ(parse_config(to_toml(twins), "round trip").data.train, twins.data.train);
+  std::string v = input_error([] { parse_config(kSmall, "x", {"data.valid=1 data/v"}); });
+  EXPECT_NE(v.find("data.valid = \"1 data/v\" reads as Megatron-LM's blend"), std::string::npos) << v;
+  EXPECT_NE(v.find("validation sources are not blended"), std::string::npos) << v;
+  EXPECT_EQ(parse_config(kSmall, "x", {"data.valid=data/v w"}).data.valid[0].path, "data/v w");
+  // Weights whose sum is not a finite number cannot be normalized.
+  v = input_error([] { parse_config(kSmall, "x", {"data.train=1e308 data/a 1e308 data/b"}); });
+  EXPECT_NE(v.find("data.train's weights sum to inf"), std::string::npos) << v;
 
   // Bad sources: one line naming the source or the key.
   std::string e = input_error([] { parse_config(kSmall, "x", {"data.train=0.7 data/web 0.3"}); });
@@ -324,4 +337,18 @@ valid = [{name = "web", path = "data/web_val"}, {path = "data/code_val"}]
   EXPECT_NE(e.find("source 'a' has epochs -1"), std::string::npos) << e;
   e = input_error([] { parse_config(kSmall, "x", {"data.train=3"}); });
   EXPECT_NE(e.find("data.train must be a prefix (a string) or an array of sources"), std::string::npos) << e;
+}
+
+// Hardening III item 11: a --set is blamed only for the whole key it gave, never for a key that
+// merely begins with it.
+TEST(Config, SetErrorsNameTheWholeKey) {
+  std::string e = input_error([] { parse_config(kSmall, "x", {"optim.decay=wsd", "optim.decay_steps=-3"}); });
+  EXPECT_EQ(e.rfind("--set optim.decay_steps=-3: ", 0), 0u) << e;
+  e = input_error([] { parse_config(kSmall, "x", {"model.mlp=gelu", "model.mlp_hidden=-2"}); });
+  EXPECT_EQ(e.rfind("--set model.mlp_hidden=-2: ", 0), 0u) << e;
+  e = input_error([] { parse_config(kSmall, "x", {"checkpoint.async=true", "checkpoint.async_policy=later"}); });
+  EXPECT_EQ(e.rfind("--set checkpoint.async_policy=later: ", 0), 0u) << e;
+  // The shorter key is still found where it stands whole.
+  e = input_error([] { parse_config(kSmall, "x", {"optim.decay=sometimes", "optim.decay_steps=3"}); });
+  EXPECT_EQ(e.rfind("--set optim.decay=sometimes: ", 0), 0u) << e;
 }

@@ -46,7 +46,8 @@ TEST(Fault, QualifiersChooseTheProcessAndTheAttempt) {
 }
 
 TEST(Fault, TriggerCarriesOutWhatTheProcessCan) {
-  Env e("step:1:throw,step:2:slow:40,step:3:flip,step:4:slow:x,step:5:kill@rank=9", "0", "0", "0");
+  Env e("step:1:throw,step:2:slow:40,step:3:flip,step:4:slow:x,step:5:kill@rank=9,step:6:slow:x3,step:7:slow:x3:150",
+        "0", "0", "0");
   try {
     fault::trigger("step:1");
     ADD_FAILURE() << "no error";
@@ -59,6 +60,15 @@ TEST(Fault, TriggerCarriesOutWhatTheProcessCan) {
   EXPECT_EQ(fault::trigger("step:3"), "flip");  // for the trainer to carry out
   EXPECT_THROW(fault::trigger("step:4"), Error);
   EXPECT_EQ(fault::trigger("step:5"), "");  // rank 9 only: this process lives on
+  // slow:xK: each step K times its own time, whatever that time is (a loaded machine's too).
+  EXPECT_EQ(fault::delay_ms(100), 40);
+  EXPECT_EQ(fault::trigger("step:6"), "");
+  EXPECT_EQ(fault::delay_ms(100), 40 + 200);
+  EXPECT_EQ(fault::delay_ms(300), 40 + 600);
+  // slow:xK:MS: and at least MS (a step too short for K alone to make a straggler).
+  EXPECT_EQ(fault::trigger("step:7"), "");
+  EXPECT_EQ(fault::delay_ms(10), 40 + 150);
+  EXPECT_EQ(fault::delay_ms(100), 40 + 200);
 }
 
 TEST(Fault, AnUnknownQualifierIsAnInputError) {
@@ -77,7 +87,8 @@ TEST(Fault, AnUnknownQualifierIsAnInputError) {
 TEST(Fault, CheckInjectionRefusesWhatWouldNeverFire) {
   for (const char* good : {"step:20:kill@rank=1,step:5:slow:200@rank=3@node=1,step:7:nan@attempt=1",
                            "checkpoint_write:pause:80,diag:fail@node=1,comm_check:sleep_ignore_term@rank=1",
-                           "fwd:6:hang@rank=5,bwd:6:stall,dp_gather:6:throw,pp_recv:6:hang,shared_batch_created:kill"}) {
+                           "fwd:6:hang@rank=5,bwd:6:stall,dp_gather:6:throw,pp_recv:6:hang,shared_batch_created:kill",
+                           "step:2:slow:x4@rank=1,step:3:slow:x2.5:200@rank=2"}) {
     Env e(good, "0", "0", "0");
     EXPECT_NO_THROW(fault::check_injection()) << good;
   }
@@ -89,6 +100,7 @@ TEST(Fault, CheckInjectionRefusesWhatWouldNeverFire) {
                        Bad{"comm_check:pause:10", "the communication check takes kill, fail"},
                        Bad{"stp:6:kill", "unknown point"}, Bad{"step:x:kill", "step:S needs a step number"},
                        Bad{"step:6:slow", "slow:MS needs MS"}, Bad{"step:6:kill:3", "kill takes no argument"},
+                       Bad{"step:6:slow:x1", "slow:xK[:MS] needs K"}, Bad{"step:6:slow:x3:fast", "slow:xK[:MS] needs K"},
                        Bad{"step:6:kill@rank=", "@rank needs a number"}, Bad{"diag:sleep", "the communication check's"}}) {
     Env e(cat("step:1:kill,", b.item).c_str(), "0", "0", "0");
     try {

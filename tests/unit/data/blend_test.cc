@@ -141,7 +141,7 @@ TEST(Blend, TheLoaderReadsEachSourceInItsOwnOrderAndEveryRankWalksOneStream) {
   const DataSources sources = {{"one", "src1", 3, 0}, {"two", "src2", 1, 0}};
   Blend blend(sources, {40, 40});
   auto loader = [&](int64_t begin, int64_t len, const Blend& at) {
-    std::vector<SourceFile> fs = {{files[0].get(), source_seed(7, "one", false)}, {files[1].get(), source_seed(7, "two", false)}};
+    std::vector<SourceFile> fs = {{files[0].get(), source_seed(7, "one", SourceOrder::kNamed)}, {files[1].get(), source_seed(7, "two", SourceOrder::kNamed)}};
     return std::make_unique<BatchLoader>(fs, at, 3, true, 8, begin, len);
   };
   auto whole = loader(0, 8, blend);
@@ -169,6 +169,41 @@ TEST(Blend, TheLoaderReadsEachSourceInItsOwnOrderAndEveryRankWalksOneStream) {
     EXPECT_EQ(both, z.tokens) << step;
   }
   // A lone source keeps the run's seed: its order is the one-file loader's.
-  EXPECT_EQ(source_seed(7, "one", true), 7u);
-  EXPECT_NE(source_seed(7, "one", false), source_seed(7, "two", false));
+  EXPECT_EQ(source_seed(7, "one", SourceOrder::kRunSeed), 7u);
+  EXPECT_NE(source_seed(7, "one", SourceOrder::kNamed), source_seed(7, "two", SourceOrder::kNamed));
+}
+
+// Hardening III item 2: a source's order is fixed when it enters the run and kept by every
+// resume, whether it becomes part of a blend or the last one left; a position saved before the
+// orders were kept reads as it was written (a lone source: the run's seed).
+TEST(Blend, ASourceKeepsItsOrderWhetherOthersJoinItOrLeave) {
+  const DataSource web{"web", "w", 1, 0}, code{"code", "c", 1e-9, 0};
+  Blend lone({web}, {100});
+  EXPECT_EQ(lone.order(0), SourceOrder::kRunSeed) << "a run of one file reads the run's seed's order";
+  take(lone, 10);
+  Blend joined({web, code}, {100, 100});
+  joined.resume(lone.position());
+  EXPECT_EQ(joined.order(0), SourceOrder::kRunSeed) << "web keeps its order in the blend";
+  EXPECT_EQ(joined.order(1), SourceOrder::kNamed) << "a new source draws its own";
+  EXPECT_EQ(source_seed(7, "web", joined.order(0)), source_seed(7, "web", lone.order(0)));
+  Blend fresh({web, code}, {100, 100});
+  EXPECT_EQ(fresh.order(0), SourceOrder::kNamed) << "a blend's sources, from the start, mix their names";
+  take(fresh, 10);
+  Blend left({web}, {100});
+  left.resume(fresh.position());
+  EXPECT_EQ(left.order(0), SourceOrder::kNamed) << "the last source left keeps the blend's order";
+  // Kept by a resume of the same blend, and by a position saved without orders.
+  Blend again({web}, {100});
+  EXPECT_EQ(again.resume(left.position()), "");
+  EXPECT_EQ(again.order(0), SourceOrder::kNamed);
+  BlendPosition old = lone.position();
+  old.orders.clear();
+  Blend from_old({web, code}, {100, 100});
+  from_old.resume(old);
+  EXPECT_EQ(from_old.order(0), SourceOrder::kRunSeed);
+  BlendPosition old_blend = fresh.position();
+  old_blend.orders.clear();
+  Blend from_old_blend({web}, {100});
+  from_old_blend.resume(old_blend);
+  EXPECT_EQ(from_old_blend.order(0), SourceOrder::kNamed);
 }

@@ -252,8 +252,9 @@ class HfLlama : public ::testing::TestWithParam<Variant> {};
 TEST_P(HfLlama, ImportOfTransformersLayoutGivesTheSameModel) {
   const Variant v = GetParam();
   const int B = 2;
+  // A vocabulary that covers the byte tokenizer's 256 ids, which the import takes for it.
   std::vector<std::string> sets = {"model.layers=2", "model.d_model=32", "model.heads=4", "model.seq_len=8",
-                                   "model.vocab_size=50", "model.bias=false", "train.micro_batch=2",
+                                   "model.vocab_size=256", "model.bias=false", "train.micro_batch=2",
                                    "train.global_batch=2"};
   sets.insert(sets.end(), v.block.begin(), v.block.end());
   const Config cfg = parse_config("", "test", sets);

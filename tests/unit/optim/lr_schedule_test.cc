@@ -84,6 +84,36 @@ TEST(LrSchedule, WsdKeysOffWsdAndBadValuesAreRefused) {
   refused({"optim.decay=wsd", "optim.decay_fraction=0"}, "optim.decay_fraction (0) must be in (0, 1]");
   refused({"optim.decay=wsd", "optim.decay_steps=-1"}, "optim.decay_steps must be 0 or more");
   EXPECT_NO_THROW(parse_config("", "test.toml", {"optim.decay=wsd", "optim.decay_fraction=0.2"}));
+  // Hardening III item 6: a decay of fixed length longer than the steps after warmup is refused,
+  // naming the steps it would have had (it was cut to them without a word).
+  refused({"optim.decay=wsd", "optim.decay_steps=50", "train.steps=20", "optim.warmup_steps=2"},
+          "optim.decay_steps = 50 is longer than the steps after warmup (train.steps 20 - optim.warmup_steps 2 = 18)");
+  EXPECT_NO_THROW(parse_config("", "test.toml", {"optim.decay=wsd", "optim.decay_steps=18", "train.steps=20",
+                                                 "optim.warmup_steps=2"}));
+}
+
+// Hardening III item 6: what a run would not see of its schedule is said, with the values used.
+TEST(LrSchedule, AScheduleLongerThanTheRunIsSaidWithTheValuesUsed) {
+  OptimConfig o;
+  o.lr = 1e-3, o.min_lr = 1e-4, o.warmup_steps = 700;
+  const std::string w = schedule_warning(o, 20);
+  EXPECT_NE(w.find("optim.warmup_steps = 700 is not shorter than train.steps = 20"), std::string::npos) << w;
+  EXPECT_NE(w.find(cat("at lr ", lr_at(o, 19, 20))), std::string::npos) << w;
+  EXPECT_NE(w.find("never decays to optim.min_lr 0.0001"), std::string::npos) << w;
+  o.warmup_steps = 20;
+  EXPECT_NE(schedule_warning(o, 20), "") << "a warmup of the whole run never decays";
+  o.decay = "constant";
+  EXPECT_EQ(schedule_warning(o, 20), "") << "a constant schedule reaches its lr on the last step";
+  o.warmup_steps = 19;
+  o.decay = "cosine";
+  EXPECT_EQ(schedule_warning(o, 20), "");
+  // WSD's fraction, cut to the steps after warmup.
+  OptimConfig f = wsd("linear", 0, 0.6);  // warmup 10
+  const std::string c = schedule_warning(f, 20);
+  EXPECT_NE(c.find("optim.decay_fraction = 0.6 of train.steps = 20 is 12 decay steps, but 10 follow the warmup: the "
+                   "decay takes 10"), std::string::npos) << c;
+  EXPECT_EQ(schedule_warning(f, 30), "") << "18 decay steps fit after 10 of warmup";
+  EXPECT_EQ(wsd_decay_steps(f, 30), 18);
 }
 
 }  // namespace
