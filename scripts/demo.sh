@@ -18,10 +18,13 @@ if [ ! -s data/fortunes_train.idx ] || [ ! -s data/fortunes_valid.idx ]; then
     --valid-fraction 0.05 --doc-separator %
 fi
 
+# --resume auto: a second `make demo` continues the run in $RUN (a finished one has nothing left
+# to train, and is sampled again); a fresh run there would be refused, as it would overwrite
+# the first one's checkpoints.
 if [ -n "${NPROC:-}" ]; then
-  "$BIN" launch --nproc-per-node "$NPROC" -- train --config "$CONFIG" --run-dir "$RUN" "$@"
+  "$BIN" launch --nproc-per-node "$NPROC" -- train --config "$CONFIG" --run-dir "$RUN" --resume auto "$@"
 else
-  "$BIN" train --config "$CONFIG" --run-dir "$RUN" "$@"
+  "$BIN" train --config "$CONFIG" --run-dir "$RUN" --resume auto "$@"
 fi
 
 echo

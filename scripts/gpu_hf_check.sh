@@ -106,8 +106,11 @@ model.to(getattr(torch, dtype)).save_pretrained(d, safe_serialization=True)
 saved = json.load(open(f"{d}/config.json"))
 print(f"   (transformers saved the rotary parameters as: {', '.join(k for k in ('rope_parameters', 'rope_theta', 'rope_scaling') if k in saved)})")
 ids = list(b"Hello world, it's 12:34")
+# The reference: the saved files loaded in fp32 (the bf16 weights widened exactly, the rotary
+# frequencies computed afresh in fp32; the saved model's own, cast to bf16 with it, would lose
+# digits a large theta needs).
 with torch.no_grad():
-    logits = model.float()(torch.tensor([ids])).logits[0, -1]
+    logits = LlamaForCausalLM.from_pretrained(d, torch_dtype=torch.float32).eval()(torch.tensor([ids])).logits[0, -1]
 json.dump({"prompt_ids": ids, "logits": logits.tolist()}, open(f"{d}/transformers.json", "w"))
 PY
   "$B" import --hf "$W/tf_$dtype" --output "$W/tf_${dtype}_ckpt" >"$W/import_$dtype.log" 2>&1 ||
