@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/parallel_layout.h"
 #include "core/text.h"
 
 namespace myriad {
@@ -233,16 +234,15 @@ void require(bool ok, const T& message) {
   if (!ok) throw_input(message);
 }
 
-void require_one_of(const std::string& key, const std::string& value,
-                    const std::vector<std::string>& allowed) {
+}  // namespace
+
+void require_one_of(const std::string& key, const std::string& value, const std::vector<std::string>& allowed) {
   if (std::find(allowed.begin(), allowed.end(), value) != allowed.end()) return;
   std::string list;
   for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
   throw_input("config: ", key, " = \"", value, "\" is not one of: ", list,
               did_you_mean(value, allowed));
 }
-
-}  // namespace
 
 void Config::validate() const {
   const auto& m = model;
@@ -351,8 +351,6 @@ void Config::validate() const {
                 "optim.decay_fraction), or raise train.steps");
   positive("train.global_batch", train.global_batch);
   positive("train.micro_batch", train.micro_batch);
-  // dp = 0 is resolved from the world size at start, where accum_steps is checked again.
-  accum_steps(parallel.dp > 0 ? parallel.dp : 1);
   require_one_of("train.device", train.device, {"auto", "cpu", "cuda"});
   require_one_of("checkpoint.async_policy", checkpoint.async_policy, {"wait", "skip"});
   require_one_of("checkpoint.load", checkpoint.load, {"broadcast", "all"});
@@ -382,35 +380,7 @@ void Config::validate() const {
   for (int64_t s : train.skip_steps)
     if (s < 1 || s > train.steps) throw_input("config: train.skip_steps lists step ", s, ", not one of 1..train.steps (", train.steps, ")");
 
-  positive("parallel.tp", parallel.tp);
-  positive("parallel.pp", parallel.pp);
-  non_negative("parallel.dp", parallel.dp);
-  positive("parallel.virtual_stages", parallel.virtual_stages);
-  require_one_of("parallel.schedule", parallel.schedule, {"auto", "gpipe", "1f1b", "interleaved"});
   positive("parallel.bucket_mb", parallel.bucket_mb);
-  if (parallel.schedule == "1f1b" && parallel.virtual_stages > 1)
-    throw_input("config: parallel.schedule = \"1f1b\" runs one chunk per rank but "
-                "parallel.virtual_stages = ", parallel.virtual_stages,
-                "; use \"interleaved\" (or \"auto\")");
-  require_one_of("parallel.order", parallel.order,
-                 {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"});
-  if (m.heads % parallel.tp != 0)
-    throw_input("config: model.heads (", m.heads, ") must be divisible by parallel.tp (",
-                parallel.tp, ")");
-  if (m.kv() % parallel.tp != 0)
-    throw_input("config: model.kv_heads (", m.kv(), ") must be divisible by parallel.tp (", parallel.tp,
-                "): each tensor-parallel rank holds whole key/value heads (they are not replicated); "
-                "lower parallel.tp to a divisor of ", m.kv());
-  if (m.ffn() % parallel.tp != 0)
-    throw_input("config: the MLP's features (model.mlp_hidden, ", m.ffn(), ") must be divisible by parallel.tp (",
-                parallel.tp, ")");
-  if (!parallel.stage_layers.empty()) {
-    int64_t chunks = parallel.pp * parallel.virtual_stages, sum = 0;
-    for (int64_t n : parallel.stage_layers) sum += n;
-    if (static_cast<int64_t>(parallel.stage_layers.size()) != chunks || sum != m.layers)
-      throw_input("config: parallel.stage_layers must list pp x virtual_stages = ", chunks,
-                  " layer counts summing to model.layers = ", m.layers);
-  }
 
   positive("comm.timeout_s", comm.timeout_s);
   require_one_of("comm.backend", comm.backend, {"auto", "gloo", "nccl"});
@@ -437,21 +407,9 @@ void Config::validate() const {
   non_negative("checkpoint.every", checkpoint.every);
   non_negative("checkpoint.keep_last", checkpoint.keep_last);
   non_negative("checkpoint.keep_every", checkpoint.keep_every);
-}
-
-int64_t Config::accum_steps(int64_t dp) const {
-  const int64_t G = train.global_batch, mb = train.micro_batch;
-  const bool interleaved = parallel.pp > 1 && (parallel.schedule == "interleaved" ||
-                                               (parallel.schedule == "auto" && parallel.virtual_stages > 1));
-  const int64_t unit = mb * dp * (interleaved ? parallel.pp : 1);
-  if (unit > 0 && G % unit == 0) return G / (mb * dp);
-  std::string factors = cat("train.micro_batch (", mb, ")");
-  if (dp > 1) factors += cat(" x parallel.dp (", dp, ")");
-  if (interleaved) factors += cat(" x parallel.pp (", parallel.pp, ", for the interleaved schedule)");
-  const int64_t below = G / unit * unit, above = below + unit;
-  throw_input("config: train.global_batch (", G, ") must be a multiple of ", factors, " = ", unit,
-              "; use train.global_batch = ",
-              below > 0 ? cat(below, " or ", above) : cat(above));
+  // The parallel layout's rules: tp against the heads and the MLP, the pipeline's chunks, the
+  // batch's split, FP8's multiples of 16 (core/parallel_layout.h).
+  ParallelLayout::of(*this);
 }
 
 Config parse_config(const std::string& toml_text, const std::string& origin,

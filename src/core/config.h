@@ -300,7 +300,9 @@ struct Config {
   template <class F>
   void visit(F&& f) const { const_cast<Config*>(this)->visit(f); }
 
-  // Throws an input error naming the key when keys disagree (d_model % heads, ...).
+  // Throws an input error naming the key when keys disagree (d_model % heads, ...); the
+  // parallel layout's rules are core/parallel_layout.h's, checked here with parallel.dp's
+  // replicas (1 when it is 0, until a world size decides).
   void validate() const;
   // The vocabulary as the model holds it: vocab_size rounded up to a multiple of 128 x tp.
   int64_t padded_vocab() const { return myriad::padded_vocab(model.vocab_size, parallel.tp); }
@@ -308,12 +310,10 @@ struct Config {
   int64_t positions() const { return model.positions > 0 ? model.positions : model.seq_len; }
   // Where a run in `run_dir` keeps its checkpoints: checkpoint.dir, or RUN_DIR/checkpoints.
   std::string checkpoint_root(const std::string& run_dir) const;
-  // Micro-batches per step on each of `dp` data-parallel ranks: global_batch / (micro_batch x
-  // dp). Throws an input error naming the keys and the nearest valid global_batch unless the
-  // split is exact, leaves at least one micro-batch, and suits the pipeline schedule (the
-  // interleaved one needs a multiple of parallel.pp).
-  int64_t accum_steps(int64_t dp) const;
 };
+
+// An input error naming `key` unless `value` is one of `allowed` (with the nearest as a hint).
+void require_one_of(const std::string& key, const std::string& value, const std::vector<std::string>& allowed);
 
 
 // Reads `path`, applies `overrides` ("section.key=value"), binds and validates.

@@ -20,6 +20,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/parallel_layout.h"
 #include "core/preemption.h"
 #include "core/worker_report.h"
 #include "data/shared_batch.h"
@@ -128,15 +129,23 @@ void set_skip_steps(std::vector<std::string>& command, std::vector<int64_t> step
   command.insert(command.end(), {"--set", "train.skip_steps=[" + list + "]"});
 }
 
-// Why the job cannot go on without `gone` of its nodes ("" when it can): its ranks must still
-// hold whole tensor x pipeline groups, and the global batch split over the remaining replicas.
+// The layout the job's workers take on the ranks of `nodes` nodes (data parallelism fills what
+// tensor x pipeline groups leave), or an input error saying why it cannot
+// (core/parallel_layout.h): whole groups, the global batch split over the replicas.
+ParallelLayout layout_on(const std::optional<Config>& cfg, const LaunchPlan& plan, int nodes) {
+  if (!cfg) throw_input("the workers' config is not one the launcher can read (a train --config)");
+  Config c = *cfg;
+  c.parallel.dp = 0;  // derived from the ranks
+  const int64_t ranks = int64_t(nodes) * plan.nproc_per_node, group = c.parallel.tp * c.parallel.pp;
+  if (ranks < group || ranks % group != 0)  // said in the shrink's words
+    throw_input("the ", ranks, " ranks left do not hold whole tensor x pipeline groups of ", group);
+  return ParallelLayout::for_world(c, ranks);
+}
+
+// Why the job cannot go on without `gone` of its nodes ("" when it can).
 std::string shrink_refused(const std::optional<Config>& cfg, const LaunchPlan& plan, int gone) {
-  if (!cfg) return "the workers' config is not one the launcher can read (a train --config)";
-  const int64_t world = int64_t(plan.nnodes - gone) * plan.nproc_per_node, group = cfg->parallel.tp * cfg->parallel.pp;
-  if (world < group || world % group != 0)
-    return cat("the ", world, " ranks left do not hold whole tensor x pipeline groups of ", group);
   try {
-    cfg->accum_steps(world / group);  // the batch's split over the replicas left (interleaved: x pp)
+    layout_on(cfg, plan, plan.nnodes - gone);
   } catch (const Error& e) {
     return e.what();
   }
@@ -656,7 +665,7 @@ std::optional<Leaving> Agent::stop_and_check(int64_t attempt, const Stop& cause)
       nlohmann::json nodes = nlohmann::json::array();
       for (int n = 0; n < plan_.nnodes; ++n)
         if (!leave.contains(std::to_string(n))) nodes.push_back(n);
-      const int64_t new_dp = int64_t(nodes.size()) * plan_.nproc_per_node / (cfg_->parallel.tp * cfg_->parallel.pp);
+      const int64_t new_dp = layout_on(cfg_, plan_, static_cast<int>(nodes.size())).dp;
       p["shrink"] = {{"nodes", nodes}, {"dp", new_dp}};
       p["nnodes"] = nodes.size(), p["dp"] = new_dp;
     } else if (how.action == Action::kStop) {

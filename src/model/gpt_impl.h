@@ -12,6 +12,7 @@
 #include "model/flops.h"
 #include "model/gpt.h"
 #include "model/memory_plan.h"
+#include "core/parallel_layout.h"
 #include "ops/fp8.h"
 #include "ops/rope.h"
 
@@ -19,20 +20,12 @@ namespace myriad {
 
 namespace gpt_detail {
 
-// The tensor-parallel degree of `par`, after the checks that need the config.
+// The tensor-parallel degree of `par`, its layout's rules checked again (a Config built in code
+// has not been through parse_config's check): core/parallel_layout.h.
 inline int checked_tp_size(const Config& cfg, const parallel::ParallelContext* par) {
   const int t = par ? par->tp_size() : 1;
-  if (t == 1) return 1;
-  MYRIAD_CHECK(t == cfg.parallel.tp, "the tensor-parallel group has ", t,
-               " ranks but parallel.tp = ", cfg.parallel.tp);
-  if (cfg.model.heads % t != 0 || cfg.model.kv() % t != 0)
-    throw_input("config: model.heads (", cfg.model.heads, ") and model.kv_heads (", cfg.model.kv(),
-                ") must be divisible by parallel.tp (", t, ")");
-  if (cfg.parallel.sequence_parallel && cfg.model.seq_len % t != 0)
-    throw_input("config: model.seq_len (", cfg.model.seq_len,
-                ") must be divisible by parallel.tp (", t,
-                ") with parallel.sequence_parallel = true: the tokens of a micro-batch are split "
-                "evenly over the tensor-parallel ranks");
+  const ParallelLayout layout = ParallelLayout::of(cfg, par ? par->dp_size() : 1);
+  MYRIAD_CHECK(t == 1 || t == layout.tp, "the tensor-parallel group has ", t, " ranks but parallel.tp = ", layout.tp);
   return t;
 }
 
@@ -90,16 +83,8 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
   if (gemm_ == Gemm::kFp8) {
     if (const std::string why = ops_.fp8_refusal(); !why.empty())
       throw_input("config: train.precision = \"fp8\": ", why, "; use train.precision = \"bf16\"");
-    // cuBLASLt's FP8 GEMMs take leading dimensions of 16 bytes: every GEMM dimension a multiple
-    // of 16 (the tokens of a micro-batch, the widths of the block's weights).
-    for (auto [what, n] : {std::pair<const char*, int64_t>{"train.micro_batch x model.seq_len", maxB_ * maxT_},
-                           {"model.d_model", C_}, {"the attention width per tensor-parallel rank", Cl_},
-                           {"the QKV width per tensor-parallel rank", Ql_}, {"the MLP's width per rank", Fl_}})
-      if (n % 16 != 0)
-        throw_input("config: train.precision = \"fp8\" needs ", what, " (", n, ") to be a multiple of 16");
-    if (head_gemm_ == Gemm::kFp8 && Vl_ % 16 != 0)
-      throw_input("config: train.fp8_lm_head needs the vocabulary rows per tensor-parallel rank (", Vl_,
-                  ") to be a multiple of 16");
+    // cuBLASLt's FP8 GEMMs take dimensions of multiples of 16: the layout checked the shapes
+    // (core/parallel_layout.h); the device is the op set's to judge (above).
     // Each rank's amax meets the group's before a cast, so a shard is scaled as the whole tensor.
     fp8::AmaxGroup group;
     if (tp_)

@@ -362,29 +362,18 @@ std::vector<int> partition_layers(int layers, int stages, double layer_cost, dou
 std::vector<std::pair<int, int>> stage_layer_ranges(const std::vector<int64_t>& stage_layers,
                                                     int layers, int p, int v, double layer_cost,
                                                     double embed_cost, double head_cost) {
-  if (p < 1 || v < 1)
-    throw_input("pipeline: pp and virtual_stages must be at least 1, got ", p, " and ", v);
+  // The parallel layout checked the counts (core/parallel_layout.h).
   const int stages = p * v;
-  if (layers < stages)
-    throw_input("model.layers = ", layers, " is fewer than pp x virtual_stages = ", p, " x ", v,
-                " = ", stages, " pipeline stages: each needs at least one layer");
+  MYRIAD_CHECK(p >= 1 && v >= 1 && layers >= stages, "pipeline: ", layers, " layers on pp ", p, " x v ", v);
   std::vector<int> counts;
   if (stage_layers.empty()) {
     counts = partition_layers(layers, stages, layer_cost, embed_cost, head_cost);
   } else {
-    if (static_cast<int>(stage_layers.size()) != stages)
-      throw_input("parallel.stage_layers has ", stage_layers.size(),
-                  " entries; it needs one per virtual stage: pp x virtual_stages = ", p, " x ",
-                  v, " = ", stages);
     int64_t sum = 0;
-    for (size_t i = 0; i < stage_layers.size(); ++i) {
-      if (stage_layers[i] < 1)
-        throw_input("parallel.stage_layers[", i, "] = ", stage_layers[i],
-                    " must be at least 1 (every stage holds a layer)");
-      sum += stage_layers[i];
-    }
-    if (sum != layers)
-      throw_input("parallel.stage_layers sums to ", sum, " layers, but model.layers = ", layers);
+    for (int64_t n : stage_layers) sum += n;
+    MYRIAD_CHECK(static_cast<int>(stage_layers.size()) == stages && sum == layers &&
+                     *std::min_element(stage_layers.begin(), stage_layers.end()) >= 1,
+                 "pipeline: stage_layers do not split ", layers, " layers over ", stages, " stages");
     counts.assign(stage_layers.begin(), stage_layers.end());
   }
   std::vector<std::pair<int, int>> ranges;

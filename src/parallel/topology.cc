@@ -70,11 +70,6 @@ Topology::Topology(int world, int tp, int pp, int dp, const std::string& order)
   }
 }
 
-Topology Topology::from_config(const ParallelConfig& cfg, int world) {
-  return Topology(world, static_cast<int>(cfg.tp), static_cast<int>(cfg.pp),
-                  static_cast<int>(cfg.dp), cfg.order);
-}
-
 void Topology::check_rank(int rank) const {
   MYRIAD_CHECK(rank >= 0 && rank < world_, "rank ", rank, " outside world ", world_);
 }

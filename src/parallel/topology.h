@@ -34,7 +34,6 @@ class Topology {
   // dp = 0 means world / (tp x pp). Throws an input error that spells out the arithmetic when
   // the sizes do not multiply to world, or when order is not a permutation of tp, dp, pp.
   Topology(int world, int tp, int pp, int dp = 0, const std::string& order = "tp-dp-pp");
-  static Topology from_config(const ParallelConfig& cfg, int world);
 
   int world() const { return world_; }
   int size(Dim d) const { return sizes_[static_cast<int>(d)]; }

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/parallel_layout.h"
 #include "model/flops.h"
 #include "model/memory_plan.h"
 #include "parallel/schedule.h"
@@ -162,24 +163,27 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   if (l.tp > c.gpus_per_node) return refuse(cat("tp ", l.tp, " spans nodes of ", c.gpus_per_node, " GPUs"));
   if (model.layers % (int64_t(l.pp) * l.v) != 0)
     return refuse(cat("pp x v = ", l.pp * l.v, " does not divide ", model.layers, " layers"));
-  if (model.heads % l.tp != 0) return refuse(cat("tp ", l.tp, " does not divide ", model.heads, " heads"));
-  if (model.kv() % l.tp != 0) return refuse(cat("tp ", l.tp, " does not divide ", model.kv(), " key/value heads"));
-  if (model.ffn() % l.tp != 0) return refuse(cat("tp ", l.tp, " does not divide the MLP's ", model.ffn(), " features"));
   if (f.fp8 && !(c.fp8_peak_tflops > 0 && c.fp8_gemm_efficiency > 0))
     return refuse(cat("fp8: the cluster ", c.name, " has no FP8 GEMM rate ([gpu] fp8_peak_tflops, fp8_gemm_efficiency)"));
-  // What the engine refuses in fp8 (gpt_impl.h): a GEMM dimension of a rank's shard off 16.
-  if (f.fp8 && ((int64_t(l.mb) * model.seq_len) % 16 != 0 || model.d_model % 16 != 0 ||
-                (model.heads / l.tp * model.head_dim()) % 16 != 0 ||
-                ((model.heads + 2 * model.kv()) / l.tp * model.head_dim()) % 16 != 0 || (model.ffn() / l.tp) % 16 != 0))
-    return refuse(cat("fp8: a GEMM dimension (mb x seq_len, d_model, or the attention, QKV or MLP width per tp rank of ",
-                      l.tp, ") is not a multiple of 16"));
-  p.dp = static_cast<int>(gpus / group);
-  if (global_batch % (int64_t(p.dp) * l.mb) != 0)
-    return refuse(cat("dp x mb = ", p.dp * l.mb, " does not divide the global batch ", global_batch));
-  const int m = static_cast<int>(global_batch / (int64_t(p.dp) * l.mb));
+  if (l.v > 1 && l.pp == 1) return refuse(cat("interleaving (v ", l.v, ") needs pp > 1"));
+  // What a run of this layout would be refused for (core/parallel_layout.h): tp against the
+  // heads and the MLP, the batch's split, FP8's multiples of 16.
+  Config run;
+  run.model = model;
+  run.parallel.tp = l.tp, run.parallel.pp = l.pp, run.parallel.virtual_stages = l.v;
+  run.parallel.sequence_parallel = l.tp > 1;
+  run.train.micro_batch = l.mb, run.train.global_batch = global_batch;
+  run.train.precision = f.fp8 ? "fp8" : "bf16";
+  ParallelLayout layout;
+  try {
+    layout = ParallelLayout::for_world(run, gpus);
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    return refuse(what.rfind("config: ", 0) == 0 ? what.substr(8) : what);
+  }
+  p.dp = static_cast<int>(layout.dp);
+  const int m = static_cast<int>(layout.micro_batches);
   p.microbatches = m;
-  if (l.v > 1 && (l.pp == 1 || m % l.pp != 0))
-    return refuse(cat("interleaving (v ", l.v, ") needs pp > 1 and micro-batches (", m, ") a multiple of pp ", l.pp));
 
   const double peak = c.peak_tflops * 1e12, d = double(model.d_model), T = double(model.seq_len);
   const double t = double(l.mb) * T;  // tokens per micro-batch
@@ -255,8 +259,8 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
     p.pp_comm_s = 2.0 * m * l.v * send;
     if (!f.pp_overlap) F += c.pp_blocking * send, B += c.pp_blocking * send;
   }
-  const parallel::ScheduleKind kind = l.v > 1 ? parallel::ScheduleKind::kInterleaved : parallel::ScheduleKind::kOneFOneB;
-  const parallel::SimResult sim = parallel::simulate(parallel::make_schedule(kind, l.pp, l.v, m), {F, B, send});
+  const parallel::SimResult sim =
+      parallel::simulate(parallel::make_schedule(parallel::schedule_kind(layout.schedule), l.pp, l.v, m), {F, B, send});
   const double work = double(m) * l.v * (F + B);
   p.bubble = sim.bubble;
   p.bubble_s = sim.makespan - work;

@@ -74,8 +74,12 @@ std::unique_ptr<Distributed> Distributed::from_env(const Config& cfg) {
 }
 
 Distributed::Distributed(const Config& cfg, int rank, int world)
-    : rank_(rank), topo_(parallel::Topology::from_config(cfg.parallel, world)) {
-  cfg.accum_steps(topo_.dp());  // a batch that does not split over dp fails before any rendezvous
+    // A layout that does not fit the world (a batch that does not split over dp, ...) fails
+    // here, before any rendezvous.
+    : rank_(rank),
+      layout_(ParallelLayout::for_world(cfg, world)),
+      topo_(world, static_cast<int>(layout_.tp), static_cast<int>(layout_.pp), static_cast<int>(layout_.dp),
+            cfg.parallel.order) {
   const std::string backend = resolve_backend(cfg, rank);  // a bad choice fails here too
   if (cfg.train.device == "cuda" || (cfg.train.device == "auto" && cuda_available()))
     use_local_gpu();  // before the communicators: NCCL binds to the current device

@@ -12,6 +12,7 @@
 #include "core/config.h"
 #include "data/shared_batch.h"
 #include "parallel/mappings.h"
+#include "core/parallel_layout.h"
 #include "parallel/topology.h"
 
 namespace myriad {
@@ -29,6 +30,8 @@ class Distributed {
   // The same on every rank, new at each start of the job.
   uint64_t start_id() const { return start_id_; }
   const parallel::Topology& topology() const { return topo_; }
+  // The run's parallel layout on this world (core/parallel_layout.h), validated at start.
+  const ParallelLayout& layout() const { return layout_; }
   const parallel::ParallelContext* context() const { return &ctx_; }
   comm::Communicator& world_comm() { return *world_; }
   // Every group of this rank (world, tp, pp, dp, the pipeline links), for its heartbeat.
@@ -51,6 +54,7 @@ class Distributed {
  private:
   Distributed(const Config& cfg, int rank, int world);
   int rank_;
+  ParallelLayout layout_;
   parallel::Topology topo_;
   std::shared_ptr<comm::Store> store_;
   std::vector<std::unique_ptr<comm::Communicator>> groups_;

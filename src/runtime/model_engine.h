@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "core/clock.h"
+#include "core/parallel_layout.h"
 #include "core/error.h"
 #include "core/worker_report.h"
 #include "core/fault.h"
@@ -81,12 +82,11 @@ class ModelEngine final : public Engine {
                                 kMasterIsParams ? nullptr : model_.params());
     for (const std::vector<FlatRange>& reads : chunk_reads_)
       gathered_reads_.push_back(subtract(reads, dp_.owned()));
-    const int m = static_cast<int>(cfg.accum_steps(ctx_.dp_size()));
-    const int v = static_cast<int>(cfg.parallel.virtual_stages);
-    std::string kind = cfg.parallel.schedule;
-    if (kind == "auto") kind = v > 1 ? "interleaved" : "1f1b";
+    const ParallelLayout layout = ParallelLayout::of(cfg, ctx_.dp_size());
     pipeline_ = std::make_unique<Pipeline<Model>>(
-        model_, parallel::make_schedule(parallel::schedule_kind(kind), ctx_.pp_size(), v, m),
+        model_,
+        parallel::make_schedule(parallel::schedule_kind(layout.schedule), ctx_.pp_size(),
+                                static_cast<int>(layout.virtual_stages), static_cast<int>(layout.micro_batches)),
         ctx_.pp_rank(),
         PipelineLinks{ctx_.act_to_next, ctx_.act_from_prev, ctx_.grad_to_prev, ctx_.grad_from_next},
         static_cast<int>(cfg.train.micro_batch), static_cast<int>(cfg.model.seq_len));

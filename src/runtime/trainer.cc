@@ -18,6 +18,7 @@
 #include "core/fault.h"
 #include "core/files.h"
 #include "core/log.h"
+#include "core/parallel_layout.h"
 #include "core/memory.h"
 #include "core/preemption.h"
 #include "core/worker_report.h"
@@ -164,9 +165,8 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
     : cfg_(cfg), run_dir_(run_dir), heartbeat_(cfg.fault.startup_timeout_s) {
   dist_ = Distributed::from_env(cfg_);
   if (dist_) heartbeat_.watch(dist_->groups());
-  if (!dist_ && cfg_.parallel.tp * cfg_.parallel.pp * std::max<int64_t>(1, cfg_.parallel.dp) != 1)
-    throw_input("config: parallel.tp x pp x dp = ",
-                cfg_.parallel.tp * cfg_.parallel.pp * std::max<int64_t>(1, cfg_.parallel.dp),
+  if (const int64_t ranks = ParallelLayout::of(cfg_).ranks(); !dist_ && ranks != 1)
+    throw_input("config: parallel.tp x pp x dp = ", ranks,
                 " processes, but this is one process: start it with myriad launch --nproc-per-node N");
   if (cfg_.data.train.empty())
     throw_input("config: data.train is empty: set it to a prefix made by `myriad prepare` "

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/parallel_layout.h"
 #include "model/params.h"
 #include "test_util.h"
 
@@ -68,7 +69,7 @@ TEST(Config, ValuesAndOverrides) {
 TEST(Config, TomlRoundTrip) {
   Config c = parse_config(kSmall, "small.toml", {"optim.lr=0.000123456789", "model.window=3",
                                                  "comm.nccl_env.NCCL_DEBUG=WARN", "parallel.pp=2",
-                                                 "parallel.stage_layers=[2, 0]"});
+                                                 "parallel.stage_layers=[1, 1]"});
   Config d = parse_config(to_toml(c), "round trip");
   EXPECT_EQ(to_toml(c), to_toml(d));
   EXPECT_DOUBLE_EQ(d.optim.lr, 0.000123456789);
@@ -210,12 +211,12 @@ TEST(Config, PaddedVocab) {
 TEST(Config, GlobalBatchMustSplitIntoMicroBatches) {
   const std::string base = "[train]\nglobal_batch = 12\nmicro_batch = 4\n";
   Config c = parse_config(base, "a.toml");
-  EXPECT_EQ(c.accum_steps(1), 3);
-  EXPECT_EQ(c.accum_steps(3), 1);
-  std::string e = myriad::test::input_error([&] { c.accum_steps(2); });
+  EXPECT_EQ(ParallelLayout::of(c, 1).micro_batches, 3);
+  EXPECT_EQ(ParallelLayout::of(c, 3).micro_batches, 1);
+  std::string e = myriad::test::input_error([&] { ParallelLayout::of(c, 2); });
   EXPECT_EQ(e, "config: train.global_batch (12) must be a multiple of train.micro_batch (4) x "
                "parallel.dp (2) = 8; use train.global_batch = 8 or 16");
-  e = myriad::test::input_error([&] { c.accum_steps(4); });
+  e = myriad::test::input_error([&] { ParallelLayout::of(c, 4); });
   EXPECT_NE(e.find("= 16; use train.global_batch = 16"), std::string::npos) << e;
   e = myriad::test::input_error([&] { parse_config(base, "a.toml", {"train.micro_batch=5"}); });
   EXPECT_EQ(e.rfind("--set train.micro_batch=5: train.global_batch (12) must be a multiple of "

@@ -350,19 +350,7 @@ TEST(Partition, StageLayerRanges) {
   EXPECT_EQ(stage_layer_ranges({3, 1, 2}, 6, 3, 1, 1, 0, 0), (R{{0, 3}, {3, 4}, {4, 6}}));
   EXPECT_EQ(stage_layer_ranges({1, 2, 2, 1}, 6, 2, 2, 1, 0, 0),
             (R{{0, 1}, {1, 3}, {3, 5}, {5, 6}}));
-  const std::string count = input_error([] { stage_layer_ranges({3, 3}, 6, 2, 2, 1, 0, 0); });
-  EXPECT_NE(count.find("parallel.stage_layers has 2 entries"), std::string::npos) << count;
-  EXPECT_NE(count.find("2 x 2 = 4"), std::string::npos) << count;
-  const std::string zero = input_error([] { stage_layer_ranges({6, 0}, 6, 2, 1, 1, 0, 0); });
-  EXPECT_NE(zero.find("parallel.stage_layers[1] = 0"), std::string::npos) << zero;
-  const std::string sum = input_error([] { stage_layer_ranges({3, 2}, 6, 2, 1, 1, 0, 0); });
-  EXPECT_NE(sum.find("parallel.stage_layers sums to 5 layers, but model.layers = 6"),
-            std::string::npos)
-      << sum;
-  const std::string few = input_error([] { stage_layer_ranges({}, 3, 2, 2, 1, 0, 0); });
-  EXPECT_NE(few.find("model.layers = 3 is fewer than pp x virtual_stages = 2 x 2 = 4"),
-            std::string::npos)
-      << few;
+  // Counts that do not split the layers are the parallel layout's refusals (layout_test).
 }
 
 }  // namespace

@@ -111,13 +111,8 @@ TEST(Topology, OtherOrders) {
     }
 }
 
-TEST(Topology, FromConfig) {
-  ParallelConfig p;
-  p.tp = 2;
-  p.pp = 1;
-  p.dp = 0;
-  p.order = "tp-pp-dp";
-  Topology t = Topology::from_config(p, 6);
+TEST(Topology, DpZeroIsDerivedFromTheWorld) {
+  Topology t(6, 2, 1, 0, "tp-pp-dp");
   EXPECT_EQ(t.dp(), 3);
   EXPECT_EQ(t.order(), "tp-pp-dp");
   EXPECT_EQ(t.group(Dim::kDp, 0), (std::vector<int>{0, 2, 4}));

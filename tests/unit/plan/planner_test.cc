@@ -105,7 +105,7 @@ TEST(Planner, LlamaMatmulWeightsAreThePublishedCountLessTheLookup) {
   const plan::Prediction q = plan::predict(kv4, 1024, 1024, c, plan::Layout{8, 8, 1, 1, "full"},
                                            plan::parse_features("megascale"));
   EXPECT_FALSE(q.fits);
-  EXPECT_NE(q.why_not.find("tp 8 does not divide 4 key/value heads"), std::string::npos) << q.why_not;
+  EXPECT_NE(q.why_not.find("model.kv_heads (4) must be divisible by parallel.tp (8)"), std::string::npos) << q.why_not;
 }
 
 // Free transfers, one chunk per rank: the planner's pipeline is the simulator's 1F1B, whose
@@ -260,7 +260,8 @@ TEST(Planner, Fp8RunsTheBlocksGemmsAtItsRateAndPaysForItsCasts) {
   odd.mlp_hidden = 8192 + 2 * 8;  // 4104 features a rank at tp 2
   const plan::Prediction tp2 = plan::predict(odd, 8, 2, h200, plan::parse_layout("tp=2,mb=8"), plan::parse_features("fp8"));
   EXPECT_FALSE(tp2.fits);
-  EXPECT_NE(tp2.why_not.find("per tp rank of 2"), std::string::npos) << tp2.why_not;
+  EXPECT_NE(tp2.why_not.find("train.precision = \"fp8\" needs the MLP's width per rank (4104) to be a multiple of 16"),
+            std::string::npos) << tp2.why_not;
   EXPECT_TRUE(plan::predict(odd, 8, 1, h200, l, plan::parse_features("fp8")).fits);
 }
 

@@ -1,0 +1,121 @@
+#include "core/parallel_layout.h"
+
+#include <numeric>
+#include <string>
+#include <utility>
+
+#include "core/error.h"
+
+namespace myriad {
+namespace {
+
+void positive(const char* key, int64_t v) {
+  if (v <= 0) throw_input("config: ", key, " must be positive, got ", v);
+}
+
+// The micro-batches each of `dp` replicas takes per step: global_batch / (micro_batch x dp), a
+// whole number that suits the schedule (the interleaved one needs a multiple of pp); else an
+// input error naming the keys and the nearest valid global batches.
+int64_t batch_split(const Config& cfg, int64_t dp, bool interleaved) {
+  const int64_t G = cfg.train.global_batch, mb = cfg.train.micro_batch, pp = cfg.parallel.pp;
+  const int64_t unit = mb * dp * (interleaved ? pp : 1);
+  if (unit > 0 && G % unit == 0) return G / (mb * dp);
+  std::string factors = cat("train.micro_batch (", mb, ")");
+  if (dp > 1) factors += cat(" x parallel.dp (", dp, ")");
+  if (interleaved) factors += cat(" x parallel.pp (", pp, ", for the interleaved schedule)");
+  const int64_t below = G / unit * unit, above = below + unit;
+  throw_input("config: train.global_batch (", G, ") must be a multiple of ", factors, " = ", unit,
+              "; use train.global_batch = ", below > 0 ? cat(below, " or ", above) : cat(above));
+}
+
+}  // namespace
+
+ParallelLayout ParallelLayout::of(const Config& cfg, int64_t dp) {
+  const ParallelConfig& p = cfg.parallel;
+  const ModelConfig& m = cfg.model;
+  ParallelLayout l;
+  positive("parallel.tp", p.tp);
+  positive("parallel.pp", p.pp);
+  if (p.dp < 0) throw_input("config: parallel.dp must be 0 or more, got ", p.dp);
+  positive("parallel.virtual_stages", p.virtual_stages);
+  require_one_of("parallel.schedule", p.schedule, {"auto", "gpipe", "1f1b", "interleaved"});
+  require_one_of("parallel.order", p.order, {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"});
+  if (p.schedule == "1f1b" && p.virtual_stages > 1)
+    throw_input("config: parallel.schedule = \"1f1b\" runs one chunk per rank but parallel.virtual_stages = ",
+                p.virtual_stages, "; use \"interleaved\" (or \"auto\")");
+  l.tp = p.tp, l.sequence_parallel = p.sequence_parallel, l.pp = p.pp, l.virtual_stages = p.virtual_stages;
+  l.schedule = p.schedule != "auto" ? p.schedule : p.virtual_stages > 1 ? "interleaved" : "1f1b";
+  l.dp = dp > 0 ? dp : p.dp > 0 ? p.dp : 1;
+
+  // Tensor parallelism splits heads (never within one) and the MLP's features evenly; with
+  // sequence parallelism the tokens of a micro-batch too.
+  if (m.heads % l.tp != 0)
+    throw_input("config: model.heads (", m.heads, ") must be divisible by parallel.tp (", l.tp, ")");
+  if (m.kv() % l.tp != 0)
+    throw_input("config: model.kv_heads (", m.kv(), ") must be divisible by parallel.tp (", l.tp,
+                "): each tensor-parallel rank holds whole key/value heads (they are not replicated); "
+                "lower parallel.tp to a divisor of ", m.kv());
+  if (m.ffn() % l.tp != 0)
+    throw_input("config: the MLP's features (model.mlp_hidden, ", m.ffn(), ") must be divisible by parallel.tp (", l.tp,
+                ")");
+  if (l.sequence_parallel && l.tp > 1 && m.seq_len % l.tp != 0)
+    throw_input("config: model.seq_len (", m.seq_len, ") must be divisible by parallel.tp (", l.tp,
+                ") with parallel.sequence_parallel = true: the tokens of a micro-batch are split evenly over the "
+                "tensor-parallel ranks");
+
+  // The pipeline: every chunk of every stage holds a layer (parallel.stage_layers, when given,
+  // says how many).
+  const int64_t chunks = l.pp * l.virtual_stages;
+  const std::string stages = cat("pp x virtual_stages = ", l.pp, " x ", l.virtual_stages, " = ", chunks);
+  if (m.layers < chunks)
+    throw_input("config: model.layers = ", m.layers, " is fewer than ", stages,
+                " pipeline stages: each needs at least one layer");
+  if (!p.stage_layers.empty()) {
+    if (static_cast<int64_t>(p.stage_layers.size()) != chunks)
+      throw_input("config: parallel.stage_layers has ", p.stage_layers.size(), " entries; it needs one per virtual "
+                  "stage: ", stages);
+    int64_t sum = 0;
+    for (size_t i = 0; i < p.stage_layers.size(); ++i) {
+      if (p.stage_layers[i] < 1)
+        throw_input("config: parallel.stage_layers[", i, "] = ", p.stage_layers[i],
+                    " must be at least 1 (every stage holds a layer)");
+      sum += p.stage_layers[i];
+    }
+    if (sum != m.layers)
+      throw_input("config: parallel.stage_layers sums to ", sum, " layers, but model.layers = ", m.layers);
+  }
+
+  // The batch: each replica's share in whole micro-batches.
+  l.micro_batch = cfg.train.micro_batch;
+  l.micro_batches = batch_split(cfg, l.dp, l.interleaved() && l.pp > 1);
+
+  // FP8 (cuBLASLt's GEMMs take leading dimensions of 16 bytes): every GEMM dimension of a
+  // rank's shard a multiple of 16.
+  if (cfg.train.precision == "fp8") {
+    const int64_t D = m.head_dim();
+    for (auto [what, n] : {std::pair<const char*, int64_t>{"train.micro_batch x model.seq_len", l.micro_batch * m.seq_len},
+                           {"model.d_model", m.d_model},
+                           {"the attention width per tensor-parallel rank", m.heads / l.tp * D},
+                           {"the QKV width per tensor-parallel rank", (m.heads + 2 * m.kv()) / l.tp * D},
+                           {"the MLP's width per rank", m.ffn() / l.tp}})
+      if (n % 16 != 0)
+        throw_input("config: train.precision = \"fp8\" needs ", what, " (", n, ") to be a multiple of 16");
+    if (cfg.train.fp8_lm_head && (cfg.padded_vocab() / l.tp) % 16 != 0)
+      throw_input("config: train.fp8_lm_head needs the vocabulary rows per tensor-parallel rank (",
+                  cfg.padded_vocab() / l.tp, ") to be a multiple of 16");
+  }
+  return l;
+}
+
+ParallelLayout ParallelLayout::for_world(const Config& cfg, int64_t world) {
+  const int64_t tp = cfg.parallel.tp, pp = cfg.parallel.pp, dp = cfg.parallel.dp, group = tp * pp;
+  if (world < 1) throw_input("world size must be at least 1, got ", world);
+  if (group >= 1 && dp == 0 && world % group != 0)
+    throw_input("world ", world, " is not divisible by tp ", tp, " x pp ", pp, " = ", group, " (dp = world / (tp x pp))");
+  if (group >= 1 && dp > 0 && group * dp != world)
+    throw_input("world ", world, " is not tp ", tp, " x pp ", pp, " x dp ", dp, " = ", group * dp,
+                " (set parallel.dp = 0 to derive it from the world size)");
+  return of(cfg, group >= 1 ? world / group : 0);
+}
+
+}  // namespace myriad

@@ -1,0 +1,55 @@
+// The parallel layout of a run: how its ranks split the model and the batch, and every rule that
+// ties those sizes to the model's shape, the batch and the precision, in this one place.
+//
+//   tp  tensor parallelism: each rank of a group holds 1/tp of every layer's query heads,
+//       key/value heads and MLP features (and, with sequence_parallel, 1/tp of the residual
+//       stream's tokens);
+//   pp  pipeline stages, each running `virtual_stages` chunks of layers (interleaved 1F1B when
+//       more than one), on the schedule parallel.schedule names ("auto": interleaved with
+//       chunks, else 1F1B);
+//   dp  data-parallel replicas, each taking micro_batches micro-batches of micro_batch rows of
+//       every global batch;
+//   ep, cp  expert and context parallelism: one rank each until they come; a new dimension is a
+//       field here and its rules in ParallelLayout::of.
+//
+// Built by ParallelLayout::of (a config and its data parallelism) or for_world (a config and a
+// world size), which validate it: an input error names the keys and values of the first rule
+// broken ("config: model.kv_heads (3) must be divisible by parallel.tp (2) ..."). The config
+// check, the model, the engine, the planner, the driver and the trainer read it instead of
+// deriving the sizes again. Device limits (FP8 on a GPU without it) are the engine's.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/config.h"
+
+namespace myriad {
+
+struct ParallelLayout {
+  int64_t tp = 1;
+  bool sequence_parallel = false;
+  int64_t pp = 1;
+  int64_t virtual_stages = 1;
+  std::string schedule = "1f1b";  // "gpipe", "1f1b" or "interleaved": parallel.schedule, "auto" resolved
+  int64_t dp = 1;
+  int64_t ep = 1, cp = 1;         // places for expert and context parallelism (one rank each)
+  int64_t micro_batch = 1;        // rows per micro-batch
+  int64_t micro_batches = 1;      // per data-parallel rank and step: global_batch / (micro_batch x dp)
+
+  // The processes the layout runs on.
+  int64_t ranks() const { return tp * pp * dp * cp; }
+  // Ranks of one model replica: a data-parallel rank's tensor x pipeline group.
+  int64_t replica() const { return tp * pp; }
+  bool interleaved() const { return schedule == "interleaved"; }
+
+  // The layout `cfg` asks for with `dp` data-parallel replicas (0: parallel.dp, or 1 where that
+  // is 0 too: a world size decides it at start, where the layout is built again), validated.
+  static ParallelLayout of(const Config& cfg, int64_t dp = 0);
+  // The layout of `cfg` on `world` ranks (dp = world / (tp x pp)), validated; an input error too
+  // when world is not a whole number of tensor x pipeline groups, or when parallel.dp (set)
+  // says another number.
+  static ParallelLayout for_world(const Config& cfg, int64_t world);
+};
+
+}  // namespace myriad

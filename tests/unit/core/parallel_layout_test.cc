@@ -1,0 +1,118 @@
+// The parallel layout (core/parallel_layout.h): a table of layouts and their verdicts, each
+// refusal by its words, each layout that stands by its sizes; the config check reports the same
+// refusal through the --set that caused it.
+#include "core/parallel_layout.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "test_util.h"
+
+using namespace myriad;
+
+namespace {
+
+const char* kModel = R"(
+[model]
+layers = 4
+d_model = 32
+heads = 4
+seq_len = 16
+[train]
+global_batch = 8
+micro_batch = 2
+)";
+
+struct Case {
+  const char* name;
+  std::vector<std::string> sets;
+  int64_t world;      // 0: ParallelLayout::of(cfg), else for_world(cfg, world)
+  std::string verdict;  // "" stands, else the refusal's words
+  // What stands: tp, pp, dp, virtual stages, micro-batches per replica, the schedule.
+  int64_t tp = 1, pp = 1, dp = 1, v = 1, micro_batches = 4;
+  std::string schedule = "1f1b";
+};
+
+TEST(ParallelLayout, EveryLayoutHasItsVerdict) {
+  const std::vector<Case> cases = {
+      {"one process", {}, 0, ""},
+      {"dp from the world", {"parallel.tp=2"}, 4, "", 2, 1, 2, 1, 2},
+      {"3d", {"parallel.tp=2", "parallel.pp=2"}, 8, "", 2, 2, 2, 1, 2},
+      {"chunks interleave", {"parallel.pp=2", "parallel.virtual_stages=2"}, 2, "", 1, 2, 1, 2, 4, "interleaved"},
+      {"chunks on one stage", {"parallel.virtual_stages=2"}, 0, "", 1, 1, 1, 2, 4, "interleaved"},
+      {"gpipe", {"parallel.pp=2", "parallel.schedule=gpipe"}, 2, "", 1, 2, 1, 1, 4, "gpipe"},
+      {"fp8 in multiples of 16", {"model.d_model=64", "train.precision=fp8"}, 0, ""},
+      {"the batch over dp", {"train.global_batch=6"}, 2, "train.global_batch (6) must be a multiple of "
+                                                         "train.micro_batch (2) x parallel.dp (2) = 4; use train.global_batch = 4 or 8"},
+      {"the batch interleaved", {"parallel.pp=2", "parallel.virtual_stages=2", "train.global_batch=6"}, 2,
+       "x parallel.pp (2, for the interleaved schedule) = 4"},
+      {"1f1b with chunks", {"parallel.schedule=1f1b", "parallel.virtual_stages=2"}, 0,
+       "parallel.schedule = \"1f1b\" runs one chunk per rank but parallel.virtual_stages = 2"},
+      {"an unknown schedule", {"parallel.schedule=zb"}, 0, "parallel.schedule = \"zb\" is not one of"},
+      {"heads over tp", {"parallel.tp=8"}, 0, "model.heads (4) must be divisible by parallel.tp (8)"},
+      {"kv heads over tp", {"model.kv_heads=2", "parallel.tp=4"}, 0,
+       "model.kv_heads (2) must be divisible by parallel.tp (4): each tensor-parallel rank holds whole key/value heads"},
+      {"the MLP over tp", {"model.mlp_hidden=66", "parallel.tp=4"}, 0,
+       "the MLP's features (model.mlp_hidden, 66) must be divisible by parallel.tp (4)"},
+      {"sp over tp", {"model.seq_len=18", "parallel.tp=4", "parallel.sequence_parallel=true"}, 0,
+       "model.seq_len (18) must be divisible by parallel.tp (4) with parallel.sequence_parallel = true"},
+      {"sp needs tp", {"model.seq_len=18", "parallel.sequence_parallel=true"}, 0, ""},
+      {"too few layers", {"parallel.pp=4", "parallel.virtual_stages=2"}, 0,
+       "model.layers = 4 is fewer than pp x virtual_stages = 4 x 2 = 8 pipeline stages"},
+      {"stage counts", {"parallel.pp=2", "parallel.stage_layers=[1, 1, 2]"}, 0,
+       "parallel.stage_layers has 3 entries; it needs one per virtual stage: pp x virtual_stages = 2 x 1 = 2"},
+      {"an empty stage", {"parallel.pp=2", "parallel.stage_layers=[4, 0]"}, 0, "parallel.stage_layers[1] = 0 must be at least 1"},
+      {"stage sums", {"parallel.pp=2", "parallel.stage_layers=[1, 2]"}, 0,
+       "parallel.stage_layers sums to 3 layers, but model.layers = 4"},
+      {"uneven stages", {"parallel.pp=2", "parallel.stage_layers=[1, 3]"}, 2, "", 1, 2, 1, 1, 4},
+      {"a world of part groups", {"parallel.tp=2"}, 3, "world 3 is not divisible by tp 2 x pp 1 = 2"},
+      {"dp against the world", {"parallel.dp=2"}, 4, "world 4 is not tp 1 x pp 1 x dp 2 = 2"},
+      {"fp8's micro-batch", {"model.d_model=64", "train.precision=fp8", "model.seq_len=12"}, 0,
+       "train.precision = \"fp8\" needs train.micro_batch x model.seq_len (24) to be a multiple of 16"},
+      {"fp8's width", {"model.d_model=40", "train.precision=fp8"}, 0, "train.precision = \"fp8\" needs model.d_model (40)"},
+      {"fp8's MLP per rank", {"model.d_model=64", "train.precision=fp8", "model.mlp_hidden=264", "parallel.tp=2"}, 0,
+       "the MLP's width per rank (132) to be a multiple of 16"},
+  };
+  for (const Case& c : cases) {
+    // The config alone (the check every load makes) with the layout's rules that need no world;
+    // then the layout itself.
+    auto build = [&] { return parse_config(kModel, "layout test", c.sets); };
+    if (!c.verdict.empty()) {
+      std::string what;
+      try {
+        const Config cfg = build();
+        if (c.world > 0) ParallelLayout::for_world(cfg, c.world); else ParallelLayout::of(cfg);
+        ADD_FAILURE() << c.name << ": stands, but should be refused: " << c.verdict;
+        continue;
+      } catch (const Error& e) {
+        EXPECT_EQ(e.cls(), ErrorClass::kInput) << c.name;
+        what = e.what();
+      }
+      EXPECT_NE(what.find(c.verdict), std::string::npos) << c.name << ": " << what;
+      continue;
+    }
+    const Config cfg = build();
+    const ParallelLayout l = c.world > 0 ? ParallelLayout::for_world(cfg, c.world) : ParallelLayout::of(cfg);
+    EXPECT_EQ(l.tp, c.tp) << c.name;
+    EXPECT_EQ(l.pp, c.pp) << c.name;
+    EXPECT_EQ(l.dp, c.dp) << c.name;
+    EXPECT_EQ(l.virtual_stages, c.v) << c.name;
+    EXPECT_EQ(l.micro_batches, c.micro_batches) << c.name;
+    EXPECT_EQ(l.schedule, c.schedule) << c.name;
+    EXPECT_EQ(l.ep, 1) << c.name;
+    EXPECT_EQ(l.cp, 1) << c.name;
+    EXPECT_EQ(l.ranks(), l.tp * l.pp * l.dp) << c.name;
+  }
+}
+
+// The config check is the layout's: the same words, blamed on the --set that gave the value.
+TEST(ParallelLayout, TheConfigCheckNamesTheSetThatBrokeIt) {
+  const std::string e = myriad::test::input_error([] { parse_config(kModel, "x", {"model.kv_heads=2", "parallel.tp=4"}); });
+  EXPECT_EQ(e.rfind("--set ", 0), 0u) << e;
+  EXPECT_NE(e.find("model.kv_heads (2) must be divisible by parallel.tp (4)"), std::string::npos) << e;
+}
+
+}  // namespace
