@@ -71,13 +71,7 @@ class File {
   int fd_;
 };
 
-void write_text(const std::string& path, const std::string& text) {
-  File f(path, O_WRONLY | O_CREAT | O_TRUNC);
-  f.write_all(text.data(), text.size());
-  f.sync();
-}
-
-void sync_dir(const std::string& dir) { File(dir, O_RDONLY | O_DIRECTORY).sync(); }
+void write_text(const std::string& path, const std::string& text) { write_file_durably(path, {text}); }
 
 bool is_step_dir(const fs::path& p) {
   const std::string n = p.filename().string();
@@ -269,16 +263,11 @@ void save_into(const fs::path& final_dir, const fs::path& tmp, int64_t step, nlo
     if (!replace) {
       // RENAME_NOREPLACE: a directory that appeared meanwhile is not replaced, not even an
       // empty one (which a plain rename would).
-      if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_NOREPLACE) != 0) {
-        int err = errno;
-        if (err == EINVAL || err == ENOSYS) {  // a filesystem without the flag
-          err = fs::exists(fs::symlink_status(final_dir, ec)) ? EEXIST : 0;
-          if (!err && ::rename(tmp.c_str(), final_dir.c_str()) != 0) err = errno;
-        }
+      if (const int err = rename_noreplace(tmp.string(), final_dir.string()); err != 0) {
         if (err == EEXIST || err == ENOTEMPTY)
           throw_input("checkpoint ", final_dir.string(), " appeared while it was written; it is left as it is: give a "
                       "new directory");
-        if (err) throw_runtime("checkpoint: cannot rename ", tmp.string(), " to ", final_dir.string(), ": ", std::strerror(err));
+        throw_runtime("checkpoint: cannot rename ", tmp.string(), " to ", final_dir.string(), ": ", std::strerror(err));
       }
       sync_dir(root.string());
       return;
@@ -293,11 +282,19 @@ void save_into(const fs::path& final_dir, const fs::path& tmp, int64_t step, nlo
       if (waited == 0) log::info("checkpoint: waiting for the readers of ", final_dir.string(), " to replace it");
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-    fs::remove_all(old, ec);
-    if (had_old) fs::rename(final_dir, old);
-    fs::rename(tmp, final_dir);
-    sync_dir(root.string());
-    if (had_old) fs::remove_all(old, ec);
+    // One swap where the file system can (the partial directory then holds the old one, removed
+    // next, or at the next start after a crash); else the old one moved aside first, which the
+    // next start puts back if a crash comes between the two renames (remove_leftovers).
+    if (had_old && rename_exchange(tmp.string(), final_dir.string()) == 0) {
+      sync_dir(root.string());
+      fs::remove_all(tmp, ec);
+    } else {
+      fs::remove_all(old, ec);
+      if (had_old) fs::rename(final_dir, old);
+      fs::rename(tmp, final_dir);
+      sync_dir(root.string());
+      if (had_old) fs::remove_all(old, ec);
+    }
     if (held >= 0) ::close(held);
   } catch (...) {
     fs::remove_all(tmp, ec);

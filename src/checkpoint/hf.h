@@ -1,44 +1,18 @@
 // Hugging Face interchange: a Myriad checkpoint's model as GPT-2 or Llama in safetensors (the
-// layouts transformers' GPT2LMHeadModel and LlamaForCausalLM load), and back.
-//
-// safetensors (https://huggingface.co/docs/safetensors): 8 bytes, the little-endian length N
-// of a JSON header; N bytes of header, {"name": {"dtype", "shape", "data_offsets": [begin,
-// end]}, "__metadata__": {...}}; then the raw data, offsets relative to the header's end.
-//
-// GPT-2 stores its linear layers as Conv1D, weights (in, out): Myriad's are (out, in). Its
-// c_attn columns are ordered (q/k/v, head, dim), Myriad's fused QKV rows (head, q/k/v, dim).
-// The LM head is the token embedding (tied) and is not stored twice.
+// layouts transformers' GPT2LMHeadModel and LlamaForCausalLM load), and back. In parts:
+//   checkpoint/safetensors.h    the file format and the model folder (shards, index);
+//   checkpoint/hf_family.h      a family's names and config.json both ways, one file each
+//                               (hf_gpt2.cc, hf_llama.cc);
+//   checkpoint/export_folder.h  where an export's files go, replaced whole or not at all;
+//   here                        the two commands, which read the checkpoint and pick the family.
 #pragma once
 
 #include <cstdint>
-#include <functional>
-#include <map>
-#include <nlohmann/json.hpp>
 #include <string>
-#include <vector>
+
+#include "checkpoint/safetensors.h"
 
 namespace myriad::checkpoint {
-
-// A float tensor, row-major.
-struct HostTensor {
-  std::vector<int64_t> shape;
-  std::vector<float> data;
-};
-
-// safetensors in `dtype` (F32, or BF16 rounded to nearest even), header keys sorted and no
-// timestamps: the same tensors give the same bytes.
-void write_safetensors(const std::string& path, const std::map<std::string, HostTensor>& tensors,
-                       const std::string& dtype = "F32");
-// Every tensor of a safetensors file but those `skip` names (unread, whatever their dtype),
-// widened to fp32 from F32, BF16 or F16; input errors name the file, the tensor and the field
-// that is wrong (a truncated header, another dtype, a shape or data_offsets that is not a list of
-// sizes or does not fit the file).
-std::map<std::string, HostTensor> read_safetensors(const std::string& path,
-                                                   const std::function<bool(const std::string&)>& skip = {});
-
-// A tokenizer's special ids in a Hugging Face config.json: {"bos_token_id", "eos_token_id"}
-// (gpt2: 50256 both; llama3: 128000 and 128001; byte: none, null), whatever the model family.
-nlohmann::json hf_special_tokens(const std::string& tokenizer);
 
 struct ExportOptions {
   std::string dtype;                        // "bf16", "fp32"; "" = bf16 for a Llama model, fp32 for GPT-2
@@ -47,7 +21,7 @@ struct ExportOptions {
 };
 
 // The model of the committed checkpoint `dir` as a Hugging Face model directory: a Llama-family
-// model (checkpoint/hf_llama.h) as LlamaForCausalLM, in bf16 unless asked for fp32; any other
+// model (checkpoint/hf_llama.cc) as LlamaForCausalLM, in bf16 unless asked for fp32; any other
 // as GPT-2 (GPT2LMHeadModel, fp32). Either family gets its tokenizer's files: tokenizer.json
 // and tokenizer_config.json for llama3, vocab.json, merges.txt and tokenizer_config.json for
 // gpt2 (none for byte), and its special ids in config.json. The weights are OUT/model.safetensors, or shards of at most max_shard_bytes with

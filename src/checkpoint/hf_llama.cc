@@ -1,4 +1,15 @@
-#include "checkpoint/hf_llama.h"
+// Hugging Face's LlamaForCausalLM in Myriad's terms (checkpoint/hf_family.h): which models it expresses,
+// its config.json both ways, and its tensors both ways.
+//
+// The tensors differ from Myriad's layout (model/params.h) only in order, never within a head:
+// both rotate by halves (transformers' rotate_half), so q and k need no permutation inside a head.
+//   q_proj (H D, C), k_proj and v_proj (Hkv D, C)  <->  attn.qkv ((H + 2 Hkv) D, C), rows by
+//                                                      key/value head: its G query heads, k, v
+//   gate_proj and up_proj (F, C)                   <->  mlp.fc (2F, C), rows (F, 2): gate, up
+//   o_proj, down_proj, the norms, the embedding     <->  attn.proj, mlp.proj, ln1/ln2/lnf, wte
+//   lm_head (untied only)                           <->  lm_head
+// Biases (attention_bias and mlp_bias, both or neither: Myriad's model.bias) follow their weights.
+#include "checkpoint/hf_family.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,14 +21,8 @@
 
 #include "core/error.h"
 
-namespace myriad::checkpoint::llama {
+namespace myriad::checkpoint {
 namespace {
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
 
 // The rows row_of(0 .. n-1) of `t` (a matrix, or a vector: one element per row).
 HostTensor take_rows(const HostTensor& t, int64_t n, const std::function<int64_t(int64_t)>& row_of) {
@@ -49,9 +54,7 @@ struct QkvRows {
 std::string hf_layer(int64_t l) { return cat("model.layers.", l, "."); }
 std::string my_layer(int64_t l) { return cat("h.", l, "."); }
 
-}  // namespace
-
-bool family(const ModelConfig& m) {
+bool claims(const ModelConfig& m) {
   return m.rmsnorm() || m.rope() || m.swiglu() || m.kv() != m.heads || !m.tied_embeddings ||
          m.ffn() != 4 * m.d_model;
 }
@@ -334,4 +337,9 @@ std::map<std::string, HostTensor> from_hf(std::map<std::string, HostTensor>& hf,
   return out;
 }
 
-}  // namespace myriad::checkpoint::llama
+}  // namespace
+
+extern const HfFamily kLlamaFamily = {"LlamaForCausalLM", "llama", "BF16", claims, unfit, hf_config, to_hf,
+                                      from_hf_config, nullptr, from_hf};
+
+}  // namespace myriad::checkpoint
