@@ -95,6 +95,13 @@ std::string Blend::resume(const BlendPosition& saved) {
   return changed;
 }
 
+void Blend::advance_to(const BlendPosition& after) {
+  MYRIAD_CHECK(after.names == names_ && after.taken.size() == names_.size() && after.consumed >= pos_.consumed,
+               "a blend position of another blend, or from before this one's");
+  pos_ = after;
+  reshare();
+}
+
 Blend::Pick Blend::next() {
   const double r = double(pos_.consumed - pos_.since + 1);
   int best = -1;

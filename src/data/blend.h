@@ -60,6 +60,10 @@ class Blend {
   // changed ("" nothing), for the log.
   std::string resume(const BlendPosition& saved);
 
+  // The loader's walk taken over: the blend as it stands after a batch the loader built from
+  // this same blend (Batch::position). One walk per step, the loader's.
+  void advance_to(const BlendPosition& after);
+
   // The source and the within-source sample number of the stream's next sample; advances.
   struct Pick {
     int source = 0;

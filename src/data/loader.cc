@@ -156,6 +156,7 @@ Batch BatchLoader::build(Blend& blend, std::vector<Sampler>& samplers) const {
     sources_[p.source].data->read(s * T_, T_ + 1, b.tokens.data() + r * (T_ + 1));
     if (documents_) document_starts(*sources_[p.source].data, s * T_, T_ + 1, b.doc_starts.data() + r * (T_ + 1));
   }
+  b.position = blend.position();
   return b;
 }
 

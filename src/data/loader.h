@@ -59,6 +59,9 @@ struct Batch {
   // b, i begins within its row (0 when it began before the row); laid out as tokens.
   std::vector<int32_t> doc_starts;
   int64_t first_sample = 0;  // global sample number where this step's global batch starts
+  // The blend's place after the global batch's samples: the Trainer's data position once the
+  // step is trained (the loader's walk is the only one).
+  BlendPosition position;
 };
 
 // Where the document of each of the T tokens from stream position `begin` begins, relative to

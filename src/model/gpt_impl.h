@@ -514,14 +514,10 @@ void GptModel<Ops>::load_targets(Slot& s, Rows rows, int64_t stride) {
     return;
   }
   std::vector<int32_t> targets(static_cast<size_t>(B) * T);
-  int kept = 0;
   for (int b = 0; b < B; ++b)
-    for (int i = 0; i < T; ++i) {
-      const bool begins = rows.target_begins_document(b, i, stride);
-      targets[static_cast<size_t>(b) * T + i] = begins ? -1 : rows.tokens[b * stride + i + 1];
-      kept += !begins;
-    }
-  s.counted = std::max(kept, 1);
+    for (int i = 0; i < T; ++i)
+      targets[static_cast<size_t>(b) * T + i] = rows.target_begins_document(b, i, stride) ? -1 : rows.tokens[b * stride + i + 1];
+  s.counted = static_cast<int>(std::max<int64_t>(rows.counted_targets(B, T, false, stride), 1));
   ops_.load_tokens(s.targets, targets.data(), B, T, T);
 }
 

@@ -22,13 +22,14 @@ struct Rows {
   bool target_begins_document(int64_t b, int64_t i, int64_t stride) const {
     return doc_starts && doc_starts[b * stride + i + 1] == i + 1;
   }
-  // The targets of rows [0, rows) (T each) that the loss counts: every one, or with
-  // data.document_end_loss off (`document_end_loss` false) those that do not begin a document.
-  int64_t counted_targets(int64_t rows, int64_t T, bool document_end_loss) const {
+  // The targets of rows [0, rows) (T each, rows `stride` apart: T + 1 unless said) that the loss
+  // counts: every one, or with data.document_end_loss off (`document_end_loss` false) those that
+  // do not begin a document. The one count the model, the engine and the evaluation use.
+  int64_t counted_targets(int64_t rows, int64_t T, bool document_end_loss, int64_t stride = 0) const {
     if (document_end_loss || !doc_starts) return rows * T;
     int64_t n = 0;
     for (int64_t b = 0; b < rows; ++b)
-      for (int64_t i = 0; i < T; ++i) n += !target_begins_document(b, i, T + 1);
+      for (int64_t i = 0; i < T; ++i) n += !target_begins_document(b, i, stride > 0 ? stride : T + 1);
     return n;
   }
 };

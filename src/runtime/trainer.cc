@@ -199,7 +199,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
   const std::string algos = (fs::path(run_dir_) / cat("gemm_algos.rank", dist_ ? dist_->rank() : 0, ".txt")).string();
   engine_ = make_planned_engine(cfg_, dist_ ? dist_->context() : nullptr, algos);
   // What a checkpoint holds (runtime/state.h): every save and resume asks these.
-  state_ = run_state(*engine_, cfg_, step_, *blend_, recent_loss_, cfg_.train.skip_steps);
+  state_ = run_state(*engine_, cfg_, step_, *blend_, recent_loss_.values(), cfg_.train.skip_steps);
   if (cfg_.observe.trace) {
     const int64_t offset = dist_ ? dist_->clock_offset_us() : 0;
     const int rank = dist_ ? dist_->rank() : 0;
@@ -309,128 +309,49 @@ void Trainer::trace_collectives() {
   }
 }
 
+// The step loop: a batch, the step, its checks, its record, evaluation and a save when due, the
+// log line. What each step leaves for the launcher's watch (the heartbeat's allowance, its own
+// time), the trace and the chaos run's injected faults are begin_step's, after_step's and
+// end_step's.
 Trainer::End Trainer::run() {
   const TrainConfig& t = cfg_.train;
-  const double tokens_per_step = double(t.global_batch) * cfg_.model.seq_len;
-  log::info("model: ", engine_->layout().total(), dist_ ? " parameters on this rank (" : " parameters (", cfg_.model.layers, " layers, d_model ",
-            cfg_.model.d_model, ", ", cfg_.model.heads, " heads, seq_len ", cfg_.model.seq_len,
-            ", vocab ", cfg_.model.vocab_size, " padded to ", cfg_.padded_vocab(), ")");
-  log::info("train: steps ", step_ + 1, "..", t.steps, ", ", t.global_batch, " sequences x ",
-            cfg_.model.seq_len, " tokens per step, micro-batch ", t.micro_batch, ", ",
-            engine_->device(), ", ", cfg_.optim.name);
-  if (t.precision == "fp8") log::info("precision: ", fp8::describe(fp8::recipe_of(t)));
-  if (const std::string w = schedule_warning(cfg_.optim, t.steps); !w.empty()) log::warn("schedule: ", w);
-  describe_blend();
-  if (cfg_.data.document_mask)
-    log::info("data: attention stays inside each document packed in a row (its start from the .idx document index; "
-              "positions run on across documents)");
-  log::info("memory: optimizer state ", memory_bytes(MemoryKind::kOptimizerState),
-            " bytes on this rank (", engine_->layout().total(), " parameters here)");
-  double elapsed = 0;
-  int64_t timed = 0;
+  describe_start();
   while (step_ < t.steps) {
     const double t0 = now_s();
-    set_phase("data");
-    trace::set_step(step_ + 1);
-    fault::poll_live(step_ + 1);  // a chaos run's faults, armed for this step (core/fault.h)
-    data::Batch batch;  // (global_batch / dp, T+1): this rank's rows
-    {
-      trace::Span span("data");
-      batch = next_batch();
-    }
+    begin_step();
+    data::Batch batch = next_batch();  // (global_batch / dp, T+1): this rank's rows
     if (std::count(t.skip_steps.begin(), t.skip_steps.end(), step_ + 1)) {
-      skip_step("train.skip_steps");
+      skip_step(batch, "train.skip_steps");
       continue;
     }
-    StepResult r = engine_->train_step(rows_of(batch), step_ + 1,
-                                       lr_at(cfg_.optim, step_, t.steps), preemption::requested());
+    StepResult r = engine_->train_step(rows_of(batch), step_ + 1, lr_at(cfg_.optim, step_, t.steps),
+                                       preemption::requested());
     if (r.counted_nothing) {
-      skip_step("no target of its batch counts: each begins a document, and data.document_end_loss = false");
+      skip_step(batch, "no target of its batch counts: each begins a document, and data.document_end_loss = false");
       continue;
     }
     ++step_;
-    advance_data();
-    // Injected faults that act on the step's results, then the checks that catch such faults.
-    const std::string injected = fault::action(cat("step:", step_));
-    if (injected == "nan") r.loss = std::numeric_limits<float>::quiet_NaN();
-    if (injected == "spike") r.loss *= 1000.0f;
-    if (injected == "flip") engine_->flip_parameter_bit();
-    check_loss(r.loss);
-    if (cfg_.fault.sdc_check_every > 0 && step_ % cfg_.fault.sdc_check_every == 0) check_replicas();
-    const double dt = now_s() - t0;
-    if (step_ > 1 || t.steps == 1) elapsed += dt, ++timed;  // the first step warms caches
-
-    nlohmann::json rec = {{"step", step_}, {"loss", r.loss}, {"lr", r.lr},
-                          {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_step / dt},
-                          {"step_ms", dt * 1e3}, {"time", comm::wall_us() * 1e-6}};
-    if (r.times.forward_s > 0) {  // the engine times its phases
-      rec["forward_ms"] = r.times.forward_s * 1e3, rec["backward_ms"] = r.times.backward_s * 1e3;
-      if (cfg_.parallel.pp > 1) rec["bubble_ms"] = r.times.bubble_s * 1e3;
-      if (dist_ && dist_->context()->dp_size() > 1) rec["dp_wait_ms"] = r.times.dp_wait_s * 1e3;
-      rec["optimizer_ms"] = r.times.optimizer_s * 1e3;
-    }
-    if (engine_->peak_memory() > 0) rec["peak_memory_gib"] = double(engine_->peak_memory()) / (1 << 30);
-    if (engine_->peak_flops() > 0)
-      rec["mfu"] = tokens_per_step / dt * engine_->flops_per_token() / engine_->peak_flops();
-    // How long the launcher may see no new step before it calls the job stalled: the observed
-    // step time (fault.stall_factor x the median of the last 21 steps, at least
-    // fault.stall_floor_s), as NVIDIA's resiliency extension times its sections, or
-    // fault.step_timeout_s when set; evaluations and saves get the start-up allowance.
-    recent_step_s_.push_back(dt);
-    if (recent_step_s_.size() > 21) recent_step_s_.erase(recent_step_s_.begin());
-    std::vector<double> sorted = recent_step_s_;
-    std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
-    const double allowance = allowance_s_ =
-        cfg_.fault.step_timeout_s > 0 ? cfg_.fault.step_timeout_s
-                                      : std::max(cfg_.fault.stall_floor_s, cfg_.fault.stall_factor * sorted[sorted.size() / 2]);
-    heartbeat_.set_rate(dt * 1e3, tokens_per_step / dt);
-    heartbeat_.set(step_, cfg_.fault.startup_timeout_s);
-    heartbeat_.step_done(step_);
-    set_phase("eval");
+    take_position(batch);
+    const std::string injected = after_step(r);  // a chaos run's faults on the results, then the checks
+    nlohmann::json rec = step_record(r, now_s() - t0);
     if (eval_due()) {
+      set_phase("eval");
       trace::Span span("eval");
       evaluate(rec);
     }
     if (blend_->size() > 1)
       for (int s = 0; s < blend_->size(); ++s) rec["epochs/" + blend_->name(s)] = blend_->epochs_taken(s);
-    set_phase("checkpoint");
     if (save_due()) {
+      set_phase("checkpoint");
       trace::Span span("checkpoint");
       save_checkpoint();
-      // What the save cost the step: its time so far (the check and the evaluation included,
-      // as in any step) less the median step's.
-      // (at least 0: a save that cost nothing leaves only the step times' noise).
-      rec["checkpoint_stall_ms"] = std::max(0.0, now_s() - t0 - sorted[sorted.size() / 2]) * 1e3;
+      // What the save cost the step: its time so far (the check and the evaluation included, as
+      // in any step) less the median step's (at least 0: a save that cost nothing leaves only
+      // the step times' noise).
+      rec["checkpoint_stall_ms"] = std::max(0.0, now_s() - t0 - step_s_.median()) * 1e3;
     }
-    if (step_ % t.log_every == 0 || step_ == t.steps || rec.contains("val_loss") || rec.contains("checkpoint_stall_ms")) {
-      if (metrics_) metrics_->write(rec);
-      const double eta = timed ? elapsed / timed * (t.steps - step_) : 0;
-      log::info("step ", step_, "/", t.steps, " | loss ", fmt("%.4f", r.loss),
-                rec.contains("val_loss") ? " | val " + fmt("%.4f", rec["val_loss"].get<double>()) : "",
-                " | lr ", fmt("%.2e", r.lr), " | grad norm ", fmt("%.3f", r.grad_norm), " | ",
-                fmt("%.0f", tokens_per_step / dt), " tok/s | ETA ", human_duration(eta));
-    }
-    writer_.poll();  // a save that failed in the background fails the run now
-    trace_written_save();
-    trace_collectives();
-    heartbeat_.set(step_, allowance);
-    set_phase("data");
-    // This step's own time: from the end of the last one, less the waits on its peers.
-    const double end = now_s();
-    if (last_end_ > 0) {
-      const double own_s = end - last_end_ - r.times.bubble_s - r.times.dp_wait_s;
-      const int64_t trace_end = trace::now_us();
-      trace::complete("step", "step", trace_end - int64_t((end - last_end_) * 1e6), trace_end, 2, {{"own_ms", own_s * 1e3}});
-      recent_own_s_.push_back(own_s);
-      if (recent_own_s_.size() > 10) recent_own_s_.erase(recent_own_s_.begin());
-      std::vector<double> own = recent_own_s_;
-      std::nth_element(own.begin(), own.begin() + own.size() / 2, own.end());
-      heartbeat_.set_own_ms(own[own.size() / 2] * 1e3);
-    }
-    last_end_ = end;
-    fault::carry_out(injected, cat("step:", step_));
-    const double own_ms = (dt - r.times.bubble_s - r.times.dp_wait_s) * 1e3;  // the step's, less its waits on peers
-    if (const int ms = fault::delay_ms(own_ms); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    log_step(rec, r);
+    end_step(r, injected, rec["step_ms"].get<double>() / 1e3);
     if (r.stop && step_ < t.steps) return stop_preempted();
   }
   // The last save is written before the run ends, and its failure is the run's; meanwhile the
@@ -440,6 +361,110 @@ Trainer::End Trainer::run() {
   writer_.wait();
   trace_written_save();
   return End::kDone;
+}
+
+void Trainer::describe_start() {
+  const TrainConfig& t = cfg_.train;
+  log::info("model: ", engine_->layout().total(), dist_ ? " parameters on this rank (" : " parameters (", cfg_.model.layers,
+            " layers, d_model ", cfg_.model.d_model, ", ", cfg_.model.heads, " heads, seq_len ", cfg_.model.seq_len,
+            ", vocab ", cfg_.model.vocab_size, " padded to ", cfg_.padded_vocab(), ")");
+  log::info("train: steps ", step_ + 1, "..", t.steps, ", ", t.global_batch, " sequences x ", cfg_.model.seq_len,
+            " tokens per step, micro-batch ", t.micro_batch, ", ", engine_->device(), ", ", cfg_.optim.name);
+  if (t.precision == "fp8") log::info("precision: ", fp8::describe(fp8::recipe_of(t)));
+  if (const std::string w = schedule_warning(cfg_.optim, t.steps); !w.empty()) log::warn("schedule: ", w);
+  describe_blend();
+  if (cfg_.data.document_mask)
+    log::info("data: attention stays inside each document packed in a row (its start from the .idx document index; "
+              "positions run on across documents)");
+  log::info("memory: optimizer state ", memory_bytes(MemoryKind::kOptimizerState), " bytes on this rank (",
+            engine_->layout().total(), " parameters here)");
+}
+
+// The step under way, for the heartbeat, the trace and a chaos run's faults armed for it.
+void Trainer::begin_step() {
+  set_phase("data");
+  trace::set_step(step_ + 1);
+  fault::poll_live(step_ + 1);  // core/fault.h
+}
+
+// Injected faults that act on the step's results (a chaos run's: nan, spike, flip), then the
+// checks that catch such faults: the loss, and every fault.sdc_check_every steps the replicas.
+// The injection left for end_step to carry out.
+std::string Trainer::after_step(StepResult& r) {
+  const std::string injected = fault::action(cat("step:", step_));
+  if (injected == "nan") r.loss = std::numeric_limits<float>::quiet_NaN();
+  if (injected == "spike") r.loss *= 1000.0f;
+  if (injected == "flip") engine_->flip_parameter_bit();
+  check_loss(r.loss);
+  if (cfg_.fault.sdc_check_every > 0 && step_ % cfg_.fault.sdc_check_every == 0) check_replicas();
+  return injected;
+}
+
+// The step's record for metrics.jsonl (and TensorBoard), and the heartbeat's word on it: how
+// long the launcher may see no new step before it calls the job stalled, the observed step time
+// (fault.stall_factor x the median of the last 21 steps, at least fault.stall_floor_s), as
+// NVIDIA's resiliency extension times its sections, or fault.step_timeout_s when set;
+// evaluations and saves get the start-up allowance.
+nlohmann::json Trainer::step_record(const StepResult& r, double dt) {
+  const double tokens_per_step = double(cfg_.train.global_batch) * cfg_.model.seq_len;
+  if (step_ > 1 || cfg_.train.steps == 1) elapsed_s_ += dt, ++timed_;  // the first step warms caches
+  nlohmann::json rec = {{"step", step_}, {"loss", r.loss}, {"lr", r.lr},
+                        {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_step / dt},
+                        {"step_ms", dt * 1e3}, {"time", comm::wall_us() * 1e-6}};
+  if (r.times.forward_s > 0) {  // the engine times its phases
+    rec["forward_ms"] = r.times.forward_s * 1e3, rec["backward_ms"] = r.times.backward_s * 1e3;
+    if (cfg_.parallel.pp > 1) rec["bubble_ms"] = r.times.bubble_s * 1e3;
+    if (dist_ && dist_->context()->dp_size() > 1) rec["dp_wait_ms"] = r.times.dp_wait_s * 1e3;
+    rec["optimizer_ms"] = r.times.optimizer_s * 1e3;
+  }
+  if (engine_->peak_memory() > 0) rec["peak_memory_gib"] = double(engine_->peak_memory()) / (1 << 30);
+  if (engine_->peak_flops() > 0)
+    rec["mfu"] = tokens_per_step / dt * engine_->flops_per_token() / engine_->peak_flops();
+  step_s_.push(dt);
+  allowance_s_ = cfg_.fault.step_timeout_s > 0 ? cfg_.fault.step_timeout_s
+                                               : std::max(cfg_.fault.stall_floor_s, cfg_.fault.stall_factor * step_s_.median());
+  heartbeat_.set_rate(dt * 1e3, tokens_per_step / dt);
+  heartbeat_.set(step_, cfg_.fault.startup_timeout_s);
+  heartbeat_.step_done(step_);
+  return rec;
+}
+
+void Trainer::log_step(const nlohmann::json& rec, const StepResult& r) {
+  const TrainConfig& t = cfg_.train;
+  if (!(step_ % t.log_every == 0 || step_ == t.steps || rec.contains("val_loss") || rec.contains("checkpoint_stall_ms")))
+    return;
+  if (metrics_) metrics_->write(rec);
+  const double dt = rec["step_ms"].get<double>() / 1e3;
+  const double eta = timed_ ? elapsed_s_ / timed_ * (t.steps - step_) : 0;
+  log::info("step ", step_, "/", t.steps, " | loss ", fmt("%.4f", r.loss),
+            rec.contains("val_loss") ? " | val " + fmt("%.4f", rec["val_loss"].get<double>()) : "", " | lr ",
+            fmt("%.2e", r.lr), " | grad norm ", fmt("%.3f", r.grad_norm), " | ",
+            fmt("%.0f", double(t.global_batch) * cfg_.model.seq_len / dt), " tok/s | ETA ", human_duration(eta));
+}
+
+// After the step's record: a background save's failure fails the run now; the trace's last save
+// and collectives; the heartbeat's allowance and the step's own time (from the end of the last
+// one, less the waits on its peers: what the launcher's straggler check compares); then what a
+// chaos run injected for the end of the step (a kill, a hang, a slower device).
+void Trainer::end_step(const StepResult& r, const std::string& injected, double step_s) {
+  writer_.poll();
+  trace_written_save();
+  trace_collectives();
+  heartbeat_.set(step_, allowance_s_);
+  set_phase("data");
+  const double end = now_s();
+  if (last_end_ > 0) {
+    const double own_s = end - last_end_ - r.times.bubble_s - r.times.dp_wait_s;
+    const int64_t trace_end = trace::now_us();
+    trace::complete("step", "step", trace_end - int64_t((end - last_end_) * 1e6), trace_end, 2, {{"own_ms", own_s * 1e3}});
+    own_s_.push(own_s);
+    heartbeat_.set_own_ms(own_s_.median() * 1e3);
+  }
+  last_end_ = end;
+  fault::carry_out(injected, cat("step:", step_));
+  // slow:xK: K times the step's own compute (its time to the record, less the waits on peers).
+  const double own_ms = (step_s - r.times.bubble_s - r.times.dp_wait_s) * 1e3;
+  if (const int ms = fault::delay_ms(own_ms); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
 // Every rank was told at this step that one was preempted: this step is saved (unless it just
@@ -460,9 +485,9 @@ Trainer::End Trainer::stop_preempted() {
 // The step's batch, read (so that every later step trains on the batch it would have had), is
 // dropped: no update. The step still evaluates and saves when due. `why` is said once for a
 // skip_steps entry each, and once per run for a batch that counts no target.
-void Trainer::skip_step(const std::string& why) {
+void Trainer::skip_step(const data::Batch& batch, const std::string& why) {
   ++step_;
-  advance_data();
+  take_position(batch);
   const bool listed = why == "train.skip_steps";
   if (listed || !said_no_target_)
     log::warn("step ", step_, "/", cfg_.train.steps, " skipped: its batch is dropped (", why, ")",
@@ -503,17 +528,14 @@ void Trainer::check_loss(float loss) {
   if (!std::isfinite(loss)) throw nonfinite_loss(step_, loss);
   const double f = cfg_.fault.spike_factor;
   if (f > 0 && recent_loss_.size() >= 5) {
-    std::vector<double> sorted = recent_loss_;
-    std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
-    const double median = sorted[sorted.size() / 2];
+    const double median = recent_loss_.median();
     if (loss > f * median)
       throw FaultError(FaultKind::kLoss, ErrorClass::kNumerics, step_,
                   cat("step ", step_, ": loss ", fmt("%.4f", loss), " is above fault.spike_factor (", f,
                       ") x the median of the last ", recent_loss_.size(), " steps (", fmt("%.4f", median),
                       "): a loss spike; resume from the checkpoint before it"));
   }
-  recent_loss_.push_back(loss);
-  if (recent_loss_.size() > 21) recent_loss_.erase(recent_loss_.begin());
+  recent_loss_.push(loss);
 }
 
 // fault.sdc_check_every: the data-parallel replicas exchange the hashes of what they hold after
@@ -550,18 +572,45 @@ void Trainer::check_replicas() {
     }
 }
 
+namespace {
+// The blend's counters after a batch (consumed, since, and each source's taken and base), as the
+// ints the shared batch carries to the members that do not read: the rest of the position
+// (names, weights, caps, orders) they hold already. Each count in two ints, exactly.
+std::vector<int32_t> counters_of(const data::BlendPosition& p) {
+  std::vector<int64_t> all = {p.consumed, p.since};
+  all.insert(all.end(), p.taken.begin(), p.taken.end());
+  all.insert(all.end(), p.base.begin(), p.base.end());
+  std::vector<int32_t> out(all.size() * 2);
+  std::memcpy(out.data(), all.data(), all.size() * sizeof(int64_t));
+  return out;
+}
+data::BlendPosition with_counters(data::BlendPosition p, const int32_t* ints) {
+  const size_t n = p.taken.size();
+  std::vector<int64_t> all(2 + 2 * n);
+  std::memcpy(all.data(), ints, all.size() * sizeof(int64_t));
+  p.consumed = all[0], p.since = all[1];
+  std::copy(all.begin() + 2, all.begin() + 2 + n, p.taken.begin());
+  std::copy(all.begin() + 2 + n, all.end(), p.base.begin());
+  return p;
+}
+}  // namespace
+
 data::Batch Trainer::next_batch() {
+  trace::Span span("data");
   data::Batch b;
   // The shared batch's wait, as a group of the tensor-parallel ranks, for the hang report.
   const std::string group = shared_ ? cat("batch.", dist_->context()->tp->name()) : "";
   const std::vector<int> members = shared_ ? dist_->topology().group(parallel::Dim::kTp, dist_->rank()) : std::vector<int>{};
-  // Shared as one block of ints: the tokens, then the document starts when there are any.
+  // Shared as one block of ints: the tokens, the document starts when there are any, then the
+  // blend's counters after the batch.
   std::vector<int32_t> ints;
   if (loader_) {
     b = loader_->next();
     if (shared_) {
       ints = b.tokens;
       ints.insert(ints.end(), b.doc_starts.begin(), b.doc_starts.end());
+      const std::vector<int32_t> counters = counters_of(b.position);
+      ints.insert(ints.end(), counters.begin(), counters.end());
       shared_->publish(step_ + 1, ints.data());
       heartbeat_.set_batch(group, members, step_ + 1, "publish", true);
     }
@@ -571,16 +620,17 @@ data::Batch Trainer::next_batch() {
     heartbeat_.set_batch(group, members, step_ + 1, "take", false);
     shared_->take(step_ + 1, ints.data());
     heartbeat_.set_batch(group, members, step_ + 1, "take", true);
-    const auto split = ints.begin() + b.B * (b.T + 1);
-    b.tokens.assign(ints.begin(), split);
-    b.doc_starts.assign(split, ints.end());
+    const int64_t tokens = b.B * (b.T + 1), starts = cfg_.data.document_mask ? tokens : 0;
+    b.tokens.assign(ints.begin(), ints.begin() + tokens);
+    b.doc_starts.assign(ints.begin() + tokens, ints.begin() + tokens + starts);
+    b.position = with_counters(blend_->position(), ints.data() + tokens + starts);
   }
   return b;
 }
 
 int64_t Trainer::batch_ints() const {
   const int64_t T = cfg_.model.seq_len;
-  return rows_ * (T + 1) * (cfg_.data.document_mask ? 2 : 1);
+  return rows_ * (T + 1) * (cfg_.data.document_mask ? 2 : 1) + 4 + 4 * blend_->size();
 }
 
 Rows Trainer::rows_of(const data::Batch& b) {
@@ -622,18 +672,20 @@ void Trainer::evaluate(nlohmann::json& rec) {
   if (tokens > 0) rec["val_loss"] = static_cast<float>(sum / tokens);
 }
 
-void Trainer::advance_data() {
-  const int64_t step = step_;
-  for (int64_t g = 0; g < cfg_.train.global_batch; ++g) {
-    const data::Blend::Pick p = blend_->next();
-    const std::string& name = blend_->name(p.source);
-    const int64_t n = blend_->samples(p.source);
-    if (p.sample > 0 && p.sample % n == 0)
-      log::info("data: source '", name, "' starts its epoch ", p.sample / n + 1, " (a new order) in step ", step);
-    if (!blend_->active(p.source))
-      log::info("data: source '", name, "' reached its cap of ", cfg_.data.train[p.source].epochs, " epoch(s) in step ",
-                step, ": the other sources share its place from here");
+// The blend's place after the batch the step took (the loader's walk, data/loader.h): each
+// source that starts a new epoch in it, or reaches its cap, is said.
+void Trainer::take_position(const data::Batch& batch) {
+  const data::BlendPosition before = blend_->position();
+  for (int s = 0; s < blend_->size(); ++s) {
+    const int64_t n = blend_->samples(s), from = before.taken[s], to = batch.position.taken[s];
+    for (int64_t k = (std::max<int64_t>(from, 1) + n - 1) / n * n; k < to; k += n)
+      log::info("data: source '", blend_->name(s), "' starts its epoch ", k / n + 1, " (a new order) in step ", step_);
   }
+  blend_->advance_to(batch.position);
+  for (int s = 0; s < blend_->size(); ++s)
+    if (before.taken[s] != batch.position.taken[s] && !blend_->active(s))
+      log::info("data: source '", blend_->name(s), "' reached its cap of ", cfg_.data.train[s].epochs, " epoch(s) in step ",
+                step_, ": the other sources share its place from here");
 }
 
 void Trainer::describe_blend() const {

@@ -10,6 +10,7 @@
 
 #include "checkpoint/state.h"
 #include "core/config.h"
+#include "core/rolling.h"
 #include "data/loader.h"
 #include "model/engine.h"
 #include "observe/metrics.h"
@@ -40,7 +41,7 @@ class Trainer {
   void check_loss(float loss);
   // The step's batch, already read, dropped and the step counted: train.skip_steps, or a batch
   // that counts no target (`why` says which).
-  void skip_step(const std::string& why);
+  void skip_step(const data::Batch& batch, const std::string& why);
   bool eval_due() const;  // train.eval_every (with validation data), and the last step
   bool save_due() const;  // checkpoint.every, and the last step
   void check_replicas();
@@ -67,8 +68,18 @@ class Trainer {
   int64_t batch_ints() const;
   // The batch as the model reads it.
   static Rows rows_of(const data::Batch& b);
-  // The blend's place after a step's global batch; logs a source's new epoch, or its cap.
-  void advance_data();
+  // The blend's place after a step's global batch (the loader's, data::Batch::position); logs a
+  // source's new epoch, or its cap.
+  void take_position(const data::Batch& batch);
+  // run()'s parts: the start's log lines; the step under way; the injected faults and checks
+  // after the step (returns the injection left for end_step); the step's record and heartbeat;
+  // its log line; what the step leaves for the launcher, the trace and injected faults.
+  void describe_start();
+  void begin_step();
+  std::string after_step(StepResult& r);
+  nlohmann::json step_record(const StepResult& r, double step_s);
+  void log_step(const nlohmann::json& rec, const StepResult& r);
+  void end_step(const StepResult& r, const std::string& injected, double step_s);
   // The blend as the run starts: each source's share, tokens and expected epochs.
   void describe_blend() const;
   // Opens a token file and checks it against the model (vocabulary) and the tokenizer.
@@ -94,11 +105,13 @@ class Trainer {
   std::unique_ptr<data::BatchLoader> loader_;      // null on the members that take shared batches
   std::unique_ptr<data::SharedBatch> shared_;      // the node-shared batch, with tensor parallelism
   std::unique_ptr<MetricsWriter> metrics_;
-  std::vector<double> recent_step_s_;  // the last steps' times, for the heartbeat's allowance
+  RollingWindow step_s_{21};       // the last steps' times, for the heartbeat's allowance
   double allowance_s_ = 0;  // how long the next step may take (the heartbeat's); 0 before the first
-  std::vector<double> recent_loss_;    // the last steps' losses, for fault.spike_factor
-  std::vector<double> recent_own_s_;   // the last steps' own times (the heartbeat's own_ms)
-  double last_end_ = 0;                // when the last step ended (its checks and save included)
+  RollingWindow recent_loss_{21};  // the last steps' losses, for fault.spike_factor (checkpointed)
+  RollingWindow own_s_{10};        // the last steps' own times (the heartbeat's own_ms)
+  double last_end_ = 0;            // when the last step ended (its checks and save included)
+  double elapsed_s_ = 0;           // the timed steps' time, for the ETA (the first step warms caches)
+  int64_t timed_ = 0;
   bool said_no_target_ = false, said_no_eval_target_ = false;  // a step's, an evaluation's: warned once
   int64_t rows_ = 0;          // sequences of each global batch this rank reads: global_batch / dp
   int64_t step_ = 0;          // optimizer steps completed
