@@ -203,8 +203,7 @@ JobHistory history_of(JobBoard& board, const LaunchPlan& plan, const std::option
     const std::optional<nlohmann::json> rec = board.stopped(a);
     if (!rec) break;
     bool changed = false;
-    if (std::optional<nlohmann::json> p = board.settled(a); p && (p->contains("shrink") || !(*p)["spares"].empty()))
-      changed = true;
+    if (std::optional<Settlement> p = board.settled(a); p && (p->shrinks() || !p->spares.empty())) changed = true;
     try {
       h.past.insert(h.past.begin(), {decode_fault(*rec), changed});
     } catch (const Error&) {
@@ -302,8 +301,7 @@ struct JobWatch {
             {"status", status}, {"run_dir", std::filesystem::absolute(plan.run_dir).string()}, {"workers", hangs.workers()}, {"errors", errors}};
   }
   void beat(const char* status, double ttl) { board.beat(cat("node", plan.node_rank), state(status), ttl); }
-  // A heartbeat's life: 5 beats (the agent's loop turns about once a second, whatever is asked).
-  double ttl_s() const { return 5 * std::max(1.0, heartbeat_s); }
+  double ttl_s() const { return beat_ttl_s(heartbeat_s); }
   void operator()() {
     const double now = comm::steady_now_s();
     if (now < next_s) return;
@@ -375,10 +373,10 @@ void pause(Launcher& launcher, double s) {
 
 // The leader's plan for the places left after attempt A, waited for up to 2 minutes (beating,
 // answering signals); nullopt when it did not come.
-std::optional<nlohmann::json> wait_for_plan(JobBoard& board, Launcher& launcher, int64_t attempt,
-                                            const std::function<void()>& beat) {
+std::optional<Settlement> wait_for_plan(JobBoard& board, Launcher& launcher, int64_t attempt,
+                                        const std::function<void()>& beat) {
   for (const double until = comm::steady_now_s() + 120; comm::steady_now_s() < until; pause(launcher, 0.2)) {
-    if (std::optional<nlohmann::json> p = board.settled(attempt)) return p;
+    if (std::optional<Settlement> p = board.settled(attempt)) return p;
     beat();
   }
   return std::nullopt;
@@ -437,17 +435,33 @@ std::optional<std::string> ended_since(JobBoard& board, int64_t attempt) {
   return j.value("status", "");
 }
 
-// Everything one agent needs across attempts.
+// One agent: the phases of docs/ARCHITECTURE.md's drawing, each a method that returns the next.
+//
+//   claim -> train -> end                      (finished, preempted, signalled)
+//                 \-> record -> end            (the policy stops the job)
+//                          \-> check -> settle -> restart -> claim
+//                                            \-> end  (this node leaves, or the job cannot go on)
 class Agent {
  public:
   explicit Agent(AgentSettings s);
   int run();
 
  private:
-  std::optional<Leaving> stop_and_check(int64_t attempt, const Stop& cause);
-  int spare_wait();  // -1: took a node over; else the exit code
+  enum class Phase { kClaim, kTrain, kRecord, kCheck, kSettle, kRestart, kEnd };
+  // Before the first attempt: the block list, this node's place in the job (refused when a live
+  // agent holds it), a spare's wait for a node. An exit code when the launch ends there.
+  std::optional<int> join();
+  Phase claim();    // the attempt's number and store; this node's workers spawned
+  Phase train();    // the workers run, watched; how they ended
+  Phase record();   // the fault that stopped the attempt, the job's record of it, the decision
+  Phase check();    // stop and check: this node's self-check, every node's, who leaves
+  Phase settle();   // the leader fills the places left (spares, a shrink, or the end); all apply it
+  Phase restart();  // the next attempt resumes from the latest committed checkpoint
+  int end();        // the launch's exit code, and what it says last
+
   void apply_skips();
   void beat_checking(const char* status);
+  int spare_wait();  // -1: took a node over; else the exit code
 
   AgentSettings s_;
   LaunchPlan& plan_;
@@ -458,15 +472,53 @@ class Agent {
   // The job's board: one connection patient with a store that restarts (stop and check, the
   // spare's wait), one that is not (the ticks of a running attempt, which must not block).
   std::unique_ptr<JobBoard> board_, watch_board_;
+  // Where an agent outside the job's board claimed its node rank (an unsupervised launch's own
+  // heartbeat), and a connection for the beats that must not hold its loop up.
+  std::optional<JobBoard> probe_, quick_;
+  JobBoard* place_ = nullptr;
   std::unique_ptr<Events> events_;
   JobState job_;
   std::optional<int64_t> next_attempt_;  // decided by the job's agents (nullopt: count arrivals)
   int64_t shrunk_dp_ = 0;                // the data parallelism a shrink left the job with (0: the config's)
   bool restarted_ = false;
   std::string check_line_;               // the self-check's last line (display)
-  std::vector<std::string>* errors_ = nullptr;  // the job watch's, while it runs
-  HangWatch* hangs_ = nullptr;                  // this attempt's
-  JobWatch* job_watch_ = nullptr;               // this attempt's
+
+  // The attempt under way.
+  int64_t attempt_ = 0;
+  std::unique_ptr<comm::Store> store_;   // its namespace in the job's store
+  std::unique_ptr<HangWatch> hangs_;     // its workers' heartbeats
+  // The job watch beats for this agent from the attempt's start until its stop and check ends.
+  std::optional<JobWatch> job_watch_;
+  bool watching_ = false;                // the workers run (their error lines go to the heartbeat)
+  RunResult result_;                     // how its workers ended
+  std::optional<FaultRecord> straggler_; // found, to evict (fault.evict_stragglers)
+  Stop cause_;                           // the job's record of why it stopped, and the decision
+  nlohmann::json leave_;                 // the nodes that leave after it, and why
+  std::optional<Leaving> leaving_;       // why this agent leaves the job (check, settle)
+  std::optional<Decision> rerun_;        // the last attempt's corrupt replica, whose step this one reruns
+  std::string restarting_;               // the restart event, written once the new attempt has its number
+  std::string failed_;                   // the last attempt's failure, as the console's last line says it
+  ErrorClass failed_class_ = ErrorClass::kRuntime;
+
+  // Whatever ends this launch, its agent says so at once, so that a relaunch under the same
+  // name need not wait for its heartbeat to expire.
+  struct EndBeat {
+    JobBoard* board = nullptr;
+    std::string key;
+    nlohmann::json state;
+    double ttl_s = 5;  // as a live agent's: peers still judge its node lost after 5 beats
+    ~EndBeat() {
+      if (!board) return;
+      try {
+        board->beat(key, state, ttl_s);
+      } catch (const std::exception&) {  // the store gone: the key expires by itself
+      }
+    }
+  } end_beat_;
+  nlohmann::json starting() const {
+    return {{"host", host_name()}, {"name", s_.node_name}, {"node", plan_.node_rank}, {"pid", ::getpid()},
+            {"status", "starting"}, {"run_dir", std::filesystem::absolute(plan_.run_dir).string()}};
+  }
 };
 
 Agent::Agent(AgentSettings s)
@@ -481,15 +533,16 @@ Agent::Agent(AgentSettings s)
       check_line_ = std::string(line);
       return;
     }
-    if (errors_ && line.rfind("myriad: ", 0) == 0) {  // shown in the node's heartbeat
-      errors_->push_back(cat("rank ", rank, ": ", line));
-      if (errors_->size() > 5) errors_->erase(errors_->begin());
+    if (watching_ && job_watch_ && line.rfind("myriad: ", 0) == 0) {  // shown in the node's heartbeat
+      std::vector<std::string>& errors = job_watch_->errors;
+      errors.push_back(cat("rank ", rank, ": ", line));
+      if (errors.size() > 5) errors.erase(errors.begin());
     }
   };
   // A collective that timed out: before the others are stopped they write their flight records
   // too, and on one node the hang report says whom the timed-out rank waited for.
   options.before_stop = [this](const WorkerExit& failure) {
-    if (!hangs_ || failure.error_class() != ErrorClass::kComm) return;
+    if (!watching_ || !hangs_ || failure.error_class() != ErrorClass::kComm) return;
     hangs_->request_flight_records(failure.rank);
     hangs_->report();
   };
@@ -528,7 +581,7 @@ int Agent::spare_wait() {
   try {
     for (;;) {
       board.beat(cat("spare", k), {{"host", host_name()}, {"name", s_.node_name}, {"pid", ::getpid()}},
-                 5 * std::max(1.0, fault_.heartbeat_s));
+                 beat_ttl_s(fault_.heartbeat_s));
       if (board.ended() != ended) {  // the job is over: nothing left to take over
         log::info("launch: spare ", k, ": the job ended");
         return 0;
@@ -541,22 +594,22 @@ int Agent::spare_wait() {
       pause(*launcher_, fault_.heartbeat_s);
     }
     // The leader's plan names this spare, and gives the layout the job runs now.
-    const std::optional<nlohmann::json> got = wait_for_plan(board, *launcher_, *next_attempt_ - 1, [] {});
+    const std::optional<Settlement> got = wait_for_plan(board, *launcher_, *next_attempt_ - 1, [] {});
     if (!got) throw_runtime("launch: spare ", k, ": the job's leader settled nothing within 120 s");
-    const nlohmann::json& p = *got;
-    if (p.contains("error") || p["spares"].value(std::to_string(plan_.node_rank), int64_t(-1)) != k) {
+    const Settlement& p = *got;
+    const auto mine = p.spares.find(plan_.node_rank);
+    if (!p.error.empty() || mine == p.spares.end() || mine->second != k) {
       log::info("launch: spare ", k, ": the job did not take it after all");
       return 0;
     }
-    plan_.nnodes = p.value("nnodes", plan_.nnodes);
+    plan_.nnodes = p.nnodes > 0 ? p.nnodes : plan_.nnodes;
     plan_.world_size = plan_.nnodes * plan_.nproc_per_node;
     if (const std::optional<nlohmann::json> cause = board.stopped(*next_attempt_ - 1)) {
       job_.carry_over(*cause);
       ++job_.restarts;  // the restart it joins
       apply_skips();
     }
-    if ((shrunk_dp_ = p.value("dp", int64_t(0))) > 0)
-      plan_.command.insert(plan_.command.end(), {"--set", cat("parallel.dp=", shrunk_dp_)});
+    if ((shrunk_dp_ = p.dp) > 0) plan_.command.insert(plan_.command.end(), {"--set", cat("parallel.dp=", shrunk_dp_)});
   } catch (const Interrupted& i) {
     log::info("launch: spare ", k, " stops (", signal_name(i.signal), ")");
     return 0;
@@ -568,23 +621,248 @@ int Agent::spare_wait() {
   return -1;
 }
 
-// After attempt A stopped (`cause`: the job's record of why): this node checks itself; then the
-// job settles which nodes leave (the policy's evictions: a failed self-check, a lost agent, the
-// cause's own eviction): every agent proposes its view and the first one written stands for all.
-// The leader (the lowest node rank that stays) fills their places as fill() decides: spares, a
-// shrink of data parallelism, or the job's end; the others read its plan. Returns why this
-// agent leaves the job, nullopt to restart. Throws Interrupted.
-std::optional<Leaving> Agent::stop_and_check(int64_t attempt, const Stop& cause) {
-  JobBoard& board = *board_;
+int Agent::run() {
+  if (const std::optional<int> code = join()) return *code;
+  for (Phase phase = Phase::kClaim; phase != Phase::kEnd;) {
+    try {
+      switch (phase) {
+        case Phase::kClaim: phase = claim(); break;
+        case Phase::kTrain: phase = train(); break;
+        case Phase::kRecord: phase = record(); break;
+        case Phase::kCheck: phase = check(); break;
+        case Phase::kSettle: phase = settle(); break;
+        case Phase::kRestart: phase = restart(); break;
+        case Phase::kEnd: break;
+      }
+    } catch (const Interrupted& i) {  // a signal to the agent between attempts (check, settle)
+      std::fprintf(stderr, "myriad: launch: %s received during stop and check; logs in %s\n",
+                   signal_name(i.signal).c_str(), plan_.log_dir.c_str());
+      // A preemption between attempts: the workers are stopped, the last checkpoint stands.
+      return exit_code(i.signal == kStopSignal ? ErrorClass::kRuntime : ErrorClass::kPreempted);
+    }
+  }
+  return end();
+}
+
+std::optional<int> Agent::join() {
+  // An evicted node stays out of the job (as a node or as a spare) until it is renamed.
+  if (board_)
+    if (const std::optional<std::string> why = board_->blocked(s_.node_name))
+      throw_input("launch: '", s_.node_name, "' is on job ", plan_.job, "'s block list (", *why,
+                  "): once it is repaired, start it under another --node-name, or run a new --job");
+  // A live job under this name: this node rank's agent beat within its last 5 beats (its key
+  // expires then) and has not ended. Taking its place would drop its attempt's store keys and
+  // tie the two jobs' faults together, so the launch is refused before it claims an attempt.
+  // Spares and the other node ranks of that job join it as before. An unsupervised launch has
+  // no board of its own: it claims its place, and beats while its workers run, through its own.
+  if (!s_.spare && !plan_.default_store) {
+    place_ = board_ ? board_.get() : &probe_.emplace(plan_.rdzv, 30);
+    if (const std::optional<nlohmann::json> hb =
+            place_->claim(cat("node", plan_.node_rank), starting(), beat_ttl_s(fault_.heartbeat_s)))
+      throw_input("launch: job ", plan_.job, " is running: node ", plan_.node_rank, "'s agent (host ",
+                  hb->value("host", "?"), ", pid ", hb->value("pid", 0), ", run directory ", hb->value("run_dir", "?"),
+                  ") beat within its last 5 beats; wait for it to end, stop it, or give this run another --job or --rdzv "
+                  "job name");
+  }
+  // The beats that must not hold this agent's loop up (an unsupervised launch's own, and the
+  // last one): a connection of their own that gives up after 2 s, as the store check's does.
+  // Through `place_`, a store gone mid-run would be waited for 30 s a beat while the workers,
+  // the hang watch and the store check go unattended.
+  if (place_) {
+    quick_.emplace(plan_.rdzv, 2);
+    nlohmann::json ended = starting();
+    ended["status"] = "ended";
+    end_beat_ = {&*quick_, cat("node", plan_.node_rank), ended, beat_ttl_s(fault_.heartbeat_s)};
+  }
+  if (s_.spare)
+    if (const int code = spare_wait(); code >= 0) return code;
+  events_ = std::make_unique<Events>(plan_, supervised_);
+  return std::nullopt;
+}
+
+Agent::Phase Agent::claim() {
+  job_watch_.reset();  // the last attempt's beats for this agent end here
+  store_ = claim_attempt(plan_, next_attempt_);
+  attempt_ = std::stoll(plan_.attempt);
+  events_->attempt = static_cast<int>(attempt_);
+  if (!restarting_.empty()) events_->write("restart", -1, "", restarting_);
+  failed_.clear();
+  straggler_.reset();
+  const int first = plan_.node_rank * plan_.nproc_per_node;
+  log::info("launch: ", plan_.command[0], " on ranks ", first, "..", first + plan_.nproc_per_node - 1, " of ",
+            plan_.world_size, ", node ", plan_.node_rank, " (", s_.node_name, "), ", plan_.origin, "; job ", plan_.job,
+            ", attempt ", plan_.attempt, ", store ", without_password(plan_.rdzv), "; logs in ", plan_.log_dir);
+  hangs_ = std::make_unique<HangWatch>(*launcher_, plan_.run_dir);
+  hangs_->whole_job = plan_.nnodes == 1;
+  if (cfg_) hangs_->slower = cfg_->fault.straggler_factor, hangs_->margin_ms = cfg_->fault.straggler_margin_ms;
+  for (WorkerSpec& spec : worker_specs(plan_, "/proc/self/exe", self_path())) {
+    spec.env.emplace_back("MYRIAD_HEARTBEAT", hangs_->add(spec.rank, launcher_->size()));
+    spec.env.emplace_back("MYRIAD_FAULT_RECORD", hangs_->fault_path(spec.rank).string());
+    spec.env.emplace_back("MYRIAD_INJECT_LIVE", hangs_->inject_path(spec.rank).string());
+    launcher_->spawn(spec);
+  }
+  if (board_)
+    job_watch_.emplace(*watch_board_, *launcher_, plan_, *hangs_, fault_.heartbeat_s, attempt_, s_.node_name,
+                       [this, attempt = attempt_](FaultRecord f) {
+                         return record_stop(*watch_board_, plan_, cfg_, s_.max_restarts, job_, attempt, std::move(f));
+                       });
+  return Phase::kTrain;
+}
+
+Agent::Phase Agent::train() {
   Launcher& launcher = *launcher_;
+  HangWatch& hangs = *hangs_;
+  StoreWatch store_watch{store_.get()};
+  // The rank of the last attempt's corrupt replica, if it runs here, passed the rerun of its
+  // step (its heartbeat's step moved past it, or the attempt finished).
+  auto check_rerun = [&](bool finished) {
+    if (!rerun_) return;
+    for (const HangWatch::Rank& h : hangs.ranks)
+      if (h.rank == rerun_->rank && (finished || h.step >= rerun_->step)) {
+        events_->write("diagnose", h.rank, "",
+                       cat("the silent data corruption of rank ", h.rank, " at step ", rerun_->step,
+                           " was transient: the rerun of that step passed the replicas' check"));
+        rerun_.reset();
+        return;
+      }
+  };
+  // A restarted attempt's first productive step: the first heartbeat that counts a step.
+  bool resumed = !restarted_;
+  auto check_resumed = [&] {
+    if (resumed) return;
+    for (const HangWatch::Rank& h : hangs.ranks)
+      if (h.last && h.last->first_step >= 0) {
+        resumed = true;
+        events_->write("resumed", h.rank, "",
+                       cat("step ", h.last->first_step, cfg_ ? cat("/", cfg_->train.steps) : "",
+                           h.last->resumed_from.empty() ? "" : ", from " + h.last->resumed_from),
+                       -1, h.last->first_step_unix_s);
+        return;
+      }
+  };
+  double next_beat_s = 0;  // an unsupervised launch's own heartbeat (a supervised one's is the job watch's)
+  watching_ = true;
+  result_ = launcher.run([&] {
+    store_watch();
+    hangs();
+    check_resumed();
+    if (job_watch_) (*job_watch_)();
+    if (!job_watch_ && place_ && comm::steady_now_s() >= next_beat_s) {
+      next_beat_s = comm::steady_now_s() + std::max(1.0, fault_.heartbeat_s);
+      nlohmann::json running = starting();
+      running["status"] = "training";
+      try {
+        quick_->beat(cat("node", plan_.node_rank), running, beat_ttl_s(fault_.heartbeat_s));
+      } catch (const Error&) {  // the store gone: StoreWatch says so; the workers train on
+      }
+    }
+    check_rerun(false);
+    for (const FaultRecord& s : hangs.stragglers) {
+      if (events_->path.empty()) log::warn("launch: ", s.detail);
+      events_->write("diagnose", s.rank, "", s.detail);
+      if (fault_.evict_stragglers && board_ && !straggler_) {  // its node leaves the job
+        straggler_ = s;
+        straggler_->evict = true;
+        launcher.stop(kStopSignal);
+      }
+    }
+    hangs.stragglers.clear();
+  });
+  watching_ = false;  // the workers have ended
+  hangs.read_all();   // what the workers said last, the ones that ended too
+  check_resumed();
+  if (result_.ok()) check_rerun(true);
+  // What the workers of this node left in shared memory (a killed reader never unlinks).
+  if (int n = data::remove_node_segments(plan_.job, plan_.rdzv, plan_.attempt, plan_.node_rank); n > 0)
+    log::info("launch: removed ", n, " shared-memory segment(s) the workers left");
+  if (result_.preempted) return Phase::kEnd;  // the batch system takes the nodes back: no restart
+  const bool local = result_.failure || hangs.fault || straggler_;
+  if (local || (job_watch_ && job_watch_->remote)) return Phase::kRecord;
+  if (job_watch_ && result_.ok()) {  // finished, not lost (best effort: the job is done either way)
+    try {
+      job_watch_->beat("done", 3600);
+      end_beat_.board = nullptr;  // "done" stands for an hour: the peers must not think it lost
+      board_->end({{"attempt", attempt_}, {"status", "done"}});
+    } catch (const Error&) {
+    }
+  }
+  return Phase::kEnd;
+}
+
+Agent::Phase Agent::record() {
+  HangWatch& hangs = *hangs_;
+  // The fault: this node's own finding (a hang it stopped, a straggler), or the failed worker's
+  // record of why; the job's stands unless another node recorded its own first.
+  if (result_.failure || hangs.fault || straggler_) {
+    FaultRecord f;
+    if (straggler_) {
+      f = *straggler_;
+    } else if (hangs.fault) {
+      f = *hangs.fault;
+    } else {
+      const WorkerExit& x = *result_.failure;
+      const std::optional<FaultRecord> own = read_fault_record(hangs.fault_path(x.rank).string());
+      f.kind = own ? own->kind : x.error_class() == ErrorClass::kComm ? FaultKind::kComm : FaultKind::kCrash;
+      f.cls = x.error_class();
+      f.rank = own && own->rank >= 0 ? own->rank : x.rank;
+      f.step = own ? own->step : -1;
+      f.detail = cat("rank ", x.rank, " ", x.describe(), own && !own->detail.empty() ? ": " + own->detail : "");
+    }
+    f.node = f.rank >= 0 ? f.rank / plan_.nproc_per_node : plan_.node_rank;
+    if (board_ && may_be_echo(f)) {
+      // Most often the echo of another node's fault: give its agent a moment to record the cause.
+      for (const double until = comm::steady_now_s() + kEchoWait_s;
+           comm::steady_now_s() < until && !board_->stopped(attempt_);)
+        launcher_->wait(0.1);
+    }
+    if (board_) {
+      cause_ = record_stop(*board_, plan_, cfg_, s_.max_restarts, job_, attempt_, f);
+    } else {  // unsupervised: the first failure ends the launch
+      cause_ = Stop{};
+      cause_.fault = f;
+      cause_.decision = {Action::kStop, "no restarts (--max-restarts 0)"};
+    }
+  } else {
+    cause_ = *job_watch_->remote;
+  }
+  if (board_) job_.carry_over(cause_.record);
+  const FaultRecord& f = cause_.fault;
+  const Decision& d = cause_.decision;
+  failed_class_ = f.cls;
+  failed_ = f.detail;
+  if (f.node != plan_.node_rank) failed_ = cat("node ", f.node, ": ", failed_);
+  rerun_.reset();
+  if (d.action == Action::kRerunCheck) rerun_ = d;
+  events_->write("fault", f.rank, class_name(failed_class_), failed_, f.node);
+  events_->write("stop", -1, "", f.node == plan_.node_rank ? "the other workers of this node were stopped"
+                                                           : "this node's workers were stopped");
+  if (board_ && plan_.nnodes > 1 && is_hang(f)) {
+    try {
+      share_hang_report(*board_, *launcher_, plan_, hangs, attempt_, *events_);
+    } catch (const Error& e) {  // a report is worth having, not worth the job
+      log::warn("launch: no hang report: ", e.what());
+    }
+  }
+  if (d.action == Action::kStop) {
+    if (board_) board_->end({{"attempt", attempt_}, {"status", failed_}});
+    return Phase::kEnd;
+  }
+  return Phase::kCheck;
+}
+
+// Stop and check: this node checks itself; then the job settles which nodes leave (the policy's
+// evictions: a failed self-check, a lost agent, the cause's own eviction): every agent proposes
+// its view and the first one written stands for all.
+Agent::Phase Agent::check() {
+  JobBoard& board = *board_;
   const int me = plan_.node_rank;
   auto beat = [this](const char* status) { beat_checking(status); };
   check_line_.clear();
-  const nlohmann::json mine = self_check(launcher, plan_, cfg_, attempt, check_line_, beat);
-  board.diagnosed(attempt, me, mine);
+  const nlohmann::json mine = self_check(*launcher_, plan_, cfg_, attempt_, check_line_, beat);
+  board.diagnosed(attempt_, me, mine);
   events_->write("diagnose", -1, mine["ok"] ? "" : class_name(ErrorClass::kRuntime),
                  cat("self-check of node ", me, ": ", mine["detail"].get<std::string>()));
-  const JobHistory history = history_of(board, plan_, cfg_, s_.max_restarts, job_, attempt + 1);
+  const JobHistory history = history_of(board, plan_, cfg_, s_.max_restarts, job_, attempt_ + 1);
   // This agent's view: each node that leaves, and why (the policy's decision on its fault).
   nlohmann::json leave = nlohmann::json::object();
   auto evict = [&](const FaultRecord& f) {
@@ -595,13 +873,15 @@ std::optional<Leaving> Agent::stop_and_check(int64_t attempt, const Stop& cause)
   const double deadline = comm::steady_now_s() + 120;
   for (int m = 0; m < plan_.nnodes; ++m)
     for (;;) {
-      if (std::optional<nlohmann::json> d = board.diagnosis(attempt, m)) {
+      if (std::optional<nlohmann::json> d = board.diagnosis(attempt_, m)) {
         if (!d->value("ok", false))
           evict({FaultKind::kDiag, ErrorClass::kRuntime, -1, m, -1, cat("its self-check failed: ", d->value("detail", ""))});
         break;
       }
-      if (std::optional<std::string> e = ended_since(board, attempt))
-        return Leaving{cat("the job ended meanwhile (", *e, ")"), false, *e == "done"};
+      if (std::optional<std::string> e = ended_since(board, attempt_)) {
+        leaving_ = Leaving{cat("the job ended meanwhile (", *e, ")"), false, *e == "done"};
+        return Phase::kEnd;
+      }
       if (!board.heartbeat(cat("node", m))) {
         evict({FaultKind::kLost, ErrorClass::kRuntime, -1, m, -1, "lost: its agent's heartbeat stopped"});
         break;
@@ -611,357 +891,118 @@ std::optional<Leaving> Agent::stop_and_check(int64_t attempt, const Stop& cause)
         break;
       }
       beat("checking");
-      pause(launcher, 0.2);
+      pause(*launcher_, 0.2);
     }
-  if (cause.decision.action == Action::kEvict && cause.decision.node >= 0 &&
-      !leave.contains(std::to_string(cause.decision.node)))
-    leave[std::to_string(cause.decision.node)] = cause.decision.why;
-  leave = board.leave(attempt, leave);  // the first view written stands for every agent
-  if (leave.empty()) return std::nullopt;
-  if (leave.contains(std::to_string(me))) {
-    const std::string why = cat("node ", me, " (", s_.node_name, ") evicted: ", leave[std::to_string(me)].get<std::string>());
-    events_->write("evict", -1, "", why);
-    board.block(s_.node_name, why);
-    if (!fault_.evict_command.empty()) {
-      std::string command = fault_.evict_command;
-      for (auto [from, to] : {std::pair<std::string, std::string>{"{host}", host_name()}, {"{node}", std::to_string(me)},
-                              {"{name}", s_.node_name}})
-        for (size_t at = 0; (at = command.find(from, at)) != std::string::npos; at += to.size())
-          command.replace(at, from.size(), to);
-      const int rc = std::system(command.c_str());
-      log::info("launch: evict command '", command, "' exited with ", rc);
-    }
-    return Leaving{why, false};
+  const Decision& d = cause_.decision;
+  if (d.action == Action::kEvict && d.node >= 0 && !leave.contains(std::to_string(d.node)))
+    leave[std::to_string(d.node)] = d.why;
+  leave_ = board.leave(attempt_, leave);  // the first view written stands for every agent
+  if (leave_.empty()) return Phase::kRestart;
+  if (!leave_.contains(std::to_string(me))) return Phase::kSettle;
+  const std::string why = cat("node ", me, " (", s_.node_name, ") evicted: ", leave_[std::to_string(me)].get<std::string>());
+  events_->write("evict", -1, "", why);
+  board.block(s_.node_name, why);
+  if (!fault_.evict_command.empty()) {
+    std::string command = fault_.evict_command;
+    for (auto [from, to] : {std::pair<std::string, std::string>{"{host}", host_name()}, {"{node}", std::to_string(me)},
+                            {"{name}", s_.node_name}})
+      for (size_t at = 0; (at = command.find(from, at)) != std::string::npos; at += to.size())
+        command.replace(at, from.size(), to);
+    const int rc = std::system(command.c_str());
+    log::info("launch: evict command '", command, "' exited with ", rc);
   }
+  leaving_ = Leaving{why, false};
+  return Phase::kEnd;
+}
+
+// The leader (the lowest node rank that stays) fills the places of the nodes that leave as
+// fill() decides: spares, a shrink of data parallelism, or the job's end; the others read its
+// plan. Every agent applies it.
+Agent::Phase Agent::settle() {
+  JobBoard& board = *board_;
+  const int me = plan_.node_rank;
   int leader = 0;
-  while (leave.contains(std::to_string(leader))) ++leader;
-  nlohmann::json settled;
+  while (leave_.contains(std::to_string(leader))) ++leader;
+  Settlement settled;
   if (me == leader) {
-    nlohmann::json p = {{"spares", nlohmann::json::object()}, {"nnodes", plan_.nnodes}, {"dp", shrunk_dp_}};
+    std::map<int, std::string> leave;  // node -> why it leaves
+    for (const auto& [m, why] : leave_.items()) leave[std::stoi(m)] = why.get<std::string>();
     std::vector<int64_t> idle = board.idle_spares();
-    JobHistory h = history;
+    JobHistory h = history_of(board, plan_, cfg_, s_.max_restarts, job_, attempt_ + 1);
     h.idle_spares = static_cast<int>(idle.size());
-    const Decision fill_places = fill(h, static_cast<int>(leave.size()));
-    if (fill_places.action == Action::kReplace) {
+    const Decision filled = fill(h, static_cast<int>(leave.size()));
+    std::map<int, int64_t> assigned;  // the spares that took places (one may leave meanwhile)
+    if (filled.action == Action::kReplace) {
       size_t next = 0;
-      for (const auto& [m, why] : leave.items())
+      for (const auto& [m, why] : leave)
         while (next < idle.size())
-          if (board.assign_spare(idle[next++], std::stoi(m), attempt + 1)) {
-            p["spares"][m] = idle[next - 1];
+          if (board.assign_spare(idle[next++], m, attempt_ + 1)) {
+            assigned[m] = idle[next - 1];
             break;
           }
     }
-    // The spares went meanwhile (none took a place): the places are filled as without spares.
-    Decision how = fill_places;
-    if (how.action == Action::kReplace && p["spares"].empty()) {
-      h.idle_spares = 0;
-      how = fill(h, static_cast<int>(leave.size()));
-    }
-    const std::string m = leave.begin().key();
-    if (how.action == Action::kReplace && p["spares"].size() < leave.size()) {
-      p["error"] = cat("node ", m, " left the job (", leave[m].get<std::string>(), ") and no spare (myriad launch "
-                       "--spare) is there to take its place; a spare left while it was being given a place");
-    } else if (how.action == Action::kShrink) {
-      nlohmann::json nodes = nlohmann::json::array();
-      for (int n = 0; n < plan_.nnodes; ++n)
-        if (!leave.contains(std::to_string(n))) nodes.push_back(n);
-      const int64_t new_dp = layout_on(cfg_, plan_, static_cast<int>(nodes.size())).dp;
-      p["shrink"] = {{"nodes", nodes}, {"dp", new_dp}};
-      p["nnodes"] = nodes.size(), p["dp"] = new_dp;
-    } else if (how.action == Action::kStop) {
-      p["error"] = cat("node ", m, " left the job (", leave[m].get<std::string>(), ") and ", how.why);
-    }
-    settled = board.settle(attempt, p);
+    h.idle_spares = 0;
+    const Decision without = fill(h, static_cast<int>(leave.size()));
+    settled = board.settle(attempt_, settle_places(leave, filled, assigned, without, plan_.nnodes, shrunk_dp_,
+                                                   [&](int nodes) { return layout_on(cfg_, plan_, nodes).dp; }));
   } else {
-    std::optional<nlohmann::json> p = wait_for_plan(board, launcher, attempt, [&] { beat("checking"); });
-    if (!p) return Leaving{cat("the job's leader, node ", leader, ", decided nothing within 120 s"), true};
+    std::optional<Settlement> p = wait_for_plan(board, *launcher_, attempt_, [&] { beat_checking("checking"); });
+    if (!p) {
+      leaving_ = Leaving{cat("the job's leader, node ", leader, ", decided nothing within 120 s"), true};
+      return Phase::kEnd;
+    }
     settled = *p;
   }
-  for (const auto& [m, why] : leave.items()) {
-    const std::string spare =
-        settled["spares"].contains(m) ? cat("; spare ", settled["spares"][m].get<int64_t>(), " takes its place") : "";
-    events_->write("evict", -1, "", cat("node ", m, " evicted: ", why.get<std::string>(), spare), std::stoi(m));
+  for (const auto& [m, why] : leave_.items()) {
+    const auto spare = settled.spares.find(std::stoi(m));
+    events_->write("evict", -1, "",
+                   cat("node ", m, " evicted: ", why.get<std::string>(),
+                       spare != settled.spares.end() ? cat("; spare ", spare->second, " takes its place") : std::string()),
+                   std::stoi(m));
   }
-  if (settled.contains("error")) return Leaving{settled["error"].get<std::string>(), true};
-  if (settled.contains("shrink")) {
-    const std::vector<int> nodes = settled["shrink"]["nodes"].get<std::vector<int>>();
-    shrunk_dp_ = settled["shrink"]["dp"].get<int64_t>();
+  if (!settled.error.empty()) {
+    leaving_ = Leaving{settled.error, true};
+    return Phase::kEnd;
+  }
+  if (settled.shrinks()) {
+    shrunk_dp_ = settled.dp;
     const int was = plan_.nnodes;
-    plan_.node_rank = static_cast<int>(std::find(nodes.begin(), nodes.end(), me) - nodes.begin());
-    plan_.nnodes = static_cast<int>(nodes.size());
+    plan_.node_rank = static_cast<int>(std::find(settled.stay.begin(), settled.stay.end(), me) - settled.stay.begin());
+    plan_.nnodes = static_cast<int>(settled.stay.size());
     plan_.world_size = plan_.nnodes * plan_.nproc_per_node;
     plan_.command.insert(plan_.command.end(), {"--set", cat("parallel.dp=", shrunk_dp_)});
     events_->write("evict", -1, "", cat("no spare: the job goes on on ", plan_.nnodes, " of its ", was,
                                         " nodes, data parallelism ", shrunk_dp_,
                                         ", the same global batch; this node is now node ", plan_.node_rank));
   }
-  return std::nullopt;
+  return Phase::kRestart;
 }
 
-int Agent::run() {
-  Launcher& launcher = *launcher_;
-  // An evicted node stays out of the job (as a node or as a spare) until it is renamed.
-  if (board_)
-    if (const std::optional<std::string> why = board_->blocked(s_.node_name))
-      throw_input("launch: '", s_.node_name, "' is on job ", plan_.job, "'s block list (", *why,
-                  "): once it is repaired, start it under another --node-name, or run a new --job");
-  // A live job under this name: this node rank's agent beat within its last 5 beats (its key
-  // expires then) and has not ended. Taking its place would drop its attempt's store keys and
-  // tie the two jobs' faults together, so the launch is refused before it claims an attempt.
-  // Spares and the other node ranks of that job join it as before.
-  // An unsupervised launch has no board of its own: it claims its place, and beats while its
-  // workers run (the agents' heartbeat), through this one.
-  std::optional<JobBoard> probe;
-  JobBoard* place = nullptr;  // where this launch claimed its node rank
-  const double beat_ttl_s = 5 * std::max(1.0, fault_.heartbeat_s);
-  auto starting = [&] {
-    return nlohmann::json{{"host", host_name()}, {"name", s_.node_name}, {"node", plan_.node_rank}, {"pid", ::getpid()},
-                          {"status", "starting"}, {"run_dir", std::filesystem::absolute(plan_.run_dir).string()}};
-  };
-  if (!s_.spare && !plan_.default_store) {
-    place = board_ ? board_.get() : &probe.emplace(plan_.rdzv, 30);
-    if (const std::optional<nlohmann::json> hb = place->claim(cat("node", plan_.node_rank), starting(), beat_ttl_s))
-      throw_input("launch: job ", plan_.job, " is running: node ", plan_.node_rank, "'s agent (host ",
-                  hb->value("host", "?"), ", pid ", hb->value("pid", 0), ", run directory ", hb->value("run_dir", "?"),
-                  ") beat within its last 5 beats; wait for it to end, stop it, or give this run another --job or --rdzv "
-                  "job name");
+Agent::Phase Agent::restart() {
+  ++job_.restarts;
+  next_attempt_ = attempt_ + 1;
+  // The restarted attempt resumes from the latest committed checkpoint by itself.
+  if (!restarted_) plan_.command.insert(plan_.command.end(), {"--resume", "auto"});
+  restarted_ = true;
+  restarting_ = cat("restart ", job_.restarts, " of ", s_.max_restarts, " after ", failed_,
+                    "; resuming from the latest committed checkpoint");
+  if (cause_.decision.action == Action::kSkipStep) {
+    apply_skips();
+    events_->write("diagnose", cause_.fault.rank, "", cause_.decision.why, cause_.fault.node);
   }
-  // The beats that must not hold this agent's loop up (an unsupervised launch's own, and the
-  // last one): a connection of their own that gives up after 2 s, as the store check's does.
-  // Through `place`, a store gone mid-run would be waited for 30 s a beat while the workers,
-  // the hang watch and the store check go unattended.
-  std::optional<JobBoard> quick;
-  if (place) quick.emplace(plan_.rdzv, 2);
-  // Whatever ends this launch, its agent says so at once, so that a relaunch under the same
-  // name need not wait for its heartbeat to expire.
-  struct EndBeat {
-    JobBoard* board = nullptr;
-    std::string key;
-    nlohmann::json state;
-    double ttl_s = 5;  // as a live agent's: peers still judge its node lost after 5 beats
-    ~EndBeat() {
-      if (!board) return;
-      try {
-        board->beat(key, state, ttl_s);
-      } catch (const std::exception&) {  // the store gone: the key expires by itself
-      }
-    }
-  } end_beat;
-  if (place) {
-    nlohmann::json ended = starting();
-    ended["status"] = "ended";
-    end_beat = {&*quick, cat("node", plan_.node_rank), ended, beat_ttl_s};
-  }
-  if (s_.spare)
-    if (const int code = spare_wait(); code >= 0) return code;
-  events_ = std::make_unique<Events>(plan_, supervised_);
+  return Phase::kClaim;
+}
 
-  RunResult r;
-  std::optional<Decision> rerun;  // the last attempt's corrupt replica, whose step this one reruns
-  std::string restarting;          // the restart event, written once the new attempt has its number
-  std::string failed;              // the last attempt's failure, as the console's last line says it
-  ErrorClass failed_class = ErrorClass::kRuntime;
-  for (;; ++job_.restarts) {
-    std::unique_ptr<comm::Store> store = claim_attempt(plan_, next_attempt_);
-    const int64_t attempt = std::stoll(plan_.attempt);
-    events_->attempt = static_cast<int>(attempt);
-    if (!restarting.empty()) events_->write("restart", -1, "", restarting);
-    failed.clear();
-    const int first = plan_.node_rank * plan_.nproc_per_node;
-    log::info("launch: ", plan_.command[0], " on ranks ", first, "..", first + plan_.nproc_per_node - 1, " of ",
-              plan_.world_size, ", node ", plan_.node_rank, " (", s_.node_name, "), ", plan_.origin, "; job ", plan_.job,
-              ", attempt ", plan_.attempt, ", store ", without_password(plan_.rdzv), "; logs in ", plan_.log_dir);
-    std::vector<WorkerSpec> specs = worker_specs(plan_, "/proc/self/exe", self_path());
-    HangWatch hangs(launcher, plan_.run_dir);
-    hangs.whole_job = plan_.nnodes == 1;
-    if (cfg_) hangs.slower = cfg_->fault.straggler_factor, hangs.margin_ms = cfg_->fault.straggler_margin_ms;
-    hangs_ = &hangs;
-    for (WorkerSpec& spec : specs) {
-      spec.env.emplace_back("MYRIAD_HEARTBEAT", hangs.add(spec.rank, launcher.size()));
-      spec.env.emplace_back("MYRIAD_FAULT_RECORD", hangs.fault_path(spec.rank).string());
-      spec.env.emplace_back("MYRIAD_INJECT_LIVE", hangs.inject_path(spec.rank).string());
-      launcher.spawn(spec);
-    }
-    StoreWatch store_watch{store.get()};
-    std::optional<FaultRecord> straggler;  // to evict (fault.evict_stragglers)
-    std::optional<JobWatch> job;
-    // The job watch beats for this agent until the attempt's stop and check ends (it outlives
-    // the run), and no longer.
-    struct Forget {
-      JobWatch*& watch;
-      ~Forget() { watch = nullptr; }
-    } forget{job_watch_};
-    if (board_) {
-      job.emplace(*watch_board_, launcher, plan_, hangs, fault_.heartbeat_s, attempt, s_.node_name,
-                  [&, attempt](FaultRecord f) {
-                    return record_stop(*watch_board_, plan_, cfg_, s_.max_restarts, job_, attempt, std::move(f));
-                  });
-      errors_ = &job->errors;
-      job_watch_ = &*job;
-    }
-    // The rank of the last attempt's corrupt replica, if it runs here, passed the rerun of its
-    // step (its heartbeat's step moved past it, or the attempt finished).
-    auto check_rerun = [&](bool finished) {
-      if (!rerun) return;
-      for (const HangWatch::Rank& h : hangs.ranks)
-        if (h.rank == rerun->rank && (finished || h.step >= rerun->step)) {
-          events_->write("diagnose", h.rank, "",
-                         cat("the silent data corruption of rank ", h.rank, " at step ", rerun->step,
-                             " was transient: the rerun of that step passed the replicas' check"));
-          rerun.reset();
-          return;
-        }
-    };
-    // A restarted attempt's first productive step: the first heartbeat that counts a step.
-    bool resumed = !restarted_;
-    auto check_resumed = [&] {
-      if (resumed) return;
-      for (const HangWatch::Rank& h : hangs.ranks)
-        if (h.last && h.last->first_step >= 0) {
-          resumed = true;
-          events_->write("resumed", h.rank, "",
-                         cat("step ", h.last->first_step, cfg_ ? cat("/", cfg_->train.steps) : "",
-                             h.last->resumed_from.empty() ? "" : ", from " + h.last->resumed_from),
-                         -1, h.last->first_step_unix_s);
-          return;
-        }
-    };
-    double next_beat_s = 0;  // an unsupervised launch's own heartbeat (a supervised one's is the job watch's)
-    r = launcher.run([&] {
-      store_watch();
-      hangs();
-      check_resumed();
-      if (job) (*job)();
-      if (!job && place && comm::steady_now_s() >= next_beat_s) {
-        next_beat_s = comm::steady_now_s() + std::max(1.0, fault_.heartbeat_s);
-        nlohmann::json running = starting();
-        running["status"] = "training";
-        try {
-          quick->beat(cat("node", plan_.node_rank), running, beat_ttl_s);
-        } catch (const Error&) {  // the store gone: StoreWatch says so; the workers train on
-        }
-      }
-      check_rerun(false);
-      for (const FaultRecord& s : hangs.stragglers) {
-        if (events_->path.empty()) log::warn("launch: ", s.detail);
-        events_->write("diagnose", s.rank, "", s.detail);
-        if (fault_.evict_stragglers && board_ && !straggler) {  // its node leaves the job
-          straggler = s;
-          straggler->evict = true;
-          launcher.stop(kStopSignal);
-        }
-      }
-      hangs.stragglers.clear();
-    });
-    errors_ = nullptr;  // the workers have ended
-    hangs_ = nullptr;
-    hangs.read_all();  // what the workers said last, the ones that ended too
-    check_resumed();
-    if (r.ok()) check_rerun(true);
-    // What the workers of this node left in shared memory (a killed reader never unlinks).
-    if (int n = data::remove_node_segments(plan_.job, plan_.rdzv, plan_.attempt, plan_.node_rank); n > 0)
-      log::info("launch: removed ", n, " shared-memory segment(s) the workers left");
-    if (r.preempted) break;  // the batch system takes the nodes back: no restart
-    const bool local = r.failure || hangs.fault || straggler;
-    if (!local && !(job && job->remote)) {
-      if (job && r.ok()) {  // finished, not lost (best effort: the job is done either way)
-        try {
-          job->beat("done", 3600);
-          end_beat.board = nullptr;  // "done" stands for an hour: the peers must not think it lost
-          board_->end({{"attempt", attempt}, {"status", "done"}});
-        } catch (const Error&) {
-        }
-      }
-      break;
-    }
-    // The fault: this node's own finding (a hang it stopped, a straggler), or the failed worker's
-    // record of why; the job's stands unless another node recorded its own first.
-    Stop cause;
-    if (local) {
-      FaultRecord f;
-      if (straggler) {
-        f = *straggler;
-      } else if (hangs.fault) {
-        f = *hangs.fault;
-      } else {
-        const WorkerExit& x = *r.failure;
-        const std::optional<FaultRecord> own = read_fault_record(hangs.fault_path(x.rank).string());
-        f.kind = own ? own->kind : x.error_class() == ErrorClass::kComm ? FaultKind::kComm : FaultKind::kCrash;
-        f.cls = x.error_class();
-        f.rank = own && own->rank >= 0 ? own->rank : x.rank;
-        f.step = own ? own->step : -1;
-        f.detail = cat("rank ", x.rank, " ", x.describe(), own && !own->detail.empty() ? ": " + own->detail : "");
-      }
-      f.node = f.rank >= 0 ? f.rank / plan_.nproc_per_node : plan_.node_rank;
-      if (board_ && may_be_echo(f)) {
-        // Most often the echo of another node's fault: give its agent a moment to record the cause.
-        for (const double until = comm::steady_now_s() + kEchoWait_s;
-             comm::steady_now_s() < until && !board_->stopped(attempt);)
-          launcher.wait(0.1);
-      }
-      if (board_) {
-        cause = record_stop(*board_, plan_, cfg_, s_.max_restarts, job_, attempt, f);
-      } else {  // unsupervised: the first failure ends the launch
-        cause.fault = f;
-        cause.decision = {Action::kStop, "no restarts (--max-restarts 0)"};
-      }
-    } else {
-      cause = *job->remote;
-    }
-    if (board_) job_.carry_over(cause.record);
-    const FaultRecord& f = cause.fault;
-    const Decision& d = cause.decision;
-    failed_class = f.cls;
-    failed = f.detail;
-    if (f.node != plan_.node_rank) failed = cat("node ", f.node, ": ", failed);
-    rerun.reset();
-    if (d.action == Action::kRerunCheck) rerun = d;
-    events_->write("fault", f.rank, class_name(failed_class), failed, f.node);
-    events_->write("stop", -1, "", f.node == plan_.node_rank ? "the other workers of this node were stopped"
-                                                             : "this node's workers were stopped");
-    if (board_ && plan_.nnodes > 1 && is_hang(f)) {
-      try {
-        share_hang_report(*board_, launcher, plan_, hangs, attempt, *events_);
-      } catch (const Error& e) {  // a report is worth having, not worth the job
-        log::warn("launch: no hang report: ", e.what());
-      }
-    }
-    if (d.action == Action::kStop) {
-      if (board_) board_->end({{"attempt", attempt}, {"status", failed}});
-      break;
-    }
-    // Stop and check: every node checks itself; the nodes that fail, are lost, or that the
-    // policy evicts leave the job, and spares take their places.
-    std::optional<Leaving> out;
-    try {
-      out = stop_and_check(attempt, cause);
-    } catch (const Interrupted& i) {
-      std::fprintf(stderr, "myriad: launch: %s received during stop and check; logs in %s\n",
-                   signal_name(i.signal).c_str(), plan_.log_dir.c_str());
-      // A preemption between attempts: the workers are stopped, the last checkpoint stands.
-      return exit_code(i.signal == kStopSignal ? ErrorClass::kRuntime : ErrorClass::kPreempted);
-    }
-    if (out && out->finished) {
-      log::info("launch: ", out->why);
-      failed.clear();
-      break;
-    }
-    if (out) {
-      // An evicted node leaves; a job that cannot go on ends (its spares then leave too).
-      if (out->job_ends) board_->end({{"attempt", attempt}, {"status", out->why}});
-      std::fprintf(stderr, "myriad: launch: %s; logs in %s\n", out->why.c_str(), plan_.log_dir.c_str());
-      return exit_code(ErrorClass::kRuntime);
-    }
-    next_attempt_ = attempt + 1;
-    // The restarted attempt resumes from the latest committed checkpoint by itself.
-    if (!restarted_) plan_.command.insert(plan_.command.end(), {"--resume", "auto"});
-    restarted_ = true;
-    restarting = cat("restart ", job_.restarts + 1, " of ", s_.max_restarts, " after ", failed,
-                     "; resuming from the latest committed checkpoint");
-    if (d.action == Action::kSkipStep) {
-      apply_skips();
-      events_->write("diagnose", f.rank, "", d.why, f.node);
-    }
+int Agent::end() {
+  const RunResult& r = result_;
+  if (leaving_ && leaving_->finished) {  // a fault at the job's very end: another node finished it
+    log::info("launch: ", leaving_->why);
+    failed_.clear();
+  } else if (leaving_) {
+    // An evicted node leaves; a job that cannot go on ends (its spares then leave too).
+    if (leaving_->job_ends) board_->end({{"attempt", attempt_}, {"status", leaving_->why}});
+    std::fprintf(stderr, "myriad: launch: %s; logs in %s\n", leaving_->why.c_str(), plan_.log_dir.c_str());
+    return exit_code(ErrorClass::kRuntime);
   }
   if (r.preempted) {
     if (board_) {
@@ -988,9 +1029,9 @@ int Agent::run() {
                    "logs in %s\n", by.c_str(), plan_.log_dir.c_str());
     return r.exit_code();
   }
-  if (!failed.empty() && (r.failure || r.signal == 0)) {
-    std::fprintf(stderr, "myriad: launch: %s; logs in %s\n", failed.c_str(), plan_.log_dir.c_str());
-    return exit_code(failed_class);
+  if (!failed_.empty() && (r.failure || r.signal == 0)) {
+    std::fprintf(stderr, "myriad: launch: %s; logs in %s\n", failed_.c_str(), plan_.log_dir.c_str());
+    return exit_code(failed_class_);
   }
   if (r.signal != 0) {
     std::fprintf(stderr, "myriad: launch: %s received, the workers were stopped (%s); logs in %s\n",

@@ -2,13 +2,14 @@
 // what the policy (driver/policy.h) decides about each fault. `myriad launch` (cli/launch.cc)
 // parses the flags and hands over here.
 //
-// Its states, per attempt (docs/ARCHITECTURE.md draws them):
+// Its phases, per attempt (docs/ARCHITECTURE.md draws them; agent.cc has a method for each):
 //
 //   claim -> train -> [finished | preempted | signalled]                        end
-//                 \-> fault: record (the first node's record stands for the job)
-//                      -> decide: stop ------------------------------------------> end
-//                      -> stop and check: self-check every node; the nodes that leave
-//                         (evict, lost, failed check) -> fill: spares | shrink | stop
+//                 \-> record: the fault (the first node's record stands for the job), decided
+//                      -> stop ---------------------------------------------------> end
+//                      -> check: self-check every node; the nodes that leave (evict, lost,
+//                         failed check)
+//                      -> settle: the leader fills their places: spares | shrink | stop
 //                      -> restart (skip a step, rerun a check) -> claim the next attempt
 //
 // Unsupervised (--max-restarts 0), the first failure ends the launch. Supervised, the agents of

@@ -107,12 +107,16 @@ nlohmann::json JobBoard::leave(int64_t attempt, const nlohmann::json& proposal) 
       proposal);
 }
 
-nlohmann::json JobBoard::settle(int64_t attempt, const nlohmann::json& plan) {
-  return set_once(
-      patiently([&](comm::Store& s) { return s.compare_set(cat("plan/", attempt), std::nullopt, plan.dump()); }), plan);
+Settlement JobBoard::settle(int64_t attempt, const Settlement& plan) {
+  const nlohmann::json p = encode(plan);
+  return decode_settlement(
+      set_once(patiently([&](comm::Store& s) { return s.compare_set(cat("plan/", attempt), std::nullopt, p.dump()); }), p));
 }
 
-std::optional<nlohmann::json> JobBoard::settled(int64_t attempt) { return json_at(cat("plan/", attempt)); }
+std::optional<Settlement> JobBoard::settled(int64_t attempt) {
+  if (std::optional<nlohmann::json> j = json_at(cat("plan/", attempt))) return decode_settlement(*j);
+  return std::nullopt;
+}
 
 void JobBoard::end(const nlohmann::json& how) {
   patiently([&](comm::Store& s) { s.set("end", how.dump()); return 0; });

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -32,8 +33,14 @@
 #include <vector>
 
 #include "comm/store.h"
+#include "driver/policy.h"
 
 namespace myriad::driver {
+
+// A heartbeat's life (agent/<name>, spare/<k>): 5 beats of `heartbeat_s` (at least 1 s: the
+// agent's loop turns about once a second, whatever is asked). An agent not seen for that long is
+// lost; a key of a starting or ended agent expires after it too.
+inline double beat_ttl_s(double heartbeat_s) { return 5 * (heartbeat_s > 1 ? heartbeat_s : 1.0); }
 
 class JobBoard {
  public:
@@ -59,9 +66,10 @@ class JobBoard {
 
   // Who leaves after attempt A: set once, by the first agent to propose; returns what stands.
   nlohmann::json leave(int64_t attempt, const nlohmann::json& proposal);
-  // How their places are filled (the leader's, set once) and the layout of attempt A+1.
-  nlohmann::json settle(int64_t attempt, const nlohmann::json& plan);
-  std::optional<nlohmann::json> settled(int64_t attempt);
+  // How their places are filled (the leader's, set once) and the layout of attempt A+1; returns
+  // what stands.
+  Settlement settle(int64_t attempt, const Settlement& plan);
+  std::optional<Settlement> settled(int64_t attempt);
 
   // The job's end, for the spares still waiting.
   void end(const nlohmann::json& how);

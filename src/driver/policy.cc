@@ -93,4 +93,50 @@ Decision fill(const JobHistory& h, int leaving) {
   return {Action::kStop, cat("no spare (myriad launch --spare) is there to take its place; ", refused)};
 }
 
+nlohmann::json encode(const Settlement& s) {
+  nlohmann::json j = {{"spares", nlohmann::json::object()}, {"nnodes", s.nnodes}, {"dp", s.dp}};
+  for (const auto& [node, k] : s.spares) j["spares"][std::to_string(node)] = k;
+  if (s.shrinks()) j["shrink"] = {{"nodes", s.stay}, {"dp", s.dp}};
+  if (!s.error.empty()) j["error"] = s.error;
+  return j;
+}
+
+Settlement decode_settlement(const nlohmann::json& j) {
+  Settlement s;
+  try {
+    for (const auto& [node, k] : j.at("spares").items()) s.spares[std::stoi(node)] = k.get<int64_t>();
+    s.nnodes = j.at("nnodes").get<int>();
+    s.dp = j.at("dp").get<int64_t>();
+    if (j.contains("shrink")) s.stay = j["shrink"].at("nodes").get<std::vector<int>>();
+    s.error = j.value("error", "");
+  } catch (const std::exception& e) {
+    throw_input("the job's plan ", j.dump().substr(0, 200), " is not a settlement (", e.what(), ")");
+  }
+  return s;
+}
+
+Settlement settle_places(const std::map<int, std::string>& leave, const Decision& filled,
+                         const std::map<int, int64_t>& assigned, const Decision& without, int nnodes, int64_t dp,
+                         const std::function<int64_t(int nodes)>& dp_on) {
+  Settlement p;
+  p.nnodes = nnodes, p.dp = dp;
+  if (leave.empty()) return p;
+  if (filled.action == Action::kReplace) p.spares = assigned;
+  // The spares went meanwhile (none took a place): the places are filled as without spares.
+  const Decision& how = filled.action == Action::kReplace && assigned.empty() ? without : filled;
+  const auto& [node, why] = *leave.begin();
+  if (how.action == Action::kReplace && p.spares.size() < leave.size()) {
+    p.error = cat("node ", node, " left the job (", why, ") and no spare (myriad launch --spare) is there to take its "
+                  "place; a spare left while it was being given a place");
+  } else if (how.action == Action::kShrink) {
+    for (int n = 0; n < nnodes; ++n)
+      if (!leave.count(n)) p.stay.push_back(n);
+    p.nnodes = static_cast<int>(p.stay.size());
+    p.dp = dp_on(p.nnodes);
+  } else if (how.action == Action::kStop) {
+    p.error = cat("node ", node, " left the job (", why, ") and ", how.why);
+  }
+  return p;
+}
+
 }  // namespace myriad::driver

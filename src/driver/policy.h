@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -77,5 +78,30 @@ Decision decide(const JobHistory& history, const FaultRecord& fault);
 std::string persistent_corruption(const JobHistory& history, const FaultRecord& fault);
 // How the places of `leaving` nodes are filled.
 Decision fill(const JobHistory& history, int leaving);
+
+// The leader's plan after an attempt (the job board's plan/<A>): how the places of the nodes
+// that leave are filled, and the layout the next attempt runs. One encoder and decoder, as
+// Decision's.
+struct Settlement {
+  std::map<int, int64_t> spares;  // node -> the spare that takes its place
+  int nnodes = 0;                 // nodes in the next attempt
+  int64_t dp = 0;                 // its data parallelism (0: the config's)
+  std::vector<int> stay;          // a shrink: the nodes that stay, in order (their new ranks); empty: none
+  std::string error;              // the job cannot go on, and why ("": it goes on)
+  bool shrinks() const { return !stay.empty(); }
+  bool operator==(const Settlement&) const = default;
+};
+nlohmann::json encode(const Settlement& s);
+// An input error naming what is wrong when `j` is not a settlement.
+Settlement decode_settlement(const nlohmann::json& j);
+
+// The settlement, from what the leader learned: `leave` (node -> why it leaves), `filled`
+// (fill() with the spares that were idle), `assigned` (the spares that took places, node ->
+// spare, as the board gave them: a spare may leave meanwhile), `without` (fill() with no spare,
+// used when none took a place), the job's nodes and data parallelism now, and `dp_on(n)`, the
+// data parallelism on n nodes.
+Settlement settle_places(const std::map<int, std::string>& leave, const Decision& filled,
+                         const std::map<int, int64_t>& assigned, const Decision& without, int nnodes, int64_t dp,
+                         const std::function<int64_t(int nodes)>& dp_on);
 
 }  // namespace myriad::driver

@@ -98,8 +98,12 @@ TEST(Policy, DecidesEveryFaultClassAndHistory) {
   for (const Row& row : rows) {
     const Decision d = decide(row.history, row.fault);
     EXPECT_EQ(action_name(d.action), std::string(action_name(row.action))) << row.name << ": " << d.why;
-    if (row.action == Action::kEvict) EXPECT_EQ(d.node, row.node) << row.name;
-    if (row.step >= 0) EXPECT_EQ(d.step, row.step) << row.name;
+    if (row.action == Action::kEvict) {
+      EXPECT_EQ(d.node, row.node) << row.name;
+    }
+    if (row.step >= 0) {
+      EXPECT_EQ(d.step, row.step) << row.name;
+    }
     EXPECT_NE(d.why.find(row.why), std::string::npos) << row.name << ": " << d.why;
   }
 }
@@ -133,6 +137,50 @@ TEST(Policy, ADecisionReadsBackFromItsRecord) {
   const Decision d{Action::kRerunCheck, "rerun step 6", -1, 6, 2};
   EXPECT_EQ(decode_decision(nlohmann::json::parse(encode(d).dump())), d);
   EXPECT_EQ(decode_decision(nlohmann::json()).action, Action::kRestart);
+}
+
+// The leader's settlement, as the agents' settle phase computes it: spares for every place, a
+// shrink when none took a place, or the job's end naming the node and why.
+TEST(Policy, TheLeadersSettlementFillsThePlacesOrSaysWhyNot) {
+  JobHistory h = job(4);
+  const std::map<int, std::string> leave = {{1, "lost: its agent's heartbeat stopped"}, {3, "its self-check failed"}};
+  auto dp_on = [](int nodes) { return int64_t(nodes) * 2; };
+  h.idle_spares = 0;
+  const Decision without = fill(h, 2);
+  h.idle_spares = 2;
+  const Decision with = fill(h, 2);
+  // Both spares took their places: the layout stays.
+  Settlement s = settle_places(leave, with, {{1, 7}, {3, 8}}, without, 4, 0, dp_on);
+  EXPECT_EQ(s.spares, (std::map<int, int64_t>{{1, 7}, {3, 8}}));
+  EXPECT_FALSE(s.shrinks());
+  EXPECT_EQ(s.nnodes, 4);
+  EXPECT_TRUE(s.error.empty());
+  // The spares left before any took a place: the job shrinks to the nodes that stay, renumbered.
+  s = settle_places(leave, with, {}, without, 4, 0, dp_on);
+  EXPECT_EQ(s.stay, (std::vector<int>{0, 2}));
+  EXPECT_EQ(s.nnodes, 2);
+  EXPECT_EQ(s.dp, 4);
+  // One took a place and the other left: no shrink around a spare, the job stops, naming why.
+  s = settle_places(leave, with, {{1, 7}}, without, 4, 0, dp_on);
+  EXPECT_NE(s.error.find("node 1 left the job (lost: its agent's heartbeat stopped) and no spare"), std::string::npos)
+      << s.error;
+  // No spare, no shrink (too few nodes left): the job stops with fill()'s reason.
+  JobHistory small = job(2);
+  const Decision stop = fill(small, 1);
+  s = settle_places({{0, "evicted"}}, stop, {}, stop, 2, 0, dp_on);
+  EXPECT_NE(s.error.find("node 0 left the job (evicted) and no spare"), std::string::npos) << s.error;
+  // Nobody leaves: nothing changes.
+  EXPECT_EQ(settle_places({}, fill(h, 0), {}, fill(h, 0), 4, 2, dp_on), (Settlement{{}, 4, 2, {}, ""}));
+}
+
+// A settlement travels through the job's store and reads back the same; a record in the
+// earlier untyped form reads too; one that is not a settlement is an input error.
+TEST(Policy, ASettlementReadsBackFromItsRecord) {
+  const Settlement a{{{1, 7}}, 4, 0, {}, ""}, b{{}, 2, 4, {0, 2}, ""}, c{{}, 4, 0, {}, "node 1 left the job"};
+  for (const Settlement& s : {a, b, c}) EXPECT_EQ(decode_settlement(nlohmann::json::parse(encode(s).dump())), s);
+  EXPECT_EQ(decode_settlement(nlohmann::json::parse(R"({"spares": {}, "nnodes": 2, "dp": 4, "shrink": {"nodes": [0, 2], "dp": 4}})")),
+            b);
+  EXPECT_THROW(decode_settlement(nlohmann::json::parse(R"({"spares": 3})")), Error);
 }
 
 // The comm fault is the echo, one rule for the launcher and the agent.
