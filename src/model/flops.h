@@ -27,9 +27,20 @@ inline double matmul_params(const ModelConfig& m, int64_t vocab_rows) {
   return L * (qkv + proj + mlp) + double(vocab_rows) * d;
 }
 
-inline double flops_per_token(const ModelConfig& m, int64_t vocab_rows) {
-  const double t_att = double(m.window > 0 ? std::min(m.window, m.seq_len) : m.seq_len);
-  return 6 * matmul_params(m, vocab_rows) + 12 * double(m.layers) * double(m.d_model) * t_att;
+// T_att: the keys a query sees.
+inline double attended_keys(const ModelConfig& m) {
+  return double(m.window > 0 ? std::min(m.window, m.seq_len) : m.seq_len);
 }
+
+inline double flops_per_token(const ModelConfig& m, int64_t vocab_rows) {
+  return 6 * matmul_params(m, vocab_rows) + 12 * double(m.layers) * double(m.d_model) * attended_keys(m);
+}
+
+// Forward FLOPs per token of one layer (its GEMMs and attention's two products) and of the LM
+// head: the terms of flops_per_token, forward only, which the pipeline's stages balance.
+inline double layer_forward_flops(const ModelConfig& m) {
+  return 2 * matmul_params(m, 0) / double(m.layers) + 4 * double(m.d_model) * attended_keys(m);
+}
+inline double head_forward_flops(const ModelConfig& m, int64_t vocab_rows) { return 2 * double(vocab_rows) * double(m.d_model); }
 
 }  // namespace myriad::model

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -38,7 +39,8 @@ concept OpSet = requires(const O& o, typename O::Act* a, const typename O::Act* 
                          typename O::Tokens& tokens, const typename O::Tokens& ctokens, double* d, Norm n, Mlp m,
                          Gemm g, int i, int64_t l, bool b, const std::string& s,
                          const std::vector<std::pair<int64_t, int64_t>>& pieces, const std::vector<double>& freqs,
-                         const fp8::Recipe& recipe, fp8::AmaxGroup group) {
+                         const fp8::Recipe& recipe, fp8::AmaxGroup group, typename O::Param* p, void* v,
+                         size_t z) {
   // Types and buffers.
   typename O::template Buffer<float>;
   typename O::template Buffer<typename O::Act>;
@@ -50,6 +52,15 @@ concept OpSet = requires(const O& o, typename O::Act* a, const typename O::Act* 
   o.download(f, cf, l);
   o.download(d, static_cast<const double*>(d), l);
   o.upload(f, cf, l);
+  // The compute copy of the weights (bf16 on a GPU, the fp32 weights themselves on the CPU):
+  // drawn on the host and rounded in, refreshed from the fp32 master after an update; the
+  // host buffer a device copies from, pinned; and the fp32 copies the tensor-parallel regions
+  // reduce in, widened from Act and narrowed back.
+  o.upload_params(p, cf, l);
+  o.cast_params(p, cf, l);
+  o.pin_host(v, z);
+  o.widen(f, ca, l);
+  o.narrow(a, cf, l);
   o.load_tokens(tokens, cids, i, i, l, l, l);
   o.mean_into(d, cf, l, l);
   // What the step needs besides the model.

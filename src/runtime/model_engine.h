@@ -295,13 +295,11 @@ class ModelEngine final : public Engine {
   // This pipeline rank's chunks: virtual stage g = c * pp + stage.
   static ModelPart model_part(const Config& cfg, const parallel::ParallelContext& ctx) {
     const int p = ctx.pp_size(), s = ctx.pp_rank(), v = static_cast<int>(cfg.parallel.virtual_stages);
-    const double C = cfg.model.d_model, T = cfg.model.window > 0 ? std::min(cfg.model.window, cfg.model.seq_len) : cfg.model.seq_len;
-    // Forward FLOPs per token: a layer's GEMMs (model/flops.h's matmul weights, 24 C^2 for GPT-2's
-    // block) and attention; the head's logits; the embedding is a lookup.
-    const double layer_gemms = 2 * model::matmul_params(cfg.model, 0) / double(cfg.model.layers);
+    // Balanced on forward FLOPs per token (model/flops.h): a layer's, the head's logits on the
+    // last stage; the embedding is a lookup.
     const auto ranges = parallel::stage_layer_ranges(
-        cfg.parallel.stage_layers, static_cast<int>(cfg.model.layers), p, v, layer_gemms + 4 * C * T,
-        0, 2 * C * double(cfg.padded_vocab()));
+        cfg.parallel.stage_layers, static_cast<int>(cfg.model.layers), p, v, model::layer_forward_flops(cfg.model),
+        0, model::head_forward_flops(cfg.model, cfg.padded_vocab()));
     ModelPart part{{}, s == 0, s == p - 1};
     for (int c = 0; c < v; ++c) part.chunks.push_back(ranges[c * p + s]);
     return part;

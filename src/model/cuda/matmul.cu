@@ -113,10 +113,15 @@ Matmul::Matmul() {
   workspace_bytes_ = 32u << 20;
   reduction_mask_ = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE |
                     CUBLASLT_REDUCTION_SCHEME_NONE;
+  // The debug switches, read once here (docs/CONFIG.md): measuring, never training.
   if (const char* k = std::getenv("MYRIAD_SPLITK")) {
     if (std::string(k) == "none") reduction_mask_ = CUBLASLT_REDUCTION_SCHEME_NONE;
     if (std::string(k) == "any") reduction_mask_ = CUBLASLT_REDUCTION_SCHEME_MASK;
   }
+  const char* tune = std::getenv("MYRIAD_GEMM_TUNE");
+  tune_ = !(tune && std::string(tune) == "0");
+  const char* report = std::getenv("MYRIAD_GEMM_REPORT");
+  report_ = report && std::string(report) == "1";
   CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
 }
 
@@ -206,8 +211,7 @@ void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, i
     // (no split-K) or =any (cuBLASLt's choice) are for measuring.
     const uint32_t reduction = reduction_mask_;
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction, sizeof reduction));
-    const char* tune = std::getenv("MYRIAD_GEMM_TUNE");
-    const int wanted = tune && std::string(tune) == "0" ? 1 : 8;
+    const int wanted = tune_ ? 8 : 1;
     cublasLtMatmulHeuristicResult_t results[8];
     int found = 0;
     CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, desc, la, lb, ld, ld, pref, wanted, results, &found));
@@ -243,7 +247,7 @@ void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, i
           if (i == 0) first_ms = ms;
           if (ms < best_ms) best_ms = ms, best = i;
         }
-        if (const char* r = std::getenv("MYRIAD_GEMM_REPORT"); r && std::string(r) == "1")
+        if (report_)
           log::info("gemm ", m, "x", n, "x", k, fp8 ? " fp8" : "", (trans_a ? " T" : " N"), (trans_b ? "T" : "N"), " epilogue ",
                     static_cast<int>(epi), d_type == CUDA_R_32F ? " fp32 out" : "", ": ", found,
                     " candidates, the heuristic's first ", first_ms / 3, " ms, the fastest (#", best, ") ",

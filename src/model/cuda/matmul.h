@@ -93,6 +93,10 @@ class Matmul {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   uint32_t reduction_mask_;  // cublasLtReductionScheme_t values cuBLASLt may use
+  // Debug switches for measuring (docs/CONFIG.md's table), read once, when the Matmul is made:
+  // MYRIAD_GEMM_TUNE=0 takes the heuristic's first algorithm untimed; MYRIAD_GEMM_REPORT=1 logs
+  // each shape's candidates; MYRIAD_SPLITK (none | any) sets reduction_mask_.
+  bool tune_ = true, report_ = false;
 };
 
 }  // namespace myriad::cuda

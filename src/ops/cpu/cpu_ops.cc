@@ -242,19 +242,11 @@ void CpuOps::ce_row_max(float* mx, const Act* logits, int N, int64_t Vl, int liv
 
 void CpuOps::ce_partials(float* parts, const Act* logits, const float* mx, const int32_t* targets, int64_t v0, int N,
                          int64_t Vl, int live) const {
-  constexpr int kChunk = 256;
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const float* x = logits + n * Vl;
     const float m = mx[n];
-    float e[kChunk];
-    float sum = 0;
-    for (int j0 = 0; j0 < live; j0 += kChunk) {
-      const int len = std::min(kChunk, live - j0);
-#pragma omp simd
-      for (int j = 0; j < len; ++j) e[j] = detail::exp_real(x[j0 + j] - m);
-      sum += detail::lane_sum<float>(len, [&e](int64_t j) { return e[j]; });
-    }
+    const float sum = detail::exp_sum(x, live, m);
     const int64_t t = int64_t(targets[n]) - v0;
     parts[2 * n] = sum;
     parts[2 * n + 1] = t >= 0 && t < live ? x[t] - m : 0.0f;

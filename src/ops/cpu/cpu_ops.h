@@ -71,6 +71,14 @@ class CpuOps {
   void* comm_stream() const { return nullptr; }     // collectives on host memory need none
   static int64_t peak_bytes() { return 0; }          // not tracked here (core/memory.h counts)
   void upload(float* dst, const float* host, int64_t n) const { copy(dst, host, n); }
+  // The compute copy and the fp32 regions of a narrower op set; here Param and Act are fp32,
+  // so each is a copy (the one schedule and the one step call them only where types differ).
+  void upload_params(Param* dst, const float* host, int64_t n) const { copy(dst, host, n); }
+  void cast_params(Param* dst, const float* master, int64_t n) const { copy(dst, master, n); }
+  void widen(float* dst, const Act* src, int64_t n) const { copy(dst, src, n); }
+  void narrow(Act* dst, const float* src, int64_t n) const { copy(dst, src, n); }
+  // Host memory the device copies from without staging: nothing to pin on the CPU.
+  std::shared_ptr<void> pin_host(void*, size_t) const { return nullptr; }
   // The sum of squares of each piece [begin, end) of x, in double, fixed chunk order.
   std::vector<double> sums_of_squares(const float* x, const std::vector<std::pair<int64_t, int64_t>>& pieces) const;
   void accumulate(float* dst, const float* src, int64_t n) const;  // dst += src

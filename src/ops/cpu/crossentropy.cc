@@ -18,21 +18,11 @@ namespace myriad::cpu {
 
 namespace {
 
-constexpr int kChunk = 256;
-
 // -log softmax(x)[t] over x[0..V).
 template <class Real>
 MYRIAD_ALWAYS_INLINE Real row_loss(const Real* x, int t, int V) {
   const Real m = detail::max_of(x, V);
-  Real e[kChunk];
-  Real sum = 0;
-  for (int j0 = 0; j0 < V; j0 += kChunk) {
-    const int len = std::min(kChunk, V - j0);
-#pragma omp simd
-    for (int j = 0; j < len; ++j) e[j] = detail::exp_real(x[j0 + j] - m);
-    sum += detail::lane_sum<Real>(len, [&e](int64_t j) { return e[j]; });
-  }
-  return std::log(sum) - (x[t] - m);
+  return std::log(detail::exp_sum(x, V, m)) - (x[t] - m);
 }
 
 // d[0..Vp) = (softmax(x[0..V)) - onehot(t)) * dl, zero on the padding; d may be x.
@@ -40,15 +30,7 @@ template <class Real>
 MYRIAD_ALWAYS_INLINE void row_grad(Real* d, const Real* x, int t, Real dl, int V, int Vp) {
   const Real xt = x[t];
   const Real m = detail::max_of(x, V);
-  Real sum = 0;
-  for (int j0 = 0; j0 < V; j0 += kChunk) {
-    const int len = std::min(kChunk, V - j0);
-    Real* e = d + j0;
-    const Real* xs = x + j0;
-#pragma omp simd
-    for (int j = 0; j < len; ++j) e[j] = detail::exp_real(xs[j] - m);
-    sum += detail::lane_sum<Real>(len, [e](int64_t j) { return e[j]; });
-  }
+  const Real sum = detail::exp_sum(x, V, m, d);  // d[j] = exp(x[j] - m) for now
   const Real inv = Real(1) / sum;
   const Real scale = inv * dl;
 #pragma omp simd

@@ -30,6 +30,7 @@
 // would stay scalar. The comparisons are the quiet ones (std::isless) for the same reason.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -99,5 +100,25 @@ MYRIAD_ALWAYS_INLINE Real max_of(const Real* x, int64_t n) {
 
 MYRIAD_ALWAYS_INLINE float exp_real(float x) { return fast_exp(x); }
 MYRIAD_ALWAYS_INLINE double exp_real(double x) { return std::exp(x); }
+
+// Softmax's denominator: the sum of exp(x[j] - m) over j in [0, n), in chunks of kExpChunk, each
+// chunk a lane sum, chunks in order (so the full-vocabulary cross-entropy and the vocabulary-
+// parallel one's partial sums take the same bits from the same logits). With `out`, the exps are
+// also written to out[0..n) (out may be x: each element is read before it is written).
+constexpr int kExpChunk = 256;
+template <class Real>
+MYRIAD_ALWAYS_INLINE Real exp_sum(const Real* x, int64_t n, Real m, Real* out = nullptr) {
+  Real buf[kExpChunk];
+  Real sum = 0;
+  for (int64_t j0 = 0; j0 < n; j0 += kExpChunk) {
+    const int len = static_cast<int>(std::min<int64_t>(kExpChunk, n - j0));
+    Real* e = out ? out + j0 : buf;
+    const Real* xs = x + j0;
+#pragma omp simd
+    for (int j = 0; j < len; ++j) e[j] = exp_real(xs[j] - m);
+    sum += lane_sum<Real>(len, [e](int64_t j) { return e[j]; });
+  }
+  return sum;
+}
 
 }  // namespace myriad::cpu::detail

@@ -1,4 +1,4 @@
-// What the per-row normalizations (layernorm.cu, rmsnorm.cu) share: a row lives in registers in a
+// The row shapes of the norms (norm.cu): a row lives in registers in a
 // row group of 32*W threads (W warps), each thread owning `items` vectors of VW columns, R row
 // groups per block; the backward keeps each thread's share of the weight gradients in registers
 // and writes one partial per block, which reduce_partials adds in block order.
