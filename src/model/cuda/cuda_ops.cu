@@ -347,128 +347,6 @@ double peak_bf16_flops(const cudaDeviceProp& p) {
   return 0;
 }
 
-namespace {
-
-__global__ void accumulate_kernel(float* dst, const float* src, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    dst[i] += src[i];
-}
-// ---- tensor parallelism's row ops: simple kernels (correctness first; one GPU runs them
-// for parity) ----
-__global__ void add_bias_kernel(__nv_bfloat16* out, const __nv_bfloat16* bias, int64_t n, int C) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = __float2bfloat16(__bfloat162float(out[i]) + __bfloat162float(bias[i % C]));
-}
-__global__ void vocab_rows_kernel(__nv_bfloat16* out, const int32_t* tokens, const __nv_bfloat16* wte, int64_t v0,
-                                  int64_t Vl, int64_t n, int C) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t v = int64_t(tokens[i / C]) - v0;
-    out[i] = v >= 0 && v < Vl ? wte[v * C + i % C] : __float2bfloat16(0.0f);
-  }
-}
-__global__ void add_positions_kernel(__nv_bfloat16* out, const __nv_bfloat16* wpe, int r0, int64_t n, int T, int C) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t row = i / C;
-    out[i] = __float2bfloat16(__bfloat162float(out[i]) +
-                              __bfloat162float(wpe[((r0 + row) % T) * C + i % C]));
-  }
-}
-// dwpe[p, c] += dout[i, c] over the rows i whose position (r0 + i) % T is p, in order.
-__global__ void positions_backward_kernel(float* dwpe, const __nv_bfloat16* dout, int r0, int rows, int T, int C) {
-  const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (k >= int64_t(T) * C) return;
-  const int p = static_cast<int>(k / C), c = static_cast<int>(k % C);
-  float acc = dwpe[k];
-  for (int i = ((p - r0) % T + T) % T; i < rows; i += T) acc += __bfloat162float(dout[int64_t(i) * C + c]);
-  dwpe[k] = acc;
-}
-// Cross-entropy over this rank's vocabulary columns: one block per row, a fixed reduction order.
-constexpr int kRowThreads = 256;
-__device__ float block_reduce(float v, bool max, float* shared) {
-  for (int o = 16; o > 0; o /= 2) {
-    const float u = __shfl_xor_sync(0xffffffffu, v, o);
-    v = max ? fmaxf(v, u) : v + u;
-  }
-  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = v;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    v = threadIdx.x < kRowThreads / 32 ? shared[threadIdx.x] : (max ? -INFINITY : 0.0f);
-    for (int o = 16; o > 0; o /= 2) {
-      const float u = __shfl_xor_sync(0xffffffffu, v, o);
-      v = max ? fmaxf(v, u) : v + u;
-    }
-    if (threadIdx.x == 0) shared[0] = v;
-  }
-  __syncthreads();
-  const float r = shared[0];
-  __syncthreads();
-  return r;
-}
-__global__ void ce_row_max_kernel(float* mx, const __nv_bfloat16* logits, int64_t Vl, int live) {
-  __shared__ float shared[32];
-  const __nv_bfloat16* x = logits + blockIdx.x * Vl;
-  float m = -INFINITY;
-  for (int j = threadIdx.x; j < live; j += kRowThreads) m = fmaxf(m, __bfloat162float(x[j]));
-  m = block_reduce(m, true, shared);
-  if (threadIdx.x == 0) mx[blockIdx.x] = m;
-}
-__global__ void ce_partials_kernel(float* parts, const __nv_bfloat16* logits, const float* mx, const int32_t* targets,
-                                   int64_t v0, int64_t Vl, int live) {
-  __shared__ float shared[32];
-  const int64_t n = blockIdx.x;
-  const __nv_bfloat16* x = logits + n * Vl;
-  const float m = mx[n];
-  float sum = 0;
-  for (int j = threadIdx.x; j < live; j += kRowThreads) sum += __expf(__bfloat162float(x[j]) - m);
-  sum = block_reduce(sum, false, shared);
-  if (threadIdx.x == 0) {
-    const int64_t t = int64_t(targets[n]) - v0;
-    parts[2 * n] = sum;
-    parts[2 * n + 1] = t >= 0 && t < live ? __bfloat162float(x[t]) - m : 0.0f;
-  }
-}
-__global__ void ce_losses_kernel(float* losses, float* sums, const float* parts, const int32_t* targets, int N) {
-  const int n = blockIdx.x * blockDim.x + threadIdx.x;
-  if (n >= N) return;
-  sums[n] = parts[2 * n];
-  losses[n] = targets[n] < 0 ? 0.0f : logf(parts[2 * n]) - parts[2 * n + 1];  // negative: left out
-}
-__global__ void ce_tp_backward_kernel(__nv_bfloat16* d, const float* mx, const float* sums, float dloss,
-                                      const int32_t* targets, int64_t v0, int64_t Vl, int live) {
-  const int64_t n = blockIdx.x;
-  __nv_bfloat16* row = d + n * Vl;
-  const float m = mx[n], scale = dloss / sums[n];
-  const bool out = targets[n] < 0;  // left out of the loss: no gradient
-  const int64_t t = int64_t(targets[n]) - v0;
-  for (int64_t j = threadIdx.x; j < Vl; j += kRowThreads) {
-    float g = 0.0f;
-    if (j < live && !out) g = __expf(__bfloat162float(row[j]) - m) * scale - (j == t ? dloss : 0.0f);
-    row[j] = __float2bfloat16(g);
-  }
-}
-__global__ void widen_kernel(float* dst, const __nv_bfloat16* src, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    dst[i] = __bfloat162float(src[i]);
-}
-
-// *acc += float(sum of x / count), the sum in double over one block in a fixed order.
-constexpr int kMeanThreads = 512;
-__global__ void mean_into_kernel(double* acc, const float* x, int64_t n, int64_t count) {
-  __shared__ double part[kMeanThreads];
-  double s = 0;
-  for (int64_t i = threadIdx.x; i < n; i += kMeanThreads) s += x[i];
-  part[threadIdx.x] = s;
-  __syncthreads();
-  for (int w = kMeanThreads / 2; w > 0; w /= 2) {
-    if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) *acc += static_cast<float>(part[0] / count);
-}
-
-unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65536)); }
-
-}  // namespace
 
 std::string CudaOps::device_name() const {
   int d = 0;
@@ -585,15 +463,13 @@ std::vector<double> CudaOps::sums_of_squares(const float* x,
 
 void CudaOps::mean_into(double* acc, const float* x, int64_t n, int64_t count) const {
   if (n <= 0) return;
-  mean_into_kernel<<<1, kMeanThreads, 0, st_->stream>>>(acc, x, n, count > 0 ? count : n);
-  check_launch("mean_into");
+  cuda::mean_into(acc, x, n, count, st_->stream);
 }
 
 void CudaOps::accumulate(float* dst, const float* src, int64_t n) const {
   OpScope op(*st_, "accumulate");
   if (n <= 0) return;
-  accumulate_kernel<<<grid_for(n), 256, 0, st_->stream>>>(dst, src, n);
-  check_launch("accumulate");
+  cuda::accumulate(dst, src, n, st_->stream);
 }
 
 void CudaOps::embedding_forward(Act* out, const int32_t* tokens, const Param* wte, const Param* wpe, int B, int T,
@@ -864,19 +740,13 @@ void CudaOps::crossentropy_forward_backward(float* losses, Act* logits, const in
 
 void CudaOps::add_bias(Act* out, const Param* bias, int rows, int C) const {
   OpScope op(*st_, "add_bias", rows, C);
-  const int64_t n = int64_t(rows) * C;
-  if (n <= 0) return;
-  add_bias_kernel<<<grid_for(n), 256, 0, st_->stream>>>(out, bias, n, C);
-  check_launch("add_bias");
+  cuda::add_bias(out, bias, rows, C, st_->stream);
 }
 
 void CudaOps::vocab_rows_forward(Act* out, const int32_t* tokens, const Param* wte, int64_t v0, int64_t Vl, int N,
                                  int C) const {
   OpScope op(*st_, "vocab_rows_forward", N, C);
-  const int64_t n = int64_t(N) * C;
-  if (n <= 0) return;
-  vocab_rows_kernel<<<grid_for(n), 256, 0, st_->stream>>>(out, tokens, wte, v0, Vl, n, C);
-  check_launch("vocab_rows_forward");
+  cuda::vocab_rows_forward(out, tokens, wte, v0, Vl, N, C, st_->stream);
 }
 
 void CudaOps::vocab_rows_backward(float* dwte, const Act* dfull, const Tokens& tokens, int64_t v0, int64_t Vl,
@@ -889,55 +759,39 @@ void CudaOps::vocab_rows_backward(float* dwte, const Act* dfull, const Tokens& t
 
 void CudaOps::add_positions(Act* out, const Param* wpe, int r0, int rows, int T, int C) const {
   OpScope op(*st_, "add_positions", rows, C);
-  const int64_t n = int64_t(rows) * C;
-  if (n <= 0) return;
-  add_positions_kernel<<<grid_for(n), 256, 0, st_->stream>>>(out, wpe, r0, n, T, C);
-  check_launch("add_positions");
+  cuda::add_positions(out, wpe, r0, rows, T, C, st_->stream);
 }
 
 void CudaOps::positions_backward(float* dwpe, const Act* dout, int r0, int rows, int T, int C) const {
   OpScope op(*st_, "positions_backward", rows, C);
-  const int64_t n = int64_t(T) * C;
-  if (rows <= 0) return;
-  positions_backward_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, st_->stream>>>(dwpe, dout, r0, rows, T, C);
-  check_launch("positions_backward");
+  cuda::positions_backward(dwpe, dout, r0, rows, T, C, st_->stream);
 }
 
 void CudaOps::ce_row_max(float* mx, const Act* logits, int N, int64_t Vl, int live) const {
   OpScope op(*st_, "ce_row_max", N);
-  if (N <= 0) return;
-  ce_row_max_kernel<<<N, kRowThreads, 0, st_->stream>>>(mx, logits, Vl, live);
-  check_launch("ce_row_max");
+  cuda::ce_row_max(mx, logits, N, Vl, live, st_->stream);
 }
 
 void CudaOps::ce_partials(float* parts, const Act* logits, const float* mx, const int32_t* targets, int64_t v0,
                           int N, int64_t Vl, int live) const {
   OpScope op(*st_, "ce_partials", N);
-  if (N <= 0) return;
-  ce_partials_kernel<<<N, kRowThreads, 0, st_->stream>>>(parts, logits, mx, targets, v0, Vl, live);
-  check_launch("ce_partials");
+  cuda::ce_partials(parts, logits, mx, targets, v0, N, Vl, live, st_->stream);
 }
 
 void CudaOps::ce_losses(float* losses, float* sums, const float* parts, const int32_t* targets, int N) const {
   OpScope op(*st_, "ce_losses", N);
-  if (N <= 0) return;
-  ce_losses_kernel<<<(N + 255) / 256, 256, 0, st_->stream>>>(losses, sums, parts, targets, N);
-  check_launch("ce_losses");
+  cuda::ce_losses(losses, sums, parts, targets, N, st_->stream);
 }
 
 void CudaOps::ce_tp_backward(Act* dlogits, const float* mx, const float* sums, float dloss, const int32_t* targets,
                              int64_t v0, int N, int64_t Vl, int live) const {
   OpScope op(*st_, "ce_tp_backward", N);
-  if (N <= 0) return;
-  ce_tp_backward_kernel<<<N, kRowThreads, 0, st_->stream>>>(dlogits, mx, sums, dloss, targets, v0, Vl, live);
-  check_launch("ce_tp_backward");
+  cuda::ce_tp_backward(dlogits, mx, sums, dloss, targets, v0, N, Vl, live, st_->stream);
 }
 
 void CudaOps::widen(float* dst, const Act* src, int64_t n) const {
   OpScope op(*st_, "widen");
-  if (n <= 0) return;
-  widen_kernel<<<grid_for(n), 256, 0, st_->stream>>>(dst, src, n);
-  check_launch("widen");
+  cuda::widen(dst, src, n, st_->stream);
 }
 
 void CudaOps::narrow(Act* dst, const float* src, int64_t n) const {

@@ -167,6 +167,66 @@ __device__ __forceinline__ void load_b_cols(uint32_t (&b)[4], const bf16* tile, 
                          (lane >> 4) * 8));
 }
 
+// The two products every kernel here is made of, on warp tiles of MT x 16 rows.
+//
+// acc (MT x SN n-tiles of 16 x 8) = rows [r0, r0 + 16 MT) of tile A times the transpose of rows
+// [0, 8 SN) of tile B, over the KS * 16 columns of both (S = Q K^T style).
+template <int LD, int KS, int MT, int SN>
+__device__ __forceinline__ void mma_abt(float (&acc)[MT][SN][4], const bf16* A, int r0,
+                                        const bf16* B, int lane) {
+#pragma unroll
+  for (int t = 0; t < MT; ++t)
+#pragma unroll
+    for (int n = 0; n < SN; ++n) acc[t][n][0] = acc[t][n][1] = acc[t][n][2] = acc[t][n][3] = 0.f;
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int t = 0; t < MT; ++t) load_a<LD>(a[t], A, r0 + t * 16, ks * 16, lane);
+#pragma unroll
+    for (int np = 0; np < SN / 2; ++np) {
+      uint32_t b[4];
+      load_b_rows<LD>(b, B, np * 16, ks * 16, lane);
+#pragma unroll
+      for (int t = 0; t < MT; ++t) {
+        mma(acc[t][2 * np], a[t], b[0], b[1]);
+        mma(acc[t][2 * np + 1], a[t], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// The k-slice kt (columns [16 kt, 16 kt + 16)) of a product's accumulators, rounded to bf16 as
+// the A fragments of the next product (P, or dS, on the left).
+template <int MT, int SN>
+__device__ __forceinline__ void pack_a(uint32_t (&a)[MT][4], const float (&acc)[MT][SN][4],
+                                       int kt) {
+#pragma unroll
+  for (int t = 0; t < MT; ++t) {
+    a[t][0] = pack_bf16(acc[t][2 * kt][0], acc[t][2 * kt][1]);
+    a[t][1] = pack_bf16(acc[t][2 * kt][2], acc[t][2 * kt][3]);
+    a[t][2] = pack_bf16(acc[t][2 * kt + 1][0], acc[t][2 * kt + 1][1]);
+    a[t][3] = pack_bf16(acc[t][2 * kt + 1][2], acc[t][2 * kt + 1][3]);
+  }
+}
+
+// acc (MT x ON n-tiles of 16 x 8, ON = D / 8) += a (k-slice kt, from pack_a) times rows
+// [16 kt, 16 kt + 16) of tile B, all D of its columns (O += P V style).
+template <int LD, int MT, int ON>
+__device__ __forceinline__ void mma_ab_slice(float (&acc)[MT][ON][4], const uint32_t (&a)[MT][4],
+                                             const bf16* B, int kt, int lane) {
+#pragma unroll
+  for (int np = 0; np < ON / 2; ++np) {
+    uint32_t b[4];
+    load_b_cols<LD>(b, B, kt * 16, np * 16, lane);
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+      mma(acc[t][2 * np], a[t], b[0], b[1]);
+      mma(acc[t][2 * np + 1], a[t], b[2], b[3]);
+    }
+  }
+}
+
 // The heads of one batch row b in the fused QKV activation, (Hkv, G+2, D) per token: key/value
 // head `group`'s query heads, key and value (the group of query head h is h / G).
 struct QkvHeads {
@@ -372,23 +432,8 @@ __global__ void __launch_bounds__(W * 32)
 #pragma unroll
       for (int kt = 0; kt < BC / 16; ++kt) {
         uint32_t a[MT][4];
-#pragma unroll
-        for (int t = 0; t < MT; ++t) {
-          a[t][0] = pack_bf16(s[t][2 * kt][0], s[t][2 * kt][1]);
-          a[t][1] = pack_bf16(s[t][2 * kt][2], s[t][2 * kt][3]);
-          a[t][2] = pack_bf16(s[t][2 * kt + 1][0], s[t][2 * kt + 1][1]);
-          a[t][3] = pack_bf16(s[t][2 * kt + 1][2], s[t][2 * kt + 1][3]);
-        }
-#pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-          uint32_t vf[4];
-          load_b_cols<LD>(vf, cV, kt * 16, dp * 16, lane);
-#pragma unroll
-          for (int t = 0; t < MT; ++t) {
-            mma(o[t][2 * dp], a[t], vf[0], vf[1]);
-            mma(o[t][2 * dp + 1], a[t], vf[2], vf[3]);
-          }
-        }
+        pack_a(a, s, kt);
+        mma_ab_slice<LD>(o, a, cV, kt, lane);
       }
     }
   }
@@ -557,26 +602,7 @@ __global__ void __launch_bounds__(W * 32)
     float s[MT][SN][4];
     if (!skip) {
       // S^T = K Q^T (keys x queries), then P^T = exp2(S^T c - lse2[query]).
-#pragma unroll
-      for (int t = 0; t < MT; ++t)
-#pragma unroll
-        for (int n = 0; n < SN; ++n) s[t][n][0] = s[t][n][1] = s[t][n][2] = s[t][n][3] = 0.f;
-#pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
-        uint32_t a[MT][4];
-#pragma unroll
-        for (int t = 0; t < MT; ++t) load_a<LD>(a[t], sK, warp * RW + t * 16, ks * 16, lane);
-#pragma unroll
-        for (int np = 0; np < SN / 2; ++np) {
-          uint32_t bq[4];
-          load_b_rows<LD>(bq, cQ, np * 16, ks * 16, lane);
-#pragma unroll
-          for (int t = 0; t < MT; ++t) {
-            mma(s[t][2 * np], a[t], bq[0], bq[1]);
-            mma(s[t][2 * np + 1], a[t], bq[2], bq[3]);
-          }
-        }
-      }
+      mma_abt<LD, KS>(s, sK, warp * RW, cQ, lane);
 #pragma unroll
       for (int n = 0; n < SN; ++n) {
         const float2 lq = *reinterpret_cast<const float2*>(cL + n * 8 + 2 * tig);
@@ -608,26 +634,7 @@ __global__ void __launch_bounds__(W * 32)
     if (!skip) {
       // dP^T = V dO^T
       float dp[MT][SN][4];
-#pragma unroll
-      for (int t = 0; t < MT; ++t)
-#pragma unroll
-        for (int n = 0; n < SN; ++n) dp[t][n][0] = dp[t][n][1] = dp[t][n][2] = dp[t][n][3] = 0.f;
-#pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
-        uint32_t a[MT][4];
-#pragma unroll
-        for (int t = 0; t < MT; ++t) load_a<LD>(a[t], sV, warp * RW + t * 16, ks * 16, lane);
-#pragma unroll
-        for (int np = 0; np < SN / 2; ++np) {
-          uint32_t bo[4];
-          load_b_rows<LD>(bo, cO, np * 16, ks * 16, lane);
-#pragma unroll
-          for (int t = 0; t < MT; ++t) {
-            mma(dp[t][2 * np], a[t], bo[0], bo[1]);
-            mma(dp[t][2 * np + 1], a[t], bo[2], bo[3]);
-          }
-        }
-      }
+      mma_abt<LD, KS>(dp, sV, warp * RW, cO, lane);
       // dS^T = P^T (dP^T - Dv[query])
 #pragma unroll
       for (int n = 0; n < SN; ++n) {
@@ -644,44 +651,14 @@ __global__ void __launch_bounds__(W * 32)
 #pragma unroll
       for (int kt = 0; kt < BQ / 16; ++kt) {
         uint32_t pa[MT][4];
-#pragma unroll
-        for (int t = 0; t < MT; ++t) {
-          pa[t][0] = pack_bf16(s[t][2 * kt][0], s[t][2 * kt][1]);
-          pa[t][1] = pack_bf16(s[t][2 * kt][2], s[t][2 * kt][3]);
-          pa[t][2] = pack_bf16(s[t][2 * kt + 1][0], s[t][2 * kt + 1][1]);
-          pa[t][3] = pack_bf16(s[t][2 * kt + 1][2], s[t][2 * kt + 1][3]);
-        }
-#pragma unroll
-        for (int np = 0; np < D / 16; ++np) {
-          uint32_t bo[4];
-          load_b_cols<LD>(bo, cO, kt * 16, np * 16, lane);
-#pragma unroll
-          for (int t = 0; t < MT; ++t) {
-            mma(dv[t][2 * np], pa[t], bo[0], bo[1]);
-            mma(dv[t][2 * np + 1], pa[t], bo[2], bo[3]);
-          }
-        }
+        pack_a(pa, s, kt);
+        mma_ab_slice<LD>(dv, pa, cO, kt, lane);
       }
 #pragma unroll
       for (int kt = 0; kt < BQ / 16; ++kt) {
         uint32_t da[MT][4];
-#pragma unroll
-        for (int t = 0; t < MT; ++t) {
-          da[t][0] = pack_bf16(dp[t][2 * kt][0], dp[t][2 * kt][1]);
-          da[t][1] = pack_bf16(dp[t][2 * kt][2], dp[t][2 * kt][3]);
-          da[t][2] = pack_bf16(dp[t][2 * kt + 1][0], dp[t][2 * kt + 1][1]);
-          da[t][3] = pack_bf16(dp[t][2 * kt + 1][2], dp[t][2 * kt + 1][3]);
-        }
-#pragma unroll
-        for (int np = 0; np < D / 16; ++np) {
-          uint32_t bq[4];
-          load_b_cols<LD>(bq, cQ, kt * 16, np * 16, lane);
-#pragma unroll
-          for (int t = 0; t < MT; ++t) {
-            mma(dk[t][2 * np], da[t], bq[0], bq[1]);
-            mma(dk[t][2 * np + 1], da[t], bq[2], bq[3]);
-          }
-        }
+        pack_a(da, dp, kt);
+        mma_ab_slice<LD>(dk, da, cQ, kt, lane);
       }
     }
   }
@@ -783,26 +760,8 @@ __global__ void __launch_bounds__(W * 32)
     const bool need_mask = k0 + BC - 1 > rw || k0 + BC > T || rw + RW > T || k0 < lo.last;
     float s[MT][SN][4];
     if (!skip) {
-#pragma unroll
-      for (int t = 0; t < MT; ++t)
-#pragma unroll
-        for (int n = 0; n < SN; ++n) s[t][n][0] = s[t][n][1] = s[t][n][2] = s[t][n][3] = 0.f;
-#pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
-        uint32_t a[MT][4];
-#pragma unroll
-        for (int t = 0; t < MT; ++t) load_a<LD>(a[t], sQ, warp * RW + t * 16, ks * 16, lane);
-#pragma unroll
-        for (int np = 0; np < SN / 2; ++np) {
-          uint32_t kf[4];
-          load_b_rows<LD>(kf, cK, np * 16, ks * 16, lane);
-#pragma unroll
-          for (int t = 0; t < MT; ++t) {
-            mma(s[t][2 * np], a[t], kf[0], kf[1]);
-            mma(s[t][2 * np + 1], a[t], kf[2], kf[3]);
-          }
-        }
-      }
+      // S = Q K^T, then P = exp2(S c - lse2[query]).
+      mma_abt<LD, KS>(s, sQ, warp * RW, cK, lane);
 #pragma unroll
       for (int t = 0; t < MT; ++t)
 #pragma unroll
@@ -830,52 +789,23 @@ __global__ void __launch_bounds__(W * 32)
     cp_async_wait<2>();
     __syncthreads();
     if (!skip) {
+      // dP = dO V^T; dS = P (dP - Dv[query]); dQ += dS K.
       float dp[MT][SN][4];
+      mma_abt<LD, KS>(dp, sO, warp * RW, cV, lane);
 #pragma unroll
       for (int t = 0; t < MT; ++t)
 #pragma unroll
-        for (int n = 0; n < SN; ++n) dp[t][n][0] = dp[t][n][1] = dp[t][n][2] = dp[t][n][3] = 0.f;
-#pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
-        uint32_t a[MT][4];
-#pragma unroll
-        for (int t = 0; t < MT; ++t) load_a<LD>(a[t], sO, warp * RW + t * 16, ks * 16, lane);
-#pragma unroll
-        for (int np = 0; np < SN / 2; ++np) {
-          uint32_t vf[4];
-          load_b_rows<LD>(vf, cV, np * 16, ks * 16, lane);
-#pragma unroll
-          for (int t = 0; t < MT; ++t) {
-            mma(dp[t][2 * np], a[t], vf[0], vf[1]);
-            mma(dp[t][2 * np + 1], a[t], vf[2], vf[3]);
-          }
+        for (int n = 0; n < SN; ++n) {
+          dp[t][n][0] = s[t][n][0] * (dp[t][n][0] - Dd[t][0]);
+          dp[t][n][1] = s[t][n][1] * (dp[t][n][1] - Dd[t][0]);
+          dp[t][n][2] = s[t][n][2] * (dp[t][n][2] - Dd[t][1]);
+          dp[t][n][3] = s[t][n][3] * (dp[t][n][3] - Dd[t][1]);
         }
-      }
 #pragma unroll
       for (int kt = 0; kt < BC / 16; ++kt) {
         uint32_t da[MT][4];
-#pragma unroll
-        for (int t = 0; t < MT; ++t) {
-          const float d0 = Dd[t][0], d1 = Dd[t][1];
-          const float(&s0)[4] = s[t][2 * kt];
-          const float(&s1)[4] = s[t][2 * kt + 1];
-          const float(&p0)[4] = dp[t][2 * kt];
-          const float(&p1)[4] = dp[t][2 * kt + 1];
-          da[t][0] = pack_bf16(s0[0] * (p0[0] - d0), s0[1] * (p0[1] - d0));
-          da[t][1] = pack_bf16(s0[2] * (p0[2] - d1), s0[3] * (p0[3] - d1));
-          da[t][2] = pack_bf16(s1[0] * (p1[0] - d0), s1[1] * (p1[1] - d0));
-          da[t][3] = pack_bf16(s1[2] * (p1[2] - d1), s1[3] * (p1[3] - d1));
-        }
-#pragma unroll
-        for (int np = 0; np < D / 16; ++np) {
-          uint32_t kf[4];
-          load_b_cols<LD>(kf, cK, kt * 16, np * 16, lane);
-#pragma unroll
-          for (int t = 0; t < MT; ++t) {
-            mma(dq[t][2 * np], da[t], kf[0], kf[1]);
-            mma(dq[t][2 * np + 1], da[t], kf[2], kf[3]);
-          }
-        }
+        pack_a(da, dp, kt);
+        mma_ab_slice<LD>(dq, da, cK, kt, lane);
       }
     }
   }

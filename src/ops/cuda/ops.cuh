@@ -229,6 +229,31 @@ void fp8_scales(float* scale, float* inv_scale, const float* amax, int count, fp
 void cast_fp8(uint8_t* out, uint8_t* out_t, const bf16* x, int rows, int cols, const float* scale, fp8::Format f,
               cudaStream_t stream);
 
+// ---- the step's elementwise helpers ----
+void accumulate(float* dst, const float* src, int64_t n, cudaStream_t stream);  // dst += src
+void widen(float* dst, const bf16* src, int64_t n, cudaStream_t stream);        // fp32 copy of bf16
+// *acc += float(sum of x[0, n) / count) (count 0: n), the sum in double in a fixed order.
+void mean_into(double* acc, const float* x, int64_t n, int64_t count, cudaStream_t stream);
+
+// ---- tensor parallelism's row ops (tensor_parallel.cu) ----
+// out[r, c] += bias[c] for rows r of C.
+void add_bias(bf16* out, const bf16* bias, int rows, int C, cudaStream_t stream);
+// out[n, :] = wte[tokens[n] - v0, :] for tokens in this rank's rows [v0, v0 + Vl), else 0.
+void vocab_rows_forward(bf16* out, const int32_t* tokens, const bf16* wte, int64_t v0, int64_t Vl, int N, int C,
+                        cudaStream_t stream);
+// out[r, :] += wpe[(r0 + r) % T, :]; its backward accumulates dwpe (T,C) over the rows, in order.
+void add_positions(bf16* out, const bf16* wpe, int r0, int rows, int T, int C, cudaStream_t stream);
+void positions_backward(float* dwpe, const bf16* dout, int r0, int rows, int T, int C, cudaStream_t stream);
+// The vocabulary-parallel cross-entropy over this rank's columns (`live` of Vl hold vocabulary):
+// each row's max, its sum of exp and target logit (parts (N,2)), the losses (negative targets
+// left out: 0), and the logits' gradient, written over them.
+void ce_row_max(float* mx, const bf16* logits, int N, int64_t Vl, int live, cudaStream_t stream);
+void ce_partials(float* parts, const bf16* logits, const float* mx, const int32_t* targets, int64_t v0, int N,
+                 int64_t Vl, int live, cudaStream_t stream);
+void ce_losses(float* losses, float* sums, const float* parts, const int32_t* targets, int N, cudaStream_t stream);
+void ce_tp_backward(bf16* dlogits, const float* mx, const float* sums, float dloss, const int32_t* targets, int64_t v0,
+                    int N, int64_t Vl, int live, cudaStream_t stream);
+
 // Throws a runtime Error naming the call site when the last launch failed.
 void check_launch(const char* what);
 
