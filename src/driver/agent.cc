@@ -426,6 +426,14 @@ struct Leaving {
   bool finished = false;  // the job had finished its steps meanwhile (a fault at its very end)
 };
 
+// Whether an agent of one of the job's nodes [0, nnodes) beats as running (not its last beat).
+bool any_node_running(JobBoard& board, int nnodes) {
+  for (int n = 0; n < nnodes; ++n)
+    if (const std::optional<nlohmann::json> hb = board.heartbeat(cat("node", n)); hb && JobBoard::live(*hb))
+      return true;
+  return false;
+}
+
 // Whether the job ended at or after attempt A (another node finished it, or gave up).
 std::optional<std::string> ended_since(JobBoard& board, int64_t attempt) {
   const std::optional<std::string> e = board.ended();
@@ -576,7 +584,12 @@ void Agent::beat_checking(const char* status) {
 int Agent::spare_wait() {
   JobBoard& board = *board_;
   const int64_t k = board.join_as_spare();
-  const std::optional<std::string> ended = board.ended();  // an earlier run's, under this name
+  // An end already written is an earlier run's under this name, or this run's, ended just before
+  // the spare joined. The nodes' beats tell which: if no agent of the job beats as running
+  // within a heartbeat's life, the job is over (else the spare waited for ever).
+  const std::optional<std::string> ended = board.ended();
+  const double joined_s = comm::steady_now_s();
+  bool job_runs = !ended;
   log::info("launch: spare ", k, " of job ", plan_.job, " waits for a node to take over");
   try {
     for (;;) {
@@ -584,6 +597,12 @@ int Agent::spare_wait() {
                  beat_ttl_s(fault_.heartbeat_s));
       if (board.ended() != ended) {  // the job is over: nothing left to take over
         log::info("launch: spare ", k, ": the job ended");
+        return 0;
+      }
+      job_runs = job_runs || any_node_running(board, plan_.nnodes);
+      if (!job_runs && comm::steady_now_s() - joined_s > beat_ttl_s(fault_.heartbeat_s)) {
+        log::info("launch: spare ", k, ": job ", plan_.job, " ended before this spare joined (", *ended,
+                  ") and none of its nodes runs: nothing to take over");
         return 0;
       }
       if (std::optional<std::pair<int, int64_t>> given = board.assignment(k)) {

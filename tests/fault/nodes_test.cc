@@ -305,6 +305,30 @@ TEST_F(Nodes, ASpareJoinsWithTheJobsSkippedSteps) {
   expect_same_weights(rd, ref);
 }
 
+// A spare that comes after its job ended leaves, saying so (it used to wait for ever, taking the
+// end for an earlier run's under the name); a spare of a later run under the same name, whose
+// earlier end is on the store, waits for that run and leaves at its end.
+TEST_F(Nodes, ASpareAfterTheJobEndedLeavesAndOneOfALaterRunWaitsForIt) {
+  myriad::comm::LocalRedis redis;
+  {
+    const fs::path rd = dir_ / "late_spare";
+    auto a = agent(redis, "late", 0, rd, kDpTp), b = agent(redis, "late", 1, rd, kDpTp);
+    ASSERT_EQ(a->wait(), 0) << a->output();
+    ASSERT_EQ(b->wait(), 0) << b->output();
+    auto spare = agent(redis, "late", -1, rd, kDpTp);
+    ASSERT_EQ(spare->wait(30), 0) << spare->output();
+    EXPECT_NE(spare->output().find("job late ended before this spare joined"), std::string::npos) << spare->output();
+  }
+  const fs::path rd = dir_ / "late_spare_again";
+  auto spare = agent(redis, "late", -1, rd, kDpTp);
+  auto a = agent(redis, "late", 0, rd, kDpTp), b = agent(redis, "late", 1, rd, kDpTp);
+  ASSERT_EQ(a->wait(), 0) << a->output();
+  ASSERT_EQ(b->wait(), 0) << b->output();
+  ASSERT_EQ(spare->wait(30), 0) << spare->output();
+  EXPECT_NE(spare->output().find(": the job ended"), std::string::npos) << spare->output();
+  EXPECT_EQ(spare->output().find("before this spare joined"), std::string::npos) << spare->output();
+}
+
 // A bad config key on a job of two nodes: an input error, never retried, on both nodes.
 TEST_F(Nodes, BadInputStopsEveryNodeWithoutARestart) {
   myriad::comm::LocalRedis redis;
