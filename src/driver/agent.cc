@@ -231,7 +231,8 @@ Stop record_stop(JobBoard& board, const LaunchPlan& plan, const std::optional<Co
 
 // A hung job across nodes: every agent puts its ranks' flight records (null for a rank that
 // wrote none: a stopped process) and last heartbeats in the job's store; node 0's agent gathers
-// every rank's, waiting up to 5 s, and writes RUN_DIR/hang_report.{txt,json}, as the launcher of
+// every rank's, waiting up to kGather_s (another node's agent may still be waiting for its own
+// ranks' answers, HangWatch::kAnswer_s), and writes RUN_DIR/hang_report.{txt,json}, as the launcher of
 // a job on one node does on its own. Each culprit's finding is a diagnose event.
 void share_hang_report(JobBoard& board, Launcher& launcher, const LaunchPlan& plan, const HangWatch& hangs,
                        int64_t attempt, Events& events) {
@@ -249,7 +250,8 @@ void share_hang_report(JobBoard& board, Launcher& launcher, const LaunchPlan& pl
   if (plan.node_rank != 0) return;
   nlohmann::json records = nlohmann::json::array(), beats = nlohmann::json::object();
   std::vector<bool> have(static_cast<size_t>(plan.world_size), false);
-  for (const double until = comm::steady_now_s() + 5;;) {
+  constexpr double kGather_s = HangWatch::kAnswer_s + 5;
+  for (const double until = comm::steady_now_s() + kGather_s;;) {
     for (int rank = 0; rank < plan.world_size; ++rank) {
       if (have[rank]) continue;
       const std::optional<nlohmann::json> e = board.flight_of(attempt, rank);

@@ -48,16 +48,24 @@ std::string HangWatch::add(int rank, int index) {
 // not remove it.
 void HangWatch::request_flight_records(int except) {
   if (launcher.stopping()) return;
-  std::vector<std::filesystem::path> want;
+  std::vector<const Rank*> asked;
   std::error_code ec;
   for (const Rank& r : ranks)
     if (r.rank != except && r.index >= 0 && r.index < launcher.size() && launcher.running(r.index)) {
       std::filesystem::remove(flight_path(r.rank), ec);
       ::kill(launcher.pid(r.index), SIGUSR1);
-      want.push_back(flight_path(r.rank));
+      asked.push_back(&r);
     }
-  for (const double until = comm::steady_now_s() + 2; comm::steady_now_s() < until;) {
-    if (std::all_of(want.begin(), want.end(), [](const auto& p) { return std::filesystem::exists(p); })) break;
+  // Each asked worker answers within a beat, unless it cannot: stopped, or ended. On a loaded
+  // machine a live one may take seconds (a 2 s bound once cost a report its healthy rank, which
+  // then read as stopped), so the wait is long; it ends as soon as every answer is in.
+  const auto pending = [&](const Rank* r) {
+    if (std::filesystem::exists(flight_path(r->rank))) return false;
+    const char state = process_state(launcher.pid(r->index));
+    return state != 'T' && state != 't' && state != 'Z' && state != 'X' && state != '?';
+  };
+  for (const double until = comm::steady_now_s() + kAnswer_s; comm::steady_now_s() < until;) {
+    if (std::none_of(asked.begin(), asked.end(), pending)) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }

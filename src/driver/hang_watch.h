@@ -62,7 +62,8 @@ struct HangWatch {
   // Where a chaos run injects faults into the rank while it runs (core/fault.h's live injection).
   std::filesystem::path inject_path(int rank) const { return dir / cat("inject_rank_", rank); }
   // Asks every running worker of this node for its flight record (SIGUSR1: runtime/heartbeat.h)
-  // and waits up to 2 s for them; `except` (a stopped rank) cannot answer.
+  // and waits for those that can answer, up to kAnswer_s; `except` (a stopped rank) cannot.
+  static constexpr double kAnswer_s = 10;
   void request_flight_records(int except = -1);
   // What this node's workers said last, each with its rank, for the job's heartbeat.
   nlohmann::json workers() const;
