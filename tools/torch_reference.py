@@ -66,6 +66,18 @@ class Spec:
         self.mlp_hidden = int(js.get("mlp_hidden", 4 * self.d_model))
         self.kv_heads = int(js.get("kv_heads", self.heads))
         self.tied = bool(js.get("tied", True))
+        # A mixture of experts (docs/notes/moe.md): absent or 0 experts, a dense model.
+        self.experts = int(js.get("experts", 0))
+        self.top_k = int(js.get("experts_per_token", 0))
+        self.expert_hidden = int(js.get("expert_hidden", 0))
+        self.shared_hidden = int(js.get("shared_hidden", 0))  # the shared experts' features, all of them
+        self.dense_layers = int(js.get("dense_layers", 0))
+        self.moe_every = int(js.get("moe_every", 1))
+        self.router_score = str(js.get("router_score", "softmax"))
+        self.router_norm_topk = bool(js.get("router_norm_topk", True))
+        self.router_scale = float(js.get("router_scale", 1.0))
+        self.aux_loss = float(js.get("aux_loss", 0.0))
+        self.z_loss = float(js.get("z_loss", 0.0))
         self.params = [(p["name"], [int(d) for d in p["shape"]], int(p["offset"]))
                        for p in js["params"]]
         opt = js.get("optim", {})
@@ -92,6 +104,10 @@ class Spec:
         unknown = self.decay - {name for name, _, _ in self.params}
         if unknown:
             raise ValueError(f"decay names unknown tensors: {sorted(unknown)}")
+
+    def layer_is_moe(self, l):
+        """Qwen's decoder_sparse_step after DeepSeek's first_k_dense_replace."""
+        return self.experts > 0 and l >= self.dense_layers and (l + 1) % self.moe_every == 0
 
     def total(self):
         """Elements of the flat buffer the params list describes."""
@@ -241,7 +257,48 @@ def mlp(n, P, prefix, spec):
     return linear(a, P, prefix + ".proj")
 
 
-def forward(P, spec, tokens, docs=None):
+def moe(n, P, prefix, spec, router):
+    """A mixture of experts' MLP on n (B, T, C), written as directly as possible: every expert
+    runs on every token, and each token takes its k chosen experts' rows (no permutation, unlike
+    Myriad's). The k best scores win (a stable sort: a tie goes to the lower expert); the weights
+    are the chosen scores, renormalized when router_norm_topk, times router_scale. Adds this
+    layer's balance loss E sum_e f_e P_e (f_e the share of the N k slots sent to e, held
+    constant; P_e the mean score) and z-loss (mean logsumexp^2) to router["aux"] and
+    router["z"], and its rows per expert to router["counts"]."""
+    B, T, C = n.shape
+    x = n.reshape(B * T, C)
+    N, E, k, Fe = B * T, spec.experts, spec.top_k, spec.expert_hidden
+    logits = x @ P[prefix + ".router.w"].t()  # (N, E)
+    scores = torch.softmax(logits, -1) if spec.router_score == "softmax" else torch.sigmoid(logits)
+    ranked = torch.sort(scores.detach(), dim=-1, descending=True, stable=True)
+    choice = ranked.indices[:, :k]  # (N, k)
+    if k < E:  # tokens whose k-th and (k+1)-th scores are equal: the tie rule decides
+        router["ties"] = router.get("ties", 0) + int((ranked.values[:, k - 1] == ranked.values[:, k]).sum())
+    chosen = scores.gather(1, choice)
+    w = chosen / chosen.sum(-1, keepdim=True) if spec.router_norm_topk else chosen
+    w = w * spec.router_scale
+    fc = P[prefix + ".experts.fc.w"].view(E, Fe, 2, C)  # expert e's features, each (gate, up)
+    proj = P[prefix + ".experts.proj.w"].view(E, C, Fe)
+    y = torch.stack([(F.silu(x @ fc[e, :, 0].t()) * (x @ fc[e, :, 1].t())) @ proj[e].t() for e in range(E)])  # (E, N, C)
+    picked = y[choice, torch.arange(N).view(N, 1)]  # (N, k, C)
+    out = (w.unsqueeze(-1) * picked).sum(1)
+    if spec.shared_hidden > 0:
+        sfc = P[prefix + ".shared.fc.w"].view(spec.shared_hidden, 2, C)
+        out = out + (F.silu(x @ sfc[:, 0].t()) * (x @ sfc[:, 1].t())) @ P[prefix + ".shared.proj.w"].t()
+    counts = F.one_hot(choice, E).sum((0, 1))
+    f = counts.to(scores.dtype) / (N * k)
+    router["aux"] = router.get("aux", 0) + E * (f * scores.mean(0)).sum()  # (f holds no gradient)
+    router["z"] = router.get("z", 0) + (torch.logsumexp(logits, -1) ** 2).mean()
+    router.setdefault("counts", []).append([int(c) for c in counts])
+    return out.view(B, T, C)
+
+
+def mlp_of(n, P, l, spec, router):
+    p = f"h.{l}.mlp"
+    return moe(n, P, p, spec, router) if spec.layer_is_moe(l) else mlp(n, P, p, spec)
+
+
+def forward(P, spec, tokens, docs=None, router=None):
     """tokens (B, T+1) int -> (logits (B, T, Vp), mean cross-entropy over the first V columns).
     docs (B, T+1), when given, keeps attention inside the documents packed in each row; with
     spec.document_end_loss false the loss leaves out the targets that begin a document."""
@@ -259,14 +316,15 @@ def forward(P, spec, tokens, docs=None):
         h = P["wte"][x]
     else:
         h = P["wte"][x] + P["wpe"][:T]
+    router = {} if router is None else router
     for l in range(spec.layers):
         p = f"h.{l}."
         if spec.parallel_block:
             n = norm(h, P, p + "ln1", spec)
-            h = h + attention(n, P, p + "attn", spec, ok, freqs) + mlp(n, P, p + "mlp", spec)
+            h = h + attention(n, P, p + "attn", spec, ok, freqs) + mlp_of(n, P, l, spec, router)
         else:
             a = h + attention(norm(h, P, p + "ln1", spec), P, p + "attn", spec, ok, freqs)
-            h = a + mlp(norm(a, P, p + "ln2", spec), P, p + "mlp", spec)
+            h = a + mlp_of(norm(a, P, p + "ln2", spec), P, l, spec, router)
     h = norm(h, P, "lnf", spec)
     logits = h @ P["wte" if spec.tied else "lm_head"].t()
     V = spec.vocab_size
@@ -277,8 +335,12 @@ def forward(P, spec, tokens, docs=None):
 def loss_and_grads(params64, spec, tokens, docs=None):
     """params64: flat float64 tensor. Returns (logits, loss, flat gradient), all float64."""
     flat = params64.detach().clone().requires_grad_(True)
-    logits, loss = forward(views(flat, spec), spec, tokens, docs)
-    loss.backward()
+    router = {}
+    logits, loss = forward(views(flat, spec), spec, tokens, docs, router)
+    # The routers' losses count in the gradient, not in the loss reported (the model's).
+    total = loss + spec.aux_loss * router.get("aux", 0) + spec.z_loss * router.get("z", 0)
+    total.backward()
+    loss_and_grads.router = router
     return logits.detach(), loss.detach(), flat.grad.detach()
 
 
@@ -389,6 +451,11 @@ def run_reference(d):
     write_f32(os.path.join(d, "ref_grads.bin"), grads)
     write_f32(os.path.join(d, "ref_adamw.bin"), adamw)
     write_f32(os.path.join(d, "ref_lamb.bin"), lamb)
+    router = loss_and_grads.router
+    if "counts" in router:  # what the routing did, so that a test can tell its case happened
+        with open(os.path.join(d, "ref_router.json"), "w") as f:
+            json.dump({"counts": router["counts"], "ties": router.get("ties", 0), "aux": float(router["aux"]),
+                       "z": float(router["z"])}, f)
     return {"logits": logits, "loss": loss.item(), "grads": grads, "adamw": adamw, "lamb": lamb}
 
 

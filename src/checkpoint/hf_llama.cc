@@ -60,6 +60,9 @@ bool claims(const ModelConfig& m) {
 }
 
 std::string unfit(const ModelConfig& m) {
+  if (m.moe())
+    return cat("model.experts = ", m.experts, " (a mixture of experts; LlamaForCausalLM's MLP is dense, and Myriad does "
+               "not write Mixtral or Qwen3-MoE yet)");
   if (!m.rmsnorm()) return cat("model.norm = \"", m.norm, "\" (LlamaForCausalLM's norm is RMSNorm)");
   if (!m.rope())
     return cat("model.position_encoding = \"", m.position_encoding, "\" (LlamaForCausalLM's positions are rotary)");

@@ -298,6 +298,34 @@ void Config::validate() const {
     throw_input("config: model.kv_heads (", m.kv(), ") must divide model.heads (", m.heads,
                 "): each key/value head serves an equal group of query heads");
 
+  non_negative("model.experts", m.experts);
+  if (m.moe()) {
+    if (!m.swiglu())
+      throw_input("config: model.experts = ", m.experts, " makes SwiGLU experts: set model.mlp = \"swiglu\"");
+    if (m.experts_per_token < 1 || m.experts_per_token > m.experts)
+      throw_input("config: model.experts_per_token (", m.experts_per_token, ") must be in [1, model.experts = ",
+                  m.experts, "]");
+    non_negative("model.expert_hidden", m.expert_hidden);
+    non_negative("model.shared_experts", m.shared_experts);
+    non_negative("model.shared_expert_hidden", m.shared_expert_hidden);
+    non_negative("model.dense_layers", m.dense_layers);
+    positive("model.moe_every", m.moe_every);
+    if (m.moe_layers() == 0)
+      throw_input("config: model.experts = ", m.experts, " but no layer is MoE (model.dense_layers = ", m.dense_layers,
+                  ", model.moe_every = ", m.moe_every, ", model.layers = ", m.layers,
+                  "): lower dense_layers or moe_every, or set experts = 0");
+    require_one_of("model.router_score", m.router_score, {"softmax", "sigmoid"});
+    positive("model.router_scale", m.router_scale);
+    non_negative("moe.aux_loss", moe.aux_loss);
+    non_negative("moe.z_loss", moe.z_loss);
+  } else {
+    const ModelConfig dense;
+    if (m.shared_experts != dense.shared_experts || m.expert_hidden != dense.expert_hidden ||
+        m.dense_layers != dense.dense_layers || m.moe_every != dense.moe_every)
+      throw_input("config: model.expert_hidden, shared_experts, dense_layers and moe_every shape a mixture of "
+                  "experts; set model.experts (routed experts per MoE layer) too, or leave them out");
+  }
+
   require_one_of("data.tokenizer", data.tokenizer, {"byte", "gpt2", "llama3"});
   for (const auto& [key, list] : {std::pair<const char*, const DataSources&>{"data.train", data.train}, {"data.valid", data.valid}})
     for (size_t i = 0; i < list.size(); ++i) {

@@ -40,6 +40,19 @@ struct ModelConfig {
   bool tied_embeddings = true;               // the LM head is the token embedding
   double init_std = 0.02;
   int64_t seed = 1234;        // initialization seed
+  // Mixture of experts (docs/notes/moe.md; HF Qwen3MoeConfig, MixtralConfig, DeepseekV3Config):
+  // an MoE layer's MLP is `experts` SwiGLU experts of expert_hidden features, each token sent to
+  // experts_per_token of them by a router, plus shared_experts always-on ones.
+  int64_t experts = 0;                 // routed experts per MoE layer; 0 = a dense model
+  int64_t experts_per_token = 2;       // top-k
+  int64_t expert_hidden = 0;           // each expert's SwiGLU features; 0 = mlp_hidden (ffn())
+  int64_t shared_experts = 0;          // always-on experts, one SwiGLU of shared_experts x shared_expert_hidden
+  int64_t shared_expert_hidden = 0;    // 0 = expert_hidden
+  int64_t dense_layers = 0;            // the first layers stay dense (DeepSeek's first_k_dense_replace)
+  int64_t moe_every = 1;               // then layer l is MoE when (l + 1) % moe_every == 0 (Qwen's decoder_sparse_step)
+  std::string router_score = "softmax";  // softmax, sigmoid (DeepSeek-V3's scoring_func)
+  bool router_norm_topk = true;        // the k weights renormalized to sum 1 (norm_topk_prob)
+  double router_scale = 1;             // multiplies the k weights (routed_scaling_factor)
 
   int64_t head_dim() const { return d_model / heads; }
   int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
@@ -47,6 +60,27 @@ struct ModelConfig {
   bool rope() const { return position_encoding == "rope"; }
   bool swiglu() const { return mlp == "swiglu"; }
   bool rmsnorm() const { return norm == "rmsnorm"; }
+  bool moe() const { return experts > 0; }
+  bool layer_is_moe(int64_t l) const { return experts > 0 && l >= dense_layers && (l + 1) % moe_every == 0; }
+  int64_t moe_layers() const {
+    int64_t n = 0;
+    for (int64_t l = 0; l < layers; ++l) n += layer_is_moe(l);
+    return n;
+  }
+  int64_t expert_ffn() const { return expert_hidden > 0 ? expert_hidden : ffn(); }
+  // The shared experts' features, as one SwiGLU (0: none).
+  int64_t shared_ffn() const { return shared_experts * (shared_expert_hidden > 0 ? shared_expert_hidden : expert_ffn()); }
+};
+
+// Training the routers of a mixture of experts (the model's routing itself is ModelConfig's).
+struct MoeConfig {
+  // The load-balancing loss's coefficient: per MoE layer E x sum_e f_e P_e, f_e the share of the
+  // micro-batch's N x k routed slots that went to expert e, P_e its mean router score (1 when
+  // balanced), summed over the MoE layers. 0 = off.
+  double aux_loss = 0.01;
+  // The router z-loss's coefficient: per MoE layer the mean over tokens of logsumexp(logits)^2,
+  // summed over the MoE layers (ST-MoE). 0 = off.
+  double z_loss = 0;
 };
 
 // One token file (.bin/.idx, from `myriad prepare` or Megatron-LM) of a blend or of validation.
@@ -193,6 +227,7 @@ struct Config {
   CheckpointConfig checkpoint;
   FaultConfig fault;
   ObserveConfig observe;
+  MoeConfig moe;
 
   // Calls f(section, key, field&) for every key. The one list of keys: parsing, printing and
   // the unknown-key check all walk it.
@@ -222,6 +257,16 @@ struct Config {
     f("model", "tied_embeddings", model.tied_embeddings);
     f("model", "init_std", model.init_std);
     f("model", "seed", model.seed);
+    f("model", "experts", model.experts);
+    f("model", "experts_per_token", model.experts_per_token);
+    f("model", "expert_hidden", model.expert_hidden);
+    f("model", "shared_experts", model.shared_experts);
+    f("model", "shared_expert_hidden", model.shared_expert_hidden);
+    f("model", "dense_layers", model.dense_layers);
+    f("model", "moe_every", model.moe_every);
+    f("model", "router_score", model.router_score);
+    f("model", "router_norm_topk", model.router_norm_topk);
+    f("model", "router_scale", model.router_scale);
     f("data", "train", data.train);
     f("data", "valid", data.valid);
     f("data", "tokenizer", data.tokenizer);
@@ -296,6 +341,8 @@ struct Config {
     f("observe", "tensorboard", observe.tensorboard);
     f("observe", "trace", observe.trace);
     f("observe", "trace_every", observe.trace_every);
+    f("moe", "aux_loss", moe.aux_loss);
+    f("moe", "z_loss", moe.z_loss);
   }
   template <class F>
   void visit(F&& f) const { const_cast<Config*>(this)->visit(f); }

@@ -58,6 +58,10 @@ ParallelLayout ParallelLayout::of(const Config& cfg, int64_t dp) {
   if (m.ffn() % l.tp != 0)
     throw_input("config: the MLP's features (model.mlp_hidden, ", m.ffn(), ") must be divisible by parallel.tp (", l.tp,
                 ")");
+  if (m.moe() && l.tp > 1)
+    throw_input("config: model.experts = ", m.experts, " with parallel.tp = ", l.tp,
+                ": the MoE layers split over ranks with expert parallelism, which is not built yet (docs/notes/moe.md); "
+                "use parallel.tp = 1 (data and pipeline parallelism work)");
   if (l.sequence_parallel && l.tp > 1 && m.seq_len % l.tp != 0)
     throw_input("config: model.seq_len (", m.seq_len, ") must be divisible by parallel.tp (", l.tp,
                 ") with parallel.sequence_parallel = true: the tokens of a micro-batch are split evenly over the "

@@ -11,7 +11,13 @@
 //   attention        H query heads over Hkv key/value heads (GQA): the QKV width and the
 //                    attention op's head counts
 //   the MLP          the first GEMM's activation, GELU or SwiGLU (Mlp, passed to the fused
-//                    GEMM + activation ops; SwiGLU's GEMM is twice as wide)
+//                    GEMM + activation ops; SwiGLU's GEMM is twice as wide); or, in the layers
+//                    model.layer_is_moe picks, a mixture of experts (mlp_forward, mlp_output,
+//                    mlp_backward): the router's fp32 logits, the routes (Router: top-k, ties to
+//                    the lower expert), the token rows gathered into expert order (a stable
+//                    counting sort), every expert's SwiGLU as grouped GEMMs over its rows, the
+//                    weighted combine in slot order, and the shared experts as a dense SwiGLU;
+//                    the routers' balance and z losses enter the gradients (docs/notes/moe.md)
 //   the LM head      wte (tied) or lm_head
 // and the layout (params.h) holds the tensors each variant has. train.precision chooses the
 // arithmetic of the block's linear GEMMs (Gemm, passed to every linear op of a layer), bf16 or
@@ -165,12 +171,24 @@ class GptModel {
     float *ln2_mean, *ln2_rstd;  // (R), (R)
     Act *fc;              // (B,T,Pl) the fc GEMM's output: before GELU, or SwiGLU's (Fl,2) pairs
     Act *act;             // (B,T,Fl) the activation's output
+    // An MoE layer's instead of fc and act (docs/notes/moe.md; M = B T k routed rows, in expert
+    // order): kept with the attention half (`set`): the router's logits and weights, the routes,
+    // the experts' output rows; with the MLP's (`mlp`): the experts' and shared experts' fc and act.
+    float *logits;        // (B,T,E) the router's, fp32
+    float *weights;       // (B,T,k) each token's experts' weights, best first
+    int32_t *choice;      // (B,T,k) each token's experts, best first
+    int32_t *order, *pos; // (M) the slots (n k + j) in expert order; (M) each slot's row in it
+    std::vector<int64_t> counts;  // (E) rows per expert, on the host
+    Act *ys;              // (M,C) the experts' outputs
+    Act *xfc, *xact;      // (M,2Fe) the experts' fc GEMMs' output, (M,Fe) their SwiGLU
+    Act *sfc, *sact;      // (B,T,2Fs) the shared experts' fc, (B,T,Fs) their SwiGLU
   };
   // One micro-batch in flight through one chunk: what its backward needs.
   struct Slot {
     int mb = -1, B = 0;   // the micro-batch held (-1: free) and its rows
     Buffer<Act> storage;  // the layers' activations, out and lnf
-    Buffer<float> stats;  // the LayerNorms' means and rstds, attention's saved floats
+    Buffer<float> stats;  // the LayerNorms' means and rstds, attention's saved floats, the routers'
+    Buffer<int32_t> ids;  // the MoE layers' routes
     std::vector<LayerActs> layers;  // the chunk's layers, in order
     Act* out;                       // (B,T,C) the chunk's output, R rows
     Act* lnf;                       // head: (B,T,C) (all N rows)
@@ -194,7 +212,10 @@ class GptModel {
   // are null (a slot's size).
   // This rank's shapes as the memory plan (model/memory_plan.h) takes them.
   model::GptMemoryShape memory_shape() const;
-  void carve_layer(LayerActs& l, int64_t& acts, int64_t& floats, Act* a, float* st, bool set, bool mlp) const;
+  // `dense` and `moe`: the dense MLP's and the MoE MLP's tensors (a layer holds one; the
+  // recompute set both when the model has both). ints and id: the routes.
+  void carve_layer(LayerActs& l, int64_t& acts, int64_t& floats, int64_t& ints, Act* a, float* st, int32_t* id,
+                   bool set, bool mlp, bool dense, bool moe) const;
   Slot& held(int c, int mb) const;
   // The shape of the forward or backward about to run: N = B*T rows, R of them here.
   void set_shape(int B, int T);
@@ -211,12 +232,24 @@ class GptModel {
   // Refills what train.recompute dropped of slot s's layer l (l - ch.l0 of its layers).
   void recompute(const Chunk& ch, Slot& s, int64_t l);
   void backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput, float grad_scale);
+  // The MLP of layer l on its input `in` (all N rows), dense or MoE:
+  //   mlp_forward   up to what its output needs: the dense fc GEMM and activation; an MoE
+  //                 layer's routing and experts (`route`: false refills fc and act only, for
+  //                 selective recompute) and the shared experts' fc and activation
+  //   mlp_output    the branch's output (R,C) into out (=): the dense projection (row-parallel);
+  //                 the MoE's shared projection plus the routed experts' weighted combine
+  //   mlp_backward  from dout (all rows; dlocal its R local rows) the parameter gradients (+=)
+  //                 and the gradient of `in` into dln_ (=)
+  void mlp_forward(int64_t l, LayerActs& a, const Act* in, bool route);
+  void mlp_output(int64_t l, const LayerActs& a, Act* out);
+  void mlp_backward(int64_t l, const LayerActs& a, const Act* in, const Act* dout, const Act* dlocal, float grad_scale);
 
   // Pointers into a flat buffer (params or grads) for each tensor; null where absent (layers
   // of other pipeline ranks too).
   template <class T>
   struct LayerTensors {
     T *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
+    T *router_w, *experts_fc_w, *experts_proj_w, *shared_fc_w, *shared_proj_w;  // an MoE layer's
   };
   template <class T>
   struct Tensors {
@@ -278,6 +311,10 @@ class GptModel {
   int64_t Hl_, Hkvl_, Cl_, Ql_, Fl_, Pl_, Vl_, v0_;
   Norm norm_;
   Mlp mlp_;
+  // A mixture of experts: the router, the experts per layer E, per token k, each expert's
+  // features Fe and the shared experts' Fs (0: none).
+  Router router_;
+  int64_t E_, k_, Fe_, Fs_;
   bool rope_;
   Gemm gemm_;       // the block's linears (train.precision)
   Gemm head_gemm_;  // the LM head's: bf16 unless train.fp8_lm_head
@@ -318,6 +355,11 @@ class GptModel {
   Buffer<Act> dresid_;  // (B,T,C) gradient of the residual stream
   Buffer<Act> dln_, datty_, dqkv_, dfc_;  // (B,T,C) (B,T,Cl) (B,T,Ql) (B,T,Pl)
   Buffer<Act> dout_, din_;  // (R,C) the chunks' boundary gradients of forward_backward
+  // An MoE layer's scratch (M = B T k rows): its input in expert order and the gradients.
+  Buffer<Act> xs_, dys_, dxs_;  // (M,C) each
+  Buffer<Act> dxfc_, dsfc_;     // (M,2Fe) the experts' fc gradient, (B,T,2Fs) the shared experts'
+  Buffer<float> dlogits_, dweights_;  // (B,T,E), (B,T,k)
+  Buffer<int32_t> shared_ids_;        // train.recompute's shared routes
 };
 
 // The CPU GPT, fp32: the oracle every other op set and every layout is tested against.

@@ -73,6 +73,14 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
       v0_(Vl_ * tpr_),
       norm_{cfg.model.rmsnorm() ? NormKind::kRMSNorm : NormKind::kLayerNorm, static_cast<float>(cfg.model.norm_eps)},
       mlp_(cfg.model.swiglu() ? Mlp::kSwiGlu : Mlp::kGelu),
+      router_{cfg.model.router_score == "sigmoid" ? RouterScore::kSigmoid : RouterScore::kSoftmax,
+              static_cast<int>(cfg.model.experts), static_cast<int>(cfg.model.moe() ? cfg.model.experts_per_token : 0),
+              cfg.model.router_norm_topk, static_cast<float>(cfg.model.router_scale),
+              static_cast<float>(cfg.moe.aux_loss), static_cast<float>(cfg.moe.z_loss)},
+      E_(cfg.model.experts),
+      k_(router_.top_k),
+      Fe_(cfg.model.moe() ? cfg.model.expert_ffn() : 0),
+      Fs_(cfg.model.shared_ffn()),
       rope_(cfg.model.rope()),
       gemm_(cfg.train.precision == "fp8" ? Gemm::kFp8 : Gemm::kBf16),
       head_gemm_(cfg.train.precision == "fp8" && cfg.train.fp8_lm_head ? Gemm::kFp8 : Gemm::kBf16),
@@ -80,6 +88,10 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
       recompute_(gpt_detail::recompute_mode<Recompute>(cfg.train.recompute)) {
   MYRIAD_CHECK(flat_size == 0 || flat_size >= layout_.total(), "flat size ", flat_size);
   ops_.select_attention(cfg.train.attention, cfg.train.deterministic);
+  if (cfg.model.moe()) {
+    if (const std::string why = ops_.moe_refusal(); !why.empty()) throw_input("config: model.experts = ", E_, ": ", why);
+    MYRIAD_CHECK(!tp_, "an MoE model with tensor parallelism: core/parallel_layout.h refuses it");
+  }
   if (gemm_ == Gemm::kFp8) {
     if (const std::string why = ops_.fp8_refusal(); !why.empty())
       throw_input("config: train.precision = \"fp8\": ", why, "; use train.precision = \"bf16\"");
@@ -123,17 +135,27 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
   dqkv_.zeros(BT * Ql_);
   dfc_.zeros(BT * Pl_);
   loss_.zeros(1);
+  const bool has_moe = cfg.model.moe_layers() > 0, has_dense = cfg.model.moe_layers() < L_;
+  if (has_moe) {
+    const int64_t M = BT * k_;
+    xs_.zeros(M * C), dys_.zeros(M * C), dxs_.zeros(M * C);
+    dxfc_.zeros(M * 2 * Fe_), dsfc_.zeros(BT * 2 * Fs_);
+    dlogits_.zeros(BT * E_), dweights_.zeros(BT * k_);
+  }
   if (recompute_ != Recompute::kNone) {
     const bool set = recompute_ == Recompute::kFull;
-    int64_t acts = 0, floats = 0;
-    carve_layer(shared_, acts, floats, nullptr, nullptr, set, true);
-    shared_acts_.zeros(acts), shared_stats_.zeros(floats);
-    acts = 0, floats = 0;
-    carve_layer(shared_, acts, floats, shared_acts_.data(), shared_stats_.data(), set, true);
+    int64_t acts = 0, floats = 0, ints = 0;
+    carve_layer(shared_, acts, floats, ints, nullptr, nullptr, nullptr, set, true, has_dense, has_moe);
+    shared_acts_.zeros(acts), shared_stats_.zeros(floats), shared_ids_.zeros(ints);
+    acts = 0, floats = 0, ints = 0;
+    carve_layer(shared_, acts, floats, ints, shared_acts_.data(), shared_stats_.data(), shared_ids_.data(), set, true,
+                has_dense, has_moe);
   }
   const int64_t held = (tmp_.size() + tmp2_.size() + full_.size() + dresid_.size() + dln_.size() + datty_.size() +
-                        dqkv_.size() + dfc_.size() + shared_acts_.size()) * int64_t(sizeof(Act)) +
-                       (wide_.size() + shared_stats_.size()) * 4 + loss_.size() * 8;
+                        dqkv_.size() + dfc_.size() + shared_acts_.size() + xs_.size() + dys_.size() + dxs_.size() +
+                        dxfc_.size() + dsfc_.size()) * int64_t(sizeof(Act)) +
+                       (wide_.size() + shared_stats_.size() + dlogits_.size() + dweights_.size() +
+                        shared_ids_.size()) * 4 + loss_.size() * 8;
   MYRIAD_CHECK(held == model::buffer_bytes(memory_shape()), "the step's buffers hold ", held,
                " bytes, the memory plan (model/memory_plan.h) says ", model::buffer_bytes(memory_shape()));
 }
@@ -150,11 +172,12 @@ model::GptMemoryShape GptModel<Ops>::memory_shape() const {
 }
 
 template <OpSet Ops>
-void GptModel<Ops>::carve_layer(LayerActs& l, int64_t& acts, int64_t& floats, Act* a, float* st, bool set,
-                                bool mlp) const {
-  const int64_t BT = maxB_ * maxT_, C = C_;
+void GptModel<Ops>::carve_layer(LayerActs& l, int64_t& acts, int64_t& floats, int64_t& ints, Act* a, float* st,
+                                int32_t* id, bool set, bool mlp, bool dense, bool moe) const {
+  const int64_t BT = maxB_ * maxT_, C = C_, M = BT * k_;
   auto take = [&](int64_t n) { Act* p = a ? a + acts : nullptr; acts += n; return p; };
   auto stat = [&](int64_t n) { float* p = st ? st + floats : nullptr; floats += n; return p; };
+  auto index = [&](int64_t n) { int32_t* p = id ? id + ints : nullptr; ints += n; return p; };
   if (set) {
     l.ln1 = take(BT * C), l.ln1_mean = stat(BT), l.ln1_rstd = stat(BT);
     l.qkv = take(BT * Ql_);
@@ -165,7 +188,13 @@ void GptModel<Ops>::carve_layer(LayerActs& l, int64_t& acts, int64_t& floats, Ac
       l.ln2 = take(BT * C), l.ln2_mean = stat(BT), l.ln2_rstd = stat(BT);
     }
   }
-  if (mlp) l.fc = take(BT * Pl_), l.act = take(BT * Fl_);
+  if (mlp && dense) l.fc = take(BT * Pl_), l.act = take(BT * Fl_);
+  if (set && moe) {
+    l.logits = stat(BT * E_), l.weights = stat(BT * k_);
+    l.choice = index(M), l.order = index(M), l.pos = index(M);
+    l.ys = take(M * C);
+  }
+  if (mlp && moe) l.xfc = take(M * 2 * Fe_), l.xact = take(M * Fe_), l.sfc = take(BT * 2 * Fs_), l.sact = take(BT * Fs_);
 }
 
 template <OpSet Ops>
@@ -183,19 +212,26 @@ typename GptModel<Ops>::Slot& GptModel<Ops>::acquire(Chunk& ch, int mb, int B) {
   auto s = std::make_unique<Slot>();
   const int64_t BT = maxB_ * maxT_, C = C_, layers = ch.l1 - ch.l0;
   const bool set = recompute_ != Recompute::kFull, mlp = recompute_ == Recompute::kNone;
-  int64_t acts = 0, floats = 0;
-  LayerActs probe{};
-  carve_layer(probe, acts, floats, nullptr, nullptr, set, mlp);
-  s->storage.zeros((acts + BT * C) * layers + BT * C * 2);
-  s->stats.zeros(floats * layers + BT * 2);
-  acts = 0, floats = 0;
+  int64_t acts = 0, floats = 0, ints = 0, moe_layers = 0;
+  for (int64_t l = ch.l0; l < ch.l1; ++l) {
+    const bool moe = cfg_.model.layer_is_moe(l);
+    LayerActs probe{};
+    carve_layer(probe, acts, floats, ints, nullptr, nullptr, nullptr, set, mlp, !moe, moe);
+    moe_layers += moe;
+  }
+  s->storage.zeros(acts + BT * C * layers + BT * C * 2);
+  s->stats.zeros(floats + BT * 2);
+  s->ids.zeros(ints);
+  acts = 0, floats = 0, ints = 0;
   Act* a = s->storage.data();
   float* st = s->stats.data();
   auto take = [&](int64_t n) { Act* p = a + acts; acts += n; return p; };
   s->layers.assign(layers, shared_);
-  for (auto& l : s->layers) {
+  for (int64_t i = 0; i < layers; ++i) {
+    const bool moe = cfg_.model.layer_is_moe(ch.l0 + i);
+    LayerActs& l = s->layers[i];
     l.in = take(BT * C);
-    carve_layer(l, acts, floats, a, st, set, mlp);
+    carve_layer(l, acts, floats, ints, a, st, s->ids.data(), set, mlp, !moe, moe);
   }
   s->out = take(BT * C);
   s->lnf = take(BT * C), s->lnf_mean = st + floats, s->lnf_rstd = st + floats + BT;
@@ -210,10 +246,10 @@ typename GptModel<Ops>::Slot& GptModel<Ops>::acquire(Chunk& ch, int mb, int B) {
     if (tp_) s->ce_max.zeros(BT), s->ce_sum.zeros(BT), s->ce_parts.zeros(2 * BT);
   }
   const int64_t held = (s->storage.size() + s->logits.size()) * int64_t(sizeof(Act)) +
-                       (s->stats.size() + s->losses.size() + s->ce_max.size() + s->ce_sum.size() +
+                       (s->stats.size() + s->ids.size() + s->losses.size() + s->ce_max.size() + s->ce_sum.size() +
                         s->ce_parts.size()) * 4;
-  MYRIAD_CHECK(held == model::slot_bytes(memory_shape(), layers, ch.head), "a slot holds ", held,
-               " bytes, the memory plan (model/memory_plan.h) says ", model::slot_bytes(memory_shape(), layers, ch.head));
+  const int64_t plan = model::slot_bytes(memory_shape(), layers, ch.head, moe_layers);
+  MYRIAD_CHECK(held == plan, "a slot holds ", held, " bytes, the memory plan (model/memory_plan.h) says ", plan);
   s->mb = mb, s->B = B;
   ch.slots.push_back(std::move(s));
   return *ch.slots.back();
@@ -257,7 +293,9 @@ typename GptModel<Ops>::template Tensors<T> GptModel<Ops>::tensors_in(T* base) c
     t.layers.push_back({at(h + "ln1.w"), at(h + "ln1.b"), at(h + "attn.qkv.w"),
                         at(h + "attn.qkv.b"), at(h + "attn.proj.w"), at(h + "attn.proj.b"),
                         at(h + "ln2.w"), at(h + "ln2.b"), at(h + "mlp.fc.w"), at(h + "mlp.fc.b"),
-                        at(h + "mlp.proj.w"), at(h + "mlp.proj.b")});
+                        at(h + "mlp.proj.w"), at(h + "mlp.proj.b"), at(h + "mlp.router.w"),
+                        at(h + "mlp.experts.fc.w"), at(h + "mlp.experts.proj.w"), at(h + "mlp.shared.fc.w"),
+                        at(h + "mlp.shared.proj.w")});
   }
   return t;
 }
@@ -420,7 +458,7 @@ template <OpSet Ops>
 void GptModel<Ops>::forward(Chunk& ch, Slot& s, Rows rows, int64_t stride, const Act* input, bool targets,
                             float grad_scale) {
   const int B = B_, T = T_, C = C_, N = N_, R = R_;
-  const int Cl = static_cast<int>(Cl_), Fl = static_cast<int>(Fl_);
+  const int Cl = static_cast<int>(Cl_);
   const int32_t* tokens = rows.tokens;
   Act* first_in = ch.l1 > ch.l0 ? s.layers[0].in : s.out;
   s.documents = rows.doc_starts != nullptr;
@@ -461,7 +499,7 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, Rows rows, int64_t stride, const
     // The layer's output (R,C): the residual stream (mid in the sequential block, whose
     // attention branch is in it already; in in the parallel one) plus the branches.
     Act* branches = tmp2_.data();
-    row_parallel_forward(branches, a.act, w.fcproj_w, w.fcproj_b, Fl, C);
+    mlp_output(l, a, branches);
     const Act* resid = a.mid;
     if (parallel_block_) {
       row_parallel_forward(tmp_.data(), a.atty, w.proj_w, w.proj_b, Cl, C);
@@ -524,7 +562,7 @@ void GptModel<Ops>::load_targets(Slot& s, Rows rows, int64_t stride) {
 template <OpSet Ops>
 void GptModel<Ops>::layer_forward(int64_t l, LayerActs& a, const int32_t* docs) {
   const int B = B_, T = T_, C = C_, N = N_, R = R_, W = window_;
-  const int Cl = static_cast<int>(Cl_), Hl = static_cast<int>(Hl_), Fl = static_cast<int>(Fl_);
+  const int Cl = static_cast<int>(Cl_), Hl = static_cast<int>(Hl_);
   const int Hkvl = static_cast<int>(Hkvl_), D = static_cast<int>(D_), G = static_cast<int>(G_);
   const LayerTensors<Param>& w = p_.layers[l];
   column_input_forward(a.ln1, C);
@@ -541,7 +579,78 @@ void GptModel<Ops>::layer_forward(int64_t l, LayerActs& a, const int32_t* docs) 
     column_input_forward(a.ln2, C);
     mlp_in = a.ln2;
   }
-  ops_.linear_act_forward(mlp_, a.act, a.fc, mlp_in, w.fc_w, w.fc_b, N, C, Fl, block_gemm());
+  mlp_forward(l, a, mlp_in, /*route=*/true);
+}
+
+template <OpSet Ops>
+void GptModel<Ops>::mlp_forward(int64_t l, LayerActs& a, const Act* in, bool route) {
+  const LayerTensors<Param>& w = p_.layers[l];
+  const int N = N_, C = C_;
+  if (!cfg_.model.layer_is_moe(l)) {
+    ops_.linear_act_forward(mlp_, a.act, a.fc, in, w.fc_w, w.fc_b, N, C, static_cast<int>(Fl_), block_gemm());
+    return;
+  }
+  const int E = static_cast<int>(E_), k = static_cast<int>(k_), M = N * k, Fe = static_cast<int>(Fe_);
+  if (route) {
+    ops_.router_forward(a.logits, in, w.router_w, N, C, E);
+    a.counts = ops_.route(router_, a.choice, a.weights, a.order, a.pos, a.logits, nullptr, N).counts;
+  }
+  ops_.gather_rows(xs_.data(), in, a.order, M, k, C);
+  ops_.grouped_linear_act_forward(Mlp::kSwiGlu, a.xact, a.xfc, xs_.data(), w.experts_fc_w, a.counts.data(), E, C, Fe);
+  if (route) ops_.grouped_linear_forward(a.ys, a.xact, w.experts_proj_w, a.counts.data(), E, Fe, C);
+  if (Fs_ > 0)
+    ops_.linear_act_forward(Mlp::kSwiGlu, a.sact, a.sfc, in, w.shared_fc_w, static_cast<const Param*>(nullptr), N, C,
+                            static_cast<int>(Fs_), block_gemm());
+}
+
+template <OpSet Ops>
+void GptModel<Ops>::mlp_output(int64_t l, const LayerActs& a, Act* out) {
+  const LayerTensors<Param>& w = p_.layers[l];
+  if (!cfg_.model.layer_is_moe(l)) {
+    row_parallel_forward(out, a.act, w.fcproj_w, w.fcproj_b, static_cast<int>(Fl_), C_);
+    return;
+  }
+  // Without tensor parallelism (refused with MoE for now) every row is local: R = N.
+  if (Fs_ > 0)
+    ops_.linear_forward(out, a.sact, w.shared_proj_w, static_cast<const Param*>(nullptr), N_, static_cast<int>(Fs_),
+                        C_, block_gemm());
+  ops_.combine_forward(out, a.ys, a.weights, a.pos, N_, static_cast<int>(k_), C_, /*accumulate=*/Fs_ > 0);
+}
+
+template <OpSet Ops>
+void GptModel<Ops>::mlp_backward(int64_t l, const LayerActs& a, const Act* in, const Act* dout, const Act* dlocal,
+                                 float grad_scale) {
+  const LayerTensors<Param>& w = p_.layers[l];
+  const LayerTensors<float>& g = g_.layers[l];
+  const int N = N_, C = C_;
+  if (!cfg_.model.layer_is_moe(l)) {
+    row_parallel_backward(dfc_.data(), g.fcproj_w, g.fcproj_b, dout, dlocal, a.act, w.fcproj_w, static_cast<int>(Fl_),
+                          C, a.fc);
+    ops_.linear_backward(mlp_, dln_.data(), g.fc_w, g.fc_b, dfc_.data(), in, w.fc_w, nullptr, N, C,
+                         static_cast<int>(Pl_), /*accumulate=*/false, block_gemm());
+    return;
+  }
+  const int E = static_cast<int>(E_), k = static_cast<int>(k_), M = N * k, Fe = static_cast<int>(Fe_);
+  const int Fs = static_cast<int>(Fs_);
+  // The combine: the experts' output rows' gradients and the weights'.
+  ops_.combine_backward(dys_.data(), dweights_.data(), dout, a.ys, a.weights, a.pos, N, k, C);
+  // The experts, back to their input rows in expert order, then summed into each token's row.
+  ops_.grouped_linear_backward(Mlp::kSwiGlu, dxfc_.data(), g.experts_proj_w, dys_.data(), a.xact, w.experts_proj_w,
+                               a.xfc, a.counts.data(), E, Fe, C);
+  ops_.gather_rows(xs_.data(), in, a.order, M, k, C);
+  ops_.grouped_linear_backward(Mlp::kSwiGlu, dxs_.data(), g.experts_fc_w, dxfc_.data(), xs_.data(), w.experts_fc_w,
+                               nullptr, a.counts.data(), E, C, 2 * Fe);
+  ops_.zero(dln_.data(), int64_t(N) * C);
+  ops_.gather_rows_backward(dln_.data(), dxs_.data(), a.pos, N, k, C);
+  // The router: the weights' gradient and the balance and z losses' into its logits.
+  ops_.route_backward(router_, dlogits_.data(), dweights_.data(), a.logits, a.choice, a.counts.data(), grad_scale, N);
+  ops_.router_backward(dln_.data(), g.router_w, dlogits_.data(), in, w.router_w, N, C, E);
+  if (Fs > 0) {
+    ops_.linear_backward(Mlp::kSwiGlu, dsfc_.data(), g.shared_proj_w, static_cast<float*>(nullptr), dout, a.sact,
+                         w.shared_proj_w, a.sfc, N, Fs, C, /*accumulate=*/false, block_gemm());
+    ops_.linear_backward(Mlp::kSwiGlu, dln_.data(), g.shared_fc_w, static_cast<float*>(nullptr), dsfc_.data(), in,
+                         w.shared_fc_w, nullptr, N, C, 2 * Fs, /*accumulate=*/true, block_gemm());
+  }
 }
 
 // With the forward's kernels on the forward's inputs, so the refill is bitwise what the forward
@@ -553,8 +662,7 @@ void GptModel<Ops>::recompute(const Chunk& ch, Slot& s, int64_t l) {
   LayerActs& a = s.layers[l - ch.l0];
   const LayerTensors<Param>& w = p_.layers[l];
   if (recompute_ == Recompute::kSelective) {
-    ops_.linear_act_forward(mlp_, a.act, a.fc, parallel_block_ ? a.ln1 : a.ln2, w.fc_w, w.fc_b, N_, C_,
-                            static_cast<int>(Fl_), block_gemm());
+    mlp_forward(l, a, parallel_block_ ? a.ln1 : a.ln2, /*route=*/false);
   } else {
     ops_.norm_forward(norm_, local_rows(a.ln1, C_), a.ln1_mean, a.ln1_rstd, a.in, w.ln1_w, w.ln1_b, R_, C_);
     layer_forward(l, a, doc_starts(s));
@@ -573,7 +681,7 @@ double GptModel<Ops>::take_loss() {
 template <OpSet Ops>
 void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput, float grad_scale) {
   const int B = B_, T = T_, C = C_, N = N_, R = R_, W = window_;
-  const int Cl = static_cast<int>(Cl_), Hl = static_cast<int>(Hl_), Fl = static_cast<int>(Fl_);
+  const int Cl = static_cast<int>(Cl_), Hl = static_cast<int>(Hl_);
   const int Hkvl = static_cast<int>(Hkvl_), D = static_cast<int>(D_), G = static_cast<int>(G_);
   const int Ql = static_cast<int>(Ql_);
   if (ch.head) {
@@ -609,10 +717,7 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
     // MLP branch: its output gradient is the residual gradient at the layer's output; the
     // projection's input gradient goes through the activation's derivative in the same op.
     const Act* mlp_in = parallel_block_ ? a.ln1 : a.ln2;
-    const int Pl = static_cast<int>(Pl_);
-    row_parallel_backward(dfc_.data(), g.fcproj_w, g.fcproj_b, dout, dresid, a.act, w.fcproj_w, Fl, C, a.fc);
-    ops_.linear_backward(mlp_, dln_.data(), g.fc_w, g.fc_b, dfc_.data(), mlp_in, w.fc_w, nullptr, N, C, Pl,
-                         /*accumulate=*/false, block_gemm());
+    mlp_backward(l, a, mlp_in, dout, dresid, grad_scale);
     if (!parallel_block_) {
       // dresid becomes the gradient at mid: the pass-through plus LN2's input gradient.
       Act* dln2 = column_input_backward(dln_.data(), C);

@@ -23,6 +23,10 @@ struct GptMemoryShape {
   int64_t act_bytes = 4;            // the op set's activation type: 2 (bf16, CUDA) or 4
   int64_t saved_per_row = 1;        // floats attention keeps per (b, h, t): 1 (CUDA), T (the CPU)
   int64_t token_bytes = 16;         // per id of a micro-batch's token buffers: 16 (CUDA: ids and groups), 4
+  // A mixture of experts: E routed experts, k per token, Fe features each, Fs shared features;
+  // whether the model has dense layers and MoE layers (the recompute set holds what each needs).
+  int64_t E = 0, k = 0, Fe = 0, Fs = 0;
+  bool has_dense = true, has_moe = false;
 };
 
 // The shape of model `m` on a tensor-parallel rank of `tp` with micro-batches of B: its
@@ -34,34 +38,44 @@ inline GptMemoryShape memory_shape(const ModelConfig& m, int64_t tp, int64_t B, 
   s.Ql = (s.Hl + 2 * m.kv() / tp) * m.head_dim();
   s.Fl = m.ffn() / tp, s.Pl = s.Fl * (m.swiglu() ? 2 : 1);
   s.Vl = padded_vocab / tp;
+  s.E = m.experts, s.k = m.moe() ? m.experts_per_token : 0, s.Fe = m.moe() ? m.expert_ffn() : 0, s.Fs = m.shared_ffn();
+  s.has_moe = m.moe_layers() > 0, s.has_dense = m.moe_layers() < m.layers;
   return s;
 }
 
-// Activation elements of one layer in a slot, and its floats (statistics), as GptModel carves
-// them: `set` the attention half and the norms (all but full recompute), `mlp` the MLP's two
-// wide tensors (no recompute).
+// Activation elements of one layer in a slot, its floats (statistics, the router's) and its
+// ints (the routing), as GptModel carves them: `set` the attention half, the norms and what the
+// routing keeps (all but full recompute), `mlp` the MLP's wide tensors (no recompute); of the
+// dense MLP (`dense`) and of the MoE one (`moe`): a layer is one, the recompute set both when the
+// model has both.
 struct LayerCounts {
-  int64_t acts = 0, floats = 0;
+  int64_t acts = 0, floats = 0, ints = 0;
 };
-inline LayerCounts layer_counts(const GptMemoryShape& s, bool set, bool mlp) {
-  const int64_t BT = s.B * s.T, C = s.C;
+inline LayerCounts layer_counts(const GptMemoryShape& s, bool set, bool mlp, bool dense = true, bool moe = false) {
+  const int64_t BT = s.B * s.T, C = s.C, M = BT * s.k;
   LayerCounts n;
   if (set) {
     n.acts += BT * C + BT * s.Ql + BT * s.Cl;  // ln1, qkv, attention output
     n.floats += 2 * BT + s.B * s.Hl * s.T * s.saved_per_row;
     if (!s.parallel_block) n.acts += 2 * BT * C, n.floats += 2 * BT;  // mid, ln2
   }
-  if (mlp) n.acts += BT * s.Pl + BT * s.Fl;  // fc (pre-activation), act
+  if (mlp && dense) n.acts += BT * s.Pl + BT * s.Fl;  // fc (pre-activation), act
+  if (set && moe) n.floats += BT * s.E + BT * s.k, n.ints += 3 * M, n.acts += M * C;  // logits, weights; routes; ys
+  if (mlp && moe) n.acts += M * 3 * s.Fe + BT * 3 * s.Fs;  // the experts' fc and act, the shared ones'
   return n;
 }
 
-// One slot of a chunk of `layers` layers (the last chunk also holds the logits), its token
-// buffers (inputs, targets) apart.
-inline int64_t slot_bytes(const GptMemoryShape& s, int64_t layers, bool head) {
+// One slot of a chunk of `layers` layers, `moe_layers` of them MoE (the last chunk also holds the
+// logits), its token buffers (inputs, targets) apart.
+inline int64_t slot_bytes(const GptMemoryShape& s, int64_t layers, bool head, int64_t moe_layers = 0) {
   const int64_t BT = s.B * s.T;
-  const LayerCounts l = layer_counts(s, s.recompute != "full", s.recompute == "none");
-  int64_t bytes = ((l.acts + BT * s.C) * layers + 2 * BT * s.C) * s.act_bytes  // + each layer's input, out, lnf
-                  + (l.floats * layers + 2 * BT) * 4;                          // statistics
+  const bool set = s.recompute != "full", mlp = s.recompute == "none";
+  const LayerCounts d = layer_counts(s, set, mlp), m = layer_counts(s, set, mlp, false, true);
+  const int64_t dense_layers = layers - moe_layers;
+  int64_t bytes = ((d.acts + BT * s.C) * dense_layers + (m.acts + BT * s.C) * moe_layers + 2 * BT * s.C) *
+                      s.act_bytes                                                          // + each layer's input, out, lnf
+                  + (d.floats * dense_layers + m.floats * moe_layers + 2 * BT) * 4  // statistics
+                  + (d.ints * dense_layers + m.ints * moe_layers) * 4;              // routes
   if (head) bytes += BT * s.Vl * s.act_bytes + BT * 4 + (s.tp ? 4 * BT * 4 : 0);  // logits, losses, CE parts
   return bytes;
 }
@@ -75,11 +89,17 @@ inline int64_t buffer_bytes(const GptMemoryShape& s) {
   int64_t floats = 2;                                                // the loss (a double)
   if (s.tp) acts += BT * C;
   if (s.tp && s.act_bytes != 4) floats += 2 * BT * C;
-  if (s.recompute != "none") {
-    const LayerCounts sh = layer_counts(s, s.recompute == "full", true);
-    acts += sh.acts, floats += sh.floats;
+  if (s.has_moe) {  // xs, dys, dxs (M,C), the experts' dfc (M,2Fe), the shared ones' (N,2Fs); dlogits, dweights
+    const int64_t M = BT * s.k;
+    acts += 3 * M * C + M * 2 * s.Fe + BT * 2 * s.Fs;
+    floats += BT * s.E + BT * s.k;
   }
-  return acts * s.act_bytes + floats * 4;
+  int64_t ints = 0;
+  if (s.recompute != "none") {
+    const LayerCounts sh = layer_counts(s, s.recompute == "full", true, s.has_dense, s.has_moe);
+    acts += sh.acts, floats += sh.floats, ints += sh.ints;
+  }
+  return acts * s.act_bytes + (floats + ints) * 4;
 }
 
 // cuDNN's deterministic attention backward works in a workspace of about B H T T bf16 (1,026 MiB

@@ -48,14 +48,15 @@ ParamLayout::ParamLayout(const Config& cfg, int tp_rank, int tp_size, const Mode
                tp_size, " must divide heads ", m.heads, ", kv heads ", Hkv, ", the MLP's ", F,
                " features and the padded vocabulary ", Vp);
 
-  // split: the dimension TP splits, -1 = replicated.
+  // split: the dimension TP splits, -1 = replicated. matmul: the share of its elements a token
+  // multiplies (1 for a dense layer's weights, k / E for the routed experts', 0 for no matmul).
   auto add = [&](std::string name, std::vector<int64_t> global, int split, bool decay,
-                 double init_std, double init_value, int64_t layer, bool matmul) {
+                 double init_std, double init_value, int64_t layer, double matmul) {
     // N counts the whole model's matmul weights, whatever part this rank holds.
-    if (matmul) {
+    if (matmul > 0) {
       int64_t n = 1;
       for (int64_t d : global) n *= d;
-      matmul_params_ += n;
+      matmul_params_ += static_cast<int64_t>(std::llround(double(n) * matmul));
     }
     const bool held = layer >= 0 ? part->has_layer(layer)
                       : name == "wte"  ? part->embedding || (m.tied_embeddings && part->head)
@@ -74,31 +75,44 @@ ParamLayout::ParamLayout(const Config& cfg, int tp_rank, int tp_size, const Mode
     tensors_.push_back(std::move(p));
   };
   auto norm = [&](const std::string& prefix, int64_t layer) {
-    add(prefix + ".w", {C}, -1, false, 0, 1.0, layer, false);
-    if (m.bias && !m.rmsnorm()) add(prefix + ".b", {C}, -1, false, 0, 0.0, layer, false);
+    add(prefix + ".w", {C}, -1, false, 0, 1.0, layer, 0);
+    if (m.bias && !m.rmsnorm()) add(prefix + ".b", {C}, -1, false, 0, 0.0, layer, 0);
   };
   // Column-parallel: output rows split, bias split with them. Row-parallel: input columns
   // split, bias whole (added once, after the reduction).
   auto linear = [&](const std::string& prefix, int64_t out, int64_t in, double init_std,
                     int64_t layer, bool column_parallel) {
-    add(prefix + ".w", {out, in}, column_parallel ? 0 : 1, true, init_std, 0, layer, true);
-    if (m.bias) add(prefix + ".b", {out}, column_parallel ? 0 : -1, false, 0, 0.0, layer, false);
+    add(prefix + ".w", {out, in}, column_parallel ? 0 : 1, true, init_std, 0, layer, 1);
+    if (m.bias) add(prefix + ".b", {out}, column_parallel ? 0 : -1, false, 0, 0.0, layer, 0);
   };
 
   // The LM head is a matmul whichever tensor it is; the embedding's lookup is not.
-  add("wte", {Vp, C}, 0, true, std, 0, -1, m.tied_embeddings);
-  if (!m.rope()) add("wpe", {P, C}, -1, true, std, 0, -1, false);
+  add("wte", {Vp, C}, 0, true, std, 0, -1, m.tied_embeddings ? 1 : 0);
+  if (!m.rope()) add("wpe", {P, C}, -1, true, std, 0, -1, 0);
   for (int64_t l = 0; l < m.layers; ++l) {
     std::string h = "h." + std::to_string(l) + ".";
     norm(h + "ln1", l);
     linear(h + "attn.qkv", (H + 2 * Hkv) * D, C, std, l, true);
     linear(h + "attn.proj", C, H * D, proj_std, l, false);
     if (!m.parallel_block) norm(h + "ln2", l);
+    if (m.layer_is_moe(l)) {
+      // The router, the routed experts stacked (expert e's rows, each a SwiGLU as the dense MLP's,
+      // without biases), and the shared experts as one SwiGLU. A token multiplies k of E experts.
+      const int64_t E = m.experts, Fe = m.expert_ffn(), Fs = m.shared_ffn();
+      add(h + "mlp.router.w", {E, C}, -1, true, std, 0, l, 1);
+      add(h + "mlp.experts.fc.w", {E * 2 * Fe, C}, -1, true, std, 0, l, double(m.experts_per_token) / E);
+      add(h + "mlp.experts.proj.w", {E * C, Fe}, -1, true, proj_std, 0, l, double(m.experts_per_token) / E);
+      if (Fs > 0) {
+        add(h + "mlp.shared.fc.w", {2 * Fs, C}, 0, true, std, 0, l, 1);
+        add(h + "mlp.shared.proj.w", {C, Fs}, 1, true, proj_std, 0, l, 1);
+      }
+      continue;
+    }
     linear(h + "mlp.fc", F * (m.swiglu() ? 2 : 1), C, std, l, true);
     linear(h + "mlp.proj", C, F, proj_std, l, false);
   }
   norm("lnf", -1);
-  if (!m.tied_embeddings) add("lm_head", {Vp, C}, 0, true, std, 0, -1, true);
+  if (!m.tied_embeddings) add("lm_head", {Vp, C}, 0, true, std, 0, -1, 1);
 }
 
 bool ParamLayout::Stored::empty() const {

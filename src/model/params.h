@@ -15,6 +15,14 @@
 //   h.<l>.mlp.fc.w    (F, C), SwiGLU (2F, C) rows ordered (F, 2): feature f's gate, then its up
 //   h.<l>.mlp.fc.b    (F or 2F)
 //   h.<l>.mlp.proj.w  (C, F)    h.<l>.mlp.proj.b (C)
+//   an MoE layer (model.layer_is_moe(l)) holds instead, without biases (E experts of Fe
+//   features, shared experts of Fs in all):
+//   h.<l>.mlp.router.w        (E, C)
+//   h.<l>.mlp.experts.fc.w    (E 2Fe, C)  expert e's rows [2Fe e, 2Fe (e+1)), ordered (Fe, 2) as fc's
+//   h.<l>.mlp.experts.proj.w  (E C, Fe)   expert e's rows [C e, C (e+1))
+//   h.<l>.mlp.shared.fc.w     (2Fs, C)    h.<l>.mlp.shared.proj.w (C, Fs)   (when Fs > 0)
+//   Stacked by expert along the rows, so a split by whole experts (expert parallelism) is a
+//   row split, as the tensor-parallel ones are.
 //   lnf.w / lnf.b     (C)
 //   lm_head      (Vp, C)    the LM head when untied (model.tied_embeddings = false); padded as wte
 // Biases (".b") exist only with model.bias = true. Linear weights are (out, in) as in PyTorch.
@@ -97,7 +105,8 @@ class ParamLayout {
   int tp_size() const { return tp_size_; }
   // Weights of every matmul counted once (QKV, attention out, MLP, and the LM head: lm_head or
   // the tied embedding), the N of MFU's 6N: no biases, norms, position table or untied
-  // embedding (a lookup). Of the global model.
+  // embedding (a lookup); of an MoE layer's routed experts the k of E a token uses. Of the
+  // global model.
   int64_t matmul_params() const { return matmul_params_; }
   int64_t vocab_size() const { return vocab_size_; }  // unpadded
 

@@ -3,6 +3,9 @@
 // (train.precision). Also compiled as CUDA C++17.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 namespace myriad {
 
 enum class NormKind { kLayerNorm, kRMSNorm };
@@ -20,5 +23,25 @@ inline int pre_width(Mlp m) { return m == Mlp::kSwiGlu ? 2 : 1; }  // elements o
 // per-tensor power-of-two scales: ops/fp8.h). The CPU op set computes every linear in fp32 and
 // takes kBf16 only.
 enum class Gemm { kBf16, kFp8 };
+
+// A mixture of experts' router (docs/notes/moe.md, "Routing, exactly"): each of N tokens' logits
+// over E experts become scores (softmax or sigmoid); the k largest of score + bias (the bias only
+// for the choice; ties to the lower expert) are the token's experts, their scores its weights,
+// renormalized to sum 1 when norm_topk, times scale.
+enum class RouterScore { kSoftmax, kSigmoid };
+struct Router {
+  RouterScore score = RouterScore::kSoftmax;
+  int experts = 0, top_k = 0;
+  bool norm_topk = true;
+  float scale = 1;
+  float aux_loss = 0;  // the load-balancing loss's coefficient (moe.aux_loss)
+  float z_loss = 0;    // the router z-loss's (moe.z_loss)
+};
+// What a route leaves on the host: the rows each expert got (E), and the layer's load-balancing
+// and z losses (before their coefficients).
+struct Routing {
+  std::vector<int64_t> counts;
+  double aux = 0, z = 0;
+};
 
 }  // namespace myriad

@@ -40,7 +40,7 @@ concept OpSet = requires(const O& o, typename O::Act* a, const typename O::Act* 
                          Gemm g, int i, int64_t l, bool b, const std::string& s,
                          const std::vector<std::pair<int64_t, int64_t>>& pieces, const std::vector<double>& freqs,
                          const fp8::Recipe& recipe, fp8::AmaxGroup group, typename O::Param* p, void* v,
-                         size_t z) {
+                         size_t z, const Router& router, int32_t* ids, const int64_t* counts) {
   // Types and buffers.
   typename O::template Buffer<float>;
   typename O::template Buffer<typename O::Act>;
@@ -105,6 +105,19 @@ concept OpSet = requires(const O& o, typename O::Act* a, const typename O::Act* 
   o.ce_partials(f, ca, cf, cids, l, i, l, i);
   o.ce_losses(f, f, cf, cids, i);
   o.ce_tp_backward(a, cf, cf, 1.0f, cids, l, i, l, i);
+  // A mixture of experts' layer (the CPU op set's comments say what each computes).
+  { o.moe_refusal() } -> std::convertible_to<std::string>;
+  o.router_forward(f, ca, cp, i, i, i);
+  o.router_backward(a, f, cf, ca, cp, i, i, i);
+  { o.route(router, ids, f, ids, ids, cf, cf, i) } -> std::convertible_to<Routing>;
+  o.route_backward(router, f, cf, cf, cids, counts, 1.0f, i);
+  o.gather_rows(a, ca, cids, i, i, i);
+  o.gather_rows_backward(a, ca, cids, i, i, i);
+  o.grouped_linear_act_forward(m, a, a, ca, cp, counts, i, i, i);
+  o.grouped_linear_forward(a, ca, cp, counts, i, i, i);
+  o.grouped_linear_backward(m, a, f, ca, ca, cp, ca, counts, i, i, i);
+  o.combine_forward(a, ca, cf, cids, i, i, i, b);
+  o.combine_backward(a, f, ca, ca, cf, cids, i, i, i);
 };
 
 }  // namespace myriad

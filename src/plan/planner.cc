@@ -151,8 +151,19 @@ double flops_per_token(const ModelConfig& m, int64_t tp) {
   return model::flops_per_token(m, padded_vocab(m.vocab_size, tp));  // the engine's count
 }
 
+// The planner models dense layers only: an MoE layer's memory (every expert's weights, the
+// routed rows), its all-to-all and its expert parallelism are not in its formulas yet.
+namespace {
+void refuse_moe(const ModelConfig& model) {
+  if (model.moe())
+    throw_input("plan: model.experts = ", model.experts, ": the planner models dense models only (a mixture of experts' "
+                "memory, all-to-all and expert parallelism are not in its formulas yet)");
+}
+}  // namespace
+
 Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus, const Cluster& c, const Layout& l,
                    const Features& f) {
+  refuse_moe(model);
   Prediction p;
   const int64_t group = int64_t(l.tp) * l.pp;
   auto refuse = [&](const std::string& why) {
@@ -320,6 +331,7 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
 
 std::vector<std::pair<Layout, Prediction>> search(const ModelConfig& model, int64_t global_batch, int64_t gpus,
                                                   const Cluster& c, const Features& f) {
+  refuse_moe(model);
   std::vector<std::pair<Layout, Prediction>> out;
   for (int tp = 1; tp <= c.gpus_per_node; tp *= 2)
     for (int pp = 1; pp <= model.layers; ++pp)

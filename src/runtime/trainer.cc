@@ -49,7 +49,16 @@ std::string fmt(const char* f, double v) {
 }
 
 // The first [model] key whose value differs between two configs, as "key: a vs b", or "".
+// A dense model and a mixture of experts, either way round: said first, whatever else differs.
+std::string dense_or_moe(const ModelConfig& saved, const ModelConfig& now) {
+  if (saved.moe() == now.moe()) return "";
+  auto kind = [](const ModelConfig& m) { return m.moe() ? "a mixture of experts" : "a dense model"; };
+  return cat("model.experts = ", saved.experts, " in the checkpoint (", kind(saved), ") but ", now.experts,
+             " in the config (", kind(now), ")");
+}
+
 std::string model_difference(const Config& saved, const Config& now) {
+  if (std::string d = dense_or_moe(saved.model, now.model); !d.empty()) return d;
   std::string diff;
   Config a = saved, b = now;
   a.model.positions = a.positions(), b.model.positions = b.positions();  // 0 stands for seq_len
@@ -78,11 +87,22 @@ std::string model_difference(const Config& saved, const Config& now) {
 // mean.
 std::string weights_mismatch(const Config& saved, const std::string& saved_tokenizer, const Config& now) {
   const ModelConfig &a = saved.model, &b = now.model;
+  if (std::string d = dense_or_moe(a, b); !d.empty()) return d;
+  // Which layers are MoE and the experts' shapes (the number per token does not change a tensor).
+  std::vector<int64_t> moe_a, moe_b;
+  for (int64_t l = 0; l < std::min(a.layers, b.layers); ++l) moe_a.push_back(a.layer_is_moe(l)), moe_b.push_back(b.layer_is_moe(l));
+  if (moe_a != moe_b)
+    return cat("model.dense_layers = ", a.dense_layers, " and model.moe_every = ", a.moe_every,
+               " in the checkpoint but ", b.dense_layers, " and ", b.moe_every, " in the config (other layers are MoE)");
   for (const auto& [key, x, y] : {std::tuple<const char*, int64_t, int64_t>{"model.layers", a.layers, b.layers},
                                   {"model.d_model", a.d_model, b.d_model},
                                   {"model.heads", a.heads, b.heads},
                                   {"model.kv_heads", a.kv(), b.kv()},
-                                  {"model.mlp_hidden", a.ffn(), b.ffn()},
+                                  {"model.mlp_hidden", a.moe_layers() < a.layers ? a.ffn() : 0,
+                                   b.moe_layers() < b.layers ? b.ffn() : 0},  // the dense layers' MLP
+                                  {"model.experts", a.experts, b.experts},
+                                  {"model.expert_hidden", a.moe() ? a.expert_ffn() : 0, b.moe() ? b.expert_ffn() : 0},
+                                  {"model.shared_experts x shared_expert_hidden", a.shared_ffn(), b.shared_ffn()},
                                   {"model.vocab_size", a.vocab_size, b.vocab_size}})
     if (x != y) return cat(key, " = ", x, " in the checkpoint but ", y, " in the config");
   for (const auto& [key, x, y] : {std::tuple<const char*, std::string, std::string>{"model.norm", a.norm, b.norm},

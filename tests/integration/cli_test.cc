@@ -124,6 +124,47 @@ TEST_F(Cli, ResumeIsBitwiseIdentical) {
   EXPECT_TRUE(wa == read_file(split / "checkpoints/step_00000008/shard_00000.bin"));
 }
 
+// A mixture of experts trains, resumes bitwise (the routing is deterministic: the rows go to the
+// experts in one order), samples, and is never filled from a dense checkpoint, or the reverse.
+TEST_F(Cli, AMixtureOfExpertsResumesBitwiseAndNeverTakesADenseModelsWeights) {
+  const std::string moe = "--set model.mlp=swiglu --set model.experts=4 --set model.experts_per_token=2 "
+                          "--set model.expert_hidden=48 --set model.shared_experts=1 --set model.dense_layers=1 "
+                          "--set moe.z_loss=0.001 --set train.steps=8 --set checkpoint.every=4 ";
+  const fs::path straight = dir_ / "moe_straight", split = dir_ / "moe_split";
+  Result a = run(train_args(straight, moe));
+  ASSERT_EQ(a.code, 0) << a.output;
+  Result b = run(train_args(split, moe + "--set checkpoint.async=false"), "MYRIAD_INJECT_FAULT=step:5:kill");
+  ASSERT_EQ(b.code, 128 + 9) << b.output;
+  Result c = run(train_args(split, moe + "--resume auto"));
+  ASSERT_EQ(c.code, 0) << c.output;
+  auto ma = metrics(straight), mb = metrics(split);
+  ASSERT_EQ(ma.size(), 8u);
+  ASSERT_EQ(mb.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(ma[i]["loss"].get<double>(), mb[i]["loss"].get<double>()) << "step " << i + 1;
+  const std::string wa = read_file(straight / "checkpoints/step_00000008/shard_00000.bin");
+  ASSERT_FALSE(wa.empty());
+  EXPECT_TRUE(wa == read_file(split / "checkpoints/step_00000008/shard_00000.bin"));
+  Result s = run(cat("sample --checkpoint ", straight.string(), " --prompt 'The ' --tokens 16 --seed 3"));
+  EXPECT_EQ(s.code, 0) << s.output;
+  // A dense checkpoint into an MoE model and the reverse: refused, naming both kinds.
+  const fs::path dense = dir_ / "moe_dense";
+  ASSERT_EQ(run(train_args(dense, "--set model.mlp=swiglu --set train.steps=1")).code, 0);
+  expect_input_error(run(train_args(dir_ / "moe_from_dense", moe + "--set checkpoint.init_from=" + dense.string())),
+                     "model.experts = 0 in the checkpoint (a dense model) but 4 in the config (a mixture of experts)");
+  expect_input_error(run(train_args(dir_ / "dense_from_moe", "--set model.mlp=swiglu --set checkpoint.init_from=" +
+                                                                 straight.string())),
+                     "model.experts = 4 in the checkpoint (a mixture of experts) but 0 in the config (a dense model)");
+  expect_input_error(run(train_args(dense, moe + "--resume auto")),
+                     "model.experts = 0 in the checkpoint (a dense model) but 4 in the config (a mixture of experts)");
+  // Other layers MoE, other expert widths: the weights would not land where they belong.
+  expect_input_error(run(train_args(dir_ / "moe_shifted", moe + "--set model.dense_layers=0 --set checkpoint.init_from=" +
+                                                             straight.string())),
+                     "model.dense_layers = 1 and model.moe_every = 1 in the checkpoint but 0 and 1 in the config");
+  expect_input_error(run(train_args(dir_ / "moe_wider", moe + "--set model.expert_hidden=64 --set checkpoint.init_from=" +
+                                                            straight.string())),
+                     "model.expert_hidden = 48 in the checkpoint but 64 in the config");
+}
+
 // Warmup-stable-decay, continued: a 20-step run saved at step 10 (the stable phase) and
 // continued to 30 steps decays at its new end, trains steps 11-20 at the peak where the short
 // run decayed, and ends on min_lr.

@@ -769,6 +769,12 @@ TEST_F(Interchange, WhatLlamaOrMyriadCannotExpressIsRefused) {
                                     (dir_ / "llama_window_hf").string())),
                      "model.window = 4 (LlamaForCausalLM's attention is full causal)");
   EXPECT_FALSE(fs::exists(dir_ / "llama_window_hf"));
+  // A mixture of experts: no Hugging Face format Myriad writes holds one yet.
+  ASSERT_EQ(run_myriad(train(dir_ / "llama_moe", cat("--set train.steps=1 ", kLlamaSets, " --set model.experts=4"))).code, 0);
+  expect_one_line_error(run_myriad(cat("export --checkpoint ", (dir_ / "llama_moe").string(), " --output ",
+                                    (dir_ / "llama_moe_hf").string())),
+                     "model.experts = 4 (a mixture of experts; LlamaForCausalLM's MLP is dense");
+  EXPECT_FALSE(fs::exists(dir_ / "llama_moe_hf"));
   // A GPT-2 block with fewer key/value heads fits neither format; the message names what GPT-2 lacks.
   ASSERT_EQ(run_myriad(train(dir_ / "gpt2_gqa", "--set train.steps=1 --set model.kv_heads=2")).code, 0);
   expect_one_line_error(run_myriad(cat("export --checkpoint ", (dir_ / "gpt2_gqa").string(), " --output ",

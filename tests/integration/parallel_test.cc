@@ -147,6 +147,9 @@ const std::string kLlama =
     "--set model.norm=rmsnorm --set model.position_encoding=rope --set model.mlp=swiglu --set model.mlp_hidden=176 "
     "--set model.kv_heads=2 --set model.tied_embeddings=false --set model.bias=false";
 
+const std::string kMoe = kLlama + " --set model.experts=4 --set model.experts_per_token=2 --set model.expert_hidden=88 "
+                                   "--set moe.aux_loss=0.01 --set moe.z_loss=0.001";
+
 TEST_P(Parallel, MatchesTheSingleProcessRun) {
   const Layout l = GetParam();
   const fs::path dir = fs::temp_directory_path() / cat("myriad_tp_", l.name, "_", getpid());
@@ -241,7 +244,14 @@ INSTANTIATE_TEST_SUITE_P(
                                                          "--set parallel.pp=2 --set parallel.virtual_stages=2"},
         Layout{"llama_documents_tp2_pp2_dp2", 8, kLlama + " --set data.document_mask=true --set parallel.tp=2 "
                                                           "--set parallel.pp=2 --set parallel.dp=2 "
-                                                          "--set parallel.bucket_mb=0.05"}),
+                                                          "--set parallel.bucket_mb=0.05"},
+        // Mixtures of experts without expert parallelism: every rank holds every expert, ZeRO
+        // shards them as any tensor, the pipeline's stages hold whole MoE layers (a dense first
+        // layer, a shared expert; the routers' losses in the gradients).
+        Layout{"moe_dp2", 2, kMoe + " --set parallel.dp=2"},
+        Layout{"moe_pp2_interleaved", 2, kMoe + " --set parallel.pp=2 --set parallel.virtual_stages=2"},
+        Layout{"moe_pp2_dp2", 4, kMoe + " --set model.dense_layers=1 --set model.shared_experts=1 --set parallel.pp=2 "
+                                        "--set parallel.dp=2 --set parallel.bucket_mb=0.05"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // A 3D run saved at step 10 and resumed is bitwise the uninterrupted run: losses, gradient

@@ -783,6 +783,10 @@ void CudaOps::ce_losses(float* losses, float* sums, const float* parts, const in
   cuda::ce_losses(losses, sums, parts, targets, N, st_->stream);
 }
 
+void CudaOps::moe_not_built() {
+  throw Error(ErrorClass::kInternal, "an MoE op was called on the CUDA op set, which refuses MoE models (moe_refusal)");
+}
+
 void CudaOps::ce_tp_backward(Act* dlogits, const float* mx, const float* sums, float dloss, const int32_t* targets,
                              int64_t v0, int N, int64_t Vl, int live) const {
   OpScope op(*st_, "ce_tp_backward", N);

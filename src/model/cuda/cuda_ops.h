@@ -183,6 +183,33 @@ class CudaOps {
   void ce_losses(float* losses, float* sums, const float* parts, const int32_t* targets, int N) const;
   void ce_tp_backward(Act* dlogits, const float* mx, const float* sums, float dloss, const int32_t* targets,
                       int64_t v0, int N, int64_t Vl, int live) const;
+  // A mixture of experts' layer: not on this op set yet (docs/notes/moe.md, step 6). GptModel
+  // refuses an MoE model here with moe_refusal()'s reason before any of these is reached; they
+  // are the CPU op set's (ops/cpu/cpu_ops.h), and each is an internal error if called.
+  std::string moe_refusal() const {
+    return "the CUDA op set has no mixture-of-experts kernels yet (router, permutation, grouped GEMMs); "
+           "train MoE models with train.device = \"cpu\" for now";
+  }
+  void router_forward(float*, const Act*, const Param*, int, int, int) const { moe_not_built(); }
+  void router_backward(Act*, float*, const float*, const Act*, const Param*, int, int, int) const { moe_not_built(); }
+  Routing route(const Router&, int32_t*, float*, int32_t*, int32_t*, const float*, const float*, int) const {
+    moe_not_built();
+  }
+  void route_backward(const Router&, float*, const float*, const float*, const int32_t*, const int64_t*, float,
+                      int) const { moe_not_built(); }
+  void gather_rows(Act*, const Act*, const int32_t*, int, int, int) const { moe_not_built(); }
+  void gather_rows_backward(Act*, const Act*, const int32_t*, int, int, int) const { moe_not_built(); }
+  void grouped_linear_act_forward(Mlp, Act*, Act*, const Act*, const Param*, const int64_t*, int, int, int) const {
+    moe_not_built();
+  }
+  void grouped_linear_forward(Act*, const Act*, const Param*, const int64_t*, int, int, int) const { moe_not_built(); }
+  void grouped_linear_backward(Mlp, Act*, float*, const Act*, const Act*, const Param*, const Act*, const int64_t*,
+                               int, int, int) const { moe_not_built(); }
+  void combine_forward(Act*, const Act*, const float*, const int32_t*, int, int, int, bool) const { moe_not_built(); }
+  void combine_backward(Act*, float*, const Act*, const Act*, const float*, const int32_t*, int, int, int) const {
+    moe_not_built();
+  }
+  [[noreturn]] static void moe_not_built();
   // The tensor-parallel regions reduce in fp32: activations widened before, narrowed after.
   void widen(float* dst, const Act* src, int64_t n) const;
   void narrow(Act* dst, const float* src, int64_t n) const;

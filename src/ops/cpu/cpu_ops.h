@@ -171,6 +171,45 @@ class CpuOps {
   void ce_tp_backward(Act* dlogits, const float* mx, const float* sums, float dloss, const int32_t* targets,
                       int64_t v0, int N, int64_t Vl, int live) const;
 
+  // ---- a mixture of experts' layer (docs/notes/moe.md); M = N x k routed rows ----
+  // Why this op set cannot run an MoE layer ("" when it can).
+  std::string moe_refusal() const { return ""; }
+  // The router, in fp32 on every op set: logits (N,E) = x (N,C) @ w (E,C)^T; its backward
+  // dx (N,C) += dlogits @ w, dw (E,C) += dlogits^T @ x.
+  void router_forward(float* logits, const Act* x, const Param* w, int N, int C, int E) const;
+  void router_backward(Act* dx, float* dw, const float* dlogits, const Act* x, const Param* w, int N, int C,
+                       int E) const;
+  // The choice (ops/kinds.h's Router): choice (N,k) each token's experts, best first; weights
+  // (N,k) theirs; order (M) the routed slots (n k + j) sorted by expert, then token, then slot (a
+  // stable counting sort: deterministic); pos (M) its inverse, each slot's row in expert order.
+  // bias (E) may be null. Returns the rows per expert and the layer's aux and z losses.
+  Routing route(const Router& r, int32_t* choice, float* weights, int32_t* order, int32_t* pos, const float* logits,
+                const float* bias, int N) const;
+  // dlogits (N,E) (=): from dweights (N,k), the gradient of the weights route() gave, and
+  // grad_scale x (r.aux_loss x aux + r.z_loss x z) of this micro-batch's routing (counts (E)).
+  void route_backward(const Router& r, float* dlogits, const float* dweights, const float* logits,
+                      const int32_t* choice, const int64_t* counts, float grad_scale, int N) const;
+  // xs (M,C): row i is x's row order[i] / k (the token of slot order[i]).
+  void gather_rows(Act* xs, const Act* x, const int32_t* order, int M, int k, int C) const;
+  // dx (N,C) += the rows pos[n k + j] of dxs (M,C), j = 0..k-1 in order.
+  void gather_rows_backward(Act* dx, const Act* dxs, const int32_t* pos, int N, int k, int C) const;
+  // The experts' linears, one group of consecutive rows each (counts (E), on the host): group e
+  // through w + e OC IC, expert e's (OC,IC) of the stacked weights (E OC, IC). As
+  // linear_act_forward, linear_forward and linear_backward (dinp =, dw +=), without biases.
+  void grouped_linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const int64_t* counts,
+                                  int E, int IC, int F) const;
+  void grouped_linear_forward(Act* out, const Act* inp, const Param* w, const int64_t* counts, int E, int IC,
+                              int OC) const;
+  void grouped_linear_backward(Mlp m, Act* dinp, float* dw, const Act* dout, const Act* inp, const Param* w,
+                               const Act* pre, const int64_t* counts, int E, int IC, int OC) const;
+  // out (N,C) row n = the sum over j = 0..k-1, in order, of weights[n,j] x ys row pos[n k + j]
+  // (=, or += when accumulate); its backward: dys (M,C) (=) row pos[n k + j] = weights[n,j] x
+  // dout row n, dweights (N,k) (=) the dot products of dout row n and those ys rows.
+  void combine_forward(Act* out, const Act* ys, const float* weights, const int32_t* pos, int N, int k, int C,
+                       bool accumulate) const;
+  void combine_backward(Act* dys, float* dweights, const Act* dout, const Act* ys, const float* weights,
+                        const int32_t* pos, int N, int k, int C) const;
+
  private:
   std::shared_ptr<std::vector<double>> marks_ = std::make_shared<std::vector<double>>();  // shared by copies
   std::shared_ptr<std::vector<float>> scratch_ = std::make_shared<std::vector<float>>();  // one op at a time

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/parallel_layout.h"
+#include "model/flops.h"
 #include "model/params.h"
 #include "test_util.h"
 
@@ -196,6 +197,58 @@ TEST(Config, LlamaPresetsHaveThePublishedShapes) {
   EXPECT_EQ(count(l70), 70553706496);
   // The layout holds exactly those (the padded vocabulary rows apart: 128256 is a multiple of 128).
   EXPECT_EQ(ParamLayout(l1).total(), count(l1));
+}
+
+// A mixture of experts' keys: what cannot be built is refused, naming the key.
+TEST(Config, ImpossibleMoeShapes) {
+  const std::vector<std::string> moe = {"model.mlp=swiglu", "model.experts=4"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), moe.begin(), moe.end());
+    return more;
+  };
+  std::string e = input_error([] { parse_config(kSmall, "my.toml", {"model.experts=4"}); });
+  EXPECT_NE(e.find("model.experts = 4 makes SwiGLU experts: set model.mlp = \"swiglu\""), std::string::npos) << e;
+  e = input_error([&] { parse_config(kSmall, "my.toml", with({"model.experts_per_token=5"})); });
+  EXPECT_NE(e.find("model.experts_per_token (5) must be in [1, model.experts = 4]"), std::string::npos) << e;
+  e = input_error([&] { parse_config(kSmall, "my.toml", with({"model.dense_layers=2"})); });
+  EXPECT_NE(e.find("no layer is MoE (model.dense_layers = 2, model.moe_every = 1, model.layers = 2)"),
+            std::string::npos) << e;
+  e = input_error([&] { parse_config(kSmall, "my.toml", with({"model.router_score=relu"})); });
+  EXPECT_NE(e.find("model.router_score = \"relu\" is not one of: softmax, sigmoid"), std::string::npos) << e;
+  e = input_error([&] { parse_config(kSmall, "my.toml", with({"moe.aux_loss=-1"})); });
+  EXPECT_NE(e.find("moe.aux_loss must be 0 or more"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "my.toml", {"model.shared_experts=1"}); });
+  EXPECT_NE(e.find("set model.experts (routed experts per MoE layer) too"), std::string::npos) << e;
+  e = input_error([&] { parse_config(kSmall, "my.toml", with({"parallel.tp=2"})); });
+  EXPECT_NE(e.find("model.experts = 4 with parallel.tp = 2"), std::string::npos) << e;
+  EXPECT_NE(e.find("expert parallelism"), std::string::npos) << "the error says why: " << e;
+  // Which layers are MoE: the first dense_layers dense, then every moe_every-th (Qwen's rule).
+  const Config c = parse_config("[model]\nlayers = 6\n", "my.toml", with({"model.dense_layers=1", "model.moe_every=2"}));
+  std::vector<int64_t> moe_layers;
+  for (int64_t l = 0; l < 6; ++l)
+    if (c.model.layer_is_moe(l)) moe_layers.push_back(l);
+  EXPECT_EQ(moe_layers, (std::vector<int64_t>{1, 3, 5}));
+  EXPECT_EQ(c.model.expert_ffn(), c.model.ffn());  // expert_hidden 0: mlp_hidden's
+}
+
+// Mixtral's preset holds the published shape: 46.7B parameters of which 12.9B a token uses, in
+// transformers' count (46,702,792,704); the layout holds every one, and MFU's N counts the active
+// matmul weights only.
+TEST(Config, MoePresetsHaveThePublishedCounts) {
+  const Config mx = load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/mixtral-8x7b.toml");
+  const model::ParamCounts n = model::param_counts(mx.model);
+  EXPECT_EQ(n.total, 46702792704.0);
+  EXPECT_EQ(std::llround(n.active / 1e8), 129);  // "12.9B active"
+  EXPECT_EQ(n.active, 12879925248.0);
+  EXPECT_EQ(ParamLayout(mx).total(), int64_t(n.total));  // 32000 is a multiple of 128: no padding
+  // 6N's N: attention, the router, 2 of 8 experts, the LM head.
+  const double d = 4096, layer = d * (32 + 2 * 8) * 128 + 32 * 128 * d + 8 * d + 2 * 3 * d * 14336;
+  EXPECT_EQ(model::matmul_params(mx.model, 32000), 32 * layer + 32000 * d);
+  EXPECT_EQ(double(ParamLayout(mx).matmul_params()), model::matmul_params(mx.model, 32000));
+  // A dense model's two counts are one, and the Llama preset's is the published one.
+  const Config l8 = load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/llama-3-8b.toml");
+  EXPECT_EQ(model::param_counts(l8.model).total, 8030261248.0);
+  EXPECT_EQ(model::param_counts(l8.model).active, 8030261248.0);
 }
 
 TEST(Config, PaddedVocab) {

@@ -67,7 +67,13 @@ INSTANTIATE_TEST_SUITE_P(
     Modes, Recompute,
     ::testing::Combine(::testing::Values(Case{"sequential", {}},
                                          Case{"parallel_window", {"model.parallel_block=true", "model.window=5"}},
-                                         Case{"two_chunks", {"parallel.virtual_stages=3"}}),
+                                         Case{"two_chunks", {"parallel.virtual_stages=3"}},
+                                         // a dense layer, then MoE layers with a shared expert: the
+                                         // recompute set holds both MLPs' tensors
+                                         Case{"moe", {"model.mlp=swiglu", "model.experts=4", "model.experts_per_token=2",
+                                                      "model.expert_hidden=24", "model.shared_experts=1",
+                                                      "model.dense_layers=1", "moe.z_loss=0.01",
+                                                      "parallel.virtual_stages=3"}}),
                        ::testing::Values("selective", "full")),
     [](const auto& info) { return std::string(std::get<0>(info.param).name) + "_" + std::get<1>(info.param); });
 

@@ -30,6 +30,11 @@ struct Variant {
   bool bias;
   std::vector<std::string> block = {};  // the block's variant keys (--set), GPT-2's when empty
   bool documents = false;               // rows of packed documents (data.document_mask)
+  // A mixture of experts: the router's rows of experts 1 and 2 made equal (their scores tie for
+  // every token), and what the routing must have met: ties at the k-th place, an expert with no
+  // token in some layer.
+  bool tie_router = false;
+  bool expect_ties = false, expect_idle_expert = false;
 };
 
 std::vector<float> read_f32(const fs::path& p, size_t n) {
@@ -57,7 +62,8 @@ double rel_diff(const float* a, const float* b, int64_t n) {
 // Random weights of a visible scale (norm weights around 1, padded vocabulary rows zero) into
 // `model`, B random rows of T+1 tokens into `tokens`, and both with the model's description as
 // tools/torch_reference.py reads them (tools/README.md) into `dir`.
-void write_reference_inputs(const fs::path& dir, const Config& cfg, Gpt& model, int B, std::vector<int32_t>& tokens) {
+void write_reference_inputs(const fs::path& dir, const Config& cfg, Gpt& model, int B, std::vector<int32_t>& tokens,
+                            bool tie_router = false) {
   const ModelConfig& m = cfg.model;
   const ParamLayout& layout = model.layout();
   const int64_t T = m.seq_len;
@@ -69,6 +75,9 @@ void write_reference_inputs(const fs::path& dir, const Config& cfg, Gpt& model, 
       w = (p.init_std > 0 ? 0.0f : float(p.init_value)) + normal(gen);
       if (vocab_rows(p) && i >= m.vocab_size * m.d_model) w = 0;
     }
+  for (const ParamSpec& p : layout.tensors())  // router rows 1 and 2 (E, C): equal logits, equal scores
+    if (tie_router && p.name.find("mlp.router.w") != std::string::npos)
+      std::copy_n(model.params() + p.offset + m.d_model, m.d_model, model.params() + p.offset + 2 * m.d_model);
   tokens.assign(B * (T + 1), 0);
   for (auto& t : tokens) t = static_cast<int32_t>(gen() % m.vocab_size);
   fs::create_directories(dir);
@@ -79,6 +88,11 @@ void write_reference_inputs(const fs::path& dir, const Config& cfg, Gpt& model, 
                        {"norm", m.norm}, {"norm_eps", m.norm_eps}, {"positions", m.position_encoding},
                        {"rope_theta", m.rope_theta}, {"mlp", m.mlp}, {"mlp_hidden", m.ffn()},
                        {"kv_heads", m.kv()}, {"tied", m.tied_embeddings},
+                       {"experts", m.experts}, {"experts_per_token", m.experts_per_token},
+                       {"expert_hidden", m.expert_ffn()}, {"shared_hidden", m.shared_ffn()},
+                       {"dense_layers", m.dense_layers}, {"moe_every", m.moe_every},
+                       {"router_score", m.router_score}, {"router_norm_topk", m.router_norm_topk},
+                       {"router_scale", m.router_scale}, {"aux_loss", cfg.moe.aux_loss}, {"z_loss", cfg.moe.z_loss},
                        {"batch", B},
                        {"optim", {{"lr", cfg.optim.lr}, {"beta1", cfg.optim.beta1}, {"beta2", cfg.optim.beta2},
                                   {"eps", cfg.optim.eps}, {"weight_decay", cfg.optim.weight_decay},
@@ -111,6 +125,11 @@ std::vector<std::string> with_documents(std::vector<std::string> sets) {
 }
 const std::vector<std::string> kLlamaDocuments = with_documents(kLlama);
 
+std::vector<std::string> with(std::vector<std::string> sets, const std::vector<std::string>& more) {
+  sets.insert(sets.end(), more.begin(), more.end());
+  return sets;
+}
+
 TEST_P(TorchReference, LogitsLossGradsAndOneOptimizerStep) {
   const Variant v = GetParam();
   const int B = 3, T = 8;
@@ -129,7 +148,7 @@ TEST_P(TorchReference, LogitsLossGradsAndOneOptimizerStep) {
 
   std::vector<int32_t> tokens;
   fs::path dir = fs::temp_directory_path() / cat("myriad_torchref_", v.name, "_", ::getpid());
-  write_reference_inputs(dir, cfg, model, B, tokens);
+  write_reference_inputs(dir, cfg, model, B, tokens, v.tie_router);
   // Packed documents, each token's start laid out as the tokens (T+1 a row): row 0 one
   // document begun before it, row 1 documents of 3, 1, 1 and 4 tokens, row 2 a new document
   // every other token.
@@ -144,6 +163,21 @@ TEST_P(TorchReference, LogitsLossGradsAndOneOptimizerStep) {
   ASSERT_EQ(std::system(cmd.c_str()), 0)
       << "tools/torch_reference.py failed (Debian's python3-torch comes with scripts/setup.sh); log in "
       << (dir / "log.txt");
+
+  // The routing met the case the variant is for (PyTorch's account of it).
+  if (v.expect_ties || v.expect_idle_expert) {
+    std::ifstream in(dir / "ref_router.json");
+    const nlohmann::json r = nlohmann::json::parse(in);
+    if (v.expect_ties) {
+      EXPECT_GT(r["ties"].get<int>(), 0) << r.dump();
+    }
+    bool idle = false;
+    for (const auto& layer : r["counts"])
+      for (const auto& c : layer) idle |= c.get<int>() == 0;
+    if (v.expect_idle_expert) {
+      EXPECT_TRUE(idle) << r.dump();
+    }
+  }
 
   // Forward: logits and loss.
   const float loss = model.loss(rows, B);
@@ -239,7 +273,28 @@ INSTANTIATE_TEST_SUITE_P(
                       Variant{"llama_documents_window", false, 2, false, kLlamaDocuments, true},
                       // ... and the loss without the targets that begin a document.
                       Variant{"documents_without_end_loss", true, 0, true,
-                              {"data.document_mask=true", "data.document_end_loss=false"}, true}),
+                              {"data.document_mask=true", "data.document_end_loss=false"}, true},
+                      // Mixtures of experts (docs/notes/moe.md), their routers' losses in the
+                      // gradients: softmax top-2 of 4, renormalized, with the balance and z
+                      // losses and two experts whose scores tie everywhere (some at the 2nd place);
+                      Variant{"moe_softmax_ties", false, 0, false,
+                              with(kLlama, {"model.experts=4", "model.experts_per_token=2", "model.expert_hidden=24",
+                                            "moe.aux_loss=0.1", "moe.z_loss=0.01"}),
+                              false, true, true, false},
+                      // sigmoid top-1 of 8, scaled and not renormalized, a shared expert, the first
+                      // layer dense; some expert gets no token;
+                      Variant{"moe_sigmoid_shared_idle", false, 0, false,
+                              with(kLlama, {"model.experts=8", "model.experts_per_token=1", "model.expert_hidden=16",
+                                            "model.router_score=sigmoid", "model.router_norm_topk=false",
+                                            "model.router_scale=2.5", "model.shared_experts=1",
+                                            "model.shared_expert_hidden=20", "model.dense_layers=1",
+                                            "moe.aux_loss=0.05"}),
+                              false, false, false, true},
+                      // the parallel block over packed documents, every second layer MoE.
+                      Variant{"moe_parallel_documents", true, 0, true,
+                              with(kLlamaDocuments, {"model.experts=4", "model.experts_per_token=3",
+                                                     "model.moe_every=2", "moe.z_loss=0.001"}),
+                              true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // Hugging Face Llama, checked independently of Myriad's own export: tools/torch_reference.py

@@ -13,6 +13,7 @@
 #include "model/gpt.h"
 #include "plan/planner.h"
 #include "test_util.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace myriad;
@@ -106,6 +107,21 @@ TEST(Planner, LlamaMatmulWeightsAreThePublishedCountLessTheLookup) {
                                            plan::parse_features("megascale"));
   EXPECT_FALSE(q.fits);
   EXPECT_NE(q.why_not.find("model.kv_heads (4) must be divisible by parallel.tp (8)"), std::string::npos) << q.why_not;
+}
+
+// The planner's formulas are a dense model's: a mixture of experts is refused, not mispredicted.
+TEST(Planner, AMixtureOfExpertsIsRefusedNotMispredicted) {
+  const plan::Cluster c = plan::load_cluster(kCluster);
+  const myriad::Config mx = myriad::load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/mixtral-8x7b.toml");
+  for (bool search : {false, true}) {
+    const std::string e = myriad::test::input_error([&] {
+      if (search)
+        plan::search(mx.model, 512, 64, c, plan::parse_features("megatron"));
+      else
+        plan::predict(mx.model, 512, 64, c, plan::Layout{1, 8, 1, 1, "full"}, plan::parse_features("megatron"));
+    });
+    EXPECT_NE(e.find("plan: model.experts = 8: the planner models dense models only"), std::string::npos) << e;
+  }
 }
 
 // Free transfers, one chunk per rank: the planner's pipeline is the simulator's 1F1B, whose

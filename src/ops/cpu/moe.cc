@@ -1,0 +1,206 @@
+// A mixture of experts' layer on the CPU (cpu_ops.h says what each op computes; the routing is
+// docs/notes/moe.md's "Routing, exactly"). The oracle the CUDA op set and every expert-parallel
+// layout are checked against, itself checked against PyTorch (tools/torch_reference.py).
+//
+// Every loop runs in a fixed order (tokens, then slots), so results do not depend on threads.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/ops.h"
+
+namespace myriad::cpu {
+
+namespace {
+
+// Scores of one token's logits (E): softmax (with its log-sum-exp, for the z-loss) or sigmoid.
+double scores_of(const Router& r, const float* logits, float* scores) {
+  const int E = r.experts;
+  double mx = -INFINITY;
+  for (int e = 0; e < E; ++e) mx = std::max(mx, double(logits[e]));
+  double sum = 0;
+  for (int e = 0; e < E; ++e) sum += std::exp(double(logits[e]) - mx);
+  const double lse = mx + std::log(sum);
+  for (int e = 0; e < E; ++e)
+    scores[e] = r.score == RouterScore::kSoftmax ? static_cast<float>(std::exp(double(logits[e]) - lse))
+                                                 : static_cast<float>(1 / (1 + std::exp(-double(logits[e]))));
+  return lse;
+}
+
+}  // namespace
+
+void CpuOps::router_forward(float* logits, const Act* x, const Param* w, int N, int C, int E) const {
+  cpu::linear_forward(logits, x, w, static_cast<const float*>(nullptr), N, C, E);
+}
+
+void CpuOps::router_backward(Act* dx, float* dw, const float* dlogits, const Act* x, const Param* w, int N, int C,
+                             int E) const {
+  cpu::linear_backward(dx, dw, static_cast<float*>(nullptr), dlogits, x, w, N, C, E);
+}
+
+Routing CpuOps::route(const Router& r, int32_t* choice, float* weights, int32_t* order, int32_t* pos,
+                      const float* logits, const float* bias, int N) const {
+  const int E = r.experts, k = r.top_k;
+  MYRIAD_CHECK(E > 0 && k >= 1 && k <= E, "route: top ", k, " of ", E, " experts");
+  Routing out;
+  out.counts.assign(static_cast<size_t>(E), 0);
+  std::vector<double> mean_score(static_cast<size_t>(E), 0.0);
+  std::vector<float> scores(static_cast<size_t>(E)), key(static_cast<size_t>(E));
+  for (int n = 0; n < N; ++n) {
+    const double lse = scores_of(r, logits + int64_t(n) * E, scores.data());
+    out.z += lse * lse;
+    for (int e = 0; e < E; ++e) {
+      mean_score[e] += scores[e];
+      key[e] = bias ? scores[e] + bias[e] : scores[e];
+    }
+    // The k best keys, best first; a tie goes to the lower expert (strictly greater replaces).
+    int32_t* c = choice + int64_t(n) * k;
+    float* wt = weights + int64_t(n) * k;
+    double sum = 0;
+    for (int j = 0; j < k; ++j) {
+      int best = -1;
+      for (int e = 0; e < E; ++e) {
+        bool taken = false;
+        for (int i = 0; i < j; ++i) taken |= c[i] == e;
+        if (!taken && (best < 0 || key[e] > key[best])) best = e;
+      }
+      c[j] = best;
+      wt[j] = scores[best];
+      sum += scores[best];
+      ++out.counts[best];
+    }
+    for (int j = 0; j < k; ++j)
+      wt[j] = static_cast<float>((r.norm_topk ? double(wt[j]) / sum : double(wt[j])) * r.scale);
+  }
+  // The stable counting sort of the slots by expert.
+  std::vector<int64_t> next(static_cast<size_t>(E), 0);
+  for (int e = 1; e < E; ++e) next[e] = next[e - 1] + out.counts[e - 1];
+  for (int64_t s = 0; s < int64_t(N) * k; ++s) {
+    const int64_t at = next[choice[s]]++;
+    order[at] = static_cast<int32_t>(s);
+    pos[s] = static_cast<int32_t>(at);
+  }
+  // Switch's balance: E sum_e f_e P_e, f_e the share of the N k slots, P_e the mean score.
+  for (int e = 0; e < E; ++e)
+    out.aux += double(E) * (double(out.counts[e]) / (double(N) * k)) * (mean_score[e] / N);
+  out.z /= N;
+  return out;
+}
+
+void CpuOps::route_backward(const Router& r, float* dlogits, const float* dweights, const float* logits,
+                            const int32_t* choice, const int64_t* counts, float grad_scale, int N) const {
+  const int E = r.experts, k = r.top_k;
+  std::vector<float> scores(static_cast<size_t>(E));
+  std::vector<double> ds(static_cast<size_t>(E));
+  for (int n = 0; n < N; ++n) {
+    const float* l = logits + int64_t(n) * E;
+    const double lse = scores_of(r, l, scores.data());
+    std::fill(ds.begin(), ds.end(), 0.0);
+    // The weights' gradient into the chosen scores: w_j = scale s_j (/ S, S = sum of the k).
+    const int32_t* c = choice + int64_t(n) * k;
+    const float* dw = dweights + int64_t(n) * k;
+    if (r.norm_topk) {
+      double S = 0, dot = 0;
+      for (int j = 0; j < k; ++j) S += scores[c[j]];
+      for (int j = 0; j < k; ++j) dot += double(dw[j]) * scores[c[j]];
+      for (int j = 0; j < k; ++j) ds[c[j]] += r.scale / S * (dw[j] - dot / S);
+    } else {
+      for (int j = 0; j < k; ++j) ds[c[j]] += double(r.scale) * dw[j];
+    }
+    // The balance loss: d/ds_ne of E sum_e f_e P_e is E f_e / N, the shares held constant.
+    if (r.aux_loss > 0)
+      for (int e = 0; e < E; ++e)
+        ds[e] += double(grad_scale) * r.aux_loss * E * (double(counts[e]) / (double(N) * k)) / N;
+    float* dl = dlogits + int64_t(n) * E;
+    if (r.score == RouterScore::kSoftmax) {
+      double dot = 0;
+      for (int e = 0; e < E; ++e) dot += ds[e] * scores[e];
+      for (int e = 0; e < E; ++e) dl[e] = static_cast<float>(scores[e] * (ds[e] - dot));
+    } else {
+      for (int e = 0; e < E; ++e) dl[e] = static_cast<float>(ds[e] * scores[e] * (1.0 - scores[e]));
+    }
+    // The z-loss, mean over tokens of lse^2: 2 lse softmax_e / N.
+    if (r.z_loss > 0)
+      for (int e = 0; e < E; ++e)
+        dl[e] += static_cast<float>(double(grad_scale) * r.z_loss * 2 * lse * std::exp(double(l[e]) - lse) / N);
+  }
+}
+
+void CpuOps::gather_rows(Act* xs, const Act* x, const int32_t* order, int M, int k, int C) const {
+#pragma omp parallel for schedule(static) if (int64_t(M) * C >= (1 << 16))
+  for (int i = 0; i < M; ++i)
+    std::memcpy(xs + int64_t(i) * C, x + int64_t(order[i] / k) * C, sizeof(Act) * C);
+}
+
+void CpuOps::gather_rows_backward(Act* dx, const Act* dxs, const int32_t* pos, int N, int k, int C) const {
+#pragma omp parallel for schedule(static) if (int64_t(N) * k * C >= (1 << 16))
+  for (int n = 0; n < N; ++n)
+    for (int j = 0; j < k; ++j) {
+      const Act* src = dxs + int64_t(pos[int64_t(n) * k + j]) * C;
+      Act* dst = dx + int64_t(n) * C;
+      for (int c = 0; c < C; ++c) dst[c] += src[c];
+    }
+}
+
+void CpuOps::grouped_linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w,
+                                        const int64_t* counts, int E, int IC, int F) const {
+  const int64_t P = int64_t(F) * pre_width(m);
+  for (int64_t e = 0, row = 0; e < E; row += counts[e++])
+    if (counts[e] > 0)
+      linear_act_forward(m, out + row * F, pre + row * P, inp + row * IC, w + e * P * IC,
+                         static_cast<const Param*>(nullptr), static_cast<int>(counts[e]), IC, F);
+}
+
+void CpuOps::grouped_linear_forward(Act* out, const Act* inp, const Param* w, const int64_t* counts, int E, int IC,
+                                    int OC) const {
+  for (int64_t e = 0, row = 0; e < E; row += counts[e++])
+    if (counts[e] > 0)
+      linear_forward(out + row * OC, inp + row * IC, w + e * int64_t(OC) * IC, static_cast<const Param*>(nullptr),
+                     static_cast<int>(counts[e]), IC, OC);
+}
+
+void CpuOps::grouped_linear_backward(Mlp m, Act* dinp, float* dw, const Act* dout, const Act* inp, const Param* w,
+                                     const Act* pre, const int64_t* counts, int E, int IC, int OC) const {
+  const int64_t in_width = pre ? int64_t(IC) * pre_width(m) : IC;  // dinp's row: dpre's, or the input's
+  for (int64_t e = 0, row = 0; e < E; row += counts[e++])
+    if (counts[e] > 0)
+      linear_backward(m, dinp + row * in_width, dw + e * int64_t(OC) * IC, static_cast<float*>(nullptr),
+                      dout + row * OC, inp + row * IC, w + e * int64_t(OC) * IC, pre ? pre + row * in_width : nullptr,
+                      static_cast<int>(counts[e]), IC, OC, /*accumulate=*/false);
+}
+
+void CpuOps::combine_forward(Act* out, const Act* ys, const float* weights, const int32_t* pos, int N, int k, int C,
+                             bool accumulate) const {
+#pragma omp parallel for schedule(static) if (int64_t(N) * k * C >= (1 << 16))
+  for (int n = 0; n < N; ++n) {
+    Act* o = out + int64_t(n) * C;
+    if (!accumulate) std::fill(o, o + C, 0.0f);
+    for (int j = 0; j < k; ++j) {
+      const float wt = weights[int64_t(n) * k + j];
+      const Act* y = ys + int64_t(pos[int64_t(n) * k + j]) * C;
+      for (int c = 0; c < C; ++c) o[c] += wt * y[c];
+    }
+  }
+}
+
+void CpuOps::combine_backward(Act* dys, float* dweights, const Act* dout, const Act* ys, const float* weights,
+                              const int32_t* pos, int N, int k, int C) const {
+#pragma omp parallel for schedule(static) if (int64_t(N) * k * C >= (1 << 16))
+  for (int n = 0; n < N; ++n) {
+    const Act* d = dout + int64_t(n) * C;
+    for (int j = 0; j < k; ++j) {
+      const int64_t row = pos[int64_t(n) * k + j];
+      const float wt = weights[int64_t(n) * k + j];
+      const Act* y = ys + row * C;
+      Act* dy = dys + row * C;
+      double dot = 0;
+      for (int c = 0; c < C; ++c) dy[c] = wt * d[c], dot += double(d[c]) * y[c];
+      dweights[int64_t(n) * k + j] = static_cast<float>(dot);
+    }
+  }
+}
+
+}  // namespace myriad::cpu
