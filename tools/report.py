@@ -8,7 +8,10 @@ RUN_DIR/metrics.jsonl, and writes
                                step over the median rank's
   RUN_DIR/report/curves.png    loss, tokens/s and MFU by step, and the validation losses (val_loss
                                and each source's val_loss/<name>) where the run evaluated
-  RUN_DIR/report/index.html    both pictures and the table of the slowest ranks
+  RUN_DIR/report/experts.png   for a mixture of experts (metrics.jsonl's expert_load): layer x
+                               expert over the logged steps, each expert's rows over its layer's
+                               mean (1: balanced); made from the metrics alone, traced or not
+  RUN_DIR/report/index.html    the pictures and the table of the slowest ranks
 and, for a supervised launch (RUN_DIR/driver/events.jsonl), its faults and recoveries:
   RUN_DIR/report/timeline.png  wall time: productive, and each recovery's phases: detect (the
                                fault injected -> found; a chaos run records its faults in
@@ -246,6 +249,49 @@ def timeline(run_dir, out):
     return lines
 
 
+def experts(metrics, out):
+    """experts.png from each logged step's expert_load ({layer: [rows per expert]}); returns the
+    line that describes it, or None when the run has no MoE layer."""
+    steps = [m for m in metrics if "expert_load" in m]
+    if not steps:
+        return None
+    for m in steps:
+        load = m["expert_load"]
+        if not isinstance(load, dict) or not all(
+                isinstance(v, list) and v and all(is_number(x) for x in v) and k.isdigit() for k, v in load.items()):
+            raise InputError("metrics.jsonl, step %s: expert_load must map each MoE layer to its rows per expert, got %s"
+                             % (m["step"], json.dumps(load)[:60]))
+    layers = sorted({int(k) for m in steps for k in m["expert_load"]})
+    width = max(len(v) for m in steps for v in m["expert_load"].values())
+    grid, labels = [], []
+    for l in layers:
+        for e in range(width):
+            labels.append("%d.%d" % (l, e) if e == 0 else ".%d" % e)
+            row = []
+            for m in steps:
+                v = m["expert_load"].get(str(l))
+                mean = sum(v) / len(v) if v else 0
+                row.append(v[e] / mean if v and e < len(v) and mean > 0 else float("nan"))
+            grid.append(row)
+    last = [x for x in (row[-1] for row in grid) if x == x]
+    os.makedirs(out, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(12, 1.5 + 0.18 * len(grid)))
+    first, final = steps[0]["step"], steps[-1]["step"]
+    im = ax.imshow(grid, aspect="auto", cmap="coolwarm", vmin=0, vmax=2, interpolation="nearest",
+                   extent=(first - 0.5, final + 0.5, len(grid) - 0.5, -0.5))
+    ax.set_yticks(range(len(grid)), labels, fontsize=6 if len(grid) > 40 else 8)
+    ax.set_ylabel("layer.expert")
+    ax.set_xlabel("step")
+    ax.set_title("rows per expert / its layer's mean (1 = balanced)")
+    fig.colorbar(im, ax=ax, fraction=0.03)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "experts.png"), dpi=100)
+    plt.close(fig)
+    return "expert load: %d MoE layers x %d experts over %d logged steps (%d..%d); at the last, the busiest expert " \
+           "took %.2fx its layer's mean, the idlest %.2fx" % (len(layers), width, len(steps), first, final,
+                                                              max(last or [0]), min(last or [0]))
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: report.py RUN_DIR")
@@ -258,18 +304,24 @@ def main():
         if has_events:
             os.makedirs(out, exist_ok=True)
         recovered = timeline(run_dir, out) if has_events else []
+        expert_line = experts(metrics, out)
     except InputError as err:
         print("myriad: input error: report: %s" % err, file=sys.stderr)
         sys.exit(2)
     for line in recovered:
         print("report: recovery: " + line)
-    if not own and has_events:
+    if expert_line:
+        print("report: " + expert_line)
+    expert_html = "<h2>Expert load</h2><img src=experts.png><p>%s</p>" % html.escape(expert_line) if expert_line else ""
+    if not own and (has_events or expert_line):
         with open(os.path.join(out, "index.html"), "w") as f:
             f.write("<!doctype html><meta charset=utf-8><title>myriad report: %s</title>" % html.escape(run_dir))
-            f.write("<h1>%s</h1><h2>Faults and recoveries</h2><img src=timeline.png><ul>%s</ul>" % (
-                html.escape(run_dir), "".join("<li>%s</li>" % html.escape(l) for l in recovered)))
-        print("report: %d recoveries (no traced steps for the heat maps); in %s" % (
-            len(recovered), os.path.join(out, "index.html")))
+            f.write("<h1>%s</h1>" % html.escape(run_dir) + expert_html)
+            if has_events:
+                f.write("<h2>Faults and recoveries</h2><img src=timeline.png><ul>%s</ul>" % (
+                    "".join("<li>%s</li>" % html.escape(l) for l in recovered)))
+        print("report: %d recoveries%s (no traced steps for the heat maps of time); in %s" % (
+            len(recovered), ", the expert load" if expert_line else "", os.path.join(out, "index.html")))
         return
     if not own:
         print("myriad: input error: report: %s holds no traced steps (RUN_DIR/traces/rank_*.jsonl): train with "
@@ -351,6 +403,7 @@ def main():
     with open(os.path.join(out, "index.html"), "w") as f:
         f.write("<!doctype html><meta charset=utf-8><title>myriad report: %s</title>" % html.escape(run_dir))
         f.write("<h1>%s</h1><h2>Where the time went, rank by rank</h2><img src=heatmap.png>" % html.escape(run_dir))
+        f.write(expert_html)
         if curves:
             f.write("<h2>Training</h2><img src=curves.png><p>curves: %s</p>" % html.escape(
                 "; ".join("%s (%s)" % (t, ", ".join(keys)) for t, keys in curves)))

@@ -23,6 +23,15 @@ struct StepTimes {
   double forward_s = 0, backward_s = 0, bubble_s = 0, dp_wait_s = 0, optimizer_s = 0;
 };
 
+// A mixture of experts' layer's routing over one step's global batch (every data-parallel
+// rank's micro-batches): the rows each expert got, and its balance and z losses (before their
+// coefficients), each the mean over the micro-batches.
+struct ExpertLoad {
+  int64_t layer = 0;
+  std::vector<double> tokens;  // (E)
+  double aux_loss = 0, z_loss = 0;
+};
+
 struct StepResult {
   float loss = 0;        // mean over the global batch's tokens
   double grad_norm = 0;  // global L2 norm before clipping
@@ -32,6 +41,7 @@ struct StepResult {
   // No target of the global batch counted (data.document_end_loss = false and every target
   // begins a document): nothing was computed or updated, and the loss is none.
   bool counted_nothing = false;
+  std::vector<ExpertLoad> experts;  // each MoE layer's, in layer order (empty for a dense model)
 };
 
 class Engine {

@@ -148,6 +148,17 @@ class GptModel {
   // Model FLOPs per token of a training step, 6N + 12 L d T_att (MFU's numerator), global.
   double flops_per_token() const;
 
+  // The routing of the training forwards (those with a backward to follow; a recompute's refill
+  // is not counted again) since the last call, per MoE layer held here, in layer order: rows per
+  // expert, and the balance and z losses summed over the micro-batches. Cleared by the call.
+  struct RouteStats {
+    int64_t layer = 0;
+    std::vector<int64_t> counts;  // (E)
+    double aux = 0, z = 0;
+    int64_t micro_batches = 0;
+  };
+  std::vector<RouteStats> take_route_stats();
+
   int tp_rank() const { return tpr_; }
   int tp_size() const { return tps_; }
 
@@ -360,6 +371,8 @@ class GptModel {
   Buffer<Act> dxfc_, dsfc_;     // (M,2Fe) the experts' fc gradient, (B,T,2Fs) the shared experts'
   Buffer<float> dlogits_, dweights_;  // (B,T,E), (B,T,k)
   Buffer<int32_t> shared_ids_;        // train.recompute's shared routes
+  std::vector<RouteStats> route_stats_;  // take_route_stats()'s, one per MoE layer held here
+  bool count_routes_ = false;            // the forward running is a training one, not a refill
 };
 
 // The CPU GPT, fp32: the oracle every other op set and every layout is tested against.

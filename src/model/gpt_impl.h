@@ -120,6 +120,8 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
   }
   p_ = tensors_in(params_.data());
   g_ = tensors_in(grads_.data());
+  for (int64_t l = 0; l < L_; ++l)
+    if (cfg.model.layer_is_moe(l) && part_.has_layer(l)) route_stats_.push_back({l, std::vector<int64_t>(E_, 0)});
   for (size_t c = 0; c < part_.chunks.size(); ++c)
     chunks_.push_back({part_.chunks[c].first, part_.chunks[c].second, part_.embedding && c == 0,
                        part_.head && c + 1 == part_.chunks.size(), {}});
@@ -461,6 +463,7 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, Rows rows, int64_t stride, const
   const int Cl = static_cast<int>(Cl_);
   const int32_t* tokens = rows.tokens;
   Act* first_in = ch.l1 > ch.l0 ? s.layers[0].in : s.out;
+  count_routes_ = targets && grad_scale > 0;  // a training forward's routes count in the step's load
   s.documents = rows.doc_starts != nullptr;
   if (s.documents) {
     MYRIAD_CHECK(documents_, "document starts passed to a model built without data.document_mask");
@@ -593,7 +596,13 @@ void GptModel<Ops>::mlp_forward(int64_t l, LayerActs& a, const Act* in, bool rou
   const int E = static_cast<int>(E_), k = static_cast<int>(k_), M = N * k, Fe = static_cast<int>(Fe_);
   if (route) {
     ops_.router_forward(a.logits, in, w.router_w, N, C, E);
-    a.counts = ops_.route(router_, a.choice, a.weights, a.order, a.pos, a.logits, nullptr, N).counts;
+    Routing r = ops_.route(router_, a.choice, a.weights, a.order, a.pos, a.logits, nullptr, N);
+    a.counts = std::move(r.counts);
+    if (count_routes_) {
+      RouteStats& st = *std::find_if(route_stats_.begin(), route_stats_.end(), [&](const RouteStats& x) { return x.layer == l; });
+      for (int e = 0; e < E; ++e) st.counts[e] += a.counts[e];
+      st.aux += r.aux, st.z += r.z, ++st.micro_batches;
+    }
   }
   ops_.gather_rows(xs_.data(), in, a.order, M, k, C);
   ops_.grouped_linear_act_forward(Mlp::kSwiGlu, a.xact, a.xfc, xs_.data(), w.experts_fc_w, a.counts.data(), E, C, Fe);
@@ -659,6 +668,7 @@ void GptModel<Ops>::mlp_backward(int64_t l, const LayerActs& a, const Act* in, c
 template <OpSet Ops>
 void GptModel<Ops>::recompute(const Chunk& ch, Slot& s, int64_t l) {
   if (recompute_ == Recompute::kNone || shared_holds_ == std::make_tuple(&s, s.mb, l)) return;
+  count_routes_ = false;  // the forward counted this micro-batch's routes already
   LayerActs& a = s.layers[l - ch.l0];
   const LayerTensors<Param>& w = p_.layers[l];
   if (recompute_ == Recompute::kSelective) {
@@ -668,6 +678,13 @@ void GptModel<Ops>::recompute(const Chunk& ch, Slot& s, int64_t l) {
     layer_forward(l, a, doc_starts(s));
   }
   shared_holds_ = {&s, s.mb, l};
+}
+
+template <OpSet Ops>
+std::vector<typename GptModel<Ops>::RouteStats> GptModel<Ops>::take_route_stats() {
+  std::vector<RouteStats> out = route_stats_;
+  for (RouteStats& st : route_stats_) std::fill(st.counts.begin(), st.counts.end(), 0), st.aux = st.z = 0, st.micro_batches = 0;
+  return out;
 }
 
 template <OpSet Ops>

@@ -49,7 +49,9 @@ void MetricsWriter::write(const nlohmann::json& record) {
                {"bubble_ms", "phase/bubble_ms", 1},
                {"dp_wait_ms", "phase/dp_wait_ms", 1},
                {"optimizer_ms", "phase/optimizer_ms", 1},
-               {"peak_memory_gib", "memory/peak_gib", 1}};
+               {"peak_memory_gib", "memory/peak_gib", 1},
+               {"moe_aux_loss", "moe/aux_loss", 1},
+               {"moe_z_loss", "moe/z_loss", 1}};
   std::vector<std::pair<std::string, double>> scalars;
   for (const auto& t : kTags)
     if (record.contains(t.key) && record[t.key].is_number()) scalars.emplace_back(t.tag, record[t.key].get<double>() * t.scale);
@@ -58,6 +60,8 @@ void MetricsWriter::write(const nlohmann::json& record) {
     if (!value.is_number()) continue;
     if (key.rfind("val_loss/", 0) == 0) scalars.emplace_back("lm loss validation/" + key.substr(9), value.get<double>());
     if (key.rfind("epochs/", 0) == 0) scalars.emplace_back("data/epochs/" + key.substr(7), value.get<double>());
+    if (key.rfind("expert_imbalance/", 0) == 0)
+      scalars.emplace_back("moe/imbalance/layer_" + key.substr(17), value.get<double>());
   }
   tensorboard_->write(record.value("step", int64_t(0)), scalars);
 }

@@ -3,7 +3,7 @@
 // there as scalars too (observe/tensorboard.h), under the tags Megatron-LM's users know:
 //   lm loss, lm loss validation, learning-rate, grad-norm, iteration-time (s),
 //   throughput/tokens_per_s, throughput/mfu, phase/<forward|backward|bubble|dp_wait|optimizer>_ms,
-//   memory/peak_gib.
+//   memory/peak_gib; a mixture of experts' moe/aux_loss, moe/z_loss, moe/imbalance/layer_<l>.
 #pragma once
 
 #include <cstdint>

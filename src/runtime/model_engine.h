@@ -133,6 +133,7 @@ class ModelEngine final : public Engine {
       return r;
     }
     r.loss = step_loss(pipeline_->train(mine, 1.0f / float(counted), hooks));
+    if (cfg_.model.moe()) r.experts = expert_loads();
     if (counted < accum * dp) r.loss = float(double(r.loss) * (accum * dp) / counted);  // the empty ones added 0
     if (!std::isfinite(r.loss)) throw nonfinite_loss(step, r.loss);
     set_phase("optimizer");  // the gradients' reductions, the norm, the update
@@ -365,6 +366,32 @@ class ModelEngine final : public Engine {
     int counted = 0;
     for (int i = 0; i < accum; ++i) counted += mine.from(i * mb, T).counted_targets(mb, T, false) > 0;
     return dp > 1 ? static_cast<int>(std::lround(parallel::sum_over_group(ctx_.dp, double(counted)))) : counted;
+  }
+
+  // The step's routing, job-wide: each MoE layer's rows per expert summed over the data-parallel
+  // ranks' micro-batches, its losses averaged over them; the stages' layers gathered over the
+  // pipeline (each stage fills its own, zeros elsewhere). Every rank gets all of it.
+  std::vector<ExpertLoad> expert_loads() {
+    const ModelConfig& m = cfg_.model;
+    const int64_t E = m.experts, width = E + 3;  // counts, aux, z, micro-batches
+    std::vector<int64_t> layers;
+    for (int64_t l = 0; l < m.layers; ++l)
+      if (m.layer_is_moe(l)) layers.push_back(l);
+    std::vector<double> packed(layers.size() * width, 0.0);
+    for (const auto& st : model_.take_route_stats()) {
+      double* at = packed.data() + (std::find(layers.begin(), layers.end(), st.layer) - layers.begin()) * width;
+      for (int64_t e = 0; e < E; ++e) at[e] = double(st.counts[e]);
+      at[E] = st.aux, at[E + 1] = st.z, at[E + 2] = double(st.micro_batches);
+    }
+    if (ctx_.dp_size() > 1) parallel::sum_over_group(ctx_.dp, packed.data(), int64_t(packed.size()));
+    if (ctx_.pp_size() > 1) parallel::sum_over_group(ctx_.pp, packed.data(), int64_t(packed.size()));
+    std::vector<ExpertLoad> out;
+    for (size_t j = 0; j < layers.size(); ++j) {
+      const double* at = packed.data() + j * width;
+      const double n = std::max(at[E + 2], 1.0);
+      out.push_back({layers[j], std::vector<double>(at, at + E), at[E] / n, at[E + 1] / n});
+    }
+    return out;
   }
 
   // The step's loss lives on the last stage: broadcast over the pipeline, averaged over dp.

@@ -438,6 +438,21 @@ nlohmann::json Trainer::step_record(const StepResult& r, double dt) {
     rec["optimizer_ms"] = r.times.optimizer_s * 1e3;
   }
   if (engine_->peak_memory() > 0) rec["peak_memory_gib"] = double(engine_->peak_memory()) / (1 << 30);
+  if (!r.experts.empty()) {
+    // Each MoE layer's load over the global batch: rows per expert and max / mean (1 when
+    // balanced); the routers' losses summed over the layers, as the gradients take them.
+    double aux = 0, z = 0;
+    nlohmann::json load = nlohmann::json::object();
+    for (const ExpertLoad& x : r.experts) {
+      double sum = 0, mx = 0;
+      for (double t : x.tokens) sum += t, mx = std::max(mx, t);
+      load[std::to_string(x.layer)] = x.tokens;
+      rec[cat("expert_imbalance/", x.layer)] = sum > 0 ? mx / (sum / double(x.tokens.size())) : 0.0;
+      aux += x.aux_loss, z += x.z_loss;
+    }
+    rec["expert_load"] = load;
+    rec["moe_aux_loss"] = aux, rec["moe_z_loss"] = z;
+  }
   if (engine_->peak_flops() > 0)
     rec["mfu"] = tokens_per_step / dt * engine_->flops_per_token() / engine_->peak_flops();
   step_s_.push(dt);

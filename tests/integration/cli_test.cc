@@ -146,6 +146,28 @@ TEST_F(Cli, AMixtureOfExpertsResumesBitwiseAndNeverTakesADenseModelsWeights) {
   EXPECT_TRUE(wa == read_file(split / "checkpoints/step_00000008/shard_00000.bin"));
   Result s = run(cat("sample --checkpoint ", straight.string(), " --prompt 'The ' --tokens 16 --seed 3"));
   EXPECT_EQ(s.code, 0) << s.output;
+  // Each step's load: layer 1 (the first is dense) sent 8 x 32 tokens x 2 rows to its experts;
+  // the imbalance is max / mean (at least 1), the routers' losses those the gradients took.
+  for (const nlohmann::json& m : ma) {
+    ASSERT_TRUE(m.contains("expert_load")) << m.dump();
+    ASSERT_EQ(m["expert_load"].size(), 1u) << m.dump();
+    double rows = 0, most = 0;
+    for (double t : m["expert_load"]["1"].get<std::vector<double>>()) rows += t, most = std::max(most, t);
+    EXPECT_EQ(rows, 8 * 32 * 2) << m.dump();
+    EXPECT_DOUBLE_EQ(m["expert_imbalance/1"].get<double>(), most / (rows / 4)) << m.dump();
+    EXPECT_GT(m["moe_aux_loss"].get<double>(), 0) << m.dump();
+    EXPECT_GT(m["moe_z_loss"].get<double>(), 0) << m.dump();
+  }
+  std::map<std::string, int> tb;
+  for (const auto& e : fs::directory_iterator(straight / "tensorboard"))
+    for (const myriad::TensorBoardScalar& x : myriad::read_tensorboard(e.path().string())) ++tb[x.tag];
+  for (const char* t : {"moe/aux_loss", "moe/z_loss", "moe/imbalance/layer_1"}) EXPECT_EQ(tb[t], 8) << t;
+  // The report draws the load (layer x expert over the steps) from the metrics alone.
+  Result rep = myriad::test::run_shell(cat(MYRIAD_BINARY_DIR, "/myriad report ", straight.string(), " 2>&1"));
+  EXPECT_EQ(rep.code, 0) << rep.output;
+  EXPECT_NE(rep.output.find("expert load: 1 MoE layers x 4 experts over 8 logged steps (1..8)"), std::string::npos)
+      << rep.output;
+  EXPECT_TRUE(fs::exists(straight / "report/experts.png"));
   // A dense checkpoint into an MoE model and the reverse: refused, naming both kinds.
   const fs::path dense = dir_ / "moe_dense";
   ASSERT_EQ(run(train_args(dense, "--set model.mlp=swiglu --set train.steps=1")).code, 0);
