@@ -76,6 +76,9 @@ class Spec:
         self.router_score = str(js.get("router_score", "softmax"))
         self.router_norm_topk = bool(js.get("router_norm_topk", True))
         self.router_scale = float(js.get("router_scale", 1.0))
+        self.router_groups = int(js.get("router_groups", 1))
+        self.router_top_groups = int(js.get("router_top_groups", 1))
+        self.capacity_factor = float(js.get("capacity_factor", 0.0))
         self.aux_loss = float(js.get("aux_loss", 0.0))
         self.z_loss = float(js.get("z_loss", 0.0))
         self.params = [(p["name"], [int(d) for d in p["shape"]], int(p["offset"]))
@@ -270,18 +273,36 @@ def moe(n, P, prefix, spec, router):
     N, E, k, Fe = B * T, spec.experts, spec.top_k, spec.expert_hidden
     logits = x @ P[prefix + ".router.w"].t()  # (N, E)
     scores = torch.softmax(logits, -1) if spec.router_score == "softmax" else torch.sigmoid(logits)
-    ranked = torch.sort(scores.detach(), dim=-1, descending=True, stable=True)
+    keys = scores.detach()
+    G = spec.router_groups
+    if G > 1:  # only the router_top_groups groups whose two best keys sum highest
+        per = E // G
+        group_keys = keys.view(N, G, per).topk(min(2, per), dim=-1).values.sum(-1)  # (N, G)
+        top = torch.sort(group_keys, dim=-1, descending=True, stable=True).indices[:, :spec.router_top_groups]
+        allowed = torch.zeros(N, G, dtype=torch.bool).scatter(1, top, True)
+        keys = keys.masked_fill(~allowed.repeat_interleave(per, dim=1), float("-inf"))
+    ranked = torch.sort(keys, dim=-1, descending=True, stable=True)
     choice = ranked.indices[:, :k]  # (N, k)
     if k < E:  # tokens whose k-th and (k+1)-th scores are equal: the tie rule decides
         router["ties"] = router.get("ties", 0) + int((ranked.values[:, k - 1] == ranked.values[:, k]).sum())
     chosen = scores.gather(1, choice)
     w = chosen / chosen.sum(-1, keepdim=True) if spec.router_norm_topk else chosen
     w = w * spec.router_scale
+    keep = torch.ones(N, k, dtype=torch.bool)
+    if spec.capacity_factor > 0:  # each expert keeps its rows of the highest weights, ties to the lower slot
+        cap = math.ceil(spec.capacity_factor * N * k / E)
+        flat_w, flat_c = w.detach().reshape(-1), choice.reshape(-1)
+        for e in range(E):
+            slots = (flat_c == e).nonzero().flatten()  # ascending slot n k + j
+            if len(slots) > cap:
+                ranked_slots = slots[torch.sort(flat_w[slots], descending=True, stable=True).indices]
+                keep.view(-1)[ranked_slots[cap:]] = False
+        router["dropped"] = router.get("dropped", 0) + int((~keep).sum())
     fc = P[prefix + ".experts.fc.w"].view(E, Fe, 2, C)  # expert e's features, each (gate, up)
     proj = P[prefix + ".experts.proj.w"].view(E, C, Fe)
     y = torch.stack([(F.silu(x @ fc[e, :, 0].t()) * (x @ fc[e, :, 1].t())) @ proj[e].t() for e in range(E)])  # (E, N, C)
     picked = y[choice, torch.arange(N).view(N, 1)]  # (N, k, C)
-    out = (w.unsqueeze(-1) * picked).sum(1)
+    out = ((w * keep).unsqueeze(-1) * picked).sum(1)
     if spec.shared_hidden > 0:
         sfc = P[prefix + ".shared.fc.w"].view(spec.shared_hidden, 2, C)
         out = out + (F.silu(x @ sfc[:, 0].t()) * (x @ sfc[:, 1].t())) @ P[prefix + ".shared.proj.w"].t()
@@ -454,7 +475,8 @@ def run_reference(d):
     router = loss_and_grads.router
     if "counts" in router:  # what the routing did, so that a test can tell its case happened
         with open(os.path.join(d, "ref_router.json"), "w") as f:
-            json.dump({"counts": router["counts"], "ties": router.get("ties", 0), "aux": float(router["aux"]),
+            json.dump({"counts": router["counts"], "ties": router.get("ties", 0), "dropped": router.get("dropped", 0),
+                       "aux": float(router["aux"]),
                        "z": float(router["z"])}, f)
     return {"logits": logits, "loss": loss.item(), "grads": grads, "adamw": adamw, "lamb": lamb}
 

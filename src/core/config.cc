@@ -316,14 +316,26 @@ void Config::validate() const {
                   "): lower dense_layers or moe_every, or set experts = 0");
     require_one_of("model.router_score", m.router_score, {"softmax", "sigmoid"});
     positive("model.router_scale", m.router_scale);
+    positive("model.router_groups", m.router_groups);
+    if (m.experts % m.router_groups != 0)
+      throw_input("config: model.router_groups (", m.router_groups, ") must divide model.experts (", m.experts, ")");
+    if (m.router_top_groups < 1 || m.router_top_groups > m.router_groups)
+      throw_input("config: model.router_top_groups (", m.router_top_groups, ") must be in [1, model.router_groups = ",
+                  m.router_groups, "]");
+    if (m.experts_per_token > m.router_top_groups * (m.experts / m.router_groups))
+      throw_input("config: model.experts_per_token (", m.experts_per_token, ") exceeds the experts of ",
+                  m.router_top_groups, " groups of ", m.experts / m.router_groups,
+                  " (model.router_top_groups x experts / router_groups): raise router_top_groups");
     non_negative("moe.aux_loss", moe.aux_loss);
     non_negative("moe.z_loss", moe.z_loss);
+    non_negative("moe.capacity_factor", moe.capacity_factor);
   } else {
     const ModelConfig dense;
     if (m.shared_experts != dense.shared_experts || m.expert_hidden != dense.expert_hidden ||
-        m.dense_layers != dense.dense_layers || m.moe_every != dense.moe_every)
-      throw_input("config: model.expert_hidden, shared_experts, dense_layers and moe_every shape a mixture of "
-                  "experts; set model.experts (routed experts per MoE layer) too, or leave them out");
+        m.dense_layers != dense.dense_layers || m.moe_every != dense.moe_every ||
+        m.router_groups != dense.router_groups || m.router_top_groups != dense.router_top_groups)
+      throw_input("config: model.expert_hidden, shared_experts, dense_layers, moe_every and router_groups shape a "
+                  "mixture of experts; set model.experts (routed experts per MoE layer) too, or leave them out");
   }
 
   require_one_of("data.tokenizer", data.tokenizer, {"byte", "gpt2", "llama3"});

@@ -53,6 +53,8 @@ struct ModelConfig {
   std::string router_score = "softmax";  // softmax, sigmoid (DeepSeek-V3's scoring_func)
   bool router_norm_topk = true;        // the k weights renormalized to sum 1 (norm_topk_prob)
   double router_scale = 1;             // multiplies the k weights (routed_scaling_factor)
+  int64_t router_groups = 1;           // group-limited routing: groups of experts (n_group); 1 = none
+  int64_t router_top_groups = 1;       // the groups a token may use (topk_group)
 
   int64_t head_dim() const { return d_model / heads; }
   int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
@@ -81,6 +83,10 @@ struct MoeConfig {
   // The router z-loss's coefficient: per MoE layer the mean over tokens of logsumexp(logits)^2,
   // summed over the MoE layers (ST-MoE). 0 = off.
   double z_loss = 0;
+  // Each expert takes at most ceil(capacity_factor x N k / E) of a micro-batch's N k routed rows,
+  // those of the highest weights; the rest are dropped (their tokens keep the other experts'
+  // rows and the residual). 0 = dropless.
+  double capacity_factor = 0;
 };
 
 // One token file (.bin/.idx, from `myriad prepare` or Megatron-LM) of a blend or of validation.
@@ -267,6 +273,8 @@ struct Config {
     f("model", "router_score", model.router_score);
     f("model", "router_norm_topk", model.router_norm_topk);
     f("model", "router_scale", model.router_scale);
+    f("model", "router_groups", model.router_groups);
+    f("model", "router_top_groups", model.router_top_groups);
     f("data", "train", data.train);
     f("data", "valid", data.valid);
     f("data", "tokenizer", data.tokenizer);
@@ -343,6 +351,7 @@ struct Config {
     f("observe", "trace_every", observe.trace_every);
     f("moe", "aux_loss", moe.aux_loss);
     f("moe", "z_loss", moe.z_loss);
+    f("moe", "capacity_factor", moe.capacity_factor);
   }
   template <class F>
   void visit(F&& f) const { const_cast<Config*>(this)->visit(f); }

@@ -28,7 +28,8 @@ struct StepTimes {
 // coefficients), each the mean over the micro-batches.
 struct ExpertLoad {
   int64_t layer = 0;
-  std::vector<double> tokens;  // (E)
+  std::vector<double> tokens;  // (E) after any drop
+  double dropped = 0;          // rows past an expert's capacity (moe.capacity_factor)
   double aux_loss = 0, z_loss = 0;
 };
 

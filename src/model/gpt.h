@@ -155,6 +155,7 @@ class GptModel {
     int64_t layer = 0;
     std::vector<int64_t> counts;  // (E)
     double aux = 0, z = 0;
+    int64_t dropped = 0;  // rows past an expert's capacity
     int64_t micro_batches = 0;
   };
   std::vector<RouteStats> take_route_stats();

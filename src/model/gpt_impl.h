@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <type_traits>
 
 #include "comm/communicator.h"
@@ -76,7 +77,9 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
       router_{cfg.model.router_score == "sigmoid" ? RouterScore::kSigmoid : RouterScore::kSoftmax,
               static_cast<int>(cfg.model.experts), static_cast<int>(cfg.model.moe() ? cfg.model.experts_per_token : 0),
               cfg.model.router_norm_topk, static_cast<float>(cfg.model.router_scale),
-              static_cast<float>(cfg.moe.aux_loss), static_cast<float>(cfg.moe.z_loss)},
+              static_cast<int>(cfg.model.router_groups), static_cast<int>(cfg.model.router_top_groups),
+              static_cast<float>(cfg.moe.capacity_factor), static_cast<float>(cfg.moe.aux_loss),
+              static_cast<float>(cfg.moe.z_loss)},
       E_(cfg.model.experts),
       k_(router_.top_k),
       Fe_(cfg.model.moe() ? cfg.model.expert_ffn() : 0),
@@ -593,7 +596,7 @@ void GptModel<Ops>::mlp_forward(int64_t l, LayerActs& a, const Act* in, bool rou
     ops_.linear_act_forward(mlp_, a.act, a.fc, in, w.fc_w, w.fc_b, N, C, static_cast<int>(Fl_), block_gemm());
     return;
   }
-  const int E = static_cast<int>(E_), k = static_cast<int>(k_), M = N * k, Fe = static_cast<int>(Fe_);
+  const int E = static_cast<int>(E_), k = static_cast<int>(k_), Fe = static_cast<int>(Fe_);
   if (route) {
     ops_.router_forward(a.logits, in, w.router_w, N, C, E);
     Routing r = ops_.route(router_, a.choice, a.weights, a.order, a.pos, a.logits, nullptr, N);
@@ -601,9 +604,10 @@ void GptModel<Ops>::mlp_forward(int64_t l, LayerActs& a, const Act* in, bool rou
     if (count_routes_) {
       RouteStats& st = *std::find_if(route_stats_.begin(), route_stats_.end(), [&](const RouteStats& x) { return x.layer == l; });
       for (int e = 0; e < E; ++e) st.counts[e] += a.counts[e];
-      st.aux += r.aux, st.z += r.z, ++st.micro_batches;
+      st.aux += r.aux, st.z += r.z, st.dropped += r.dropped, ++st.micro_batches;
     }
   }
+  const int M = static_cast<int>(std::accumulate(a.counts.begin(), a.counts.end(), int64_t(0)));  // rows kept
   ops_.gather_rows(xs_.data(), in, a.order, M, k, C);
   ops_.grouped_linear_act_forward(Mlp::kSwiGlu, a.xact, a.xfc, xs_.data(), w.experts_fc_w, a.counts.data(), E, C, Fe);
   if (route) ops_.grouped_linear_forward(a.ys, a.xact, w.experts_proj_w, a.counts.data(), E, Fe, C);
@@ -639,8 +643,9 @@ void GptModel<Ops>::mlp_backward(int64_t l, const LayerActs& a, const Act* in, c
                          static_cast<int>(Pl_), /*accumulate=*/false, block_gemm());
     return;
   }
-  const int E = static_cast<int>(E_), k = static_cast<int>(k_), M = N * k, Fe = static_cast<int>(Fe_);
+  const int E = static_cast<int>(E_), k = static_cast<int>(k_), Fe = static_cast<int>(Fe_);
   const int Fs = static_cast<int>(Fs_);
+  const int M = static_cast<int>(std::accumulate(a.counts.begin(), a.counts.end(), int64_t(0)));  // rows kept
   // The combine: the experts' output rows' gradients and the weights'.
   ops_.combine_backward(dys_.data(), dweights_.data(), dout, a.ys, a.weights, a.pos, N, k, C);
   // The experts, back to their input rows in expert order, then summed into each token's row.
@@ -652,7 +657,7 @@ void GptModel<Ops>::mlp_backward(int64_t l, const LayerActs& a, const Act* in, c
   ops_.zero(dln_.data(), int64_t(N) * C);
   ops_.gather_rows_backward(dln_.data(), dxs_.data(), a.pos, N, k, C);
   // The router: the weights' gradient and the balance and z losses' into its logits.
-  ops_.route_backward(router_, dlogits_.data(), dweights_.data(), a.logits, a.choice, a.counts.data(), grad_scale, N);
+  ops_.route_backward(router_, dlogits_.data(), dweights_.data(), a.logits, a.choice, grad_scale, N);
   ops_.router_backward(dln_.data(), g.router_w, dlogits_.data(), in, w.router_w, N, C, E);
   if (Fs > 0) {
     ops_.linear_backward(Mlp::kSwiGlu, dsfc_.data(), g.shared_proj_w, static_cast<float*>(nullptr), dout, a.sact,
@@ -683,7 +688,8 @@ void GptModel<Ops>::recompute(const Chunk& ch, Slot& s, int64_t l) {
 template <OpSet Ops>
 std::vector<typename GptModel<Ops>::RouteStats> GptModel<Ops>::take_route_stats() {
   std::vector<RouteStats> out = route_stats_;
-  for (RouteStats& st : route_stats_) std::fill(st.counts.begin(), st.counts.end(), 0), st.aux = st.z = 0, st.micro_batches = 0;
+  for (RouteStats& st : route_stats_)
+    std::fill(st.counts.begin(), st.counts.end(), 0), st.aux = st.z = 0, st.dropped = 0, st.micro_batches = 0;
   return out;
 }
 

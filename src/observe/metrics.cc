@@ -51,7 +51,8 @@ void MetricsWriter::write(const nlohmann::json& record) {
                {"optimizer_ms", "phase/optimizer_ms", 1},
                {"peak_memory_gib", "memory/peak_gib", 1},
                {"moe_aux_loss", "moe/aux_loss", 1},
-               {"moe_z_loss", "moe/z_loss", 1}};
+               {"moe_z_loss", "moe/z_loss", 1},
+               {"moe_dropped", "moe/dropped_rows", 1}};
   std::vector<std::pair<std::string, double>> scalars;
   for (const auto& t : kTags)
     if (record.contains(t.key) && record[t.key].is_number()) scalars.emplace_back(t.tag, record[t.key].get<double>() * t.scale);

@@ -27,20 +27,27 @@ enum class Gemm { kBf16, kFp8 };
 // A mixture of experts' router (docs/notes/moe.md, "Routing, exactly"): each of N tokens' logits
 // over E experts become scores (softmax or sigmoid); the k largest of score + bias (the bias only
 // for the choice; ties to the lower expert) are the token's experts, their scores its weights,
-// renormalized to sum 1 when norm_topk, times scale.
+// renormalized to sum 1 when norm_topk, times scale. With groups > 1 the choice is limited to
+// the top_groups groups of E / groups consecutive experts whose two best keys sum highest (ties
+// to the lower group: DeepSeek-V3's node-limited routing). With capacity_factor > 0 an expert
+// takes at most ceil(capacity_factor N k / E) rows, those of the highest weights (ties to the
+// lower slot); the others are dropped: they add nothing to their token's output.
 enum class RouterScore { kSoftmax, kSigmoid };
 struct Router {
   RouterScore score = RouterScore::kSoftmax;
   int experts = 0, top_k = 0;
   bool norm_topk = true;
   float scale = 1;
+  int groups = 1, top_groups = 1;
+  float capacity_factor = 0;  // 0: dropless
   float aux_loss = 0;  // the load-balancing loss's coefficient (moe.aux_loss)
   float z_loss = 0;    // the router z-loss's (moe.z_loss)
 };
-// What a route leaves on the host: the rows each expert got (E), and the layer's load-balancing
-// and z losses (before their coefficients).
+// What a route leaves on the host: the rows each expert got (E; after any drop), the rows
+// dropped, and the layer's load-balancing and z losses (before their coefficients).
 struct Routing {
   std::vector<int64_t> counts;
+  int64_t dropped = 0;
   double aux = 0, z = 0;
 };
 

@@ -373,7 +373,7 @@ class ModelEngine final : public Engine {
   // pipeline (each stage fills its own, zeros elsewhere). Every rank gets all of it.
   std::vector<ExpertLoad> expert_loads() {
     const ModelConfig& m = cfg_.model;
-    const int64_t E = m.experts, width = E + 3;  // counts, aux, z, micro-batches
+    const int64_t E = m.experts, width = E + 4;  // counts, aux, z, micro-batches, dropped
     std::vector<int64_t> layers;
     for (int64_t l = 0; l < m.layers; ++l)
       if (m.layer_is_moe(l)) layers.push_back(l);
@@ -381,7 +381,7 @@ class ModelEngine final : public Engine {
     for (const auto& st : model_.take_route_stats()) {
       double* at = packed.data() + (std::find(layers.begin(), layers.end(), st.layer) - layers.begin()) * width;
       for (int64_t e = 0; e < E; ++e) at[e] = double(st.counts[e]);
-      at[E] = st.aux, at[E + 1] = st.z, at[E + 2] = double(st.micro_batches);
+      at[E] = st.aux, at[E + 1] = st.z, at[E + 2] = double(st.micro_batches), at[E + 3] = double(st.dropped);
     }
     if (ctx_.dp_size() > 1) parallel::sum_over_group(ctx_.dp, packed.data(), int64_t(packed.size()));
     if (ctx_.pp_size() > 1) parallel::sum_over_group(ctx_.pp, packed.data(), int64_t(packed.size()));
@@ -389,7 +389,7 @@ class ModelEngine final : public Engine {
     for (size_t j = 0; j < layers.size(); ++j) {
       const double* at = packed.data() + j * width;
       const double n = std::max(at[E + 2], 1.0);
-      out.push_back({layers[j], std::vector<double>(at, at + E), at[E] / n, at[E + 1] / n});
+      out.push_back({layers[j], std::vector<double>(at, at + E), at[E + 3], at[E] / n, at[E + 1] / n});
     }
     return out;
   }

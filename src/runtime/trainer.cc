@@ -441,17 +441,18 @@ nlohmann::json Trainer::step_record(const StepResult& r, double dt) {
   if (!r.experts.empty()) {
     // Each MoE layer's load over the global batch: rows per expert and max / mean (1 when
     // balanced); the routers' losses summed over the layers, as the gradients take them.
-    double aux = 0, z = 0;
+    double aux = 0, z = 0, dropped = 0;
     nlohmann::json load = nlohmann::json::object();
     for (const ExpertLoad& x : r.experts) {
       double sum = 0, mx = 0;
       for (double t : x.tokens) sum += t, mx = std::max(mx, t);
       load[std::to_string(x.layer)] = x.tokens;
       rec[cat("expert_imbalance/", x.layer)] = sum > 0 ? mx / (sum / double(x.tokens.size())) : 0.0;
-      aux += x.aux_loss, z += x.z_loss;
+      aux += x.aux_loss, z += x.z_loss, dropped += x.dropped;
     }
     rec["expert_load"] = load;
     rec["moe_aux_loss"] = aux, rec["moe_z_loss"] = z;
+    if (cfg_.moe.capacity_factor > 0) rec["moe_dropped"] = dropped;  // rows, over the layers
   }
   if (engine_->peak_flops() > 0)
     rec["mfu"] = tokens_per_step / dt * engine_->flops_per_token() / engine_->peak_flops();

@@ -162,6 +162,17 @@ TEST_F(Cli, AMixtureOfExpertsResumesBitwiseAndNeverTakesADenseModelsWeights) {
   for (const auto& e : fs::directory_iterator(straight / "tensorboard"))
     for (const myriad::TensorBoardScalar& x : myriad::read_tensorboard(e.path().string())) ++tb[x.tag];
   for (const char* t : {"moe/aux_loss", "moe/z_loss", "moe/imbalance/layer_1"}) EXPECT_EQ(tb[t], 8) << t;
+  // With a capacity the rows past it are dropped and counted: kept + dropped = every routed row.
+  const fs::path capped = dir_ / "moe_capped";
+  ASSERT_EQ(run(train_args(capped, moe + "--set moe.capacity_factor=1.0 --set train.steps=2")).code, 0);
+  for (const nlohmann::json& m : metrics(capped)) {
+    double rows = 0;
+    for (double t : m["expert_load"]["1"].get<std::vector<double>>()) {
+      rows += t;
+      EXPECT_LE(t, 2 * 64) << m.dump();  // 2 micro-batches of 4 x 32 tokens: at most 64 rows of each
+    }
+    EXPECT_EQ(rows + m["moe_dropped"].get<double>(), 8 * 32 * 2) << m.dump();
+  }
   // The report draws the load (layer x expert over the steps) from the metrics alone.
   Result rep = myriad::test::run_shell(cat(MYRIAD_BINARY_DIR, "/myriad report ", straight.string(), " 2>&1"));
   EXPECT_EQ(rep.code, 0) << rep.output;

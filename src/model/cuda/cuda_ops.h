@@ -195,8 +195,9 @@ class CudaOps {
   Routing route(const Router&, int32_t*, float*, int32_t*, int32_t*, const float*, const float*, int) const {
     moe_not_built();
   }
-  void route_backward(const Router&, float*, const float*, const float*, const int32_t*, const int64_t*, float,
-                      int) const { moe_not_built(); }
+  void route_backward(const Router&, float*, const float*, const float*, const int32_t*, float, int) const {
+    moe_not_built();
+  }
   void gather_rows(Act*, const Act*, const int32_t*, int, int, int) const { moe_not_built(); }
   void gather_rows_backward(Act*, const Act*, const int32_t*, int, int, int) const { moe_not_built(); }
   void grouped_linear_act_forward(Mlp, Act*, Act*, const Act*, const Param*, const int64_t*, int, int, int) const {

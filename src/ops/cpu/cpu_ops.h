@@ -181,17 +181,19 @@ class CpuOps {
                        int E) const;
   // The choice (ops/kinds.h's Router): choice (N,k) each token's experts, best first; weights
   // (N,k) theirs; order (M) the routed slots (n k + j) sorted by expert, then token, then slot (a
-  // stable counting sort: deterministic); pos (M) its inverse, each slot's row in expert order.
-  // bias (E) may be null. Returns the rows per expert and the layer's aux and z losses.
+  // stable counting sort: deterministic), M the rows kept (N k unless a capacity drops some);
+  // pos (N k) each slot's row in that order, -1 for a dropped slot. bias (E) may be null.
+  // Returns the rows per expert, the rows dropped and the layer's aux and z losses (its balance
+  // that of the choice, before any drop).
   Routing route(const Router& r, int32_t* choice, float* weights, int32_t* order, int32_t* pos, const float* logits,
                 const float* bias, int N) const;
   // dlogits (N,E) (=): from dweights (N,k), the gradient of the weights route() gave, and
-  // grad_scale x (r.aux_loss x aux + r.z_loss x z) of this micro-batch's routing (counts (E)).
+  // grad_scale x (r.aux_loss x aux + r.z_loss x z) of this micro-batch's choice.
   void route_backward(const Router& r, float* dlogits, const float* dweights, const float* logits,
-                      const int32_t* choice, const int64_t* counts, float grad_scale, int N) const;
+                      const int32_t* choice, float grad_scale, int N) const;
   // xs (M,C): row i is x's row order[i] / k (the token of slot order[i]).
   void gather_rows(Act* xs, const Act* x, const int32_t* order, int M, int k, int C) const;
-  // dx (N,C) += the rows pos[n k + j] of dxs (M,C), j = 0..k-1 in order.
+  // dx (N,C) += the rows pos[n k + j] of dxs (M,C), j = 0..k-1 in order (a dropped slot none).
   void gather_rows_backward(Act* dx, const Act* dxs, const int32_t* pos, int N, int k, int C) const;
   // The experts' linears, one group of consecutive rows each (counts (E), on the host): group e
   // through w + e OC IC, expert e's (OC,IC) of the stacked weights (E OC, IC). As
@@ -203,8 +205,9 @@ class CpuOps {
   void grouped_linear_backward(Mlp m, Act* dinp, float* dw, const Act* dout, const Act* inp, const Param* w,
                                const Act* pre, const int64_t* counts, int E, int IC, int OC) const;
   // out (N,C) row n = the sum over j = 0..k-1, in order, of weights[n,j] x ys row pos[n k + j]
-  // (=, or += when accumulate); its backward: dys (M,C) (=) row pos[n k + j] = weights[n,j] x
-  // dout row n, dweights (N,k) (=) the dot products of dout row n and those ys rows.
+  // (=, or += when accumulate; a dropped slot adds nothing); its backward: dys (M,C) (=) row
+  // pos[n k + j] = weights[n,j] x dout row n, dweights (N,k) (=) the dot products of dout row n
+  // and those ys rows (0 for a dropped slot).
   void combine_forward(Act* out, const Act* ys, const float* weights, const int32_t* pos, int N, int k, int C,
                        bool accumulate) const;
   void combine_backward(Act* dys, float* dweights, const Act* dout, const Act* ys, const float* weights,

@@ -43,18 +43,40 @@ void CpuOps::router_backward(Act* dx, float* dw, const float* dlogits, const Act
 
 Routing CpuOps::route(const Router& r, int32_t* choice, float* weights, int32_t* order, int32_t* pos,
                       const float* logits, const float* bias, int N) const {
-  const int E = r.experts, k = r.top_k;
-  MYRIAD_CHECK(E > 0 && k >= 1 && k <= E, "route: top ", k, " of ", E, " experts");
+  const int E = r.experts, k = r.top_k, G = std::max(r.groups, 1), per = E / G;
+  MYRIAD_CHECK(E > 0 && k >= 1 && k <= E && E % G == 0 && r.top_groups >= 1 && r.top_groups <= G &&
+                   k <= r.top_groups * per,
+               "route: top ", k, " of ", E, " experts in ", r.top_groups, " of ", G, " groups");
   Routing out;
   out.counts.assign(static_cast<size_t>(E), 0);
   std::vector<double> mean_score(static_cast<size_t>(E), 0.0);
-  std::vector<float> scores(static_cast<size_t>(E)), key(static_cast<size_t>(E));
+  std::vector<float> scores(static_cast<size_t>(E)), key(static_cast<size_t>(E)), group_key(static_cast<size_t>(G));
+  std::vector<char> allowed(static_cast<size_t>(E)), group_taken(static_cast<size_t>(G));
   for (int n = 0; n < N; ++n) {
     const double lse = scores_of(r, logits + int64_t(n) * E, scores.data());
     out.z += lse * lse;
     for (int e = 0; e < E; ++e) {
       mean_score[e] += scores[e];
       key[e] = bias ? scores[e] + bias[e] : scores[e];
+    }
+    // The groups a token may use: the top_groups whose two best keys sum highest.
+    std::fill(allowed.begin(), allowed.end(), G == 1);
+    if (G > 1) {
+      for (int g = 0; g < G; ++g) {
+        float a = -INFINITY, b = -INFINITY;  // the best two of the group
+        for (int e = g * per; e < (g + 1) * per; ++e)
+          if (key[e] > a) b = a, a = key[e];
+          else if (key[e] > b) b = key[e];
+        group_key[g] = per > 1 ? a + b : a;
+      }
+      std::fill(group_taken.begin(), group_taken.end(), 0);
+      for (int t = 0; t < r.top_groups; ++t) {
+        int best = -1;
+        for (int g = 0; g < G; ++g)
+          if (!group_taken[g] && (best < 0 || group_key[g] > group_key[best])) best = g;
+        group_taken[best] = 1;
+        std::fill(allowed.begin() + best * per, allowed.begin() + (best + 1) * per, 1);
+      }
     }
     // The k best keys, best first; a tie goes to the lower expert (strictly greater replaces).
     int32_t* c = choice + int64_t(n) * k;
@@ -63,7 +85,7 @@ Routing CpuOps::route(const Router& r, int32_t* choice, float* weights, int32_t*
     for (int j = 0; j < k; ++j) {
       int best = -1;
       for (int e = 0; e < E; ++e) {
-        bool taken = false;
+        bool taken = !allowed[e];
         for (int i = 0; i < j; ++i) taken |= c[i] == e;
         if (!taken && (best < 0 || key[e] > key[best])) best = e;
       }
@@ -75,26 +97,48 @@ Routing CpuOps::route(const Router& r, int32_t* choice, float* weights, int32_t*
     for (int j = 0; j < k; ++j)
       wt[j] = static_cast<float>((r.norm_topk ? double(wt[j]) / sum : double(wt[j])) * r.scale);
   }
-  // The stable counting sort of the slots by expert.
+  // Switch's balance over the choice: E sum_e f_e P_e, f_e the share of the N k slots, P_e the
+  // mean score.
+  for (int e = 0; e < E; ++e)
+    out.aux += double(E) * (double(out.counts[e]) / (double(N) * k)) * (mean_score[e] / N);
+  out.z /= N;
+  const int64_t M = int64_t(N) * k;
+  // A capacity: each expert keeps its rows of the highest weights (ties to the lower slot).
+  std::vector<char> dropped(static_cast<size_t>(M), 0);
+  if (r.capacity_factor > 0) {
+    const int64_t cap = static_cast<int64_t>(std::ceil(double(r.capacity_factor) * double(M) / E));
+    std::vector<std::vector<int64_t>> slots(static_cast<size_t>(E));
+    for (int64_t s = 0; s < M; ++s) slots[choice[s]].push_back(s);
+    for (int e = 0; e < E; ++e) {
+      if (int64_t(slots[e].size()) <= cap) continue;
+      std::stable_sort(slots[e].begin(), slots[e].end(), [&](int64_t a, int64_t b) { return weights[a] > weights[b]; });
+      for (size_t i = static_cast<size_t>(cap); i < slots[e].size(); ++i) dropped[slots[e][i]] = 1;
+      out.dropped += int64_t(slots[e].size()) - cap;
+      out.counts[e] = cap;
+    }
+  }
+  // The stable counting sort of the kept slots by expert.
   std::vector<int64_t> next(static_cast<size_t>(E), 0);
   for (int e = 1; e < E; ++e) next[e] = next[e - 1] + out.counts[e - 1];
-  for (int64_t s = 0; s < int64_t(N) * k; ++s) {
+  for (int64_t s = 0; s < M; ++s) {
+    if (dropped[s]) {
+      pos[s] = -1;
+      continue;
+    }
     const int64_t at = next[choice[s]]++;
     order[at] = static_cast<int32_t>(s);
     pos[s] = static_cast<int32_t>(at);
   }
-  // Switch's balance: E sum_e f_e P_e, f_e the share of the N k slots, P_e the mean score.
-  for (int e = 0; e < E; ++e)
-    out.aux += double(E) * (double(out.counts[e]) / (double(N) * k)) * (mean_score[e] / N);
-  out.z /= N;
   return out;
 }
 
 void CpuOps::route_backward(const Router& r, float* dlogits, const float* dweights, const float* logits,
-                            const int32_t* choice, const int64_t* counts, float grad_scale, int N) const {
+                            const int32_t* choice, float grad_scale, int N) const {
   const int E = r.experts, k = r.top_k;
   std::vector<float> scores(static_cast<size_t>(E));
   std::vector<double> ds(static_cast<size_t>(E));
+  std::vector<int64_t> counts(static_cast<size_t>(E), 0);  // the choice's, before any drop
+  for (int64_t s = 0; s < int64_t(N) * k; ++s) ++counts[choice[s]];
   for (int n = 0; n < N; ++n) {
     const float* l = logits + int64_t(n) * E;
     const double lse = scores_of(r, l, scores.data());
@@ -111,6 +155,7 @@ void CpuOps::route_backward(const Router& r, float* dlogits, const float* dweigh
       for (int j = 0; j < k; ++j) ds[c[j]] += double(r.scale) * dw[j];
     }
     // The balance loss: d/ds_ne of E sum_e f_e P_e is E f_e / N, the shares held constant.
+    // (A dropped slot's weight has a zero gradient: it passes through the renormalization.)
     if (r.aux_loss > 0)
       for (int e = 0; e < E; ++e)
         ds[e] += double(grad_scale) * r.aux_loss * E * (double(counts[e]) / (double(N) * k)) / N;
@@ -139,6 +184,7 @@ void CpuOps::gather_rows_backward(Act* dx, const Act* dxs, const int32_t* pos, i
 #pragma omp parallel for schedule(static) if (int64_t(N) * k * C >= (1 << 16))
   for (int n = 0; n < N; ++n)
     for (int j = 0; j < k; ++j) {
+      if (pos[int64_t(n) * k + j] < 0) continue;  // dropped
       const Act* src = dxs + int64_t(pos[int64_t(n) * k + j]) * C;
       Act* dst = dx + int64_t(n) * C;
       for (int c = 0; c < C; ++c) dst[c] += src[c];
@@ -179,6 +225,7 @@ void CpuOps::combine_forward(Act* out, const Act* ys, const float* weights, cons
     Act* o = out + int64_t(n) * C;
     if (!accumulate) std::fill(o, o + C, 0.0f);
     for (int j = 0; j < k; ++j) {
+      if (pos[int64_t(n) * k + j] < 0) continue;  // dropped
       const float wt = weights[int64_t(n) * k + j];
       const Act* y = ys + int64_t(pos[int64_t(n) * k + j]) * C;
       for (int c = 0; c < C; ++c) o[c] += wt * y[c];
@@ -193,6 +240,10 @@ void CpuOps::combine_backward(Act* dys, float* dweights, const Act* dout, const 
     const Act* d = dout + int64_t(n) * C;
     for (int j = 0; j < k; ++j) {
       const int64_t row = pos[int64_t(n) * k + j];
+      if (row < 0) {  // dropped: its weight had no use
+        dweights[int64_t(n) * k + j] = 0;
+        continue;
+      }
       const float wt = weights[int64_t(n) * k + j];
       const Act* y = ys + row * C;
       Act* dy = dys + row * C;

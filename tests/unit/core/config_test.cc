@@ -215,6 +215,14 @@ TEST(Config, ImpossibleMoeShapes) {
             std::string::npos) << e;
   e = input_error([&] { parse_config(kSmall, "my.toml", with({"model.router_score=relu"})); });
   EXPECT_NE(e.find("model.router_score = \"relu\" is not one of: softmax, sigmoid"), std::string::npos) << e;
+  e = input_error([&] { parse_config(kSmall, "my.toml", with({"model.router_groups=3"})); });
+  EXPECT_NE(e.find("model.router_groups (3) must divide model.experts (4)"), std::string::npos) << e;
+  e = input_error([&] { parse_config(kSmall, "my.toml", with({"model.router_groups=2", "model.router_top_groups=3"})); });
+  EXPECT_NE(e.find("model.router_top_groups (3) must be in [1, model.router_groups = 2]"), std::string::npos) << e;
+  e = input_error([&] { parse_config(kSmall, "my.toml", with({"model.router_groups=4", "model.experts_per_token=2"})); });
+  EXPECT_NE(e.find("model.experts_per_token (2) exceeds the experts of 1 groups of 1"), std::string::npos) << e;
+  e = input_error([&] { parse_config(kSmall, "my.toml", with({"moe.capacity_factor=-0.5"})); });
+  EXPECT_NE(e.find("moe.capacity_factor must be 0 or more"), std::string::npos) << e;
   e = input_error([&] { parse_config(kSmall, "my.toml", with({"moe.aux_loss=-1"})); });
   EXPECT_NE(e.find("moe.aux_loss must be 0 or more"), std::string::npos) << e;
   e = input_error([] { parse_config(kSmall, "my.toml", {"model.shared_experts=1"}); });

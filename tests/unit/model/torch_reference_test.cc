@@ -34,7 +34,7 @@ struct Variant {
   // every token), and what the routing must have met: ties at the k-th place, an expert with no
   // token in some layer.
   bool tie_router = false;
-  bool expect_ties = false, expect_idle_expert = false;
+  bool expect_ties = false, expect_idle_expert = false, expect_drops = false;
 };
 
 std::vector<float> read_f32(const fs::path& p, size_t n) {
@@ -92,7 +92,9 @@ void write_reference_inputs(const fs::path& dir, const Config& cfg, Gpt& model, 
                        {"expert_hidden", m.expert_ffn()}, {"shared_hidden", m.shared_ffn()},
                        {"dense_layers", m.dense_layers}, {"moe_every", m.moe_every},
                        {"router_score", m.router_score}, {"router_norm_topk", m.router_norm_topk},
-                       {"router_scale", m.router_scale}, {"aux_loss", cfg.moe.aux_loss}, {"z_loss", cfg.moe.z_loss},
+                       {"router_scale", m.router_scale}, {"router_groups", m.router_groups},
+                       {"router_top_groups", m.router_top_groups}, {"capacity_factor", cfg.moe.capacity_factor},
+                       {"aux_loss", cfg.moe.aux_loss}, {"z_loss", cfg.moe.z_loss},
                        {"batch", B},
                        {"optim", {{"lr", cfg.optim.lr}, {"beta1", cfg.optim.beta1}, {"beta2", cfg.optim.beta2},
                                   {"eps", cfg.optim.eps}, {"weight_decay", cfg.optim.weight_decay},
@@ -165,7 +167,7 @@ TEST_P(TorchReference, LogitsLossGradsAndOneOptimizerStep) {
       << (dir / "log.txt");
 
   // The routing met the case the variant is for (PyTorch's account of it).
-  if (v.expect_ties || v.expect_idle_expert) {
+  if (v.expect_ties || v.expect_idle_expert || v.expect_drops) {
     std::ifstream in(dir / "ref_router.json");
     const nlohmann::json r = nlohmann::json::parse(in);
     if (v.expect_ties) {
@@ -176,6 +178,9 @@ TEST_P(TorchReference, LogitsLossGradsAndOneOptimizerStep) {
       for (const auto& c : layer) idle |= c.get<int>() == 0;
     if (v.expect_idle_expert) {
       EXPECT_TRUE(idle) << r.dump();
+    }
+    if (v.expect_drops) {
+      EXPECT_GT(r["dropped"].get<int>(), 0) << r.dump();
     }
   }
 
@@ -191,6 +196,9 @@ TEST_P(TorchReference, LogitsLossGradsAndOneOptimizerStep) {
   // (attention is causal), whatever the prefix length.
   for (int t : {1, T / 2 + 1, T}) {
     if (v.documents) break;  // sampling reads one document
+    // With a capacity, which rows are dropped depends on every token of the micro-batch: a
+    // prefix is routed as a shorter batch (GShard's and Switch's capacity behave alike).
+    if (cfg.moe.capacity_factor > 0) break;
     std::vector<int32_t> prefix(B * t);
     for (int b = 0; b < B; ++b)
       std::copy_n(tokens.begin() + b * (T + 1), t, prefix.begin() + b * t);
@@ -290,6 +298,14 @@ INSTANTIATE_TEST_SUITE_P(
                                             "model.shared_expert_hidden=20", "model.dense_layers=1",
                                             "moe.aux_loss=0.05"}),
                               false, false, false, true},
+                      // DeepSeek-V3's group-limited routing (2 of 4 groups of 2), sigmoid scores
+                      // renormalized, and a capacity that drops rows (the lowest weights);
+                      Variant{"moe_groups_capacity", false, 0, false,
+                              with(kLlama, {"model.experts=8", "model.experts_per_token=3", "model.expert_hidden=16",
+                                            "model.router_score=sigmoid", "model.router_groups=4",
+                                            "model.router_top_groups=2", "moe.capacity_factor=1.25",
+                                            "moe.aux_loss=0.02"}),
+                              false, false, false, false, true},
                       // the parallel block over packed documents, every second layer MoE.
                       Variant{"moe_parallel_documents", true, 0, true,
                               with(kLlamaDocuments, {"model.experts=4", "model.experts_per_token=3",
