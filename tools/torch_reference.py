@@ -274,6 +274,8 @@ def moe(n, P, prefix, spec, router):
     logits = x @ P[prefix + ".router.w"].t()  # (N, E)
     scores = torch.softmax(logits, -1) if spec.router_score == "softmax" else torch.sigmoid(logits)
     keys = scores.detach()
+    if prefix + ".router.bias" in P:  # DeepSeek-V3's: for the choice only, never in the weights
+        keys = keys + P[prefix + ".router.bias"].detach()
     G = spec.router_groups
     if G > 1:  # only the router_top_groups groups whose two best keys sum highest
         per = E // G

@@ -329,13 +329,15 @@ void Config::validate() const {
     non_negative("moe.aux_loss", moe.aux_loss);
     non_negative("moe.z_loss", moe.z_loss);
     non_negative("moe.capacity_factor", moe.capacity_factor);
+    non_negative("moe.bias_rate", moe.bias_rate);
   } else {
     const ModelConfig dense;
     if (m.shared_experts != dense.shared_experts || m.expert_hidden != dense.expert_hidden ||
         m.dense_layers != dense.dense_layers || m.moe_every != dense.moe_every ||
-        m.router_groups != dense.router_groups || m.router_top_groups != dense.router_top_groups)
-      throw_input("config: model.expert_hidden, shared_experts, dense_layers, moe_every and router_groups shape a "
-                  "mixture of experts; set model.experts (routed experts per MoE layer) too, or leave them out");
+        m.router_groups != dense.router_groups || m.router_top_groups != dense.router_top_groups ||
+        m.router_bias != dense.router_bias)
+      throw_input("config: model.expert_hidden, shared_experts, dense_layers, moe_every, router_groups and router_bias "
+                  "shape a mixture of experts; set model.experts (routed experts per MoE layer) too, or leave them out");
   }
 
   require_one_of("data.tokenizer", data.tokenizer, {"byte", "gpt2", "llama3"});

@@ -53,6 +53,7 @@ struct ModelConfig {
   std::string router_score = "softmax";  // softmax, sigmoid (DeepSeek-V3's scoring_func)
   bool router_norm_topk = true;        // the k weights renormalized to sum 1 (norm_topk_prob)
   double router_scale = 1;             // multiplies the k weights (routed_scaling_factor)
+  bool router_bias = false;            // a per-expert bias on the scores for the choice only (DeepSeek-V3's e_score_correction_bias)
   int64_t router_groups = 1;           // group-limited routing: groups of experts (n_group); 1 = none
   int64_t router_top_groups = 1;       // the groups a token may use (topk_group)
 
@@ -87,6 +88,10 @@ struct MoeConfig {
   // those of the highest weights; the rest are dropped (their tokens keep the other experts'
   // rows and the residual). 0 = dropless.
   double capacity_factor = 0;
+  // With model.router_bias, after each step: bias_e += bias_rate x sign(mean load - load_e), the
+  // loads the step's rows per expert over the global batch (DeepSeek-V3's auxiliary-loss-free
+  // balancing; its update speed is 1e-3).
+  double bias_rate = 1e-3;
 };
 
 // One token file (.bin/.idx, from `myriad prepare` or Megatron-LM) of a blend or of validation.
@@ -273,6 +278,7 @@ struct Config {
     f("model", "router_score", model.router_score);
     f("model", "router_norm_topk", model.router_norm_topk);
     f("model", "router_scale", model.router_scale);
+    f("model", "router_bias", model.router_bias);
     f("model", "router_groups", model.router_groups);
     f("model", "router_top_groups", model.router_top_groups);
     f("data", "train", data.train);
@@ -352,6 +358,7 @@ struct Config {
     f("moe", "aux_loss", moe.aux_loss);
     f("moe", "z_loss", moe.z_loss);
     f("moe", "capacity_factor", moe.capacity_factor);
+    f("moe", "bias_rate", moe.bias_rate);
   }
   template <class F>
   void visit(F&& f) const { const_cast<Config*>(this)->visit(f); }

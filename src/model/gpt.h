@@ -261,7 +261,7 @@ class GptModel {
   template <class T>
   struct LayerTensors {
     T *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
-    T *router_w, *experts_fc_w, *experts_proj_w, *shared_fc_w, *shared_proj_w;  // an MoE layer's
+    T *router_w, *router_bias, *experts_fc_w, *experts_proj_w, *shared_fc_w, *shared_proj_w;  // an MoE layer's
   };
   template <class T>
   struct Tensors {

@@ -299,7 +299,7 @@ typename GptModel<Ops>::template Tensors<T> GptModel<Ops>::tensors_in(T* base) c
                         at(h + "attn.qkv.b"), at(h + "attn.proj.w"), at(h + "attn.proj.b"),
                         at(h + "ln2.w"), at(h + "ln2.b"), at(h + "mlp.fc.w"), at(h + "mlp.fc.b"),
                         at(h + "mlp.proj.w"), at(h + "mlp.proj.b"), at(h + "mlp.router.w"),
-                        at(h + "mlp.experts.fc.w"), at(h + "mlp.experts.proj.w"), at(h + "mlp.shared.fc.w"),
+                        at(h + "mlp.router.bias"), at(h + "mlp.experts.fc.w"), at(h + "mlp.experts.proj.w"), at(h + "mlp.shared.fc.w"),
                         at(h + "mlp.shared.proj.w")});
   }
   return t;
@@ -599,7 +599,7 @@ void GptModel<Ops>::mlp_forward(int64_t l, LayerActs& a, const Act* in, bool rou
   const int E = static_cast<int>(E_), k = static_cast<int>(k_), Fe = static_cast<int>(Fe_);
   if (route) {
     ops_.router_forward(a.logits, in, w.router_w, N, C, E);
-    Routing r = ops_.route(router_, a.choice, a.weights, a.order, a.pos, a.logits, nullptr, N);
+    Routing r = ops_.route(router_, a.choice, a.weights, a.order, a.pos, a.logits, w.router_bias, N);
     a.counts = std::move(r.counts);
     if (count_routes_) {
       RouteStats& st = *std::find_if(route_stats_.begin(), route_stats_.end(), [&](const RouteStats& x) { return x.layer == l; });

@@ -100,6 +100,10 @@ ParamLayout::ParamLayout(const Config& cfg, int tp_rank, int tp_size, const Mode
       // without biases), and the shared experts as one SwiGLU. A token multiplies k of E experts.
       const int64_t E = m.experts, Fe = m.expert_ffn(), Fs = m.shared_ffn();
       add(h + "mlp.router.w", {E, C}, -1, true, std, 0, l, 1);
+      if (m.router_bias) {
+        add(h + "mlp.router.bias", {E}, -1, false, 0, 0.0, l, 0);
+        if (!tensors_.empty() && tensors_.back().name == h + "mlp.router.bias") tensors_.back().trained = false;
+      }
       add(h + "mlp.experts.fc.w", {E * 2 * Fe, C}, -1, true, std, 0, l, double(m.experts_per_token) / E);
       add(h + "mlp.experts.proj.w", {E * C, Fe}, -1, true, proj_std, 0, l, double(m.experts_per_token) / E);
       if (Fs > 0) {

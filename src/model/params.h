@@ -18,6 +18,8 @@
 //   an MoE layer (model.layer_is_moe(l)) holds instead, without biases (E experts of Fe
 //   features, shared experts of Fs in all):
 //   h.<l>.mlp.router.w        (E, C)
+//   h.<l>.mlp.router.bias     (E)         with model.router_bias: added to the scores for the choice
+//                                         only; not trained (ParamSpec::trained), moved by moe.bias_rate
 //   h.<l>.mlp.experts.fc.w    (E 2Fe, C)  expert e's rows [2Fe e, 2Fe (e+1)), ordered (Fe, 2) as fc's
 //   h.<l>.mlp.experts.proj.w  (E C, Fe)   expert e's rows [C e, C (e+1))
 //   h.<l>.mlp.shared.fc.w     (2Fs, C)    h.<l>.mlp.shared.proj.w (C, Fs)   (when Fs > 0)
@@ -72,6 +74,9 @@ struct ParamSpec {
   std::vector<int64_t> global_shape;   // of the canonical tensor
   std::vector<int64_t> global_offset;  // of the shard inside it, per dimension
   int split_dim = -1;                  // the dimension TP splits; -1 = replicated on every rank
+  // false: model state that no gradient moves and the optimizers leave alone, updated by a rule
+  // of its own (an MoE router's expert bias); checkpointed as the weights are.
+  bool trained = true;
 
   bool replicated() const { return split_dim < 0; }
   // The canonical (row-major) element index of the shard's element i.

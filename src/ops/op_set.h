@@ -109,7 +109,7 @@ concept OpSet = requires(const O& o, typename O::Act* a, const typename O::Act* 
   { o.moe_refusal() } -> std::convertible_to<std::string>;
   o.router_forward(f, ca, cp, i, i, i);
   o.router_backward(a, f, cf, ca, cp, i, i, i);
-  { o.route(router, ids, f, ids, ids, cf, cf, i) } -> std::convertible_to<Routing>;
+  { o.route(router, ids, f, ids, ids, cf, cp, i) } -> std::convertible_to<Routing>;
   o.route_backward(router, f, cf, cf, cids, 1.0f, i);
   o.gather_rows(a, ca, cids, i, i, i);
   o.gather_rows_backward(a, ca, cids, i, i, i);

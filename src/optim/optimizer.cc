@@ -107,6 +107,7 @@ class AdamW final : public Optimizer {
     const float c1 = 1.0 - std::pow(cfg_.beta1, t_), c2 = 1.0 - std::pow(cfg_.beta2, t_);
     for (const OwnedPiece& s : pieces_) {
       const ParamSpec& p = *s.tensor;
+      if (!p.trained) continue;  // state with a rule of its own (params.h)
       const float decay = p.decay ? 1.0 - lr * cfg_.weight_decay : 1.0;
       const int64_t at = p.offset + s.local_begin, n = s.local_end - s.local_begin;
       float *w = params + at, *m = m_.data() + s.packed, *v = v_.data() + s.packed;
@@ -141,6 +142,7 @@ class Lamb final : public Optimizer {
     std::vector<double> sums(2 * layout_.tensors().size(), 0.0);
     for (const OwnedPiece& s : pieces_) {
       const ParamSpec& p = *s.tensor;
+      if (!p.trained) continue;  // state with a rule of its own (params.h)
       const float wd = p.decay ? cfg_.weight_decay : 0.0;
       const int64_t at = p.offset + s.local_begin, n = s.local_end - s.local_begin;
       float *w = params + at, *m = m_.data() + s.packed, *v = v_.data() + s.packed;
@@ -160,6 +162,7 @@ class Lamb final : public Optimizer {
     if (reduce_) reduce_(sums);
     for (const OwnedPiece& s : pieces_) {
       const ParamSpec& p = *s.tensor;
+      if (!p.trained) continue;
       const size_t k = &p - first;
       // Trust ratio per tensor; 1 when either norm is 0 (fresh zero biases, zero updates).
       const double wn = std::sqrt(sums[2 * k]), un = std::sqrt(sums[2 * k + 1]);

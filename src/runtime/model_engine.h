@@ -145,6 +145,7 @@ class ModelEngine final : public Engine {
     std::tie(r.grad_norm, r.stop) = grad_norm(owned, stop);
     r.lr = lr;
     optimizer_->step(master(), model_.grads(), lr, clip_coefficient(r.grad_norm));
+    update_router_bias(r.experts, owned);
     mark_stale(Stale::kGathered);
     if (cfg_.fault.sdc_check_every > 0 && step % cfg_.fault.sdc_check_every == 0)
       owned_hash_ = hash_of(dp_.owned());
@@ -392,6 +393,31 @@ class ModelEngine final : public Engine {
       out.push_back({layers[j], std::vector<double>(at, at + E), at[E + 3], at[E] / n, at[E + 1] / n});
     }
     return out;
+  }
+
+  // DeepSeek-V3's auxiliary-loss-free balancing (model.router_bias): each MoE layer's bias on
+  // its owned elements moves by moe.bias_rate toward the step's mean load, bias_e += rate x
+  // sign(mean - load_e), from the job-wide loads every rank holds alike; the all-gather that
+  // follows brings it to the replicas.
+  void update_router_bias(const std::vector<ExpertLoad>& loads, const std::vector<FlatRange>& owned) {
+    if (!cfg_.model.router_bias || cfg_.moe.bias_rate <= 0) return;
+    for (const ExpertLoad& x : loads) {
+      const ParamSpec* p = model_.layout().get(cat("h.", x.layer, ".mlp.router.bias"));
+      if (!p) continue;  // another stage's layer
+      double mean = 0;
+      for (double t : x.tokens) mean += t / double(x.tokens.size());
+      for (const FlatRange& o : owned) {
+        const int64_t b = std::max(o.begin, p->offset), e = std::min(o.end, p->offset + p->numel);
+        if (b >= e) continue;
+        std::vector<float> bias(static_cast<size_t>(e - b));
+        model_.ops().download(bias.data(), master() + b, e - b);
+        for (int64_t i = b; i < e; ++i) {
+          const double load = x.tokens[static_cast<size_t>(i - p->offset)];
+          bias[i - b] += static_cast<float>(cfg_.moe.bias_rate * double((mean > load) - (mean < load)));
+        }
+        model_.ops().upload(master() + b, bias.data(), e - b);
+      }
+    }
   }
 
   // The step's loss lives on the last stage: broadcast over the pipeline, averaged over dp.

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "test_util.h"
 #include "observe/tensorboard.h"
@@ -127,8 +128,10 @@ TEST_F(Cli, ResumeIsBitwiseIdentical) {
 // A mixture of experts trains, resumes bitwise (the routing is deterministic: the rows go to the
 // experts in one order), samples, and is never filled from a dense checkpoint, or the reverse.
 TEST_F(Cli, AMixtureOfExpertsResumesBitwiseAndNeverTakesADenseModelsWeights) {
+  // With DeepSeek-V3's bias (a power of two of a rate, so that its sums are exact).
   const std::string moe = "--set model.mlp=swiglu --set model.experts=4 --set model.experts_per_token=2 "
                           "--set model.expert_hidden=48 --set model.shared_experts=1 --set model.dense_layers=1 "
+                          "--set model.router_bias=true --set moe.bias_rate=0.015625 "
                           "--set moe.z_loss=0.001 --set train.steps=8 --set checkpoint.every=4 ";
   const fs::path straight = dir_ / "moe_straight", split = dir_ / "moe_split";
   Result a = run(train_args(straight, moe));
@@ -157,6 +160,20 @@ TEST_F(Cli, AMixtureOfExpertsResumesBitwiseAndNeverTakesADenseModelsWeights) {
     EXPECT_DOUBLE_EQ(m["expert_imbalance/1"].get<double>(), most / (rows / 4)) << m.dump();
     EXPECT_GT(m["moe_aux_loss"].get<double>(), 0) << m.dump();
     EXPECT_GT(m["moe_z_loss"].get<double>(), 0) << m.dump();
+  }
+  // The bias after 4 steps: each step moved it by the rate toward that step's mean load.
+  {
+    std::vector<double> want(4, 0.0);
+    for (size_t i = 0; i < 4; ++i) {
+      const auto load = ma[i]["expert_load"]["1"].get<std::vector<double>>();
+      for (size_t e = 0; e < 4; ++e) want[e] += 0.015625 * ((128.0 > load[e]) - (128.0 < load[e]));  // mean 512 / 4
+    }
+    const std::string ckpt = (straight / "checkpoints/step_00000004").string();
+    std::vector<float> bias(4);
+    myriad::checkpoint::load(ckpt, myriad::checkpoint::read_meta(ckpt),
+                             {{"model/h.1.mlp.router.bias", {4}, {0}, {4}, bias.data()}});
+    for (size_t e = 0; e < 4; ++e) EXPECT_EQ(bias[e], want[e]) << "expert " << e;
+    EXPECT_NE(want, std::vector<double>(4, 0.0)) << "the loads were never uneven: the test saw no update";
   }
   std::map<std::string, int> tb;
   for (const auto& e : fs::directory_iterator(straight / "tensorboard"))

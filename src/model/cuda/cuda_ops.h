@@ -192,7 +192,7 @@ class CudaOps {
   }
   void router_forward(float*, const Act*, const Param*, int, int, int) const { moe_not_built(); }
   void router_backward(Act*, float*, const float*, const Act*, const Param*, int, int, int) const { moe_not_built(); }
-  Routing route(const Router&, int32_t*, float*, int32_t*, int32_t*, const float*, const float*, int) const {
+  Routing route(const Router&, int32_t*, float*, int32_t*, int32_t*, const float*, const Param*, int) const {
     moe_not_built();
   }
   void route_backward(const Router&, float*, const float*, const float*, const int32_t*, float, int) const {

@@ -186,7 +186,7 @@ class CpuOps {
   // Returns the rows per expert, the rows dropped and the layer's aux and z losses (its balance
   // that of the choice, before any drop).
   Routing route(const Router& r, int32_t* choice, float* weights, int32_t* order, int32_t* pos, const float* logits,
-                const float* bias, int N) const;
+                const Param* bias, int N) const;
   // dlogits (N,E) (=): from dweights (N,k), the gradient of the weights route() gave, and
   // grad_scale x (r.aux_loss x aux + r.z_loss x z) of this micro-batch's choice.
   void route_backward(const Router& r, float* dlogits, const float* dweights, const float* logits,

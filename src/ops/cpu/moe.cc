@@ -42,7 +42,7 @@ void CpuOps::router_backward(Act* dx, float* dw, const float* dlogits, const Act
 }
 
 Routing CpuOps::route(const Router& r, int32_t* choice, float* weights, int32_t* order, int32_t* pos,
-                      const float* logits, const float* bias, int N) const {
+                      const float* logits, const Param* bias, int N) const {
   const int E = r.experts, k = r.top_k, G = std::max(r.groups, 1), per = E / G;
   MYRIAD_CHECK(E > 0 && k >= 1 && k <= E && E % G == 0 && r.top_groups >= 1 && r.top_groups <= G &&
                    k <= r.top_groups * per,

@@ -34,6 +34,9 @@ class CudaOptimizer final : public Optimizer {
         const OwnedPiece& p = pieces_[k];
         const int64_t at = p.tensor->offset + p.local_begin;
         if (at >= r.end) break;
+        // Its kernels update every element of a range: untrained state (an MoE router's bias)
+        // is not theirs to skip yet, and the CUDA op set refuses MoE models before it gets here.
+        MYRIAD_CHECK(p.tensor->trained, "the CUDA optimizer cannot leave ", p.tensor->name, " untrained yet");
         segments.push_back(at - r.begin);
         decay.push_back(p.tensor->decay);
         ++out.count;

@@ -229,6 +229,12 @@ TEST_P(TorchReference, LogitsLossGradsAndOneOptimizerStep) {
     clip_grad_norm(g.data(), P, oc.grad_clip);
     make_optimizer(oc, layout)->step(w.data(), g.data(), oc.lr);
     std::vector<float> ref = read_f32(dir / cat("ref_", name, ".bin"), P);
+    // State that is not trained (an MoE router's bias) is left as it was, bit for bit.
+    for (const ParamSpec& p : layout.tensors())
+      if (!p.trained) {
+        EXPECT_TRUE(std::equal(w.begin() + p.offset, w.begin() + p.offset + p.numel, w0.begin() + p.offset))
+            << name << " moved " << p.name;
+      }
     // Adam's first step divides each gradient by its own magnitude, so where the gradient is at
     // rounding-noise scale the step is noise too. The key bias's gradient is zero in exact
     // arithmetic (it adds one constant to a row of scores); an fc weight whose rows sit deep in
@@ -298,11 +304,12 @@ INSTANTIATE_TEST_SUITE_P(
                                             "model.shared_expert_hidden=20", "model.dense_layers=1",
                                             "moe.aux_loss=0.05"}),
                               false, false, false, true},
-                      // DeepSeek-V3's group-limited routing (2 of 4 groups of 2), sigmoid scores
-                      // renormalized, and a capacity that drops rows (the lowest weights);
+                      // DeepSeek-V3's routing: sigmoid scores renormalized, a bias on the keys of
+                      // the choice (random here; never trained: unchanged by both steps), 2 of 4
+                      // groups of 2; and a capacity that drops rows (the lowest weights);
                       Variant{"moe_groups_capacity", false, 0, false,
                               with(kLlama, {"model.experts=8", "model.experts_per_token=3", "model.expert_hidden=16",
-                                            "model.router_score=sigmoid", "model.router_groups=4",
+                                            "model.router_score=sigmoid", "model.router_bias=true", "model.router_groups=4",
                                             "model.router_top_groups=2", "moe.capacity_factor=1.25",
                                             "moe.aux_loss=0.02"}),
                               false, false, false, false, true},
