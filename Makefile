@@ -4,7 +4,7 @@ PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
 export OMP_NUM_THREADS ?= $(shell nproc)
 
-.PHONY: setup build test demo demo-3d demo-llama bench install clean
+.PHONY: setup build test demo demo-3d demo-llama demo-moe bench install clean
 
 setup:
 	@bash scripts/setup.sh
@@ -34,6 +34,12 @@ demo-3d: build
 demo-llama: TARGET = --target myriad
 demo-llama: build
 	@RUN_DIR=runs/demo-llama CONFIG=configs/demo-llama.toml bash scripts/demo.sh
+
+# The mixture-of-experts demo (configs/demo-moe.toml): the Llama demo's MLPs as 16 experts, 4 per
+# token, of the same active size.
+demo-moe: TARGET = --target myriad
+demo-moe: build
+	@RUN_DIR=runs/demo-moe CONFIG=configs/demo-moe.toml bash scripts/demo.sh
 
 bench: TARGET = --target myriad
 bench: build
