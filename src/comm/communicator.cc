@@ -43,6 +43,8 @@ const char* op_name(OpKind op) {
       return "recv";
     case OpKind::kBarrier:
       return "barrier";
+    case OpKind::kAllToAll:
+      return "all_to_all";
   }
   return "?";
 }

@@ -35,7 +35,7 @@ namespace myriad::comm {
 class Store;
 struct GroupSpec;
 
-enum class OpKind { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kSend, kRecv, kBarrier };
+enum class OpKind { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kSend, kRecv, kBarrier, kAllToAll };
 const char* op_name(OpKind op);  // "all_reduce", ...
 
 enum class OpState { kQueued, kRunning, kDone, kFailed, kAborted };
@@ -124,6 +124,13 @@ class Communicator {
     return recv_bytes(data, count * int64_t(sizeof(float)), peer, stream);
   }
   virtual WorkPtr barrier(Stream stream = nullptr) = 0;
+  // Variable-count all-to-all (a mixture of experts' dispatch and combine): in holds size()
+  // consecutive blocks, block p of send[p] bytes for rank p; out receives size() blocks, block p
+  // of recv[p] bytes from rank p, in rank order. recv[p] must equal rank p's send[rank()] (the
+  // caller exchanges the counts first); send[rank()] == recv[rank()] is copied locally. in and
+  // out do not overlap. Gloo only for now: NCCL's grouped sends and receives are not built yet.
+  virtual WorkPtr all_to_all_bytes(const void* in, const std::vector<int64_t>& send, void* out,
+                                   const std::vector<int64_t>& recv, Stream stream = nullptr) = 0;
 
   // Fails every pending operation (state aborted, waiters get an Error(kComm) carrying `why`) at
   // once, and every later one. Idempotent; any thread. NCCL: ncclCommAbort. Gloo: our own waits

@@ -127,6 +127,7 @@ class Staged {
 
 constexpr uint8_t kReduceScatterSlot = 0x4d;  // Gloo's own prefixes are 0x01..0x08
 constexpr uint8_t kPointToPointSlot = 0x4e;
+constexpr uint8_t kAllToAllSlot = 0x4f;
 
 // Gloo's rendezvous store on top of ours, every key under `prefix`.
 class StoreAdapter final : public gloo::rendezvous::Store {
@@ -349,6 +350,48 @@ class GlooCommunicator final : public Communicator {
       auto buf = context_->createUnboundBuffer(dst.host<char>(), static_cast<size_t>(bytes));
       buf->recv(peer, gloo::Slot::build(kPointToPointSlot, tag));
       wait_recv(*buf);
+      dst.out();
+      return none();
+    });
+  }
+
+  // Every block a message of its own on unbound buffers (one per peer and direction, under a
+  // slot of the operation's tag): all receives posted, then all sends, then each awaited.
+  WorkPtr all_to_all_bytes(const void* in, const std::vector<int64_t>& send, void* out,
+                           const std::vector<int64_t>& recv, Stream stream) override {
+    if (int(send.size()) != size() || int(recv.size()) != size())
+      throw Error(ErrorClass::kInternal, cat("all_to_all in group ", name(), " of ", size(), " ranks: ", send.size(),
+                                             " send and ", recv.size(), " receive counts"));
+    int64_t sent = 0, received = 0;
+    for (int p = 0; p < size(); ++p) {
+      check_count(send[p]);
+      check_count(recv[p]);
+      sent += send[p], received += recv[p];
+    }
+    if (send[rank()] != recv[rank()])
+      throw Error(ErrorClass::kInternal, cat("all_to_all in group ", name(), ": rank ", rank(), " sends itself ",
+                                             send[rank()], " bytes but receives ", recv[rank()]));
+    return enqueue(OpKind::kAllToAll, sent, -1, [this, in, send, out, recv, sent, received, stream](uint32_t tag) {
+      Staged src(const_cast<void*>(in), sent, stream), dst(out, received, stream);
+      src.in();
+      char *from = src.host<char>(), *to = dst.host<char>();
+      std::vector<int64_t> soff(size() + 1, 0), roff(size() + 1, 0);
+      for (int p = 0; p < size(); ++p) soff[p + 1] = soff[p] + send[p], roff[p + 1] = roff[p] + recv[p];
+      if (send[rank()] > 0) std::memcpy(to + roff[rank()], from + soff[rank()], static_cast<size_t>(send[rank()]));
+      const uint64_t slot = gloo::Slot::build(kAllToAllSlot, tag);
+      std::vector<std::unique_ptr<UnboundBuffer>> receives, sends;
+      for (int p = 0; p < size(); ++p)
+        if (p != rank() && recv[p] > 0) {
+          receives.push_back(context_->createUnboundBuffer(to + roff[p], static_cast<size_t>(recv[p])));
+          receives.back()->recv(p, slot);
+        }
+      for (int p = 0; p < size(); ++p)
+        if (p != rank() && send[p] > 0) {
+          sends.push_back(context_->createUnboundBuffer(from + soff[p], static_cast<size_t>(send[p])));
+          sends.back()->send(p, slot);
+        }
+      for (auto& b : receives) wait_recv(*b);
+      for (auto& b : sends) wait_send(*b);
       dst.out();
       return none();
     });
