@@ -121,11 +121,11 @@ compare "Llama: tp 2 x pp 2 x dp 2 + sp (8 processes)" llama_3d llama_one
 MYRIAD_INJECT_FAULT=step:14:kill@rank=0 LFLAGS="--max-restarts 1" launch llama_one_killed 1 "${llama[@]}"
 resumed_bitwise "Llama on one GPU killed at step 14, restarted" llama_one llama_one_killed
 
-# Attention inside documents (data.document_mask), each line of the docs a document packed into rows:
+# Attention inside documents (data.document_mask), each line of the snapshot a document packed into rows:
 # the one-GPU run against the CPU's and against the GPU run without the mask (it must differ);
 # without the end positions' loss and with a window against the CPU and in tp 2 + sp; pp 2
 # interleaved with full recompute, and 3D against one GPU.
-awk 'NF { print; print "%" }' README.md docs/*.md > "$W/lines.txt"
+awk 'NF { print; print "%" }' $C/readme.txt $C/architecture.txt $C/reliability.txt > "$W/lines.txt"
 $B prepare --input "$W/lines.txt" --tokenizer byte --doc-separator % --output "$W/p" >/dev/null 2>&1
 # At optim.lr 5e-4: at 1e-3 this corpus (each line a document) spikes at step 19 without the
 # end positions' loss, and bf16 and fp32 trajectories part there by percents (measured on
@@ -138,8 +138,12 @@ train1 docs_unmasked --set data.train="$W/p"
 python3 - "$W/docs_one/metrics.jsonl" "$W/docs_unmasked/metrics.jsonl" <<'EOF2' || fail=1
 import json, sys
 a, b = ([json.loads(l)["loss"] for l in open(f)] for f in sys.argv[1:])
-ok = bool(a) and abs(a[0] - b[0]) > 1e-4 * b[0]
-print(f"{'ok' if ok else 'FAIL'}: documents: the mask changes the first step's loss ({a[0]:.5f} masked, {b[0]:.5f} not)")
+# The largest step's difference: at the first step attention is near uniform and the mask moves
+# the loss by about 1e-4 only (5.50010 against 5.49961 on an H100, 2026-12-05), within reach of
+# bf16's noise; over 20 steps it reaches 0.3% (the CPU on this corpus), the GPU's noise 0.06%.
+worst = max((abs(x - y) / y for x, y in zip(a, b)), default=0)
+ok = bool(a) and worst > 1e-3
+print(f"{'ok' if ok else 'FAIL'}: documents: the mask changes the losses, by up to {worst:.3%} over {len(a)} steps")
 sys.exit(0 if ok else 1)
 EOF2
 ends=(--set data.document_end_loss=false --set model.window=24)

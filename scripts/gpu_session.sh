@@ -17,3 +17,6 @@ for name in ${BENCH:-}; do
   tail -n 5 /tmp/bench/*.err > "$OUT/bench_err.txt" 2>/dev/null
   echo "$name done after $(( $(date +%s) - start )) s" | tee -a "$OUT/bench.txt"
 done
+# The device call returns only a few files: everything in one archive, beside the summary.
+( cd "$OUT" && tar czf /tmp/session_logs.tgz --exclude=logs.tgz . && find . -type f ! -name check.txt ! -name bench.txt -delete \
+  && find . -mindepth 1 -type d -empty -delete && mv /tmp/session_logs.tgz logs.tgz )
