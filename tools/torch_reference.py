@@ -65,6 +65,8 @@ class Spec:
         self.mlp = str(js.get("mlp", "gelu"))
         self.mlp_hidden = int(js.get("mlp_hidden", 4 * self.d_model))
         self.kv_heads = int(js.get("kv_heads", self.heads))
+        self.head_dim = int(js.get("head_dim", 0)) or self.d_model // self.heads
+        self.qk_norm = str(js.get("qk_norm", ""))  # "", "head" (Qwen3), "all" (OLMoE)
         self.tied = bool(js.get("tied", True))
         # A mixture of experts (docs/notes/moe.md): absent or 0 experts, a dense model.
         self.experts = int(js.get("experts", 0))
@@ -91,7 +93,7 @@ class Spec:
         self.weight_decay = float(opt.get("weight_decay", 0.0))
         self.grad_clip = float(opt.get("grad_clip", 0.0))
         self.decay = set(js.get("decay", []))
-        if self.d_model % self.heads != 0:
+        if "head_dim" not in js and self.d_model % self.heads != 0:
             raise ValueError(f"d_model {self.d_model} is not a multiple of heads {self.heads}")
         if self.kv_heads <= 0 or self.heads % self.kv_heads != 0:
             raise ValueError(f"heads {self.heads} is not a multiple of kv_heads {self.kv_heads}")
@@ -100,8 +102,8 @@ class Spec:
                                     ("mlp", self.mlp, ("gelu", "swiglu"))):
             if value not in allowed:
                 raise ValueError(f"{key} {value!r} is not one of {allowed}")
-        if self.positions == "rope" and (self.d_model // self.heads) % 2 != 0:
-            raise ValueError(f"rope needs an even head dimension, not {self.d_model // self.heads}")
+        if self.positions == "rope" and self.head_dim % 2 != 0:
+            raise ValueError(f"rope needs an even head dimension, not {self.head_dim}")
         if self.mlp_hidden <= 0:
             raise ValueError(f"mlp_hidden {self.mlp_hidden} is not positive")
         unknown = self.decay - {name for name, _, _ in self.params}
@@ -235,12 +237,20 @@ def attend(q, k, v, ok):
 def attention(n, P, prefix, spec, ok, freqs):
     B, T, C = n.shape
     H, Hkv = spec.heads, spec.kv_heads
-    G, D = H // Hkv, C // H
+    G, D = H // Hkv, spec.head_dim
     # Per token (Hkv, G+2, D): each key/value group's G query heads, then its key, its value.
     qkv = linear(n, P, prefix + ".qkv").view(B, T, Hkv, G + 2, D)
     q = qkv[:, :, :, :G, :].reshape(B, T, H, D).transpose(1, 2)  # (B, H, T, D), h = g*G + j
     k = qkv[:, :, :, G, :].transpose(1, 2)  # (B, Hkv, T, D)
     v = qkv[:, :, :, G + 1, :].transpose(1, 2)
+    if spec.qk_norm == "head":  # Qwen3: each head over its D features
+        q = rms_norm(q, P[prefix + ".q_norm.w"], spec.norm_eps)
+        k = rms_norm(k, P[prefix + ".k_norm.w"], spec.norm_eps)
+    elif spec.qk_norm == "all":  # OLMoE: a token's queries together, its keys together
+        def whole(x, w):
+            flat = x.transpose(1, 2).reshape(B, T, -1)
+            return rms_norm(flat, w, spec.norm_eps).view(B, T, -1, D).transpose(1, 2)
+        q, k = whole(q, P[prefix + ".q_norm.w"]), whole(k, P[prefix + ".k_norm.w"])
     if freqs is not None:
         q, k = rotate(q, freqs), rotate(k, freqs)
     out = attend(q, k, v, ok)  # (B, H, T, D)
@@ -335,7 +345,7 @@ def forward(P, spec, tokens, docs=None, router=None):
             y = y.masked_fill(docs[:, 1:] == torch.arange(1, T + 1).view(1, T), -100)
     freqs = None
     if spec.positions == "rope":
-        freqs = rope_frequencies(spec.rope_theta, spec.d_model // spec.heads, spec.rope_scaling)
+        freqs = rope_frequencies(spec.rope_theta, spec.head_dim, spec.rope_scaling)
         h = P["wte"][x]
     else:
         h = P["wte"][x] + P["wpe"][:T]

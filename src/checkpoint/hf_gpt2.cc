@@ -115,6 +115,9 @@ bool mask_buffer(const std::string& name) {
 bool claims(const ModelConfig&) { return true; }  // whatever the Llama family does not
 
 std::string unfit(const ModelConfig& m) {
+  if (m.head_dim() * m.heads != m.d_model)
+    return cat("model.head_dim = ", m.head_dim(), " (GPT-2's head size is n_embd / n_head)");
+  if (!m.qk_norm.empty()) return cat("model.qk_norm = \"", m.qk_norm, "\" (GPT-2 has no query and key norms)");
   if (m.parallel_block) return "model.parallel_block = true (GPT-2's blocks are sequential)";
   if (m.window > 0) return cat("model.window = ", m.window, " (GPT-2's attention is full causal)");
   if (!m.bias) return "model.bias = false (GPT-2's linears have biases)";

@@ -63,6 +63,11 @@ std::string unfit(const ModelConfig& m) {
   if (m.moe())
     return cat("model.experts = ", m.experts, " (a mixture of experts; LlamaForCausalLM's MLP is dense, and Myriad does "
                "not write Mixtral or Qwen3-MoE yet)");
+  if (m.head_dim() * m.heads != m.d_model)
+    return cat("model.head_dim = ", m.head_dim(), " apart from d_model / heads (Myriad does not write it yet)");
+  if (!m.qk_norm.empty())
+    return cat("model.qk_norm = \"", m.qk_norm, "\" (LlamaForCausalLM has no query and key norms; Myriad does not "
+               "write Qwen3 or OLMoE yet)");
   if (!m.rmsnorm()) return cat("model.norm = \"", m.norm, "\" (LlamaForCausalLM's norm is RMSNorm)");
   if (!m.rope())
     return cat("model.position_encoding = \"", m.position_encoding, "\" (LlamaForCausalLM's positions are rotary)");
@@ -204,7 +209,8 @@ Config from_hf_config(const nlohmann::json& hf, const std::string& where) {
     if (m.d_model % m.heads != 0 || d != m.d_model / m.heads)
       throw_input(where, "head_dim = ", hf["head_dim"].dump(), " but hidden_size / num_attention_heads = ", m.d_model, " / ",
                   m.heads, m.d_model % m.heads == 0 ? cat(" = ", m.d_model / m.heads) : std::string(),
-                  ": Myriad's head size is d_model / heads (a head_dim of its own is not supported)");
+                  ": Myriad imports LlamaForCausalLM with a head size of hidden_size / num_attention_heads only (a "
+                  "head_dim of its own, as Qwen3's, is not imported yet)");
   }
   if (m.d_model % m.heads != 0)
     throw_input(where, "hidden_size = ", m.d_model, " is not a multiple of num_attention_heads = ", m.heads);

@@ -258,9 +258,10 @@ void Config::validate() const {
   positive("model.seq_len", m.seq_len);
   positive("model.init_std", m.init_std);
   if (m.vocab_size < 2) throw_input("config: model.vocab_size must be at least 2, got ", m.vocab_size);
-  if (m.d_model % m.heads != 0)
+  non_negative("model.head_dim", m.head_size);
+  if (m.head_size == 0 && m.d_model % m.heads != 0)
     throw_input("config: model.d_model (", m.d_model, ") must be divisible by model.heads (",
-                m.heads, "): head size = d_model / heads");
+                m.heads, "): head size = d_model / heads, unless model.head_dim gives it");
   non_negative("model.positions", m.positions);
   if (m.positions > 0 && m.seq_len > m.positions)
     throw_input("config: model.seq_len (", m.seq_len, ") exceeds model.positions (", m.positions,
@@ -280,7 +281,7 @@ void Config::validate() const {
     positive("model.rope_theta", m.rope_theta);
     if (m.head_dim() % 2 != 0)
       throw_input("config: model.position_encoding = \"rope\" rotates pairs of a head's features, but the head "
-                  "size d_model / heads = ", m.head_dim(), " is odd");
+                  "size ", m.head_size > 0 ? "model.head_dim" : "d_model / heads", " = ", m.head_dim(), " is odd");
     require_one_of("model.rope_scaling", m.rope_scaling, {"", "llama3"});
     if (m.rope_scaling == "llama3") {
       positive("model.rope_factor", m.rope_factor);
@@ -291,6 +292,9 @@ void Config::validate() const {
                     ") must exceed model.rope_low_freq_factor (", m.rope_low_freq_factor, ")");
     }
   }
+  if (m.qk_norm != "" && m.qk_norm != "head" && m.qk_norm != "all")
+    throw_input("config: model.qk_norm = \"", m.qk_norm, "\" is not one of: \"\" (none), head (each head, Qwen3's), "
+                "all (a token's queries and keys, OLMoE's)");
   require_one_of("model.mlp", m.mlp, {"gelu", "swiglu"});
   non_negative("model.mlp_hidden", m.mlp_hidden);
   non_negative("model.kv_heads", m.kv_heads);

@@ -37,6 +37,11 @@ struct ModelConfig {
   std::string mlp = "gelu";                  // gelu, swiglu
   int64_t mlp_hidden = 0;                    // the MLP's features F; 0 = 4 d_model
   int64_t kv_heads = 0;                      // key/value heads (GQA; 1 = MQA); 0 = heads
+  int64_t head_size = 0;                     // key "head_dim": each head's features D; 0 = d_model / heads
+  // RMSNorm on the queries and keys after the QKV GEMM, before RoPE: "" none, "head" over each
+  // head's D features with one weight (D) for q and one for k (Qwen3), "all" over a token's
+  // H D query and Hkv D key features (OLMoE, OLMo 2).
+  std::string qk_norm;
   bool tied_embeddings = true;               // the LM head is the token embedding
   double init_std = 0.02;
   int64_t seed = 1234;        // initialization seed
@@ -57,7 +62,7 @@ struct ModelConfig {
   int64_t router_groups = 1;           // group-limited routing: groups of experts (n_group); 1 = none
   int64_t router_top_groups = 1;       // the groups a token may use (topk_group)
 
-  int64_t head_dim() const { return d_model / heads; }
+  int64_t head_dim() const { return head_size > 0 ? head_size : d_model / heads; }
   int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t ffn() const { return mlp_hidden > 0 ? mlp_hidden : 4 * d_model; }
   bool rope() const { return position_encoding == "rope"; }
@@ -265,6 +270,8 @@ struct Config {
     f("model", "mlp", model.mlp);
     f("model", "mlp_hidden", model.mlp_hidden);
     f("model", "kv_heads", model.kv_heads);
+    f("model", "head_dim", model.head_size);
+    f("model", "qk_norm", model.qk_norm);
     f("model", "tied_embeddings", model.tied_embeddings);
     f("model", "init_std", model.init_std);
     f("model", "seed", model.seed);

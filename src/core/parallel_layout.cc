@@ -58,6 +58,10 @@ ParallelLayout ParallelLayout::of(const Config& cfg, int64_t dp) {
   if (m.ffn() % l.tp != 0)
     throw_input("config: the MLP's features (model.mlp_hidden, ", m.ffn(), ") must be divisible by parallel.tp (", l.tp,
                 ")");
+  if (!m.qk_norm.empty() && l.tp > 1)
+    throw_input("config: model.qk_norm = \"", m.qk_norm, "\" with parallel.tp = ", l.tp,
+                ": the norms' weights would get partial gradients from each rank's heads, which are not summed yet; use "
+                "parallel.tp = 1");
   if (m.moe() && l.tp > 1)
     throw_input("config: model.experts = ", m.experts, " with parallel.tp = ", l.tp,
                 ": the MoE layers split over ranks with expert parallelism, which is not built yet (docs/notes/moe.md); "

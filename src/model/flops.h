@@ -43,7 +43,8 @@ inline ParamCounts param_counts(const ModelConfig& m) {
   const double d = double(m.d_model), D = double(m.head_dim()), V = double(m.vocab_size);
   const double norm = m.bias && !m.rmsnorm() ? 2 * d : d;  // LayerNorm's bias too
   const double qkv = d * (double(m.heads) + 2 * double(m.kv())) * D, attn_out = double(m.heads) * D * d;
-  const double attn = qkv + attn_out + (m.bias ? (double(m.heads) + 2 * double(m.kv())) * D + d : 0);
+  const double qk_norm = m.qk_norm == "head" ? 2 * D : m.qk_norm == "all" ? (double(m.heads) + double(m.kv())) * D : 0;
+  const double attn = qkv + attn_out + qk_norm + (m.bias ? (double(m.heads) + 2 * double(m.kv())) * D + d : 0);
   const double norms = norm * (m.parallel_block ? 1 : 2);
   const double F = double(m.ffn());
   const double dense_mlp = d * F * (m.swiglu() ? 3 : 2) + (m.bias ? F * (m.swiglu() ? 2 : 1) + d : 0);

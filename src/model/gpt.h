@@ -175,7 +175,9 @@ class GptModel {
     Act *in;              // (B,T,C) the layer's input: the residual stream (R rows)
     Act *ln1;             // (B,T,C) (all N rows, gathered with SP)
     float *ln1_mean, *ln1_rstd;  // (R), (R) (the mean LayerNorm's only)
-    Act *qkv;             // (B,T,Ql) laid out (Hkvl,G+2,D), q and k rotated with RoPE
+    Act *qkv;             // (B,T,Ql) laid out (Hkvl,G+2,D), q and k normed (qk_norm) and rotated with RoPE
+    Act *qkv_raw;         // (B,T,Ql) with model.qk_norm: the QKV GEMM's output, before the norm
+    float *qk_rstd;       // (B,T,Hl+Hkvl) or (B,T,2): the norm's rstds
     float *saved;         // what attention keeps for backward (Ops::attention_saved floats)
     Act *atty;            // (B,T,Cl) attention output before the projection, (Hl,D)
     Act *mid;             // (B,T,C) residual after attention (sequential block only; R rows)
@@ -261,6 +263,7 @@ class GptModel {
   template <class T>
   struct LayerTensors {
     T *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
+    T *q_norm_w, *k_norm_w;  // model.qk_norm's
     T *router_w, *router_bias, *experts_fc_w, *experts_proj_w, *shared_fc_w, *shared_proj_w;  // an MoE layer's
   };
   template <class T>
@@ -322,6 +325,7 @@ class GptModel {
   // MLP pre-activation width, vocab rows, and its first vocab row.
   int64_t Hl_, Hkvl_, Cl_, Ql_, Fl_, Pl_, Vl_, v0_;
   Norm norm_;
+  QkNorm qk_norm_;  // the queries' and keys' norm (kNone: none)
   Mlp mlp_;
   // A mixture of experts: the router, the experts per layer E, per token k, each expert's
   // features Fe and the shared experts' Fs (0: none).

@@ -73,6 +73,10 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
       Vl_(Vp_ / tps_),
       v0_(Vl_ * tpr_),
       norm_{cfg.model.rmsnorm() ? NormKind::kRMSNorm : NormKind::kLayerNorm, static_cast<float>(cfg.model.norm_eps)},
+      qk_norm_{cfg.model.qk_norm == "head"  ? QkNormKind::kHead
+               : cfg.model.qk_norm == "all" ? QkNormKind::kAll
+                                            : QkNormKind::kNone,
+               static_cast<float>(cfg.model.norm_eps)},
       mlp_(cfg.model.swiglu() ? Mlp::kSwiGlu : Mlp::kGelu),
       router_{cfg.model.router_score == "sigmoid" ? RouterScore::kSigmoid : RouterScore::kSoftmax,
               static_cast<int>(cfg.model.experts), static_cast<int>(cfg.model.moe() ? cfg.model.experts_per_token : 0),
@@ -192,6 +196,8 @@ void GptModel<Ops>::carve_layer(LayerActs& l, int64_t& acts, int64_t& floats, in
       l.mid = take(BT * C);
       l.ln2 = take(BT * C), l.ln2_mean = stat(BT), l.ln2_rstd = stat(BT);
     }
+    if (qk_norm_.kind != QkNormKind::kNone)
+      l.qkv_raw = take(BT * Ql_), l.qk_rstd = stat(BT * (qk_norm_.kind == QkNormKind::kHead ? Hl_ + Hkvl_ : 2));
   }
   if (mlp && dense) l.fc = take(BT * Pl_), l.act = take(BT * Fl_);
   if (set && moe) {
@@ -298,7 +304,8 @@ typename GptModel<Ops>::template Tensors<T> GptModel<Ops>::tensors_in(T* base) c
     t.layers.push_back({at(h + "ln1.w"), at(h + "ln1.b"), at(h + "attn.qkv.w"),
                         at(h + "attn.qkv.b"), at(h + "attn.proj.w"), at(h + "attn.proj.b"),
                         at(h + "ln2.w"), at(h + "ln2.b"), at(h + "mlp.fc.w"), at(h + "mlp.fc.b"),
-                        at(h + "mlp.proj.w"), at(h + "mlp.proj.b"), at(h + "mlp.router.w"),
+                        at(h + "mlp.proj.w"), at(h + "mlp.proj.b"), at(h + "attn.q_norm.w"),
+                        at(h + "attn.k_norm.w"), at(h + "mlp.router.w"),
                         at(h + "mlp.router.bias"), at(h + "mlp.experts.fc.w"), at(h + "mlp.experts.proj.w"), at(h + "mlp.shared.fc.w"),
                         at(h + "mlp.shared.proj.w")});
   }
@@ -572,7 +579,9 @@ void GptModel<Ops>::layer_forward(int64_t l, LayerActs& a, const int32_t* docs) 
   const int Hkvl = static_cast<int>(Hkvl_), D = static_cast<int>(D_), G = static_cast<int>(G_);
   const LayerTensors<Param>& w = p_.layers[l];
   column_input_forward(a.ln1, C);
-  ops_.linear_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, C, static_cast<int>(Ql_), block_gemm());
+  const bool qk = qk_norm_.kind != QkNormKind::kNone;
+  ops_.linear_forward(qk ? a.qkv_raw : a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, C, static_cast<int>(Ql_), block_gemm());
+  if (qk) ops_.qk_norm_forward(qk_norm_, a.qkv, a.qk_rstd, a.qkv_raw, w.q_norm_w, w.k_norm_w, N, Hkvl, G, D);
   if (rope_) ops_.rope_forward(a.qkv, B, T, Hkvl, G, D);
   ops_.attention_forward(a.atty, a.saved, a.qkv, B, T, Hl, Hkvl, D, W, docs);
   // The MLP reads LN2(mid = in + attention) in the sequential block and the shared LN1(in) in
@@ -753,6 +762,9 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
     ops_.attention_backward(dqkv_.data(), datty_.data(), a.atty, a.qkv, a.saved, B, T, Hl, Hkvl, D, W,
                             doc_starts(s));
     if (rope_) ops_.rope_backward(dqkv_.data(), B, T, Hkvl, G, D);
+    if (qk_norm_.kind != QkNormKind::kNone)
+      ops_.qk_norm_backward(qk_norm_, dqkv_.data(), g.q_norm_w, g.k_norm_w, a.qkv_raw, w.q_norm_w, w.k_norm_w,
+                            a.qk_rstd, N, Hkvl, G, D);
     ops_.linear_backward(mlp_, dln_.data(), g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, w.qkv_w, nullptr, N, C, Ql,
                          /*accumulate=*/parallel_block_, block_gemm());
     Act* dln1 = column_input_backward(dln_.data(), C);

@@ -27,6 +27,8 @@ struct GptMemoryShape {
   // whether the model has dense layers and MoE layers (the recompute set holds what each needs).
   int64_t E = 0, k = 0, Fe = 0, Fs = 0;
   bool has_dense = true, has_moe = false;
+  // model.qk_norm: the QKV GEMM's output kept beside the normed qkv, and each row's rstds.
+  int64_t qk_rstds = 0;  // per row: Hl + Hkvl ("head"), 2 ("all"), 0 (none)
 };
 
 // The shape of model `m` on a tensor-parallel rank of `tp` with micro-batches of B: its
@@ -40,6 +42,7 @@ inline GptMemoryShape memory_shape(const ModelConfig& m, int64_t tp, int64_t B, 
   s.Vl = padded_vocab / tp;
   s.E = m.experts, s.k = m.moe() ? m.experts_per_token : 0, s.Fe = m.moe() ? m.expert_ffn() : 0, s.Fs = m.shared_ffn();
   s.has_moe = m.moe_layers() > 0, s.has_dense = m.moe_layers() < m.layers;
+  s.qk_rstds = m.qk_norm == "head" ? s.Hl + m.kv() / tp : m.qk_norm == "all" ? 2 : 0;
   return s;
 }
 
@@ -58,6 +61,7 @@ inline LayerCounts layer_counts(const GptMemoryShape& s, bool set, bool mlp, boo
     n.acts += BT * C + BT * s.Ql + BT * s.Cl;  // ln1, qkv, attention output
     n.floats += 2 * BT + s.B * s.Hl * s.T * s.saved_per_row;
     if (!s.parallel_block) n.acts += 2 * BT * C, n.floats += 2 * BT;  // mid, ln2
+    if (s.qk_rstds > 0) n.acts += BT * s.Ql, n.floats += BT * s.qk_rstds;  // the GEMM's qkv, the rstds
   }
   if (mlp && dense) n.acts += BT * s.Pl + BT * s.Fl;  // fc (pre-activation), act
   if (set && moe) n.floats += BT * s.E + BT * s.k, n.ints += 3 * M, n.acts += M * C;  // logits, weights; routes; ys

@@ -93,6 +93,11 @@ ParamLayout::ParamLayout(const Config& cfg, int tp_rank, int tp_size, const Mode
     std::string h = "h." + std::to_string(l) + ".";
     norm(h + "ln1", l);
     linear(h + "attn.qkv", (H + 2 * Hkv) * D, C, std, l, true);
+    if (!m.qk_norm.empty()) {  // RMSNorm weights, 1 at init
+      const bool head = m.qk_norm == "head";
+      add(h + "attn.q_norm.w", {head ? D : H * D}, -1, false, 0, 1.0, l, 0);
+      add(h + "attn.k_norm.w", {head ? D : Hkv * D}, -1, false, 0, 1.0, l, 0);
+    }
     linear(h + "attn.proj", C, H * D, proj_std, l, false);
     if (!m.parallel_block) norm(h + "ln2", l);
     if (m.layer_is_moe(l)) {

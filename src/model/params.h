@@ -9,6 +9,8 @@
 //   h.<l>.attn.qkv.w  ((H+2Hkv)D, C)  rows ordered (Hkv, G+2, D): key/value head g owns the rows
 //   h.<l>.attn.qkv.b  ((H+2Hkv)D)     of its G query heads, then its k, then its v, so a split
 //                                     by key/value heads is contiguous (G = 1: (H, 3, D))
+//   h.<l>.attn.q_norm.w, k_norm.w  with model.qk_norm: (D) each ("head"), or (H D) and (Hkv D)
+//                                  in the canonical head order ("all")
 //   h.<l>.attn.proj.w (C, H D)    input columns ordered (H, D)
 //   h.<l>.attn.proj.b (C)
 //   h.<l>.ln2.w / ln2.b           (C)      absent with the parallel block (one norm feeds both)

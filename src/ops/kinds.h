@@ -14,6 +14,15 @@ struct Norm {
   float eps = 1e-5f;  // RMSNorm's (LayerNorm's is fixed at 1e-5)
 };
 
+// RMSNorm of the queries and keys after the QKV GEMM (model.qk_norm): over each head's D
+// features, one weight (D) for the queries and one for the keys (Qwen3's), or over a token's
+// H D query and Hkv D key features with weights of those sizes (OLMoE's).
+enum class QkNormKind { kNone, kHead, kAll };
+struct QkNorm {
+  QkNormKind kind = QkNormKind::kNone;
+  float eps = 1e-6f;
+};
+
 // The MLP's activation over the first GEMM's output `pre`: GELU of F features, or SwiGLU of F
 // (gate, up) pairs laid out (F, 2), silu(gate) x up.
 enum class Mlp { kGelu, kSwiGlu };

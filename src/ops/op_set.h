@@ -40,7 +40,7 @@ concept OpSet = requires(const O& o, typename O::Act* a, const typename O::Act* 
                          Gemm g, int i, int64_t l, bool b, const std::string& s,
                          const std::vector<std::pair<int64_t, int64_t>>& pieces, const std::vector<double>& freqs,
                          const fp8::Recipe& recipe, fp8::AmaxGroup group, typename O::Param* p, void* v,
-                         size_t z, const Router& router, int32_t* ids, const int64_t* counts) {
+                         size_t z, const Router& router, int32_t* ids, const int64_t* counts, QkNorm qk) {
   // Types and buffers.
   typename O::template Buffer<float>;
   typename O::template Buffer<typename O::Act>;
@@ -89,6 +89,8 @@ concept OpSet = requires(const O& o, typename O::Act* a, const typename O::Act* 
   { o.attention_saved(i, i, i) } -> std::convertible_to<int64_t>;
   o.attention_forward(a, f, ca, i, i, i, i, i, i, cids);
   o.attention_backward(a, ca, ca, ca, cf, i, i, i, i, i, i, cids);
+  o.qk_norm_forward(qk, a, f, ca, cp, cp, i, i, i, i);
+  o.qk_norm_backward(qk, a, f, f, ca, cp, cp, cf, i, i, i, i);
   o.set_rope(freqs);
   o.rope_forward(a, i, i, i, i, i);
   o.rope_backward(a, i, i, i, i, i);

@@ -250,6 +250,9 @@ INSTANTIATE_TEST_SUITE_P(
         // layer, a shared expert; the routers' losses in the gradients).
         Layout{"moe_dp2", 2, kMoe + " --set parallel.dp=2"},
         Layout{"moe_pp2_interleaved", 2, kMoe + " --set parallel.pp=2 --set parallel.virtual_stages=2"},
+        // Qwen3-MoE's attention (its own head size, the query and key norms) over pp x dp.
+        Layout{"qwen3_moe_pp2_dp2", 4, kMoe + " --set model.head_dim=24 --set model.qk_norm=head --set parallel.pp=2 "
+                                              "--set parallel.dp=2"},
         // (DeepSeek-V3's bias, moved by the job-wide load: every replica and stage alike.)
         Layout{"moe_pp2_dp2", 4, kMoe + " --set model.dense_layers=1 --set model.shared_experts=1 --set parallel.pp=2 "
                                         "--set parallel.dp=2 --set parallel.bucket_mb=0.05 --set model.router_bias=true "

@@ -50,7 +50,11 @@ void check_cuda_config(const Config& cfg) {
 }
 
 std::string cuda_unsupported_model(const Config& cfg) {
-  const int64_t D = cfg.model.d_model / cfg.model.heads;
+  const int64_t D = cfg.model.head_dim();
+  if (D * cfg.model.heads != cfg.model.d_model)
+    return cat("model.head_dim = ", D, " apart from d_model / heads has not run on the CUDA op set yet");
+  if (!cfg.model.qk_norm.empty())
+    return cat("model.qk_norm = \"", cfg.model.qk_norm, "\" is not on the CUDA op set yet");
   if (D != 64 && D != 80 && D != 128)
     return cat("head size model.d_model / model.heads = ", D, " is not supported by the CUDA attention (64, 80 or 128)");
   if (cfg.model.d_model % 8 != 0) return cat("model.d_model must be a multiple of 8 on CUDA, got ", cfg.model.d_model);
@@ -784,7 +788,8 @@ void CudaOps::ce_losses(float* losses, float* sums, const float* parts, const in
 }
 
 void CudaOps::moe_not_built() {
-  throw Error(ErrorClass::kInternal, "an MoE op was called on the CUDA op set, which refuses MoE models (moe_refusal)");
+  throw Error(ErrorClass::kInternal, "an op the CUDA op set does not have (MoE, QK-norm) was called; the model should "
+                                     "have been refused (moe_refusal, cuda_unsupported_model)");
 }
 
 void CudaOps::ce_tp_backward(Act* dlogits, const float* mx, const float* sums, float dloss, const int32_t* targets,

@@ -210,6 +210,15 @@ class CudaOps {
   void combine_backward(Act*, float*, const Act*, const Act*, const float*, const int32_t*, int, int, int) const {
     moe_not_built();
   }
+  // The queries' and keys' norm (model.qk_norm): not on this op set yet; cuda_unsupported_model
+  // refuses such a model first (the CPU op set has them).
+  void qk_norm_forward(QkNorm, Act*, float*, const Act*, const Param*, const Param*, int, int, int, int) const {
+    moe_not_built();
+  }
+  void qk_norm_backward(QkNorm, Act*, float*, float*, const Act*, const Param*, const Param*, const float*, int, int,
+                        int, int) const {
+    moe_not_built();
+  }
   [[noreturn]] static void moe_not_built();
   // The tensor-parallel regions reduce in fp32: activations widened before, narrowed after.
   void widen(float* dst, const Act* src, int64_t n) const;

@@ -134,6 +134,16 @@ class CpuOps {
   // dqkv (=); out is attention_forward's output.
   void attention_backward(Act* dqkv, const Act* dout, const Act* out, const Act* qkv, const float* saved, int B,
                           int T, int H, int Hkv, int D, int window, const int32_t* docs = nullptr) const;
+  // The queries' and keys' RMSNorm (ops/kinds.h's QkNorm) on qkv (N tokens, (Hkv, G+2, D) each,
+  // as attention reads it): qkv (=) from raw, the QKV GEMM's output, the values copied; rstd
+  // (N, Hkv (G+1)) per head (kHead: each group's G query heads, then its key head), or (N, 2)
+  // (kAll: the token's queries, its keys). wq and wk: (D) each (kHead), or (Hkv G D) and (Hkv D)
+  // in the canonical head order (kAll). The backward turns dqkv, the gradient of qkv, into the
+  // gradient of raw in place (the values' passes through) and adds the weights' gradients.
+  void qk_norm_forward(QkNorm n, Act* qkv, float* rstd, const Act* raw, const Param* wq, const Param* wk, int N,
+                       int Hkv, int G, int D) const;
+  void qk_norm_backward(QkNorm n, Act* dqkv, float* dwq, float* dwk, const Act* raw, const Param* wq, const Param* wk,
+                        const float* rstd, int N, int Hkv, int G, int D) const;
   // Rotary positions on the query and key heads of qkv, in place (ops/cpu/ops.h): the rotation
   // frequencies (D/2, ops/rope.h) are set once; each row of a micro-batch starts at position 0.
   // The backward rotates dqkv's query and key parts back, in place.

@@ -239,6 +239,20 @@ TEST(Config, ImpossibleMoeShapes) {
   EXPECT_EQ(c.model.expert_ffn(), c.model.ffn());  // expert_hidden 0: mlp_hidden's
 }
 
+// Qwen3's and OLMoE's attention keys.
+TEST(Config, HeadSizeAndQkNorm) {
+  const Config c = parse_config(kSmall, "my.toml", {"model.head_dim=12", "model.qk_norm=head"});
+  EXPECT_EQ(c.model.head_dim(), 12);  // not d_model / heads = 8
+  std::string e = input_error([] { parse_config(kSmall, "my.toml", {"model.qk_norm=layer"}); });
+  EXPECT_NE(e.find("model.qk_norm = \"layer\" is not one of: \"\" (none), head"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "my.toml", {"model.qk_norm=head", "parallel.tp=2"}); });
+  EXPECT_NE(e.find("model.qk_norm = \"head\" with parallel.tp = 2"), std::string::npos) << e;
+  e = input_error([] { parse_config(kSmall, "my.toml", {"model.head_dim=9", "model.position_encoding=rope"}); });
+  EXPECT_NE(e.find("the head size model.head_dim = 9 is odd"), std::string::npos) << e;
+  // d_model need not divide by heads when head_dim is given.
+  EXPECT_EQ(parse_config(kSmall, "my.toml", {"model.d_model=36", "model.head_dim=8"}).model.head_dim(), 8);
+}
+
 // Mixtral's preset holds the published shape: 46.7B parameters of which 12.9B a token uses, in
 // transformers' count (46,702,792,704); the layout holds every one, and MFU's N counts the active
 // matmul weights only.
@@ -253,6 +267,19 @@ TEST(Config, MoePresetsHaveThePublishedCounts) {
   const double d = 4096, layer = d * (32 + 2 * 8) * 128 + 32 * 128 * d + 8 * d + 2 * 3 * d * 14336;
   EXPECT_EQ(model::matmul_params(mx.model, 32000), 32 * layer + 32000 * d);
   EXPECT_EQ(double(ParamLayout(mx).matmul_params()), model::matmul_params(mx.model, 32000));
+  // Qwen3-30B-A3B (a head size of 128 over d 2048 and 32 heads, QK-norm per head, 128 experts, 8
+  // per token) and OLMoE-1B-7B (QK-norm over whole queries and keys, 64 experts, 8 per token):
+  // transformers' counts, 30,532,122,624 and 6,919,161,856, and "3.3B" and "1.3B" active.
+  const Config q = load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/qwen3-30b-a3b.toml");
+  EXPECT_EQ(model::param_counts(q.model).total, 30532122624.0);
+  EXPECT_EQ(model::param_counts(q.model).active, 3353032704.0);
+  EXPECT_EQ(ParamLayout(q).total(), int64_t(model::param_counts(q.model).total));  // 151936 = 1187 x 128
+  const Config o = load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/olmoe-1b-7b.toml");
+  EXPECT_EQ(model::param_counts(o.model).total, 6919161856.0);
+  EXPECT_EQ(model::param_counts(o.model).active, 1282017280.0);
+  EXPECT_EQ(ParamLayout(o).total(), int64_t(model::param_counts(o.model).total));  // 50304 = 393 x 128
+  for (const Config* c : {&q, &o})
+    EXPECT_EQ(double(ParamLayout(*c).matmul_params()), model::matmul_params(c->model, c->padded_vocab()));
   // A dense model's two counts are one, and the Llama preset's is the published one.
   const Config l8 = load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/llama-3-8b.toml");
   EXPECT_EQ(model::param_counts(l8.model).total, 8030261248.0);

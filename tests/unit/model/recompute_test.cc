@@ -73,7 +73,12 @@ INSTANTIATE_TEST_SUITE_P(
                                          Case{"moe", {"model.mlp=swiglu", "model.experts=4", "model.experts_per_token=2",
                                                       "model.expert_hidden=24", "model.shared_experts=1",
                                                       "model.dense_layers=1", "moe.z_loss=0.01",
-                                                      "parallel.virtual_stages=3"}}),
+                                                      "parallel.virtual_stages=3"}},
+                                         // Qwen3's attention: its own head size and the query and
+                                         // key norms, whose input the slot keeps beside qkv
+                                         Case{"qk_norm", {"model.mlp=swiglu", "model.head_dim=24",
+                                                          "model.qk_norm=head", "model.position_encoding=rope",
+                                                          "model.experts=4", "model.experts_per_token=2"}}),
                        ::testing::Values("selective", "full")),
     [](const auto& info) { return std::string(std::get<0>(info.param).name) + "_" + std::get<1>(info.param); });
 
