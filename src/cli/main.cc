@@ -91,6 +91,11 @@ exit codes: 0 success, 1 internal error, 2 bad input or config (do not retry),
 )";
 
 int cmd_train(int argc, char** argv) {
+  // A peer that dies closes its sockets: a write to one (Gloo's, the store's) must fail as a
+  // communication fault, not kill this worker with SIGPIPE, which read as a fault of its own and
+  // blamed the survivor (a restart test saw it on a loaded machine). The launcher gives its
+  // workers SIGPIPE's default; a trainer ignores it.
+  std::signal(SIGPIPE, SIG_IGN);
   cli::Args args("train", argc, argv, {"config", "set", "run-dir", "resume"});
   std::vector<std::string> sets = args.all("set");
   if (args.has("resume")) sets.push_back("checkpoint.resume=" + args.get("resume"));

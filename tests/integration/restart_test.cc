@@ -65,7 +65,7 @@ TEST_F(Restart, KilledWorkerIsRestartedAndEndsWithTheWeightsOfTheRunThatNeverBro
   std::vector<std::string> kinds;
   for (const auto& e : ev) kinds.push_back(e["event"]);
   ASSERT_EQ(kinds, (std::vector<std::string>{"fault", "stop", "diagnose", "restart", "resumed"})) << r.output;
-  EXPECT_EQ(ev[0]["rank"], 1);
+  EXPECT_EQ(ev[0]["rank"], 1) << ev[0].dump() << "\n" << r.output;
   EXPECT_EQ(ev[0]["class"], "runtime fault");
   EXPECT_EQ(ev[0]["attempt"], 0);
   // Stop and check: the node's self-check passed, so it restarts in place.
