@@ -30,6 +30,50 @@ double scores_of(const Router& r, const float* logits, float* scores) {
   return lse;
 }
 
+// The experts a token may choose (allowed, E): all, or with groups those of the top_groups
+// groups whose two best keys sum highest (ties to the lower group).
+void allowed_experts(const Router& r, const float* key, char* allowed) {
+  const int E = r.experts, G = std::max(r.groups, 1), per = E / G;
+  std::fill(allowed, allowed + E, G == 1);
+  if (G == 1) return;
+  std::vector<float> group_key(static_cast<size_t>(G));
+  for (int g = 0; g < G; ++g) {
+    float a = -INFINITY, b = -INFINITY;  // the best two of the group
+    for (int e = g * per; e < (g + 1) * per; ++e)
+      if (key[e] > a) b = a, a = key[e];
+      else if (key[e] > b) b = key[e];
+    group_key[g] = per > 1 ? a + b : a;
+  }
+  std::vector<char> taken(static_cast<size_t>(G), 0);
+  for (int t = 0; t < r.top_groups; ++t) {
+    int best = -1;
+    for (int g = 0; g < G; ++g)
+      if (!taken[g] && (best < 0 || group_key[g] > group_key[best])) best = g;
+    taken[best] = 1;
+    std::fill(allowed + best * per, allowed + (best + 1) * per, 1);
+  }
+}
+
+// With a capacity, each expert keeps its M slots' rows of the highest weights (ties to the lower
+// slot): which slots are dropped (M); out's counts and dropped updated.
+std::vector<char> drop_past_capacity(const Router& r, const int32_t* choice, const float* weights, int64_t M,
+                                     Routing& out) {
+  const int E = r.experts;
+  std::vector<char> dropped(static_cast<size_t>(M), 0);
+  if (r.capacity_factor <= 0) return dropped;
+  const int64_t cap = static_cast<int64_t>(std::ceil(double(r.capacity_factor) * double(M) / E));
+  std::vector<std::vector<int64_t>> slots(static_cast<size_t>(E));
+  for (int64_t s = 0; s < M; ++s) slots[choice[s]].push_back(s);
+  for (int e = 0; e < E; ++e) {
+    if (int64_t(slots[e].size()) <= cap) continue;
+    std::stable_sort(slots[e].begin(), slots[e].end(), [&](int64_t a, int64_t b) { return weights[a] > weights[b]; });
+    for (size_t i = static_cast<size_t>(cap); i < slots[e].size(); ++i) dropped[slots[e][i]] = 1;
+    out.dropped += int64_t(slots[e].size()) - cap;
+    out.counts[e] = cap;
+  }
+  return dropped;
+}
+
 }  // namespace
 
 void CpuOps::router_forward(float* logits, const Act* x, const Param* w, int N, int C, int E) const {
@@ -50,8 +94,8 @@ Routing CpuOps::route(const Router& r, int32_t* choice, float* weights, int32_t*
   Routing out;
   out.counts.assign(static_cast<size_t>(E), 0);
   std::vector<double> mean_score(static_cast<size_t>(E), 0.0);
-  std::vector<float> scores(static_cast<size_t>(E)), key(static_cast<size_t>(E)), group_key(static_cast<size_t>(G));
-  std::vector<char> allowed(static_cast<size_t>(E)), group_taken(static_cast<size_t>(G));
+  std::vector<float> scores(static_cast<size_t>(E)), key(static_cast<size_t>(E));
+  std::vector<char> allowed(static_cast<size_t>(E));
   for (int n = 0; n < N; ++n) {
     const double lse = scores_of(r, logits + int64_t(n) * E, scores.data());
     out.z += lse * lse;
@@ -59,25 +103,7 @@ Routing CpuOps::route(const Router& r, int32_t* choice, float* weights, int32_t*
       mean_score[e] += scores[e];
       key[e] = bias ? scores[e] + bias[e] : scores[e];
     }
-    // The groups a token may use: the top_groups whose two best keys sum highest.
-    std::fill(allowed.begin(), allowed.end(), G == 1);
-    if (G > 1) {
-      for (int g = 0; g < G; ++g) {
-        float a = -INFINITY, b = -INFINITY;  // the best two of the group
-        for (int e = g * per; e < (g + 1) * per; ++e)
-          if (key[e] > a) b = a, a = key[e];
-          else if (key[e] > b) b = key[e];
-        group_key[g] = per > 1 ? a + b : a;
-      }
-      std::fill(group_taken.begin(), group_taken.end(), 0);
-      for (int t = 0; t < r.top_groups; ++t) {
-        int best = -1;
-        for (int g = 0; g < G; ++g)
-          if (!group_taken[g] && (best < 0 || group_key[g] > group_key[best])) best = g;
-        group_taken[best] = 1;
-        std::fill(allowed.begin() + best * per, allowed.begin() + (best + 1) * per, 1);
-      }
-    }
+    allowed_experts(r, key.data(), allowed.data());
     // The k best keys, best first; a tie goes to the lower expert (strictly greater replaces).
     int32_t* c = choice + int64_t(n) * k;
     float* wt = weights + int64_t(n) * k;
@@ -103,20 +129,7 @@ Routing CpuOps::route(const Router& r, int32_t* choice, float* weights, int32_t*
     out.aux += double(E) * (double(out.counts[e]) / (double(N) * k)) * (mean_score[e] / N);
   out.z /= N;
   const int64_t M = int64_t(N) * k;
-  // A capacity: each expert keeps its rows of the highest weights (ties to the lower slot).
-  std::vector<char> dropped(static_cast<size_t>(M), 0);
-  if (r.capacity_factor > 0) {
-    const int64_t cap = static_cast<int64_t>(std::ceil(double(r.capacity_factor) * double(M) / E));
-    std::vector<std::vector<int64_t>> slots(static_cast<size_t>(E));
-    for (int64_t s = 0; s < M; ++s) slots[choice[s]].push_back(s);
-    for (int e = 0; e < E; ++e) {
-      if (int64_t(slots[e].size()) <= cap) continue;
-      std::stable_sort(slots[e].begin(), slots[e].end(), [&](int64_t a, int64_t b) { return weights[a] > weights[b]; });
-      for (size_t i = static_cast<size_t>(cap); i < slots[e].size(); ++i) dropped[slots[e][i]] = 1;
-      out.dropped += int64_t(slots[e].size()) - cap;
-      out.counts[e] = cap;
-    }
-  }
+  const std::vector<char> dropped = drop_past_capacity(r, choice, weights, M, out);
   // The stable counting sort of the kept slots by expert.
   std::vector<int64_t> next(static_cast<size_t>(E), 0);
   for (int e = 1; e < E; ++e) next[e] = next[e - 1] + out.counts[e - 1];
@@ -192,8 +205,8 @@ void CpuOps::gather_rows_backward(Act* dx, const Act* dxs, const int32_t* pos, i
 }
 
 // The experts run side by side, one thread each: each expert's GEMMs are small, and a thread
-// team per GEMM spent more in its start than in the product (the MoE demo's first 30 steps: 6,400 -> 8,500
-// tokens/s on 2 cores). OpenBLAS runs single-threaded inside the parallel loop, so an expert's
+// team per GEMM spent more in its start than in the product (the MoE demo's first 30 steps:
+// 6,400 -> 8,500 tokens/s on 2 cores). OpenBLAS runs single-threaded inside the parallel loop, so an expert's
 // bits depend neither on which thread takes it nor on the thread count. Each expert writes its
 // own rows and its own weights' gradient.
 namespace {
