@@ -97,6 +97,9 @@ struct MoeConfig {
   // loads the step's rows per expert over the global batch (DeepSeek-V3's auxiliary-loss-free
   // balancing; its update speed is 1e-3).
   double bias_rate = 1e-3;
+  // Expert parallelism: the shared experts' GEMMs run while the rows travel to their experts'
+  // ranks (forward and backward); false waits for each exchange first (the same bits).
+  bool overlap_dispatch = true;
 };
 
 // One token file (.bin/.idx, from `myriad prepare` or Megatron-LM) of a blend or of validation.
@@ -177,6 +180,7 @@ struct ParallelConfig {
   int64_t tp = 1;
   int64_t pp = 1;
   int64_t dp = 0;  // 0 = world / (tp x pp)
+  int64_t ep = 1;  // expert parallelism: the ranks an MoE layer's experts are split over (folded into dp)
   int64_t virtual_stages = 1;
   bool sequence_parallel = false;
   std::string order = "tp-dp-pp";
@@ -326,6 +330,7 @@ struct Config {
     f("parallel", "pp", parallel.pp);
     f("parallel", "dp", parallel.dp);
     f("parallel", "virtual_stages", parallel.virtual_stages);
+    f("parallel", "ep", parallel.ep);
     f("parallel", "sequence_parallel", parallel.sequence_parallel);
     f("parallel", "order", parallel.order);
     f("parallel", "stage_layers", parallel.stage_layers);
@@ -366,6 +371,7 @@ struct Config {
     f("moe", "z_loss", moe.z_loss);
     f("moe", "capacity_factor", moe.capacity_factor);
     f("moe", "bias_rate", moe.bias_rate);
+    f("moe", "overlap_dispatch", moe.overlap_dispatch);
   }
   template <class F>
   void visit(F&& f) const { const_cast<Config*>(this)->visit(f); }

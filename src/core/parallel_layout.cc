@@ -64,8 +64,24 @@ ParallelLayout ParallelLayout::of(const Config& cfg, int64_t dp) {
                 "parallel.tp = 1");
   if (m.moe() && l.tp > 1)
     throw_input("config: model.experts = ", m.experts, " with parallel.tp = ", l.tp,
-                ": the MoE layers split over ranks with expert parallelism, which is not built yet (docs/notes/moe.md); "
-                "use parallel.tp = 1 (data and pipeline parallelism work)");
+                ": the MoE layers do not split over tensor-parallel ranks yet (docs/notes/moe.md); use parallel.tp = 1 "
+                "and split the experts with parallel.ep (data, pipeline and expert parallelism work)");
+  // Expert parallelism folds into data parallelism (docs/ARCHITECTURE.md, "Expert
+  // parallelism"): the dp ranks of a stage are ep groups of consecutive ranks, each holding
+  // every expert once; a world size decides dp, so the fit is checked where it is known.
+  positive("parallel.ep", p.ep);
+  l.ep = p.ep;
+  if (l.ep > 1 && !m.moe())
+    throw_input("config: parallel.ep = ", l.ep, " splits the experts of an MoE model, but model.experts = 0 (a dense "
+                "model); remove parallel.ep or set model.experts");
+  if (m.moe() && m.experts % l.ep != 0)
+    throw_input("config: model.experts (", m.experts, ") must be divisible by parallel.ep (", l.ep,
+                "): each expert-parallel rank holds the same number of whole experts");
+  const bool dp_known = dp > 0 || p.dp > 0;
+  if (l.ep > 1 && dp_known && l.dp % l.ep != 0)
+    throw_input("config: parallel.ep (", l.ep, ") must divide the data-parallel degree (", l.dp,
+                "): expert parallelism runs on the data-parallel ranks (ep x (dp / ep)); use a world of tp x pp x a "
+                "multiple of ", l.ep, " ranks, or a parallel.ep that divides ", l.dp);
   if (l.sequence_parallel && l.tp > 1 && m.seq_len % l.tp != 0)
     throw_input("config: model.seq_len (", m.seq_len, ") must be divisible by parallel.tp (", l.tp,
                 ") with parallel.sequence_parallel = true: the tokens of a micro-batch are split evenly over the "

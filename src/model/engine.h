@@ -97,10 +97,11 @@ class Engine {
 
   // The silent-corruption check (fault.sdc_check_every): after the parameters' all-gather every
   // data-parallel replica must hold its peers' pieces bit for bit as their owners' updates left
-  // them. replica_hashes() = {the hash of this rank's owned ranges as its update of a checked
-  // step left them, then the hash of each dp rank o's owned ranges as this rank holds them}.
-  // Empty where not kept.
-  virtual std::vector<uint64_t> replica_hashes() { return {}; }
+  // them. Per region of the flat buffer (runtime/data_parallel.h: every tensor but the routed
+  // experts over the data-parallel group, then an MoE model's experts over theirs), {the hash of
+  // this rank's owned ranges as its update of a checked step left them, then the hash of each
+  // group rank o's owned ranges as this rank holds them}. Empty where not kept.
+  virtual std::vector<std::vector<uint64_t>> replica_hashes() { return {}; }
   // Fault injection (flip): one bit of this rank's copy of the parameters, after the gathers.
   virtual void flip_parameter_bit() {}
   virtual void state_to_host() = 0;

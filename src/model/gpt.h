@@ -65,6 +65,7 @@
 #include <tuple>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "core/config.h"
 #include "model/memory_plan.h"
 #include "model/params.h"
@@ -92,6 +93,12 @@ class GptModel {
   const Ops& ops() const { return ops_; }
 
   const ParamLayout& layout() const { return layout_; }
+  // This rank's share of the routed experts in `par` (expert parallelism), and where the layout
+  // puts them: after the data-parallel group's buckets (params.h, runtime/data_parallel.h).
+  static ExpertShard expert_shard(const parallel::ParallelContext* par) {
+    if (!par) return {};
+    return {par->ep_rank(), par->ep_size(), par->dp_size()};
+  }
   const ModelPart& part() const { return part_; }
   Param* params() { return params_.data(); }  // (flat_size) this rank's layout, then padding
   float* grads() { return grads_.data(); }    // (flat_size) same layout as params, fp32
@@ -193,8 +200,13 @@ class GptModel {
     int32_t *choice;      // (B,T,k) each token's experts, best first
     int32_t *order, *pos; // (M) the slots (n k + j) in expert order; (M) each slot's row in it
     std::vector<int64_t> counts;  // (E) rows per expert, on the host
-    Act *ys;              // (M,C) the experts' outputs
-    Act *xfc, *xact;      // (M,2Fe) the experts' fc GEMMs' output, (M,Fe) their SwiGLU
+    // Expert parallelism (ep ranks, El = E / ep experts each): the rows each rank sends this
+    // rank's experts, (ep, El) on the host, and their sums per local expert (El), the grouped
+    // GEMMs' counts; without it, local = counts. Mx = ep M: the most rows the experts may get.
+    std::vector<int64_t> received, local;
+    Act *ys;              // (M,C) the experts' outputs, back in this rank's expert order
+    Act *xin;             // (Mx,C) the rows the local experts take, in their order (expert, then rank)
+    Act *xfc, *xact;      // (Mx,2Fe) the experts' fc GEMMs' output, (Mx,Fe) their SwiGLU
     Act *sfc, *sact;      // (B,T,2Fs) the shared experts' fc, (B,T,Fs) their SwiGLU
   };
   // One micro-batch in flight through one chunk: what its backward needs.
@@ -327,6 +339,23 @@ class GptModel {
   Norm norm_;
   QkNorm qk_norm_;  // the queries' and keys' norm (kNone: none)
   Mlp mlp_;
+  // Expert parallelism: rows in this rank's expert order (rows, width) to the ranks of their
+  // experts, arriving in the local experts' order (dispatch), and the reverse (collect); the
+  // layer's `received` and `local` counts say how many go where. Through xr_.
+  // Each in two halves: start (the exchange issued, returned), then finish (waited for, and the
+  // arrivals ordered); moe.overlap_dispatch runs the shared experts' GEMMs in between.
+  comm::WorkPtr dispatch_start(const LayerActs& a, const Act* rows, int64_t width);
+  void dispatch_finish(const LayerActs& a, comm::WorkPtr& sent, Act* out, int64_t width);
+  comm::WorkPtr collect_start(const LayerActs& a, const Act* rows, Act* out, int64_t width);
+  void collect_finish(comm::WorkPtr& sent) { if (sent) sent->wait(); }
+  // With moe.overlap_dispatch off, each exchange is waited for as soon as it is issued.
+  void overlap_or_wait(comm::WorkPtr& w) { if (!overlap_dispatch_ && w) w->wait(); }
+  bool overlap_dispatch_ = true;
+  // The permutation between the rows as they arrive (rank, then expert) and the experts' order
+  // (expert, then rank), into perm_: [0, Mloc) to the experts' order, [Mx, Mx + Mloc) back.
+  void load_exchange_order(const LayerActs& a);
+  // After a route: the counts of the rows each rank sends this one (LayerActs::received, local).
+  void exchange_counts(LayerActs& a);
   // A mixture of experts: the router, the experts per layer E, per token k, each expert's
   // features Fe and the shared experts' Fs (0: none).
   Router router_;
@@ -371,9 +400,19 @@ class GptModel {
   Buffer<Act> dresid_;  // (B,T,C) gradient of the residual stream
   Buffer<Act> dln_, datty_, dqkv_, dfc_;  // (B,T,C) (B,T,Cl) (B,T,Ql) (B,T,Pl)
   Buffer<Act> dout_, din_;  // (R,C) the chunks' boundary gradients of forward_backward
-  // An MoE layer's scratch (M = B T k rows): its input in expert order and the gradients.
+  // An MoE layer's scratch (M = B T k rows, Mx = ep M): the rows in this rank's expert order
+  // before they go to their experts' ranks (ep > 1), their gradients, the experts' fc gradient,
+  // the expert-parallel exchange's two buffers (ep > 1), the shared experts' fc gradient; the
+  // exchange's row permutations (Mx each: to the experts' order and back).
   Buffer<Act> xs_, dys_, dxs_;  // (M,C) each
-  Buffer<Act> dxfc_, dsfc_;     // (M,2Fe) the experts' fc gradient, (B,T,2Fs) the shared experts'
+  Buffer<Act> dxfc_;            // (Mx,2Fe)
+  Buffer<Act> xr_;              // (2,Mx,C)
+  Buffer<Act> dsfc_;            // (B,T,2Fs)
+  typename Ops::Tokens perm_;   // (2,Mx)
+  // The expert-parallel group (null: ep = 1), this rank's place in it, and its experts per layer.
+  parallel::Communicator* ep_ = nullptr;
+  int epr_ = 0, eps_ = 1;
+  int64_t El_ = 0;
   Buffer<float> dlogits_, dweights_;  // (B,T,E), (B,T,k)
   Buffer<int32_t> shared_ids_;        // train.recompute's shared routes
   std::vector<RouteStats> route_stats_;  // take_route_stats()'s, one per MoE layer held here

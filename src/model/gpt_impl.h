@@ -51,7 +51,7 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
       tps_(parallel::group_size(tp_)),
       sp_cfg_(tp_ != nullptr && cfg.parallel.sequence_parallel),
       part_(part ? *part : ModelPart::whole(cfg)),
-      layout_(cfg, tpr_, tps_, &part_),
+      layout_(cfg, tpr_, tps_, &part_, expert_shard(par)),
       L_(cfg.model.layers),
       C_(cfg.model.d_model),
       H_(cfg.model.heads),
@@ -94,6 +94,11 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
       parallel_block_(cfg.model.parallel_block),
       recompute_(gpt_detail::recompute_mode<Recompute>(cfg.train.recompute)) {
   MYRIAD_CHECK(flat_size == 0 || flat_size >= layout_.total(), "flat size ", flat_size);
+  if (par && par->ep) ep_ = par->ep, epr_ = par->ep_rank(), eps_ = par->ep_size();
+  overlap_dispatch_ = cfg.moe.overlap_dispatch;
+  MYRIAD_CHECK(eps_ == 1 || eps_ == ParallelLayout::of(cfg, par->dp_size()).ep, "the expert-parallel group has ", eps_,
+               " ranks but parallel.ep = ", cfg.parallel.ep);
+  El_ = E_ / eps_;
   ops_.select_attention(cfg.train.attention, cfg.train.deterministic);
   if (cfg.model.moe()) {
     if (const std::string why = ops_.moe_refusal(); !why.empty()) throw_input("config: model.experts = ", E_, ": ", why);
@@ -146,9 +151,10 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
   loss_.zeros(1);
   const bool has_moe = cfg.model.moe_layers() > 0, has_dense = cfg.model.moe_layers() < L_;
   if (has_moe) {
-    const int64_t M = BT * k_;
-    xs_.zeros(M * C), dys_.zeros(M * C), dxs_.zeros(M * C);
-    dxfc_.zeros(M * 2 * Fe_), dsfc_.zeros(BT * 2 * Fs_);
+    const int64_t M = BT * k_, Mx = eps_ * M;
+    dys_.zeros(M * C), dxs_.zeros(M * C);
+    dxfc_.zeros(Mx * 2 * Fe_), dsfc_.zeros(BT * 2 * Fs_);
+    if (ep_) xs_.zeros(M * C), xr_.zeros(2 * Mx * C), perm_.zeros(2 * Mx);
     dlogits_.zeros(BT * E_), dweights_.zeros(BT * k_);
   }
   if (recompute_ != Recompute::kNone) {
@@ -162,7 +168,7 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
   }
   const int64_t held = (tmp_.size() + tmp2_.size() + full_.size() + dresid_.size() + dln_.size() + datty_.size() +
                         dqkv_.size() + dfc_.size() + shared_acts_.size() + xs_.size() + dys_.size() + dxs_.size() +
-                        dxfc_.size() + dsfc_.size()) * int64_t(sizeof(Act)) +
+                        dxfc_.size() + xr_.size() + dsfc_.size()) * int64_t(sizeof(Act)) +
                        (wide_.size() + shared_stats_.size() + dlogits_.size() + dweights_.size() +
                         shared_ids_.size()) * 4 + loss_.size() * 8;
   MYRIAD_CHECK(held == model::buffer_bytes(memory_shape()), "the step's buffers hold ", held,
@@ -176,6 +182,7 @@ model::GptMemoryShape GptModel<Ops>::memory_shape() const {
                "the memory plan's widths differ from the model's");
   s.tp = tp_ != nullptr, s.parallel_block = parallel_block_, s.recompute = cfg_.train.recompute;
   s.act_bytes = sizeof(Act);
+  s.ep = eps_;
   s.saved_per_row = ops_.attention_saved(1, 1, static_cast<int>(maxT_)) / maxT_;
   return s;
 }
@@ -183,7 +190,7 @@ model::GptMemoryShape GptModel<Ops>::memory_shape() const {
 template <OpSet Ops>
 void GptModel<Ops>::carve_layer(LayerActs& l, int64_t& acts, int64_t& floats, int64_t& ints, Act* a, float* st,
                                 int32_t* id, bool set, bool mlp, bool dense, bool moe) const {
-  const int64_t BT = maxB_ * maxT_, C = C_, M = BT * k_;
+  const int64_t BT = maxB_ * maxT_, C = C_, M = BT * k_, Mx = eps_ * M;
   auto take = [&](int64_t n) { Act* p = a ? a + acts : nullptr; acts += n; return p; };
   auto stat = [&](int64_t n) { float* p = st ? st + floats : nullptr; floats += n; return p; };
   auto index = [&](int64_t n) { int32_t* p = id ? id + ints : nullptr; ints += n; return p; };
@@ -205,7 +212,9 @@ void GptModel<Ops>::carve_layer(LayerActs& l, int64_t& acts, int64_t& floats, in
     l.choice = index(M), l.order = index(M), l.pos = index(M);
     l.ys = take(M * C);
   }
-  if (mlp && moe) l.xfc = take(M * 2 * Fe_), l.xact = take(M * Fe_), l.sfc = take(BT * 2 * Fs_), l.sact = take(BT * Fs_);
+  if (mlp && moe)
+    l.xin = take(Mx * C), l.xfc = take(Mx * 2 * Fe_), l.xact = take(Mx * Fe_), l.sfc = take(BT * 2 * Fs_),
+    l.sact = take(BT * Fs_);
 }
 
 template <OpSet Ops>
@@ -605,7 +614,7 @@ void GptModel<Ops>::mlp_forward(int64_t l, LayerActs& a, const Act* in, bool rou
     ops_.linear_act_forward(mlp_, a.act, a.fc, in, w.fc_w, w.fc_b, N, C, static_cast<int>(Fl_), block_gemm());
     return;
   }
-  const int E = static_cast<int>(E_), k = static_cast<int>(k_), Fe = static_cast<int>(Fe_);
+  const int E = static_cast<int>(E_), k = static_cast<int>(k_), Fe = static_cast<int>(Fe_), El = static_cast<int>(El_);
   if (route) {
     ops_.router_forward(a.logits, in, w.router_w, N, C, E);
     Routing r = ops_.route(router_, a.choice, a.weights, a.order, a.pos, a.logits, w.router_bias, N);
@@ -615,14 +624,27 @@ void GptModel<Ops>::mlp_forward(int64_t l, LayerActs& a, const Act* in, bool rou
       for (int e = 0; e < E; ++e) st.counts[e] += a.counts[e];
       st.aux += r.aux, st.z += r.z, st.dropped += r.dropped, ++st.micro_batches;
     }
+    exchange_counts(a);
   }
   const int M = static_cast<int>(std::accumulate(a.counts.begin(), a.counts.end(), int64_t(0)));  // rows kept
-  ops_.gather_rows(xs_.data(), in, a.order, M, k, C);
-  ops_.grouped_linear_act_forward(Mlp::kSwiGlu, a.xact, a.xfc, xs_.data(), w.experts_fc_w, a.counts.data(), E, C, Fe);
-  if (route) ops_.grouped_linear_forward(a.ys, a.xact, w.experts_proj_w, a.counts.data(), E, Fe, C);
+  // The rows in expert order; with ep they go to their experts' ranks, which take them in their
+  // local experts' order.
+  ops_.gather_rows(ep_ ? xs_.data() : a.xin, in, a.order, M, k, C);
+  comm::WorkPtr sent = ep_ ? dispatch_start(a, xs_.data(), C) : nullptr;
+  // The shared experts while the rows travel.
   if (Fs_ > 0)
     ops_.linear_act_forward(Mlp::kSwiGlu, a.sact, a.sfc, in, w.shared_fc_w, static_cast<const Param*>(nullptr), N, C,
                             static_cast<int>(Fs_), block_gemm());
+  if (ep_) dispatch_finish(a, sent, a.xin, C);
+  ops_.grouped_linear_act_forward(Mlp::kSwiGlu, a.xact, a.xfc, a.xin, w.experts_fc_w, a.local.data(), El, C, Fe);
+  if (route) {
+    Act* ys = ep_ ? xr_.data() + xr_.size() / 2 : a.ys;  // with ep, the outputs go back to the rows' ranks
+    ops_.grouped_linear_forward(ys, a.xact, w.experts_proj_w, a.local.data(), El, Fe, C);
+    if (ep_) {
+      comm::WorkPtr back = collect_start(a, ys, a.ys, C);
+      collect_finish(back);
+    }
+  }
 }
 
 template <OpSet Ops>
@@ -652,28 +674,113 @@ void GptModel<Ops>::mlp_backward(int64_t l, const LayerActs& a, const Act* in, c
                          static_cast<int>(Pl_), /*accumulate=*/false, block_gemm());
     return;
   }
-  const int E = static_cast<int>(E_), k = static_cast<int>(k_), Fe = static_cast<int>(Fe_);
+  const int E = static_cast<int>(E_), k = static_cast<int>(k_), Fe = static_cast<int>(Fe_), El = static_cast<int>(El_);
   const int Fs = static_cast<int>(Fs_);
-  const int M = static_cast<int>(std::accumulate(a.counts.begin(), a.counts.end(), int64_t(0)));  // rows kept
   // The combine: the experts' output rows' gradients and the weights'.
   ops_.combine_backward(dys_.data(), dweights_.data(), dout, a.ys, a.weights, a.pos, N, k, C);
-  // The experts, back to their input rows in expert order, then summed into each token's row.
-  ops_.grouped_linear_backward(Mlp::kSwiGlu, dxfc_.data(), g.experts_proj_w, dys_.data(), a.xact, w.experts_proj_w,
-                               a.xfc, a.counts.data(), E, Fe, C);
-  ops_.gather_rows(xs_.data(), in, a.order, M, k, C);
-  ops_.grouped_linear_backward(Mlp::kSwiGlu, dxs_.data(), g.experts_fc_w, dxfc_.data(), xs_.data(), w.experts_fc_w,
-                               nullptr, a.counts.data(), E, C, 2 * Fe);
-  ops_.zero(dln_.data(), int64_t(N) * C);
-  ops_.gather_rows_backward(dln_.data(), dxs_.data(), a.pos, N, k, C);
-  // The router: the weights' gradient and the balance and z losses' into its logits.
-  ops_.route_backward(router_, dlogits_.data(), dweights_.data(), a.logits, a.choice, grad_scale, N);
-  ops_.router_backward(dln_.data(), g.router_w, dlogits_.data(), in, w.router_w, N, C, E);
-  if (Fs > 0) {
+  // The experts (with ep, on the rows' gradients sent to their ranks), back to their input rows
+  // in expert order (with ep, returned), then summed into each token's row.
+  Act* dys = dys_.data();
+  comm::WorkPtr sent = ep_ ? dispatch_start(a, dys_.data(), C) : nullptr;
+  // While the gradients travel: the shared experts' second GEMM, and the router's logits.
+  if (Fs > 0)
     ops_.linear_backward(Mlp::kSwiGlu, dsfc_.data(), g.shared_proj_w, static_cast<float*>(nullptr), dout, a.sact,
                          w.shared_proj_w, a.sfc, N, Fs, C, /*accumulate=*/false, block_gemm());
+  ops_.route_backward(router_, dlogits_.data(), dweights_.data(), a.logits, a.choice, grad_scale, N);
+  if (ep_) dispatch_finish(a, sent, dys = xr_.data() + xr_.size() / 2, C);
+  ops_.grouped_linear_backward(Mlp::kSwiGlu, dxfc_.data(), g.experts_proj_w, dys, a.xact, w.experts_proj_w, a.xfc,
+                               a.local.data(), El, Fe, C);
+  Act* dxin = ep_ ? xr_.data() + xr_.size() / 2 : dxs_.data();
+  ops_.grouped_linear_backward(Mlp::kSwiGlu, dxin, g.experts_fc_w, dxfc_.data(), a.xin, w.experts_fc_w, nullptr,
+                               a.local.data(), El, C, 2 * Fe);
+  if (ep_) {
+    comm::WorkPtr back = collect_start(a, dxin, dxs_.data(), C);
+    collect_finish(back);
+  }
+  ops_.zero(dln_.data(), int64_t(N) * C);
+  ops_.gather_rows_backward(dln_.data(), dxs_.data(), a.pos, N, k, C);
+  // The router's input gradient (its logits' came from the weights' and the balance and z losses'
+  // above), then the shared experts' first GEMM, in that order whatever the overlap.
+  ops_.router_backward(dln_.data(), g.router_w, dlogits_.data(), in, w.router_w, N, C, E);
+  if (Fs > 0)
     ops_.linear_backward(Mlp::kSwiGlu, dln_.data(), g.shared_fc_w, static_cast<float*>(nullptr), dsfc_.data(), in,
                          w.shared_fc_w, nullptr, N, C, 2 * Fs, /*accumulate=*/true, block_gemm());
+}
+
+// Expert parallelism's counts: each rank's rows per expert of every other rank (an all-to-all of
+// El counts per pair), so that each side knows the sizes of the row exchanges that follow; the
+// local experts' counts are their sums. Without ep the local experts are all of them.
+template <OpSet Ops>
+void GptModel<Ops>::exchange_counts(LayerActs& a) {
+  if (!ep_) {
+    a.local = a.counts;
+    return;
   }
+  const int64_t El = El_;
+  a.received.assign(static_cast<size_t>(eps_ * El), 0);
+  const std::vector<int64_t> bytes(static_cast<size_t>(eps_), El * int64_t(sizeof(int64_t)));
+  ep_->all_to_all_bytes(a.counts.data(), bytes, a.received.data(), bytes)->wait();
+  a.local.assign(static_cast<size_t>(El), 0);
+  for (int p = 0; p < eps_; ++p)
+    for (int64_t e = 0; e < El; ++e) a.local[e] += a.received[p * El + e];
+}
+
+// Rows arrive grouped by the rank they came from, each rank's in its expert order (rank, expert);
+// the grouped GEMMs take them by expert (expert, rank). perm_[i] is the arriving row that expert
+// order's row i is; perm_[Mx + j] the reverse. Ranks in rank order and rows in their order: the
+// same for every run, whatever the timing.
+template <OpSet Ops>
+void GptModel<Ops>::load_exchange_order(const LayerActs& a) {
+  const int64_t El = El_, Mx = eps_ * maxB_ * maxT_ * k_;
+  std::vector<int64_t> at(static_cast<size_t>(eps_ * El));  // where (rank p, expert e)'s rows arrive
+  int64_t rows = 0;
+  for (int64_t i = 0; i < eps_ * El; ++i) at[i] = rows, rows += a.received[i];
+  std::vector<int32_t> order(static_cast<size_t>(2 * Mx), 0);
+  int64_t i = 0;
+  for (int64_t e = 0; e < El; ++e)
+    for (int p = 0; p < eps_; ++p)
+      for (int64_t r = 0; r < a.received[p * El + e]; ++r, ++i) {
+        order[i] = static_cast<int32_t>(at[p * El + e] + r);
+        order[Mx + at[p * El + e] + r] = static_cast<int32_t>(i);
+      }
+  ops_.load_tokens(perm_, order.data(), 1, static_cast<int>(2 * Mx), 2 * Mx);
+}
+
+template <OpSet Ops>
+comm::WorkPtr GptModel<Ops>::dispatch_start(const LayerActs& a, const Act* rows, int64_t width) {
+  const int64_t El = El_, row_bytes = width * int64_t(sizeof(Act));
+  std::vector<int64_t> send(static_cast<size_t>(eps_), 0), recv(static_cast<size_t>(eps_), 0);
+  for (int p = 0; p < eps_; ++p)
+    for (int64_t e = 0; e < El; ++e)
+      send[p] += a.counts[p * El + e] * row_bytes, recv[p] += a.received[p * El + e] * row_bytes;
+  // Arriving in xr_'s first half (Mx, width), by rank, then expert.
+  comm::WorkPtr w = ep_->all_to_all_bytes(rows, send, xr_.data(), recv, stream());
+  overlap_or_wait(w);
+  return w;
+}
+
+template <OpSet Ops>
+void GptModel<Ops>::dispatch_finish(const LayerActs& a, comm::WorkPtr& sent, Act* out, int64_t width) {
+  sent->wait();
+  load_exchange_order(a);
+  const int64_t n = std::accumulate(a.local.begin(), a.local.end(), int64_t(0));
+  ops_.gather_rows(out, xr_.data(), perm_.data(), static_cast<int>(n), 1, static_cast<int>(width));
+}
+
+template <OpSet Ops>
+comm::WorkPtr GptModel<Ops>::collect_start(const LayerActs& a, const Act* rows, Act* out, int64_t width) {
+  const int64_t El = El_, row_bytes = width * int64_t(sizeof(Act)), Mx = eps_ * maxB_ * maxT_ * k_;
+  std::vector<int64_t> send(static_cast<size_t>(eps_), 0), recv(static_cast<size_t>(eps_), 0);
+  for (int p = 0; p < eps_; ++p)
+    for (int64_t e = 0; e < El; ++e)
+      send[p] += a.received[p * El + e] * row_bytes, recv[p] += a.counts[p * El + e] * row_bytes;
+  Act* leaving = xr_.data();  // (Mx, width) by rank, then expert
+  load_exchange_order(a);
+  const int64_t n = std::accumulate(a.local.begin(), a.local.end(), int64_t(0));
+  ops_.gather_rows(leaving, rows, perm_.data() + Mx, static_cast<int>(n), 1, static_cast<int>(width));
+  comm::WorkPtr w = ep_->all_to_all_bytes(leaving, send, out, recv, stream());
+  overlap_or_wait(w);
+  return w;
 }
 
 // With the forward's kernels on the forward's inputs, so the refill is bitwise what the forward

@@ -27,6 +27,10 @@ struct GptMemoryShape {
   // whether the model has dense layers and MoE layers (the recompute set holds what each needs).
   int64_t E = 0, k = 0, Fe = 0, Fs = 0;
   bool has_dense = true, has_moe = false;
+  // Expert parallelism: the ranks the experts split over. A rank's experts may get every rank's
+  // rows (ep B T k; dropless), so their buffers are sized for it.
+  int64_t ep = 1;
+  int64_t expert_rows() const { return ep * B * T * k; }
   // model.qk_norm: the QKV GEMM's output kept beside the normed qkv, and each row's rstds.
   int64_t qk_rstds = 0;  // per row: Hl + Hkvl ("head"), 2 ("all"), 0 (none)
 };
@@ -65,7 +69,8 @@ inline LayerCounts layer_counts(const GptMemoryShape& s, bool set, bool mlp, boo
   }
   if (mlp && dense) n.acts += BT * s.Pl + BT * s.Fl;  // fc (pre-activation), act
   if (set && moe) n.floats += BT * s.E + BT * s.k, n.ints += 3 * M, n.acts += M * C;  // logits, weights; routes; ys
-  if (mlp && moe) n.acts += M * 3 * s.Fe + BT * 3 * s.Fs;  // the experts' fc and act, the shared ones'
+  // The experts' input rows, fc and act (their rank's rows), the shared experts' fc and act.
+  if (mlp && moe) n.acts += s.expert_rows() * (C + 3 * s.Fe) + BT * 3 * s.Fs;
   return n;
 }
 
@@ -93,9 +98,10 @@ inline int64_t buffer_bytes(const GptMemoryShape& s) {
   int64_t floats = 2;                                                // the loss (a double)
   if (s.tp) acts += BT * C;
   if (s.tp && s.act_bytes != 4) floats += 2 * BT * C;
-  if (s.has_moe) {  // xs, dys, dxs (M,C), the experts' dfc (M,2Fe), the shared ones' (N,2Fs); dlogits, dweights
-    const int64_t M = BT * s.k;
-    acts += 3 * M * C + M * 2 * s.Fe + BT * 2 * s.Fs;
+  if (s.has_moe) {  // dys, dxs (M,C), the experts' dfc (Mx,2Fe), the shared ones' (N,2Fs); dlogits, dweights
+    const int64_t M = BT * s.k, Mx = s.expert_rows();
+    acts += 2 * M * C + Mx * 2 * s.Fe + BT * 2 * s.Fs;
+    if (s.ep > 1) acts += M * C + 2 * Mx * C;  // the rows before dispatch (M,C); exchange scratch (2,Mx,C)
     floats += BT * s.E + BT * s.k;
   }
   int64_t ints = 0;

@@ -29,7 +29,7 @@ bool ModelPart::has_layer(int64_t layer) const {
   return false;
 }
 
-ParamLayout::ParamLayout(const Config& cfg, int tp_rank, int tp_size, const ModelPart* part)
+ParamLayout::ParamLayout(const Config& cfg, int tp_rank, int tp_size, const ModelPart* part, ExpertShard experts)
     : tp_rank_(tp_rank), tp_size_(tp_size) {
   const ModelPart all = ModelPart::whole(cfg);
   if (!part) part = &all;
@@ -47,11 +47,15 @@ ParamLayout::ParamLayout(const Config& cfg, int tp_rank, int tp_size, const Mode
   MYRIAD_CHECK(m.heads % tp_size == 0 && Hkv % tp_size == 0 && F % tp_size == 0 && Vp % tp_size == 0, "tp ",
                tp_size, " must divide heads ", m.heads, ", kv heads ", Hkv, ", the MLP's ", F,
                " features and the padded vocabulary ", Vp);
+  MYRIAD_CHECK(experts.size >= 1 && experts.rank >= 0 && experts.rank < experts.size && experts.align >= 1 &&
+                   (m.experts == 0 || m.experts % experts.size == 0),
+               "ep rank ", experts.rank, " of ", experts.size, " (align ", experts.align, ") for ", m.experts, " experts");
+  std::vector<ParamSpec> routed;  // the expert region's tensors, placed after the others
 
   // split: the dimension TP splits, -1 = replicated. matmul: the share of its elements a token
   // multiplies (1 for a dense layer's weights, k / E for the routed experts', 0 for no matmul).
   auto add = [&](std::string name, std::vector<int64_t> global, int split, bool decay,
-                 double init_std, double init_value, int64_t layer, double matmul) {
+                 double init_std, double init_value, int64_t layer, double matmul, bool expert = false) {
     // N counts the whole model's matmul weights, whatever part this rank holds.
     if (matmul > 0) {
       int64_t n = 1;
@@ -63,14 +67,21 @@ ParamLayout::ParamLayout(const Config& cfg, int tp_rank, int tp_size, const Mode
                       : name == "wpe"  ? part->embedding
                                        : part->head;  // lnf, lm_head
     if (!held) return;
+    // A tensor split over `parts` ranks along `split`, rank `at`'s block: tp's, or the experts' ep.
+    const int parts = expert ? experts.size : tp_size, at = expert ? experts.rank : tp_rank;
     ParamSpec p{std::move(name), global, total_, 1, decay, init_std, init_value, layer,
-                global, std::vector<int64_t>(global.size(), 0), tp_size > 1 ? split : -1};
+                global, std::vector<int64_t>(global.size(), 0), parts > 1 ? split : -1};
+    p.expert = expert;
     if (p.split_dim >= 0) {
-      const int64_t part = global[p.split_dim] / tp_size;
+      const int64_t part = global[p.split_dim] / parts;
       p.shape[p.split_dim] = part;
-      p.global_offset[p.split_dim] = part * tp_rank;
+      p.global_offset[p.split_dim] = part * at;
     }
     for (int64_t d : p.shape) p.numel *= d;
+    if (expert) {
+      routed.push_back(std::move(p));
+      return;
+    }
     total_ += p.numel;
     tensors_.push_back(std::move(p));
   };
@@ -109,8 +120,8 @@ ParamLayout::ParamLayout(const Config& cfg, int tp_rank, int tp_size, const Mode
         add(h + "mlp.router.bias", {E}, -1, false, 0, 0.0, l, 0);
         if (!tensors_.empty() && tensors_.back().name == h + "mlp.router.bias") tensors_.back().trained = false;
       }
-      add(h + "mlp.experts.fc.w", {E * 2 * Fe, C}, -1, true, std, 0, l, double(m.experts_per_token) / E);
-      add(h + "mlp.experts.proj.w", {E * C, Fe}, -1, true, proj_std, 0, l, double(m.experts_per_token) / E);
+      add(h + "mlp.experts.fc.w", {E * 2 * Fe, C}, 0, true, std, 0, l, double(m.experts_per_token) / E, true);
+      add(h + "mlp.experts.proj.w", {E * C, Fe}, 0, true, proj_std, 0, l, double(m.experts_per_token) / E, true);
       if (Fs > 0) {
         add(h + "mlp.shared.fc.w", {2 * Fs, C}, 0, true, std, 0, l, 1);
         add(h + "mlp.shared.proj.w", {C, Fs}, 1, true, proj_std, 0, l, 1);
@@ -122,6 +133,15 @@ ParamLayout::ParamLayout(const Config& cfg, int tp_rank, int tp_size, const Mode
   }
   norm("lnf", -1);
   if (!m.tied_embeddings) add("lm_head", {Vp, C}, 0, true, std, 0, -1, 1);
+  // The expert region: from the next multiple of the alignment (no gap without experts).
+  dense_total_ = total_;
+  if (!routed.empty()) total_ = (total_ + experts.align - 1) / experts.align * experts.align;
+  expert_begin_ = total_;
+  for (ParamSpec& p : routed) {
+    p.offset = total_;
+    total_ += p.numel;
+    tensors_.push_back(std::move(p));
+  }
 }
 
 bool ParamLayout::Stored::empty() const {

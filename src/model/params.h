@@ -31,7 +31,12 @@
 //   lm_head      (Vp, C)    the LM head when untied (model.tied_embeddings = false); padded as wte
 // Biases (".b") exist only with model.bias = true. Linear weights are (out, in) as in PyTorch.
 // Each layer's tensors are contiguous in the flat buffer, in layer order, so that a pipeline
-// stage or a gradient bucket is one slice.
+// stage or a gradient bucket is one slice; an MoE model's routed experts excepted: they come
+// after every other tensor (in layer order, the expert region), so that the experts, reduced
+// over their own data-parallel group, are one slice too.
+//
+// Expert parallelism (degree e, rank q): experts.fc.w and experts.proj.w hold experts
+// [q E/e, (q+1) E/e), rows split by whole experts (split_dim 0), in any tp layout.
 //
 // Tensor parallelism (TP degree t, rank r): a rank's layout holds the same tensors in the same
 // order, each either whole (replicated) or its r-th of t equal contiguous blocks along one
@@ -79,6 +84,10 @@ struct ParamSpec {
   // false: model state that no gradient moves and the optimizers leave alone, updated by a rule
   // of its own (an MoE router's expert bias); checkpointed as the weights are.
   bool trained = true;
+  // A routed expert tensor of an MoE layer: split over the expert-parallel ranks by whole experts
+  // (split_dim 0), held in the layout's expert region, reduced over the experts' data-parallel
+  // group (core/parallel_layout.h).
+  bool expert = false;
 
   bool replicated() const { return split_dim < 0; }
   // The canonical (row-major) element index of the shard's element i.
@@ -97,17 +106,33 @@ struct ModelPart {
   bool has_layer(int64_t layer) const;
 };
 
+// A rank's share of an MoE model's routed experts: expert-parallel rank `rank` of `size` holds
+// experts [rank E/size, (rank+1) E/size) of every MoE layer. Their tensors form the flat
+// buffer's expert region, after every other tensor, from the first multiple of `align` (the
+// size of the group whose ZeRO buckets cover the region before it, so that their padding ends
+// where the experts begin).
+struct ExpertShard {
+  int rank = 0, size = 1;
+  int64_t align = 1;
+};
+
 class ParamLayout {
  public:
   // The layout of TP rank tp_rank of tp_size; (0, 1) is the canonical global layout.
   // tp_size must divide model.heads and the padded vocabulary. part: the tensors of those
   // layers (and embedding/head) only, in the same canonical order; null = the whole model.
+  // experts: this rank's routed experts (an MoE model's expert tensors come last, in layer
+  // order, in the expert region).
   explicit ParamLayout(const Config& cfg, int tp_rank = 0, int tp_size = 1,
-                       const ModelPart* part = nullptr);
+                       const ModelPart* part = nullptr, ExpertShard experts = {});
   const std::vector<ParamSpec>& tensors() const { return tensors_; }
   const ParamSpec& find(const std::string& name) const;  // internal error when absent
   const ParamSpec* get(const std::string& name) const;   // null when absent
   int64_t total() const { return total_; }  // elements of this rank's flat buffer
+  // [begin, total): the routed experts' tensors (empty at total for a dense model); the rest
+  // of the buffer before it, up to the alignment's gap, holds every other tensor.
+  FlatRange expert_region() const { return {expert_begin_, total_}; }
+  int64_t dense_total() const { return dense_total_; }  // elements before the gap
   int tp_rank() const { return tp_rank_; }
   int tp_size() const { return tp_size_; }
   // Weights of every matmul counted once (QKV, attention out, MLP, and the LM head: lm_head or
@@ -142,7 +167,7 @@ class ParamLayout {
 
  private:
   std::vector<ParamSpec> tensors_;
-  int64_t total_ = 0;
+  int64_t total_ = 0, dense_total_ = 0, expert_begin_ = 0;
   int64_t matmul_params_ = 0;
   int64_t vocab_size_ = 0;
   int tp_rank_ = 0, tp_size_ = 1;

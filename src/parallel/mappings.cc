@@ -14,6 +14,8 @@ int ParallelContext::pp_rank() const { return group_rank(pp); }
 int ParallelContext::pp_size() const { return group_size(pp); }
 int ParallelContext::dp_rank() const { return group_rank(dp); }
 int ParallelContext::dp_size() const { return group_size(dp); }
+int ParallelContext::ep_rank() const { return group_rank(ep); }
+int ParallelContext::ep_size() const { return group_size(ep); }
 
 int group_size(const Communicator* c) { return c ? c->size() : 1; }
 int group_rank(const Communicator* c) { return c ? c->rank() : 0; }

@@ -43,6 +43,12 @@ struct ParallelContext {
   Communicator* tp = nullptr;  // tensor (+ sequence) parallel group
   Communicator* pp = nullptr;  // pipeline group: rank = stage (loss broadcast, tied embedding)
   Communicator* dp = nullptr;  // data-parallel group
+  // Expert parallelism (parallel.ep > 1, folded into dp: core/parallel_layout.h): the expert
+  // group (tokens go to their experts' rank and back) and the experts' data-parallel group (their
+  // gradients are reduced over it). Null with ep = 1: no expert group, and the experts' data-
+  // parallel group is dp.
+  Communicator* ep = nullptr;
+  Communicator* edp = nullptr;
   // Pipeline links (pp > 1): two-rank groups in which one rank only sends and the other only
   // receives (runtime/pipeline.h says why); this rank sends on *_to_*, receives on *_from_*.
   Communicator *act_to_next = nullptr, *act_from_prev = nullptr;
@@ -53,6 +59,9 @@ struct ParallelContext {
   int pp_size() const;
   int dp_rank() const;
   int dp_size() const;
+  int ep_rank() const;
+  int ep_size() const;
+  Communicator* expert_dp() const { return ep ? edp : dp; }
 };
 
 // Number of ranks, 1 for nullptr.

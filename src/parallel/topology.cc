@@ -120,6 +120,29 @@ std::vector<std::vector<int>> Topology::groups(Dim d) const {
   return out;
 }
 
+std::vector<int> Topology::expert_group(int rank, int ep) const {
+  MYRIAD_CHECK(ep >= 1 && dp() % ep == 0, "ep ", ep, " must divide dp ", dp());
+  const std::vector<int> dp_members = group(Dim::kDp, rank);
+  const int first = coord(rank).dp / ep * ep;
+  return {dp_members.begin() + first, dp_members.begin() + first + ep};
+}
+
+std::vector<int> Topology::expert_dp_group(int rank, int ep) const {
+  MYRIAD_CHECK(ep >= 1 && dp() % ep == 0, "ep ", ep, " must divide dp ", dp());
+  const std::vector<int> dp_members = group(Dim::kDp, rank);
+  std::vector<int> out;
+  for (int d = coord(rank).dp % ep; d < dp(); d += ep) out.push_back(dp_members[d]);
+  return out;
+}
+
+std::vector<comm::GroupSpec> Topology::expert_group_specs(int rank, int ep) const {
+  if (ep <= 1) return {};
+  const int d = coord(rank).dp;
+  const std::string dp_name = group_name(Dim::kDp, rank);
+  return {{dp_name + ".ep" + std::to_string(d / ep), d % ep, ep},
+          {dp_name + ".edp" + std::to_string(d % ep), d / ep, dp() / ep}};
+}
+
 std::vector<comm::GroupSpec> Topology::group_specs(int rank) const {
   const Coord c = coord(rank);
   std::vector<comm::GroupSpec> specs{{"world", rank, world_}};

@@ -54,6 +54,15 @@ class Topology {
   // Every group of dimension d, by group index.
   std::vector<std::vector<int>> groups(Dim d) const;
 
+  // Expert parallelism folded into data parallelism (core/parallel_layout.h): `rank`'s expert
+  // group, the ep consecutive members of its dp group that hold every expert once between them,
+  // and its experts' data-parallel group, the dp members at the same place of every expert group
+  // (they hold the same experts). Members in group-rank order; ep must divide dp.
+  std::vector<int> expert_group(int rank, int ep) const;
+  std::vector<int> expert_dp_group(int rank, int ep) const;
+  // Their specs ("dp0.ep1", "dp0.edp0"), in that order; none when ep = 1.
+  std::vector<comm::GroupSpec> expert_group_specs(int rank, int ep) const;
+
   // What make_groups needs to create `rank`'s communicators, in the one global order every rank
   // uses: world, tp, pp, dp.
   std::vector<comm::GroupSpec> group_specs(int rank) const;

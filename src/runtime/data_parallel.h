@@ -20,6 +20,13 @@
 // The rank's copy of the tied embedding (when the pipeline puts the embedding and the LM head on
 // different stages) becomes final only once the two stages have exchanged their gradients, at
 // the end of backward: the buckets holding it wait for finish_reduce().
+//
+// Regions: the buffer is one region reduced over the data-parallel group, or, for an MoE model,
+// two: every other tensor over dp, then the routed experts (params.h's expert region) over the
+// experts' data-parallel group, the ranks that hold the same experts (core/parallel_layout.h).
+// Each region has its own buckets, planned and padded within it (the layout leaves the gap),
+// and its own order of readiness; the same on every rank of each group, so each group's
+// collectives match.
 #pragma once
 
 #include <vector>
@@ -32,23 +39,39 @@ namespace myriad {
 
 class DataParallel {
  public:
-  // dp: the data-parallel group (null = one rank: nothing to communicate, the rank owns all).
+  // A range of the flat buffer and the group its gradients are reduced over (null = one rank:
+  // nothing to communicate, the rank owns all of it).
+  struct Region {
+    FlatRange range;
+    comm::Communicator* group = nullptr;
+  };
+  // The regions of `layout`: [0, dense_total) over dp, and the expert region over edp when it
+  // is not empty.
+  static std::vector<Region> regions_of(const ParamLayout& layout, comm::Communicator* dp, comm::Communicator* edp);
+  // The flat buffer the regions' buckets need (the last region's padding included).
+  static int64_t flat_size(const std::vector<Region>& regions);
+
   // chunk_ranges[c]: the flat ranges whose gradients are final after chunk c's last backward;
   // chunk_reads[c]: the ranges chunk c's forward reads. held_back: a range final only at
   // finish_reduce (the tied embedding), may be empty.
   // stream: the op set's (comm::Stream; null on the CPU): the buffers are its memory.
-  DataParallel(comm::Communicator* dp, int64_t total, int64_t bucket_elems,
-               std::vector<FlatRange> chunk_ranges, std::vector<std::vector<FlatRange>> chunk_reads,
-               FlatRange held_back, bool overlap = true, comm::Stream stream = nullptr);
+  DataParallel(std::vector<Region> regions, int64_t bucket_elems, std::vector<std::vector<FlatRange>> chunk_ranges,
+               std::vector<std::vector<FlatRange>> chunk_reads, FlatRange held_back, bool overlap = true,
+               comm::Stream stream = nullptr);
 
-  int64_t flat_size() const { return plan_.padded_total; }  // params and grads buffers
-  std::vector<FlatRange> owned() const { return plan_.owned(rank_); }
-  const GradBuckets& plan() const { return plan_; }
+  int64_t flat_size() const { return flat_size_; }  // params and grads buffers
+  // What this rank updates: its pieces of every region, ascending ({{0, 0}} when nothing).
+  std::vector<FlatRange> owned() const;
+  // The regions, and the pieces group rank `rank` of region r's group owns (ascending).
+  int regions() const { return static_cast<int>(regions_.size()); }
+  comm::Communicator* group(int r) const { return regions_[r].group; }
+  std::vector<FlatRange> owned_by(int r, int rank) const;
+  int buckets() const;
 
   // Chunk c ran its last backward of the step: starts the reduce-scatters it completes.
   void chunk_done(int c, float* grads);
   // After backward (and the tied-embedding exchange): starts the rest and waits for all. The
-  // owned ranges of grads then hold the sums over the data-parallel ranks; the rest is stale.
+  // owned ranges of grads then hold the sums over their groups; the rest is stale.
   void finish_reduce(float* grads);
   // After the update of the owned ranges: all-gathers every bucket, asynchronously.
   void gather_params(float* params);
@@ -60,21 +83,30 @@ class DataParallel {
   double waited_s() const { return waited_s_; }
 
  private:
-  void start_reduce(int bucket, float* grads);
+  // A region's state: its group (null: one rank), this rank's place in it, its buckets (offsets
+  // in the flat buffer) and their pending collectives.
+  struct Part {
+    comm::Communicator* group = nullptr;
+    int rank = 0;
+    int64_t base = 0;
+    GradBuckets plan;  // of the region's range, offsets relative to base
+    std::vector<comm::WorkPtr> reduce, gather;  // per bucket, null = not started / done
+  };
+  FlatRange bucket(const Part& p, int k) const { return {p.base + p.plan.buckets[k].begin, p.base + p.plan.buckets[k].end}; }
+  void start_reduce(Part& p, int k, float* grads);
   void wait(comm::WorkPtr& work);  // and reset it
-  bool overlaps(int bucket, const FlatRange& r) const;
+  static bool overlaps(const FlatRange& a, const FlatRange& b) { return a.begin < b.end && b.begin < a.end; }
 
-  comm::Communicator* dp_;
-  int rank_ = 0;
-  GradBuckets plan_;
-  std::vector<FlatRange> chunk_ranges_;
+  std::vector<Region> regions_;
+  std::vector<Part> parts_;
+  int64_t flat_size_ = 0;
+  std::vector<std::vector<FlatRange>> chunk_ranges_;
   std::vector<std::vector<FlatRange>> chunk_reads_;
   FlatRange held_back_;
   bool overlap_;
   comm::Stream stream_;
   double waited_s_ = 0;
   std::vector<bool> chunk_final_;
-  std::vector<comm::WorkPtr> reduce_, gather_;  // per bucket, null = not started / done
 };
 
 }  // namespace myriad

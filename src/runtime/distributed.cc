@@ -88,6 +88,9 @@ Distributed::Distributed(const Config& cfg, int rank, int world)
   const char* attempt = std::getenv("MYRIAD_ATTEMPT");
   store_ = comm::make_store(url, attempt ? attempt : "0", cfg.comm.timeout_s);
   std::vector<comm::GroupSpec> specs = topo_.group_specs(rank);
+  const int ep = static_cast<int>(layout_.ep);
+  const std::vector<comm::GroupSpec> expert_specs = topo_.expert_group_specs(rank, ep);
+  specs.insert(specs.end(), expert_specs.begin(), expert_specs.end());
   // The pipeline links: per direction and kind a two-rank group, sender first (pipeline.h).
   // Every rank lists them in one global order: kind, then the sending stage.
   const parallel::Coord me = topo_.coord(rank);
@@ -126,6 +129,10 @@ Distributed::Distributed(const Config& cfg, int rank, int world)
       ctx_.pp = g, members = topo_.group(parallel::Dim::kPp, rank);
     } else if (n == topo_.group_name(parallel::Dim::kDp, rank)) {
       ctx_.dp = g, members = topo_.group(parallel::Dim::kDp, rank);
+    } else if (!expert_specs.empty() && n == expert_specs[0].name) {
+      ctx_.ep = g, members = topo_.expert_group(rank, ep);
+    } else if (!expert_specs.empty() && n == expert_specs[1].name) {
+      ctx_.edp = g, members = topo_.expert_dp_group(rank, ep);
     }
     for (const Link& l : links)
       if (l.name == n) {
@@ -145,7 +152,8 @@ Distributed::Distributed(const Config& cfg, int rank, int world)
   world_->broadcast_bytes(&start_id_, sizeof start_id_, 0)->wait();
   start_id_ %= 1000000007;
   log::info("distributed: rank ", rank, " of ", world, ", tp ", topo_.tp(), " x pp ", topo_.pp(),
-            " x dp ", topo_.dp(), " (coordinates tp ", me.tp, ", pp ", me.pp, ", dp ", me.dp, "; ",
+            " x dp ", topo_.dp(), ep > 1 ? cat(" (ep ", ep, " x edp ", topo_.dp() / ep, ")") : std::string(),
+            " (coordinates tp ", me.tp, ", pp ", me.pp, ", dp ", me.dp, "; ",
             groups_.size(), " groups through ", store_->url(), ")");
 }
 

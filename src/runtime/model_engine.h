@@ -56,12 +56,12 @@ class ModelEngine final : public Engine {
         ctx_(par ? *par : parallel::ParallelContext{}),
         part_(model_part(cfg, ctx_)),
         model_(cfg, &ctx_, &part_,
-               plan_buckets(ParamLayout(cfg, ctx_.tp_rank(), ctx_.tp_size(), &part_).total(),
-                            ctx_.dp_size(), bucket_elems(cfg))
-                   .padded_total,
+               DataParallel::flat_size(DataParallel::regions_of(
+                   ParamLayout(cfg, ctx_.tp_rank(), ctx_.tp_size(), &part_, Model::expert_shard(&ctx_)), ctx_.dp,
+                   ctx_.expert_dp())),
                std::move(ops)),
-        dp_(ctx_.dp, model_.layout().total(), bucket_elems(cfg), chunk_ranges(), chunk_reads(),
-            tied_embedding(), cfg.parallel.overlap_dp, model_.ops().comm_stream()),
+        dp_(DataParallel::regions_of(model_.layout(), ctx_.dp, ctx_.expert_dp()), bucket_elems(cfg), chunk_ranges(),
+            chunk_reads(), tied_embedding(), cfg.parallel.overlap_dp, model_.ops().comm_stream()),
         stale_(model_.num_chunks(), Stale::kNone) {
     if constexpr (!kMasterIsParams) {
       // The same draw as the model's compute copy, kept in fp32.
@@ -99,7 +99,8 @@ class ModelEngine final : public Engine {
                 cat(static_cast<int>(parallel::simulate(sch).bubble * 1000 + 0.5) / 10.0), "% of compute");
     }
     if (ctx_.dp_size() > 1)
-      log::info("data parallel: ", ctx_.dp_size(), " ranks, ", dp_.plan().buckets.size(),
+      log::info("data parallel: ", ctx_.dp_size(), " ranks", ctx_.ep ? cat(" (experts: ep ", ctx_.ep_size(), " x edp ",
+                parallel::group_size(ctx_.edp), ")") : std::string(), ", ", dp_.buckets(),
                 " gradient buckets; this rank updates ", optimizer_->m().size(), " of ",
                 model_.layout().total(), " parameters");
   }
@@ -148,7 +149,7 @@ class ModelEngine final : public Engine {
     update_router_bias(r.experts, owned);
     mark_stale(Stale::kGathered);
     if (cfg_.fault.sdc_check_every > 0 && step % cfg_.fault.sdc_check_every == 0)
-      owned_hash_ = hash_of(dp_.owned());
+      for (int g = 0; g < dp_.regions(); ++g) owned_hash_[g] = hash_of(dp_.owned_by(g, parallel::group_rank(dp_.group(g))));
     const int update_ends = model_.ops().mark();
     fault::trigger(cat("dp_gather:", step));
     dp_.gather_params(master());  // awaited chunk by chunk by the next forward
@@ -191,11 +192,11 @@ class ModelEngine final : public Engine {
   }
   double flops_per_token() const override { return model_.flops_per_token(); }
 
-  // Parameters by data-parallel rank 0 (the owners of the optimizer state write theirs);
-  // replicated tensors by tensor-parallel rank 0; the tied embedding by the first stage (the
-  // last one holds a copy).
+  // Parameters by data-parallel rank 0, the routed experts by rank 0 of their data-parallel
+  // group (the owners of the optimizer state write theirs); replicated tensors by tensor-
+  // parallel rank 0; the tied embedding by the first stage (the last one holds a copy).
   bool writes_to_checkpoint(const ParamSpec& p, bool params) const override {
-    if (params && ctx_.dp_rank() != 0) return false;
+    if (params && parallel::group_rank(p.expert ? ctx_.expert_dp() : ctx_.dp) != 0) return false;
     if (p.replicated() && ctx_.tp_rank() != 0) return false;
     return p.name != "wte" || part_.embedding;
   }
@@ -208,16 +209,19 @@ class ModelEngine final : public Engine {
             optimizer_->owned()};
   }
   bool host_state_is_live() const override { return kMasterIsParams; }
-  std::vector<uint64_t> replica_hashes() override {
+  std::vector<std::vector<uint64_t>> replica_hashes() override {
     dp_.wait_all_params();
-    std::vector<uint64_t> out = {owned_hash_};
-    for (int o = 0; o < ctx_.dp_size(); ++o) out.push_back(hash_of(dp_.plan().owned(o)));
+    std::vector<std::vector<uint64_t>> out;
+    for (int g = 0; g < dp_.regions(); ++g) {
+      out.push_back({owned_hash_[g]});
+      for (int o = 0; o < parallel::group_size(dp_.group(g)); ++o) out.back().push_back(hash_of(dp_.owned_by(g, o)));
+    }
     return out;
   }
   void flip_parameter_bit() override {
     dp_.wait_all_params();  // the flip must not travel with a gather still reading the buffer
     float x = 0;
-    const int64_t at = model_.layout().total() / 2;
+    const int64_t at = model_.layout().dense_total() / 2;  // a parameter (not the experts' alignment gap)
     model_.ops().download(&x, master() + at, 1);
     uint32_t bits;
     std::memcpy(&bits, &x, 4);
@@ -307,27 +311,39 @@ class ModelEngine final : public Engine {
     return part;
   }
 
-  // The flat range whose gradients chunk c completes: from its first layer to the next chunk's
-  // (the first chunk from 0, the last to the end: embeddings and final norm included).
-  std::vector<FlatRange> chunk_ranges() const {
+  // The flat ranges whose gradients chunk c completes: from its first layer to the next chunk's
+  // (the first chunk from 0, the last to the end of the region: embeddings and final norm
+  // included), in the layout's region of every other tensor and, for an MoE model, in its
+  // expert region (the chunk's layers' experts).
+  std::vector<std::vector<FlatRange>> chunk_ranges() const {
     const ParamLayout& l = model_.layout();
-    auto first_of = [&](int layer) {
+    const FlatRange experts = l.expert_region();
+    auto first_of = [&](int layer, bool expert) {  // -1: none (a dense layer's experts)
       for (const ParamSpec& p : l.tensors())
-        if (p.layer == layer) return p.offset;
-      MYRIAD_CHECK(false, "layer ", layer, " not in this rank's layout");
-      return int64_t(0);
+        if (p.layer == layer && p.expert == expert) return p.offset;
+      MYRIAD_CHECK(expert, "layer ", layer, " not in this rank's layout");
+      return int64_t(-1);
     };
     const auto& chunks = part_.chunks;
-    std::vector<FlatRange> out;
-    for (size_t c = 0; c < chunks.size(); ++c)
-      out.push_back({c == 0 ? 0 : first_of(chunks[c].first),
-                     c + 1 < chunks.size() ? first_of(chunks[c + 1].first) : l.total()});
+    std::vector<std::vector<FlatRange>> out;
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      out.push_back({{c == 0 ? 0 : first_of(chunks[c].first, false),
+                      c + 1 < chunks.size() ? first_of(chunks[c + 1].first, false) : l.dense_total()}});
+      if (experts.size() == 0) continue;
+      // Chunks whose layers are all dense hold no experts: their range is empty.
+      auto expert_start = [&](size_t from) {
+        for (size_t d = from; d < chunks.size(); ++d)
+          for (int layer = chunks[d].first; layer < chunks[d].second; ++layer)
+            if (const int64_t o = first_of(layer, true); o >= 0) return o;
+        return experts.end;
+      };
+      out.back().push_back({expert_start(c), expert_start(c + 1)});
+    }
     return out;
   }
   // The ranges chunk c's forward reads: its own, and the tied embedding for the LM head.
   std::vector<std::vector<FlatRange>> chunk_reads() {
-    std::vector<std::vector<FlatRange>> out;
-    for (const FlatRange& r : chunk_ranges()) out.push_back({r});
+    std::vector<std::vector<FlatRange>> out = chunk_ranges();
     // An untied lm_head is the layout's last tensor, inside the last chunk's range already.
     if (part_.head && cfg_.model.tied_embeddings) {
       const ParamSpec& wte = model_.layout().find("wte");
@@ -502,7 +518,7 @@ class ModelEngine final : public Engine {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Pipeline<Model>> pipeline_;
   double loss_wait_[2] = {0, 0};  // seconds the step's loss exchanges blocked: over pp, over dp
-  uint64_t owned_hash_ = 0;  // replica_hashes()[0]: this rank's owned ranges after a checked update
+  uint64_t owned_hash_[2] = {0, 0};  // per region, replica_hashes()[g][0]: this rank's owned ranges after a checked update
 };
 
 }  // namespace myriad

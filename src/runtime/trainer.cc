@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <set>
 #include <thread>
 #include <tuple>
 #include <filesystem>
@@ -576,36 +577,42 @@ void Trainer::check_loss(float loss) {
 
 // fault.sdc_check_every: the data-parallel replicas exchange the hashes of what they hold after
 // the all-gather (Engine::replica_hashes) and compare each copy with what its owner's update
-// left. The rank whose copy differs stops with a runtime fault naming it; the others say so.
+// left, region by region: every tensor but the routed experts over dp, the experts over their
+// data-parallel group. The rank whose copy differs stops with a runtime fault naming it; the
+// others say so.
 void Trainer::check_replicas() {
-  comm::Communicator* dp = dist_ ? dist_->context()->dp : nullptr;
-  if (!dp || dp->size() < 2) return;
-  const int n = dp->size();
-  std::vector<uint64_t> mine = engine_->replica_hashes();  // (1 + n)
-  if (mine.size() != static_cast<size_t>(n) + 1) return;
-  mine.insert(mine.begin(), static_cast<uint64_t>(dist_->rank()));
-  // Each rank's words travel exactly, their bytes carried as floats, which a gather only copies.
-  const int64_t per = static_cast<int64_t>(mine.size()) * 2;
-  std::vector<float> all(static_cast<size_t>(per * n));
-  std::memcpy(all.data() + per * dp->rank(), mine.data(), static_cast<size_t>(per) * 4);
-  dp->all_gather(all.data() + per * dp->rank(), all.data(), per)->wait();
-  auto word = [&](int q, int k) {
-    uint64_t v;
-    std::memcpy(&v, all.data() + per * q + 2 * k, 8);
-    return v;
-  };
-  for (int q = 0; q < n; ++q)
-    for (int o = 0; o < n; ++o) {
-      if (word(q, 2 + o) == word(o, 1)) continue;
-      const std::string what =
-          cat("silent data corruption at step ", step_, ": rank ", word(q, 0), "'s copy of the parameters rank ",
-              word(o, 0), " updates differs from what that update left");
-      if (q == dp->rank())
-        throw FaultError(FaultKind::kSdc, ErrorClass::kRuntime, step_,
-                         cat(what, "; restarting from the latest checkpoint (check this rank's device if it recurs)"),
-                         static_cast<int>(word(q, 0)));
-      log::warn(what);
-    }
+  if (!dist_) return;
+  const std::vector<std::vector<uint64_t>> regions = engine_->replica_hashes();
+  for (size_t r = 0; r < regions.size(); ++r) {
+    comm::Communicator* group = r == 0 ? dist_->context()->dp : dist_->context()->expert_dp();
+    if (!group || group->size() < 2) continue;
+    const int n = group->size();
+    std::vector<uint64_t> mine = regions[r];  // (1 + n)
+    if (mine.size() != static_cast<size_t>(n) + 1) continue;
+    mine.insert(mine.begin(), static_cast<uint64_t>(dist_->rank()));
+    // Each rank's words travel exactly, their bytes carried as floats, which a gather only copies.
+    const int64_t per = static_cast<int64_t>(mine.size()) * 2;
+    std::vector<float> all(static_cast<size_t>(per * n));
+    std::memcpy(all.data() + per * group->rank(), mine.data(), static_cast<size_t>(per) * 4);
+    group->all_gather(all.data() + per * group->rank(), all.data(), per)->wait();
+    auto word = [&](int q, int k) {
+      uint64_t v;
+      std::memcpy(&v, all.data() + per * q + 2 * k, 8);
+      return v;
+    };
+    for (int q = 0; q < n; ++q)
+      for (int o = 0; o < n; ++o) {
+        if (word(q, 2 + o) == word(o, 1)) continue;
+        const std::string what =
+            cat("silent data corruption at step ", step_, ": rank ", word(q, 0), "'s copy of the parameters rank ",
+                word(o, 0), " updates differs from what that update left", r > 0 ? " (its experts)" : "");
+        if (q == group->rank())
+          throw FaultError(FaultKind::kSdc, ErrorClass::kRuntime, step_,
+                           cat(what, "; restarting from the latest checkpoint (check this rank's device if it recurs)"),
+                           static_cast<int>(word(q, 0)));
+        log::warn(what);
+      }
+  }
 }
 
 namespace {
@@ -884,12 +891,21 @@ void Trainer::resume_from(const std::string& dir) {
   const double t0 = now_s();
   // checkpoint.load = broadcast: the parameters, the same on every rank of a data-parallel group,
   // are read by its rank 0 and broadcast over the group; each rank reads its own shard of the
-  // optimizer state. (On the CPU: a GPU's host copies are not yet handed to the communicators.)
-  comm::Communicator* dp = dist_ ? dist_->context()->dp : nullptr;
+  // optimizer state. An MoE model's routed experts differ between the ranks of an expert group:
+  // they are read by rank 0 of their own data-parallel group and broadcast over it (the layout's
+  // expert region). (On the CPU: a GPU's host copies are not yet handed to the communicators.)
+  const parallel::ParallelContext* ctx = dist_ ? dist_->context() : nullptr;
+  comm::Communicator* dp = ctx ? ctx->dp : nullptr;
+  comm::Communicator* edp = ctx ? ctx->expert_dp() : nullptr;
   const bool broadcast = dp && dp->size() > 1 && cfg_.checkpoint.load == "broadcast" && engine_->host_state_is_live();
+  std::set<std::string> experts;  // stored names of the expert tensors
+  for (const ParamSpec& p : engine_->layout().tensors())
+    if (p.expert) experts.insert(checkpoint::param_name(p.name));
   std::vector<checkpoint::Shard> reads;
-  for (checkpoint::Shard& s : checkpoint::shards_of(state_, false))
-    if (!broadcast || dp->rank() == 0 || !checkpoint::is_param(s.name)) reads.push_back(std::move(s));
+  for (checkpoint::Shard& s : checkpoint::shards_of(state_, false)) {
+    const bool reader = !broadcast || (experts.count(s.name) ? parallel::group_rank(edp) : dp->rank()) == 0;
+    if (reader || !checkpoint::is_param(s.name)) reads.push_back(std::move(s));
+  }
   std::exception_ptr failed;
   try {
     checkpoint::load(dir, meta, reads);
@@ -903,7 +919,13 @@ void Trainer::resume_from(const std::string& dir) {
     if (failures > 0 && !failed)
       throw checkpoint::Corrupt(cat("checkpoint ", dir, ": another rank of data-parallel group ", dp->name(),
                                     " could not read it"));
-    if (!failed) dp->broadcast(engine_->host_state().params, engine_->layout().total(), 0)->wait();
+    float* params = engine_->host_state().params;
+    const FlatRange region = engine_->layout().expert_region();
+    if (!failed) {
+      dp->broadcast(params, engine_->layout().dense_total(), 0)->wait();
+      if (region.size() > 0 && parallel::group_size(edp) > 1)
+        edp->broadcast(params + region.begin, region.size(), 0)->wait();
+    }
   }
   if (failed) std::rethrow_exception(failed);
   checkpoint::restore(state_, saved_meta);

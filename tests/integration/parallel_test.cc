@@ -166,6 +166,11 @@ TEST_P(Parallel, MatchesTheSingleProcessRun) {
   if (l.extra.find("parallel.tp=") != std::string::npos) {
     EXPECT_NE(log_line(dir / "tp", 1, "batches shared through memory"), "");
   }
+  // Expert parallelism: the experts' groups, as the log says them.
+  if (const size_t ep_at = l.extra.find("parallel.ep="); ep_at != std::string::npos) {
+    const int ep = std::stoi(l.extra.substr(ep_at + 12)), dp = std::stoi(l.extra.substr(l.extra.find("parallel.dp=") + 12));
+    EXPECT_NE(log_line(dir / "tp", 0, cat("(experts: ep ", ep, " x edp ", dp / ep, ")")), "");
+  }
   // ZeRO: each data-parallel rank keeps 1/dp of the optimizer state (the allocator's count).
   const size_t dp_at = l.extra.find("parallel.dp=");
   if (dp_at != std::string::npos) {
@@ -256,7 +261,21 @@ INSTANTIATE_TEST_SUITE_P(
         // (DeepSeek-V3's bias, moved by the job-wide load: every replica and stage alike.)
         Layout{"moe_pp2_dp2", 4, kMoe + " --set model.dense_layers=1 --set model.shared_experts=1 --set parallel.pp=2 "
                                         "--set parallel.dp=2 --set parallel.bucket_mb=0.05 --set model.router_bias=true "
-                                        "--set moe.bias_rate=0.01 --set model.router_score=sigmoid"}),
+                                        "--set moe.bias_rate=0.01 --set model.router_score=sigmoid"},
+        // Expert parallelism, folded into dp: each rank holds E / ep experts, tokens go to their
+        // experts' ranks and back by all-to-all; the experts' ZeRO group is dp / ep ranks.
+        Layout{"moe_ep2_dp2", 2, kMoe + " --set parallel.dp=2 --set parallel.ep=2"},
+        // (ep 2 x edp 2, 8 experts, a dense layer, a shared expert, the bias, capacity drops, and
+        // full recompute: the rows go out again in the backward's refill.)
+        Layout{"moe_ep2_dp4", 4, kMoe + " --set model.experts=8 --set model.dense_layers=1 --set model.shared_experts=1 "
+                                        "--set model.router_bias=true --set moe.bias_rate=0.01 "
+                                        "--set moe.capacity_factor=1.0 --set train.recompute=full "
+                                        "--set fault.sdc_check_every=5 --set parallel.dp=4 --set parallel.ep=2 "
+                                        "--set parallel.bucket_mb=0.05"},
+        Layout{"moe_ep2_pp2_dp2", 4, kMoe + " --set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=2"},
+        Layout{"moe_ep2_pp2_dp2_interleaved", 4, kMoe + " --set parallel.pp=2 --set parallel.virtual_stages=2 "
+                                                        "--set parallel.dp=2 --set parallel.ep=2 "
+                                                        "--set train.recompute=selective"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // A 3D run saved at step 10 and resumed is bitwise the uninterrupted run: losses, gradient
@@ -324,6 +343,50 @@ TEST(Parallel3d, ResumesInAnotherLayout) {
   ASSERT_EQ(a.size(), 20u);
   ASSERT_EQ(b.size(), 20u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-4 * a[i]) << "step " << i + 1;
+  fs::remove_all(dir);
+}
+
+// The experts reshard on load as tensor shards do: 10 steps of an MoE model with each of 4 ranks
+// holding one expert (ep 4), the other 10 with two stages of ep 2 x dp 2, match one process.
+TEST(Parallel3d, AnMoeResumesWithAnotherExpertSplit) {
+  const fs::path dir = fs::temp_directory_path() / cat("myriad_reshard_ep_", getpid());
+  const std::string train = cat("OMP_NUM_THREADS=1 ", bin(), " launch --nproc-per-node 4 --");
+  const std::string args = prepare_corpus(dir) + " " + kMoe + " --set model.router_bias=true --set moe.bias_rate=0.01";
+  std::string out;
+  ASSERT_EQ(sh(cat("OMP_NUM_THREADS=1 ", bin(), args, " --run-dir ", (dir / "single").string()), &out), 0) << out;
+  EXPECT_NE(sh(cat("MYRIAD_INJECT_FAULT=step:10:kill ", train, args,
+                   " --set checkpoint.every=10 --set checkpoint.async=false --set parallel.dp=4 --set parallel.ep=4 "
+                   "--run-dir ", (dir / "resharded").string()), &out), 0);
+  ASSERT_EQ(sh(cat(train, args, " --set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=2 --resume auto --run-dir ",
+                   (dir / "resharded").string()), &out), 0) << out;
+  EXPECT_NE(out.find("step_00000010 (step 10, "), std::string::npos) << out;
+  // By step: the killed attempt's step-10 line may be missing (the kill of one rank stops the
+  // others, rank 0 perhaps before it wrote it); the resumed attempt's steps 11-20 may not.
+  std::map<int64_t, double> resumed;
+  for (const nlohmann::json& r : records(dir / "resharded")) resumed[r["step"].get<int64_t>()] = r["loss"].get<double>();
+  std::vector<double> a = losses(dir / "single");
+  ASSERT_EQ(a.size(), 20u);
+  for (int64_t step = 11; step <= 20; ++step) EXPECT_TRUE(resumed.count(step)) << "step " << step;
+  for (const auto& [step, loss] : resumed) EXPECT_NEAR(loss, a[step - 1], 1e-4 * a[step - 1]) << "step " << step;
+  fs::remove_all(dir);
+}
+
+// Expert parallelism's exchanges waited for at once (moe.overlap_dispatch = false) instead of
+// behind the shared experts' GEMMs: the same exchanges and the same arithmetic, so the same bits.
+TEST(ExpertParallelOverlap, OffGivesTheSameBits) {
+  const fs::path dir = fs::temp_directory_path() / cat("myriad_ep_overlap_", getpid());
+  const std::string train = cat("OMP_NUM_THREADS=1 ", bin(), " launch --nproc-per-node 2 --", prepare_corpus(dir), " ",
+                                kMoe, " --set model.shared_experts=1 --set parallel.dp=2 --set parallel.ep=2");
+  std::string out;
+  ASSERT_EQ(sh(cat(train, " --run-dir ", (dir / "on").string()), &out), 0) << out;
+  ASSERT_EQ(sh(cat(train, " --set moe.overlap_dispatch=false --run-dir ", (dir / "off").string()), &out), 0) << out;
+  std::vector<double> a = losses(dir / "on"), b = losses(dir / "off");
+  ASSERT_EQ(a.size(), 20u);
+  ASSERT_EQ(b.size(), 20u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
+  const Config cfg = test_config(kMoe + " --set model.shared_experts=1");
+  auto wa = weights(dir / "on", cfg), wb = weights(dir / "off", cfg);
+  for (auto& [name, w] : wa) EXPECT_TRUE(w == wb[name]) << name;
   fs::remove_all(dir);
 }
 
