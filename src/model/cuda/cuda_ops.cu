@@ -1,6 +1,6 @@
 #include "model/cuda/cuda_ops.h"
 
-#include <cublas_api.h>
+#include <cublas_v2.h>
 
 #include <algorithm>
 #include <atomic>
@@ -19,6 +19,7 @@
 #include "model/cuda/device.h"
 #include "model/cuda/matmul.h"
 #include "ops/cuda/cudnn_attention.h"
+#include "ops/cpu/cpu_ops.h"
 #include "ops/cuda/ops.cuh"
 
 namespace myriad {
@@ -58,6 +59,9 @@ std::string cuda_unsupported_model(const Config& cfg) {
   if (D != 64 && D != 80 && D != 128)
     return cat("head size model.d_model / model.heads = ", D, " is not supported by the CUDA attention (64, 80 or 128)");
   if (cfg.model.d_model % 8 != 0) return cat("model.d_model must be a multiple of 8 on CUDA, got ", cfg.model.d_model);
+  if (cfg.model.moe() && cfg.train.precision == "fp8")
+    return "train.precision = \"fp8\" with model.experts > 0 has not run on the CUDA op set (its experts' grouped "
+           "GEMMs are bf16 only)";
   return "";
 }
 
@@ -93,6 +97,19 @@ struct CudaOps::State {
   // per shape (B,T,H,Hkv,D,window,documents)
   std::map<std::tuple<int, int, int, int, int, int, bool>, bool> cudnn_takes;
   std::set<std::tuple<int, int, int, bool>> fallback_logged;  // (H,D,window,documents) said to use Myriad's
+  // A mixture of experts' layer: the CPU op set whose route / route_backward run on the host
+  // (the oracle's own code), the pinned staging of their transfers, and cuBLAS for the experts'
+  // grouped GEMMs with the device array of their operands' pointers.
+  cpu::CpuOps host;
+  char* stage = nullptr;
+  size_t stage_bytes = 0;
+  cublasHandle_t blas = nullptr;
+  void* blas_workspace = nullptr;
+  const void** group_ptrs = nullptr;
+  size_t group_ptrs_count = 0;
+  // Per product (forward, input gradient, weight gradient): whether the grouped call is still
+  // to be used; cleared (with a warning) where cuBLAS refuses it, or by MYRIAD_MOE_GEMM=loop.
+  bool grouped_ok[3] = {true, true, true};
   // The op profile (MYRIAD_OP_PROFILE=FILE; off otherwise): a pair of events around each op of
   // the step, [begin, end] at 2i and 2i+1, resolved when the next step clears its marks.
   struct Profile {
@@ -119,6 +136,10 @@ struct CudaOps::State {
     cudaFree(fp8_scalars);
     cudaFree(d_bounds);
     cudaFreeHost(h_sums);
+    cudaFreeHost(stage);
+    if (blas) cublasDestroy(blas);
+    cudaFree(blas_workspace);
+    cudaFree(group_ptrs);
     if (stream) cudaStreamDestroy(stream);
   }
 };
@@ -262,6 +283,8 @@ CudaOps::CudaOps() : st_(std::make_shared<State>()) {
     log::warn("op profile on (MYRIAD_OP_PROFILE=", path, "): every op is timed between events, and each step "
               "waits for the last one's");
   }
+  if (const char* g = std::getenv("MYRIAD_MOE_GEMM"); g && std::string(g) == "loop")
+    std::fill(std::begin(st_->grouped_ok), std::end(st_->grouped_ok), false);
 }
 
 cudaStream_t CudaOps::stream() const { return st_->stream; }
@@ -788,8 +811,8 @@ void CudaOps::ce_losses(float* losses, float* sums, const float* parts, const in
 }
 
 void CudaOps::moe_not_built() {
-  throw Error(ErrorClass::kInternal, "an op the CUDA op set does not have (MoE, QK-norm) was called; the model should "
-                                     "have been refused (moe_refusal, cuda_unsupported_model)");
+  throw Error(ErrorClass::kInternal, "an op the CUDA op set does not have (QK-norm) was called; the model should "
+                                     "have been refused (cuda_unsupported_model)");
 }
 
 void CudaOps::ce_tp_backward(Act* dlogits, const float* mx, const float* sums, float dloss, const int32_t* targets,
@@ -806,6 +829,279 @@ void CudaOps::widen(float* dst, const Act* src, int64_t n) const {
 void CudaOps::narrow(Act* dst, const float* src, int64_t n) const {
   OpScope op(*st_, "narrow");
   if (n > 0) cast_to_bf16(dst, src, n, st_->stream);
+}
+
+// ---- a mixture of experts' layer ----
+
+namespace {
+
+// Pinned host memory of at least `bytes` for the routing's transfers. Every use writes it from
+// the host only after a synchronization that follows the previous use's uploads, so one region
+// serves route and route_backward alike.
+char* stage(CudaOps::State& st, size_t bytes) {
+  if (bytes > st.stage_bytes) {
+    CUDA_CHECK(cudaStreamSynchronize(st.stream));
+    cudaFreeHost(st.stage);
+    st.stage = nullptr;
+    CUDA_CHECK(cudaMallocHost(&st.stage, bytes));
+    st.stage_bytes = bytes;
+  }
+  return st.stage;
+}
+
+// 16-byte aligned pieces of the staging, in order.
+struct Carve {
+  char* base;
+  size_t at = 0;
+  template <class T>
+  T* take(int64_t n) {
+    T* p = reinterpret_cast<T*>(base + at);
+    at += (static_cast<size_t>(std::max<int64_t>(n, 0)) * sizeof(T) + 15) / 16 * 16;
+    return p;
+  }
+};
+size_t staged_bytes(std::initializer_list<int64_t> bytes) {
+  size_t total = 0;
+  for (int64_t b : bytes) total += (static_cast<size_t>(b) + 15) / 16 * 16;
+  return total;
+}
+
+// The experts' three products, each expert e with rows (first row f_e, r_e rows) on its own
+// slice of the stacked weights w (E, OC, IC):
+//   kForward  out_e (r_e, OC) = x_e (r_e, IC) . w_e^T           bf16 out, =
+//   kInput    out_e (r_e, IC) = y_e (r_e, OC) . w_e             bf16 out, =
+//   kWeight   dw_e (OC, IC) += y_e (r_e, OC)^T . x_e (r_e, IC)  fp32 out, +=
+enum Product { kForward = 0, kInput = 1, kWeight = 2 };
+const char* const kProductName[] = {"forward", "input gradient", "weight gradient"};
+
+// The pointer arrays of a grouped call live in device memory (cuBLAS reads them there).
+const void** group_pointers(CudaOps::State& st, size_t count) {
+  if (count > st.group_ptrs_count) {
+    CUDA_CHECK(cudaStreamSynchronize(st.stream));
+    cudaFree(st.group_ptrs);
+    st.group_ptrs = nullptr;
+    CUDA_CHECK(cudaMalloc(&st.group_ptrs, count * sizeof(void*)));
+    st.group_ptrs_count = count;
+  }
+  return st.group_ptrs;
+}
+
+// One cublasGemmGroupedBatchedEx over every expert with rows, in cuBLAS's column-major terms (a
+// row-major (r, c) matrix is a column-major (c, r) one). False where cuBLAS refuses the call, so
+// that the caller loops instead.
+bool grouped_gemm(CudaOps::State& st, Product p, void* out, const bf16* x, const bf16* y, const bf16* w,
+                  const int64_t* counts, int E, int IC, int OC) {
+  if (!st.grouped_ok[p]) return false;
+  if (!st.blas) {
+    try {
+      CUBLAS_CHECK(cublasCreate(&st.blas));
+      CUBLAS_CHECK(cublasSetStream(st.blas, st.stream));
+      const size_t ws = size_t(32) << 20;
+      CUDA_CHECK(cudaMalloc(&st.blas_workspace, ws));
+      CUBLAS_CHECK(cublasSetWorkspace(st.blas, st.blas_workspace, ws));
+    } catch (const std::exception& e) {
+      log::warn("moe: cuBLAS is not usable (", e.what(), "): the experts' GEMMs loop over the experts");
+      std::fill(std::begin(st.grouped_ok), std::end(st.grouped_ok), false);
+      return false;
+    }
+  }
+  std::vector<cublasOperation_t> ta, tb;
+  std::vector<int> m, n, k, lda, ldb, ldc, size;
+  std::vector<float> alpha, beta;
+  std::vector<const void*> a_ptr, b_ptr, c_ptr;
+  int64_t first = 0;
+  for (int e = 0; e < E; ++e) {
+    const int r = static_cast<int>(counts[e]);
+    const int64_t f = first;
+    first += r;
+    if (r == 0) continue;
+    const bf16* we = w ? w + int64_t(e) * OC * IC : nullptr;
+    switch (p) {
+      case kForward:  // out^T (OC, r) = w_e (as (IC, OC), transposed) . x_e^T (IC, r)
+        ta.push_back(CUBLAS_OP_T), tb.push_back(CUBLAS_OP_N), m.push_back(OC), n.push_back(r), k.push_back(IC);
+        lda.push_back(IC), ldb.push_back(IC), ldc.push_back(OC), beta.push_back(0.0f);
+        a_ptr.push_back(we), b_ptr.push_back(x + f * IC), c_ptr.push_back(static_cast<bf16*>(out) + f * OC);
+        break;
+      case kInput:  // out^T (IC, r) = w_e (as (IC, OC)) . y_e^T (OC, r)
+        ta.push_back(CUBLAS_OP_N), tb.push_back(CUBLAS_OP_N), m.push_back(IC), n.push_back(r), k.push_back(OC);
+        lda.push_back(IC), ldb.push_back(OC), ldc.push_back(IC), beta.push_back(0.0f);
+        a_ptr.push_back(we), b_ptr.push_back(y + f * OC), c_ptr.push_back(static_cast<bf16*>(out) + f * IC);
+        break;
+      case kWeight:  // dw_e^T (IC, OC) += x_e^T (IC, r) . y_e (r, OC)
+        ta.push_back(CUBLAS_OP_N), tb.push_back(CUBLAS_OP_T), m.push_back(IC), n.push_back(OC), k.push_back(r);
+        lda.push_back(IC), ldb.push_back(OC), ldc.push_back(IC), beta.push_back(1.0f);
+        a_ptr.push_back(x + f * IC), b_ptr.push_back(y + f * OC),
+            c_ptr.push_back(static_cast<float*>(out) + int64_t(e) * OC * IC);
+        break;
+    }
+    alpha.push_back(1.0f), size.push_back(1);
+  }
+  const int G = static_cast<int>(size.size());
+  if (G == 0) return true;
+  std::vector<const void*> all(a_ptr);
+  all.insert(all.end(), b_ptr.begin(), b_ptr.end());
+  all.insert(all.end(), c_ptr.begin(), c_ptr.end());
+  const void** d = group_pointers(st, all.size());
+  // From pageable memory: the copy has taken the host's bytes when it returns.
+  CUDA_CHECK(cudaMemcpyAsync(d, all.data(), all.size() * sizeof(void*), cudaMemcpyHostToDevice, st.stream));
+  const cublasStatus_t s = cublasGemmGroupedBatchedEx(
+      st.blas, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(), d, CUDA_R_16BF, lda.data(), d + G,
+      CUDA_R_16BF, ldb.data(), beta.data(), const_cast<void* const*>(reinterpret_cast<const void* const*>(d + 2 * G)),
+      p == kWeight ? CUDA_R_32F : CUDA_R_16BF, ldc.data(), G, size.data(), CUBLAS_COMPUTE_32F);
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    log::warn("moe: cublasGemmGroupedBatchedEx refused the experts' ", kProductName[p], " (status ", int(s),
+              "): it loops over the experts' GEMMs from now on");
+    st.grouped_ok[p] = false;
+    return false;
+  }
+  return true;
+}
+
+// The same products as a loop of the dense GEMMs (cuBLASLt), one per expert with rows: the
+// fallback where the grouped call is refused.
+void looped_gemm(CudaOps::State& st, Product p, void* out, const bf16* x, const bf16* y, const bf16* w,
+                 const int64_t* counts, int E, int IC, int OC) {
+  int64_t f = 0;
+  for (int e = 0; e < E; ++e) {
+    const int r = static_cast<int>(counts[e]);
+    if (r > 0) {
+      const bf16* we = w ? w + int64_t(e) * OC * IC : nullptr;
+      if (p == kForward)
+        st.mm.forward(static_cast<bf16*>(out) + f * OC, x + f * IC, we, nullptr, r, IC, OC, st.stream);
+      else if (p == kInput)
+        st.mm.backward_input(static_cast<bf16*>(out) + f * IC, y + f * OC, we, r, IC, OC, false, st.stream);
+      else
+        st.mm.backward_weight(static_cast<float*>(out) + int64_t(e) * OC * IC, y + f * OC, x + f * IC, r, IC, OC,
+                              st.stream);
+    }
+    f += r;
+  }
+}
+
+void experts_gemm(CudaOps::State& st, Product p, void* out, const bf16* x, const bf16* y, const bf16* w,
+                  const int64_t* counts, int E, int IC, int OC) {
+  if (!grouped_gemm(st, p, out, x, y, w, counts, E, IC, OC)) looped_gemm(st, p, out, x, y, w, counts, E, IC, OC);
+}
+
+int64_t rows_of(const int64_t* counts, int E) {
+  int64_t M = 0;
+  for (int e = 0; e < E; ++e) M += counts[e];
+  return M;
+}
+
+}  // namespace
+
+void CudaOps::router_forward(float* logits, const Act* x, const Param* w, int N, int C, int E) const {
+  OpScope op(*st_, "router_forward", N, C, E);
+  st_->mm.forward_f32(logits, x, w, N, C, E, st_->stream);
+}
+
+void CudaOps::router_backward(Act* dx, float* dw, const float* dlogits, const Act* x, const Param* w, int N, int C,
+                              int E) const {
+  OpScope op(*st_, "router_backward", N, C, E);
+  MYRIAD_CHECK(E <= cuda::router_backward_max_experts(), "router_backward: ", E, " experts, at most ",
+               cuda::router_backward_max_experts(), " on CUDA");
+  cuda::router_backward(dx, dw, dlogits, x, w, N, C, E, st_->stream);
+}
+
+Routing CudaOps::route(const Router& r, int32_t* choice, float* weights, int32_t* order, int32_t* pos,
+                       const float* logits, const Param* bias, int N) const {
+  OpScope op(*st_, "route", N, r.experts, r.top_k);
+  const int E = r.experts;
+  const int64_t NE = int64_t(N) * E, M = int64_t(N) * r.top_k;
+  Carve c{stage(*st_, staged_bytes({NE * 4, E * 4, E * 2, M * 4, M * 4, M * 4, M * 4}))};
+  float* h_logits = c.take<float>(NE);
+  float* h_bias = c.take<float>(E);
+  bf16* h_bias16 = c.take<bf16>(E);
+  int32_t* h_choice = c.take<int32_t>(M);
+  float* h_weights = c.take<float>(M);
+  int32_t* h_order = c.take<int32_t>(M);
+  int32_t* h_pos = c.take<int32_t>(M);
+  CUDA_CHECK(cudaMemcpyAsync(h_logits, logits, NE * 4, cudaMemcpyDeviceToHost, st_->stream));
+  if (bias) CUDA_CHECK(cudaMemcpyAsync(h_bias16, bias, E * 2, cudaMemcpyDeviceToHost, st_->stream));
+  CUDA_CHECK(cudaStreamSynchronize(st_->stream));
+  if (bias)
+    for (int e = 0; e < E; ++e) h_bias[e] = __bfloat162float(h_bias16[e]);
+  Routing out = st_->host.route(r, h_choice, h_weights, h_order, h_pos, h_logits, bias ? h_bias : nullptr, N);
+  const int64_t kept = rows_of(out.counts.data(), E);
+  CUDA_CHECK(cudaMemcpyAsync(choice, h_choice, M * 4, cudaMemcpyHostToDevice, st_->stream));
+  CUDA_CHECK(cudaMemcpyAsync(weights, h_weights, M * 4, cudaMemcpyHostToDevice, st_->stream));
+  if (kept > 0) CUDA_CHECK(cudaMemcpyAsync(order, h_order, kept * 4, cudaMemcpyHostToDevice, st_->stream));
+  CUDA_CHECK(cudaMemcpyAsync(pos, h_pos, M * 4, cudaMemcpyHostToDevice, st_->stream));
+  return out;
+}
+
+void CudaOps::route_backward(const Router& r, float* dlogits, const float* dweights, const float* logits,
+                             const int32_t* choice, float grad_scale, int N) const {
+  OpScope op(*st_, "route_backward", N, r.experts, r.top_k);
+  const int64_t NE = int64_t(N) * r.experts, M = int64_t(N) * r.top_k;
+  Carve c{stage(*st_, staged_bytes({NE * 4, M * 4, M * 4, NE * 4}))};
+  float* h_logits = c.take<float>(NE);
+  float* h_dweights = c.take<float>(M);
+  int32_t* h_choice = c.take<int32_t>(M);
+  float* h_dlogits = c.take<float>(NE);
+  CUDA_CHECK(cudaMemcpyAsync(h_logits, logits, NE * 4, cudaMemcpyDeviceToHost, st_->stream));
+  CUDA_CHECK(cudaMemcpyAsync(h_dweights, dweights, M * 4, cudaMemcpyDeviceToHost, st_->stream));
+  CUDA_CHECK(cudaMemcpyAsync(h_choice, choice, M * 4, cudaMemcpyDeviceToHost, st_->stream));
+  CUDA_CHECK(cudaStreamSynchronize(st_->stream));
+  st_->host.route_backward(r, h_dlogits, h_dweights, h_logits, h_choice, grad_scale, N);
+  CUDA_CHECK(cudaMemcpyAsync(dlogits, h_dlogits, NE * 4, cudaMemcpyHostToDevice, st_->stream));
+}
+
+void CudaOps::gather_rows(Act* xs, const Act* x, const int32_t* order, int M, int k, int C) const {
+  OpScope op(*st_, "gather_rows", M, C);
+  cuda::gather_rows(xs, x, order, M, k, C, st_->stream);
+}
+
+void CudaOps::gather_rows_backward(Act* dx, const Act* dxs, const int32_t* pos, int N, int k, int C) const {
+  OpScope op(*st_, "gather_rows_backward", N, k, C);
+  cuda::gather_rows_backward(dx, dxs, pos, N, k, C, st_->stream);
+}
+
+void CudaOps::grouped_linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w,
+                                         const int64_t* counts, int E, int IC, int F) const {
+  OpScope op(*st_, "grouped_linear_act_forward", E, IC, F);
+  const int64_t M = rows_of(counts, E);
+  experts_gemm(*st_, kForward, pre, inp, nullptr, w, counts, E, IC, F * pre_width(m));
+  if (m == Mlp::kSwiGlu)
+    cuda::swiglu_forward(out, pre, M, F, st_->stream);
+  else
+    cuda::gelu_forward(out, pre, M * F, st_->stream);
+}
+
+void CudaOps::grouped_linear_forward(Act* out, const Act* inp, const Param* w, const int64_t* counts, int E, int IC,
+                                     int OC) const {
+  OpScope op(*st_, "grouped_linear_forward", E, IC, OC);
+  experts_gemm(*st_, kForward, out, inp, nullptr, w, counts, E, IC, OC);
+}
+
+void CudaOps::grouped_linear_backward(Mlp m, Act* dinp, float* dw, const Act* dout, const Act* inp, const Param* w,
+                                      const Act* pre, const int64_t* counts, int E, int IC, int OC) const {
+  OpScope op(*st_, "grouped_linear_backward", E, IC, OC);
+  const int64_t M = rows_of(counts, E);
+  if (pre) {  // the activation's output gradient (M, IC) in scratch, then through the activation into dinp
+    Act* dact = reinterpret_cast<Act*>(scratch(static_cast<size_t>((M * IC + 1) / 2 + 1)));
+    experts_gemm(*st_, kInput, dact, nullptr, dout, w, counts, E, IC, OC);
+    if (m == Mlp::kSwiGlu)
+      cuda::swiglu_backward(dinp, pre, dact, M, IC, st_->stream);
+    else
+      cuda::gelu_backward(dinp, pre, dact, M * IC, st_->stream);
+  } else {
+    experts_gemm(*st_, kInput, dinp, nullptr, dout, w, counts, E, IC, OC);
+  }
+  experts_gemm(*st_, kWeight, dw, inp, dout, nullptr, counts, E, IC, OC);
+}
+
+void CudaOps::combine_forward(Act* out, const Act* ys, const float* weights, const int32_t* pos, int N, int k, int C,
+                              bool accumulate) const {
+  OpScope op(*st_, "combine_forward", N, k, C);
+  cuda::combine_forward(out, ys, weights, pos, N, k, C, accumulate, st_->stream);
+}
+
+void CudaOps::combine_backward(Act* dys, float* dweights, const Act* dout, const Act* ys, const float* weights,
+                               const int32_t* pos, int N, int k, int C) const {
+  OpScope op(*st_, "combine_backward", N, k, C);
+  cuda::combine_backward(dys, dweights, dout, ys, weights, pos, N, k, C, st_->stream);
 }
 
 }  // namespace myriad::cuda

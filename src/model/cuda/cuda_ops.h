@@ -183,33 +183,40 @@ class CudaOps {
   void ce_losses(float* losses, float* sums, const float* parts, const int32_t* targets, int N) const;
   void ce_tp_backward(Act* dlogits, const float* mx, const float* sums, float dloss, const int32_t* targets,
                       int64_t v0, int N, int64_t Vl, int live) const;
-  // A mixture of experts' layer: not on this op set yet (docs/notes/moe.md, step 6). GptModel
-  // refuses an MoE model here with moe_refusal()'s reason before any of these is reached; they
-  // are the CPU op set's (ops/cpu/cpu_ops.h), and each is an internal error if called.
-  std::string moe_refusal() const {
-    return "the CUDA op set has no mixture-of-experts kernels yet (router, permutation, grouped GEMMs); "
-           "train MoE models with train.device = \"cpu\" for now";
-  }
-  void router_forward(float*, const Act*, const Param*, int, int, int) const { moe_not_built(); }
-  void router_backward(Act*, float*, const float*, const Act*, const Param*, int, int, int) const { moe_not_built(); }
-  Routing route(const Router&, int32_t*, float*, int32_t*, int32_t*, const float*, const Param*, int) const {
-    moe_not_built();
-  }
-  void route_backward(const Router&, float*, const float*, const float*, const int32_t*, float, int) const {
-    moe_not_built();
-  }
-  void gather_rows(Act*, const Act*, const int32_t*, int, int, int) const { moe_not_built(); }
-  void gather_rows_backward(Act*, const Act*, const int32_t*, int, int, int) const { moe_not_built(); }
-  void grouped_linear_act_forward(Mlp, Act*, Act*, const Act*, const Param*, const int64_t*, int, int, int) const {
-    moe_not_built();
-  }
-  void grouped_linear_forward(Act*, const Act*, const Param*, const int64_t*, int, int, int) const { moe_not_built(); }
-  void grouped_linear_backward(Mlp, Act*, float*, const Act*, const Act*, const Param*, const Act*, const int64_t*,
-                               int, int, int) const { moe_not_built(); }
-  void combine_forward(Act*, const Act*, const float*, const int32_t*, int, int, int, bool) const { moe_not_built(); }
-  void combine_backward(Act*, float*, const Act*, const Act*, const float*, const int32_t*, int, int, int) const {
-    moe_not_built();
-  }
+  // ---- a mixture of experts' layer (the contracts are CpuOps's, ops/cpu/cpu_ops.h) ----
+  // train.precision = "fp8" with experts is refused by cuda_unsupported_model (the experts'
+  // grouped GEMMs are bf16 only), so there is nothing left to refuse here.
+  std::string moe_refusal() const { return ""; }
+  // The router's logits in fp32 (cuBLASLt, bf16 operands, fp32 output); its backward's two
+  // products in fp32 (ops/cuda/moe.cu), dx += and dw +=.
+  void router_forward(float* logits, const Act* x, const Param* w, int N, int C, int E) const;
+  void router_backward(Act* dx, float* dw, const float* dlogits, const Act* x, const Param* w, int N, int C,
+                       int E) const;
+  // The routing and its backward run on the host, through the CPU op set's own code (the oracle):
+  // the logits go down, choice / weights / order / pos (or dlogits) come back up. Why: the counts
+  // per expert must reach the host anyway (the grouped GEMMs' shapes are host arguments), so
+  // route() synchronizes whatever computes it, and running the oracle's code gives exactly its
+  // choice, ties and capacity drops included. Both synchronize the stream.
+  Routing route(const Router& r, int32_t* choice, float* weights, int32_t* order, int32_t* pos, const float* logits,
+                const Param* bias, int N) const;
+  void route_backward(const Router& r, float* dlogits, const float* dweights, const float* logits,
+                      const int32_t* choice, float grad_scale, int N) const;
+  void gather_rows(Act* xs, const Act* x, const int32_t* order, int M, int k, int C) const;
+  void gather_rows_backward(Act* dx, const Act* dxs, const int32_t* pos, int N, int k, int C) const;
+  // The experts' GEMMs: one cuBLAS grouped GEMM (cublasGemmGroupedBatchedEx, bf16 operands, fp32
+  // accumulation) over every expert that has rows, per product; the activation one kernel over
+  // all rows. Where cuBLAS refuses the grouped call (or MYRIAD_MOE_GEMM=loop), a loop of the
+  // cuBLASLt GEMMs, one per expert with rows (logged once).
+  void grouped_linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const int64_t* counts,
+                                  int E, int IC, int F) const;
+  void grouped_linear_forward(Act* out, const Act* inp, const Param* w, const int64_t* counts, int E, int IC,
+                              int OC) const;
+  void grouped_linear_backward(Mlp m, Act* dinp, float* dw, const Act* dout, const Act* inp, const Param* w,
+                               const Act* pre, const int64_t* counts, int E, int IC, int OC) const;
+  void combine_forward(Act* out, const Act* ys, const float* weights, const int32_t* pos, int N, int k, int C,
+                       bool accumulate) const;
+  void combine_backward(Act* dys, float* dweights, const Act* dout, const Act* ys, const float* weights,
+                        const int32_t* pos, int N, int k, int C) const;
   // The queries' and keys' norm (model.qk_norm): not on this op set yet; cuda_unsupported_model
   // refuses such a model first (the CPU op set has them).
   void qk_norm_forward(QkNorm, Act*, float*, const Act*, const Param*, const Param*, int, int, int, int) const {
@@ -219,7 +226,7 @@ class CudaOps {
                         int, int) const {
     moe_not_built();
   }
-  [[noreturn]] static void moe_not_built();
+  [[noreturn]] static void moe_not_built();  // the QK-norm stubs'
   // The tensor-parallel regions reduce in fp32: activations widened before, narrowed after.
   void widen(float* dst, const Act* src, int64_t n) const;
   void narrow(Act* dst, const float* src, int64_t n) const;

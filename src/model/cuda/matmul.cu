@@ -284,6 +284,11 @@ void Matmul::forward(bf16* out, const bf16* inp, const bf16* weight, const bf16*
   gemm(out, CUDA_R_16BF, weight, true, IC, inp, false, IC, OC, N, IC, 0.0f, bias, stream);
 }
 
+void Matmul::forward_f32(float* out, const bf16* inp, const bf16* weight, int N, int IC, int OC,
+                         cudaStream_t stream) {
+  gemm(out, CUDA_R_32F, weight, true, IC, inp, false, IC, OC, N, IC, 0.0f, nullptr, stream);
+}
+
 void Matmul::forward_gelu(bf16* out, bf16* pre, const bf16* inp, const bf16* weight,
                           const bf16* bias, int N, int IC, int OC, cudaStream_t stream) {
   gemm(out, CUDA_R_16BF, weight, true, IC, inp, false, IC, OC, N, IC, 0.0f, bias, stream,

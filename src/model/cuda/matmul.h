@@ -40,6 +40,9 @@ class Matmul {
   // out (N,OC) = inp (N,IC) @ weight (OC,IC)^T + bias (OC, or null)
   void forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, int N, int IC,
                int OC, cudaStream_t stream);
+  // out (N,OC) = inp (N,IC) @ weight (OC,IC)^T in fp32 (a mixture of experts' router logits,
+  // which route in fp32 on every device), no bias.
+  void forward_f32(float* out, const bf16* inp, const bf16* weight, int N, int IC, int OC, cudaStream_t stream);
   // The MLP's first GEMM with GELU fused into the epilogue: pre (N,OC) = inp @ weight^T + bias
   // (kept for backward), out (N,OC) = gelu(pre).
   void forward_gelu(bf16* out, bf16* pre, const bf16* inp, const bf16* weight, const bf16* bias,

@@ -255,6 +255,31 @@ void ce_tp_backward(bf16* dlogits, const float* mx, const float* sums, float dlo
                     int N, int64_t Vl, int live, cudaStream_t stream);
 
 // Throws a runtime Error naming the call site when the last launch failed.
+// A mixture of experts' layer (ops/cuda/moe.cu; the contracts are CpuOps's, ops/cpu/cpu_ops.h):
+// rows in expert order and back, the weighted combine, the router's backward products.
+void gather_rows(bf16* xs,              // (M,C) =
+                 const bf16* x,         // (N,C)
+                 const int32_t* order,  // (M): slot n k + j, so row order[i] / k of x
+                 int M, int k, int C, cudaStream_t stream);
+void gather_rows_backward(bf16* dx,            // (N,C) +=
+                          const bf16* dxs,     // (M,C)
+                          const int32_t* pos,  // (N,k): each slot's row of dxs, -1 dropped
+                          int N, int k, int C, cudaStream_t stream);
+void combine_forward(bf16* out,             // (N,C) = or += (accumulate)
+                     const bf16* ys,        // (M,C)
+                     const float* weights,  // (N,k)
+                     const int32_t* pos,    // (N,k)
+                     int N, int k, int C, bool accumulate, cudaStream_t stream);
+void combine_backward(bf16* dys,        // (M,C) = (rows of dropped slots untouched)
+                      float* dweights,  // (N,k) =
+                      const bf16* dout, const bf16* ys, const float* weights, const int32_t* pos, int N, int k, int C,
+                      cudaStream_t stream);
+// dx (N,C) += dlogits (N,E) . w (E,C) and dw (E,C) += dlogits^T . x (N,C), in fp32; either
+// output may be null. E at most router_backward_max_experts().
+void router_backward(bf16* dx, float* dw, const float* dlogits, const bf16* x, const bf16* w, int N, int C, int E,
+                     cudaStream_t stream);
+int router_backward_max_experts();
+
 void check_launch(const char* what);
 
 }  // namespace myriad::cuda
