@@ -103,6 +103,7 @@ struct CudaOps::State {
   cpu::CpuOps host;
   char* stage = nullptr;
   size_t stage_bytes = 0;
+  std::unique_ptr<Matmul> experts_mm;  // the per-expert loop's GEMMs (made at its first use)
   cublasHandle_t blas = nullptr;
   void* blas_workspace = nullptr;
   const void** group_ptrs = nullptr;
@@ -958,20 +959,25 @@ bool grouped_gemm(CudaOps::State& st, Product p, void* out, const bf16* x, const
 }
 
 // The same products as a loop of the dense GEMMs (cuBLASLt), one per expert with rows: the
-// fallback where the grouped call is refused.
+// fallback where the grouped call is refused. Its own Matmul takes the heuristic's first
+// algorithm untimed: each step brings new row counts, which the tuned Matmul would time anew.
 void looped_gemm(CudaOps::State& st, Product p, void* out, const bf16* x, const bf16* y, const bf16* w,
                  const int64_t* counts, int E, int IC, int OC) {
+  if (!st.experts_mm) {
+    st.experts_mm = std::make_unique<Matmul>();
+    st.experts_mm->forget_shapes();
+  }
   int64_t f = 0;
   for (int e = 0; e < E; ++e) {
     const int r = static_cast<int>(counts[e]);
     if (r > 0) {
       const bf16* we = w ? w + int64_t(e) * OC * IC : nullptr;
       if (p == kForward)
-        st.mm.forward(static_cast<bf16*>(out) + f * OC, x + f * IC, we, nullptr, r, IC, OC, st.stream);
+        st.experts_mm->forward(static_cast<bf16*>(out) + f * OC, x + f * IC, we, nullptr, r, IC, OC, st.stream);
       else if (p == kInput)
-        st.mm.backward_input(static_cast<bf16*>(out) + f * IC, y + f * OC, we, r, IC, OC, false, st.stream);
+        st.experts_mm->backward_input(static_cast<bf16*>(out) + f * IC, y + f * OC, we, r, IC, OC, false, st.stream);
       else
-        st.mm.backward_weight(static_cast<float*>(out) + int64_t(e) * OC * IC, y + f * OC, x + f * IC, r, IC, OC,
+        st.experts_mm->backward_weight(static_cast<float*>(out) + int64_t(e) * OC * IC, y + f * OC, x + f * IC, r, IC, OC,
                               st.stream);
     }
     f += r;

@@ -189,6 +189,8 @@ void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, i
   std::unique_lock<std::mutex> lock(c.mu);
   load_choices(c);
   auto it = c.algos.find(key);
+  cublasLtMatmulAlgo_t fresh{};  // forget_shapes(): this call's algorithm, not kept
+  bool have_fresh = false;
   if (it != c.algos.end()) {  // a saved choice must still be one this library runs
     cublasLtMatmulHeuristicResult_t check{};
     if (cublasLtMatmulAlgoCheck(handle_, desc, la, lb, ld, ld, &it->second, &check) != CUBLAS_STATUS_SUCCESS ||
@@ -257,10 +259,14 @@ void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, i
         if (out != d) cudaFree(out);
       }
     }
-    it = c.algos.emplace(key, results[best].algo).first;
-    save_choices(c);
+    if (remember_) {
+      it = c.algos.emplace(key, results[best].algo).first;
+      save_choices(c);
+    } else {
+      fresh = results[best].algo, have_fresh = true;
+    }
   }
-  const cublasLtMatmulAlgo_t algo = it->second;
+  const cublasLtMatmulAlgo_t algo = have_fresh ? fresh : it->second;
   lock.unlock();
   if (const cublasStatus_t status = cublasLtMatmul(handle_, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &algo,
                                                    workspace_, workspace_bytes_, stream);

@@ -37,6 +37,11 @@ class Matmul {
   Matmul(const Matmul&) = delete;
   Matmul& operator=(const Matmul&) = delete;
 
+  // For shapes that change at every call (a mixture of experts' per-expert GEMMs, whose rows
+  // follow the routing): the heuristic's first algorithm, neither timed nor kept, so that no call
+  // pays a tuning and the process's choices (and their file) do not grow with every row count.
+  void forget_shapes() { tune_ = false, remember_ = false; }
+
   // out (N,OC) = inp (N,IC) @ weight (OC,IC)^T + bias (OC, or null)
   void forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, int N, int IC,
                int OC, cudaStream_t stream);
@@ -100,6 +105,7 @@ class Matmul {
   // MYRIAD_GEMM_TUNE=0 takes the heuristic's first algorithm untimed; MYRIAD_GEMM_REPORT=1 logs
   // each shape's candidates; MYRIAD_SPLITK (none | any) sets reduction_mask_.
   bool tune_ = true, report_ = false;
+  bool remember_ = true;  // forget_shapes()
 };
 
 }  // namespace myriad::cuda
