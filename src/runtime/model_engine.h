@@ -432,6 +432,9 @@ class ModelEngine final : public Engine {
           bias[i - b] += static_cast<float>(cfg_.moe.bias_rate * double((mean > load) - (mean < load)));
         }
         model_.ops().upload(master() + b, bias.data(), e - b);
+        // The compute copy too: the update wrote it from the bias before this move, and the next
+        // forward routes with it (the CPU op set reads the master itself).
+        if constexpr (!kMasterIsParams) model_.ops().cast_params(model_.params() + b, master() + b, e - b);
       }
     }
   }

@@ -34,9 +34,12 @@ class CudaOptimizer final : public Optimizer {
         const OwnedPiece& p = pieces_[k];
         const int64_t at = p.tensor->offset + p.local_begin;
         if (at >= r.end) break;
-        // Its kernels update every element of a range: untrained state (an MoE router's bias)
-        // is not theirs to skip yet, and the CUDA op set refuses MoE models before it gets here.
-        MYRIAD_CHECK(p.tensor->trained, "the CUDA optimizer cannot leave ", p.tensor->name, " untrained yet");
+        // Its kernels update every element of a range, untrained state (an MoE router's bias,
+        // params.h) too. Such a tensor gets no gradient (nothing in the model writes one), so its
+        // moments stay 0 and AdamW's and LAMB's step on it is exactly 0, as the CPU optimizer's
+        // skip leaves it; that holds without weight decay, which an untrained tensor must not have.
+        MYRIAD_CHECK(p.tensor->trained || !p.tensor->decay, "the CUDA optimizer would decay ", p.tensor->name,
+                     ", which is not trained");
         segments.push_back(at - r.begin);
         decay.push_back(p.tensor->decay);
         ++out.count;
