@@ -11,6 +11,10 @@
 // - fp32 results of bf16 products (the router's logits and weight gradient, the experts' weight
 //   gradients, the combine's weight gradients) differ from the oracle's only by the order of
 //   their fp32 sums: 1e-5 (1e-4 for the combine's dot products, which the CPU sums in double).
+// Measured on an H100 (2026-12-05, one run): logits 0.6e-7 to 2.4e-7, the router's dx 1.7e-3 and
+// dw 1.6e-7 to 3.5e-7; gather, combine and their backward 1.7e-3 (dweights 5e-8 to 7e-8); the
+// grouped SwiGLU GEMMs 1.6e-3 to 3.3e-3 (bf16) and 1.3e-7 to 2.9e-7 (dw), alike on the grouped
+// call and the loop.
 #include <gtest/gtest.h>
 
 #include <cstdio>

@@ -206,7 +206,9 @@ class CudaOps {
   // The experts' GEMMs: one cuBLAS grouped GEMM (cublasGemmGroupedBatchedEx, bf16 operands, fp32
   // accumulation) over every expert that has rows, per product; the activation one kernel over
   // all rows. Where cuBLAS refuses the grouped call (or MYRIAD_MOE_GEMM=loop), a loop of the
-  // cuBLASLt GEMMs, one per expert with rows (logged once).
+  // cuBLASLt GEMMs, one per expert with rows (logged once): cuBLAS 13.1 takes the forward and
+  // the input gradient but refuses the weight gradient (bf16 operands into fp32 C), so that one
+  // product loops over the experts for now.
   void grouped_linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const int64_t* counts,
                                   int E, int IC, int F) const;
   void grouped_linear_forward(Act* out, const Act* inp, const Param* w, const int64_t* counts, int E, int IC,
