@@ -9,7 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tmp=$(mktemp -d)
 mkdir -p "$tmp/bin" "$tmp/lib" .device
-grep -qx "/.device/" .git/info/exclude 2>/dev/null || echo "/.device/" >> .git/info/exclude
+# In a worktree .git is a file: ask git where the (shared) exclude file is.
+exclude=$(git rev-parse --git-path info/exclude)
+grep -qx "/.device/" "$exclude" 2>/dev/null || echo "/.device/" >> "$exclude"
 for b in "$@"; do
   cp "$b" "$tmp/bin/"
   # Everything but the C/C++ runtime and the CUDA libraries, which the GPU image has.
