@@ -204,6 +204,9 @@ class GptModel {
     // rank's experts, (ep, El) on the host, and their sums per local expert (El), the grouped
     // GEMMs' counts; without it, local = counts. Mx = ep M: the most rows the experts may get.
     std::vector<int64_t> received, local;
+    // With tp: each rank routes its part of the tokens (moe_rows); the micro-batch's choice per
+    // expert over every part (E), for the balance loss's gradient.
+    std::vector<int64_t> chosen;
     Act *ys;              // (M,C) the experts' outputs, back in this rank's expert order
     Act *xin;             // (Mx,C) the rows the local experts take, in their order (expert, then rank)
     Act *xfc, *xact;      // (Mx,2Fe) the experts' fc GEMMs' output, (Mx,Fe) their SwiGLU
@@ -356,10 +359,24 @@ class GptModel {
   void load_exchange_order(const LayerActs& a);
   // After a route: the counts of the rows each rank sends this one (LayerActs::received, local).
   void exchange_counts(LayerActs& a);
+  // With tp, an MoE layer's routed experts work on this rank's part of the N rows, [first, end):
+  // the router, the route, the exchange and the combine see only those; the shared experts are
+  // split over tp as the dense MLP (all rows, a share of the features), and the layer's output
+  // is one partial sum reduced over tp as a row-parallel GEMM's.
+  std::pair<int, int> moe_rows() const {
+    return {static_cast<int>(int64_t(N_) * tpr_ / tps_), static_cast<int>(int64_t(N_) * (tpr_ + 1) / tps_)};
+  }
+  // With tp, the route's balance and z losses over the micro-batch, from every rank's part: the
+  // choice's counts (into a.chosen) and score sums, and the z-loss's sum, summed over tp.
+  void balance_over_tp(LayerActs& a, Routing& r, int rows);
+  // The tensors whose gradient each tp rank sums over its own tokens only, completed by
+  // finish_grads(): with sequence parallelism every replicated tensor; an MoE layer's router (and
+  // its routed experts when they are not split over ep) always.
+  bool partial_over_tp(const ParamSpec& p) const;
   // A mixture of experts: the router, the experts per layer E, per token k, each expert's
   // features Fe and the shared experts' Fs (0: none).
   Router router_;
-  int64_t E_, k_, Fe_, Fs_;
+  int64_t E_, k_, Fe_, Fs_;  // Fs_: this rank's shared features (split over tp as the dense MLP's)
   bool rope_;
   Gemm gemm_;       // the block's linears (train.precision)
   Gemm head_gemm_;  // the LM head's: bf16 unless train.fp8_lm_head

@@ -87,7 +87,7 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
       E_(cfg.model.experts),
       k_(router_.top_k),
       Fe_(cfg.model.moe() ? cfg.model.expert_ffn() : 0),
-      Fs_(cfg.model.shared_ffn()),
+      Fs_(cfg.model.shared_ffn() / tps_),
       rope_(cfg.model.rope()),
       gemm_(cfg.train.precision == "fp8" ? Gemm::kFp8 : Gemm::kBf16),
       head_gemm_(cfg.train.precision == "fp8" && cfg.train.fp8_lm_head ? Gemm::kFp8 : Gemm::kBf16),
@@ -102,7 +102,6 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
   ops_.select_attention(cfg.train.attention, cfg.train.deterministic);
   if (cfg.model.moe()) {
     if (const std::string why = ops_.moe_refusal(); !why.empty()) throw_input("config: model.experts = ", E_, ": ", why);
-    MYRIAD_CHECK(!tp_, "an MoE model with tensor parallelism: core/parallel_layout.h refuses it");
   }
   if (gemm_ == Gemm::kFp8) {
     if (const std::string why = ops_.fp8_refusal(); !why.empty())
@@ -615,9 +614,12 @@ void GptModel<Ops>::mlp_forward(int64_t l, LayerActs& a, const Act* in, bool rou
     return;
   }
   const int E = static_cast<int>(E_), k = static_cast<int>(k_), Fe = static_cast<int>(Fe_), El = static_cast<int>(El_);
+  const auto [first, end] = moe_rows();
+  const Act* mine = in + int64_t(first) * C;  // the rows routed here (all of them without tp)
   if (route) {
-    ops_.router_forward(a.logits, in, w.router_w, N, C, E);
-    Routing r = ops_.route(router_, a.choice, a.weights, a.order, a.pos, a.logits, w.router_bias, N);
+    ops_.router_forward(a.logits, mine, w.router_w, end - first, C, E);
+    Routing r = ops_.route(router_, a.choice, a.weights, a.order, a.pos, a.logits, w.router_bias, end - first);
+    if (tp_) balance_over_tp(a, r, end - first);
     a.counts = std::move(r.counts);
     if (count_routes_) {
       RouteStats& st = *std::find_if(route_stats_.begin(), route_stats_.end(), [&](const RouteStats& x) { return x.layer == l; });
@@ -629,7 +631,7 @@ void GptModel<Ops>::mlp_forward(int64_t l, LayerActs& a, const Act* in, bool rou
   const int M = static_cast<int>(std::accumulate(a.counts.begin(), a.counts.end(), int64_t(0)));  // rows kept
   // The rows in expert order; with ep they go to their experts' ranks, which take them in their
   // local experts' order.
-  ops_.gather_rows(ep_ ? xs_.data() : a.xin, in, a.order, M, k, C);
+  ops_.gather_rows(ep_ ? xs_.data() : a.xin, mine, a.order, M, k, C);
   comm::WorkPtr sent = ep_ ? dispatch_start(a, xs_.data(), C) : nullptr;
   // The shared experts while the rows travel.
   if (Fs_ > 0)
@@ -654,11 +656,19 @@ void GptModel<Ops>::mlp_output(int64_t l, const LayerActs& a, Act* out) {
     row_parallel_forward(out, a.act, w.fcproj_w, w.fcproj_b, static_cast<int>(Fl_), C_);
     return;
   }
-  // Without tensor parallelism (refused with MoE for now) every row is local: R = N.
+  // The shared experts' partial sum over this rank's features (all rows), plus the routed
+  // experts' output on the rows routed here; with tp one partial sum, reduced as a row-parallel
+  // GEMM's (each row's routed part comes from one rank).
+  const auto [first, end] = moe_rows();
+  Act* partial = tp_ && sp_ ? full_.data() : out;
   if (Fs_ > 0)
-    ops_.linear_forward(out, a.sact, w.shared_proj_w, static_cast<const Param*>(nullptr), N_, static_cast<int>(Fs_),
-                        C_, block_gemm());
-  ops_.combine_forward(out, a.ys, a.weights, a.pos, N_, static_cast<int>(k_), C_, /*accumulate=*/Fs_ > 0);
+    ops_.linear_forward(partial, a.sact, w.shared_proj_w, static_cast<const Param*>(nullptr), N_,
+                        static_cast<int>(Fs_), C_, block_gemm());
+  else if (tp_)
+    ops_.zero(partial, int64_t(N_) * C_);
+  ops_.combine_forward(partial + int64_t(first) * C_, a.ys, a.weights, a.pos, end - first, static_cast<int>(k_), C_,
+                       /*accumulate=*/Fs_ > 0 || tp_);
+  if (tp_) reduce_partial(partial, out, C_);
 }
 
 template <OpSet Ops>
@@ -676,8 +686,11 @@ void GptModel<Ops>::mlp_backward(int64_t l, const LayerActs& a, const Act* in, c
   }
   const int E = static_cast<int>(E_), k = static_cast<int>(k_), Fe = static_cast<int>(Fe_), El = static_cast<int>(El_);
   const int Fs = static_cast<int>(Fs_);
+  const auto [first, end] = moe_rows();
+  const int Nm = end - first;
+  const Act* mine = in + int64_t(first) * C;  // the rows routed here
   // The combine: the experts' output rows' gradients and the weights'.
-  ops_.combine_backward(dys_.data(), dweights_.data(), dout, a.ys, a.weights, a.pos, N, k, C);
+  ops_.combine_backward(dys_.data(), dweights_.data(), dout + int64_t(first) * C, a.ys, a.weights, a.pos, Nm, k, C);
   // The experts (with ep, on the rows' gradients sent to their ranks), back to their input rows
   // in expert order (with ep, returned), then summed into each token's row.
   Act* dys = dys_.data();
@@ -686,7 +699,8 @@ void GptModel<Ops>::mlp_backward(int64_t l, const LayerActs& a, const Act* in, c
   if (Fs > 0)
     ops_.linear_backward(Mlp::kSwiGlu, dsfc_.data(), g.shared_proj_w, static_cast<float*>(nullptr), dout, a.sact,
                          w.shared_proj_w, a.sfc, N, Fs, C, /*accumulate=*/false, block_gemm());
-  ops_.route_backward(router_, dlogits_.data(), dweights_.data(), a.logits, a.choice, grad_scale, N);
+  ops_.route_backward(router_, dlogits_.data(), dweights_.data(), a.logits, a.choice, grad_scale, Nm,
+                      tp_ ? RouteTotals{a.chosen.data(), N} : RouteTotals{});
   if (ep_) dispatch_finish(a, sent, dys = xr_.data() + xr_.size() / 2, C);
   ops_.grouped_linear_backward(Mlp::kSwiGlu, dxfc_.data(), g.experts_proj_w, dys, a.xact, w.experts_proj_w, a.xfc,
                                a.local.data(), El, Fe, C);
@@ -697,11 +711,12 @@ void GptModel<Ops>::mlp_backward(int64_t l, const LayerActs& a, const Act* in, c
     comm::WorkPtr back = collect_start(a, dxin, dxs_.data(), C);
     collect_finish(back);
   }
+  // The input's gradient over all N rows (its other rows' parts come from the other tp ranks).
   ops_.zero(dln_.data(), int64_t(N) * C);
-  ops_.gather_rows_backward(dln_.data(), dxs_.data(), a.pos, N, k, C);
+  ops_.gather_rows_backward(dln_.data() + int64_t(first) * C, dxs_.data(), a.pos, Nm, k, C);
   // The router's input gradient (its logits' came from the weights' and the balance and z losses'
   // above), then the shared experts' first GEMM, in that order whatever the overlap.
-  ops_.router_backward(dln_.data(), g.router_w, dlogits_.data(), in, w.router_w, N, C, E);
+  ops_.router_backward(dln_.data() + int64_t(first) * C, g.router_w, dlogits_.data(), mine, w.router_w, Nm, C, E);
   if (Fs > 0)
     ops_.linear_backward(Mlp::kSwiGlu, dln_.data(), g.shared_fc_w, static_cast<float*>(nullptr), dsfc_.data(), in,
                          w.shared_fc_w, nullptr, N, C, 2 * Fs, /*accumulate=*/true, block_gemm());
@@ -723,6 +738,22 @@ void GptModel<Ops>::exchange_counts(LayerActs& a) {
   a.local.assign(static_cast<size_t>(El), 0);
   for (int p = 0; p < eps_; ++p)
     for (int64_t e = 0; e < El; ++e) a.local[e] += a.received[p * El + e];
+}
+
+template <OpSet Ops>
+void GptModel<Ops>::balance_over_tp(LayerActs& a, Routing& r, int rows) {
+  const int64_t E = E_;
+  std::vector<double> s(static_cast<size_t>(2 * E + 1));
+  for (int64_t e = 0; e < E; ++e) s[e] = double(r.counts[e]), s[E + e] = r.score_sums[e];
+  s[2 * E] = r.z * rows;
+  parallel::sum_over_group(tp_, s.data(), int64_t(s.size()));
+  a.chosen.resize(static_cast<size_t>(E));
+  r.aux = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    a.chosen[e] = std::llround(s[e]);
+    r.aux += double(E) * (s[e] / (double(N_) * k_)) * (s[E + e] / N_);
+  }
+  r.z = s[2 * E] / N_;
 }
 
 // Rows arrive grouped by the rank they came from, each rank's in its expert order (rank, expert);
@@ -965,17 +996,25 @@ void GptModel<Ops>::last_logits(const int32_t* tokens, int B, int T, float* out)
 }
 
 template <OpSet Ops>
+bool GptModel<Ops>::partial_over_tp(const ParamSpec& p) const {
+  if (!tp_ || !p.replicated()) return false;
+  if (sp_cfg_) return true;
+  return p.layer >= 0 && cfg_.model.layer_is_moe(p.layer) && (p.expert || p.name.ends_with(".mlp.router.w"));
+}
+
+template <OpSet Ops>
 void GptModel<Ops>::finish_grads(int64_t begin, int64_t end) {
-  if (!sp_cfg_) return;
-  // Every replicated tensor (norms, row-parallel biases, wpe) saw only this rank's tokens: one
-  // all-reduce of their elements in [begin, end), packed in layout order. Every tp rank has
-  // the same layout shape, so the ranks pack the same elements.
+  if (!tp_) return;
+  // The tensors that saw only this rank's tokens (partial_over_tp: with SP the norms, row-
+  // parallel biases and wpe): one all-reduce of their elements in [begin, end), packed in layout
+  // order. Every tp rank has the same layout shape, so the ranks pack the same elements.
   std::vector<std::pair<int64_t, int64_t>> runs;
   int64_t n = 0;
   for (const ParamSpec& p : layout_.tensors()) {
     const int64_t a = std::max(begin, p.offset), b = std::min(end, p.offset + p.numel);
-    if (p.replicated() && a < b) runs.emplace_back(a, b), n += b - a;
+    if (partial_over_tp(p) && a < b) runs.emplace_back(a, b), n += b - a;
   }
+  if (n == 0) return;
   Buffer<float> packed;
   packed.zeros(n);
   int64_t at = 0;

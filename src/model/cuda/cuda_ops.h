@@ -195,7 +195,8 @@ class CudaOps {
   Routing route(const Router&, int32_t*, float*, int32_t*, int32_t*, const float*, const Param*, int) const {
     moe_not_built();
   }
-  void route_backward(const Router&, float*, const float*, const float*, const int32_t*, float, int) const {
+  void route_backward(const Router&, float*, const float*, const float*, const int32_t*, float, int,
+                      RouteTotals = {}) const {
     moe_not_built();
   }
   void gather_rows(Act*, const Act*, const int32_t*, int, int, int) const { moe_not_built(); }

@@ -227,9 +227,14 @@ TEST(Config, ImpossibleMoeShapes) {
   EXPECT_NE(e.find("moe.aux_loss must be 0 or more"), std::string::npos) << e;
   e = input_error([] { parse_config(kSmall, "my.toml", {"model.shared_experts=1"}); });
   EXPECT_NE(e.find("set model.experts (routed experts per MoE layer) too"), std::string::npos) << e;
-  e = input_error([&] { parse_config(kSmall, "my.toml", with({"parallel.tp=2"})); });
-  EXPECT_NE(e.find("model.experts = 4 with parallel.tp = 2"), std::string::npos) << e;
-  EXPECT_NE(e.find("parallel.ep"), std::string::npos) << "the error says what works: " << e;
+  // Under tp each rank routes its share of the tokens: dropless only, shared experts split.
+  e = input_error([&] { parse_config(kSmall, "my.toml", with({"parallel.tp=2", "moe.capacity_factor=1.5"})); });
+  EXPECT_NE(e.find("moe.capacity_factor = 1.5 with parallel.tp = 2"), std::string::npos) << e;
+  e = input_error([&] {
+    parse_config(kSmall, "my.toml", with({"parallel.tp=2", "model.shared_experts=1", "model.shared_expert_hidden=33"}));
+  });
+  EXPECT_NE(e.find("shared experts' features (model.shared_experts x model.shared_expert_hidden = 33) must be "
+                   "divisible by parallel.tp (2)"), std::string::npos) << e;
   // Expert parallelism: whole experts per rank, on the data-parallel ranks, of an MoE model.
   e = input_error([&] { parse_config(kSmall, "my.toml", with({"parallel.ep=3"})); });
   EXPECT_NE(e.find("model.experts (4) must be divisible by parallel.ep (3)"), std::string::npos) << e;
@@ -238,9 +243,9 @@ TEST(Config, ImpossibleMoeShapes) {
   e = input_error([] { parse_config(kSmall, "my.toml", {"parallel.ep=2"}); });
   EXPECT_NE(e.find("parallel.ep = 2 splits the experts of an MoE model, but model.experts = 0"), std::string::npos) << e;
   e = input_error([&] { parse_config(kSmall, "my.toml", with({"parallel.ep=4", "parallel.dp=2"})); });
-  EXPECT_NE(e.find("parallel.ep (4) must divide the data-parallel degree (2)"), std::string::npos) << e;
+  EXPECT_NE(e.find("parallel.ep (4) must divide parallel.tp x the data-parallel degree (1 x 2 = 2)"), std::string::npos) << e;
   e = input_error([&] { ParallelLayout::for_world(parse_config(kSmall, "my.toml", with({"parallel.ep=4"})), 6); });
-  EXPECT_NE(e.find("parallel.ep (4) must divide the data-parallel degree (6)"), std::string::npos) << e;
+  EXPECT_NE(e.find("parallel.ep (4) must divide parallel.tp x the data-parallel degree (1 x 6 = 6)"), std::string::npos) << e;
   EXPECT_EQ(ParallelLayout::for_world(parse_config(kSmall, "my.toml", with({"parallel.ep=2", "train.global_batch=16"})), 4).edp(), 2);
   // Which layers are MoE: the first dense_layers dense, then every moe_every-th (Qwen's rule).
   const Config c = parse_config("[model]\nlayers = 6\n", "my.toml", with({"model.dense_layers=1", "model.moe_every=2"}));
