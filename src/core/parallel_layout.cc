@@ -58,10 +58,10 @@ ParallelLayout ParallelLayout::of(const Config& cfg, int64_t dp) {
   if (m.ffn() % l.tp != 0)
     throw_input("config: the MLP's features (model.mlp_hidden, ", m.ffn(), ") must be divisible by parallel.tp (", l.tp,
                 ")");
-  if (!m.qk_norm.empty() && l.tp > 1)
-    throw_input("config: model.qk_norm = \"", m.qk_norm, "\" with parallel.tp = ", l.tp,
-                ": the norms' weights would get partial gradients from each rank's heads, which are not summed yet; use "
-                "parallel.tp = 1");
+  if (m.qk_norm == "all" && l.tp > 1)
+    throw_input("config: model.qk_norm = \"all\" with parallel.tp = ", l.tp,
+                ": its weights span every head, which tensor parallelism would have to split with the heads (not built); "
+                "use parallel.tp = 1, or model.qk_norm = \"head\" (one weight per head feature, shared by the heads)");
   // An MoE layer under tp: each rank routes its share of the tokens (docs/notes/moe.md).
   if (m.moe() && l.tp > 1 && cfg.moe.capacity_factor > 0)
     throw_input("config: moe.capacity_factor = ", cfg.moe.capacity_factor, " with parallel.tp = ", l.tp,

@@ -369,9 +369,10 @@ class GptModel {
   // With tp, the route's balance and z losses over the micro-batch, from every rank's part: the
   // choice's counts (into a.chosen) and score sums, and the z-loss's sum, summed over tp.
   void balance_over_tp(LayerActs& a, Routing& r, int rows);
-  // The tensors whose gradient each tp rank sums over its own tokens only, completed by
-  // finish_grads(): with sequence parallelism every replicated tensor; an MoE layer's router (and
-  // its routed experts when they are not split over ep) always.
+  // The tensors whose gradient each tp rank sums over its own tokens or heads only, completed by
+  // finish_grads(): with sequence parallelism every replicated tensor; always the query and key
+  // norms (model.qk_norm = "head": each rank's heads) and an MoE layer's router (and its routed
+  // experts when they are not split over ep).
   bool partial_over_tp(const ParamSpec& p) const;
   // A mixture of experts: the router, the experts per layer E, per token k, each expert's
   // features Fe and the shared experts' Fs (0: none).

@@ -999,6 +999,8 @@ template <OpSet Ops>
 bool GptModel<Ops>::partial_over_tp(const ParamSpec& p) const {
   if (!tp_ || !p.replicated()) return false;
   if (sp_cfg_) return true;
+  // Qwen3's query and key norms: one weight per head feature, shared by the heads of every rank.
+  if (p.name.ends_with(".attn.q_norm.w") || p.name.ends_with(".attn.k_norm.w")) return true;
   return p.layer >= 0 && cfg_.model.layer_is_moe(p.layer) && (p.expert || p.name.ends_with(".mlp.router.w"));
 }
 

@@ -281,6 +281,8 @@ INSTANTIATE_TEST_SUITE_P(
         // Under tp each rank routes its share of the tokens (the balance loss over the whole
         // micro-batch), the shared experts split as the dense MLP; the expert groups fold tp x dp.
         Layout{"moe_tp2", 2, kMoe + " --set model.shared_experts=1 --set parallel.tp=2"},
+        // Qwen3's per-head query and key norms under tp (their gradients summed over the ranks' heads).
+        Layout{"qwen3_moe_tp2", 2, kMoe + " --set model.head_dim=24 --set model.qk_norm=head --set parallel.tp=2"},
         Layout{"moe_tp2_sp_ep2", 2, kMoe + " --set parallel.tp=2 --set parallel.sequence_parallel=true "
                                            "--set parallel.ep=2 --set model.router_bias=true --set moe.bias_rate=0.01"},
         Layout{"moe_tp2_ep4_dp2", 4, kMoe + " --set model.shared_experts=1 --set parallel.tp=2 --set parallel.dp=2 "

@@ -262,8 +262,11 @@ TEST(Config, HeadSizeAndQkNorm) {
   EXPECT_EQ(c.model.head_dim(), 12);  // not d_model / heads = 8
   std::string e = input_error([] { parse_config(kSmall, "my.toml", {"model.qk_norm=layer"}); });
   EXPECT_NE(e.find("model.qk_norm = \"layer\" is not one of: \"\" (none), head"), std::string::npos) << e;
-  e = input_error([] { parse_config(kSmall, "my.toml", {"model.qk_norm=head", "parallel.tp=2"}); });
-  EXPECT_NE(e.find("model.qk_norm = \"head\" with parallel.tp = 2"), std::string::npos) << e;
+  // Qwen3's per-head norm runs under tp (its weights' gradients summed over tp); OLMoE's, over
+  // every head, would have to split with them.
+  EXPECT_EQ(parse_config(kSmall, "my.toml", {"model.qk_norm=head", "parallel.tp=2"}).parallel.tp, 2);
+  e = input_error([] { parse_config(kSmall, "my.toml", {"model.qk_norm=all", "parallel.tp=2"}); });
+  EXPECT_NE(e.find("model.qk_norm = \"all\" with parallel.tp = 2"), std::string::npos) << e;
   e = input_error([] { parse_config(kSmall, "my.toml", {"model.head_dim=9", "model.position_encoding=rope"}); });
   EXPECT_NE(e.find("the head size model.head_dim = 9 is odd"), std::string::npos) << e;
   // d_model need not divide by heads when head_dim is given.
@@ -295,7 +298,12 @@ TEST(Config, MoePresetsHaveThePublishedCounts) {
   EXPECT_EQ(model::param_counts(o.model).total, 6919161856.0);
   EXPECT_EQ(model::param_counts(o.model).active, 1282017280.0);
   EXPECT_EQ(ParamLayout(o).total(), int64_t(model::param_counts(o.model).total));  // 50304 = 393 x 128
-  for (const Config* c : {&q, &o})
+  // Qwen3-235B-A22B (94 layers of 128 experts of 1536, d 4096, 64 heads of 128): Qwen's "235B
+  // total, 22B activated" (this count: 235,093,634,560 and 22,190,763,520).
+  const Config big = load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/qwen3-235b-a22b.toml");
+  EXPECT_NEAR(model::param_counts(big.model).total, 235e9, 0.5e9);
+  EXPECT_NEAR(model::param_counts(big.model).active, 22e9, 0.5e9);
+  for (const Config* c : {&q, &o, &big})
     EXPECT_EQ(double(ParamLayout(*c).matmul_params()), model::matmul_params(c->model, c->padded_vocab()));
   // A dense model's two counts are one, and the Llama preset's is the published one.
   const Config l8 = load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/llama-3-8b.toml");
