@@ -28,10 +28,11 @@ struct GptMemoryShape {
   // whether the model has dense layers and MoE layers (the recompute set holds what each needs).
   int64_t E = 0, k = 0, Fe = 0, Fs = 0;
   bool has_dense = true, has_moe = false;
-  // Expert parallelism: the ranks the experts split over. A rank's experts may get every rank's
-  // rows (ep B T k; dropless), so their buffers are sized for it.
+  // Expert parallelism: the ranks the experts split over. The experts' buffers hold the balanced
+  // share of the rows, B T k (all there can be with ep = 1); a step whose experts get more grows
+  // a buffer of its own for them (GptModel::expert_acts), outside this plan.
   int64_t ep = 1;
-  int64_t expert_rows() const { return ep * B * T * k; }
+  int64_t expert_rows() const { return B * T * k; }
   // model.qk_norm: the QKV GEMM's output kept beside the normed qkv, and each row's rstds.
   int64_t qk_rstds = 0;  // per row: Hl + Hkvl ("head"), 2 ("all"), 0 (none)
 };

@@ -126,10 +126,9 @@ Features parse_features(const std::string& text) {
     else if (item == "lamb") f.optimizer = "lamb";
     else if (item == "fp8") f.fp8 = true;
     else if (item == "ep_overlap") f.ep_overlap = true;
-    else if (item == "moe_balanced_buffers") f.moe_balanced_buffers = true;
     else
       throw_input("plan: --features '", item, "': expected megatron, megascale, or a list of parallel_block, window=W, "
-                  "tp_overlap, pp_overlap, dp_overlap, fused_ops, misc, lamb, fp8, ep_overlap, moe_balanced_buffers");
+                  "tp_overlap, pp_overlap, dp_overlap, fused_ops, misc, lamb, fp8, ep_overlap");
   }
   return f;
 }
@@ -382,12 +381,12 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   // Memory per GPU, as Myriad's CUDA engine holds it: bf16 weights, fp32 gradients, the
   // optimizer's fp32 master and moments over dp (the experts' over their group); the layers'
   // activations of the micro-batches in flight, the logits and the step's buffers by the model's
-  // own memory plan (model/memory_plan.h, which GptModel checks its allocations against; its
-  // experts' buffers for the worst case unless moe_balanced_buffers); cuDNN's attention workspace.
+  // own memory plan (model/memory_plan.h, which GptModel checks its allocations against; the
+  // experts' rows as balanced routing gives them); cuDNN's attention workspace.
   const double state = (params + expert_params) * (c.act_bytes + 4) + owned * 12;
   model::GptMemoryShape ms = model::memory_shape(model, l.tp, l.mb, padded_vocab(model.vocab_size, l.tp));
   ms.tp = l.tp > 1, ms.parallel_block = f.parallel_block, ms.recompute = l.recompute, ms.act_bytes = static_cast<int>(c.act_bytes);
-  ms.ep = f.moe_balanced_buffers ? 1 : l.ep;
+  ms.ep = l.ep;
   const double per_layer = double(model::slot_bytes(ms, 1, false) - model::slot_bytes(ms, 0, false));
   const double per_slot = double(model::slot_bytes(ms, 0, false) + model::slot_token_bytes(ms));
   const double head = double(model::slot_bytes(ms, 0, true) - model::slot_bytes(ms, 0, false));

@@ -72,14 +72,11 @@ struct Features {
   bool fp8 = false;  // the block's linear GEMMs in FP8 (train.precision = "fp8"); the LM head in bf16
   // Mixtures of experts: the all-to-alls behind another micro-batch's compute (Megatron-Core's
   // overlap_moe_expert_parallel_comm; without it only the shared experts' GEMMs hide the
-  // dispatch, as in Myriad's engine), and the experts' buffers sized for balanced routing
-  // (Megatron's force-balanced benchmarks; Myriad's engine sizes them for the worst case, every
-  // rank's rows to one rank).
+  // dispatch, as in Myriad's engine).
   bool ep_overlap = false;
-  bool moe_balanced_buffers = false;
 };
 // "megatron", "megascale", or a comma list of parallel_block, window=W, tp_overlap, pp_overlap,
-// dp_overlap, fused_ops, misc, lamb, fp8, ep_overlap, moe_balanced_buffers.
+// dp_overlap, fused_ops, misc, lamb, fp8, ep_overlap.
 Features parse_features(const std::string& text);
 
 struct Prediction {

@@ -115,7 +115,7 @@ TEST(Planner, LlamaMatmulWeightsAreThePublishedCountLessTheLookup) {
 TEST(Planner, AMixtureOfExpertsHoldsEveryExpertAndPaysItsAllToAll) {
   const plan::Cluster c = plan::load_cluster(std::string(MYRIAD_SOURCE_DIR) + "/configs/clusters/h100.toml");
   const ModelConfig mx = load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/mixtral-8x7b.toml", {}).model;
-  const plan::Features f = plan::parse_features("dp_overlap,pp_overlap,fused_ops,moe_balanced_buffers");
+  const plan::Features f = plan::parse_features("dp_overlap,pp_overlap,fused_ops");
   auto at = [&](int ep, int gpus = 64) {
     return plan::predict(mx, 512, gpus, c, plan::Layout{2, 4, 1, 1, "full", ep}, f);
   };
@@ -135,10 +135,6 @@ TEST(Planner, AMixtureOfExpertsHoldsEveryExpertAndPaysItsAllToAll) {
   const plan::Prediction sixteen = qwen(16), eight_q = qwen(8);
   ASSERT_TRUE(sixteen.fits && eight_q.fits) << sixteen.why_not << eight_q.why_not;
   EXPECT_GT(sixteen.ep_comm_s, eight_q.ep_comm_s);
-  // Myriad's engine sizes the experts' buffers for every rank's rows (moe_balanced_buffers off).
-  const plan::Prediction worst =
-      plan::predict(mx, 512, 64, c, plan::Layout{2, 4, 1, 1, "full", 8}, plan::parse_features("dp_overlap"));
-  EXPECT_GT(worst.memory_gib, eight.memory_gib);
   // ep must divide the experts (the run's own rule, named).
   const plan::Prediction bad = at(3, 48);
   EXPECT_FALSE(bad.fits);
@@ -153,19 +149,21 @@ TEST(Planner, AMixtureOfExpertsHoldsEveryExpertAndPaysItsAllToAll) {
 // DGX-H100): 256 H100, FP8 current scaling, tp 2 x pp 8 (v 4) x ep 32, micro-batch 1 of 4096
 // tokens, global batch 8192, sequence parallel, the all-to-all overlapped, force-balanced
 // routing: 1,575 tokens/s per GPU (233 model TFLOP/s). The planner with that recipe's features
-// lands within the 15% (docs/PLANNER.md says what is assumed). Without the overlap and
-// with Myriad's worst-case expert buffers, the same layout does not fit: the engine's gap.
+// lands within the 15% (docs/PLANNER.md says what is assumed). Without the overlap with
+// another micro-batch (Myriad's engine hides the dispatch behind shared experts only, and
+// Qwen3 has none) more of the all-to-all is exposed: the engine's gap.
 TEST(Planner, ReproducesMegatronBridgesQwen3MoeRow) {
   const plan::Cluster c = plan::load_cluster(std::string(MYRIAD_SOURCE_DIR) + "/configs/clusters/h100.toml");
   const ModelConfig q = load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/qwen3-235b-a22b.toml", {}).model;
   const plan::Layout l = plan::parse_layout("tp=2,pp=8,v=4,ep=32,mb=1");
   const plan::Prediction p =
-      plan::predict(q, 8192, 256, c, l, plan::parse_features("fp8,ep_overlap,dp_overlap,pp_overlap,fused_ops,moe_balanced_buffers"));
+      plan::predict(q, 8192, 256, c, l, plan::parse_features("fp8,ep_overlap,dp_overlap,pp_overlap,fused_ops"));
   ASSERT_TRUE(p.fits) << p.why_not;
   EXPECT_NEAR(p.tokens_per_s / 256, 1575, 0.15 * 1575);
   const plan::Prediction mine = plan::predict(q, 8192, 256, c, l, plan::parse_features("fp8,dp_overlap,pp_overlap,fused_ops"));
-  EXPECT_FALSE(mine.fits);
+  ASSERT_TRUE(mine.fits) << mine.why_not;
   EXPECT_GT(mine.ep_exposed_s, p.ep_exposed_s);
+  EXPECT_LT(mine.tokens_per_s, p.tokens_per_s);
 }
 
 // Free transfers, one chunk per rank: the planner's pipeline is the simulator's 1F1B, whose
