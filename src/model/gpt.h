@@ -359,7 +359,8 @@ class GptModel {
   void overlap_or_wait(comm::WorkPtr& w) { if (!overlap_dispatch_ && w) w->wait(); }
   bool overlap_dispatch_ = true;
   // The permutation between the rows as they arrive (rank, then expert) and the experts' order
-  // (expert, then rank), into perm_: [0, n) to the experts' order, [n, 2n) back (n: arrivals).
+  // (expert, then rank), into perm_: [0, n) to the experts' order, [n, 2n) back (n: arrivals);
+  // loaded by dispatch_finish, read back by the collect that follows it.
   void load_exchange_order(const LayerActs& a);
   // The buffers of the rows a's experts take this step (xin, xfc, xact): a's carved ones when
   // they hold them, else its spill buffer, grown to fit; and the exchange's scratch grown alike.

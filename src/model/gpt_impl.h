@@ -831,7 +831,7 @@ comm::WorkPtr GptModel<Ops>::collect_start(const LayerActs& a, const Act* rows, 
     for (int64_t e = 0; e < El; ++e)
       send[p] += a.received[p * El + e] * row_bytes, recv[p] += a.counts[p * El + e] * row_bytes;
   Act* leaving = xr_.data();  // (n, width) by rank, then expert
-  load_exchange_order(a);
+  // perm_ holds a's order already: collect_start always follows a's dispatch_finish.
   ops_.gather_rows(leaving, rows, perm_.data() + n, static_cast<int>(n), 1, static_cast<int>(width));
   comm::WorkPtr w = ep_->all_to_all_bytes(leaving, send, out, recv, stream());
   overlap_or_wait(w);

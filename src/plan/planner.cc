@@ -412,7 +412,7 @@ std::vector<std::pair<Layout, Prediction>> search(const ModelConfig& model, int6
           for (const char* rc : {"none", "full"})
             for (int ep = 1; ep <= std::max<int64_t>(model.experts, 1); ep *= 2) {
               if (model.layers % (int64_t(pp) * v) != 0 || (v > 1 && pp == 1) || gpus % (int64_t(tp) * pp) != 0) continue;
-              if (ep > 1 && (model.experts % ep != 0 || (gpus / pp) % ep != 0)) continue;
+              if (ep > 1 && model.experts % ep != 0) continue;  // predict() refuses what else does not fit
               const Layout l{tp, pp, v, mb, rc, ep};
               Prediction p = predict(model, global_batch, gpus, c, l, f);
               if (p.fits) out.emplace_back(l, p);
