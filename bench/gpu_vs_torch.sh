@@ -53,8 +53,10 @@ name, m, t, tb = sys.argv[1], *(json.loads(a) for a in sys.argv[2:5])
 tps = lambda r: r and (r.get("tokens_per_s") or r.get("tok_per_s"))
 mt, tt = tps(m), tps(t)
 ratio = lambda a, b: f"{a / b:.2f}x" if a and b else "n/a"
-line = (f"{name:12s} myriad {mt or 0:9.0f} tok/s mfu {m.get('mfu', 0) if m else 0:.3f} mem {m.get('peak_memory_gib', 0) if m else 0:.1f} GiB"
-        f" | pytorch {tt or 0:9.0f} tok/s mfu {t.get('mfu', 0) if t else 0} | ratio {ratio(mt, tt)}")
+# torch_gpt.py writes mfu, torch_llama.py mfu_bf16_peak (its MFU against the bf16 peak, FP8 runs too).
+mfu = lambda r: (r.get("mfu") or r.get("mfu_bf16_peak") or 0) if r else 0
+line = (f"{name:12s} myriad {mt or 0:9.0f} tok/s mfu {mfu(m):.3f} mem {m.get('peak_memory_gib', 0) if m else 0:.1f} GiB"
+        f" | pytorch {tt or 0:9.0f} tok/s mfu {mfu(t):.3f} | ratio {ratio(mt, tt)}")
 if tb is not None:
     line += f" | pytorch bf16 {tps(tb) or 0:9.0f} tok/s | ratio {ratio(mt, tps(tb))}"
 print(line)

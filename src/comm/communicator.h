@@ -128,7 +128,7 @@ class Communicator {
   // consecutive blocks, block p of send[p] bytes for rank p; out receives size() blocks, block p
   // of recv[p] bytes from rank p, in rank order. recv[p] must equal rank p's send[rank()] (the
   // caller exchanges the counts first); send[rank()] == recv[rank()] is copied locally. in and
-  // out do not overlap. Gloo only for now: NCCL's grouped sends and receives are not built yet.
+  // out do not overlap. NCCL: one grouped ncclSend/ncclRecv per peer, host buffers staged.
   virtual WorkPtr all_to_all_bytes(const void* in, const std::vector<int64_t>& send, void* out,
                                    const std::vector<int64_t>& recv, Stream stream = nullptr) = 0;
 

@@ -58,17 +58,21 @@ ParallelLayout ParallelLayout::of(const Config& cfg, int64_t dp) {
   if (m.ffn() % l.tp != 0)
     throw_input("config: the MLP's features (model.mlp_hidden, ", m.ffn(), ") must be divisible by parallel.tp (", l.tp,
                 ")");
-  if (!m.qk_norm.empty() && l.tp > 1)
-    throw_input("config: model.qk_norm = \"", m.qk_norm, "\" with parallel.tp = ", l.tp,
-                ": the norms' weights would get partial gradients from each rank's heads, which are not summed yet; use "
-                "parallel.tp = 1");
-  if (m.moe() && l.tp > 1)
-    throw_input("config: model.experts = ", m.experts, " with parallel.tp = ", l.tp,
-                ": the MoE layers do not split over tensor-parallel ranks yet (docs/notes/moe.md); use parallel.tp = 1 "
-                "and split the experts with parallel.ep (data, pipeline and expert parallelism work)");
-  // Expert parallelism folds into data parallelism (docs/ARCHITECTURE.md, "Expert
-  // parallelism"): the dp ranks of a stage are ep groups of consecutive ranks, each holding
-  // every expert once; a world size decides dp, so the fit is checked where it is known.
+  if (m.qk_norm == "all" && l.tp > 1)
+    throw_input("config: model.qk_norm = \"all\" with parallel.tp = ", l.tp,
+                ": its weights span every head, which tensor parallelism would have to split with the heads (not built); "
+                "use parallel.tp = 1, or model.qk_norm = \"head\" (one weight per head feature, shared by the heads)");
+  // An MoE layer under tp: each rank routes its share of the tokens (docs/notes/moe.md).
+  if (m.moe() && l.tp > 1 && cfg.moe.capacity_factor > 0)
+    throw_input("config: moe.capacity_factor = ", cfg.moe.capacity_factor, " with parallel.tp = ", l.tp,
+                ": a capacity drops rows by the weights of the whole micro-batch, which the tensor-parallel ranks "
+                "route in parts; use moe.capacity_factor = 0 (dropless) or parallel.tp = 1");
+  if (m.moe() && m.shared_ffn() % l.tp != 0)
+    throw_input("config: the shared experts' features (model.shared_experts x model.shared_expert_hidden = ",
+                m.shared_ffn(), ") must be divisible by parallel.tp (", l.tp, ")");
+  // Expert parallelism folds into a stage's tensor x data ranks (docs/notes/moe.md): groups of ep
+  // consecutive ranks of the stage, each holding every expert once; a world size decides dp, so
+  // the fit is checked where it is known.
   positive("parallel.ep", p.ep);
   l.ep = p.ep;
   if (l.ep > 1 && !m.moe())
@@ -78,10 +82,11 @@ ParallelLayout ParallelLayout::of(const Config& cfg, int64_t dp) {
     throw_input("config: model.experts (", m.experts, ") must be divisible by parallel.ep (", l.ep,
                 "): each expert-parallel rank holds the same number of whole experts");
   const bool dp_known = dp > 0 || p.dp > 0;
-  if (l.ep > 1 && dp_known && l.dp % l.ep != 0)
-    throw_input("config: parallel.ep (", l.ep, ") must divide the data-parallel degree (", l.dp,
-                "): expert parallelism runs on the data-parallel ranks (ep x (dp / ep)); use a world of tp x pp x a "
-                "multiple of ", l.ep, " ranks, or a parallel.ep that divides ", l.dp);
+  if (l.ep > 1 && dp_known && (l.tp * l.dp) % l.ep != 0)
+    throw_input("config: parallel.ep (", l.ep, ") must divide parallel.tp x the data-parallel degree (", l.tp, " x ",
+                l.dp, " = ", l.tp * l.dp, "): expert parallelism regroups the ranks of a pipeline stage; use a world "
+                "of pp x a multiple of ", l.ep, " ranks, or a parallel.ep that divides ", l.tp * l.dp);
+
   if (l.sequence_parallel && l.tp > 1 && m.seq_len % l.tp != 0)
     throw_input("config: model.seq_len (", m.seq_len, ") must be divisible by parallel.tp (", l.tp,
                 ") with parallel.sequence_parallel = true: the tokens of a micro-batch are split evenly over the "

@@ -10,9 +10,10 @@
 //   dp  data-parallel replicas, each taking micro_batches micro-batches of micro_batch rows of
 //       every global batch;
 //   ep  expert parallelism (MoE models): each MoE layer's routed experts split over ep ranks,
-//       folded into dp (no ranks of its own): the dp ranks of a stage form dp / ep expert groups
-//       of ep consecutive ranks, and the ranks holding the same experts (one per expert group)
-//       are the experts' data-parallel group (edp), over which their gradients are reduced;
+//       folded into a stage's tp x dp ranks (no ranks of its own): they form tp dp / ep expert
+//       groups of ep consecutive ranks ((dp, tp) order, tp fastest), and the ranks holding the
+//       same experts (one per expert group) are the experts' data-parallel group (edp), over
+//       which their gradients are reduced. Under tp each rank routes its share of the tokens;
 //   cp  context parallelism: one rank until it comes; a new dimension is a field here and its
 //       rules in ParallelLayout::of.
 //
@@ -37,7 +38,7 @@ struct ParallelLayout {
   int64_t virtual_stages = 1;
   std::string schedule = "1f1b";  // "gpipe", "1f1b" or "interleaved": parallel.schedule, "auto" resolved
   int64_t dp = 1;
-  int64_t ep = 1;                 // expert-parallel ranks (a divisor of dp)
+  int64_t ep = 1;                 // expert-parallel ranks (a divisor of tp x dp)
   int64_t cp = 1;                 // a place for context parallelism (one rank)
   int64_t micro_batch = 1;        // rows per micro-batch
   int64_t micro_batches = 1;      // per data-parallel rank and step: global_batch / (micro_batch x dp)
@@ -47,7 +48,7 @@ struct ParallelLayout {
   // Ranks of one model replica: a data-parallel rank's tensor x pipeline group.
   int64_t replica() const { return tp * pp; }
   // Ranks holding the same experts of a stage: the experts' data-parallel degree.
-  int64_t edp() const { return dp / ep; }
+  int64_t edp() const { return tp * dp / ep; }
   bool interleaved() const { return schedule == "interleaved"; }
 
   // The layout `cfg` asks for with `dp` data-parallel replicas (0: parallel.dp, or 1 where that

@@ -62,6 +62,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <numeric>
 #include <tuple>
 #include <vector>
 
@@ -202,11 +203,17 @@ class GptModel {
     std::vector<int64_t> counts;  // (E) rows per expert, on the host
     // Expert parallelism (ep ranks, El = E / ep experts each): the rows each rank sends this
     // rank's experts, (ep, El) on the host, and their sums per local expert (El), the grouped
-    // GEMMs' counts; without it, local = counts. Mx = ep M: the most rows the experts may get.
+    // GEMMs' counts; without it, local = counts. The experts' rows below are carved for the
+    // balanced share, M of them (all there can be without ep); a step whose experts here get more
+    // (expert_acts) takes them from a buffer of its own that grows (spill, kept for later steps).
     std::vector<int64_t> received, local;
+    // With tp: each rank routes its part of the tokens (moe_rows); the micro-batch's choice per
+    // expert over every part (E), for the balance loss's gradient.
+    std::vector<int64_t> chosen;
     Act *ys;              // (M,C) the experts' outputs, back in this rank's expert order
-    Act *xin;             // (Mx,C) the rows the local experts take, in their order (expert, then rank)
-    Act *xfc, *xact;      // (Mx,2Fe) the experts' fc GEMMs' output, (Mx,Fe) their SwiGLU
+    Act *xin;             // (M,C) the rows the local experts take, in their order (expert, then rank)
+    Act *xfc, *xact;      // (M,2Fe) the experts' fc GEMMs' output, (M,Fe) their SwiGLU
+    int spill = -1;       // its index in spills_ (shared by the layers that share these buffers)
     Act *sfc, *sact;      // (B,T,2Fs) the shared experts' fc, (B,T,Fs) their SwiGLU
   };
   // One micro-batch in flight through one chunk: what its backward needs.
@@ -352,14 +359,40 @@ class GptModel {
   void overlap_or_wait(comm::WorkPtr& w) { if (!overlap_dispatch_ && w) w->wait(); }
   bool overlap_dispatch_ = true;
   // The permutation between the rows as they arrive (rank, then expert) and the experts' order
-  // (expert, then rank), into perm_: [0, Mloc) to the experts' order, [Mx, Mx + Mloc) back.
+  // (expert, then rank), into perm_: [0, n) to the experts' order, [n, 2n) back (n: arrivals);
+  // loaded by dispatch_finish, read back by the collect that follows it.
   void load_exchange_order(const LayerActs& a);
+  // The buffers of the rows a's experts take this step (xin, xfc, xact): a's carved ones when
+  // they hold them, else its spill buffer, grown to fit; and the exchange's scratch grown alike.
+  // Resolved at each use: a spill buffer moves when it grows.
+  struct ExpertActs {
+    Act *xin, *xfc, *xact;
+  };
+  ExpertActs expert_acts(const LayerActs& a);
+  int64_t arrivals(const LayerActs& a) const {
+    return std::accumulate(a.local.begin(), a.local.end(), int64_t(0));
+  }
   // After a route: the counts of the rows each rank sends this one (LayerActs::received, local).
   void exchange_counts(LayerActs& a);
+  // With tp, an MoE layer's routed experts work on this rank's part of the N rows, [first, end):
+  // the router, the route, the exchange and the combine see only those; the shared experts are
+  // split over tp as the dense MLP (all rows, a share of the features), and the layer's output
+  // is one partial sum reduced over tp as a row-parallel GEMM's.
+  std::pair<int, int> moe_rows() const {
+    return {static_cast<int>(int64_t(N_) * tpr_ / tps_), static_cast<int>(int64_t(N_) * (tpr_ + 1) / tps_)};
+  }
+  // With tp, the route's balance and z losses over the micro-batch, from every rank's part: the
+  // choice's counts (into a.chosen) and score sums, and the z-loss's sum, summed over tp.
+  void balance_over_tp(LayerActs& a, Routing& r, int rows);
+  // The tensors whose gradient each tp rank sums over its own tokens or heads only, completed by
+  // finish_grads(): with sequence parallelism every replicated tensor; always the query and key
+  // norms (model.qk_norm = "head": each rank's heads) and an MoE layer's router (and its routed
+  // experts when they are not split over ep).
+  bool partial_over_tp(const ParamSpec& p) const;
   // A mixture of experts: the router, the experts per layer E, per token k, each expert's
   // features Fe and the shared experts' Fs (0: none).
   Router router_;
-  int64_t E_, k_, Fe_, Fs_;
+  int64_t E_, k_, Fe_, Fs_;  // Fs_: this rank's shared features (split over tp as the dense MLP's)
   bool rope_;
   Gemm gemm_;       // the block's linears (train.precision)
   Gemm head_gemm_;  // the LM head's: bf16 unless train.fp8_lm_head
@@ -405,10 +438,12 @@ class GptModel {
   // the expert-parallel exchange's two buffers (ep > 1), the shared experts' fc gradient; the
   // exchange's row permutations (Mx each: to the experts' order and back).
   Buffer<Act> xs_, dys_, dxs_;  // (M,C) each
-  Buffer<Act> dxfc_;            // (Mx,2Fe)
-  Buffer<Act> xr_;              // (2,Mx,C)
+  Buffer<Act> dxfc_;            // (rows,2Fe), rows the most the experts here got so far (M at first)
+  Buffer<Act> xr_;              // (2,rows,C): arrivals, then the rows leaving
+  int64_t exchange_rows_ = 0;   // the rows dxfc_, xr_ and perm_ hold
+  std::vector<Buffer<Act>> spills_;  // LayerActs::spill's buffers, (rows, C + 3 Fe) each once used
   Buffer<Act> dsfc_;            // (B,T,2Fs)
-  typename Ops::Tokens perm_;   // (2,Mx)
+  typename Ops::Tokens perm_;   // (2,rows)
   // The expert-parallel group (null: ep = 1), this rank's place in it, and its experts per layer.
   parallel::Communicator* ep_ = nullptr;
   int epr_ = 0, eps_ = 1;

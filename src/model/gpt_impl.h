@@ -10,6 +10,7 @@
 
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "model/flops.h"
 #include "model/gpt.h"
 #include "model/memory_plan.h"
@@ -87,7 +88,7 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
       E_(cfg.model.experts),
       k_(router_.top_k),
       Fe_(cfg.model.moe() ? cfg.model.expert_ffn() : 0),
-      Fs_(cfg.model.shared_ffn()),
+      Fs_(cfg.model.shared_ffn() / tps_),
       rope_(cfg.model.rope()),
       gemm_(cfg.train.precision == "fp8" ? Gemm::kFp8 : Gemm::kBf16),
       head_gemm_(cfg.train.precision == "fp8" && cfg.train.fp8_lm_head ? Gemm::kFp8 : Gemm::kBf16),
@@ -102,7 +103,6 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
   ops_.select_attention(cfg.train.attention, cfg.train.deterministic);
   if (cfg.model.moe()) {
     if (const std::string why = ops_.moe_refusal(); !why.empty()) throw_input("config: model.experts = ", E_, ": ", why);
-    MYRIAD_CHECK(!tp_, "an MoE model with tensor parallelism: core/parallel_layout.h refuses it");
   }
   if (gemm_ == Gemm::kFp8) {
     if (const std::string why = ops_.fp8_refusal(); !why.empty())
@@ -151,10 +151,11 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
   loss_.zeros(1);
   const bool has_moe = cfg.model.moe_layers() > 0, has_dense = cfg.model.moe_layers() < L_;
   if (has_moe) {
-    const int64_t M = BT * k_, Mx = eps_ * M;
+    const int64_t M = BT * k_;
     dys_.zeros(M * C), dxs_.zeros(M * C);
-    dxfc_.zeros(Mx * 2 * Fe_), dsfc_.zeros(BT * 2 * Fs_);
-    if (ep_) xs_.zeros(M * C), xr_.zeros(2 * Mx * C), perm_.zeros(2 * Mx);
+    dxfc_.zeros(M * 2 * Fe_), dsfc_.zeros(BT * 2 * Fs_);
+    exchange_rows_ = M;
+    if (ep_) xs_.zeros(M * C), xr_.zeros(2 * M * C), perm_.zeros(2 * M);
     dlogits_.zeros(BT * E_), dweights_.zeros(BT * k_);
   }
   if (recompute_ != Recompute::kNone) {
@@ -165,6 +166,7 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
     acts = 0, floats = 0, ints = 0;
     carve_layer(shared_, acts, floats, ints, shared_acts_.data(), shared_stats_.data(), shared_ids_.data(), set, true,
                 has_dense, has_moe);
+    if (has_moe) shared_.spill = static_cast<int>(spills_.size()), spills_.emplace_back();
   }
   const int64_t held = (tmp_.size() + tmp2_.size() + full_.size() + dresid_.size() + dln_.size() + datty_.size() +
                         dqkv_.size() + dfc_.size() + shared_acts_.size() + xs_.size() + dys_.size() + dxs_.size() +
@@ -190,7 +192,7 @@ model::GptMemoryShape GptModel<Ops>::memory_shape() const {
 template <OpSet Ops>
 void GptModel<Ops>::carve_layer(LayerActs& l, int64_t& acts, int64_t& floats, int64_t& ints, Act* a, float* st,
                                 int32_t* id, bool set, bool mlp, bool dense, bool moe) const {
-  const int64_t BT = maxB_ * maxT_, C = C_, M = BT * k_, Mx = eps_ * M;
+  const int64_t BT = maxB_ * maxT_, C = C_, M = BT * k_;
   auto take = [&](int64_t n) { Act* p = a ? a + acts : nullptr; acts += n; return p; };
   auto stat = [&](int64_t n) { float* p = st ? st + floats : nullptr; floats += n; return p; };
   auto index = [&](int64_t n) { int32_t* p = id ? id + ints : nullptr; ints += n; return p; };
@@ -213,7 +215,7 @@ void GptModel<Ops>::carve_layer(LayerActs& l, int64_t& acts, int64_t& floats, in
     l.ys = take(M * C);
   }
   if (mlp && moe)
-    l.xin = take(Mx * C), l.xfc = take(Mx * 2 * Fe_), l.xact = take(Mx * Fe_), l.sfc = take(BT * 2 * Fs_),
+    l.xin = take(M * C), l.xfc = take(M * 2 * Fe_), l.xact = take(M * Fe_), l.sfc = take(BT * 2 * Fs_),
     l.sact = take(BT * Fs_);
 }
 
@@ -252,6 +254,7 @@ typename GptModel<Ops>::Slot& GptModel<Ops>::acquire(Chunk& ch, int mb, int B) {
     LayerActs& l = s->layers[i];
     l.in = take(BT * C);
     carve_layer(l, acts, floats, ints, a, st, s->ids.data(), set, mlp, !moe, moe);
+    if (mlp && moe) l.spill = static_cast<int>(spills_.size()), spills_.emplace_back();
   }
   s->out = take(BT * C);
   s->lnf = take(BT * C), s->lnf_mean = st + floats, s->lnf_rstd = st + floats + BT;
@@ -615,9 +618,12 @@ void GptModel<Ops>::mlp_forward(int64_t l, LayerActs& a, const Act* in, bool rou
     return;
   }
   const int E = static_cast<int>(E_), k = static_cast<int>(k_), Fe = static_cast<int>(Fe_), El = static_cast<int>(El_);
+  const auto [first, end] = moe_rows();
+  const Act* mine = in + int64_t(first) * C;  // the rows routed here (all of them without tp)
   if (route) {
-    ops_.router_forward(a.logits, in, w.router_w, N, C, E);
-    Routing r = ops_.route(router_, a.choice, a.weights, a.order, a.pos, a.logits, w.router_bias, N);
+    ops_.router_forward(a.logits, mine, w.router_w, end - first, C, E);
+    Routing r = ops_.route(router_, a.choice, a.weights, a.order, a.pos, a.logits, w.router_bias, end - first);
+    if (tp_) balance_over_tp(a, r, end - first);
     a.counts = std::move(r.counts);
     if (count_routes_) {
       RouteStats& st = *std::find_if(route_stats_.begin(), route_stats_.end(), [&](const RouteStats& x) { return x.layer == l; });
@@ -629,17 +635,18 @@ void GptModel<Ops>::mlp_forward(int64_t l, LayerActs& a, const Act* in, bool rou
   const int M = static_cast<int>(std::accumulate(a.counts.begin(), a.counts.end(), int64_t(0)));  // rows kept
   // The rows in expert order; with ep they go to their experts' ranks, which take them in their
   // local experts' order.
-  ops_.gather_rows(ep_ ? xs_.data() : a.xin, in, a.order, M, k, C);
+  const ExpertActs x = expert_acts(a);
+  ops_.gather_rows(ep_ ? xs_.data() : x.xin, mine, a.order, M, k, C);
   comm::WorkPtr sent = ep_ ? dispatch_start(a, xs_.data(), C) : nullptr;
   // The shared experts while the rows travel.
   if (Fs_ > 0)
     ops_.linear_act_forward(Mlp::kSwiGlu, a.sact, a.sfc, in, w.shared_fc_w, static_cast<const Param*>(nullptr), N, C,
                             static_cast<int>(Fs_), block_gemm());
-  if (ep_) dispatch_finish(a, sent, a.xin, C);
-  ops_.grouped_linear_act_forward(Mlp::kSwiGlu, a.xact, a.xfc, a.xin, w.experts_fc_w, a.local.data(), El, C, Fe);
+  if (ep_) dispatch_finish(a, sent, x.xin, C);
+  ops_.grouped_linear_act_forward(Mlp::kSwiGlu, x.xact, x.xfc, x.xin, w.experts_fc_w, a.local.data(), El, C, Fe);
   if (route) {
-    Act* ys = ep_ ? xr_.data() + xr_.size() / 2 : a.ys;  // with ep, the outputs go back to the rows' ranks
-    ops_.grouped_linear_forward(ys, a.xact, w.experts_proj_w, a.local.data(), El, Fe, C);
+    Act* ys = ep_ ? xr_.data() + exchange_rows_ * C : a.ys;  // with ep, the outputs go back to the rows' ranks
+    ops_.grouped_linear_forward(ys, x.xact, w.experts_proj_w, a.local.data(), El, Fe, C);
     if (ep_) {
       comm::WorkPtr back = collect_start(a, ys, a.ys, C);
       collect_finish(back);
@@ -654,11 +661,19 @@ void GptModel<Ops>::mlp_output(int64_t l, const LayerActs& a, Act* out) {
     row_parallel_forward(out, a.act, w.fcproj_w, w.fcproj_b, static_cast<int>(Fl_), C_);
     return;
   }
-  // Without tensor parallelism (refused with MoE for now) every row is local: R = N.
+  // The shared experts' partial sum over this rank's features (all rows), plus the routed
+  // experts' output on the rows routed here; with tp one partial sum, reduced as a row-parallel
+  // GEMM's (each row's routed part comes from one rank).
+  const auto [first, end] = moe_rows();
+  Act* partial = tp_ && sp_ ? full_.data() : out;
   if (Fs_ > 0)
-    ops_.linear_forward(out, a.sact, w.shared_proj_w, static_cast<const Param*>(nullptr), N_, static_cast<int>(Fs_),
-                        C_, block_gemm());
-  ops_.combine_forward(out, a.ys, a.weights, a.pos, N_, static_cast<int>(k_), C_, /*accumulate=*/Fs_ > 0);
+    ops_.linear_forward(partial, a.sact, w.shared_proj_w, static_cast<const Param*>(nullptr), N_,
+                        static_cast<int>(Fs_), C_, block_gemm());
+  else if (tp_)
+    ops_.zero(partial, int64_t(N_) * C_);
+  ops_.combine_forward(partial + int64_t(first) * C_, a.ys, a.weights, a.pos, end - first, static_cast<int>(k_), C_,
+                       /*accumulate=*/Fs_ > 0 || tp_);
+  if (tp_) reduce_partial(partial, out, C_);
 }
 
 template <OpSet Ops>
@@ -676,32 +691,38 @@ void GptModel<Ops>::mlp_backward(int64_t l, const LayerActs& a, const Act* in, c
   }
   const int E = static_cast<int>(E_), k = static_cast<int>(k_), Fe = static_cast<int>(Fe_), El = static_cast<int>(El_);
   const int Fs = static_cast<int>(Fs_);
+  const auto [first, end] = moe_rows();
+  const int Nm = end - first;
+  const Act* mine = in + int64_t(first) * C;  // the rows routed here
   // The combine: the experts' output rows' gradients and the weights'.
-  ops_.combine_backward(dys_.data(), dweights_.data(), dout, a.ys, a.weights, a.pos, N, k, C);
+  ops_.combine_backward(dys_.data(), dweights_.data(), dout + int64_t(first) * C, a.ys, a.weights, a.pos, Nm, k, C);
   // The experts (with ep, on the rows' gradients sent to their ranks), back to their input rows
   // in expert order (with ep, returned), then summed into each token's row.
+  const ExpertActs x = expert_acts(a);
   Act* dys = dys_.data();
   comm::WorkPtr sent = ep_ ? dispatch_start(a, dys_.data(), C) : nullptr;
   // While the gradients travel: the shared experts' second GEMM, and the router's logits.
   if (Fs > 0)
     ops_.linear_backward(Mlp::kSwiGlu, dsfc_.data(), g.shared_proj_w, static_cast<float*>(nullptr), dout, a.sact,
                          w.shared_proj_w, a.sfc, N, Fs, C, /*accumulate=*/false, block_gemm());
-  ops_.route_backward(router_, dlogits_.data(), dweights_.data(), a.logits, a.choice, grad_scale, N);
-  if (ep_) dispatch_finish(a, sent, dys = xr_.data() + xr_.size() / 2, C);
-  ops_.grouped_linear_backward(Mlp::kSwiGlu, dxfc_.data(), g.experts_proj_w, dys, a.xact, w.experts_proj_w, a.xfc,
+  ops_.route_backward(router_, dlogits_.data(), dweights_.data(), a.logits, a.choice, grad_scale, Nm,
+                      tp_ ? RouteTotals{a.chosen.data(), N} : RouteTotals{});
+  if (ep_) dispatch_finish(a, sent, dys = xr_.data() + exchange_rows_ * C, C);
+  ops_.grouped_linear_backward(Mlp::kSwiGlu, dxfc_.data(), g.experts_proj_w, dys, x.xact, w.experts_proj_w, x.xfc,
                                a.local.data(), El, Fe, C);
-  Act* dxin = ep_ ? xr_.data() + xr_.size() / 2 : dxs_.data();
-  ops_.grouped_linear_backward(Mlp::kSwiGlu, dxin, g.experts_fc_w, dxfc_.data(), a.xin, w.experts_fc_w, nullptr,
+  Act* dxin = ep_ ? xr_.data() + exchange_rows_ * C : dxs_.data();
+  ops_.grouped_linear_backward(Mlp::kSwiGlu, dxin, g.experts_fc_w, dxfc_.data(), x.xin, w.experts_fc_w, nullptr,
                                a.local.data(), El, C, 2 * Fe);
   if (ep_) {
     comm::WorkPtr back = collect_start(a, dxin, dxs_.data(), C);
     collect_finish(back);
   }
+  // The input's gradient over all N rows (its other rows' parts come from the other tp ranks).
   ops_.zero(dln_.data(), int64_t(N) * C);
-  ops_.gather_rows_backward(dln_.data(), dxs_.data(), a.pos, N, k, C);
+  ops_.gather_rows_backward(dln_.data() + int64_t(first) * C, dxs_.data(), a.pos, Nm, k, C);
   // The router's input gradient (its logits' came from the weights' and the balance and z losses'
   // above), then the shared experts' first GEMM, in that order whatever the overlap.
-  ops_.router_backward(dln_.data(), g.router_w, dlogits_.data(), in, w.router_w, N, C, E);
+  ops_.router_backward(dln_.data() + int64_t(first) * C, g.router_w, dlogits_.data(), mine, w.router_w, Nm, C, E);
   if (Fs > 0)
     ops_.linear_backward(Mlp::kSwiGlu, dln_.data(), g.shared_fc_w, static_cast<float*>(nullptr), dsfc_.data(), in,
                          w.shared_fc_w, nullptr, N, C, 2 * Fs, /*accumulate=*/true, block_gemm());
@@ -725,25 +746,60 @@ void GptModel<Ops>::exchange_counts(LayerActs& a) {
     for (int64_t e = 0; e < El; ++e) a.local[e] += a.received[p * El + e];
 }
 
+template <OpSet Ops>
+void GptModel<Ops>::balance_over_tp(LayerActs& a, Routing& r, int rows) {
+  const int64_t E = E_;
+  std::vector<double> s(static_cast<size_t>(2 * E + 1));
+  for (int64_t e = 0; e < E; ++e) s[e] = double(r.counts[e]), s[E + e] = r.score_sums[e];
+  s[2 * E] = r.z * rows;
+  parallel::sum_over_group(tp_, s.data(), int64_t(s.size()));
+  a.chosen.resize(static_cast<size_t>(E));
+  r.aux = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    a.chosen[e] = std::llround(s[e]);
+    r.aux += double(E) * (s[e] / (double(N_) * k_)) * (s[E + e] / N_);
+  }
+  r.z = s[2 * E] / N_;
+}
+
 // Rows arrive grouped by the rank they came from, each rank's in its expert order (rank, expert);
 // the grouped GEMMs take them by expert (expert, rank). perm_[i] is the arriving row that expert
-// order's row i is; perm_[Mx + j] the reverse. Ranks in rank order and rows in their order: the
+// order's row i is; perm_[n + j] the reverse (n arrivals). Ranks in rank order and rows in their order: the
 // same for every run, whatever the timing.
 template <OpSet Ops>
+typename GptModel<Ops>::ExpertActs GptModel<Ops>::expert_acts(const LayerActs& a) {
+  const int64_t n = arrivals(a), C = C_, Fe = Fe_;
+  if (n > exchange_rows_) {  // the scratch of the exchange and of the experts' backward
+    exchange_rows_ = n;
+    dxfc_.zeros(n * 2 * Fe);
+    if (ep_) xr_.zeros(2 * n * C), perm_.zeros(2 * n);
+  }
+  if (n <= maxB_ * maxT_ * k_) return {a.xin, a.xfc, a.xact};
+  Buffer<Act>& spill = spills_.at(static_cast<size_t>(a.spill));
+  if (spill.size() < n * (C + 3 * Fe)) {
+    log::info("moe: this rank's experts took ", n, " rows of a micro-batch (", maxB_ * maxT_ * k_,
+              " when balanced): a buffer of ", (n * (C + 3 * Fe) * int64_t(sizeof(Act))) >> 10, " KiB grows for them");
+    spill.zeros(n * (C + 3 * Fe));
+  }
+  Act* p = spill.data();
+  return {p, p + n * C, p + n * (C + 2 * Fe)};
+}
+
+template <OpSet Ops>
 void GptModel<Ops>::load_exchange_order(const LayerActs& a) {
-  const int64_t El = El_, Mx = eps_ * maxB_ * maxT_ * k_;
+  const int64_t El = El_, n = arrivals(a);
   std::vector<int64_t> at(static_cast<size_t>(eps_ * El));  // where (rank p, expert e)'s rows arrive
   int64_t rows = 0;
   for (int64_t i = 0; i < eps_ * El; ++i) at[i] = rows, rows += a.received[i];
-  std::vector<int32_t> order(static_cast<size_t>(2 * Mx), 0);
+  std::vector<int32_t> order(static_cast<size_t>(2 * n), 0);
   int64_t i = 0;
   for (int64_t e = 0; e < El; ++e)
     for (int p = 0; p < eps_; ++p)
       for (int64_t r = 0; r < a.received[p * El + e]; ++r, ++i) {
         order[i] = static_cast<int32_t>(at[p * El + e] + r);
-        order[Mx + at[p * El + e] + r] = static_cast<int32_t>(i);
+        order[n + at[p * El + e] + r] = static_cast<int32_t>(i);
       }
-  ops_.load_tokens(perm_, order.data(), 1, static_cast<int>(2 * Mx), 2 * Mx);
+  ops_.load_tokens(perm_, order.data(), 1, static_cast<int>(2 * n), 2 * n);
 }
 
 template <OpSet Ops>
@@ -753,7 +809,7 @@ comm::WorkPtr GptModel<Ops>::dispatch_start(const LayerActs& a, const Act* rows,
   for (int p = 0; p < eps_; ++p)
     for (int64_t e = 0; e < El; ++e)
       send[p] += a.counts[p * El + e] * row_bytes, recv[p] += a.received[p * El + e] * row_bytes;
-  // Arriving in xr_'s first half (Mx, width), by rank, then expert.
+  // Arriving in xr_'s first half (n, width), by rank, then expert.
   comm::WorkPtr w = ep_->all_to_all_bytes(rows, send, xr_.data(), recv, stream());
   overlap_or_wait(w);
   return w;
@@ -763,21 +819,20 @@ template <OpSet Ops>
 void GptModel<Ops>::dispatch_finish(const LayerActs& a, comm::WorkPtr& sent, Act* out, int64_t width) {
   sent->wait();
   load_exchange_order(a);
-  const int64_t n = std::accumulate(a.local.begin(), a.local.end(), int64_t(0));
+  const int64_t n = arrivals(a);
   ops_.gather_rows(out, xr_.data(), perm_.data(), static_cast<int>(n), 1, static_cast<int>(width));
 }
 
 template <OpSet Ops>
 comm::WorkPtr GptModel<Ops>::collect_start(const LayerActs& a, const Act* rows, Act* out, int64_t width) {
-  const int64_t El = El_, row_bytes = width * int64_t(sizeof(Act)), Mx = eps_ * maxB_ * maxT_ * k_;
+  const int64_t El = El_, row_bytes = width * int64_t(sizeof(Act)), n = arrivals(a);
   std::vector<int64_t> send(static_cast<size_t>(eps_), 0), recv(static_cast<size_t>(eps_), 0);
   for (int p = 0; p < eps_; ++p)
     for (int64_t e = 0; e < El; ++e)
       send[p] += a.received[p * El + e] * row_bytes, recv[p] += a.counts[p * El + e] * row_bytes;
-  Act* leaving = xr_.data();  // (Mx, width) by rank, then expert
-  load_exchange_order(a);
-  const int64_t n = std::accumulate(a.local.begin(), a.local.end(), int64_t(0));
-  ops_.gather_rows(leaving, rows, perm_.data() + Mx, static_cast<int>(n), 1, static_cast<int>(width));
+  Act* leaving = xr_.data();  // (n, width) by rank, then expert
+  // perm_ holds a's order already: collect_start always follows a's dispatch_finish.
+  ops_.gather_rows(leaving, rows, perm_.data() + n, static_cast<int>(n), 1, static_cast<int>(width));
   comm::WorkPtr w = ep_->all_to_all_bytes(leaving, send, out, recv, stream());
   overlap_or_wait(w);
   return w;
@@ -965,17 +1020,27 @@ void GptModel<Ops>::last_logits(const int32_t* tokens, int B, int T, float* out)
 }
 
 template <OpSet Ops>
+bool GptModel<Ops>::partial_over_tp(const ParamSpec& p) const {
+  if (!tp_ || !p.replicated()) return false;
+  if (sp_cfg_) return true;
+  // Qwen3's query and key norms: one weight per head feature, shared by the heads of every rank.
+  if (p.name.ends_with(".attn.q_norm.w") || p.name.ends_with(".attn.k_norm.w")) return true;
+  return p.layer >= 0 && cfg_.model.layer_is_moe(p.layer) && (p.expert || p.name.ends_with(".mlp.router.w"));
+}
+
+template <OpSet Ops>
 void GptModel<Ops>::finish_grads(int64_t begin, int64_t end) {
-  if (!sp_cfg_) return;
-  // Every replicated tensor (norms, row-parallel biases, wpe) saw only this rank's tokens: one
-  // all-reduce of their elements in [begin, end), packed in layout order. Every tp rank has
-  // the same layout shape, so the ranks pack the same elements.
+  if (!tp_) return;
+  // The tensors that saw only this rank's tokens (partial_over_tp: with SP the norms, row-
+  // parallel biases and wpe): one all-reduce of their elements in [begin, end), packed in layout
+  // order. Every tp rank has the same layout shape, so the ranks pack the same elements.
   std::vector<std::pair<int64_t, int64_t>> runs;
   int64_t n = 0;
   for (const ParamSpec& p : layout_.tensors()) {
     const int64_t a = std::max(begin, p.offset), b = std::min(end, p.offset + p.numel);
-    if (p.replicated() && a < b) runs.emplace_back(a, b), n += b - a;
+    if (partial_over_tp(p) && a < b) runs.emplace_back(a, b), n += b - a;
   }
+  if (n == 0) return;
   Buffer<float> packed;
   packed.zeros(n);
   int64_t at = 0;

@@ -23,14 +23,16 @@ struct GptMemoryShape {
   int64_t act_bytes = 4;            // the op set's activation type: 2 (bf16, CUDA) or 4
   int64_t saved_per_row = 1;        // floats attention keeps per (b, h, t): 1 (CUDA), T (the CPU)
   int64_t token_bytes = 16;         // per id of a micro-batch's token buffers: 16 (CUDA: ids and groups), 4
-  // A mixture of experts: E routed experts, k per token, Fe features each, Fs shared features;
+  // A mixture of experts: E routed experts, k per token, Fe features each, Fs shared features
+  // (this rank's: the shared experts split over tp as the dense MLP);
   // whether the model has dense layers and MoE layers (the recompute set holds what each needs).
   int64_t E = 0, k = 0, Fe = 0, Fs = 0;
   bool has_dense = true, has_moe = false;
-  // Expert parallelism: the ranks the experts split over. A rank's experts may get every rank's
-  // rows (ep B T k; dropless), so their buffers are sized for it.
+  // Expert parallelism: the ranks the experts split over. The experts' buffers hold the balanced
+  // share of the rows, B T k (all there can be with ep = 1); a step whose experts get more grows
+  // a buffer of its own for them (GptModel::expert_acts), outside this plan.
   int64_t ep = 1;
-  int64_t expert_rows() const { return ep * B * T * k; }
+  int64_t expert_rows() const { return B * T * k; }
   // model.qk_norm: the QKV GEMM's output kept beside the normed qkv, and each row's rstds.
   int64_t qk_rstds = 0;  // per row: Hl + Hkvl ("head"), 2 ("all"), 0 (none)
 };
@@ -44,7 +46,7 @@ inline GptMemoryShape memory_shape(const ModelConfig& m, int64_t tp, int64_t B, 
   s.Ql = (s.Hl + 2 * m.kv() / tp) * m.head_dim();
   s.Fl = m.ffn() / tp, s.Pl = s.Fl * (m.swiglu() ? 2 : 1);
   s.Vl = padded_vocab / tp;
-  s.E = m.experts, s.k = m.moe() ? m.experts_per_token : 0, s.Fe = m.moe() ? m.expert_ffn() : 0, s.Fs = m.shared_ffn();
+  s.E = m.experts, s.k = m.moe() ? m.experts_per_token : 0, s.Fe = m.moe() ? m.expert_ffn() : 0, s.Fs = m.shared_ffn() / tp;
   s.has_moe = m.moe_layers() > 0, s.has_dense = m.moe_layers() < m.layers;
   s.qk_rstds = m.qk_norm == "head" ? s.Hl + m.kv() / tp : m.qk_norm == "all" ? 2 : 0;
   return s;

@@ -58,6 +58,14 @@ struct Routing {
   std::vector<int64_t> counts;
   int64_t dropped = 0;
   double aux = 0, z = 0;
+  std::vector<double> score_sums;  // (E) each expert's scores summed over the tokens: P_e = this / N
+};
+// A micro-batch routed in parts (each tensor-parallel rank routes its share of the tokens): the
+// balance loss's statistics over every part, the choice's rows per expert (E) and the tokens,
+// so that each part's gradient is the whole micro-batch's. Null counts: the part is the whole.
+struct RouteTotals {
+  const int64_t* chosen = nullptr;
+  int64_t tokens = 0;
 };
 
 }  // namespace myriad

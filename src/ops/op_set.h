@@ -112,7 +112,7 @@ concept OpSet = requires(const O& o, typename O::Act* a, const typename O::Act* 
   o.router_forward(f, ca, cp, i, i, i);
   o.router_backward(a, f, cf, ca, cp, i, i, i);
   { o.route(router, ids, f, ids, ids, cf, cp, i) } -> std::convertible_to<Routing>;
-  o.route_backward(router, f, cf, cf, cids, 1.0f, i);
+  o.route_backward(router, f, cf, cf, cids, 1.0f, i, RouteTotals{});
   o.gather_rows(a, ca, cids, i, i, i);
   o.gather_rows_backward(a, ca, cids, i, i, i);
   o.grouped_linear_act_forward(m, a, a, ca, cp, counts, i, i, i);

@@ -120,27 +120,37 @@ std::vector<std::vector<int>> Topology::groups(Dim d) const {
   return out;
 }
 
+namespace {
+// `rank`'s index among its stage's tp x dp ranks, (dp, tp) order.
+int stage_index(const Topology& t, int rank) {
+  const Coord c = t.coord(rank);
+  return c.dp * t.tp() + c.tp;
+}
+// The rank of the stage's index-th rank.
+int stage_rank(const Topology& t, int pp, int index) { return t.rank_of({index % t.tp(), index / t.tp(), pp}); }
+}  // namespace
+
 std::vector<int> Topology::expert_group(int rank, int ep) const {
-  MYRIAD_CHECK(ep >= 1 && dp() % ep == 0, "ep ", ep, " must divide dp ", dp());
-  const std::vector<int> dp_members = group(Dim::kDp, rank);
-  const int first = coord(rank).dp / ep * ep;
-  return {dp_members.begin() + first, dp_members.begin() + first + ep};
+  MYRIAD_CHECK(ep >= 1 && (tp() * dp()) % ep == 0, "ep ", ep, " must divide tp x dp ", tp() * dp());
+  const int first = stage_index(*this, rank) / ep * ep;
+  std::vector<int> out;
+  for (int i = first; i < first + ep; ++i) out.push_back(stage_rank(*this, coord(rank).pp, i));
+  return out;
 }
 
 std::vector<int> Topology::expert_dp_group(int rank, int ep) const {
-  MYRIAD_CHECK(ep >= 1 && dp() % ep == 0, "ep ", ep, " must divide dp ", dp());
-  const std::vector<int> dp_members = group(Dim::kDp, rank);
+  MYRIAD_CHECK(ep >= 1 && (tp() * dp()) % ep == 0, "ep ", ep, " must divide tp x dp ", tp() * dp());
   std::vector<int> out;
-  for (int d = coord(rank).dp % ep; d < dp(); d += ep) out.push_back(dp_members[d]);
+  for (int i = stage_index(*this, rank) % ep; i < tp() * dp(); i += ep) out.push_back(stage_rank(*this, coord(rank).pp, i));
   return out;
 }
 
 std::vector<comm::GroupSpec> Topology::expert_group_specs(int rank, int ep) const {
   if (ep <= 1) return {};
-  const int d = coord(rank).dp;
-  const std::string dp_name = group_name(Dim::kDp, rank);
-  return {{dp_name + ".ep" + std::to_string(d / ep), d % ep, ep},
-          {dp_name + ".edp" + std::to_string(d % ep), d / ep, dp() / ep}};
+  const int i = stage_index(*this, rank);
+  const std::string stage = "stage" + std::to_string(coord(rank).pp);
+  return {{stage + ".ep" + std::to_string(i / ep), i % ep, ep},
+          {stage + ".edp" + std::to_string(i % ep), i / ep, tp() * dp() / ep}};
 }
 
 std::vector<comm::GroupSpec> Topology::group_specs(int rank) const {

@@ -54,13 +54,14 @@ class Topology {
   // Every group of dimension d, by group index.
   std::vector<std::vector<int>> groups(Dim d) const;
 
-  // Expert parallelism folded into data parallelism (core/parallel_layout.h): `rank`'s expert
-  // group, the ep consecutive members of its dp group that hold every expert once between them,
-  // and its experts' data-parallel group, the dp members at the same place of every expert group
-  // (they hold the same experts). Members in group-rank order; ep must divide dp.
+  // Expert parallelism folded into a pipeline stage's tensor x data ranks (core/parallel_layout.h):
+  // the stage's ranks in (dp, tp) order, tp fastest (index i = dp tp_size + tp); `rank`'s expert
+  // group, the ep consecutive ones of them holding every expert once between them, and its
+  // experts' data-parallel group, those at the same place of every expert group (they hold the
+  // same experts). Members in group-rank order; ep must divide tp x dp.
   std::vector<int> expert_group(int rank, int ep) const;
   std::vector<int> expert_dp_group(int rank, int ep) const;
-  // Their specs ("dp0.ep1", "dp0.edp0"), in that order; none when ep = 1.
+  // Their specs ("stage0.ep1", "stage0.edp0"), in that order; none when ep = 1.
   std::vector<comm::GroupSpec> expert_group_specs(int rank, int ep) const;
 
   // What make_groups needs to create `rank`'s communicators, in the one global order every rank

@@ -102,8 +102,9 @@ Layout parse_layout(const std::string& text) {
     else if (key == "pp") l.pp = number();
     else if (key == "v") l.v = number();
     else if (key == "mb") l.mb = number();
+    else if (key == "ep") l.ep = number();
     else if (key == "recompute" && (value == "none" || value == "selective" || value == "full")) l.recompute = value;
-    else throw_input("plan: --layout '", item, "': expected tp=, pp=, v=, mb= or recompute=none|selective|full");
+    else throw_input("plan: --layout '", item, "': expected tp=, pp=, v=, mb=, ep= or recompute=none|selective|full");
   }
   return l;
 }
@@ -124,9 +125,10 @@ Features parse_features(const std::string& text) {
     else if (item == "misc") f.misc = true;
     else if (item == "lamb") f.optimizer = "lamb";
     else if (item == "fp8") f.fp8 = true;
+    else if (item == "ep_overlap") f.ep_overlap = true;
     else
       throw_input("plan: --features '", item, "': expected megatron, megascale, or a list of parallel_block, window=W, "
-                  "tp_overlap, pp_overlap, dp_overlap, fused_ops, misc, lamb, fp8");
+                  "tp_overlap, pp_overlap, dp_overlap, fused_ops, misc, lamb, fp8, ep_overlap");
   }
   return f;
 }
@@ -151,19 +153,19 @@ double flops_per_token(const ModelConfig& m, int64_t tp) {
   return model::flops_per_token(m, padded_vocab(m.vocab_size, tp));  // the engine's count
 }
 
-// The planner models dense layers only: an MoE layer's memory (every expert's weights, the
-// routed rows), its all-to-all and its expert parallelism are not in its formulas yet.
-namespace {
-void refuse_moe(const ModelConfig& model) {
-  if (model.moe())
-    throw_input("plan: model.experts = ", model.experts, ": the planner models dense models only (a mixture of experts' "
-                "memory, all-to-all and expert parallelism are not in its formulas yet)");
+// An all-to-all of `bytes` per rank over n ranks that are consecutive in the job (a stage's
+// ranks): each rank keeps 1/n and sends the rest; the peers inside its node over NVLink, the
+// others through its NIC, both at once.
+double all_to_all_s(double bytes, int n, const Cluster& c, double net_gbps) {
+  if (n <= 1) return 0;
+  const int inside = std::min(n, c.gpus_per_node);
+  const double nvlink = double(inside - 1) / n * bytes / (c.nvlink_gbps * 1e9);
+  const double net = n > inside ? double(n - inside) / n * bytes / (net_gbps * 1e9) : 0;
+  return (n > inside ? c.net_latency_us : c.nvlink_latency_us) * 1e-6 + std::max(nvlink, net);
 }
-}  // namespace
 
 Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus, const Cluster& c, const Layout& l,
                    const Features& f) {
-  refuse_moe(model);
   Prediction p;
   const int64_t group = int64_t(l.tp) * l.pp;
   auto refuse = [&](const std::string& why) {
@@ -172,8 +174,11 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   };
   if (gpus % group != 0) return refuse(cat("tp x pp = ", group, " does not divide ", gpus, " GPUs"));
   if (l.tp > c.gpus_per_node) return refuse(cat("tp ", l.tp, " spans nodes of ", c.gpus_per_node, " GPUs"));
-  if (model.layers % (int64_t(l.pp) * l.v) != 0)
-    return refuse(cat("pp x v = ", l.pp * l.v, " does not divide ", model.layers, " layers"));
+  // Chunks of unequal layers (94 layers over pp 8 x v 4) are costed at the mean, as if the
+  // partition balanced them exactly (the engine's puts the embedding and the head's loss on the
+  // lighter ones); the engine's rules (below) only ask every chunk to hold a layer.
+  if (model.layers < int64_t(l.pp) * l.v)
+    return refuse(cat("pp x v = ", l.pp * l.v, " chunks for ", model.layers, " layers: each needs one"));
   if (f.fp8 && !(c.fp8_peak_tflops > 0 && c.fp8_gemm_efficiency > 0))
     return refuse(cat("fp8: the cluster ", c.name, " has no FP8 GEMM rate ([gpu] fp8_peak_tflops, fp8_gemm_efficiency)"));
   if (l.v > 1 && l.pp == 1) return refuse(cat("interleaving (v ", l.v, ") needs pp > 1"));
@@ -183,6 +188,7 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   run.model = model;
   run.parallel.tp = l.tp, run.parallel.pp = l.pp, run.parallel.virtual_stages = l.v;
   run.parallel.sequence_parallel = l.tp > 1;
+  run.parallel.ep = l.ep;
   run.train.micro_batch = l.mb, run.train.global_batch = global_batch;
   run.train.precision = f.fp8 ? "fp8" : "bf16";
   ParallelLayout layout;
@@ -214,40 +220,96 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   // features and its first GEMM's outputs (twice the features for SwiGLU's gate and up).
   const double qkv_w = double((model.heads + 2 * model.kv()) * model.head_dim()), ffn = double(model.ffn());
   const double fc_w = ffn * (model.swiglu() ? 2 : 1);
-  // The parallel block fuses QKV with fc and the two output projections (PaLM).
-  const double gemm_fwd = f.parallel_block
-                              ? block_gemm_s(2 * t * d * (qkv_w + fc_w) / tp) + block_gemm_s(2 * t * (d + ffn) * d / tp)
-                              : block_gemm_s(2 * t * d * qkv_w / tp) + block_gemm_s(2 * t * d * d / tp) +
-                                    block_gemm_s(2 * t * d * fc_w / tp) + block_gemm_s(2 * t * ffn * d / tp);
-  // FP8's casts as the engine makes them: each operand of each block GEMM per call, its amax
-  // read (bf16), then read again and written as one byte: 5 bytes an element. Forward: the four
-  // GEMMs' inputs and weights; backward: each output gradient once into both layouts (6 bytes:
-  // as it is for the input gradient, transposed for the weight gradient), the inputs and the
-  // weights again (transposed).
-  const double weights = (qkv_w + d + fc_w + ffn) * d / tp;
-  const double inputs = t * (2 * d + d / tp + ffn / tp), out_grads = t * (qkv_w / tp + d + fc_w / tp + d);
-  // With GELU, FP8 GEMMs have no GELU epilogue: the activation is a pass of its own (pre read,
-  // out written: 4 bytes a feature), and its backward too (pre and dact read, dpre written: 6).
-  const double gelu_fwd = f.fp8 && !model.swiglu() ? 4 * t * ffn / tp / (c.hbm_gbps * 1e9) : 0;
-  const double gelu_bwd = f.fp8 && !model.swiglu() ? 6 * t * ffn / tp / (c.hbm_gbps * 1e9) : 0;
-  const double cast_fwd = f.fp8 ? 5 * (inputs + weights) / (c.hbm_gbps * 1e9) + gelu_fwd : 0;
-  const double cast_bwd = f.fp8 ? (6 * out_grads + 5 * (inputs + weights)) / (c.hbm_gbps * 1e9) + gelu_bwd : 0;
-  const double attn_fwd = 4 * t * mean_keys(model.seq_len, f.window) * d / tp / (peak * c.attention_efficiency);
+  const double attn_w = double(model.heads * model.head_dim());  // the attention's output width
+  const double hbm = c.hbm_gbps * 1e9;
+  const double attn_fwd = 4 * t * mean_keys(model.seq_len, f.window) * attn_w / tp / (peak * c.attention_efficiency);
   const double passes = f.fused_ops ? c.fused_memory_passes : c.unfused_memory_passes;
-  const double mem_fwd = passes * t * d * c.act_bytes / tp / (c.hbm_gbps * 1e9);  // sequence parallel: 1/tp of the tokens
+  const double mem_fwd = passes * t * d * c.act_bytes / tp / hbm;  // sequence parallel: 1/tp of the tokens
   // Sequence parallelism: an all-gather before and a reduce-scatter after each of attention and
   // the MLP, forward and backward; the parallel block shares one of each.
   const double tp_op = ring_all_gather_s(t * d * c.act_bytes, l.tp, c.nvlink_gbps, c.nvlink_latency_us);
   const double tp_layer = (f.parallel_block ? 2 : 4) * tp_op;  // per direction
   const double tp_exposed = f.tp_overlap ? tp_layer * (1 - c.tp_overlap_hidden) : tp_layer;
-  // Recompute in the backward: full repeats the layer's forward; selective (the engine's) only the
-  // fc GEMM with its activation, whose outputs are the layer's largest.
-  const double recompute = l.recompute == "full"        ? gemm_fwd + attn_fwd + mem_fwd + tp_exposed + cast_fwd
-                           : l.recompute == "selective" ? block_gemm_s(2 * t * d * fc_w / tp) +
-                                                              (f.fp8 ? 5 * (t * d + fc_w * d / tp) / (c.hbm_gbps * 1e9) + gelu_fwd : 0)
-                                                        : 0;
-  const double layer_fwd = gemm_fwd + attn_fwd + mem_fwd + tp_exposed + cast_fwd;
-  const double layer_bwd = 2 * gemm_fwd + 2.5 * attn_fwd + 2 * mem_fwd + tp_exposed + recompute + cast_bwd;
+  const int64_t nodes = gpus / c.gpus_per_node;
+  const double net = c.nodes_per_pod > 0 && nodes > c.nodes_per_pod ? c.net_gbps / c.spine_oversubscription : c.net_gbps;
+
+  // One layer's forward, backward and recompute on one GPU (its shard), seconds.
+  struct LayerCost {
+    double fwd = 0, bwd = 0, ep_comm = 0, ep_exposed = 0;
+  };
+  // A dense layer: the parallel block fuses QKV with fc and the two output projections (PaLM).
+  auto dense_layer = [&] {
+    const double gemm_fwd = f.parallel_block
+                                ? block_gemm_s(2 * t * d * (qkv_w + fc_w) / tp) + block_gemm_s(2 * t * (attn_w + ffn) * d / tp)
+                                : block_gemm_s(2 * t * d * qkv_w / tp) + block_gemm_s(2 * t * attn_w * d / tp) +
+                                      block_gemm_s(2 * t * d * fc_w / tp) + block_gemm_s(2 * t * ffn * d / tp);
+    // FP8's casts as the engine makes them: each operand of each block GEMM per call, its amax
+    // read (bf16), then read again and written as one byte: 5 bytes an element. Forward: the four
+    // GEMMs' inputs and weights; backward: each output gradient once into both layouts (6 bytes:
+    // as it is for the input gradient, transposed for the weight gradient), the inputs and the
+    // weights again (transposed).
+    const double weights = (qkv_w + d + fc_w + ffn) * d / tp;
+    const double inputs = t * (2 * d + d / tp + ffn / tp), out_grads = t * (qkv_w / tp + d + fc_w / tp + d);
+    // With GELU, FP8 GEMMs have no GELU epilogue: the activation is a pass of its own (pre read,
+    // out written: 4 bytes a feature), and its backward too (pre and dact read, dpre written: 6).
+    const double gelu_fwd = f.fp8 && !model.swiglu() ? 4 * t * ffn / tp / hbm : 0;
+    const double gelu_bwd = f.fp8 && !model.swiglu() ? 6 * t * ffn / tp / hbm : 0;
+    const double cast_fwd = f.fp8 ? 5 * (inputs + weights) / hbm + gelu_fwd : 0;
+    const double cast_bwd = f.fp8 ? (6 * out_grads + 5 * (inputs + weights)) / hbm + gelu_bwd : 0;
+    // Recompute in the backward: full repeats the layer's forward; selective (the engine's) only
+    // the fc GEMM with its activation, whose outputs are the layer's largest.
+    const double recompute = l.recompute == "full" ? gemm_fwd + attn_fwd + mem_fwd + tp_exposed + cast_fwd
+                             : l.recompute == "selective"
+                                 ? block_gemm_s(2 * t * d * fc_w / tp) + (f.fp8 ? 5 * (t * d + fc_w * d / tp) / hbm + gelu_fwd : 0)
+                                 : 0;
+    LayerCost x;
+    x.fwd = gemm_fwd + attn_fwd + mem_fwd + tp_exposed + cast_fwd;
+    x.bwd = 2 * gemm_fwd + 2.5 * attn_fwd + 2 * mem_fwd + tp_exposed + recompute + cast_bwd;
+    return x;
+  };
+  // An MoE layer (docs/notes/moe.md): attention as a dense layer's; under tp each rank routes its
+  // t / tp tokens; their t k / tp rows go to the experts' ranks (balanced: as many arrive as
+  // leave) and run through the rank's E / ep experts, each a GEMM pair of its share of the rows;
+  // the shared experts split over tp as the dense MLP. Two all-to-alls forward (dispatch,
+  // combine) and two backward, over the stage's ep consecutive ranks.
+  auto moe_layer = [&] {
+    const double E = double(model.experts), k = double(model.experts_per_token), Fe = double(model.expert_ffn());
+    const double Fs = double(model.shared_ffn()), El = E / l.ep, rows = t / tp * k;
+    const double attn_gemm = block_gemm_s(2 * t * d * qkv_w / tp) + block_gemm_s(2 * t * attn_w * d / tp);
+    const double router = gemm_s(2 * t / tp * d * E);
+    const double experts = El * (block_gemm_s(2 * rows / El * d * 2 * Fe) + block_gemm_s(2 * rows / El * Fe * d));
+    const double shared = Fs > 0 ? block_gemm_s(2 * t * d * 2 * Fs / tp) + block_gemm_s(2 * t * Fs * d / tp) : 0;
+    // The rows' gather into expert order and the weighted combine: a read and a write of the rows
+    // each way, and the exchange's permutation on the arriving rows.
+    const double permute = 4 * rows * d * c.act_bytes / hbm;
+    const double a2a = all_to_all_s(rows * d * c.act_bytes, l.ep, c, net);
+    const double compute = attn_gemm + router + experts + shared;
+    // Exposed: behind another micro-batch's compute (ep_overlap), or only the dispatch behind the
+    // shared experts' GEMMs (the engine's moe.overlap_dispatch).
+    const double exposed = f.ep_overlap ? std::max(0.0, 2 * a2a - compute) : 2 * a2a - std::min(a2a, shared);
+    const double weights = (qkv_w + d) * d / tp + El * 3 * d * Fe + 3 * d * Fs / tp;
+    const double inputs = t * (d + d / tp) + rows * (d + Fe) + t * (d + Fs / tp);
+    const double cast_fwd = f.fp8 ? 5 * (inputs + weights) / hbm : 0;
+    const double cast_bwd = f.fp8 ? (6 * (t * (qkv_w / tp + d) + rows * (2 * Fe + d) + t * (2 * Fs / tp + d)) +
+                                     5 * (inputs + weights)) / hbm
+                                  : 0;
+    LayerCost x;
+    x.ep_comm = 2 * a2a, x.ep_exposed = exposed;
+    x.fwd = compute + attn_fwd + mem_fwd + permute + tp_exposed + exposed + cast_fwd;
+    // Full recompute repeats the forward (its all-to-alls too); selective the experts' and the
+    // shared experts' first GEMMs, the dispatch again.
+    const double recompute =
+        l.recompute == "full"        ? x.fwd
+        : l.recompute == "selective" ? El * block_gemm_s(2 * rows / El * d * 2 * Fe) +
+                                           (Fs > 0 ? block_gemm_s(2 * t * d * 2 * Fs / tp) : 0) + a2a
+                                     : 0;
+    x.bwd = 2 * compute + 2.5 * attn_fwd + 2 * mem_fwd + permute + tp_exposed + exposed + recompute + cast_bwd;
+    return x;
+  };
+  const double moe_layers = double(model.moe_layers()), dense_layers = double(model.layers) - moe_layers;
+  const LayerCost dl = dense_layer(), ml = model.moe() ? moe_layer() : LayerCost{};
+  const double layer_fwd = (dense_layers * dl.fwd + moe_layers * ml.fwd) / double(model.layers);
+  const double layer_bwd = (dense_layers * dl.bwd + moe_layers * ml.bwd) / double(model.layers);
   // The LM head and loss (last stage) spread over every chunk, as balanced stages do (the
   // project's partition_layers gives the last stage fewer layers).
   // The loss over the logits: unfused (Megatron-LM's), four passes over them in fp32 forward and
@@ -278,24 +340,34 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   p.tp_comm_s = 2.0 * m * l.v * layers_per_chunk * tp_layer;
   p.tp_exposed_s = 2.0 * m * l.v * layers_per_chunk * tp_exposed;
   p.pp_exposed_s = f.pp_overlap ? 0 : 2.0 * m * l.v * c.pp_blocking * send;
-  p.compute_s = work - p.tp_exposed_s - p.pp_exposed_s;
+  // The MoE layers' all-to-alls: two each way per layer and micro-batch, on the first stage's path.
+  p.ep_comm_s = 2.0 * m * moe_layers / l.pp * ml.ep_comm;
+  p.ep_exposed_s = 2.0 * m * moe_layers / l.pp * ml.ep_exposed;
+  p.compute_s = work - p.tp_exposed_s - p.pp_exposed_s - p.ep_exposed_s;
 
   // Data parallelism (distributed optimizer): fp32 gradients reduce-scattered, bf16 parameters
   // all-gathered, over the network; a ring that leaves a pod shares the spine.
-  // Every weight (the matmuls, and an untied embedding, a lookup the FLOPs do not count).
-  const double params =
-      (model::matmul_params(model, model.vocab_size) + (model.tied_embeddings ? 0.0 : V * d)) / group;
-  const int64_t nodes = gpus / c.gpus_per_node;
-  const double net = c.nodes_per_pod > 0 && nodes > c.nodes_per_pod ? c.net_gbps / c.spine_oversubscription : c.net_gbps;
-  const double rs = ring_all_gather_s(params * c.grad_bytes, p.dp, net, c.net_latency_us),
-               ag = ring_all_gather_s(params * c.act_bytes, p.dp, net, c.net_latency_us);
+  // Every weight (the matmuls, and an untied embedding, a lookup the FLOPs do not count); an MoE
+  // model's routed experts apart (the FLOPs count k of E): E / ep of them on each rank of a
+  // stage, reduced over their own data-parallel group of tp dp / ep ranks.
+  const double expert_w = 3 * d * double(model.expert_ffn());
+  const double routed = moe_layers * double(model.experts) * expert_w;
+  const double params = (model::matmul_params(model, model.vocab_size) + (model.tied_embeddings ? 0.0 : V * d) -
+                         moe_layers * double(model.experts_per_token) * expert_w) / group;
+  const double expert_params = routed / (double(l.ep) * l.pp);
+  const int edp = std::max(1, l.tp * p.dp / l.ep);
+  const double rs = ring_all_gather_s(params * c.grad_bytes, p.dp, net, c.net_latency_us) +
+                    ring_all_gather_s(expert_params * c.grad_bytes, edp, net, c.net_latency_us),
+               ag = ring_all_gather_s(params * c.act_bytes, p.dp, net, c.net_latency_us) +
+                    ring_all_gather_s(expert_params * c.act_bytes, edp, net, c.net_latency_us);
   p.dp_comm_s = rs + ag;
   // Overlapped: each chunk's reduce-scatter runs behind the backward of the chunks after it and
   // its all-gather behind the forward of the chunks before it: one chunk's of each is left (the
   // first chunk's all-gather, prefetched, still waits on the step's start).
   p.dp_exposed_s = f.dp_overlap ? (rs + ag) / l.v : rs + ag;
   // The update of this rank's shard: fp32 master, moments and gradient read, three written.
-  p.optimizer_s = params / p.dp * 4 * 7 / (c.hbm_gbps * 1e9) * (f.optimizer == "lamb" ? 1.3 : 1.0);
+  const double owned = params / p.dp + expert_params / edp;
+  p.optimizer_s = owned * 4 * 7 / (c.hbm_gbps * 1e9) * (f.optimizer == "lamb" ? 1.3 : 1.0);
   // The step's scalars, each waited for: the loss averaged over dp, and the gradient norm's sum
   // over tp, pp and dp (runtime/model_engine.h), 8 bytes each: latency, where the tree wins.
   p.scalars_s = all_reduce_s(8, p.dp, net, c.net_latency_us) + all_reduce_s(8, l.tp, c.nvlink_gbps, c.nvlink_latency_us) +
@@ -307,13 +379,14 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   p.mfu = p.tokens_per_s * flops_per_token(model, l.tp) / (double(gpus) * peak);
 
   // Memory per GPU, as Myriad's CUDA engine holds it: bf16 weights, fp32 gradients, the
-  // optimizer's fp32 master and moments over dp; the layers' activations of the micro-batches in
-  // flight, the logits and the step's buffers by the model's own memory plan
-  // (model/memory_plan.h, which GptModel checks its allocations against); cuDNN's attention
-  // workspace.
-  const double state = params * (c.act_bytes + 4) + params * 12 / p.dp;
+  // optimizer's fp32 master and moments over dp (the experts' over their group); the layers'
+  // activations of the micro-batches in flight, the logits and the step's buffers by the model's
+  // own memory plan (model/memory_plan.h, which GptModel checks its allocations against; the
+  // experts' rows as balanced routing gives them); cuDNN's attention workspace.
+  const double state = (params + expert_params) * (c.act_bytes + 4) + owned * 12;
   model::GptMemoryShape ms = model::memory_shape(model, l.tp, l.mb, padded_vocab(model.vocab_size, l.tp));
   ms.tp = l.tp > 1, ms.parallel_block = f.parallel_block, ms.recompute = l.recompute, ms.act_bytes = static_cast<int>(c.act_bytes);
+  ms.ep = l.ep;
   const double per_layer = double(model::slot_bytes(ms, 1, false) - model::slot_bytes(ms, 0, false));
   const double per_slot = double(model::slot_bytes(ms, 0, false) + model::slot_token_bytes(ms));
   const double head = double(model::slot_bytes(ms, 0, true) - model::slot_bytes(ms, 0, false));
@@ -331,34 +404,38 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
 
 std::vector<std::pair<Layout, Prediction>> search(const ModelConfig& model, int64_t global_batch, int64_t gpus,
                                                   const Cluster& c, const Features& f) {
-  refuse_moe(model);
   std::vector<std::pair<Layout, Prediction>> out;
   for (int tp = 1; tp <= c.gpus_per_node; tp *= 2)
     for (int pp = 1; pp <= model.layers; ++pp)
       for (int v : {1, 2, 3, 4, 6, 8})
         for (int mb : {1, 2, 4})
-          for (const char* rc : {"none", "full"}) {
-            if (model.layers % (int64_t(pp) * v) != 0 || (v > 1 && pp == 1) || gpus % (int64_t(tp) * pp) != 0) continue;
-            const Layout l{tp, pp, v, mb, rc};
-            Prediction p = predict(model, global_batch, gpus, c, l, f);
-            if (p.fits) out.emplace_back(l, p);
-          }
+          for (const char* rc : {"none", "full"})
+            for (int ep = 1; ep <= std::max<int64_t>(model.experts, 1); ep *= 2) {
+              if (model.layers % (int64_t(pp) * v) != 0 || (v > 1 && pp == 1) || gpus % (int64_t(tp) * pp) != 0) continue;
+              if (ep > 1 && model.experts % ep != 0) continue;  // predict() refuses what else does not fit
+              const Layout l{tp, pp, v, mb, rc, ep};
+              Prediction p = predict(model, global_batch, gpus, c, l, f);
+              if (p.fits) out.emplace_back(l, p);
+            }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.second.step_s < b.second.step_s; });
   return out;
 }
 
 std::string describe(const Prediction& p, const Layout& l) {
   char buf[2048];
+  const std::string ep = l.ep > 1 ? cat(" (ep ", l.ep, ")") : std::string();
+  char a2a[96] = "";
+  if (p.ep_comm_s > 0) std::snprintf(a2a, sizeof a2a, ", EP all-to-all %.3f s (of %.3f)", p.ep_exposed_s, p.ep_comm_s);
   std::snprintf(buf, sizeof buf,
-                "layout tp %d x pp %d (v %d) x dp %d, micro-batch %d (%d per step), recompute %s\n"
+                "layout tp %d x pp %d (v %d) x dp %d%s, micro-batch %d (%d per step), recompute %s\n"
                 "step %.3f s | MFU %.1f%% | %.0f tokens/s | memory %.1f GiB per GPU | bubble %.1f%%\n"
                 "  pipeline compute %.3f s, bubble %.3f s\n"
-                "  exposed communication: TP %.3f s (of %.3f), PP %.3f s (of %.3f), DP %.3f s (of %.3f)\n"
+                "  exposed communication: TP %.3f s (of %.3f), PP %.3f s (of %.3f), DP %.3f s (of %.3f)%s\n"
                 "  optimizer %.3f s, other overhead %.3f s (the loss's and the norm's all-reduces %.2f ms)%s%s\n",
-                l.tp, l.pp, l.v, p.dp, l.mb, p.microbatches, l.recompute.c_str(), p.step_s, 100 * p.mfu,
+                l.tp, l.pp, l.v, p.dp, ep.c_str(), l.mb, p.microbatches, l.recompute.c_str(), p.step_s, 100 * p.mfu,
                 p.tokens_per_s, p.memory_gib, 100 * p.bubble, p.compute_s, p.bubble_s, p.tp_exposed_s, p.tp_comm_s,
-                p.pp_exposed_s, p.pp_comm_s, p.dp_exposed_s, p.dp_comm_s, p.optimizer_s, p.other_s, 1e3 * p.scalars_s,
-                p.fits ? "" : "\n  DOES NOT FIT: ", p.fits ? "" : p.why_not.c_str());
+                p.pp_exposed_s, p.pp_comm_s, p.dp_exposed_s, p.dp_comm_s, a2a, p.optimizer_s, p.other_s,
+                1e3 * p.scalars_s, p.fits ? "" : "\n  DOES NOT FIT: ", p.fits ? "" : p.why_not.c_str());
   return buf;
 }
 

@@ -54,8 +54,9 @@ struct Layout {
   int tp = 1, pp = 1, v = 1;  // v: virtual stages (interleaving) per pipeline rank
   int mb = 1;                 // sequences per micro-batch
   std::string recompute = "none";  // none, selective, full
+  int ep = 1;                 // expert parallelism (an MoE model's), folded into a stage's tp x dp ranks
 };
-// "tp=8,pp=8,v=6,mb=1", each key at most once; input error on anything else.
+// "tp=8,pp=8,v=6,mb=1,ep=8", each key at most once; input error on anything else.
 Layout parse_layout(const std::string& text);
 
 // MegaScale's optimizations (its Table 3 ablation), each a switch; all off is Megatron-LM.
@@ -69,9 +70,13 @@ struct Features {
   bool misc = false;        // MegaScale's remaining items (its "misc")
   std::string optimizer = "adamw";
   bool fp8 = false;  // the block's linear GEMMs in FP8 (train.precision = "fp8"); the LM head in bf16
+  // Mixtures of experts: the all-to-alls behind another micro-batch's compute (Megatron-Core's
+  // overlap_moe_expert_parallel_comm; without it only the shared experts' GEMMs hide the
+  // dispatch, as in Myriad's engine).
+  bool ep_overlap = false;
 };
 // "megatron", "megascale", or a comma list of parallel_block, window=W, tp_overlap, pp_overlap,
-// dp_overlap, fused_ops, misc, lamb, fp8.
+// dp_overlap, fused_ops, misc, lamb, fp8, ep_overlap.
 Features parse_features(const std::string& text);
 
 struct Prediction {
@@ -85,6 +90,7 @@ struct Prediction {
   double compute_s = 0, bubble_s = 0, tp_exposed_s = 0, pp_exposed_s = 0, dp_exposed_s = 0, optimizer_s = 0,
          other_s = 0;  // other: the per-step overhead, the scalar all-reduces, and without MegaScale's misc its share
   double tp_comm_s = 0, pp_comm_s = 0, dp_comm_s = 0;  // before overlap
+  double ep_comm_s = 0, ep_exposed_s = 0;  // the MoE layers' all-to-alls, before and after overlap
   double scalars_s = 0;  // the step's scalar all-reduces (the loss, the gradient norm), on the critical path
 };
 
@@ -93,7 +99,8 @@ struct Prediction {
 Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus, const Cluster& cluster,
                    const Layout& layout, const Features& features);
 
-// Every layout that fits, fastest first (tp up to a node, pp dividing the layers, v, mb).
+// Every layout that fits, fastest first (tp up to a node, pp dividing the layers, v, mb; for an
+// MoE model ep, powers of two dividing the experts and tp x dp).
 std::vector<std::pair<Layout, Prediction>> search(const ModelConfig& model, int64_t global_batch, int64_t gpus,
                                                   const Cluster& cluster, const Features& features);
 

@@ -98,7 +98,7 @@ class ModelEngine final : public Engine {
                 " micro-batches per step, ideal bubble ",
                 cat(static_cast<int>(parallel::simulate(sch).bubble * 1000 + 0.5) / 10.0), "% of compute");
     }
-    if (ctx_.dp_size() > 1)
+    if (ctx_.dp_size() > 1 || ctx_.ep)
       log::info("data parallel: ", ctx_.dp_size(), " ranks", ctx_.ep ? cat(" (experts: ep ", ctx_.ep_size(), " x edp ",
                 parallel::group_size(ctx_.edp), ")") : std::string(), ", ", dp_.buckets(),
                 " gradient buckets; this rank updates ", optimizer_->m().size(), " of ",
@@ -385,8 +385,8 @@ class ModelEngine final : public Engine {
     return dp > 1 ? static_cast<int>(std::lround(parallel::sum_over_group(ctx_.dp, double(counted)))) : counted;
   }
 
-  // The step's routing, job-wide: each MoE layer's rows per expert summed over the data-parallel
-  // ranks' micro-batches, its losses averaged over them; the stages' layers gathered over the
+  // The step's routing, job-wide: each MoE layer's rows per expert summed over the tensor- and
+  // data-parallel ranks' micro-batches, its losses averaged over them; the stages' layers gathered over the
   // pipeline (each stage fills its own, zeros elsewhere). Every rank gets all of it.
   std::vector<ExpertLoad> expert_loads() {
     const ModelConfig& m = cfg_.model;
@@ -400,6 +400,9 @@ class ModelEngine final : public Engine {
       for (int64_t e = 0; e < E; ++e) at[e] = double(st.counts[e]);
       at[E] = st.aux, at[E + 1] = st.z, at[E + 2] = double(st.micro_batches), at[E + 3] = double(st.dropped);
     }
+    // Under tp each rank routed its share of the tokens (its losses are the micro-batch's, so the
+    // means below count each tp rank's copy alike).
+    if (ctx_.tp_size() > 1) parallel::sum_over_group(ctx_.tp, packed.data(), int64_t(packed.size()));
     if (ctx_.dp_size() > 1) parallel::sum_over_group(ctx_.dp, packed.data(), int64_t(packed.size()));
     if (ctx_.pp_size() > 1) parallel::sum_over_group(ctx_.pp, packed.data(), int64_t(packed.size()));
     std::vector<ExpertLoad> out;

@@ -60,6 +60,16 @@ TEST(NcclOneRank, CollectivesOnDeviceMemory) {
   EXPECT_EQ(ha, h);
   EXPECT_EQ(x, 2.5);
   EXPECT_THROW(world.send(ha.data(), 1, 0, s), Error) << "point to point takes device memory";
+  // The all-to-all (expert parallelism's exchange): one rank sends itself its block, on device
+  // memory and staged from the host.
+  const std::vector<int64_t> bytes = {n * 4};
+  cudaMemcpy(a, h.data(), n * 4, cudaMemcpyHostToDevice);
+  world.all_to_all_bytes(a, bytes, b, bytes, s)->wait();
+  cudaMemcpy(got.data(), b, n * 4, cudaMemcpyDeviceToHost);
+  EXPECT_EQ(got, h);
+  std::vector<int64_t> counts = {7, 11, 13}, back(3, 0);
+  world.all_to_all_bytes(counts.data(), {24}, back.data(), {24}, s)->wait();
+  EXPECT_EQ(back, counts);
   cudaFree(a), cudaFree(b);
   cudaStreamDestroy(s);
   std::filesystem::remove_all(dir);

@@ -272,10 +272,36 @@ class NcclCommunicator final : public Communicator {
       return ncclRecv(data, static_cast<size_t>(bytes), ncclUint8, peer, c, s);
     });
   }
-  // Grouped ncclSend / ncclRecv, one pair per peer: not built yet (it has not run on GPUs).
-  WorkPtr all_to_all_bytes(const void*, const std::vector<int64_t>&, void*, const std::vector<int64_t>&,
-                           Stream) override {
-    throw Error(ErrorClass::kInternal, cat("all_to_all in NCCL group ", name(), ": not built yet (Gloo has it)"));
+  // One ncclSend and one ncclRecv per peer with bytes to move (itself included), in one NCCL
+  // group: every rank issues the group at once, so none waits on another's order. Host buffers
+  // (an expert layer's counts) are staged as the collectives' are: the exchange is collective.
+  WorkPtr all_to_all_bytes(const void* in, const std::vector<int64_t>& send, void* out,
+                           const std::vector<int64_t>& recv, Stream stream) override {
+    if (int(send.size()) != size() || int(recv.size()) != size())
+      throw Error(ErrorClass::kInternal, cat("all_to_all in group ", name(), " of ", size(), " ranks: ", send.size(),
+                                             " send and ", recv.size(), " receive counts"));
+    std::vector<int64_t> soff(size() + 1, 0), roff(size() + 1, 0);
+    for (int p = 0; p < size(); ++p) {
+      check_count(send[p]);
+      check_count(recv[p]);
+      soff[p + 1] = soff[p] + send[p], roff[p + 1] = roff[p] + recv[p];
+    }
+    if (send[rank()] != recv[rank()])
+      throw Error(ErrorClass::kInternal, cat("all_to_all in group ", name(), ": rank ", rank(), " sends itself ",
+                                             send[rank()], " bytes but receives ", recv[rank()]));
+    HostStaged src(const_cast<void*>(in), soff[size()], cuda_stream(stream), true),
+        dst(out, roff[size()], cuda_stream(stream), false);
+    WorkPtr w = issue(OpKind::kAllToAll, soff[size()], -1, stream, [&](ncclComm_t c, cudaStream_t s) {
+      ncclResult_t r = ncclGroupStart();
+      for (int p = 0; p < size() && r == ncclSuccess; ++p) {
+        if (send[p] > 0) r = ncclSend(src.ptr<char>() + soff[p], static_cast<size_t>(send[p]), ncclUint8, p, c, s);
+        if (r == ncclSuccess && recv[p] > 0)
+          r = ncclRecv(dst.ptr<char>() + roff[p], static_cast<size_t>(recv[p]), ncclUint8, p, c, s);
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return r != ncclSuccess ? r : end;
+    });
+    return finish(w, dst);
   }
 
   WorkPtr barrier(Stream stream) override {

@@ -1041,7 +1041,7 @@ Routing CudaOps::route(const Router& r, int32_t* choice, float* weights, int32_t
 }
 
 void CudaOps::route_backward(const Router& r, float* dlogits, const float* dweights, const float* logits,
-                             const int32_t* choice, float grad_scale, int N) const {
+                             const int32_t* choice, float grad_scale, int N, RouteTotals totals) const {
   OpScope op(*st_, "route_backward", N, r.experts, r.top_k);
   const int64_t NE = int64_t(N) * r.experts, M = int64_t(N) * r.top_k;
   Carve c{stage(*st_, staged_bytes({NE * 4, M * 4, M * 4, NE * 4}))};
@@ -1053,7 +1053,7 @@ void CudaOps::route_backward(const Router& r, float* dlogits, const float* dweig
   CUDA_CHECK(cudaMemcpyAsync(h_dweights, dweights, M * 4, cudaMemcpyDeviceToHost, st_->stream));
   CUDA_CHECK(cudaMemcpyAsync(h_choice, choice, M * 4, cudaMemcpyDeviceToHost, st_->stream));
   CUDA_CHECK(cudaStreamSynchronize(st_->stream));
-  st_->host.route_backward(r, h_dlogits, h_dweights, h_logits, h_choice, grad_scale, N);
+  st_->host.route_backward(r, h_dlogits, h_dweights, h_logits, h_choice, grad_scale, N, totals);
   CUDA_CHECK(cudaMemcpyAsync(dlogits, h_dlogits, NE * 4, cudaMemcpyHostToDevice, st_->stream));
 }
 

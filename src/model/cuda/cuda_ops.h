@@ -200,7 +200,7 @@ class CudaOps {
   Routing route(const Router& r, int32_t* choice, float* weights, int32_t* order, int32_t* pos, const float* logits,
                 const Param* bias, int N) const;
   void route_backward(const Router& r, float* dlogits, const float* dweights, const float* logits,
-                      const int32_t* choice, float grad_scale, int N) const;
+                      const int32_t* choice, float grad_scale, int N, RouteTotals totals = {}) const;
   void gather_rows(Act* xs, const Act* x, const int32_t* order, int M, int k, int C) const;
   void gather_rows_backward(Act* dx, const Act* dxs, const int32_t* pos, int N, int k, int C) const;
   // The experts' GEMMs: one cuBLAS grouped GEMM (cublasGemmGroupedBatchedEx, bf16 operands, fp32

@@ -198,9 +198,10 @@ class CpuOps {
   Routing route(const Router& r, int32_t* choice, float* weights, int32_t* order, int32_t* pos, const float* logits,
                 const Param* bias, int N) const;
   // dlogits (N,E) (=): from dweights (N,k), the gradient of the weights route() gave, and
-  // grad_scale x (r.aux_loss x aux + r.z_loss x z) of this micro-batch's choice.
+  // grad_scale x (r.aux_loss x aux + r.z_loss x z) of this micro-batch's choice; with totals,
+  // these N tokens are a part of the micro-batch whose balance statistics totals gives.
   void route_backward(const Router& r, float* dlogits, const float* dweights, const float* logits,
-                      const int32_t* choice, float grad_scale, int N) const;
+                      const int32_t* choice, float grad_scale, int N, RouteTotals totals = {}) const;
   // xs (M,C): row i is x's row order[i] / k (the token of slot order[i]).
   void gather_rows(Act* xs, const Act* x, const int32_t* order, int M, int k, int C) const;
   // dx (N,C) += the rows pos[n k + j] of dxs (M,C), j = 0..k-1 in order (a dropped slot none).

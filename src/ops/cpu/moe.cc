@@ -127,6 +127,7 @@ Routing CpuOps::route(const Router& r, int32_t* choice, float* weights, int32_t*
   // mean score.
   for (int e = 0; e < E; ++e)
     out.aux += double(E) * (double(out.counts[e]) / (double(N) * k)) * (mean_score[e] / N);
+  out.score_sums = mean_score;
   out.z /= N;
   const int64_t M = int64_t(N) * k;
   const std::vector<char> dropped = drop_past_capacity(r, choice, weights, M, out);
@@ -146,12 +147,15 @@ Routing CpuOps::route(const Router& r, int32_t* choice, float* weights, int32_t*
 }
 
 void CpuOps::route_backward(const Router& r, float* dlogits, const float* dweights, const float* logits,
-                            const int32_t* choice, float grad_scale, int N) const {
+                            const int32_t* choice, float grad_scale, int N, RouteTotals totals) const {
   const int E = r.experts, k = r.top_k;
   std::vector<float> scores(static_cast<size_t>(E));
   std::vector<double> ds(static_cast<size_t>(E));
   std::vector<int64_t> counts(static_cast<size_t>(E), 0);  // the choice's, before any drop
   for (int64_t s = 0; s < int64_t(N) * k; ++s) ++counts[choice[s]];
+  // The micro-batch's tokens and choice: these N, or the whole of which they are a part.
+  const double tokens = totals.chosen ? double(totals.tokens) : double(N);
+  if (totals.chosen) counts.assign(totals.chosen, totals.chosen + E);
   for (int n = 0; n < N; ++n) {
     const float* l = logits + int64_t(n) * E;
     const double lse = scores_of(r, l, scores.data());
@@ -171,7 +175,7 @@ void CpuOps::route_backward(const Router& r, float* dlogits, const float* dweigh
     // (A dropped slot's weight has a zero gradient: it passes through the renormalization.)
     if (r.aux_loss > 0)
       for (int e = 0; e < E; ++e)
-        ds[e] += double(grad_scale) * r.aux_loss * E * (double(counts[e]) / (double(N) * k)) / N;
+        ds[e] += double(grad_scale) * r.aux_loss * E * (double(counts[e]) / (tokens * k)) / tokens;
     float* dl = dlogits + int64_t(n) * E;
     if (r.score == RouterScore::kSoftmax) {
       double dot = 0;
@@ -183,7 +187,7 @@ void CpuOps::route_backward(const Router& r, float* dlogits, const float* dweigh
     // The z-loss, mean over tokens of lse^2: 2 lse softmax_e / N.
     if (r.z_loss > 0)
       for (int e = 0; e < E; ++e)
-        dl[e] += static_cast<float>(double(grad_scale) * r.z_loss * 2 * lse * std::exp(double(l[e]) - lse) / N);
+        dl[e] += static_cast<float>(double(grad_scale) * r.z_loss * 2 * lse * std::exp(double(l[e]) - lse) / tokens);
   }
 }
 

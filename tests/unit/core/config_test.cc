@@ -227,9 +227,14 @@ TEST(Config, ImpossibleMoeShapes) {
   EXPECT_NE(e.find("moe.aux_loss must be 0 or more"), std::string::npos) << e;
   e = input_error([] { parse_config(kSmall, "my.toml", {"model.shared_experts=1"}); });
   EXPECT_NE(e.find("set model.experts (routed experts per MoE layer) too"), std::string::npos) << e;
-  e = input_error([&] { parse_config(kSmall, "my.toml", with({"parallel.tp=2"})); });
-  EXPECT_NE(e.find("model.experts = 4 with parallel.tp = 2"), std::string::npos) << e;
-  EXPECT_NE(e.find("parallel.ep"), std::string::npos) << "the error says what works: " << e;
+  // Under tp each rank routes its share of the tokens: dropless only, shared experts split.
+  e = input_error([&] { parse_config(kSmall, "my.toml", with({"parallel.tp=2", "moe.capacity_factor=1.5"})); });
+  EXPECT_NE(e.find("moe.capacity_factor = 1.5 with parallel.tp = 2"), std::string::npos) << e;
+  e = input_error([&] {
+    parse_config(kSmall, "my.toml", with({"parallel.tp=2", "model.shared_experts=1", "model.shared_expert_hidden=33"}));
+  });
+  EXPECT_NE(e.find("shared experts' features (model.shared_experts x model.shared_expert_hidden = 33) must be "
+                   "divisible by parallel.tp (2)"), std::string::npos) << e;
   // Expert parallelism: whole experts per rank, on the data-parallel ranks, of an MoE model.
   e = input_error([&] { parse_config(kSmall, "my.toml", with({"parallel.ep=3"})); });
   EXPECT_NE(e.find("model.experts (4) must be divisible by parallel.ep (3)"), std::string::npos) << e;
@@ -238,9 +243,9 @@ TEST(Config, ImpossibleMoeShapes) {
   e = input_error([] { parse_config(kSmall, "my.toml", {"parallel.ep=2"}); });
   EXPECT_NE(e.find("parallel.ep = 2 splits the experts of an MoE model, but model.experts = 0"), std::string::npos) << e;
   e = input_error([&] { parse_config(kSmall, "my.toml", with({"parallel.ep=4", "parallel.dp=2"})); });
-  EXPECT_NE(e.find("parallel.ep (4) must divide the data-parallel degree (2)"), std::string::npos) << e;
+  EXPECT_NE(e.find("parallel.ep (4) must divide parallel.tp x the data-parallel degree (1 x 2 = 2)"), std::string::npos) << e;
   e = input_error([&] { ParallelLayout::for_world(parse_config(kSmall, "my.toml", with({"parallel.ep=4"})), 6); });
-  EXPECT_NE(e.find("parallel.ep (4) must divide the data-parallel degree (6)"), std::string::npos) << e;
+  EXPECT_NE(e.find("parallel.ep (4) must divide parallel.tp x the data-parallel degree (1 x 6 = 6)"), std::string::npos) << e;
   EXPECT_EQ(ParallelLayout::for_world(parse_config(kSmall, "my.toml", with({"parallel.ep=2", "train.global_batch=16"})), 4).edp(), 2);
   // Which layers are MoE: the first dense_layers dense, then every moe_every-th (Qwen's rule).
   const Config c = parse_config("[model]\nlayers = 6\n", "my.toml", with({"model.dense_layers=1", "model.moe_every=2"}));
@@ -257,8 +262,11 @@ TEST(Config, HeadSizeAndQkNorm) {
   EXPECT_EQ(c.model.head_dim(), 12);  // not d_model / heads = 8
   std::string e = input_error([] { parse_config(kSmall, "my.toml", {"model.qk_norm=layer"}); });
   EXPECT_NE(e.find("model.qk_norm = \"layer\" is not one of: \"\" (none), head"), std::string::npos) << e;
-  e = input_error([] { parse_config(kSmall, "my.toml", {"model.qk_norm=head", "parallel.tp=2"}); });
-  EXPECT_NE(e.find("model.qk_norm = \"head\" with parallel.tp = 2"), std::string::npos) << e;
+  // Qwen3's per-head norm runs under tp (its weights' gradients summed over tp); OLMoE's, over
+  // every head, would have to split with them.
+  EXPECT_EQ(parse_config(kSmall, "my.toml", {"model.qk_norm=head", "parallel.tp=2"}).parallel.tp, 2);
+  e = input_error([] { parse_config(kSmall, "my.toml", {"model.qk_norm=all", "parallel.tp=2"}); });
+  EXPECT_NE(e.find("model.qk_norm = \"all\" with parallel.tp = 2"), std::string::npos) << e;
   e = input_error([] { parse_config(kSmall, "my.toml", {"model.head_dim=9", "model.position_encoding=rope"}); });
   EXPECT_NE(e.find("the head size model.head_dim = 9 is odd"), std::string::npos) << e;
   // d_model need not divide by heads when head_dim is given.
@@ -290,7 +298,12 @@ TEST(Config, MoePresetsHaveThePublishedCounts) {
   EXPECT_EQ(model::param_counts(o.model).total, 6919161856.0);
   EXPECT_EQ(model::param_counts(o.model).active, 1282017280.0);
   EXPECT_EQ(ParamLayout(o).total(), int64_t(model::param_counts(o.model).total));  // 50304 = 393 x 128
-  for (const Config* c : {&q, &o})
+  // Qwen3-235B-A22B (94 layers of 128 experts of 1536, d 4096, 64 heads of 128): Qwen's "235B
+  // total, 22B activated" (this count: 235,093,634,560 and 22,190,763,520).
+  const Config big = load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/qwen3-235b-a22b.toml");
+  EXPECT_NEAR(model::param_counts(big.model).total, 235e9, 0.5e9);
+  EXPECT_NEAR(model::param_counts(big.model).active, 22e9, 0.5e9);
+  for (const Config* c : {&q, &o, &big})
     EXPECT_EQ(double(ParamLayout(*c).matmul_params()), model::matmul_params(c->model, c->padded_vocab()));
   // A dense model's two counts are one, and the Llama preset's is the published one.
   const Config l8 = load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/llama-3-8b.toml");

@@ -270,6 +270,52 @@ TEST(TensorParallelInit, ShardsAreSlicesOfTheGlobalModel) {
   }
 }
 
+// Expert parallelism: each ep rank's layout holds whole experts, [q E/ep, (q+1) E/ep) of every MoE
+// layer, after every other tensor from the alignment's multiple (the expert region); the shards
+// are slices of the global initialization and cover the canonical experts exactly once, under tp
+// too (the experts are whole on each tp rank).
+TEST(ExpertParallelLayout, ShardsAreWholeExpertsAfterTheRest) {
+  Config cfg = tiny(Variant{"", 1, false, false, 0});
+  cfg.model.norm = "rmsnorm", cfg.model.mlp = "swiglu", cfg.model.position_encoding = "rope", cfg.model.bias = false;
+  cfg.model.experts = 8, cfg.model.experts_per_token = 2, cfg.model.expert_hidden = 24, cfg.model.shared_experts = 1;
+  const ParamLayout global(cfg);
+  ASSERT_GT(global.expert_region().size(), 0);
+  std::vector<float> g(global.total());
+  init_params(g.data(), global, cfg.model.seed);
+  for (int tp : {1, 2})
+    for (int ep : {2, 4}) {
+      std::vector<int> covered(global.total(), 0);
+      for (int t = 0; t < tp; ++t)
+        for (int q = 0; q < ep; ++q) {
+          const ParamLayout local(cfg, t, tp, nullptr, ExpertShard{q, ep, 7});
+          const FlatRange experts = local.expert_region();
+          EXPECT_EQ(experts.begin % 7, 0);
+          EXPECT_GE(experts.begin, local.dense_total());
+          EXPECT_LT(experts.begin, local.dense_total() + 7);
+          std::vector<float> w(local.total());
+          init_params(w.data(), local, cfg.model.seed);
+          for (const ParamSpec& p : local.tensors()) {
+            const bool in_region = p.offset >= experts.begin;
+            EXPECT_EQ(in_region, p.expert) << p.name;
+            if (p.expert) {
+              EXPECT_EQ(p.split_dim, 0) << p.name;
+              EXPECT_EQ(p.shape[0] * ep, p.global_shape[0]) << p.name;
+              EXPECT_EQ(p.global_offset[0], q * p.shape[0]) << p.name;
+            }
+            const ParamSpec& gp = global.find(p.name);
+            for (int64_t i = 0; i < p.numel; ++i) {
+              ASSERT_EQ(w[p.offset + i], g[gp.offset + p.global_index(i)]) << p.name << " " << i;
+              // Each canonical element once: experts by their ep rank on tp rank 0, the rest on
+              // ep rank 0 (tp's own shards, or tp rank 0's copy).
+              const bool counts = p.expert ? t == 0 : q == 0 && (!p.replicated() || t == 0);
+              covered[gp.offset + p.global_index(i)] += counts;
+            }
+          }
+        }
+      for (int64_t i = 0; i < global.total(); ++i) ASSERT_EQ(covered[i], 1) << "tp " << tp << ", ep " << ep << ": " << i;
+    }
+}
+
 TEST(TensorParallelLayout, ShardShapesAndOffsets) {
   Config cfg = tiny(Variant{"", 4, false, false, 0});
   const ParamLayout l(cfg, 2, 4);

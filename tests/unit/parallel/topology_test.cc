@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "core/error.h"
@@ -80,6 +81,43 @@ TEST(Topology, DefaultOrderTpFastestThenDpThenPp) {
   EXPECT_EQ(specs[3].name, "dp3");
   EXPECT_EQ(specs[3].rank, 2);
   EXPECT_EQ(specs[3].size, 4);
+}
+
+// Expert parallelism folds into each stage's tp x dp ranks, tp fastest: the expert groups and the
+// experts' data-parallel groups each partition the stage, every member lists the group alike,
+// and an expert group meets each experts' data-parallel group once.
+TEST(Topology, ExpertGroupsFoldTheStagesTensorAndDataRanks) {
+  const Topology t(16, 2, 2, 4);  // tp 2 x dp 4 x pp 2
+  for (int ep : {2, 4, 8}) {
+    for (int pp = 0; pp < 2; ++pp) {
+      std::set<int> in_ep, in_edp;
+      for (int r = 0; r < t.world(); ++r) {
+        if (t.coord(r).pp != pp) continue;
+        const std::vector<int> g = t.expert_group(r, ep), d = t.expert_dp_group(r, ep);
+        ASSERT_EQ(static_cast<int>(g.size()), ep);
+        ASSERT_EQ(static_cast<int>(d.size()), 8 / ep);
+        const std::vector<comm::GroupSpec> specs = t.expert_group_specs(r, ep);
+        ASSERT_EQ(specs.size(), 2u);
+        EXPECT_EQ(g[specs[0].rank], r);
+        EXPECT_EQ(d[specs[1].rank], r);
+        for (int m : g) {
+          EXPECT_EQ(t.coord(m).pp, pp);
+          EXPECT_EQ(t.expert_group(m, ep), g);
+          EXPECT_EQ(t.expert_group_specs(m, ep)[0].name, specs[0].name);
+        }
+        for (int m : d) EXPECT_EQ(t.expert_dp_group(m, ep), d);
+        int shared = 0;
+        for (int m : g) shared += std::count(d.begin(), d.end(), m);
+        EXPECT_EQ(shared, 1);
+        in_ep.insert(g.begin(), g.end()), in_edp.insert(d.begin(), d.end());
+      }
+      EXPECT_EQ(in_ep.size(), 8u);
+      EXPECT_EQ(in_edp.size(), 8u);
+    }
+  }
+  // tp fastest: an expert group of 2 is a tensor-parallel group.
+  EXPECT_EQ(t.expert_group(0, 2), t.group(Dim::kTp, 0));
+  EXPECT_TRUE(t.expert_group_specs(0, 1).empty());
 }
 
 TEST(Topology, OtherOrders) {

@@ -109,19 +109,61 @@ TEST(Planner, LlamaMatmulWeightsAreThePublishedCountLessTheLookup) {
   EXPECT_NE(q.why_not.find("model.kv_heads (4) must be divisible by parallel.tp (8)"), std::string::npos) << q.why_not;
 }
 
-// The planner's formulas are a dense model's: a mixture of experts is refused, not mispredicted.
-TEST(Planner, AMixtureOfExpertsIsRefusedNotMispredicted) {
-  const plan::Cluster c = plan::load_cluster(kCluster);
-  const myriad::Config mx = myriad::load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/mixtral-8x7b.toml");
-  for (bool search : {false, true}) {
-    const std::string e = myriad::test::input_error([&] {
-      if (search)
-        plan::search(mx.model, 512, 64, c, plan::parse_features("megatron"));
-      else
-        plan::predict(mx.model, 512, 64, c, plan::Layout{1, 8, 1, 1, "full"}, plan::parse_features("megatron"));
-    });
-    EXPECT_NE(e.find("plan: model.experts = 8: the planner models dense models only"), std::string::npos) << e;
-  }
+// A mixture of experts: every expert's weights in memory (E / ep per rank), the active ones in
+// the FLOPs, the all-to-all over the expert group (none at ep 1; over NVLink inside a node, the
+// network past it), ep in the search; what a run would refuse, refused.
+TEST(Planner, AMixtureOfExpertsHoldsEveryExpertAndPaysItsAllToAll) {
+  const plan::Cluster c = plan::load_cluster(std::string(MYRIAD_SOURCE_DIR) + "/configs/clusters/h100.toml");
+  const ModelConfig mx = load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/mixtral-8x7b.toml", {}).model;
+  const plan::Features f = plan::parse_features("dp_overlap,pp_overlap,fused_ops");
+  auto at = [&](int ep, int gpus = 64) {
+    return plan::predict(mx, 512, gpus, c, plan::Layout{2, 4, 1, 1, "full", ep}, f);
+  };
+  const plan::Prediction one = at(1), four = at(4), eight = at(8);
+  ASSERT_TRUE(eight.fits) << eight.why_not;
+  EXPECT_EQ(one.ep_comm_s, 0.0);
+  EXPECT_GT(four.ep_comm_s, 0.0);
+  // The experts' share of the weights and their state shrinks with ep; the rest does not.
+  EXPECT_GT(one.memory_gib - four.memory_gib, 0.5 * (one.memory_gib - eight.memory_gib));
+  EXPECT_GT(four.memory_gib, eight.memory_gib);
+  // MFU counts the active FLOPs: tokens/s x the engine's count over the GPUs' peak.
+  EXPECT_NEAR(eight.mfu, eight.tokens_per_s * plan::flops_per_token(mx, 2) / (64 * c.peak_tflops * 1e12), 1e-12);
+  // An expert group past a node (16 ranks of 8 per node) moves most of its bytes over the
+  // network: slower per byte than one inside it.
+  const ModelConfig qw = load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/qwen3-30b-a3b.toml", {}).model;
+  auto qwen = [&](int ep) { return plan::predict(qw, 512, 64, c, plan::Layout{2, 2, 1, 1, "full", ep}, f); };
+  const plan::Prediction sixteen = qwen(16), eight_q = qwen(8);
+  ASSERT_TRUE(sixteen.fits && eight_q.fits) << sixteen.why_not << eight_q.why_not;
+  EXPECT_GT(sixteen.ep_comm_s, eight_q.ep_comm_s);
+  // ep must divide the experts (the run's own rule, named).
+  const plan::Prediction bad = at(3, 48);
+  EXPECT_FALSE(bad.fits);
+  EXPECT_NE(bad.why_not.find("model.experts (8) must be divisible by parallel.ep (3)"), std::string::npos) << bad.why_not;
+  // The search tries ep.
+  bool with_ep = false;
+  for (const auto& [l, p] : plan::search(mx, 512, 64, c, f)) with_ep = with_ep || l.ep > 1;
+  EXPECT_TRUE(with_ep);
+}
+
+// Megatron-Bridge's published Qwen3-235B-A22B row (docs/performance-summary.md, 25.11 container,
+// DGX-H100): 256 H100, FP8 current scaling, tp 2 x pp 8 (v 4) x ep 32, micro-batch 1 of 4096
+// tokens, global batch 8192, sequence parallel, the all-to-all overlapped, force-balanced
+// routing: 1,575 tokens/s per GPU (233 model TFLOP/s). The planner with that recipe's features
+// lands within the 15% (docs/PLANNER.md says what is assumed). Without the overlap with
+// another micro-batch (Myriad's engine hides the dispatch behind shared experts only, and
+// Qwen3 has none) more of the all-to-all is exposed: the engine's gap.
+TEST(Planner, ReproducesMegatronBridgesQwen3MoeRow) {
+  const plan::Cluster c = plan::load_cluster(std::string(MYRIAD_SOURCE_DIR) + "/configs/clusters/h100.toml");
+  const ModelConfig q = load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/qwen3-235b-a22b.toml", {}).model;
+  const plan::Layout l = plan::parse_layout("tp=2,pp=8,v=4,ep=32,mb=1");
+  const plan::Prediction p =
+      plan::predict(q, 8192, 256, c, l, plan::parse_features("fp8,ep_overlap,dp_overlap,pp_overlap,fused_ops"));
+  ASSERT_TRUE(p.fits) << p.why_not;
+  EXPECT_NEAR(p.tokens_per_s / 256, 1575, 0.15 * 1575);
+  const plan::Prediction mine = plan::predict(q, 8192, 256, c, l, plan::parse_features("fp8,dp_overlap,pp_overlap,fused_ops"));
+  ASSERT_TRUE(mine.fits) << mine.why_not;
+  EXPECT_GT(mine.ep_exposed_s, p.ep_exposed_s);
+  EXPECT_LT(mine.tokens_per_s, p.tokens_per_s);
 }
 
 // Free transfers, one chunk per rank: the planner's pipeline is the simulator's 1F1B, whose
