@@ -93,7 +93,11 @@ TEST_P(MoeRoute, RouteAndBackwardEqualTheOracle) {
   const int N = c.N, E = r.experts, k = r.top_k;
   std::mt19937_64 gen(seed() + 17 * N + E);
   const std::vector<float> logits = logits_for(N, E, c.idle, gen);
-  const std::vector<float> bias = round_bf16(randn(E, gen, 0.05f));  // exactly what the GPU's bf16 holds
+  std::vector<float> bias = round_bf16(randn(E, gen, 0.05f));  // exactly what the GPU's bf16 holds
+  // The bias is added to the scores (softmax's in [0, 1]) for the choice, so an idle expert's
+  // logit alone does not keep it idle: a positive bias beat other experts' small scores in a
+  // run of this seed-varying test. -1 does (and is exact in bf16).
+  if (c.idle >= 0) bias[c.idle] = -1.0f;
   const Routed want = cpu_route(r, logits, c.bias ? bias.data() : nullptr, N);
   if (c.idle >= 0) {
     EXPECT_EQ(want.r.counts[c.idle], 0);
@@ -272,6 +276,9 @@ TEST(MoeOps, GatherAndCombine) {
 struct GroupedCase {
   std::vector<int64_t> counts;
   int IC, F;
+  // The first GEMM's weights 4 elements (8 bytes) past a 16-byte boundary, as a tensor after a
+  // router bias of 4 experts sits in the flat parameters: cuBLAS's grouped kernel cannot take it.
+  bool misaligned_w1 = false;
 };
 
 void check_grouped(const GroupedCase& c, bool loop) {
@@ -294,13 +301,16 @@ void check_grouped(const GroupedCase& c, bool loop) {
   if (loop) ::setenv("MYRIAD_MOE_GEMM", "loop", 1);
   CudaOps ops;
   ::unsetenv("MYRIAD_MOE_GEMM");
-  Dev<bf16> gx(x.size()), gw1(w1.size()), gw2(w2.size()), gpre(pre.size()), gact(act.size()), gy(y.size()),
+  const size_t shift = c.misaligned_w1 ? 4 : 0;
+  Dev<bf16> gx(x.size()), gw1_base(w1.size() + shift), gw2(w2.size()), gpre(pre.size()), gact(act.size()), gy(y.size()),
       gdy(dy.size()), gdpre(dpre.size()), gdx(dx.size());
   Dev<float> gdw1(w1.size()), gdw2(w2.size());
-  up(gx, x), up(gw1, w1), up(gw2, w2), up(gdy, dy);
+  bf16* gw1 = gw1_base.p + shift;
+  CUDA_OK(cudaMemcpy(gw1, to_bf16(w1).data(), w1.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+  up(gx, x), up(gw2, w2), up(gdy, dy);
   gdw1.upload(dw1_0), gdw2.upload(dw2_0);
   gpre.poison(), gact.poison(), gy.poison(), gdpre.poison(), gdx.poison();
-  ops.grouped_linear_act_forward(sw, gact.p, gpre.p, gx.p, gw1.p, c.counts.data(), E, IC, F);
+  ops.grouped_linear_act_forward(sw, gact.p, gpre.p, gx.p, gw1, c.counts.data(), E, IC, F);
   CUDA_OK(cudaDeviceSynchronize());
   const auto got_pre = down(gpre), got_act = down(gact);
   const double epre = rel_err(got_pre, pre), eact = rel_err(got_act, act);
@@ -317,7 +327,7 @@ void check_grouped(const GroupedCase& c, bool loop) {
   CUDA_OK(cudaDeviceSynchronize());
   const auto got_dpre = down(gdpre);
   up(gdpre, dpre_bf16);  // the first GEMM's backward from the CPU's (rounded) dpre
-  ops.grouped_linear_backward(sw, gdx.p, gdw1.p, gdpre.p, gx.p, gw1.p, nullptr, c.counts.data(), E, IC, P);
+  ops.grouped_linear_backward(sw, gdx.p, gdw1.p, gdpre.p, gx.p, gw1, nullptr, c.counts.data(), E, IC, P);
   CUDA_OK(cudaDeviceSynchronize());
   const double ey = rel_err(down(gy), y), edpre = rel_err(got_dpre, dpre), edx = rel_err(down(gdx), dx),
                edw1 = rel_err(gdw1.download(), dw1), edw2 = rel_err(gdw2.download(), dw2);
@@ -337,7 +347,8 @@ TEST(MoeOps, GroupedLinearSwiGlu) {
   std::vector<int64_t> big(16);
   for (auto& n : big) n = static_cast<int64_t>(gen() % 300);
   big[3] = 0, big[9] = 1;
-  for (const GroupedCase& c : {GroupedCase{{37, 0, 1, 90}, 64, 48}, GroupedCase{big, 256, 128}})
+  for (const GroupedCase& c : {GroupedCase{{37, 0, 1, 90}, 64, 48}, GroupedCase{big, 256, 128},
+                               GroupedCase{{37, 0, 1, 90}, 64, 48, /*misaligned_w1=*/true}})
     for (bool loop : {false, true}) check_grouped(c, loop);
 }
 
@@ -386,7 +397,14 @@ TEST_P(MoeEngineParity, TrainingStepsMatchTheCpu) {
         // The router's bias is not trained: it moves by bias_rate x sign(mean load - load), so one
         // token routed apart by bf16 can flip an expert's sign when its load sits at the mean.
         if (p.name.find("router.bias") != std::string::npos) continue;
-        EXPECT_LT(e, 0.25) << p.name;
+        // The routers and routed experts get a looser bound than the dense tensors' 0.25: the
+        // GPU routes on logits from bf16 activations, so a token whose top-k scores nearly tie
+        // goes to another expert there, moving its whole contribution between two experts'
+        // gradients (and the router's), beside Adam's sign flips of near-zero elements. The
+        // losses, grad norms and the weights after 6 steps (below) hold the usual bounds.
+        const bool routed = p.name.find("router") != std::string::npos ||
+                            (p.name.find("experts") != std::string::npos && p.name.find("shared") == std::string::npos);
+        EXPECT_LT(e, routed ? 0.5 : 0.25) << p.name;
       }
     }
   }

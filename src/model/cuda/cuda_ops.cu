@@ -69,6 +69,17 @@ std::string cuda_unsupported_model(const Config& cfg) {
 
 namespace myriad::cuda {
 
+namespace {
+std::atomic<int64_t> g_held{0}, g_peak{0};
+
+// Device memory taken (bytes > 0) or given back (< 0) outside a Buffer, counted with them.
+void account(int64_t bytes) {
+  const int64_t held = g_held += bytes;
+  for (int64_t peak = g_peak.load(); held > peak && !g_peak.compare_exchange_weak(peak, held);) {
+  }
+}
+}  // namespace
+
 struct CudaOps::State {
   cudaStream_t stream = nullptr;
   Matmul mm;
@@ -111,6 +122,7 @@ struct CudaOps::State {
   // Per product (forward, input gradient, weight gradient): whether the grouped call is still
   // to be used; cleared (with a warning) where cuBLAS refuses it, or by MYRIAD_MOE_GEMM=loop.
   bool grouped_ok[3] = {true, true, true};
+  bool misaligned_logged = false;  // a grouped call with an operand not 16-byte aligned (logged once)
   // The op profile (MYRIAD_OP_PROFILE=FILE; off otherwise): a pair of events around each op of
   // the step, [begin, end] at 2i and 2i+1, resolved when the next step clears its marks.
   struct Profile {
@@ -132,6 +144,7 @@ struct CudaOps::State {
     for (cudaEvent_t e : profile.events) cudaEventDestroy(e);
     for (cudaEvent_t e : events) cudaEventDestroy(e);
     cudaFree(scratch);
+    account(-static_cast<int64_t>(scratch_floats * sizeof(float)));
     cudaFree(rope_freqs);
     for (uint8_t* b : fp8_bytes) cudaFree(b);
     cudaFree(fp8_scalars);
@@ -146,7 +159,6 @@ struct CudaOps::State {
 };
 
 namespace {
-std::atomic<int64_t> g_held{0}, g_peak{0};
 
 // Times the op it is declared in when the op profile is on: events on the op set's stream, so
 // the op's own kernels are what is measured, not the host's launch.
@@ -239,9 +251,7 @@ void CudaOps::Buffer<T>::zeros(int64_t n) {
     // cudaMemset runs on the legacy stream, which the op set's stream does not wait for: the
     // zeros must be there before any op or staging copy writes the buffer.
     CUDA_CHECK(cudaStreamSynchronize(nullptr));
-    const int64_t held = g_held += static_cast<int64_t>(bytes);
-    for (int64_t peak = g_peak.load(); held > peak && !g_peak.compare_exchange_weak(peak, held);) {
-    }
+    account(static_cast<int64_t>(bytes));
   }
   p_ = std::unique_ptr<T, Free>(p, Free{bytes});
   n_ = n;
@@ -294,9 +304,12 @@ float* CudaOps::scratch(size_t n) const {
   if (n > st_->scratch_floats) {
     CUDA_CHECK(cudaStreamSynchronize(st_->stream));
     cudaFree(st_->scratch);
+    account(-static_cast<int64_t>(st_->scratch_floats * sizeof(float)));
     st_->scratch = nullptr;
+    st_->scratch_floats = 0;
     CUDA_CHECK(cudaMalloc(&st_->scratch, n * sizeof(float)));
     st_->scratch_floats = n;
+    account(static_cast<int64_t>(n * sizeof(float)));
   }
   return st_->scratch;
 }
@@ -350,10 +363,16 @@ void CudaOps::load_tokens(Tokens& t, const int32_t* host, int B, int T, int64_t 
 }
 
 void CudaOps::upload_params(Param* dst, const float* host, int64_t n) const {
-  float* f = scratch(static_cast<size_t>(n));
-  CUDA_CHECK(cudaMemcpyAsync(f, host, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, st_->stream));
-  cast_to_bf16(dst, f, n, st_->stream);
-  CUDA_CHECK(cudaStreamSynchronize(st_->stream));
+  // In pieces of 64 MiB through the scratch: the whole model's fp32 at once would leave the
+  // scratch that large for the rest of the run (13 GiB at 3.5B parameters).
+  constexpr int64_t kPiece = int64_t(16) << 20;
+  float* f = scratch(static_cast<size_t>(std::min(n, kPiece)));
+  for (int64_t i = 0; i < n; i += kPiece) {
+    const int64_t m = std::min(kPiece, n - i);
+    CUDA_CHECK(cudaMemcpyAsync(f, host + i, static_cast<size_t>(m) * 4, cudaMemcpyHostToDevice, st_->stream));
+    cast_to_bf16(dst + i, f, m, st_->stream);
+    CUDA_CHECK(cudaStreamSynchronize(st_->stream));  // f is taken again by the next piece
+  }
 }
 
 void CudaOps::download(float* host, const Act* src, int64_t n) const {
@@ -939,6 +958,21 @@ bool grouped_gemm(CudaOps::State& st, Product p, void* out, const bf16* x, const
   }
   const int G = static_cast<int>(size.size());
   if (G == 0) return true;
+  // cuBLAS's grouped kernels read 16-byte vectors and cannot see the pointers (they sit in device
+  // memory), so each operand must be 16-byte aligned here: a tensor after an odd-sized one in the
+  // flat parameters (a router bias of 4 experts) is not. Such a call loops (cuBLASLt is told each
+  // pointer's alignment); later calls try the grouped kernel again.
+  auto aligned = [](const std::vector<const void*>& ptrs) {
+    return std::all_of(ptrs.begin(), ptrs.end(), [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; });
+  };
+  if (!aligned(a_ptr) || !aligned(b_ptr) || !aligned(c_ptr) || IC % 8 != 0 || OC % 8 != 0) {
+    if (!st.misaligned_logged) {
+      log::info("moe: an operand of the experts' ", kProductName[p], " is not 16-byte aligned: this call loops over "
+                "the experts' GEMMs");
+      st.misaligned_logged = true;
+    }
+    return false;
+  }
   std::vector<const void*> all(a_ptr);
   all.insert(all.end(), b_ptr.begin(), b_ptr.end());
   all.insert(all.end(), c_ptr.begin(), c_ptr.end());
