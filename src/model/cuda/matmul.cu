@@ -46,6 +46,13 @@ struct Choices {
   std::string path, header;
   bool loaded = false;
 };
+}  // namespace
+
+struct Matmul::LocalChoices {
+  std::map<Key, cublasLtMatmulAlgo_t> algos;
+};
+
+namespace {
 Choices& choices() {
   static Choices c;
   return c;
@@ -125,6 +132,11 @@ Matmul::Matmul() {
   CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
 }
 
+void Matmul::forget_shapes() {
+  tune_ = false, remember_ = false;
+  if (!local_) local_ = std::make_unique<LocalChoices>();
+}
+
 Matmul::~Matmul() {
   cudaFree(workspace_);
   if (handle_) cublasLtDestroy(handle_);
@@ -188,18 +200,18 @@ void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, i
   Choices& c = choices();
   std::unique_lock<std::mutex> lock(c.mu);
   load_choices(c);
-  auto it = c.algos.find(key);
-  cublasLtMatmulAlgo_t fresh{};  // forget_shapes(): this call's algorithm, not kept
-  bool have_fresh = false;
-  if (it != c.algos.end()) {  // a saved choice must still be one this library runs
+  // forget_shapes(): this Matmul's own choices, the heuristic's first, kept in memory only.
+  std::map<Key, cublasLtMatmulAlgo_t>& algos = remember_ ? c.algos : local_->algos;
+  auto it = algos.find(key);
+  if (remember_ && it != algos.end()) {  // a saved choice must still be one this library runs
     cublasLtMatmulHeuristicResult_t check{};
     if (cublasLtMatmulAlgoCheck(handle_, desc, la, lb, ld, ld, &it->second, &check) != CUBLAS_STATUS_SUCCESS ||
         check.workspaceSize > workspace_bytes_) {
-      c.algos.erase(it);
-      it = c.algos.end();
+      algos.erase(it);
+      it = algos.end();
     }
   }
-  if (it == c.algos.end()) {
+  if (it == algos.end()) {
     cublasLtMatmulPreference_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -263,10 +275,11 @@ void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, i
       it = c.algos.emplace(key, results[best].algo).first;
       save_choices(c);
     } else {
-      fresh = results[best].algo, have_fresh = true;
+      if (algos.size() >= 4096) algos.clear();  // rows change every step: a bound, not a leak
+      it = algos.emplace(key, results[best].algo).first;
     }
   }
-  const cublasLtMatmulAlgo_t algo = have_fresh ? fresh : it->second;
+  const cublasLtMatmulAlgo_t algo = it->second;
   lock.unlock();
   if (const cublasStatus_t status = cublasLtMatmul(handle_, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &algo,
                                                    workspace_, workspace_bytes_, stream);

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 
@@ -38,9 +39,10 @@ class Matmul {
   Matmul& operator=(const Matmul&) = delete;
 
   // For shapes that change at every call (a mixture of experts' per-expert GEMMs, whose rows
-  // follow the routing): the heuristic's first algorithm, neither timed nor kept, so that no call
-  // pays a tuning and the process's choices (and their file) do not grow with every row count.
-  void forget_shapes() { tune_ = false, remember_ = false; }
+  // follow the routing): the heuristic's first algorithm, untimed, kept in this Matmul's memory
+  // only (bounded), so that no call pays a tuning, a repeated shape no second heuristic query,
+  // and the process's choices (and their file) do not grow with every row count.
+  void forget_shapes();
 
   // out (N,OC) = inp (N,IC) @ weight (OC,IC)^T + bias (OC, or null)
   void forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, int N, int IC,
@@ -106,6 +108,8 @@ class Matmul {
   // each shape's candidates; MYRIAD_SPLITK (none | any) sets reduction_mask_.
   bool tune_ = true, report_ = false;
   bool remember_ = true;  // forget_shapes()
+  struct LocalChoices;
+  std::unique_ptr<LocalChoices> local_;  // forget_shapes()'s choices
 };
 
 }  // namespace myriad::cuda
