@@ -118,10 +118,26 @@ TEST_P(MoeRoute, RouteAndBackwardEqualTheOracle) {
   CUDA_OK(cudaDeviceSynchronize());
   EXPECT_EQ(got.counts, want.r.counts);
   EXPECT_EQ(got.dropped, want.r.dropped);
-  EXPECT_EQ(got.aux, want.r.aux);
-  EXPECT_EQ(got.z, want.r.z);
+  // Dropless routing runs on the device: its sums over tokens run in a tree, not the oracle's
+  // sequence, so the losses agree to rounding; the choice and order exactly. Weights and the
+  // logits' gradient come from the oracle's double arithmetic, where CUDA's exp and log may
+  // differ from glibc's in a double's last bit: equal but where that crosses a float rounding.
+  EXPECT_NEAR(got.aux, want.r.aux, 1e-12 * std::fabs(want.r.aux));
+  EXPECT_NEAR(got.z, want.r.z, 1e-12 * std::fabs(want.r.z));
   EXPECT_EQ(dchoice.download(), want.choice);
-  EXPECT_EQ(dw.download(), want.weights);
+  const auto near_equal = [](const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+    ASSERT_EQ(a.size(), b.size());
+    int64_t differ = 0;
+    float largest = 0;
+    for (float v : b) largest = std::max(largest, std::fabs(v));
+    // A float's ulp or two; the floor for a sum of two floats that cancel (the z-loss's term).
+    for (size_t i = 0; i < a.size(); ++i) {
+      differ += a[i] != b[i];
+      EXPECT_LE(std::fabs(a[i] - b[i]), 2.5e-7f * std::fabs(b[i]) + 1e-7f * largest) << what << " " << i;
+    }
+    std::printf("  %s: %lld of %zu not bitwise the oracle's\n", what, static_cast<long long>(differ), a.size());
+  };
+  near_equal(dw.download(), want.weights, "weights");
   EXPECT_EQ(dpos.download(), want.pos);
   EXPECT_EQ(head(dorder.download(), want.kept), head(want.order, want.kept));
 
@@ -135,7 +151,7 @@ TEST_P(MoeRoute, RouteAndBackwardEqualTheOracle) {
   dlogits.poison();
   ops.route_backward(rb, dlogits.p, ddweights.p, dlog.p, dchoice.p, 0.5f, N);
   CUDA_OK(cudaDeviceSynchronize());
-  EXPECT_EQ(dlogits.download(), ref);
+  near_equal(dlogits.download(), ref, "dlogits");
 }
 
 Router router(RouterScore s, int E, int k, float capacity = 0, int groups = 1, int top_groups = 1) {

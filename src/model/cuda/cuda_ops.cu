@@ -1047,11 +1047,55 @@ void CudaOps::router_backward(Act* dx, float* dw, const float* dlogits, const Ac
   cuda::router_backward(dx, dw, dlogits, x, w, N, C, E, st_->stream);
 }
 
+namespace {
+cuda::RouteArgs route_args(const Router& r) {
+  return {r.experts, r.top_k, std::max(r.groups, 1), r.top_groups, r.score == RouterScore::kSoftmax, r.norm_topk,
+          r.scale, r.aux_loss, r.z_loss};
+}
+// 16-byte aligned pieces of a device scratch of floats, in order.
+struct DeviceCarve {
+  float* base;
+  size_t at = 0;  // floats
+  template <class T>
+  T* take(int64_t n) {
+    T* p = reinterpret_cast<T*>(base + at);
+    at += (static_cast<size_t>(std::max<int64_t>(n, 0)) * sizeof(T) + 15) / 16 * 4;
+    return p;
+  }
+};
+}  // namespace
+
 Routing CudaOps::route(const Router& r, int32_t* choice, float* weights, int32_t* order, int32_t* pos,
                        const float* logits, const Param* bias, int N) const {
   OpScope op(*st_, "route", N, r.experts, r.top_k);
   const int E = r.experts;
   const int64_t NE = int64_t(N) * E, M = int64_t(N) * r.top_k;
+  const cuda::RouteArgs args = route_args(r);
+  if (r.capacity_factor <= 0 && cuda::route_on_device(args)) {
+    // On the device; only the counts and the sums come up (the grouped GEMMs' shapes, the losses).
+    const size_t floats = (NE * 4 + 15) / 16 * 4 + (N * 8 + 15) / 16 * 4 + (E * 4 + 15) / 16 * 4 + ((E + 1) * 8 + 15) / 16 * 4;
+    DeviceCarve d{scratch(floats)};
+    float* scores = d.take<float>(NE);
+    double* lse2 = d.take<double>(N);
+    int* counts = d.take<int>(E);
+    double* sums = d.take<double>(E + 1);
+    cuda::route_tokens(choice, weights, order, pos, counts, sums, scores, lse2, logits, bias, args, N, st_->stream);
+    Carve c{stage(*st_, staged_bytes({E * 4, (E + 1) * 8}))};
+    int* h_counts = c.take<int>(E);
+    double* h_sums = c.take<double>(E + 1);
+    CUDA_CHECK(cudaMemcpyAsync(h_counts, counts, E * 4, cudaMemcpyDeviceToHost, st_->stream));
+    CUDA_CHECK(cudaMemcpyAsync(h_sums, sums, (E + 1) * 8, cudaMemcpyDeviceToHost, st_->stream));
+    CUDA_CHECK(cudaStreamSynchronize(st_->stream));
+    Routing out;
+    out.counts.assign(h_counts, h_counts + E);
+    out.score_sums.assign(h_sums, h_sums + E);
+    // The oracle's formulas on these sums (ops/cpu/moe.cc).
+    for (int e = 0; e < E; ++e)
+      out.aux += double(E) * (double(out.counts[e]) / (double(N) * r.top_k)) * (out.score_sums[e] / N);
+    out.z = h_sums[E] / N;
+    return out;
+  }
+  // With a capacity (its drops rank each expert's slots by weight), on the host: the oracle's code.
   Carve c{stage(*st_, staged_bytes({NE * 4, E * 4, E * 2, M * 4, M * 4, M * 4, M * 4}))};
   float* h_logits = c.take<float>(NE);
   float* h_bias = c.take<float>(E);
@@ -1077,18 +1121,12 @@ Routing CudaOps::route(const Router& r, int32_t* choice, float* weights, int32_t
 void CudaOps::route_backward(const Router& r, float* dlogits, const float* dweights, const float* logits,
                              const int32_t* choice, float grad_scale, int N, RouteTotals totals) const {
   OpScope op(*st_, "route_backward", N, r.experts, r.top_k);
-  const int64_t NE = int64_t(N) * r.experts, M = int64_t(N) * r.top_k;
-  Carve c{stage(*st_, staged_bytes({NE * 4, M * 4, M * 4, NE * 4}))};
-  float* h_logits = c.take<float>(NE);
-  float* h_dweights = c.take<float>(M);
-  int32_t* h_choice = c.take<int32_t>(M);
-  float* h_dlogits = c.take<float>(NE);
-  CUDA_CHECK(cudaMemcpyAsync(h_logits, logits, NE * 4, cudaMemcpyDeviceToHost, st_->stream));
-  CUDA_CHECK(cudaMemcpyAsync(h_dweights, dweights, M * 4, cudaMemcpyDeviceToHost, st_->stream));
-  CUDA_CHECK(cudaMemcpyAsync(h_choice, choice, M * 4, cudaMemcpyDeviceToHost, st_->stream));
-  CUDA_CHECK(cudaStreamSynchronize(st_->stream));
-  st_->host.route_backward(r, h_dlogits, h_dweights, h_logits, h_choice, grad_scale, N, totals);
-  CUDA_CHECK(cudaMemcpyAsync(dlogits, h_dlogits, NE * 4, cudaMemcpyHostToDevice, st_->stream));
+  const int64_t NE = int64_t(N) * r.experts;
+  DeviceCarve d{scratch((NE * 4 + 15) / 16 * 4 + (r.experts * 4 + 15) / 16 * 4)};
+  float* scores = d.take<float>(NE);
+  int* counts = d.take<int>(r.experts);
+  cuda::route_backward(dlogits, scores, counts, dweights, logits, choice, totals.chosen,
+                       totals.chosen ? double(totals.tokens) : double(N), grad_scale, route_args(r), N, st_->stream);
 }
 
 void CudaOps::gather_rows(Act* xs, const Act* x, const int32_t* order, int M, int k, int C) const {

@@ -7,8 +7,11 @@
 // a block's warps in warp order), so results are bitwise repeatable; sums are fp32 and each
 // bf16 output is rounded once.
 #include <algorithm>
+#include <vector>
 
+#include "core/error.h"
 #include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/ops.cuh"
 
 namespace myriad::cuda {
 
@@ -189,6 +192,190 @@ __global__ void router_backward_dw_kernel(float* dw, const float* __restrict__ d
   }
 }
 
+// ---- the routing (the oracle's route and route_backward, ops/cpu/moe.cc, on the device) ----
+//
+// One thread per token, in the oracle's double arithmetic and order, so that the choice, the
+// weights and the logits' gradient are the oracle's: nvcc would contract a product into a sum
+// (an FMA) where the CPU build rounds twice, so those are written with _rn intrinsics. CUDA's
+// exp and log are within an ulp of glibc's in double, which rounding to float hides but for a
+// value within an ulp of a float boundary. The sums over tokens (the scores' and the z-loss's)
+// run in a fixed tree order, not the oracle's sequence: the same bits every run.
+
+// A token's scores into s (E) from its logits; returns the log-sum-exp.
+__device__ double token_scores(const float* l, float* s, int E, bool softmax) {
+  double mx = -INFINITY;
+  for (int e = 0; e < E; ++e) mx = fmax(mx, double(l[e]));
+  double sum = 0;
+  for (int e = 0; e < E; ++e) sum += exp(double(l[e]) - mx);
+  const double lse = mx + log(sum);
+  for (int e = 0; e < E; ++e)
+    s[e] = softmax ? static_cast<float>(exp(double(l[e]) - lse)) : static_cast<float>(1 / (1 + exp(-double(l[e]))));
+  return lse;
+}
+
+constexpr int kMaxGroups = 64;
+
+__global__ void route_tokens_kernel(int32_t* __restrict__ choice, float* __restrict__ weights,
+                                    float* __restrict__ scores, double* __restrict__ lse2, int* __restrict__ counts,
+                                    const float* __restrict__ logits, const bf16* __restrict__ bias, RouteArgs a,
+                                    int N) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  const int E = a.experts, k = a.top_k, G = a.groups, per = E / G;
+  float* s = scores + int64_t(n) * E;
+  const double lse = token_scores(logits + int64_t(n) * E, s, E, a.softmax);
+  lse2[n] = lse * lse;
+  auto key = [&](int e) { return bias ? s[e] + __bfloat162float(bias[e]) : s[e]; };
+  // The groups allowed (all with one group): the top_groups of the highest best-two sums.
+  uint64_t allowed = G == 1 ? ~uint64_t(0) : 0;
+  if (G > 1) {
+    float gk[kMaxGroups];
+    for (int g = 0; g < G; ++g) {
+      float x = -INFINITY, y = -INFINITY;
+      for (int e = g * per; e < (g + 1) * per; ++e) {
+        const float v = key(e);
+        if (v > x) y = x, x = v;
+        else if (v > y) y = v;
+      }
+      gk[g] = per > 1 ? x + y : x;
+    }
+    for (int t = 0; t < a.top_groups; ++t) {
+      int best = -1;
+      for (int g = 0; g < G; ++g)
+        if (!(allowed >> g & 1) && (best < 0 || gk[g] > gk[best])) best = g;
+      allowed |= uint64_t(1) << best;
+    }
+  }
+  int32_t* c = choice + int64_t(n) * k;
+  float* wt = weights + int64_t(n) * k;
+  double sum = 0;
+  for (int j = 0; j < k; ++j) {
+    int best = -1;
+    float bk = 0;
+    for (int e = 0; e < E; ++e) {
+      bool taken = !(allowed >> (e / per) & 1);
+      for (int i = 0; i < j; ++i) taken |= c[i] == e;
+      if (taken) continue;
+      const float v = key(e);
+      if (best < 0 || v > bk) best = e, bk = v;
+    }
+    c[j] = best;
+    wt[j] = s[best];
+    sum += s[best];
+    atomicAdd(counts + best, 1);  // an integer count: the same whatever the order
+  }
+  for (int j = 0; j < k; ++j)
+    wt[j] = static_cast<float>(__dmul_rn(a.norm_topk ? double(wt[j]) / sum : double(wt[j]), double(a.scale)));
+}
+
+__device__ double block_sum_double(double v, double* red) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  double s = 0;
+  for (int i = 0; i < warps; ++i) s += red[i];
+  return s;
+}
+
+// sums[e] = the scores of expert e summed over the N tokens (e < E); sums[E] = the lse^2 summed.
+constexpr int kSumThreads = 256;
+__global__ void route_sums_kernel(double* sums, const float* __restrict__ scores, const double* __restrict__ lse2,
+                                  int N, int E) {
+  __shared__ double red[kSumThreads / kWarp];
+  const int e = blockIdx.x;
+  double v = 0;
+  for (int n = threadIdx.x; n < N; n += blockDim.x) v += e < E ? double(scores[int64_t(n) * E + e]) : lse2[n];
+  v = block_sum_double(v, red);
+  if (threadIdx.x == 0) sums[e] = v;
+}
+
+// The stable counting sort of the M = N k slots by expert: one block per expert, walking the
+// slots in order; order[at] = s and pos[s] = at for expert e's i-th slot s, at = (rows of the
+// experts before e) + i.
+constexpr int kSortThreads = 1024;
+__global__ void route_order_kernel(int32_t* __restrict__ order, int32_t* __restrict__ pos,
+                                   const int32_t* __restrict__ choice, const int* __restrict__ counts, int64_t M) {
+  __shared__ int warp_total[kSortThreads / kWarp];
+  __shared__ int64_t base;
+  const int e = blockIdx.x, lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  if (threadIdx.x == 0) {
+    int64_t b = 0;
+    for (int i = 0; i < e; ++i) b += counts[i];
+    base = b;
+  }
+  __syncthreads();
+  int64_t at = base;
+  for (int64_t s0 = 0; s0 < M; s0 += blockDim.x) {
+    const int64_t s = s0 + threadIdx.x;
+    const bool mine = s < M && choice[s] == e;
+    const unsigned ballot = __ballot_sync(0xffffffffu, mine);
+    const int before_in_warp = __popc(ballot & ((1u << lane) - 1));
+    if (lane == 0) warp_total[warp] = __popc(ballot);
+    __syncthreads();
+    int before = 0, total = 0;
+    for (int w = 0; w < static_cast<int>(blockDim.x / kWarp); ++w) {
+      if (w < warp) before += warp_total[w];
+      total += warp_total[w];
+    }
+    if (mine) {
+      const int64_t where = at + before + before_in_warp;
+      order[where] = static_cast<int32_t>(s);
+      pos[s] = static_cast<int32_t>(where);
+    }
+    at += total;
+    __syncthreads();  // warp_total is rewritten by the next chunk
+  }
+}
+
+// The rows each expert was chosen for (the choice's, before any drop): counts (E) +=.
+__global__ void count_choice_kernel(int* counts, const int32_t* __restrict__ choice, int64_t M) {
+  for (int64_t s = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; s < M; s += int64_t(gridDim.x) * blockDim.x)
+    atomicAdd(counts + choice[s], 1);
+}
+
+// dlogits (N,E) =: the oracle's route_backward, one thread per token. scores (N,E) is scratch.
+__global__ void route_backward_kernel(float* __restrict__ dlogits, float* __restrict__ scores,
+                                      const float* __restrict__ dweights, const float* __restrict__ logits,
+                                      const int32_t* __restrict__ choice, const int* __restrict__ counts,
+                                      double tokens, float grad_scale, RouteArgs a, int N) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  const int E = a.experts, k = a.top_k;
+  const float* l = logits + int64_t(n) * E;
+  float* s = scores + int64_t(n) * E;
+  const double lse = token_scores(l, s, E, a.softmax);
+  const int32_t* c = choice + int64_t(n) * k;
+  const float* dw = dweights + int64_t(n) * k;
+  double S = 0, dot1 = 0;
+  if (a.norm_topk) {
+    for (int j = 0; j < k; ++j) S += s[c[j]];
+    for (int j = 0; j < k; ++j) dot1 = __dadd_rn(dot1, __dmul_rn(double(dw[j]), double(s[c[j]])));
+  }
+  // ds[e]: the chosen slots' terms in slot order, then the balance loss's.
+  auto ds = [&](int e) {
+    double d = 0;
+    for (int j = 0; j < k; ++j)
+      if (c[j] == e)
+        d += a.norm_topk ? __dmul_rn(double(a.scale) / S, double(dw[j]) - dot1 / S) : __dmul_rn(double(a.scale), double(dw[j]));
+    if (a.aux_loss > 0)
+      d += double(grad_scale) * a.aux_loss * E * (double(counts[e]) / (tokens * k)) / tokens;
+    return d;
+  };
+  float* dl = dlogits + int64_t(n) * E;
+  if (a.softmax) {
+    double dot = 0;
+    for (int e = 0; e < E; ++e) dot = __dadd_rn(dot, __dmul_rn(ds(e), double(s[e])));
+    for (int e = 0; e < E; ++e) dl[e] = static_cast<float>(__dmul_rn(double(s[e]), ds(e) - dot));
+  } else {
+    for (int e = 0; e < E; ++e) dl[e] = static_cast<float>(__dmul_rn(__dmul_rn(ds(e), double(s[e])), 1.0 - s[e]));
+  }
+  if (a.z_loss > 0)
+    for (int e = 0; e < E; ++e)
+      dl[e] += static_cast<float>(double(grad_scale) * a.z_loss * 2 * lse * exp(double(l[e]) - lse) / tokens);
+}
+
 // The vector width every pointer and the row length allow: 8 bf16 in one 16-byte access, or 1.
 template <class... P>
 bool vec8(int C, const P*... p) {
@@ -233,6 +420,43 @@ void combine_backward(bf16* dys, float* dweights, const bf16* dout, const bf16* 
   else
     combine_backward_kernel<1><<<N, kRowThreads, 0, stream>>>(dys, dweights, dout, ys, weights, pos, k, C);
   check_launch("combine_backward");
+}
+
+bool route_on_device(const RouteArgs& a) { return a.groups <= kMaxGroups && a.experts % a.groups == 0; }
+
+void route_tokens(int32_t* choice, float* weights, int32_t* order, int32_t* pos, int* counts, double* sums,
+                  float* scores, double* lse2, const float* logits, const bf16* bias, const RouteArgs& a, int N,
+                  cudaStream_t stream) {
+  if (N <= 0) return;
+  MYRIAD_CHECK(cudaMemsetAsync(counts, 0, sizeof(int) * a.experts, stream) == cudaSuccess, "route: cannot clear the counts");
+  route_tokens_kernel<<<ceil_div(N, 128), 128, 0, stream>>>(choice, weights, scores, lse2, counts, logits, bias, a, N);
+  check_launch("route_tokens");
+  route_sums_kernel<<<a.experts + 1, kSumThreads, 0, stream>>>(sums, scores, lse2, N, a.experts);
+  check_launch("route_sums");
+  route_order_kernel<<<a.experts, kSortThreads, 0, stream>>>(order, pos, choice, counts, int64_t(N) * a.top_k);
+  check_launch("route_order");
+}
+
+void route_backward(float* dlogits, float* scores, int* counts, const float* dweights, const float* logits,
+                    const int32_t* choice, const int64_t* chosen, double tokens, float grad_scale, const RouteArgs& a,
+                    int N, cudaStream_t stream) {
+  if (N <= 0) return;
+  if (chosen) {  // the whole micro-batch's counts, from the host (int: a micro-batch's slots fit)
+    std::vector<int> c(chosen, chosen + a.experts);
+    MYRIAD_CHECK(cudaMemcpyAsync(counts, c.data(), sizeof(int) * a.experts, cudaMemcpyHostToDevice, stream) ==
+                         cudaSuccess &&
+                     cudaStreamSynchronize(stream) == cudaSuccess,  // c is pageable and about to go
+                 "route_backward: cannot upload the counts");
+  } else {
+    MYRIAD_CHECK(cudaMemsetAsync(counts, 0, sizeof(int) * a.experts, stream) == cudaSuccess, "route: cannot clear the counts");
+    const int64_t M = int64_t(N) * a.top_k;
+    count_choice_kernel<<<static_cast<unsigned>(std::min<int64_t>(ceil_div(M, 256), 1024)), 256, 0, stream>>>(
+        counts, choice, M);
+    check_launch("count_choice");
+  }
+  route_backward_kernel<<<ceil_div(N, 128), 128, 0, stream>>>(dlogits, scores, dweights, logits, choice, counts,
+                                                               tokens, grad_scale, a, N);
+  check_launch("route_backward");
 }
 
 int router_backward_max_experts() { return kDwStride * kDwAcc; }

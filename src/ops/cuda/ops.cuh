@@ -279,6 +279,24 @@ void combine_backward(bf16* dys,        // (M,C) = (rows of dropped slots untouc
 void router_backward(bf16* dx, float* dw, const float* dlogits, const bf16* x, const bf16* w, int N, int C, int E,
                      cudaStream_t stream);
 int router_backward_max_experts();
+// The routing on the device (the oracle's, ops/cpu/moe.cc: its choice, weights and gradient, see
+// moe.cu), dropless: a capacity runs on the host. route_tokens writes choice and weights (N,k),
+// order and pos (N k), the rows per expert into counts (E), sums (E + 1: each expert's scores
+// summed over the tokens, then the lse^2 summed); scores (N,E) and lse2 (N) are its scratch.
+// route_backward writes dlogits (N,E) (=), counts (E) and scores (N,E) its scratch; chosen (E,
+// host, or null: these N tokens' own choice) and tokens are the balance loss's micro-batch.
+struct RouteArgs {
+  int experts, top_k, groups, top_groups;
+  bool softmax, norm_topk;
+  float scale, aux_loss, z_loss;
+};
+bool route_on_device(const RouteArgs& a);
+void route_tokens(int32_t* choice, float* weights, int32_t* order, int32_t* pos, int* counts, double* sums,
+                  float* scores, double* lse2, const float* logits, const bf16* bias, const RouteArgs& a, int N,
+                  cudaStream_t stream);
+void route_backward(float* dlogits, float* scores, int* counts, const float* dweights, const float* logits,
+                    const int32_t* choice, const int64_t* chosen, double tokens, float grad_scale, const RouteArgs& a,
+                    int N, cudaStream_t stream);
 
 void check_launch(const char* what);
 
