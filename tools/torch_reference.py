@@ -5,7 +5,8 @@
                                                        # (and docs.bin when there: documents)
     /usr/bin/python3 tools/torch_reference.py --selftest
     /usr/bin/python3 tools/torch_reference.py --gpt2 HF_DIR DIR   # GPT-2 logits of DIR/tokens.bin
-    /usr/bin/python3 tools/torch_reference.py --hf-llama-write DIR  # DIR/hf/, DIR/hf_logits.bin
+    /usr/bin/python3 tools/torch_reference.py --hf-write FAMILY DIR [--hf-generation 5]
+                                                       # DIR/hf/, DIR/hf_logits.bin
 
 Given a model description, a flat float32 parameter buffer and a batch of tokens, computes in
 float64 the logits, the loss, the gradients (by torch autograd) and the parameters after one
@@ -16,8 +17,8 @@ SwiGLU, grouped-query attention, an untied head). tools/README.md gives the exac
 pieces against loop-by-loop NumPy versions, both optimizer steps against their formulas, the
 Hugging Face Llama writer against the forward) and exits nonzero on failure.
 
---hf-llama-write converts a Llama model.json + params.bin into a Hugging Face LlamaForCausalLM
-directory (config.json, model.safetensors written here, independently of Myriad's exporter) and
+--hf-write converts a model.json + params.bin into a Hugging Face LlamaForCausalLM,
+Qwen3ForCausalLM, Qwen3MoeForCausalLM or MixtralForCausalLM directory (config.json, model.safetensors written here, independently of Myriad's exporter) and
 runs that directory with a separate forward in Hugging Face's own layout on DIR/tokens.bin,
 so that a C++ test can import a directory Myriad did not write, and compare against logits that
 a wrong reordering of rows would change.
@@ -917,7 +918,7 @@ def selftest_pieces(rng, log):
 
 
 def selftest_hf_llama(rng, log):
-    """--hf-llama-write on tiny Llamas: the HF-layout forward of what it wrote must give the
+    """--hf-write llama on tiny Llamas: the HF-layout forward of what it wrote must give the
     Myriad-layout forward's logits, and must not when rows are misplaced."""
     failures = []
     cases = 0
@@ -939,7 +940,7 @@ def selftest_hf_llama(rng, log):
                     json.dump(js, f)
                 params.astype("<f4").tofile(os.path.join(d, "params.bin"))
                 tokens.astype("<i4").tofile(os.path.join(d, "tokens.bin"))
-                run_hf_llama_write(d)
+                run_hf_write(d)
                 hf = np.fromfile(os.path.join(d, "hf_logits.bin"), dtype="<f8").reshape(2, 8, 50)
                 with open(os.path.join(d, "hf", "config.json")) as f:
                     cfg = json.load(f)
@@ -983,7 +984,7 @@ def selftest_hf_llama(rng, log):
                                      torch.cat((q[8:16], q[:8], q[16:]))}),
                         ("gate/up", {"model.layers.1.mlp.gate_proj.weight": up,
                                      "model.layers.1.mlp.up_proj.weight": gate})):
-                    bad = llama_forward(cfg, {**W, **changed},
+                    bad = hf_forward(cfg, {**W, **changed},
                                         torch.from_numpy(tokens[:, :8].astype(np.int64)))
                     if not np.abs(bad.numpy() - hf).max() > 1e-3:
                         failures.append(f"{what}: {swap} exchanged leaves the logits unchanged")
@@ -1094,53 +1095,87 @@ def run_gpt2(hf_dir, io_dir):
 # rope_frequencies: a row put in the wrong place changes its logits.
 
 
-def hf_llama_config(spec):
-    """config.json's fields for LlamaForCausalLM."""
+HF_FAMILIES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
+               "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM"}
+
+
+def hf_config(spec, family, generation=4):
+    """config.json's fields for one of HF_FAMILIES, as transformers 4 writes them (rope_theta
+    and rope_scaling, Qwen3-MoE's num_experts) or 5 (rope_parameters, num_local_experts)."""
     s = spec.rope_scaling
-    return {"architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "hidden_size": spec.d_model,
-            "intermediate_size": spec.mlp_hidden,
-            "num_hidden_layers": spec.layers,
-            "num_attention_heads": spec.heads,
-            "num_key_value_heads": spec.kv_heads,
-            "head_dim": spec.d_model // spec.heads,
-            "rms_norm_eps": spec.norm_eps,
-            "rope_theta": spec.rope_theta,
-            "rope_scaling": None if s is None else {
-                "rope_type": "llama3", "factor": s["factor"],
-                "low_freq_factor": s["low_freq_factor"], "high_freq_factor": s["high_freq_factor"],
-                "original_max_position_embeddings": int(s["original_max_position_embeddings"])},
-            "max_position_embeddings": spec.seq_len,
-            "vocab_size": spec.vocab_size,
-            "tie_word_embeddings": spec.tied,
-            "attention_bias": False,
-            "mlp_bias": False,
-            "hidden_act": "silu",
-            "torch_dtype": "float32"}
+    scaling = None if s is None else {
+        "rope_type": "llama3", "factor": s["factor"],
+        "low_freq_factor": s["low_freq_factor"], "high_freq_factor": s["high_freq_factor"],
+        "original_max_position_embeddings": int(s["original_max_position_embeddings"])}
+    cfg = {"architectures": [HF_FAMILIES[family]],
+           "model_type": family,
+           "hidden_size": spec.d_model,
+           "intermediate_size": spec.mlp_hidden,
+           "num_hidden_layers": spec.layers,
+           "num_attention_heads": spec.heads,
+           "num_key_value_heads": spec.kv_heads,
+           "head_dim": spec.head_dim,
+           "rms_norm_eps": spec.norm_eps,
+           "max_position_embeddings": spec.seq_len,
+           "vocab_size": spec.vocab_size,
+           "tie_word_embeddings": spec.tied,
+           "hidden_act": "silu",
+           "torch_dtype": "float32"}
+    if generation >= 5:
+        cfg["rope_parameters"] = {"rope_theta": spec.rope_theta, **(scaling or {"rope_type": "default"})}
+    else:
+        cfg["rope_theta"], cfg["rope_scaling"] = spec.rope_theta, scaling
+    if family == "llama":
+        cfg.update({"attention_bias": False, "mlp_bias": False})
+    if family in ("qwen3", "qwen3_moe"):
+        cfg.update({"attention_bias": False, "use_sliding_window": False, "sliding_window": None})
+    if family == "qwen3_moe":
+        cfg.update({"num_local_experts" if generation >= 5 else "num_experts": spec.experts,
+                    "num_experts_per_tok": spec.top_k,
+                    "moe_intermediate_size": spec.expert_hidden,
+                    "norm_topk_prob": spec.router_norm_topk,
+                    "decoder_sparse_step": spec.moe_every,
+                    "mlp_only_layers": list(range(spec.dense_layers))})
+    if family == "mixtral":
+        cfg.update({"num_local_experts": spec.experts, "num_experts_per_tok": spec.top_k,
+                    "intermediate_size": spec.expert_hidden, "sliding_window": None})
+    return cfg
 
 
-def hf_llama_tensors(spec, P):
+def hf_tensors(spec, P, family):
     """Myriad's float32 tensors (name -> array) -> Hugging Face's: rows reordered, never
     changed. Both rotate halves, so a head's rows keep their order; the padded vocabulary rows
     are dropped."""
     C, H, Hkv, Fh, V = spec.d_model, spec.heads, spec.kv_heads, spec.mlp_hidden, spec.vocab_size
-    D, G = C // H, H // Hkv
+    D, G, E, Fe = spec.head_dim, H // Hkv, spec.experts, spec.expert_hidden
     out = {"model.embed_tokens.weight": P["wte"][:V]}
     for l in range(spec.layers):
         m, h = f"h.{l}.", f"model.layers.{l}."
         qkv = P[m + "attn.qkv.w"].reshape(Hkv, G + 2, D, C)
-        fc = P[m + "mlp.fc.w"].reshape(Fh, 2, C)
         out.update({
             h + "input_layernorm.weight": P[m + "ln1.w"],
             h + "self_attn.q_proj.weight": qkv[:, :G].reshape(H * D, C),  # head g*G + j
             h + "self_attn.k_proj.weight": qkv[:, G].reshape(Hkv * D, C),
             h + "self_attn.v_proj.weight": qkv[:, G + 1].reshape(Hkv * D, C),
             h + "self_attn.o_proj.weight": P[m + "attn.proj.w"],
-            h + "post_attention_layernorm.weight": P[m + "ln2.w"],
-            h + "mlp.gate_proj.weight": fc[:, 0],
-            h + "mlp.up_proj.weight": fc[:, 1],
-            h + "mlp.down_proj.weight": P[m + "mlp.proj.w"]})
+            h + "post_attention_layernorm.weight": P[m + "ln2.w"]})
+        if spec.qk_norm == "head":
+            out[h + "self_attn.q_norm.weight"] = P[m + "attn.q_norm.w"]
+            out[h + "self_attn.k_norm.weight"] = P[m + "attn.k_norm.w"]
+        if spec.layer_is_moe(l):
+            fc = P[m + "mlp.experts.fc.w"].reshape(E, Fe, 2, C)
+            proj = P[m + "mlp.experts.proj.w"].reshape(E, C, Fe)
+            moe = h + ("block_sparse_moe." if family == "mixtral" else "mlp.")
+            out[moe + "gate.weight"] = P[m + "mlp.router.w"]
+            names = ("w1", "w3", "w2") if family == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+            for e in range(E):
+                x = f"{moe}experts.{e}."
+                out.update({x + names[0] + ".weight": fc[e, :, 0], x + names[1] + ".weight": fc[e, :, 1],
+                            x + names[2] + ".weight": proj[e]})
+        else:
+            fc = P[m + "mlp.fc.w"].reshape(Fh, 2, C)
+            out.update({h + "mlp.gate_proj.weight": fc[:, 0], h + "mlp.up_proj.weight": fc[:, 1],
+                        h + "mlp.down_proj.weight": P[m + "mlp.proj.w"]})
     out["model.norm.weight"] = P["lnf.w"]
     if not spec.tied:
         out["lm_head.weight"] = P["lm_head"][:V]
@@ -1165,13 +1200,20 @@ def write_safetensors(path, tensors):
             f.write(b)
 
 
-def llama_forward(cfg, W, tokens):
-    """tokens (B, T) long -> logits (B, T, vocab_size), float64, as LlamaForCausalLM computes
-    them (eager attention, no cache)."""
+def hf_forward(cfg, W, tokens):
+    """tokens (B, T) long -> logits (B, T, vocab_size), float64, as transformers' LlamaForCausalLM,
+    Qwen3ForCausalLM, Qwen3MoeForCausalLM or MixtralForCausalLM computes them (eager attention, no
+    cache), by cfg["model_type"]: Qwen3's RMSNorm of each head's q and k before the rotation;
+    the MoE blocks' softmax router over every expert, torch.topk, the k weights renormalized
+    (Mixtral always, Qwen3-MoE with norm_topk_prob), each expert's SwiGLU on its tokens."""
     B, T = tokens.shape
+    family = cfg["model_type"]
     H, Hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    D = cfg.get("head_dim", cfg["hidden_size"] // H)
+    D = cfg.get("head_dim") or cfg["hidden_size"] // H
     eps = cfg["rms_norm_eps"]
+    params = cfg.get("rope_parameters") or {}
+    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    scaling = params if params.get("rope_type", "default") != "default" else cfg.get("rope_scaling")
 
     def rms(x, w):
         variance = x.pow(2).mean(-1, keepdim=True)
@@ -1183,7 +1225,35 @@ def llama_forward(cfg, W, tokens):
     def repeat_kv(x):
         return x[:, :, None].expand(B, Hkv, H // Hkv, T, D).reshape(B, H, T, D)
 
-    inv_freq = rope_frequencies(cfg["rope_theta"], D, rope_scaling(cfg.get("rope_scaling")))
+    def swiglu(x, gate, up, down):
+        return (F.silu(x @ gate.t()) * (x @ up.t())) @ down.t()
+
+    def sparse(l):
+        if family == "mixtral":
+            return True
+        if family != "qwen3_moe" or l in cfg.get("mlp_only_layers", []):
+            return False
+        E = cfg.get("num_experts", cfg.get("num_local_experts", 0))
+        return E > 0 and (l + 1) % cfg.get("decoder_sparse_step", 1) == 0
+
+    def moe(x, p):  # x (N, C)
+        names = ("w1", "w3", "w2") if family == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+        E = cfg.get("num_experts", cfg.get("num_local_experts"))
+        k = cfg["num_experts_per_tok"]
+        weights = torch.softmax(x @ W[p + "gate.weight"].t(), dim=-1)
+        top, chosen = torch.topk(weights, k, dim=-1)
+        if family == "mixtral" or cfg.get("norm_topk_prob", False):
+            top = top / top.sum(-1, keepdim=True)
+        out = torch.zeros_like(x)
+        for e in range(E):
+            token, slot = (chosen == e).nonzero(as_tuple=True)
+            if len(token) == 0:
+                continue
+            g, u, d = (W[f"{p}experts.{e}.{n}.weight"] for n in names)
+            out.index_add_(0, token, swiglu(x[token], g, u, d) * top[token, slot, None])
+        return out
+
+    inv_freq = rope_frequencies(theta, D, rope_scaling(scaling))
     freqs = torch.arange(T, dtype=torch.float64).view(T, 1) * inv_freq.view(1, -1)
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos(), emb.sin()
@@ -1192,8 +1262,11 @@ def llama_forward(cfg, W, tokens):
     for l in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{l}."
         n = rms(h, W[p + "input_layernorm.weight"])
-        q = (n @ W[p + "self_attn.q_proj.weight"].t()).view(B, T, H, D).transpose(1, 2)
-        k = (n @ W[p + "self_attn.k_proj.weight"].t()).view(B, T, Hkv, D).transpose(1, 2)
+        q = (n @ W[p + "self_attn.q_proj.weight"].t()).view(B, T, H, D)
+        k = (n @ W[p + "self_attn.k_proj.weight"].t()).view(B, T, Hkv, D)
+        if family in ("qwen3", "qwen3_moe"):
+            q, k = rms(q, W[p + "self_attn.q_norm.weight"]), rms(k, W[p + "self_attn.k_norm.weight"])
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = (n @ W[p + "self_attn.v_proj.weight"].t()).view(B, T, Hkv, D).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
@@ -1202,36 +1275,51 @@ def llama_forward(cfg, W, tokens):
         o = torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1) @ v
         h = h + o.transpose(1, 2).reshape(B, T, H * D) @ W[p + "self_attn.o_proj.weight"].t()
         n = rms(h, W[p + "post_attention_layernorm.weight"])
-        gate = n @ W[p + "mlp.gate_proj.weight"].t()
-        up = n @ W[p + "mlp.up_proj.weight"].t()
-        h = h + (F.silu(gate) * up) @ W[p + "mlp.down_proj.weight"].t()
+        if sparse(l):
+            moe_prefix = p + ("block_sparse_moe." if family == "mixtral" else "mlp.")
+            h = h + moe(n.reshape(B * T, -1), moe_prefix).view(B, T, -1)
+        else:
+            h = h + swiglu(n, W[p + "mlp.gate_proj.weight"], W[p + "mlp.up_proj.weight"],
+                           W[p + "mlp.down_proj.weight"])
     h = rms(h, W["model.norm.weight"])
     head = W["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else W["lm_head.weight"]
     return h @ head.t()
 
 
-def run_hf_llama_write(d):
-    """DIR/model.json, params.bin, tokens.bin -> DIR/hf/{config.json, model.safetensors} and
-    DIR/hf_logits.bin (float64, batch x seq_len x vocab_size, of tokens[:, :seq_len])."""
+def run_hf_write(d, family="llama", generation=4):
+    """DIR/model.json, params.bin, tokens.bin -> DIR/hf/{config.json, model.safetensors} of
+    `family` (HF_FAMILIES) in transformers `generation`'s config form, and DIR/hf_logits.bin
+    (float64, batch x seq_len x vocab_size, of tokens[:, :seq_len])."""
     spec, params, tokens = read_inputs(d)
     wrong = [f"{k} {v!r}" for k, v, want in (
         ("norm", spec.norm, "rmsnorm"), ("positions", spec.positions, "rope"),
         ("mlp", spec.mlp, "swiglu"), ("bias", spec.bias, False),
-        ("parallel_block", spec.parallel_block, False), ("window", spec.window, 0)) if v != want]
+        ("parallel_block", spec.parallel_block, False), ("window", spec.window, 0),
+        ("qk_norm", spec.qk_norm, "head" if family.startswith("qwen3") else ""),
+        ("moe", spec.experts > 0, family in ("qwen3_moe", "mixtral")),
+        ("shared_hidden", spec.shared_hidden, 0),
+        ("router_score", spec.router_score, "softmax"),
+        ("router_scale", spec.router_scale, 1.0),
+        ("router_groups", spec.router_groups, 1),
+        ("router_norm_topk", spec.router_norm_topk if family == "mixtral" else True, True),
+        ("moe layers", (spec.dense_layers, spec.moe_every) if family == "mixtral" else (0, 1), (0, 1)))
+        if v != want]
+    if family not in HF_FAMILIES:
+        raise ValueError(f"family {family!r} is not one of {sorted(HF_FAMILIES)}")
     if wrong:
-        raise ValueError(f"not a Llama that LlamaForCausalLM computes: {', '.join(wrong)}")
+        raise ValueError(f"not a model that {HF_FAMILIES[family]} computes: {', '.join(wrong)}")
     P = {name: t.numpy() for name, t in views(torch.from_numpy(params), spec).items()}
     hf = os.path.join(d, "hf")
     os.makedirs(hf, exist_ok=True)
     with open(os.path.join(hf, "config.json"), "w") as f:
-        f.write(json.dumps(hf_llama_config(spec), indent=2) + "\n")
-    write_safetensors(os.path.join(hf, "model.safetensors"), hf_llama_tensors(spec, P))
+        f.write(json.dumps(hf_config(spec, family, generation), indent=2) + "\n")
+    write_safetensors(os.path.join(hf, "model.safetensors"), hf_tensors(spec, P, family))
     # Run what was written, read back from the disk, not what is in memory.
     with open(os.path.join(hf, "config.json")) as f:
         cfg = json.load(f)
     W = read_safetensors(os.path.join(hf, "model.safetensors"))
     x = torch.from_numpy(tokens[:, :spec.seq_len].astype(np.int64))
-    logits = llama_forward(cfg, W, x)
+    logits = hf_forward(cfg, W, x)
     np.ascontiguousarray(logits.numpy().astype("<f8")).tofile(os.path.join(d, "hf_logits.bin"))
     return logits
 
@@ -1241,16 +1329,19 @@ def main():
     ap.add_argument("dir", nargs="?", help="directory holding model.json, params.bin, tokens.bin")
     ap.add_argument("--selftest", action="store_true", help="check this script and exit")
     ap.add_argument("--gpt2", metavar="HF_DIR", help="run the GPT-2 of HF_DIR on DIR/tokens.bin")
-    ap.add_argument("--hf-llama-write", metavar="DIR",
-                    help="write DIR's Llama as a Hugging Face directory DIR/hf and its logits "
-                         "DIR/hf_logits.bin")
+    ap.add_argument("--hf-write", nargs=2, metavar=("FAMILY", "DIR"),
+                    help="write DIR's model as a Hugging Face FAMILY (llama, qwen3, qwen3_moe, "
+                         "mixtral) directory DIR/hf and its logits DIR/hf_logits.bin")
+    ap.add_argument("--hf-generation", type=int, default=4, choices=(4, 5),
+                    help="the transformers generation whose config.json form --hf-write writes")
     args = ap.parse_args()
     if args.selftest:
         return selftest()
     if args.gpt2:
         return in_float64(args.gpt2, lambda: run_gpt2(args.gpt2, args.dir))
-    if args.hf_llama_write:
-        return in_float64(args.hf_llama_write, lambda: run_hf_llama_write(args.hf_llama_write))
+    if args.hf_write:
+        family, d = args.hf_write
+        return in_float64(d, lambda: run_hf_write(d, family, args.hf_generation))
     if not args.dir:
         ap.error("give DIR or --selftest")
     return in_float64(args.dir, lambda: run_reference(args.dir))

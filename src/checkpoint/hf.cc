@@ -20,10 +20,12 @@ namespace fs = std::filesystem;
 
 namespace myriad::checkpoint {
 
-extern const HfFamily kGpt2Family, kLlamaFamily;  // hf_gpt2.cc, hf_llama.cc
+extern const HfFamily kGpt2Family;                                                      // hf_gpt2.cc
+extern const HfFamily kLlamaFamily, kQwen3Family, kQwen3MoeFamily, kMixtralFamily;  // hf_llama.cc
 
 const std::vector<const HfFamily*>& hf_families() {
-  static const std::vector<const HfFamily*> all = {&kLlamaFamily, &kGpt2Family};
+  static const std::vector<const HfFamily*> all = {&kMixtralFamily, &kQwen3MoeFamily, &kQwen3Family, &kLlamaFamily,
+                                                   &kGpt2Family};
   return all;
 }
 
@@ -197,8 +199,8 @@ void import_hf(const std::string& hf_dir, const std::string& out_arg) {
   const fs::path st_path = fs::exists(fs::path(hf_dir) / "model.safetensors") || !fs::exists(fs::path(hf_dir) / kIndex)
                                ? fs::path(hf_dir) / "model.safetensors"
                                : fs::path(hf_dir) / kIndex;
-  if (!fs::exists(cfg_path)) throw_input("import: ", cfg_path.string(), " is missing: give a Hugging Face GPT-2 or Llama model directory");
-  if (!fs::is_regular_file(cfg_path)) throw_input("import: ", cfg_path.string(), " is not a file: give a Hugging Face GPT-2 or Llama model directory");
+  if (!fs::exists(cfg_path)) throw_input("import: ", cfg_path.string(), " is missing: give a Hugging Face model directory (GPT-2, Llama, Qwen3, Qwen3-MoE, Mixtral)");
+  if (!fs::is_regular_file(cfg_path)) throw_input("import: ", cfg_path.string(), " is not a file: give a Hugging Face model directory (GPT-2, Llama, Qwen3, Qwen3-MoE, Mixtral)");
   const nlohmann::json hf = nlohmann::json::parse(read_file(cfg_path.string()), nullptr, false);
   if (!hf.is_object()) throw_input("import: ", cfg_path.string(), " is not valid JSON");
   const std::string where = cat("import: ", cfg_path.string(), ": ");
@@ -207,7 +209,11 @@ void import_hf(const std::string& hf_dir, const std::string& out_arg) {
   const std::string type = hf.value("model_type", "");
   const auto found = std::find_if(hf_families().begin(), hf_families().end(),
                                   [&](const HfFamily* f) { return type == f->model_type; });
-  if (found == hf_families().end()) throw_input(where, "model_type is '", type, "': Myriad imports gpt2 and llama");
+  if (found == hf_families().end()) {
+    std::string known;
+    for (const HfFamily* f : hf_families()) known += cat(known.empty() ? "" : ", ", f->model_type);
+    throw_input(where, "model_type is '", type, "': Myriad imports ", known);
+  }
   const HfFamily& family = **found;
   Config cfg = family.from_hf_config(hf, where);
   cfg = parse_config(to_toml(cfg), cfg_path.string());  // the config's own checks (heads divide d_model, ...)

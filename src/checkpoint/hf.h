@@ -1,8 +1,9 @@
-// Hugging Face interchange: a Myriad checkpoint's model as GPT-2 or Llama in safetensors (the
-// layouts transformers' GPT2LMHeadModel and LlamaForCausalLM load), and back. In parts:
+// Hugging Face interchange: a Myriad checkpoint's model as GPT-2, Llama, Qwen3, Qwen3-MoE or
+// Mixtral in safetensors (the layouts transformers' GPT2LMHeadModel, LlamaForCausalLM,
+// Qwen3ForCausalLM, Qwen3MoeForCausalLM and MixtralForCausalLM load), and back. In parts:
 //   checkpoint/safetensors.h    the file format and the model folder (shards, index);
 //   checkpoint/hf_family.h      a family's names and config.json both ways, one file each
-//                               (hf_gpt2.cc, hf_llama.cc);
+//                               (hf_gpt2.cc; hf_llama.cc: Llama and its descendants);
 //   checkpoint/export_folder.h  where an export's files go, replaced whole or not at all;
 //   here                        the two commands, which read the checkpoint and pick the family.
 #pragma once
@@ -20,9 +21,11 @@ struct ExportOptions {
   bool overwrite = false;                   // replace a folder that holds files no export wrote
 };
 
-// The model of the committed checkpoint `dir` as a Hugging Face model directory: a Llama-family
-// model (checkpoint/hf_llama.cc) as LlamaForCausalLM, in bf16 unless asked for fp32; any other
-// as GPT-2 (GPT2LMHeadModel, fp32). Either family gets its tokenizer's files: tokenizer.json
+// The model of the committed checkpoint `dir` as a Hugging Face model directory: a mixture of
+// experts as MixtralForCausalLM (no query-key norm) or Qwen3MoeForCausalLM (Qwen3's per-head
+// norm); a dense model with that norm as Qwen3ForCausalLM; another Llama-block model as
+// LlamaForCausalLM (checkpoint/hf_llama.cc), all in bf16 unless asked for fp32; any other as
+// GPT-2 (GPT2LMHeadModel, fp32). Either family gets its tokenizer's files: tokenizer.json
 // and tokenizer_config.json for llama3, vocab.json, merges.txt and tokenizer_config.json for
 // gpt2 (none for byte), and its special ids in config.json. The weights are OUT/model.safetensors, or shards of at most max_shard_bytes with
 // OUT/model.safetensors.index.json; then OUT/config.json, and the manifest OUT/myriad_export.json
@@ -39,7 +42,7 @@ struct ExportOptions {
 // crash leaves a folder the next export replaces (with `overwrite`, files no export wrote stay).
 void export_hf(const std::string& dir, const std::string& out, const ExportOptions& options = {});
 
-// Reads a GPT-2 or LlamaForCausalLM model directory (config.json, and model.safetensors or the
+// Reads a GPT-2, Llama, Qwen3, Qwen3-MoE or Mixtral model directory (config.json, and model.safetensors or the
 // shards model.safetensors.index.json lists; F32, BF16 or F16) into `out`, a committed
 // checkpoint of step 0 with a fresh optimizer state, which --resume, checkpoint.init_from,
 // `export --checkpoint` and `sample` take. `out` must not exist (judged on the normalized path:

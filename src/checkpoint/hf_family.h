@@ -41,8 +41,8 @@ struct HfFamily {
                                                const std::string& where);
 };
 
-// The families, the most specific first (Llama claims a model by any of its block's keys; GPT-2
-// takes the rest).
+// The families, the most specific first (Mixtral, Qwen3-MoE and Qwen3 claim models by their
+// experts and query-key norms; Llama by any of its block's keys; GPT-2 takes the rest).
 const std::vector<const HfFamily*>& hf_families();
 
 // A tokenizer's special ids in a config.json: {"bos_token_id", "eos_token_id"} (gpt2: 50256

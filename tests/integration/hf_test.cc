@@ -757,7 +757,9 @@ TEST_F(Interchange, WhatLlamaOrMyriadCannotExpressIsRefused) {
   expect_one_line_error(with_config("gelu", [](auto& c) { c["hidden_act"] = "gelu"; }), "hidden_act = \"gelu\"");
   // transformers' "default" scaling is none.
   EXPECT_EQ(with_config("default_scaling", [](auto& c) { c["rope_scaling"] = {{"rope_type", "default"}}; }).code, 0);
-  expect_one_line_error(with_config("head_dim", [](auto& c) { c["head_dim"] = 16; }), "head_dim = 16");
+  // A head_dim of its own is read (Qwen3's is): here the tensors then disagree with it.
+  expect_one_line_error(with_config("head_dim", [](auto& c) { c["head_dim"] = 16; }),
+                        "tensor model.layers.0.self_attn.q_proj.weight has shape [32, 32] but the config makes it [64, 32]");
   expect_one_line_error(with_config("kv3", [](auto& c) { c["num_key_value_heads"] = 3; }),
                      "num_key_value_heads = 3 does not divide num_attention_heads = 4");
   expect_one_line_error(with_config("theta", [](auto& c) { c["rope_theta"] = 0; }), "model.rope_theta must be positive");
@@ -769,21 +771,14 @@ TEST_F(Interchange, WhatLlamaOrMyriadCannotExpressIsRefused) {
                                     (dir_ / "llama_window_hf").string())),
                      "model.window = 4 (LlamaForCausalLM's attention is full causal)");
   EXPECT_FALSE(fs::exists(dir_ / "llama_window_hf"));
-  // A mixture of experts: no Hugging Face format Myriad writes holds one yet.
-  ASSERT_EQ(run_myriad(train(dir_ / "llama_moe", cat("--set train.steps=1 ", kLlamaSets, " --set model.experts=4"))).code, 0);
-  expect_one_line_error(run_myriad(cat("export --checkpoint ", (dir_ / "llama_moe").string(), " --output ",
-                                    (dir_ / "llama_moe_hf").string())),
-                     "model.experts = 4 (a mixture of experts; LlamaForCausalLM's MLP is dense");
-  EXPECT_FALSE(fs::exists(dir_ / "llama_moe_hf"));
-  // Qwen3's attention (its own head size, query and key norms): not written yet.
-  ASSERT_EQ(run_myriad(train(dir_ / "llama_qk", cat("--set train.steps=1 ", kLlamaSets, " --set model.qk_norm=head"))).code, 0);
-  expect_one_line_error(run_myriad(cat("export --checkpoint ", (dir_ / "llama_qk").string(), " --output ",
-                                    (dir_ / "llama_qk_hf").string())),
-                     "model.qk_norm = \"head\" (LlamaForCausalLM has no query and key norms");
+  // A Llama with a head size of its own writes it (LlamaConfig's head_dim); a mixture of experts
+  // or Qwen3's query and key norms go to their own families (HfFamilies below).
   ASSERT_EQ(run_myriad(train(dir_ / "llama_hd", cat("--set train.steps=1 ", kLlamaSets, " --set model.head_dim=16"))).code, 0);
-  expect_one_line_error(run_myriad(cat("export --checkpoint ", (dir_ / "llama_hd").string(), " --output ",
-                                    (dir_ / "llama_hd_hf").string())),
-                     "model.head_dim = 16 apart from d_model / heads");
+  ASSERT_EQ(run_myriad(cat("export --checkpoint ", (dir_ / "llama_hd").string(), " --output ",
+                           (dir_ / "llama_hd_hf").string())).code, 0);
+  const auto hd = nlohmann::json::parse(read_file(dir_ / "llama_hd_hf/config.json"));
+  EXPECT_EQ(hd["architectures"][0], "LlamaForCausalLM");
+  EXPECT_EQ(hd["head_dim"], 16);
   // A GPT-2 block with fewer key/value heads fits neither format; the message names what GPT-2 lacks.
   ASSERT_EQ(run_myriad(train(dir_ / "gpt2_gqa", "--set train.steps=1 --set model.kv_heads=2")).code, 0);
   expect_one_line_error(run_myriad(cat("export --checkpoint ", (dir_ / "gpt2_gqa").string(), " --output ",
@@ -872,8 +867,10 @@ TEST_F(Interchange, RotaryParametersInEitherFormWithNothingFilledIn) {
   // The sizes, in transformers' words.
   expect_one_line_error(with_config("kv0", [](auto& c) { c["num_key_value_heads"] = 0; }),
                      "num_key_value_heads = 0: it must be a positive integer");
-  expect_one_line_error(with_config("head_dim_decoupled", [](auto& c) { c["num_attention_heads"] = 5, c["head_dim"] = 8; }),
-                     "head_dim = 8 but hidden_size / num_attention_heads = 32 / 5");
+  // A head_dim of its own is taken (5 heads of 8 over 32 features: the tensors then disagree).
+  expect_one_line_error(with_config("head_dim_decoupled", [](auto& c) {
+    c["num_attention_heads"] = 5, c["num_key_value_heads"] = 5, c["head_dim"] = 8;
+  }), "tensor model.layers.0.self_attn.q_proj.weight has shape [32, 32] but the config makes it [40, 32]");
   expect_one_line_error(with_config("hidden_odd", [](auto& c) { c["num_attention_heads"] = 5, c.erase("head_dim"); }),
                      "hidden_size = 32 is not a multiple of num_attention_heads = 5");
   // Item 4: a vocabulary smaller than its tokenizer's is refused at import.
@@ -937,6 +934,169 @@ TEST_F(Interchange, UnclearCasesDecided) {
   EXPECT_EQ(config["bos_token_id"], 128000);
   EXPECT_EQ(config["eos_token_id"], 128001);
   EXPECT_EQ(read_file(dir_ / "gpt2_llama3_hf/tokenizer.json"), read_file(fs::path(myriad::data::llama3_dir()) / "tokenizer.json"));
+}
+
+}  // namespace
+
+namespace {
+
+// Qwen3, Qwen3-MoE and Mixtral, each trained two steps and sent both ways: the config.json
+// transformers reads, the tensors' names, an fp32 round trip to the same bytes and weights, a
+// sharded one.
+struct FamilyCase {
+  const char* name;
+  const char* architecture;
+  const char* sets;
+  std::vector<std::string> tensors;  // some the export must hold, with their shapes below
+  std::vector<std::vector<int64_t>> shapes;
+};
+
+const char* kQwen3Sets =
+    "--set model.norm=rmsnorm --set model.position_encoding=rope --set model.mlp=swiglu --set model.mlp_hidden=40 "
+    "--set model.kv_heads=2 --set model.head_dim=16 --set model.qk_norm=head --set model.bias=false "
+    "--set model.rope_theta=1000000";
+const char* kMoeSets =
+    " --set model.experts=4 --set model.experts_per_token=2 --set model.expert_hidden=12 --set "
+    "model.tied_embeddings=false";
+
+class HfFamilies : public Interchange, public ::testing::WithParamInterface<FamilyCase> {};
+
+TEST_P(HfFamilies, ExportAndImportBothWays) {
+  const FamilyCase c = GetParam();
+  const fs::path rd = dir_ / c.name, hf = dir_ / cat(c.name, "_hf"), f32 = dir_ / cat(c.name, "_f32");
+  const Result t = run_myriad(train(rd, cat("--set train.steps=2 ", c.sets)));
+  ASSERT_EQ(t.code, 0) << t.output;
+  const std::string ckpt = myriad::checkpoint::resolve(rd.string());
+  const Result e = run_myriad(cat("export --checkpoint ", rd.string(), " --output ", hf.string()));
+  ASSERT_EQ(e.code, 0) << e.output;
+  const auto config = nlohmann::json::parse(read_file(hf / "config.json"));
+  EXPECT_EQ(config["architectures"][0], c.architecture);
+  EXPECT_EQ(config["torch_dtype"], "bfloat16");
+  const auto [header, data] = split_safetensors(read_file(hf / "model.safetensors"));
+  for (size_t i = 0; i < c.tensors.size(); ++i) {
+    ASSERT_TRUE(header.contains(c.tensors[i])) << c.tensors[i];
+    EXPECT_EQ(header[c.tensors[i]]["shape"], nlohmann::json(c.shapes[i])) << c.tensors[i];
+  }
+  // fp32: the same model back, and the same bytes again.
+  ASSERT_EQ(run_myriad(cat("export --checkpoint ", ckpt, " --dtype fp32 --output ", f32.string())).code, 0);
+  const Result i = run_myriad(cat("import --hf ", f32.string(), " --output ", (dir_ / cat(c.name, "_back")).string()));
+  ASSERT_EQ(i.code, 0) << i.output;
+  EXPECT_EQ(weights(ckpt), weights((dir_ / cat(c.name, "_back")).string()));
+  ASSERT_EQ(run_myriad(cat("export --checkpoint ", (dir_ / cat(c.name, "_back")).string(), " --dtype fp32 --output ",
+                           (dir_ / cat(c.name, "_again")).string())).code, 0);
+  EXPECT_EQ(read_file(f32 / "model.safetensors"), read_file(dir_ / cat(c.name, "_again") / "model.safetensors"));
+  // The config too, but for the step it records (the import is a step-0 checkpoint).
+  auto first = nlohmann::json::parse(read_file(f32 / "config.json")),
+       again = nlohmann::json::parse(read_file(dir_ / cat(c.name, "_again") / "config.json"));
+  first["myriad"].erase("step"), again["myriad"].erase("step");
+  EXPECT_EQ(first.dump(), again.dump());
+  // bf16 in, and sharded in: the same model.
+  ASSERT_EQ(run_myriad(cat("import --hf ", hf.string(), " --output ", (dir_ / cat(c.name, "_bf16")).string())).code, 0);
+  ASSERT_EQ(run_myriad(cat("export --checkpoint ", ckpt, " --dtype fp32 --max-shard-size 20KB --output ",
+                           (dir_ / cat(c.name, "_sharded")).string())).code, 0);
+  EXPECT_TRUE(fs::exists(dir_ / cat(c.name, "_sharded") / "model.safetensors.index.json"));
+  ASSERT_EQ(run_myriad(cat("import --hf ", (dir_ / cat(c.name, "_sharded")).string(), " --output ",
+                           (dir_ / cat(c.name, "_from_shards")).string())).code, 0);
+  EXPECT_EQ(weights(ckpt), weights((dir_ / cat(c.name, "_from_shards")).string()));
+  // It trains on from the import.
+  const Result r = run_myriad(train(dir_ / cat(c.name, "_on"), cat("--set train.steps=1 ", c.sets, " --resume ",
+                                                                   (dir_ / cat(c.name, "_back")).string())));
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Families, HfFamilies,
+    ::testing::Values(
+        FamilyCase{"qwen3", "Qwen3ForCausalLM", kQwen3Sets,
+                   {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+                    "model.layers.1.self_attn.q_norm.weight", "model.layers.1.self_attn.o_proj.weight"},
+                   {{64, 32}, {32, 32}, {16}, {32, 64}}},
+        FamilyCase{"qwen3_moe", "Qwen3MoeForCausalLM",
+                   "--set model.norm=rmsnorm --set model.position_encoding=rope --set model.mlp=swiglu "
+                   "--set model.mlp_hidden=40 --set model.kv_heads=2 --set model.head_dim=16 --set model.qk_norm=head "
+                   "--set model.bias=false --set model.dense_layers=1 --set model.experts=4 "
+                   "--set model.experts_per_token=2 --set model.expert_hidden=12 --set model.tied_embeddings=false",
+                   {"model.layers.0.mlp.gate_proj.weight", "model.layers.1.mlp.gate.weight",
+                    "model.layers.1.mlp.experts.3.up_proj.weight", "model.layers.1.mlp.experts.0.down_proj.weight"},
+                   {{40, 32}, {4, 32}, {12, 32}, {32, 12}}},
+        FamilyCase{"mixtral", "MixtralForCausalLM",
+                   "--set model.norm=rmsnorm --set model.position_encoding=rope --set model.mlp=swiglu "
+                   "--set model.mlp_hidden=12 --set model.kv_heads=1 --set model.bias=false --set model.experts=4 "
+                   "--set model.experts_per_token=2 --set model.expert_hidden=12 --set model.tied_embeddings=false",
+                   {"model.layers.0.block_sparse_moe.gate.weight", "model.layers.1.block_sparse_moe.experts.2.w1.weight",
+                    "model.layers.1.block_sparse_moe.experts.2.w2.weight", "lm_head.weight"},
+                   {{4, 32}, {12, 32}, {32, 12}, {256, 32}}}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// What the three families cannot express, or a file that is not what its config says: one line
+// naming the key or the tensor, exit 2, nothing written.
+TEST_F(Interchange, WhatQwenOrMixtralCannotExpressIsRefused) {
+  const char* moe = "--set model.norm=rmsnorm --set model.position_encoding=rope --set model.mlp=swiglu "
+                    "--set model.mlp_hidden=12 --set model.kv_heads=2 --set model.bias=false --set model.experts=4 "
+                    "--set model.experts_per_token=2 --set model.expert_hidden=12 --set model.tied_embeddings=false";
+  for (const auto& [sets, what] : std::vector<std::pair<std::string, std::string>>{
+           {" --set model.shared_experts=1", "model.shared_experts = 1"},
+           {" --set model.router_score=sigmoid", "model.router_score = \"sigmoid\""},
+           {" --set model.qk_norm=all", "model.qk_norm = \"all\""},
+           {" --set model.moe_every=2", "every Mixtral layer"}}) {
+    const fs::path rd = dir_ / cat("unfit", std::hash<std::string>()(sets));
+    ASSERT_EQ(run_myriad(train(rd, cat("--set train.steps=1 ", moe, sets))).code, 0) << sets;
+    const fs::path out = dir_ / cat("unfit_hf", std::hash<std::string>()(sets));
+    expect_one_line_error(run_myriad(cat("export --checkpoint ", rd.string(), " --output ", out.string())), what);
+    EXPECT_FALSE(fs::exists(out)) << sets;
+  }
+  // A Qwen3-MoE export, then its files broken one way at a time.
+  const fs::path rd = dir_ / "qwen_moe_src", good = dir_ / "qwen_moe_good";
+  ASSERT_EQ(run_myriad(train(rd, cat("--set train.steps=1 ", moe, " --set model.qk_norm=head --set model.head_dim=8"))).code, 0);
+  ASSERT_EQ(run_myriad(cat("export --checkpoint ", rd.string(), " --dtype fp32 --output ", good.string())).code, 0);
+  int n = 0;
+  auto broken = [&](const std::function<void(nlohmann::json&, nlohmann::json&)>& change, const std::string& what) {
+    const fs::path bad = dir_ / cat("qwen_moe_bad", n++);
+    fs::create_directories(bad);
+    auto config = nlohmann::json::parse(read_file(good / "config.json"));
+    auto [header, data] = split_safetensors(read_file(good / "model.safetensors"));
+    change(config, header);
+    std::ofstream(bad / "config.json") << config.dump(2);
+    std::ofstream(bad / "model.safetensors", std::ios::binary) << join_safetensors(header, data);
+    const fs::path out = dir_ / cat("qwen_moe_out", n);
+    expect_one_line_error(run_myriad(cat("import --hf ", bad.string(), " --output ", out.string())), what);
+    EXPECT_FALSE(fs::exists(out)) << what;
+  };
+  broken([](nlohmann::json& c, nlohmann::json&) { c["num_experts"] = 8; },
+         "holds 4 experts (indices 0 to 3) but config.json says num_experts = 8");
+  broken([](nlohmann::json& c, nlohmann::json&) { c["num_local_experts"] = 3; },
+         "num_experts = 4 but num_local_experts = 3");
+  // (The safetensors reader refuses a header whose offsets leave a gap or overlap: tensors are
+  // renamed or reshaped in place, never dropped.)
+  auto rename = [](nlohmann::json& h, const std::string& from, const std::string& to) {
+    h[to] = h[from];
+    h.erase(from);
+  };
+  broken([&](nlohmann::json&, nlohmann::json& h) {
+    rename(h, "model.layers.1.mlp.experts.2.up_proj.weight", "model.layers.1.mlp.experts.2.up_projection.weight");
+  }, "tensor model.layers.1.mlp.experts.2.up_proj.weight is missing");
+  broken([&](nlohmann::json&, nlohmann::json& h) {
+    rename(h, "model.layers.0.mlp.experts.3.up_proj.weight", "model.layers.0.mlp.experts.4.up_proj.weight");
+  }, "holds 5 experts (indices 0 to 4)");
+  broken([](nlohmann::json&, nlohmann::json& h) { h["model.layers.0.self_attn.q_norm.weight"]["shape"] = {2, 4}; },
+         "tensor model.layers.0.self_attn.q_norm.weight has shape [2, 4] but the config makes it [8]");
+  broken([](nlohmann::json& c, nlohmann::json&) { c["use_sliding_window"] = true; }, "use_sliding_window = true");
+  broken([](nlohmann::json& c, nlohmann::json&) { c["attention_bias"] = true; }, "attention_bias = true");
+  broken([](nlohmann::json& c, nlohmann::json&) { c["mlp_only_layers"] = {1}; }, "mlp_only_layers = [1]");
+  broken([](nlohmann::json& c, nlohmann::json&) { c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; },
+         "rope_type = \"yarn\"");
+  // transformers 5's names (num_local_experts, rope_parameters) are read as well.
+  auto v5 = nlohmann::json::parse(read_file(good / "config.json"));
+  v5["num_local_experts"] = v5["num_experts"];
+  v5["rope_parameters"] = {{"rope_theta", v5["rope_theta"]}, {"rope_type", "default"}};
+  v5.erase("num_experts"), v5.erase("rope_theta"), v5.erase("rope_scaling");
+  const fs::path newer = dir_ / "qwen_moe_v5";
+  fs::create_directories(newer);
+  std::ofstream(newer / "config.json") << v5.dump(2);
+  fs::copy_file(good / "model.safetensors", newer / "model.safetensors");
+  const Result i = run_myriad(cat("import --hf ", newer.string(), " --output ", (dir_ / "qwen_moe_v5_ckpt").string()));
+  ASSERT_EQ(i.code, 0) << i.output;
+  EXPECT_EQ(weights(myriad::checkpoint::resolve(rd.string())), weights((dir_ / "qwen_moe_v5_ckpt").string()));
 }
 
 }  // namespace

@@ -333,15 +333,25 @@ INSTANTIATE_TEST_SUITE_P(
                               true}),
     [](const auto& info) { return std::string(info.param.name); });
 
-// Hugging Face Llama, checked independently of Myriad's own export: tools/torch_reference.py
-// writes a random Llama in transformers' layout (q_proj/k_proj/v_proj, gate_proj/up_proj,
-// safetensors of its own writing) and its logits by a separate HF-style forward (repeat_kv,
-// rotate_half). Myriad imports it: the weights come back as the ones the script was given, bit
-// for bit, and Myriad's logits of the imported model are the script's.
-class HfLlama : public ::testing::TestWithParam<Variant> {};
+// Hugging Face's Llama-block decoders, checked independently of Myriad's own export:
+// tools/torch_reference.py --hf-write writes a random model in transformers' layout of a family
+// (q_proj/k_proj/v_proj, gate_proj/up_proj, Qwen3's q_norm/k_norm, the MoE blocks' gate and
+// per-expert tensors; safetensors of its own writing; config.json in transformers 4's or 5's
+// form) and its logits by a separate HF-style forward (repeat_kv, rotate_half, a softmax router
+// with torch.topk, each expert on its tokens). Myriad imports it: the weights come back as the
+// ones the script was given, bit for bit, and Myriad's logits of the imported model are the
+// script's.
+struct HfCase {
+  const char* name;
+  const char* family;  // llama, qwen3, qwen3_moe, mixtral
+  int generation;      // transformers' config form: 4 or 5
+  std::vector<std::string> block;
+};
 
-TEST_P(HfLlama, ImportOfTransformersLayoutGivesTheSameModel) {
-  const Variant v = GetParam();
+class HfDecoder : public ::testing::TestWithParam<HfCase> {};
+
+TEST_P(HfDecoder, ImportOfTransformersLayoutGivesTheSameModel) {
+  const HfCase v = GetParam();
   const int B = 2;
   // A vocabulary that covers the byte tokenizer's 256 ids, which the import takes for it.
   std::vector<std::string> sets = {"model.layers=2", "model.d_model=32", "model.heads=4", "model.seq_len=8",
@@ -351,11 +361,11 @@ TEST_P(HfLlama, ImportOfTransformersLayoutGivesTheSameModel) {
   const Config cfg = parse_config("", "test", sets);
   Gpt model(cfg);
   std::vector<int32_t> tokens;
-  const fs::path dir = fs::temp_directory_path() / cat("myriad_hfllama_", v.name, "_", ::getpid());
+  const fs::path dir = fs::temp_directory_path() / cat("myriad_hf_", v.name, "_", ::getpid());
   write_reference_inputs(dir, cfg, model, B, tokens);
-  const std::string cmd = cat("/usr/bin/python3 ", MYRIAD_SOURCE_DIR, "/tools/torch_reference.py --hf-llama-write ",
-                              dir.string(), " > ", (dir / "log.txt").string(), " 2>&1");
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << "tools/torch_reference.py --hf-llama-write failed; log in " << (dir / "log.txt");
+  const std::string cmd = cat("/usr/bin/python3 ", MYRIAD_SOURCE_DIR, "/tools/torch_reference.py --hf-write ", v.family,
+                              " ", dir.string(), " --hf-generation ", v.generation, " > ", (dir / "log.txt").string(), " 2>&1");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "tools/torch_reference.py --hf-write failed; log in " << (dir / "log.txt");
 
   checkpoint::import_hf((dir / "hf").string(), (dir / "ckpt").string());
   const nlohmann::json meta = checkpoint::read_meta((dir / "ckpt").string());
@@ -368,6 +378,17 @@ TEST_P(HfLlama, ImportOfTransformersLayoutGivesTheSameModel) {
   EXPECT_EQ(imported.model.rope_theta, cfg.model.rope_theta);
   EXPECT_EQ(imported.model.rope_scaling, cfg.model.rope_scaling);
   EXPECT_EQ(imported.model.norm_eps, cfg.model.norm_eps);
+  EXPECT_EQ(imported.model.head_dim(), cfg.model.head_dim());
+  EXPECT_EQ(imported.model.qk_norm, cfg.model.qk_norm);
+  for (const auto& [key, a, b] : {std::tuple<const char*, int64_t, int64_t>{"experts", imported.model.experts, cfg.model.experts},
+                                  {"moe layers", imported.model.moe_layers(), cfg.model.moe_layers()}})
+    EXPECT_EQ(a, b) << key;
+  if (cfg.model.moe()) {
+    EXPECT_EQ(imported.model.experts_per_token, cfg.model.experts_per_token);
+    EXPECT_EQ(imported.model.expert_ffn(), cfg.model.expert_ffn());
+    EXPECT_EQ(imported.model.router_norm_topk, cfg.model.router_norm_topk);
+    for (int64_t l = 0; l < cfg.model.layers; ++l) EXPECT_EQ(imported.model.layer_is_moe(l), cfg.model.layer_is_moe(l)) << l;
+  }
 
   // The imported weights, gathered into a model of the same config.
   Config same = imported;
@@ -400,16 +421,38 @@ TEST_P(HfLlama, ImportOfTransformersLayoutGivesTheSameModel) {
   fs::remove_all(dir);
 }
 
+const std::vector<std::string> kQwen3 = {"model.norm=rmsnorm", "model.norm_eps=1e-6", "model.position_encoding=rope",
+                                         "model.rope_theta=1000000", "model.mlp=swiglu", "model.mlp_hidden=40",
+                                         "model.kv_heads=2", "model.head_dim=16", "model.qk_norm=head"};
+const std::vector<std::string> kExperts = {"model.experts=4", "model.experts_per_token=2", "model.expert_hidden=12",
+                                           "model.tied_embeddings=false"};
+
 INSTANTIATE_TEST_SUITE_P(
-    Variants, HfLlama,
-    ::testing::Values(Variant{"gqa_untied", false, 0, false, kLlama},
-                      Variant{"mqa_tied_scaled", false, 0, false,
-                              {"model.norm=rmsnorm", "model.position_encoding=rope", "model.mlp=swiglu",
-                               "model.mlp_hidden=40", "model.kv_heads=1", "model.rope_scaling=llama3",
-                               "model.rope_original_positions=64", "model.rope_factor=8"}},
-                      Variant{"mha", false, 0, false,
-                              {"model.norm=rmsnorm", "model.position_encoding=rope", "model.mlp=swiglu",
-                               "model.mlp_hidden=64", "model.tied_embeddings=false"}}),
+    Families, HfDecoder,
+    ::testing::Values(HfCase{"llama_gqa_untied", "llama", 4, kLlama},
+                      HfCase{"llama_mqa_tied_scaled", "llama", 4,
+                             {"model.norm=rmsnorm", "model.position_encoding=rope", "model.mlp=swiglu",
+                              "model.mlp_hidden=40", "model.kv_heads=1", "model.rope_scaling=llama3",
+                              "model.rope_original_positions=64", "model.rope_factor=8"}},
+                      HfCase{"llama_mha_v5", "llama", 5,
+                             {"model.norm=rmsnorm", "model.position_encoding=rope", "model.mlp=swiglu",
+                              "model.mlp_hidden=64", "model.tied_embeddings=false"}},
+                      // Qwen3: a head size (16) apart from d_model / heads (8), per-head norms, tied.
+                      HfCase{"qwen3_tied", "qwen3", 4, kQwen3},
+                      HfCase{"qwen3_untied_v5", "qwen3", 5, with(kQwen3, {"model.tied_embeddings=false"})},
+                      // Qwen3-MoE: a dense first layer (mlp_only_layers [0]), renormalized weights;
+                      // then every second layer sparse (decoder_sparse_step 2), not renormalized.
+                      HfCase{"qwen3_moe_dense_first", "qwen3_moe", 4, with(with(kQwen3, kExperts), {"model.dense_layers=1"})},
+                      HfCase{"qwen3_moe_sparse_step_v5", "qwen3_moe", 5,
+                             with(with(kQwen3, kExperts), {"model.moe_every=2", "model.router_norm_topk=false",
+                                                           "model.layers=4"})},
+                      HfCase{"mixtral", "mixtral", 4,
+                             with(kExperts, {"model.norm=rmsnorm", "model.norm_eps=1e-5", "model.position_encoding=rope",
+                                             "model.mlp=swiglu", "model.mlp_hidden=12", "model.kv_heads=1"})},
+                      HfCase{"mixtral_v5", "mixtral", 5,
+                             with(kExperts, {"model.norm=rmsnorm", "model.position_encoding=rope", "model.mlp=swiglu",
+                                             "model.kv_heads=2", "model.experts=3", "model.experts_per_token=3",
+                                             "model.mlp_hidden=12"})}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
