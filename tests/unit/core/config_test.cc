@@ -298,6 +298,12 @@ TEST(Config, MoePresetsHaveThePublishedCounts) {
   EXPECT_EQ(model::param_counts(o.model).total, 6919161856.0);
   EXPECT_EQ(model::param_counts(o.model).active, 1282017280.0);
   EXPECT_EQ(ParamLayout(o).total(), int64_t(model::param_counts(o.model).total));  // 50304 = 393 x 128
+  // Qwen3-0.6B (dense, head_dim 128 over d 1024 and 16 heads, QK-norm per head, tied):
+  // transformers' count, 596,049,920.
+  const Config q06 = load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/qwen3-0.6b.toml");
+  EXPECT_EQ(model::param_counts(q06.model).total, 596049920.0);
+  EXPECT_EQ(model::param_counts(q06.model).active, 596049920.0);
+  EXPECT_EQ(ParamLayout(q06).total(), int64_t(model::param_counts(q06.model).total));
   // Qwen3-235B-A22B (94 layers of 128 experts of 1536, d 4096, 64 heads of 128): Qwen's "235B
   // total, 22B activated" (this count: 235,093,634,560 and 22,190,763,520).
   const Config big = load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/qwen3-235b-a22b.toml");
