@@ -52,12 +52,9 @@ void check_cuda_config(const Config& cfg) {
 
 std::string cuda_unsupported_model(const Config& cfg) {
   const int64_t D = cfg.model.head_dim();
-  if (D * cfg.model.heads != cfg.model.d_model)
-    return cat("model.head_dim = ", D, " apart from d_model / heads has not run on the CUDA op set yet");
-  if (!cfg.model.qk_norm.empty())
-    return cat("model.qk_norm = \"", cfg.model.qk_norm, "\" is not on the CUDA op set yet");
   if (D != 64 && D != 80 && D != 128)
-    return cat("head size model.d_model / model.heads = ", D, " is not supported by the CUDA attention (64, 80 or 128)");
+    return cat("head size ", D, " (model.head_dim, or d_model / heads) is not supported by the CUDA attention (64, 80 or "
+               "128)");
   if (cfg.model.d_model % 8 != 0) return cat("model.d_model must be a multiple of 8 on CUDA, got ", cfg.model.d_model);
   if (cfg.model.moe() && cfg.train.precision == "fp8")
     return "train.precision = \"fp8\" with model.experts > 0 has not run on the CUDA op set (its experts' grouped "
@@ -830,9 +827,17 @@ void CudaOps::ce_losses(float* losses, float* sums, const float* parts, const in
   cuda::ce_losses(losses, sums, parts, targets, N, st_->stream);
 }
 
-void CudaOps::moe_not_built() {
-  throw Error(ErrorClass::kInternal, "an op the CUDA op set does not have (QK-norm) was called; the model should "
-                                     "have been refused (cuda_unsupported_model)");
+void CudaOps::qk_norm_forward(QkNorm n, Act* qkv, float* rstd, const Act* raw, const Param* wq, const Param* wk, int N,
+                              int Hkv, int G, int D) const {
+  OpScope op(*st_, "qk_norm_forward", N, Hkv * G, D);
+  MYRIAD_CHECK(n.kind != QkNormKind::kNone, "qk_norm_forward without a norm");
+  cuda::qk_norm_forward(n.kind == QkNormKind::kHead, qkv, rstd, raw, wq, wk, N, Hkv, G, D, n.eps, st_->stream);
+}
+
+void CudaOps::qk_norm_backward(QkNorm n, Act* dqkv, float* dwq, float* dwk, const Act* raw, const Param* wq,
+                               const Param* wk, const float* rstd, int N, int Hkv, int G, int D) const {
+  OpScope op(*st_, "qk_norm_backward", N, Hkv * G, D);
+  cuda::qk_norm_backward(n.kind == QkNormKind::kHead, dqkv, dwq, dwk, raw, wq, wk, rstd, N, Hkv, G, D, st_->stream);
 }
 
 void CudaOps::ce_tp_backward(Act* dlogits, const float* mx, const float* sums, float dloss, const int32_t* targets,

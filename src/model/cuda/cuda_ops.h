@@ -219,16 +219,12 @@ class CudaOps {
                        bool accumulate) const;
   void combine_backward(Act* dys, float* dweights, const Act* dout, const Act* ys, const float* weights,
                         const int32_t* pos, int N, int k, int C) const;
-  // The queries' and keys' norm (model.qk_norm): not on this op set yet; cuda_unsupported_model
-  // refuses such a model first (the CPU op set has them).
-  void qk_norm_forward(QkNorm, Act*, float*, const Act*, const Param*, const Param*, int, int, int, int) const {
-    moe_not_built();
-  }
-  void qk_norm_backward(QkNorm, Act*, float*, float*, const Act*, const Param*, const Param*, const float*, int, int,
-                        int, int) const {
-    moe_not_built();
-  }
-  [[noreturn]] static void moe_not_built();  // the QK-norm stubs'
+  // The queries' and keys' RMSNorm (model.qk_norm; the contract is CpuOps's): one block per
+  // token, fp32 sums in a fixed order (ops/cuda/qk_norm.cu).
+  void qk_norm_forward(QkNorm n, Act* qkv, float* rstd, const Act* raw, const Param* wq, const Param* wk, int N,
+                       int Hkv, int G, int D) const;
+  void qk_norm_backward(QkNorm n, Act* dqkv, float* dwq, float* dwk, const Act* raw, const Param* wq, const Param* wk,
+                        const float* rstd, int N, int Hkv, int G, int D) const;
   // The tensor-parallel regions reduce in fp32: activations widened before, narrowed after.
   void widen(float* dst, const Act* src, int64_t n) const;
   void narrow(Act* dst, const float* src, int64_t n) const;

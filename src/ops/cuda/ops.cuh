@@ -278,6 +278,12 @@ void combine_backward(bf16* dys,        // (M,C) = (rows of dropped slots untouc
 // output may be null. E at most router_backward_max_experts().
 void router_backward(bf16* dx, float* dw, const float* dlogits, const bf16* x, const bf16* w, int N, int C, int E,
                      cudaStream_t stream);
+// The queries' and keys' RMSNorm (ops/cuda/qk_norm.cu; CpuOps::qk_norm_* is the contract):
+// per head (Qwen3's) or over a token's whole query and key blocks (per_head false, OLMoE's).
+void qk_norm_forward(bool per_head, bf16* qkv, float* rstd, const bf16* raw, const bf16* wq, const bf16* wk, int N,
+                     int Hkv, int G, int D, float eps, cudaStream_t stream);
+void qk_norm_backward(bool per_head, bf16* dqkv, float* dwq, float* dwk, const bf16* raw, const bf16* wq,
+                      const bf16* wk, const float* rstd, int N, int Hkv, int G, int D, cudaStream_t stream);
 int router_backward_max_experts();
 // The routing on the device (the oracle's, ops/cpu/moe.cc: its choice, weights and gradient, see
 // moe.cu), dropless: a capacity runs on the host. route_tokens writes choice and weights (N,k),
