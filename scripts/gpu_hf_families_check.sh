@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# On the GPU machine, whose python3 has transformers (the dev machine has not): Qwen3, Qwen3-MoE
+# and Mixtral interchange against transformers itself (docs/notes/hf.md), for each family:
+#   1. a model Myriad trained (3 steps on the CPU, byte ids), exported in fp32, loads with
+#      AutoModelForCausalLM.from_pretrained as the family's class and gives Myriad's logits
+#      (`myriad sample --logits`) within 1e-4;
+#   2. a random model of the family that transformers made and saved (its own config form and
+#      file layout) imports, and Myriad's logits are transformers' within 1e-4.
+# The shapes: Qwen3 with a head size (16) apart from d_model / heads (8) and per-head query-key
+# norms; Qwen3-MoE with a dense first layer (mlp_only_layers) and renormalized top-2 of 4
+# experts; Mixtral top-2 of 4. Both sides in fp32 (`myriad sample` runs on the CPU).
+# Prints one line per check ("ok: ..." or "FAIL: ..."); exits nonzero on a failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+B=${MYRIAD:-/tmp/m/bin/myriad}
+[ -f scripts/device_env.sh ] && source scripts/device_env.sh
+W=$(mktemp -d)
+fail=0
+P="Hello world, it's 12:34"
+printf 'Myriad trains on these words. %.0s' $(seq 1 400) > "$W/corpus.txt"
+"$B" prepare --input "$W/corpus.txt" --tokenizer byte --output "$W/d" >"$W/prepare.log" 2>&1 || { echo "FAIL: prepare"; fail=1; }
+common="--set model.layers=2 --set model.d_model=32 --set model.heads=4 --set model.seq_len=32 --set model.vocab_size=256
+  --set model.norm=rmsnorm --set model.position_encoding=rope --set model.mlp=swiglu --set model.bias=false
+  --set model.kv_heads=2 --set model.rope_theta=1000000 --set train.steps=3 --set train.device=cpu
+  --set train.global_batch=2 --set train.micro_batch=1 --set train.eval_every=0 --set data.tokenizer=byte"
+declare -A SETS=(
+  [qwen3]="--set model.head_dim=16 --set model.qk_norm=head --set model.mlp_hidden=40"
+  [qwen3_moe]="--set model.head_dim=16 --set model.qk_norm=head --set model.mlp_hidden=40 --set model.dense_layers=1
+    --set model.experts=4 --set model.experts_per_token=2 --set model.expert_hidden=24 --set model.tied_embeddings=false"
+  [mixtral]="--set model.mlp_hidden=24 --set model.experts=4 --set model.experts_per_token=2 --set model.expert_hidden=24
+    --set model.tied_embeddings=false")
+for f in qwen3 qwen3_moe mixtral; do
+  # shellcheck disable=SC2086
+  "$B" train --config configs/demo.toml --run-dir "$W/$f" --set data.train="$W/d" --set data.valid= $common ${SETS[$f]} \
+    >"$W/train_$f.log" 2>&1 || { echo "FAIL: train $f"; tail -3 "$W/train_$f.log"; fail=1; continue; }
+  "$B" export --checkpoint "$W/$f" --dtype fp32 --output "$W/${f}_hf" >"$W/export_$f.log" 2>&1 ||
+    { echo "FAIL: export $f"; tail -3 "$W/export_$f.log"; fail=1; continue; }
+  "$B" sample --checkpoint "$W/$f" --prompt "$P" --tokens 0 --logits "$W/$f.json" >"$W/sample_$f.log" 2>&1 ||
+    { echo "FAIL: sample $f"; tail -3 "$W/sample_$f.log"; fail=1; continue; }
+  python3 - "$W" "$f" <<'PY' || fail=1
+import json, sys, torch
+from transformers import AutoModelForCausalLM
+w, f = sys.argv[1], sys.argv[2]
+mine = json.load(open(f"{w}/{f}.json"))
+model = AutoModelForCausalLM.from_pretrained(f"{w}/{f}_hf", torch_dtype=torch.float32).eval()
+with torch.no_grad():
+    got = model(torch.tensor([mine["prompt_ids"]])).logits[0, -1].double()
+ref = torch.tensor(mine["logits"], dtype=torch.float64)
+err = ((got - ref).norm() / ref.norm()).item()
+print(f"{'ok' if err < 1e-4 else 'FAIL'}: {type(model).__name__}.from_pretrained loads Myriad's {f} export; its logits "
+      f"after the prompt are Myriad's within {err:.1e}")
+sys.exit(0 if err < 1e-4 else 1)
+PY
+  python3 - "$W/tf_$f" "$f" "$P" <<'PY' || { fail=1; continue; }
+import json, sys, torch
+import transformers as T
+d, f, prompt = sys.argv[1], sys.argv[2], sys.argv[3]
+torch.manual_seed(0)
+common = dict(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False)
+if f == "qwen3":
+    cfg = T.Qwen3Config(intermediate_size=96, head_dim=32, **common)
+elif f == "qwen3_moe":
+    cfg = T.Qwen3MoeConfig(intermediate_size=96, head_dim=32, moe_intermediate_size=48, num_experts=4,
+                           num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[0], **common)
+else:
+    cfg = T.MixtralConfig(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, **common)
+model = T.AutoModelForCausalLM.from_config(cfg).eval()
+with torch.no_grad():  # weights of a visible scale, the norms not all ones
+    for p in model.parameters():
+        p.normal_(0, 0.3 if p.dim() == 1 else 0.05).add_(1.0 if p.dim() == 1 else 0.0)
+model.save_pretrained(d, safe_serialization=True)
+ids = list(prompt.encode())
+with torch.no_grad():
+    logits = T.AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32).eval()(torch.tensor([ids])).logits[0, -1]
+json.dump({"prompt_ids": ids, "logits": logits.tolist()}, open(f"{d}/transformers.json", "w"))
+saved = json.load(open(f"{d}/config.json"))
+print(f"   (transformers {T.__version__} saved {f} with: " +
+      ", ".join(k for k in ("rope_parameters", "rope_theta", "num_experts", "num_local_experts") if k in saved) + ")")
+PY
+  "$B" import --hf "$W/tf_$f" --output "$W/tf_${f}_ckpt" >"$W/import_$f.log" 2>&1 ||
+    { echo "FAIL: import of transformers' $f"; tail -3 "$W/import_$f.log"; fail=1; continue; }
+  "$B" sample --checkpoint "$W/tf_${f}_ckpt" --prompt "$P" --tokens 0 --logits "$W/tf_$f.json" >"$W/sample_tf_$f.log" 2>&1 ||
+    { echo "FAIL: sample of the imported $f"; tail -3 "$W/sample_tf_$f.log"; fail=1; continue; }
+  python3 - "$W/tf_$f/transformers.json" "$W/tf_$f.json" "$f" <<'PY' || fail=1
+import json, sys, math
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+same_ids = a["prompt_ids"] == b["prompt_ids"]
+d = math.sqrt(sum((x - y) ** 2 for x, y in zip(a["logits"], b["logits"])))
+r = math.sqrt(sum(y * y for y in a["logits"]))
+ok = same_ids and d / r < 1e-4
+print(f"{'ok' if ok else 'FAIL'}: a random {sys.argv[3]} saved by transformers imports; Myriad's logits are "
+      f"transformers' within {d / r:.1e}" + ("" if same_ids else " (the prompt ids differ)"))
+sys.exit(0 if ok else 1)
+PY
+done
+[ "$fail" = 0 ] || cp "$W"/*.log "${OUT:-/tmp/out}/" 2>/dev/null
+rm -rf "$W"
+exit $fail
