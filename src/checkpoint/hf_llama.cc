@@ -86,9 +86,7 @@ std::string expert_name(const Dialect& d, int64_t e, int which) {
 // Each family claims the models only it can express; Llama takes the rest of its block's.
 template <const Dialect& D>
 bool claims(const ModelConfig& m) {
-  if (&D == &kMixtral) return m.moe() && m.qk_norm.empty();
-  if (&D == &kQwen3Moe) return m.moe() && !m.qk_norm.empty();
-  if (&D == &kQwen3) return !m.moe() && !m.qk_norm.empty();
+  if (&D != &kLlama) return (D.experts != Experts::kNone) == m.moe() && D.qk_norm == !m.qk_norm.empty();
   return m.rmsnorm() || m.rope() || m.swiglu() || m.kv() != m.heads || !m.tied_embeddings ||
          m.ffn() != 4 * m.d_model;
 }
@@ -238,51 +236,18 @@ std::map<std::string, HostTensor> to_hf(std::map<std::string, HostTensor> my, co
   return out;
 }
 
-// A mixture of experts' fields into cfg, as either generation writes them: Qwen3-MoE's
-// num_experts (transformers 4) or num_local_experts (5), moe_intermediate_size, norm_topk_prob,
-// decoder_sparse_step and mlp_only_layers (the first layers only: Myriad's dense_layers);
-// Mixtral's num_local_experts, its intermediate_size the experts', every layer MoE.
-template <const Dialect& D, class Int, class Num, class Flag>
-void read_experts(const nlohmann::json& hf, const std::string& where, Config& cfg, Int& integer, Num& number,
-                  Flag& flag) {
-  ModelConfig& m = cfg.model;
-  const bool qwen = D.experts == Experts::kQwen;
-  const bool old_name = hf.contains("num_experts") && !hf["num_experts"].is_null();
-  const bool new_name = hf.contains("num_local_experts") && !hf["num_local_experts"].is_null();
-  if (qwen && old_name && new_name && hf["num_experts"] != hf["num_local_experts"])
-    throw_input(where, "num_experts = ", hf["num_experts"].dump(), " but num_local_experts = ",
-                hf["num_local_experts"].dump(), ": the two generations' names disagree; keep one");
-  m.experts = integer(hf, qwen && old_name ? "num_experts" : "num_local_experts", {});
-  m.experts_per_token = integer(hf, "num_experts_per_tok", qwen ? std::optional<int64_t>{} : std::optional<int64_t>{2});
-  m.router_score = "softmax", m.router_scale = 1, m.router_groups = 1, m.router_top_groups = 1;
-  cfg.moe.aux_loss = number(hf, "router_aux_loss_coef", qwen ? 0.001 : 0.02);
-  if (!qwen) {  // Mixtral: intermediate_size is the experts'; the weights always renormalized
-    m.expert_hidden = m.mlp_hidden, m.router_norm_topk = true;
-    return;
-  }
-  m.expert_hidden = integer(hf, "moe_intermediate_size", {});
-  m.router_norm_topk = flag("norm_topk_prob", false);
-  m.moe_every = integer(hf, "decoder_sparse_step", 1);
-  if (hf.contains("mlp_only_layers") && !hf["mlp_only_layers"].is_null()) {
-    const nlohmann::json& dense = hf["mlp_only_layers"];
-    if (!dense.is_array()) throw_input(where, "mlp_only_layers is ", dense.dump(), ", not a list of layer indices");
-    for (size_t i = 0; i < dense.size(); ++i)
-      if (!dense[i].is_number_integer() || dense[i].get<int64_t>() != int64_t(i))
-        throw_input(where, "mlp_only_layers = ", dense.dump().substr(0, 80), ": Myriad's dense layers are the first ",
-                    "ones (model.dense_layers), so this list must be 0, 1, ..., k-1");
-    m.dense_layers = static_cast<int64_t>(dense.size());
-  }
-}
-
-template <const Dialect& D>
-Config from_hf_config(const nlohmann::json& hf, const std::string& where) {
-  // Sizes are positive integers, named in transformers' words with the value as the file writes
-  // it: Myriad's own config check would speak of model.d_model where the file says hidden_size.
-  auto integer = [&](const nlohmann::json& j, const std::string& key, std::optional<int64_t> fallback,
-                     const std::string& prefix = "") -> int64_t {
+// config.json's fields, read in transformers' words with the value as the file writes it:
+// Myriad's own config check would speak of model.d_model where the file says hidden_size. Sizes
+// are positive integers; a null is an absent field.
+struct Fields {
+  const nlohmann::json& hf;
+  const std::string& where;
+  const char* architecture;
+  int64_t integer(const nlohmann::json& j, const std::string& key, std::optional<int64_t> fallback,
+                  const std::string& prefix = "") const {
     if (!j.contains(key) || j[key].is_null()) {
       if (fallback) return *fallback;
-      throw_input(where, prefix, key, " is missing", prefix.empty() ? cat(": not a ", D.architecture, " config") : "");
+      throw_input(where, prefix, key, " is missing", prefix.empty() ? cat(": not a ", architecture, " config") : "");
     }
     if (!j[key].is_number_integer()) throw_input(where, prefix, key, " is ", j[key].dump(), ", not an integer");
     if (j[key].is_number_unsigned() && j[key].get<uint64_t>() > uint64_t(std::numeric_limits<int32_t>::max()))
@@ -290,57 +255,27 @@ Config from_hf_config(const nlohmann::json& hf, const std::string& where) {
     const int64_t v = j[key].get<int64_t>();
     if (v < 1) throw_input(where, prefix, key, " = ", j[key].dump(), ": it must be a positive integer");
     return v;
-  };
-  auto number = [&](const nlohmann::json& j, const std::string& key, double fallback, const std::string& prefix = "") -> double {
+  }
+  double number(const nlohmann::json& j, const std::string& key, double fallback, const std::string& prefix = "") const {
     if (!j.contains(key) || j[key].is_null()) return fallback;
     if (!j[key].is_number()) throw_input(where, prefix, key, " is ", j[key].dump(), ", not a number");
     return j[key].get<double>();
-  };
-  auto flag = [&](const char* key, bool fallback) -> bool {
+  }
+  bool flag(const char* key, bool fallback) const {
     if (!hf.contains(key) || hf[key].is_null()) return fallback;
     if (!hf[key].is_boolean()) throw_input(where, key, " is ", hf[key].dump(), ", not true or false");
     return hf[key].get<bool>();
-  };
-  if (hf.contains("hidden_act") && hf["hidden_act"] != "silu")
-    throw_input(where, "hidden_act = ", hf["hidden_act"].dump(), ": Myriad's SwiGLU gates with silu");
-  const bool attention_bias = flag("attention_bias", false), mlp_bias = flag("mlp_bias", false);
-  if (&D != &kLlama && attention_bias)
-    throw_input(where, "attention_bias = true: ", D.architecture, "'s attention biases without MLP biases, a shape Myriad "
-                "lacks (its model.bias gives the attention's and the MLP's linear layers biases together)");
-  if (attention_bias != mlp_bias)
-    throw_input(where, "attention_bias = ", attention_bias ? "true" : "false", " but mlp_bias = ", mlp_bias ? "true" : "false",
-                ": Myriad's model.bias gives the attention's and the MLP's linear layers biases together");
-  Config cfg;
-  ModelConfig& m = cfg.model;
-  m.norm = "rmsnorm", m.position_encoding = "rope", m.mlp = "swiglu", m.bias = attention_bias;
-  m.layers = integer(hf, "num_hidden_layers", {}), m.d_model = integer(hf, "hidden_size", {});
-  m.heads = integer(hf, "num_attention_heads", {});
-  m.kv_heads = integer(hf, "num_key_value_heads", m.heads);
-  m.mlp_hidden = integer(hf, "intermediate_size", {});
-  m.vocab_size = integer(hf, "vocab_size", {});
-  m.positions = integer(hf, "max_position_embeddings", 2048);
-  m.seq_len = std::min<int64_t>(m.positions, 8192);
-  m.norm_eps = number(hf, "rms_norm_eps", 1e-6);
-  m.tied_embeddings = flag("tie_word_embeddings", false);
-  m.init_std = number(hf, "initializer_range", 0.02);
-  // The head size: hidden_size / num_attention_heads unless head_dim says otherwise (Qwen3's
-  // 128 at hidden_size 1024 and 16 heads); kept in model.head_dim only where it differs.
-  if (hf.contains("head_dim") && !hf["head_dim"].is_null()) {
-    const int64_t d = integer(hf, "head_dim", {});
-    if (m.d_model % m.heads != 0 || d != m.d_model / m.heads) m.head_size = d;
-  } else if (m.d_model % m.heads != 0) {
-    throw_input(where, "hidden_size = ", m.d_model, " is not a multiple of num_attention_heads = ", m.heads,
-                " and head_dim is not given");
   }
-  if (m.heads % m.kv_heads != 0)
-    throw_input(where, "num_key_value_heads = ", m.kv_heads, " does not divide num_attention_heads = ", m.heads,
-                ": each key/value head serves an equal group of query heads");
+};
 
-  // Rotary positions, in either form transformers writes: before version 5, rope_theta and
-  // rope_scaling ({rope_type or type, and the type's fields}, null for none) at the top; from
-  // version 5, rope_parameters ({rope_theta, rope_type, and the type's fields}). Both are read;
-  // where a file has both, they must agree. Nothing the file does not say is filled in, except
-  // transformers' own default theta (10000) when neither form gives one.
+// Rotary positions, in either form transformers writes: before version 5, rope_theta and
+// rope_scaling ({rope_type or type, and the type's fields}, null for none) at the top; from
+// version 5, rope_parameters ({rope_theta, rope_type, and the type's fields}). Both are read;
+// where a file has both, they must agree. Nothing the file does not say is filled in, except
+// transformers' own default theta (10000) when neither form gives one.
+void read_rope(const Fields& f, ModelConfig& m) {
+  const nlohmann::json& hf = f.hf;
+  const std::string& where = f.where;
   const nlohmann::json params = hf.contains("rope_parameters") ? hf["rope_parameters"] : nlohmann::json();
   if (!params.is_null() && !params.is_object())
     throw_input(where, "rope_parameters is ", params.dump().substr(0, 80), ", not an object or null");
@@ -354,9 +289,9 @@ Config from_hf_config(const nlohmann::json& hf, const std::string& where) {
     throw_input(where, "rope_scaling is ", scaling.dump().substr(0, 80), ", not an object or null");
   const bool top_theta = hf.contains("rope_theta") && !hf["rope_theta"].is_null();
   const bool inner_theta = params.is_object() && params.contains("rope_theta") && !params["rope_theta"].is_null();
-  m.rope_theta = number(hf, "rope_theta", 10000);
+  m.rope_theta = f.number(hf, "rope_theta", 10000);
   if (inner_theta) {
-    const double t = number(params, "rope_theta", 0, "rope_parameters.");
+    const double t = f.number(params, "rope_theta", 0, "rope_parameters.");
     if (top_theta && t != m.rope_theta)
       throw_input(where, "rope_theta = ", hf["rope_theta"].dump(), " but rope_parameters.rope_theta = ",
                   params["rope_theta"].dump(), ": the two forms disagree; keep one");
@@ -382,9 +317,9 @@ Config from_hf_config(const nlohmann::json& hf, const std::string& where) {
       if (!j.contains(key) || j[key].is_null())
         throw_input(where, prefix, key, " is missing: Llama 3.1's rotary scaling (rope_type \"llama3\") needs factor, "
                     "low_freq_factor, high_freq_factor and original_max_position_embeddings");
-    s.factor = number(j, "factor", 0, prefix), s.low = number(j, "low_freq_factor", 0, prefix);
-    s.high = number(j, "high_freq_factor", 0, prefix);
-    s.positions = integer(j, "original_max_position_embeddings", {}, prefix);
+    s.factor = f.number(j, "factor", 0, prefix), s.low = f.number(j, "low_freq_factor", 0, prefix);
+    s.high = f.number(j, "high_freq_factor", 0, prefix);
+    s.positions = f.integer(j, "original_max_position_embeddings", {}, prefix);
     return s;
   };
   const std::optional<Scaling> old_form = scaling.is_object() ? std::optional(scaling_of(scaling, "rope_scaling."))
@@ -400,16 +335,94 @@ Config from_hf_config(const nlohmann::json& hf, const std::string& where) {
     m.rope_factor = s.factor, m.rope_low_freq_factor = s.low, m.rope_high_freq_factor = s.high;
     m.rope_original_positions = s.positions;
   }
+}
+
+// A mixture of experts' fields into cfg, as either generation writes them: Qwen3-MoE's
+// num_experts (transformers 4) or num_local_experts (5), moe_intermediate_size, norm_topk_prob,
+// decoder_sparse_step and mlp_only_layers (the first layers only: Myriad's dense_layers);
+// Mixtral's num_local_experts, its intermediate_size the experts', every layer MoE.
+template <const Dialect& D>
+void read_experts(const Fields& f, Config& cfg) {
+  const nlohmann::json& hf = f.hf;
+  const std::string& where = f.where;
+  ModelConfig& m = cfg.model;
+  const bool qwen = D.experts == Experts::kQwen;
+  const bool old_name = hf.contains("num_experts") && !hf["num_experts"].is_null();
+  const bool new_name = hf.contains("num_local_experts") && !hf["num_local_experts"].is_null();
+  if (qwen && old_name && new_name && hf["num_experts"] != hf["num_local_experts"])
+    throw_input(where, "num_experts = ", hf["num_experts"].dump(), " but num_local_experts = ",
+                hf["num_local_experts"].dump(), ": the two generations' names disagree; keep one");
+  m.experts = f.integer(hf, qwen && old_name ? "num_experts" : "num_local_experts", {});
+  m.experts_per_token = f.integer(hf, "num_experts_per_tok", qwen ? std::optional<int64_t>{} : std::optional<int64_t>{2});
+  m.router_score = "softmax", m.router_scale = 1, m.router_groups = 1, m.router_top_groups = 1;
+  cfg.moe.aux_loss = f.number(hf, "router_aux_loss_coef", qwen ? 0.001 : 0.02);
+  if (!qwen) {  // Mixtral: intermediate_size is the experts'; the weights always renormalized
+    m.expert_hidden = m.mlp_hidden, m.router_norm_topk = true;
+    return;
+  }
+  m.expert_hidden = f.integer(hf, "moe_intermediate_size", {});
+  m.router_norm_topk = f.flag("norm_topk_prob", false);
+  m.moe_every = f.integer(hf, "decoder_sparse_step", 1);
+  if (hf.contains("mlp_only_layers") && !hf["mlp_only_layers"].is_null()) {
+    const nlohmann::json& dense = hf["mlp_only_layers"];
+    if (!dense.is_array()) throw_input(where, "mlp_only_layers is ", dense.dump(), ", not a list of layer indices");
+    for (size_t i = 0; i < dense.size(); ++i)
+      if (!dense[i].is_number_integer() || dense[i].get<int64_t>() != int64_t(i))
+        throw_input(where, "mlp_only_layers = ", dense.dump().substr(0, 80), ": Myriad's dense layers are the first ",
+                    "ones (model.dense_layers), so this list must be 0, 1, ..., k-1");
+    m.dense_layers = static_cast<int64_t>(dense.size());
+  }
+}
+
+template <const Dialect& D>
+Config from_hf_config(const nlohmann::json& hf, const std::string& where) {
+  const Fields f{hf, where, D.architecture};
+  if (hf.contains("hidden_act") && hf["hidden_act"] != "silu")
+    throw_input(where, "hidden_act = ", hf["hidden_act"].dump(), ": Myriad's SwiGLU gates with silu");
+  const bool attention_bias = f.flag("attention_bias", false), mlp_bias = f.flag("mlp_bias", false);
+  if (&D != &kLlama && attention_bias)
+    throw_input(where, "attention_bias = true: ", D.architecture, "'s attention biases without MLP biases, a shape Myriad "
+                "lacks (its model.bias gives the attention's and the MLP's linear layers biases together)");
+  if (attention_bias != mlp_bias)
+    throw_input(where, "attention_bias = ", attention_bias ? "true" : "false", " but mlp_bias = ", mlp_bias ? "true" : "false",
+                ": Myriad's model.bias gives the attention's and the MLP's linear layers biases together");
+  Config cfg;
+  ModelConfig& m = cfg.model;
+  m.norm = "rmsnorm", m.position_encoding = "rope", m.mlp = "swiglu", m.bias = attention_bias;
+  m.layers = f.integer(hf, "num_hidden_layers", {}), m.d_model = f.integer(hf, "hidden_size", {});
+  m.heads = f.integer(hf, "num_attention_heads", {});
+  m.kv_heads = f.integer(hf, "num_key_value_heads", m.heads);
+  m.mlp_hidden = f.integer(hf, "intermediate_size", {});
+  m.vocab_size = f.integer(hf, "vocab_size", {});
+  m.positions = f.integer(hf, "max_position_embeddings", 2048);
+  m.seq_len = std::min<int64_t>(m.positions, 8192);
+  m.norm_eps = f.number(hf, "rms_norm_eps", 1e-6);
+  m.tied_embeddings = f.flag("tie_word_embeddings", false);
+  m.init_std = f.number(hf, "initializer_range", 0.02);
+  // The head size: hidden_size / num_attention_heads unless head_dim says otherwise (Qwen3's
+  // 128 at hidden_size 1024 and 16 heads); kept in model.head_dim only where it differs.
+  if (hf.contains("head_dim") && !hf["head_dim"].is_null()) {
+    const int64_t d = f.integer(hf, "head_dim", {});
+    if (m.d_model % m.heads != 0 || d != m.d_model / m.heads) m.head_size = d;
+  } else if (m.d_model % m.heads != 0) {
+    throw_input(where, "hidden_size = ", m.d_model, " is not a multiple of num_attention_heads = ", m.heads,
+                " and head_dim is not given");
+  }
+  if (m.heads % m.kv_heads != 0)
+    throw_input(where, "num_key_value_heads = ", m.kv_heads, " does not divide num_attention_heads = ", m.heads,
+                ": each key/value head serves an equal group of query heads");
+
+  read_rope(f, m);
   if (D.qk_norm) {
     m.qk_norm = "head";
-    if (flag("use_sliding_window", false))
+    if (f.flag("use_sliding_window", false))
       throw_input(where, "use_sliding_window = true: sliding-window layers (max_window_layers) are not imported; "
                   "Myriad's window is one for every layer");
   }
   if (&D == &kMixtral && hf.contains("sliding_window") && !hf["sliding_window"].is_null())
     throw_input(where, "sliding_window = ", hf["sliding_window"].dump(), ": a sliding window is not imported (Myriad "
                 "exports and imports Mixtral with full causal attention)");
-  if (D.experts != Experts::kNone) read_experts<D>(hf, where, cfg, integer, number, flag);
+  if (D.experts != Experts::kNone) read_experts<D>(f, cfg);
   // The tokenizer the model was trained with: what `export` wrote, else Llama 3's for a Llama
   // of its vocabulary, else bytes (the ids then are not the model's own tokenizer's: Qwen's and
   // Mistral's vocabularies are not Myriad's).
@@ -420,34 +433,38 @@ Config from_hf_config(const nlohmann::json& hf, const std::string& where) {
   return cfg;
 }
 
+// The experts a file holds against config.json's count, said before any tensor is taken:
+// "tensor ... is missing" or "not part of" would name one tensor of the difference.
+template <const Dialect& D>
+void check_expert_count(const std::map<std::string, HostTensor>& hf, const ModelConfig& m, const std::string& where) {
+  for (int64_t l = 0; l < m.layers; ++l) {
+    if (!m.layer_is_moe(l)) continue;
+    const std::string prefix = hf_layer(l) + moe_prefix(D) + "experts.";
+    std::set<int64_t> held;  // the expert indices the file names in this layer
+    for (const auto& [name, t] : hf)
+      if (name.starts_with(prefix)) {
+        const std::string rest = name.substr(prefix.size());
+        const size_t dot = rest.find('.');
+        const std::string digits = rest.substr(0, dot);
+        if (digits.empty() || digits.size() > 9 || !std::all_of(digits.begin(), digits.end(), ::isdigit))
+          throw_input(where, "tensor ", name, " names no expert index");
+        held.insert(std::stoll(digits));
+      }
+    const bool whole = int64_t(held.size()) == m.experts && (held.empty() || *held.rbegin() == m.experts - 1);
+    if (!whole)
+      throw_input(where, "layer ", l, " holds ", held.size(), " experts",
+                  held.empty() ? std::string() : cat(" (indices ", *held.begin(), " to ", *held.rbegin(), ")"),
+                  " but config.json says ", D.experts == Experts::kMixtral ? "num_local_experts" : "num_experts", " = ",
+                  m.experts, ": the config and the weights disagree");
+  }
+}
+
 template <const Dialect& D>
 std::map<std::string, HostTensor> from_hf(std::map<std::string, HostTensor>& hf, const ModelConfig& m,
                                           const std::string& where) {
   const QkvRows x(m);
   const int64_t C = m.d_model, F = m.ffn(), Fe = m.expert_ffn(), V = m.vocab_size, Q = (x.H + 2 * x.Hkv) * x.D;
-  // The experts a file holds against config.json's count, said first: "tensor ... is missing"
-  // or "not part of" would name one tensor of the difference.
-  if (D.experts != Experts::kNone)
-    for (int64_t l = 0; l < m.layers; ++l) {
-      if (!m.layer_is_moe(l)) continue;
-      const std::string prefix = hf_layer(l) + moe_prefix(D) + "experts.";
-      std::set<int64_t> held;  // the expert indices the file names in this layer
-      for (const auto& [name, t] : hf)
-        if (name.starts_with(prefix)) {
-          const std::string rest = name.substr(prefix.size());
-          const size_t dot = rest.find('.');
-          const std::string digits = rest.substr(0, dot);
-          if (digits.empty() || digits.size() > 9 || !std::all_of(digits.begin(), digits.end(), ::isdigit))
-            throw_input(where, "tensor ", name, " names no expert index");
-          held.insert(std::stoll(digits));
-        }
-      const bool whole = int64_t(held.size()) == m.experts && (held.empty() || *held.rbegin() == m.experts - 1);
-      if (!whole)
-        throw_input(where, "layer ", l, " holds ", held.size(), " experts",
-                    held.empty() ? std::string() : cat(" (indices ", *held.begin(), " to ", *held.rbegin(), ")"),
-                    " but config.json says ", D.experts == Experts::kMixtral ? "num_local_experts" : "num_experts", " = ",
-                    m.experts, ": the config and the weights disagree");
-    }
+  if (D.experts != Experts::kNone) check_expert_count<D>(hf, m, where);
   std::map<std::string, HostTensor> out;
   // The tensor `name`, of `shape`, taken out of hf.
   auto take = [&](const std::string& name, std::vector<int64_t> shape) {
