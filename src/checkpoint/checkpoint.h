@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -72,7 +73,10 @@ std::string save(const std::string& root, int64_t step, nlohmann::json meta,
 
 // save() by one process into `dir` itself (`myriad import`): DIR.partial-<pid>, then renamed.
 // `dir` must not exist (an input error); it is never replaced, even if it appears meanwhile.
-void save_as(const std::string& dir, int64_t step, nlohmann::json meta, const std::vector<Shard>& shards);
+// `files` (name -> bytes) are written beside the tensors and commit with them (an imported
+// model's tokenizer files).
+void save_as(const std::string& dir, int64_t step, nlohmann::json meta, const std::vector<Shard>& shards,
+             const std::map<std::string, std::string>& files = {});
 
 // One save at a time on a thread of its own (the second stage of an asynchronous save: the
 // first is the snapshot its shards point into, which must stay untouched until it ends).

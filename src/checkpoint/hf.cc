@@ -30,9 +30,12 @@ const std::vector<const HfFamily*>& hf_families() {
 }
 
 nlohmann::json hf_special_tokens(const std::string& tokenizer) {
+  if (tokenizer == "byte") return {{"bos_token_id", nullptr}, {"eos_token_id", nullptr}};
   if (tokenizer == "gpt2") return {{"bos_token_id", 50256}, {"eos_token_id", 50256}};
   if (tokenizer == "llama3") return {{"bos_token_id", 128000}, {"eos_token_id", 128001}};
-  return {{"bos_token_id", nullptr}, {"eos_token_id", nullptr}};
+  // Qwen3's and a Hugging Face file's: the document end Myriad's data ends each document with;
+  // no beginning of text (Qwen's tokenizer sets none).
+  return {{"bos_token_id", nullptr}, {"eos_token_id", data::make_tokenizer(tokenizer)->eot()}};
 }
 
 // The files transformers' AutoTokenizer reads for `tokenizer`, into `into`, whatever the model's
@@ -40,18 +43,25 @@ nlohmann::json hf_special_tokens(const std::string& tokenizer) {
 namespace {
 
 std::vector<std::string> write_tokenizer(const fs::path& into, const std::string& tokenizer, int64_t max_length) {
-  if (tokenizer == "llama3") {  // transformers' fast tokenizer reads tokenizer.json: the one Myriad encodes with
-    const fs::path src = fs::path(data::llama3_dir()) / "tokenizer.json";
-    const std::string bytes = read_file(src.string());
-    if (bytes.empty()) throw_input("export: ", src.string(), " is missing: run scripts/setup.sh");
+  if (const fs::path src = data::hf_tokenizer_dir(tokenizer); !src.empty()) {
+    // transformers' fast tokenizer reads tokenizer.json: the one Myriad encodes with, and its
+    // tokenizer_config.json where there is one (Qwen's, an imported model's), else the least
+    // that names its class and ends.
+    const std::string bytes = read_file((src / "tokenizer.json").string());
+    if (bytes.empty()) throw_input("export: ", (src / "tokenizer.json").string(), " is missing: ",
+                                   tokenizer.starts_with("hf:") ? "restore it" : "run scripts/setup.sh");
     write_file_durably((into / "tokenizer.json").string(), {bytes});
-    write_file_durably((into / "tokenizer_config.json").string(),
-                       {nlohmann::json({{"tokenizer_class", "PreTrainedTokenizerFast"},
-                                        {"bos_token", "<|begin_of_text|>"},
-                                        {"eos_token", "<|end_of_text|>"},
-                                        {"model_max_length", max_length}})
-                                .dump(2) +
-                            "\n"});
+    std::string config = fs::exists(src / "tokenizer_config.json") ? read_file((src / "tokenizer_config.json").string())
+                                                                   : std::string();
+    if (config.empty()) {
+      const auto tok = data::make_tokenizer(tokenizer);
+      nlohmann::json c = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                          {"eos_token", tok->decode({tok->eot()})},
+                          {"model_max_length", max_length}};
+      if (tokenizer == "llama3") c["bos_token"] = "<|begin_of_text|>";
+      config = c.dump(2) + "\n";
+    }
+    write_file_durably((into / "tokenizer_config.json").string(), {config});
     return {"tokenizer.json", "tokenizer_config.json"};
   }
   if (tokenizer == "gpt2") {  // transformers' GPT2Tokenizer reads vocab.json and merges.txt: the same BPE files
@@ -97,19 +107,47 @@ void refuse_non_finite(const std::map<std::string, HostTensor>& st, const std::s
                     " (a flat index): the model holds non-finite weights; import a sound copy of it");
 }
 
-// A model must have an embedding row for every id of its tokenizer, or `sample` and training
-// read past the table (`train` refuses such a model; so does an import).
-void refuse_small_vocabulary(const Config& cfg, const std::string& where, const char* vocab_key) {
-  const int64_t ids = data::tokenizer_vocab_size(cfg.data.tokenizer);
+// A model must have an embedding row for every id of its tokenizer (`ids` of them), or `sample`
+// and training read past the table (`train` refuses such a model; so does an import).
+void refuse_small_vocabulary(const Config& cfg, int64_t ids, const std::string& where, const char* vocab_key) {
   if (cfg.model.vocab_size < ids)
     throw_input(where, vocab_key, " = ", cfg.model.vocab_size, " is below the ", cfg.data.tokenizer, " tokenizer's ", ids,
                 " ids, which the model's embedding must cover: import a model whose vocabulary covers its tokenizer's");
 }
 
+// The tokenizer of an import. A built-in one stays: what `export` recorded (myriad.tokenizer),
+// or the family's reading of the vocabulary (Llama 3's, GPT-2's). Otherwise the directory's own
+// tokenizer.json, where Myriad reads it (Qwen's, Llama 3's form), is kept in the checkpoint `out`
+// with its tokenizer_config.json, and the run names it "hf:OUT": `prepare --tokenizer hf:OUT`
+// gives continued pre-training the model's own ids. A tokenizer.json of another form is said and
+// left (the byte tokenizer then stands in). Sets cfg.data.tokenizer; returns the files to keep
+// and the tokenizer's vocabulary.
+std::pair<std::map<std::string, std::string>, int64_t> import_tokenizer(const fs::path& hf_dir, const fs::path& out,
+                                                                        Config& cfg) {
+  std::string& name = cfg.data.tokenizer;
+  const fs::path json = hf_dir / "tokenizer.json";
+  if ((name == "byte" || name.starts_with("hf:")) && fs::is_regular_file(json)) {
+    try {
+      const auto tok = data::make_hf_bpe_tokenizer(hf_dir.string(), "", "");
+      std::map<std::string, std::string> files = {{"tokenizer.json", read_file(json.string())}};
+      if (fs::is_regular_file(hf_dir / "tokenizer_config.json"))
+        files["tokenizer_config.json"] = read_file((hf_dir / "tokenizer_config.json").string());
+      name = canonical_tokenizer("hf:" + out.string());
+      return {files, tok->vocab_size()};
+    } catch (const Error& e) {
+      if (e.cls() != ErrorClass::kInput) throw;
+      log::warn("import: ", json.string(), " is not kept (", e.what(), "); the checkpoint's tokenizer is ",
+                name.starts_with("hf:") ? "byte" : name);
+      if (name.starts_with("hf:")) name = "byte";
+    }
+  }
+  return {{}, data::tokenizer_vocab_size(name)};
+}
+
 // `model` (Myriad's stored tensors by name) as the committed checkpoint `out` of step 0, with a
 // fresh optimizer: zero moments, no step taken.
 void save_imported(const fs::path& out, const Config& cfg, std::map<std::string, HostTensor>& model,
-                          const std::string& hf_dir, const char* kind) {
+                   const std::map<std::string, std::string>& files, const std::string& hf_dir, const char* kind) {
   std::vector<Shard> shards;
   size_t largest = 0;
   for (const auto& [tensor, t] : model) largest = std::max(largest, t.data.size());
@@ -127,7 +165,7 @@ void save_imported(const fs::path& out, const Config& cfg, std::map<std::string,
   meta.optimizer = {cfg.optim.name, 0};
   meta.rng = {cfg.model.seed, cfg.train.seed};
   meta.imported_from = fs::absolute(hf_dir).lexically_normal().string();
-  save_as(out.string(), 0, encode(meta), shards);
+  save_as(out.string(), 0, encode(meta), shards, files);
   const ModelConfig& m = cfg.model;
   log::info("import: ", hf_dir, " -> ", out.string(), " (", kind, ", ", m.layers, " layers, d_model ", m.d_model,
             ", vocab ", m.vocab_size, ", tokenizer ", cfg.data.tokenizer, ")");
@@ -217,11 +255,12 @@ void import_hf(const std::string& hf_dir, const std::string& out_arg) {
   const HfFamily& family = **found;
   Config cfg = family.from_hf_config(hf, where);
   cfg = parse_config(to_toml(cfg), cfg_path.string());  // the config's own checks (heads divide d_model, ...)
-  refuse_small_vocabulary(cfg, where, "vocab_size");
+  const auto [tokenizer_files, tokenizer_ids] = import_tokenizer(hf_dir, out, cfg);
+  refuse_small_vocabulary(cfg, tokenizer_ids, where, "vocab_size");
   std::map<std::string, HostTensor> st = read_model(hf_dir, family.skip ? family.skip : std::function<bool(const std::string&)>());
   refuse_non_finite(st, st_path.string());
   std::map<std::string, HostTensor> model = family.from_hf(st, cfg.model, cat("import: ", st_path.string(), ": "));
-  save_imported(out, cfg, model, hf_dir, family.architecture);
+  save_imported(out, cfg, model, tokenizer_files, hf_dir, family.architecture);
 }
 
 }  // namespace myriad::checkpoint

@@ -424,8 +424,8 @@ Config from_hf_config(const nlohmann::json& hf, const std::string& where) {
                 "exports and imports Mixtral with full causal attention)");
   if (D.experts != Experts::kNone) read_experts<D>(f, cfg);
   // The tokenizer the model was trained with: what `export` wrote, else Llama 3's for a Llama
-  // of its vocabulary, else bytes (the ids then are not the model's own tokenizer's: Qwen's and
-  // Mistral's vocabularies are not Myriad's).
+  // of its vocabulary, else bytes, which import_hf replaces with the directory's own
+  // tokenizer.json where Myriad reads it (Qwen's; Mistral's is of another form).
   cfg.data.tokenizer = &D == &kLlama && m.vocab_size >= 128256 ? "llama3" : "byte";
   if (hf.contains("myriad") && hf["myriad"].is_object() && hf["myriad"].contains("tokenizer") &&
       hf["myriad"]["tokenizer"].is_string())

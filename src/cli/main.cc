@@ -69,7 +69,7 @@ const char* kUsage = R"(myriad: train GPT-style language models
 
 usage:
   myriad train   --config FILE [--set section.key=value]... [--run-dir DIR] [--resume auto|none|DIR]
-  myriad prepare --input FILE [--input FILE]... --tokenizer byte|gpt2|llama3 --output PREFIX
+  myriad prepare --input FILE [--input FILE]... --tokenizer byte|gpt2|llama3|qwen3|hf:DIR --output PREFIX
                  [--valid-fraction F] [--doc-separator LINE] [--overwrite] [--jobs N] [--per-input]
   myriad sample  --checkpoint DIR --prompt TEXT [--tokens N] [--temperature T] [--top-k K] [--seed S] [--logits FILE]
   myriad bench   --config FILE [--set section.key=value]... [--steps N] [--warmup K] [--doc-length L]

@@ -344,7 +344,8 @@ void Config::validate() const {
                   "shape a mixture of experts; set model.experts (routed experts per MoE layer) too, or leave them out");
   }
 
-  require_one_of("data.tokenizer", data.tokenizer, {"byte", "gpt2", "llama3"});
+  if (!data.tokenizer.starts_with("hf:"))
+    require_one_of("data.tokenizer (or hf:DIR for DIR/tokenizer.json)", data.tokenizer, {"byte", "gpt2", "llama3", "qwen3"});
   for (const auto& [key, list] : {std::pair<const char*, const DataSources&>{"data.train", data.train}, {"data.valid", data.valid}})
     for (size_t i = 0; i < list.size(); ++i) {
       const DataSource& d = list[i];
@@ -458,6 +459,17 @@ void Config::validate() const {
   ParallelLayout::of(*this);
 }
 
+std::string canonical_tokenizer(const std::string& name) {
+  if (!name.starts_with("hf:")) return name;
+  const std::string dir = name.substr(3);
+  if (dir.empty())
+    throw_input("tokenizer \"", name, "\" (data.tokenizer or --tokenizer) names no directory: give hf:DIR, DIR "
+                "holding a Hugging Face tokenizer.json");
+  std::filesystem::path p = std::filesystem::absolute(dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();  // "dir/"
+  return "hf:" + p.string();
+}
+
 Config parse_config(const std::string& toml_text, const std::string& origin,
                     const std::vector<std::string>& overrides) {
   toml::table root;
@@ -471,6 +483,7 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
   for (const auto& o : overrides) apply_override(root, o, origins);
   Config c = bind(root, origins);
   try {
+    c.data.tokenizer = canonical_tokenizer(c.data.tokenizer);
     c.validate();
   } catch (const Error& e) {
     // validate() speaks of "config: key ..."; name where the values came from instead: the

@@ -122,7 +122,7 @@ DataSource source_of_prefix(const std::string& prefix);
 struct DataConfig {
   DataSources train;              // the training blend
   DataSources valid;              // evaluated each; empty = no validation
-  std::string tokenizer = "byte"; // byte, gpt2, llama3
+  std::string tokenizer = "byte"; // byte, gpt2, llama3, qwen3, or hf:DIR (canonical_tokenizer's)
   // Attention stays inside each document of a packed row (boundaries from the .idx document
   // index); positions are not reset at the boundaries.
   bool document_mask = false;
@@ -391,6 +391,12 @@ struct Config {
 // An input error naming `key` unless `value` is one of `allowed` (with the nearest as a hint).
 void require_one_of(const std::string& key, const std::string& value, const std::vector<std::string>& allowed);
 
+
+// A tokenizer's name as runs record it: "hf:DIR" (DIR/tokenizer.json) with DIR absolute and
+// normal, relative to the working directory, so that two spellings of one directory are one
+// tokenizer; any other name as it is. An empty DIR is an input error. parse_config applies it to
+// data.tokenizer.
+std::string canonical_tokenizer(const std::string& name);
 
 // Reads `path`, applies `overrides` ("section.key=value"), binds and validates.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});

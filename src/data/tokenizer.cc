@@ -1,7 +1,9 @@
 #include "data/tokenizer.h"
 
 #include <cstdlib>
+#include <filesystem>
 
+#include "core/config.h"
 #include "core/error.h"
 #include "core/text.h"
 
@@ -34,13 +36,18 @@ class ByteTokenizer final : public Tokenizer {
 
 }  // namespace
 
-std::vector<std::string> tokenizer_names() { return {"byte", "gpt2", "llama3"}; }
+std::vector<std::string> tokenizer_names() { return {"byte", "gpt2", "llama3", "qwen3"}; }
+
+namespace {
+constexpr const char* kHf = "hf:";
+}  // namespace
 
 int64_t tokenizer_vocab_size(const std::string& name) {
   if (name == "byte") return 256;
   if (name == "gpt2") return 50257;
   if (name == "llama3") return 128256;
-  return make_tokenizer(name)->vocab_size();  // throws, naming the choices
+  if (name == "qwen3") return 151669;
+  return make_tokenizer(name)->vocab_size();  // hf:DIR loads; anything else throws, naming the choices
 }
 
 std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
@@ -48,10 +55,26 @@ std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteT
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name) {
   if (name == "byte") return make_byte_tokenizer();
   if (name == "gpt2") return make_gpt2_tokenizer(gpt2_dir());
-  if (name == "llama3") return make_llama3_tokenizer(llama3_dir());
+  if (name == "llama3" || name == "qwen3")
+    return make_hf_bpe_tokenizer(hf_tokenizer_dir(name), name,
+                                 cat("run scripts/setup.sh to fetch the ", name == "llama3" ? "Llama 3" : "Qwen3",
+                                     " vocabulary"));
+  if (name.starts_with(kHf)) {
+    const std::string id = canonical_tokenizer(name);
+    return make_hf_bpe_tokenizer(hf_tokenizer_dir(id), id,
+                                 cat("give ", name, " a directory holding a Hugging Face tokenizer.json of Llama 3's "
+                                     "or Qwen's form (an imported checkpoint keeps its model's)"));
+  }
   const auto names = tokenizer_names();
   throw_input("unknown tokenizer '", name, "'", did_you_mean(name, names),
-              ": choose one of byte, gpt2, llama3");
+              ": choose one of byte, gpt2, llama3, qwen3, or hf:DIR for DIR/tokenizer.json");
+}
+
+std::string hf_tokenizer_dir(const std::string& name) {
+  if (name == "llama3") return llama3_dir();
+  if (name == "qwen3") return qwen3_dir();
+  if (name.starts_with(kHf)) return canonical_tokenizer(name).substr(3);
+  return "";
 }
 
 namespace {
@@ -71,5 +94,7 @@ std::string cache_dir() {
 std::string gpt2_dir() { return cache_dir() + "/gpt2"; }
 
 std::string llama3_dir() { return cache_dir() + "/llama3"; }
+
+std::string qwen3_dir() { return cache_dir() + "/qwen3"; }
 
 }  // namespace myriad::data

