@@ -9,6 +9,8 @@
 # The shapes: Qwen3 with a head size (16) apart from d_model / heads (8) and per-head query-key
 # norms; Qwen3-MoE with a dense first layer (mlp_only_layers) and renormalized top-2 of 4
 # experts; Mixtral top-2 of 4. Both sides in fp32 (`myriad sample` runs on the CPU).
+# Then Qwen's tokenizer: `prepare --tokenizer qwen3` against transformers' AutoTokenizer on the
+# same tokenizer.json.
 # Prints one line per check ("ok: ..." or "FAIL: ..."); exits nonzero on a failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -94,6 +96,55 @@ print(f"{'ok' if ok else 'FAIL'}: a random {sys.argv[3]} saved by transformers i
 sys.exit(0 if ok else 1)
 PY
 done
+# Qwen's tokenizer against transformers' own (the Rust tokenizers library through AutoTokenizer,
+# on Qwen's tokenizer.json as setup.sh fetched it): `myriad prepare --tokenizer qwen3` gives each
+# document transformers' ids and then <|endoftext|>. The documents: this repository's text, and
+# lines that stress the normalizer and the pre-tokenizer (combining marks, compatibility
+# characters, digits, every space), one document each.
+Q="${MYRIAD_CACHE:-$HOME/.cache/myriad}/qwen3"
+python3 - "$W/tok_corpus.jsonl" README.md docs/*.md src/data/*.cc <<'PY'
+import json, random, sys
+out, files = sys.argv[1], sys.argv[2:]
+docs = [open(f, encoding="utf-8").read() for f in files]
+random.seed(3)
+pool = ["a", "Z", "word", "e\u0301", "A\u030a", "\u212b", "\u2126", "\u1100\u1161\u11a8", "\uac00", "\u0958",
+        "\uff21\uff42", "\ufb01", "\u00bd", "\u2163", "\u0663\u0664", "12345", "3.14", " ", "  ", "\t", "\n", "\r\n",
+        "\u00a0", "\u2009", "\u3000", "\u2028", "\u0085", "\ufeff", "'s", "'LL", "DON'T", ",", "...", "(",
+        "\u65e5\u672c", "\ud55c", "\U0001f600", "\u0627\u0644", "\u0915\u093f", "\u0e01\u0e34"]
+docs += ["".join(random.choice(pool) for _ in range(random.randint(1, 30))) for _ in range(400)]
+with open(out, "w") as f:
+    for d in docs:
+        if d.strip():
+            f.write(json.dumps({"text": d}) + "\n")
+PY
+"$B" prepare --input "$W/tok_corpus.jsonl" --tokenizer qwen3 --output "$W/tok" >"$W/tok.log" 2>&1 ||
+  { echo "FAIL: prepare --tokenizer qwen3"; tail -3 "$W/tok.log"; fail=1; }
+python3 - "$W/tok" "$W/tok_corpus.jsonl" "$Q" <<'PY' || fail=1
+import json, sys, numpy as np
+from transformers import AutoTokenizer
+prefix, corpus, qwen = sys.argv[1:4]
+idx = open(prefix + ".idx", "rb").read()
+assert idx[:9] == b"MMIDIDX\x00\x00", "not an MMIDIDX index"
+n = int.from_bytes(idx[18:26], "little")
+sizes = np.frombuffer(idx, np.int32, n, 34)
+pointers = np.frombuffer(idx, np.int64, n, 34 + 4 * n)
+dtype = {4: np.int32, 8: np.uint16}[idx[17]]
+data = np.fromfile(prefix + ".bin", dtype)
+ours = [data[p // data.itemsize: p // data.itemsize + s].tolist() for p, s in zip(pointers, sizes)]
+docs = [json.loads(line)["text"] for line in open(corpus)]
+tok = AutoTokenizer.from_pretrained(qwen)
+eot = tok.convert_tokens_to_ids("<|endoftext|>")
+theirs = [tok(d, add_special_tokens=False)["input_ids"] + [eot] for d in docs]
+bad = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
+ok = len(ours) == len(theirs) and not bad
+print(f"{'ok' if ok else 'FAIL'}: prepare --tokenizer qwen3 gives transformers' ids ({type(tok).__name__}) on "
+      f"{len(theirs) - len(bad)} of {len(theirs)} documents ({len(ours)} prepared)")
+for i in bad[:5]:
+    print("   differs:", json.dumps(docs[i])[:200])
+    print("     ours:  ", ours[i][:40])
+    print("     theirs:", theirs[i][:40])
+sys.exit(0 if ok else 1)
+PY
 [ "$fail" = 0 ] || cp "$W"/*.log "${OUT:-/tmp/out}/" 2>/dev/null
 rm -rf "$W"
 exit $fail

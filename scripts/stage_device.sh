@@ -21,7 +21,8 @@ done
 # The tokenizer files scripts/setup.sh fetched (the GPU machine reaches no network); device_env.sh
 # points MYRIAD_CACHE at them.
 cache="${MYRIAD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/myriad}"
-[ -d "$cache" ] && cp -r "$cache" "$tmp/cache"
+# Qwen3's reference encoder (node modules, 20 MB) stays: only the dev machine's tests run it.
+[ -d "$cache" ] && cp -r "$cache" "$tmp/cache" && rm -rf "$tmp/cache/qwen3/reference"
 tar czf .device/stage.tgz -C "$tmp" .
 rm -rf "$tmp"
 ls -la .device/stage.tgz
