@@ -9,8 +9,8 @@
 # The shapes: Qwen3 with a head size (16) apart from d_model / heads (8) and per-head query-key
 # norms; Qwen3-MoE with a dense first layer (mlp_only_layers) and renormalized top-2 of 4
 # experts; Mixtral top-2 of 4. Both sides in fp32 (`myriad sample` runs on the CPU).
-# Then Qwen's tokenizer: `prepare --tokenizer qwen3` against transformers' AutoTokenizer on the
-# same tokenizer.json.
+# Then the tokenizer.json tokenizers: `prepare --tokenizer qwen3` and `llama3` against Hugging
+# Face's tokenizers library on the same files.
 # Prints one line per check ("ok: ..." or "FAIL: ..."); exits nonzero on a failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -96,12 +96,12 @@ print(f"{'ok' if ok else 'FAIL'}: a random {sys.argv[3]} saved by transformers i
 sys.exit(0 if ok else 1)
 PY
 done
-# Qwen's tokenizer against transformers' own (the Rust tokenizers library through AutoTokenizer,
-# on Qwen's tokenizer.json as setup.sh fetched it): `myriad prepare --tokenizer qwen3` gives each
-# document transformers' ids and then <|endoftext|>. The documents: this repository's text, and
-# lines that stress the normalizer and the pre-tokenizer (combining marks, compatibility
-# characters, digits, every space), one document each.
-Q="${MYRIAD_CACHE:-$HOME/.cache/myriad}/qwen3"
+# The tokenizer.json tokenizers (qwen3, llama3) against Hugging Face's tokenizers library, the
+# Rust code under transformers' fast tokenizers, on the same files as setup.sh fetched them:
+# `myriad prepare` gives each document its ids and then the document end. Special tokens' text
+# is ordinary text on both sides (encode_special_tokens). The documents: this repository's text,
+# and lines that stress the normalizer and the pre-tokenizer (combining marks, compatibility
+# characters, digits, every kind of space, U+0085 and U+FEFF among them), one document each.
 python3 - "$W/tok_corpus.jsonl" README.md docs/*.md src/data/*.cc <<'PY'
 import json, random, sys
 out, files = sys.argv[1], sys.argv[2:]
@@ -110,19 +110,20 @@ random.seed(3)
 pool = ["a", "Z", "word", "e\u0301", "A\u030a", "\u212b", "\u2126", "\u1100\u1161\u11a8", "\uac00", "\u0958",
         "\uff21\uff42", "\ufb01", "\u00bd", "\u2163", "\u0663\u0664", "12345", "3.14", " ", "  ", "\t", "\n", "\r\n",
         "\u00a0", "\u2009", "\u3000", "\u2028", "\u0085", "\ufeff", "'s", "'LL", "DON'T", ",", "...", "(",
-        "\u65e5\u672c", "\ud55c", "\U0001f600", "\u0627\u0644", "\u0915\u093f", "\u0e01\u0e34"]
+        "\u65e5\u672c", "\ud55c", "\U0001f600", "\u0627\u0644", "\u0915\u093f", "\u0e01\u0e34", "<|endoftext|>"]
 docs += ["".join(random.choice(pool) for _ in range(random.randint(1, 30))) for _ in range(400)]
 with open(out, "w") as f:
     for d in docs:
         if d.strip():
             f.write(json.dumps({"text": d}) + "\n")
 PY
-"$B" prepare --input "$W/tok_corpus.jsonl" --tokenizer qwen3 --output "$W/tok" >"$W/tok.log" 2>&1 ||
-  { echo "FAIL: prepare --tokenizer qwen3"; tail -3 "$W/tok.log"; fail=1; }
-python3 - "$W/tok" "$W/tok_corpus.jsonl" "$Q" <<'PY' || fail=1
+for tk in qwen3 llama3; do
+  "$B" prepare --input "$W/tok_corpus.jsonl" --tokenizer $tk --output "$W/tok_$tk" >"$W/tok_$tk.log" 2>&1 ||
+    { echo "FAIL: prepare --tokenizer $tk"; tail -3 "$W/tok_$tk.log"; fail=1; continue; }
+  python3 - "$W/tok_$tk" "$W/tok_corpus.jsonl" "${MYRIAD_CACHE:-$HOME/.cache/myriad}/$tk/tokenizer.json" $tk <<'PY' || fail=1
 import json, sys, numpy as np
-from transformers import AutoTokenizer
-prefix, corpus, qwen = sys.argv[1:4]
+import tokenizers
+prefix, corpus, path, name = sys.argv[1:5]
 idx = open(prefix + ".idx", "rb").read()
 assert idx[:9] == b"MMIDIDX\x00\x00", "not an MMIDIDX index"
 n = int.from_bytes(idx[18:26], "little")
@@ -132,19 +133,23 @@ dtype = {4: np.int32, 8: np.uint16}[idx[17]]
 data = np.fromfile(prefix + ".bin", dtype)
 ours = [data[p // data.itemsize: p // data.itemsize + s].tolist() for p, s in zip(pointers, sizes)]
 docs = [json.loads(line)["text"] for line in open(corpus)]
-tok = AutoTokenizer.from_pretrained(qwen)
-eot = tok.convert_tokens_to_ids("<|endoftext|>")
-theirs = [tok(d, add_special_tokens=False)["input_ids"] + [eot] for d in docs]
+tok = tokenizers.Tokenizer.from_file(path)
+tok.encode_special_tokens = True  # "<|endoftext|>" in a text is its characters, as in Myriad
+eot = ours[0][-1]
+theirs = [tok.encode(d, add_special_tokens=False).ids + [eot] for d in docs]
 bad = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
 ok = len(ours) == len(theirs) and not bad
-print(f"{'ok' if ok else 'FAIL'}: prepare --tokenizer qwen3 gives transformers' ids ({type(tok).__name__}) on "
-      f"{len(theirs) - len(bad)} of {len(theirs)} documents ({len(ours)} prepared)")
-for i in bad[:5]:
-    print("   differs:", json.dumps(docs[i])[:200])
-    print("     ours:  ", ours[i][:40])
-    print("     theirs:", theirs[i][:40])
+print(f"{'ok' if ok else 'FAIL'}: prepare --tokenizer {name} gives the ids of Hugging Face's tokenizers "
+      f"{tokenizers.__version__} on {len(theirs) - len(bad)} of {len(theirs)} documents ({len(ours)} prepared, "
+      f"{sum(map(len, ours))} ids)")
+for i in bad[:4]:
+    at = next(k for k, (x, y) in enumerate(zip(ours[i] + [-1], theirs[i] + [-2])) if x != y)
+    print("   differs:", json.dumps(docs[i])[:160], f"at id {at}:")
+    print("     ours:  ", ours[i][max(0, at - 3):at + 8], " theirs:", theirs[i][max(0, at - 3):at + 8],
+          " around", json.dumps(tok.decode(theirs[i][max(0, at - 3):at + 8])))
 sys.exit(0 if ok else 1)
 PY
+done
 [ "$fail" = 0 ] || cp "$W"/*.log "${OUT:-/tmp/out}/" 2>/dev/null
 rm -rf "$W"
 exit $fail

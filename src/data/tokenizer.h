@@ -80,8 +80,9 @@ std::unique_ptr<Tokenizer> make_hf_bpe_tokenizer(const std::string& dir, const s
 
 // The pre-tokenizer of those files, exposed for tests: the matches of tiktoken's pattern
 // (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
-// \s*[\r\n]+|\s+(?!\S)|\s+ with JavaScript's \s and ASCII-only case folding, where a run of
-// digits holds at most `digits` (3 is Llama 3's \p{N}{1,3}, 1 Qwen's \p{N}). Invalid bytes and
+// \s*[\r\n]+|\s+(?!\S)|\s+ with Unicode's White_Space as \s (Hugging Face's tokenizers' and
+// tiktoken's: U+0085 is one, U+FEFF is not) and ASCII-only case folding, where a run of digits
+// holds at most `digits` (3 is Llama 3's \p{N}{1,3}, 1 Qwen's \p{N}). Invalid bytes and
 // coverage as in gpt2_pretokenize.
 std::vector<std::string_view> bpe_pretokenize(std::string_view text, int digits);
 
