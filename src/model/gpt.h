@@ -176,8 +176,10 @@ class GptModel {
   // rank's: Ql = (Hl + 2 Hkvl) D, Cl = Hl D, Fl features, Pl = Fl or 2 Fl). train.recompute
   // decides which a slot keeps per layer and which live once in shared_, refilled by recompute()
   // just before a layer's backward:
-  //   none: all per layer;  selective: fc and act shared (the fc GEMM and activation run again);
-  //   full: only `in` per layer (LN1 and the layer up to the activation run again).
+  //   none: all per layer;  selective: fc shared (the fc GEMM runs again);
+  //   full: only `in` per layer (LN1 and the layer up to the fc GEMM run again).
+  // A dense MLP's activation output is kept by none: it lives in act_ (step scratch), which the
+  // projection reads at once; the backward recomputes it from fc.
   enum class Recompute { kNone, kSelective, kFull };
   struct LayerActs {
     Act *in;              // (B,T,C) the layer's input: the residual stream (R rows)
@@ -192,7 +194,7 @@ class GptModel {
     Act *ln2;             // (B,T,C) (sequential block only)
     float *ln2_mean, *ln2_rstd;  // (R), (R)
     Act *fc;              // (B,T,Pl) the fc GEMM's output: before GELU, or SwiGLU's (Fl,2) pairs
-    Act *act;             // (B,T,Fl) the activation's output
+    Act *act;             // (B,T,Fl) the activation's output: act_, for the forward only
     // An MoE layer's instead of fc and act (docs/notes/moe.md; M = B T k routed rows, in expert
     // order): kept with the attention half (`set`): the router's logits and weights, the routes,
     // the experts' output rows; with the MLP's (`mlp`): the experts' and shared experts' fc and act.
@@ -241,7 +243,7 @@ class GptModel {
   };
   Slot& acquire(Chunk& ch, int mb, int B);
   // Points l into activations `a` and floats `st`, advancing them: what a slot keeps per layer
-  // (`set`: everything but `in`, fc and act; `mlp`: fc and act). Counts only when a and st
+  // (`set`: everything but `in` and fc; `mlp`: fc). Counts only when a and st
   // are null (a slot's size).
   // This rank's shapes as the memory plan (model/memory_plan.h) takes them.
   model::GptMemoryShape memory_shape() const;
@@ -432,6 +434,7 @@ class GptModel {
   Buffer<float> wide_;  // (2,B,T,C) TP with a narrower Act: the regions' fp32 copies
   Buffer<Act> dresid_;  // (B,T,C) gradient of the residual stream
   Buffer<Act> dln_, datty_, dqkv_, dfc_;  // (B,T,C) (B,T,Cl) (B,T,Ql) (B,T,Pl)
+  Buffer<Act> act_;     // (B,T,Fl) a dense MLP's activation output, from its forward to its projection
   Buffer<Act> dout_, din_;  // (R,C) the chunks' boundary gradients of forward_backward
   // An MoE layer's scratch (M = B T k rows, Mx = ep M): the rows in this rank's expert order
   // before they go to their experts' ranks (ep > 1), their gradients, the experts' fc gradient,

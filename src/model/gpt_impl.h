@@ -150,6 +150,7 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
   dfc_.zeros(BT * Pl_);
   loss_.zeros(1);
   const bool has_moe = cfg.model.moe_layers() > 0, has_dense = cfg.model.moe_layers() < L_;
+  if (has_dense) act_.zeros(BT * Fl_);
   if (has_moe) {
     const int64_t M = BT * k_;
     dys_.zeros(M * C), dxs_.zeros(M * C);
@@ -169,7 +170,7 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
     if (has_moe) shared_.spill = static_cast<int>(spills_.size()), spills_.emplace_back();
   }
   const int64_t held = (tmp_.size() + tmp2_.size() + full_.size() + dresid_.size() + dln_.size() + datty_.size() +
-                        dqkv_.size() + dfc_.size() + shared_acts_.size() + xs_.size() + dys_.size() + dxs_.size() +
+                        dqkv_.size() + dfc_.size() + act_.size() + shared_acts_.size() + xs_.size() + dys_.size() + dxs_.size() +
                         dxfc_.size() + xr_.size() + dsfc_.size()) * int64_t(sizeof(Act)) +
                        (wide_.size() + shared_stats_.size() + dlogits_.size() + dweights_.size() +
                         shared_ids_.size()) * 4 + loss_.size() * 8;
@@ -208,7 +209,10 @@ void GptModel<Ops>::carve_layer(LayerActs& l, int64_t& acts, int64_t& floats, in
     if (qk_norm_.kind != QkNormKind::kNone)
       l.qkv_raw = take(BT * Ql_), l.qk_rstd = stat(BT * (qk_norm_.kind == QkNormKind::kHead ? Hl_ + Hkvl_ : 2));
   }
-  if (mlp && dense) l.fc = take(BT * Pl_), l.act = take(BT * Fl_);
+  // The dense MLP's activation output is not kept: the projection's forward reads it at once and
+  // its backward recomputes it from fc (linear_backward without inp), so every layer writes it
+  // into the one act_.
+  if (mlp && dense) l.fc = take(BT * Pl_), l.act = const_cast<Act*>(act_.data());
   if (set && moe) {
     l.logits = stat(BT * E_), l.weights = stat(BT * k_);
     l.choice = index(M), l.order = index(M), l.pos = index(M);
@@ -683,8 +687,8 @@ void GptModel<Ops>::mlp_backward(int64_t l, const LayerActs& a, const Act* in, c
   const LayerTensors<float>& g = g_.layers[l];
   const int N = N_, C = C_;
   if (!cfg_.model.layer_is_moe(l)) {
-    row_parallel_backward(dfc_.data(), g.fcproj_w, g.fcproj_b, dout, dlocal, a.act, w.fcproj_w, static_cast<int>(Fl_),
-                          C, a.fc);
+    row_parallel_backward(dfc_.data(), g.fcproj_w, g.fcproj_b, dout, dlocal, /*inp: recomputed from fc*/ nullptr,
+                          w.fcproj_w, static_cast<int>(Fl_), C, a.fc);
     ops_.linear_backward(mlp_, dln_.data(), g.fc_w, g.fc_b, dfc_.data(), in, w.fc_w, nullptr, N, C,
                          static_cast<int>(Pl_), /*accumulate=*/false, block_gemm());
     return;

@@ -69,7 +69,7 @@ inline LayerCounts layer_counts(const GptMemoryShape& s, bool set, bool mlp, boo
     if (!s.parallel_block) n.acts += 2 * BT * C, n.floats += 2 * BT;  // mid, ln2
     if (s.qk_rstds > 0) n.acts += BT * s.Ql, n.floats += BT * s.qk_rstds;  // the GEMM's qkv, the rstds
   }
-  if (mlp && dense) n.acts += BT * s.Pl + BT * s.Fl;  // fc (pre-activation), act
+  if (mlp && dense) n.acts += BT * s.Pl;  // fc (pre-activation); act is recomputed from it
   if (set && moe) n.floats += BT * s.E + BT * s.k, n.ints += 3 * M, n.acts += M * C;  // logits, weights; routes; ys
   // The experts' input rows, fc and act (their rank's rows), the shared experts' fc and act.
   if (mlp && moe) n.acts += s.expert_rows() * (C + 3 * s.Fe) + BT * 3 * s.Fs;
@@ -97,6 +97,7 @@ inline int64_t slot_token_bytes(const GptMemoryShape& s) { return 2 * s.B * s.T 
 inline int64_t buffer_bytes(const GptMemoryShape& s) {
   const int64_t BT = s.B * s.T, C = s.C;
   int64_t acts = 4 * BT * C + BT * s.Cl + BT * s.Ql + BT * s.Pl;  // tmp, tmp2, dresid, dln, datty, dqkv, dfc
+  if (s.has_dense) acts += BT * s.Fl;                              // act, the dense MLP's activation output
   int64_t floats = 2;                                                // the loss (a double)
   if (s.tp) acts += BT * C;
   if (s.tp && s.act_bytes != 4) floats += 2 * BT * C;
@@ -113,6 +114,10 @@ inline int64_t buffer_bytes(const GptMemoryShape& s) {
   }
   return acts * s.act_bytes + (floats + ints) * 4;
 }
+
+// The op set's scratch at its largest: a dense MLP projection's backward holds its activation's
+// gradient and the activation it recomputes from fc, (B,T,Fl) each (CudaOps::linear_backward).
+inline int64_t scratch_bytes(const GptMemoryShape& s) { return s.has_dense ? 2 * s.B * s.T * s.Fl * s.act_bytes : 0; }
 
 // cuDNN's deterministic attention backward works in a workspace of about B H T T bf16 (1,026 MiB
 // measured at B 8, H 16, T 2048); Myriad's own kernel in scratch of the same order as its

@@ -382,7 +382,8 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   // optimizer's fp32 master and moments over dp (the experts' over their group); the layers'
   // activations of the micro-batches in flight, the logits and the step's buffers by the model's
   // own memory plan (model/memory_plan.h, which GptModel checks its allocations against; the
-  // experts' rows as balanced routing gives them); cuDNN's attention workspace.
+  // experts' rows as balanced routing gives them); the op set's scratch; cuDNN's attention
+  // workspace.
   const double state = (params + expert_params) * (c.act_bytes + 4) + owned * 12;
   model::GptMemoryShape ms = model::memory_shape(model, l.tp, l.mb, padded_vocab(model.vocab_size, l.tp));
   ms.tp = l.tp > 1, ms.parallel_block = f.parallel_block, ms.recompute = l.recompute, ms.act_bytes = static_cast<int>(c.act_bytes);
@@ -396,7 +397,7 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
       double(model.layers) * (l.v > 1 ? 1 + double(l.pp - 1) / (l.pp * l.v) : 1), double(model.layers) / l.pp * m);
   const double slots = in_flight / layers_per_chunk;
   p.memory_gib = (state + per_layer * in_flight + per_slot * slots + head + double(model::buffer_bytes(ms)) +
-                  double(model::attention_workspace_bytes(ms))) / kGiB;
+                  double(model::scratch_bytes(ms)) + double(model::attention_workspace_bytes(ms))) / kGiB;
   if (p.memory_gib > c.memory_gib)
     p.fits = false, p.why_not = cat("needs ", std::round(p.memory_gib), " GiB of ", c.memory_gib, " per GPU");
   return p;

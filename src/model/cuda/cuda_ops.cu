@@ -663,10 +663,15 @@ void CudaOps::linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, cons
 void CudaOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp,
                               const Param* w, const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g) const {
   MYRIAD_CHECK(!(pre && accumulate), "linear_backward: a gradient through the activation is written, not added");
+  MYRIAD_CHECK(inp || pre, "linear_backward: no input, and no pre-activation to recompute it from");
   // The input gradient: into dinp, or through the activation (its output gradient (N,IC) in
-  // scratch, bf16). GELU's backward rides the bf16 GEMM's epilogue.
+  // scratch, bf16). GELU's backward rides the bf16 GEMM's epilogue. Without `inp`, the
+  // activation's output is recomputed from `pre` into scratch beside it, by the forward's own
+  // kernel (the same bits), for the weight gradient.
   const bool dgelu = pre && m == Mlp::kGelu && g == Gemm::kBf16;
-  Act* dx = pre && !dgelu ? reinterpret_cast<Act*>(scratch((size_t(N) * IC + 1) / 2)) : dinp;
+  const size_t part = (size_t(N) * IC + 7) / 8 * 4;  // floats for (N,IC) bf16, 16-byte aligned
+  float* const sc = pre && (!dgelu || !inp) ? scratch(2 * part) : nullptr;
+  Act* dx = pre && !dgelu ? reinterpret_cast<Act*>(sc) : dinp;
   Matmul::Fp8Tensor dy_t{};
   if (g == Gemm::kFp8) {
     // dout once into both layouts: row-major for the input gradient, transposed for the weight's.
@@ -688,6 +693,15 @@ void CudaOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act*
       cuda::gelu_backward(dinp, pre, dx, int64_t(N) * IC, st_->stream);
     else
       cuda::swiglu_backward(dinp, pre, dx, N, IC, st_->stream);
+  }
+  if (!inp) {
+    Act* act = reinterpret_cast<Act*>(sc + part);
+    OpScope op(*st_, m == Mlp::kGelu ? "gelu_recompute" : "swiglu_recompute", N, IC);
+    if (m == Mlp::kGelu)
+      cuda::gelu_forward(act, pre, int64_t(N) * IC, st_->stream);
+    else
+      cuda::swiglu_forward(act, pre, N, IC, st_->stream);
+    inp = act;
   }
   if (g == Gemm::kFp8) {
     // Buffer 1 again: the input gradient's GEMM, queued before on the same stream, has read W^T.

@@ -124,6 +124,16 @@ void CpuOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* 
     else
       cpu::gelu_backward(dinp, pre, dx, n);
   }
+  if (!inp) {  // the activation's output, recomputed from pre as the forward computed it
+    MYRIAD_CHECK(pre, "linear_backward: no input, and no pre-activation to recompute it from");
+    std::vector<float>& act = *act_scratch_;
+    act.resize(static_cast<size_t>(n));
+    if (m == Mlp::kSwiGlu)
+      cpu::swiglu_forward(act.data(), pre, N, IC);
+    else
+      cpu::gelu_forward(act.data(), pre, n);
+    inp = act.data();
+  }
   cpu::linear_backward(static_cast<float*>(nullptr), dw, static_cast<float*>(nullptr), dout, inp,
                        static_cast<const float*>(nullptr), N, IC, OC);
   if (db) bias_backward(db, dout, N, OC);

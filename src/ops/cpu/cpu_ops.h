@@ -115,6 +115,10 @@ class CpuOps {
   // gradient dout (N,OC) @ w (OC,IC) into dinp (N,IC) (+= when `accumulate`) or, when `pre` is
   // given (the MLP's second linear, IC = F), through the activation m into dinp = dpre
   // (N, F x pre_width(m)) (=, the gradient of linear_act_forward's pre; `accumulate` false).
+  // With `pre`, inp may be null: the activation's output is recomputed from pre by the forward's
+  // own kernel, so that a model need not keep it (GptModel does not). The same bits, but where
+  // the CUDA forward took GELU from cuBLASLt's bf16 epilogue: there the two may differ in a last
+  // bit.
   void linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
                        const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g = Gemm::kBf16) const;
   // Why this op set cannot compute Gemm::kFp8 ("" when it can).
@@ -227,6 +231,7 @@ class CpuOps {
  private:
   std::shared_ptr<std::vector<double>> marks_ = std::make_shared<std::vector<double>>();  // shared by copies
   std::shared_ptr<std::vector<float>> scratch_ = std::make_shared<std::vector<float>>();  // one op at a time
+  std::shared_ptr<std::vector<float>> act_scratch_ = std::make_shared<std::vector<float>>();  // linear_backward's act
   std::shared_ptr<std::vector<double>> freqs_ = std::make_shared<std::vector<double>>();  // set_rope's
 };
 
