@@ -7,6 +7,21 @@
 #include "core/error.h"
 
 namespace myriad {
+
+ContextRows context_rows(int64_t T, int64_t cp, int64_t r) {
+  MYRIAD_CHECK(cp >= 1 && r >= 0 && r < cp && (cp == 1 || T % (2 * cp) == 0), "context_rows: T ", T, ", cp ", cp,
+               ", rank ", r);
+  ContextRows rows;
+  if (cp == 1) {
+    rows.end[0] = T;
+    return rows;
+  }
+  const int64_t chunk = T / (2 * cp);
+  rows.n = 2;
+  rows.begin[0] = r * chunk, rows.end[0] = (r + 1) * chunk;
+  rows.begin[1] = (2 * cp - 1 - r) * chunk, rows.end[1] = (2 * cp - r) * chunk;
+  return rows;
+}
 namespace {
 
 void positive(const char* key, int64_t v) {

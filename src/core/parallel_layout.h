@@ -31,6 +31,19 @@
 
 namespace myriad {
 
+// The positions of a sequence that one context-parallel rank holds: its query rows, as ranges
+// [begin, end) of positions in the sequence, in order. Under cp, a sequence of T splits into 2 cp
+// chunks of T / (2 cp) and rank r holds chunks r and 2 cp - 1 - r, so that every rank has as much
+// of the causal triangle's work as any other (a late chunk sees many keys, an early one few).
+// Without cp: one range, the whole sequence.
+struct ContextRows {
+  int n = 1;  // ranges: 1, or 2 under cp
+  int64_t begin[2] = {0, 0}, end[2] = {0, 0};
+  int64_t count() const { return end[0] - begin[0] + (n > 1 ? end[1] - begin[1] : 0); }
+};
+// Rank r's rows of a sequence of T under cp ranks (0 <= r < cp; T divisible by 2 cp when cp > 1).
+ContextRows context_rows(int64_t T, int64_t cp, int64_t r);
+
 struct ParallelLayout {
   int64_t tp = 1;
   bool sequence_parallel = false;

@@ -14,6 +14,11 @@
 // exactly the += contract). Inside the parallel region OpenBLAS runs on the calling thread, so
 // the pairs run side by side.
 //
+// Under context parallelism a rank takes the queries of its rows only (ContextRows: two ranges of
+// the sequence) against every key of the sequence: out, dout and probs then hold those rows, in
+// order, while qkv and dqkv stay whole (the other rows' k and v gathered from the rank's peers; its
+// dk and dv contributions to them go back and are summed there).
+//
 // Rows of queries go in blocks of kRowBlock: a block only multiplies against the keys some of
 // its rows can see (up to its last row, and from the first key its first row sees when a window
 // or documents are set), which skips most of the masked upper triangle. The only scratch is the dS
@@ -42,11 +47,12 @@ inline int first_key(int i, int window, const int32_t* docs) {
   return docs ? std::max(lo, static_cast<int>(docs[i])) : lo;
 }
 
-// Softmax of rows i0..i1-1 of P (T,T) in place over the keys each row sees, zeros elsewhere.
+// Softmax of query rows i0..i1-1 in place over the keys each row sees, zeros elsewhere: P holds
+// row i0 first, each row T keys long.
 template <class Real>
 MYRIAD_ALWAYS_INLINE void softmax_rows(Real* P, int T, int i0, int i1, int window, const int32_t* docs) {
   for (int i = i0; i < i1; ++i) {
-    Real* row = P + static_cast<int64_t>(i) * T;
+    Real* row = P + static_cast<int64_t>(i - i0) * T;
     const int lo = first_key(i, window, docs);
     const int n = i - lo + 1;
     Real* x = row + lo;
@@ -96,17 +102,34 @@ inline int64_t q_offset(int h, int G, int D) {
 // Offset of key/value group g's key head in that row; its value head follows at + D.
 inline int64_t k_offset(int g, int G, int D) { return (static_cast<int64_t>(g) * (G + 2) + G) * D; }
 
+// Calls block(i0, i1, r0) for each block of at most kRowBlock query rows, in order: global rows
+// [i0, i1) of the ranges `rows` names (all T rows when null), r0 the block's first row among the
+// rows taken (its row of out, dout and probs).
+template <class F>
+void for_row_blocks(int T, const ContextRows* rows, F&& block) {
+  const ContextRows all = context_rows(T, 1, 0);
+  const ContextRows& q = rows ? *rows : all;
+  int r0 = 0;
+  for (int c = 0; c < q.n; ++c)
+    for (int i0 = static_cast<int>(q.begin[c]); i0 < q.end[c]; i0 += kRowBlock) {
+      const int i1 = std::min(static_cast<int>(q.end[c]), i0 + kRowBlock);
+      block(i0, i1, r0);
+      r0 += i1 - i0;
+    }
+}
+
 }  // namespace
 
 template <class Real>
 void attention_forward(Real* out, Real* probs, const Real* qkv, int B, int T, int H, int Hkv,
-                       int D, int window, const int32_t* docs) {
+                       int D, int window, const int32_t* docs, const ContextRows* rows) {
   if (Hkv <= 0 || H % Hkv != 0)
     throw std::invalid_argument("attention: query heads must be a multiple of key/value heads");
   const int G = H / Hkv;
   const int C = H * D;
   const int RS = Hkv * (G + 2) * D;  // qkv row stride (3C when G = 1)
   const Real scale = Real(1) / std::sqrt(static_cast<Real>(D));
+  const int64_t Tq = rows ? rows->count() : T;
 #pragma omp parallel for schedule(static)
   for (int bh = 0; bh < B * H; ++bh) {
     const int b = bh / H;
@@ -115,35 +138,37 @@ void attention_forward(Real* out, Real* probs, const Real* qkv, int B, int T, in
     const Real* q = row0 + q_offset(h, G, D);  // (T,D), stride RS
     const Real* k = row0 + k_offset(h / G, G, D);
     const Real* v = k + D;
-    Real* P = probs + static_cast<int64_t>(bh) * T * T;       // (T,T)
-    Real* o = out + static_cast<int64_t>(b) * T * C + h * D;  // (T,D), stride C
+    Real* P = probs + static_cast<int64_t>(bh) * Tq * T;       // (Tq,T)
+    Real* o = out + static_cast<int64_t>(b) * Tq * C + h * D;  // (Tq,D), stride C
     const int32_t* row_docs = docs ? docs + static_cast<int64_t>(b) * T : nullptr;
-    for (int i0 = 0; i0 < T; i0 += kRowBlock) {
-      const int i1 = std::min(T, i0 + kRowBlock);
+    for_row_blocks(T, rows, [&](int i0, int i1, int r0) {
       const int j0 = first_key(i0, window, row_docs);
-      const int rows = i1 - i0;
+      const int n = i1 - i0;
       const int keys = i1 - j0;
-      Real* Pb = P + static_cast<int64_t>(i0) * T + j0;  // (rows, keys), stride T
+      Real* Pr = P + static_cast<int64_t>(r0) * T;  // the block's first row
+      Real* Pb = Pr + j0;                          // (n, keys), stride T
       // S = q k^T / sqrt(D) for the keys this block may see, straight into probs.
-      detail::gemm(false, true, rows, keys, D, scale, q + static_cast<int64_t>(i0) * RS, RS,
+      detail::gemm(false, true, n, keys, D, scale, q + static_cast<int64_t>(i0) * RS, RS,
                    k + static_cast<int64_t>(j0) * RS, RS, Real(0), Pb, T);
-      softmax_rows_kernel(P, T, i0, i1, window, row_docs);
+      softmax_rows_kernel(Pr, T, i0, i1, window, row_docs);
       // out = P v
-      detail::gemm(false, false, rows, D, keys, Real(1), Pb, T, v + static_cast<int64_t>(j0) * RS,
-                   RS, Real(0), o + static_cast<int64_t>(i0) * C, C);
-    }
+      detail::gemm(false, false, n, D, keys, Real(1), Pb, T, v + static_cast<int64_t>(j0) * RS,
+                   RS, Real(0), o + static_cast<int64_t>(r0) * C, C);
+    });
   }
 }
 
 template <class Real>
 void attention_backward(Real* dqkv, const Real* dout, const Real* qkv, const Real* probs, int B,
-                        int T, int H, int Hkv, int D, int window, const int32_t* docs) {
+                        int T, int H, int Hkv, int D, int window, const int32_t* docs,
+                        const ContextRows* rows) {
   if (Hkv <= 0 || H % Hkv != 0)
     throw std::invalid_argument("attention: query heads must be a multiple of key/value heads");
   const int G = H / Hkv;
   const int C = H * D;
   const int RS = Hkv * (G + 2) * D;  // qkv row stride (3C when G = 1)
   const Real scale = Real(1) / std::sqrt(static_cast<Real>(D));
+  const int64_t Tq = rows ? rows->count() : T;
 #pragma omp parallel
   {
     std::vector<Real> dS_buf(static_cast<size_t>(std::min(T, kRowBlock)) * T);
@@ -163,43 +188,42 @@ void attention_backward(Real* dqkv, const Real* dout, const Real* qkv, const Rea
         const int bh = b * H + h;
         const Real* q = qkv + row0 + q_offset(h, G, D);
         Real* dq = dqkv + row0 + q_offset(h, G, D);
-        const Real* dO = dout + static_cast<int64_t>(b) * T * C + h * D;  // (T,D), stride C
-        const Real* P = probs + static_cast<int64_t>(bh) * T * T;
-        for (int i0 = 0; i0 < T; i0 += kRowBlock) {
-          const int i1 = std::min(T, i0 + kRowBlock);
+        const Real* dO = dout + static_cast<int64_t>(b) * Tq * C + h * D;  // (Tq,D), stride C
+        const Real* P = probs + static_cast<int64_t>(bh) * Tq * T;
+        for_row_blocks(T, rows, [&](int i0, int i1, int r0) {
           const int j0 = first_key(i0, window, row_docs);
-          const int rows = i1 - i0;
+          const int n = i1 - i0;
           const int keys = i1 - j0;
-          const Real* Pb = P + static_cast<int64_t>(i0) * T + j0;  // (rows, keys), stride T
-          const Real* dOb = dO + static_cast<int64_t>(i0) * C;
+          const Real* Pb = P + static_cast<int64_t>(r0) * T + j0;  // (n, keys), stride T
+          const Real* dOb = dO + static_cast<int64_t>(r0) * C;
           // dv += P^T dout
-          detail::gemm(true, false, keys, D, rows, Real(1), Pb, T, dOb, C, Real(1),
+          detail::gemm(true, false, keys, D, n, Real(1), Pb, T, dOb, C, Real(1),
                        dv + static_cast<int64_t>(j0) * RS, RS);
-          // dP = dout v^T, into the scratch (rows, keys)
-          detail::gemm(false, true, rows, keys, D, Real(1), dOb, C,
+          // dP = dout v^T, into the scratch (n, keys)
+          detail::gemm(false, true, n, keys, D, Real(1), dOb, C,
                        v + static_cast<int64_t>(j0) * RS, RS, Real(0), dS, keys);
           // dS = P * (dP - rowsum(dP * P)); masked entries have P = 0, hence dS = 0.
-          softmax_backward_kernel(dS, Pb, rows, keys, T);
+          softmax_backward_kernel(dS, Pb, n, keys, T);
           // dq += dS k / sqrt(D);  dk += dS^T q / sqrt(D)
-          detail::gemm(false, false, rows, D, keys, scale, dS, keys,
+          detail::gemm(false, false, n, D, keys, scale, dS, keys,
                        k + static_cast<int64_t>(j0) * RS, RS, Real(1),
                        dq + static_cast<int64_t>(i0) * RS, RS);
-          detail::gemm(true, false, keys, D, rows, scale, dS, keys,
+          detail::gemm(true, false, keys, D, n, scale, dS, keys,
                        q + static_cast<int64_t>(i0) * RS, RS, Real(1),
                        dk + static_cast<int64_t>(j0) * RS, RS);
-        }
+        });
       }
     }
   }
 }
 
 template void attention_forward<float>(float*, float*, const float*, int, int, int, int, int, int,
-                                       const int32_t*);
+                                       const int32_t*, const ContextRows*);
 template void attention_forward<double>(double*, double*, const double*, int, int, int, int, int, int,
-                                        const int32_t*);
+                                        const int32_t*, const ContextRows*);
 template void attention_backward<float>(float*, const float*, const float*, const float*, int, int,
-                                        int, int, int, int, const int32_t*);
+                                        int, int, int, int, const int32_t*, const ContextRows*);
 template void attention_backward<double>(double*, const double*, const double*, const double*, int,
-                                         int, int, int, int, int, const int32_t*);
+                                         int, int, int, int, int, const int32_t*, const ContextRows*);
 
 }  // namespace myriad::cpu

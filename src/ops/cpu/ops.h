@@ -20,6 +20,8 @@
 
 #include <cstdint>
 
+#include "core/parallel_layout.h"
+
 namespace myriad::cpu {
 
 // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
@@ -87,20 +89,25 @@ void residual_forward(Real* out, const Real* a, const Real* b, int64_t n);
 // window > 0, i - j < window (window 0 = full causal), and with docs, j >= docs[b,i]: docs (B,T)
 // holds where each position's document begins in its row (non-decreasing along a row, docs[b,i]
 // <= i), so that packed documents do not see each other. docs null: one document per row.
+// rows: the query rows a context-parallel rank takes (core/parallel_layout.h), Tq of them, against
+// all T keys; null: all T rows (Tq = T). out, dout and probs hold those rows in order, qkv and dqkv
+// every row; docs are the whole row's, positions in the sequence.
 template <class Real>
-void attention_forward(Real* out,          // (B,T,H*D) laid out (H,D) per token
-                       Real* probs,        // (B,H,T,T) softmax rows saved for backward; masked = 0
+void attention_forward(Real* out,          // (B,Tq,H*D) laid out (H,D) per token
+                       Real* probs,        // (B,H,Tq,T) softmax rows saved for backward; masked = 0
                        const Real* qkv,    // (B,T,Hkv*(G+2)*D) laid out (Hkv,G+2,D) per token
                        int B, int T, int H, int Hkv, int D, int window,
-                       const int32_t* docs = nullptr);  // (B,T) or null
+                       const int32_t* docs = nullptr,  // (B,T) or null
+                       const ContextRows* rows = nullptr);
 // The key/value gradients of a group sum its G query heads' terms, added in head order.
 template <class Real>
 void attention_backward(Real* dqkv,         // (B,T,Hkv*(G+2)*D) +=
-                        const Real* dout,   // (B,T,H*D)
+                        const Real* dout,   // (B,Tq,H*D)
                         const Real* qkv,    // (B,T,Hkv*(G+2)*D)
-                        const Real* probs,  // (B,H,T,T)
+                        const Real* probs,  // (B,H,Tq,T)
                         int B, int T, int H, int Hkv, int D, int window,
-                        const int32_t* docs = nullptr);  // (B,T) or null
+                        const int32_t* docs = nullptr,  // (B,T) or null
+                        const ContextRows* rows = nullptr);
 
 // RMSNorm over the last dimension, as Hugging Face's LlamaRMSNorm: out = inp * rstd * weight,
 // rstd = 1 / sqrt(mean(inp^2) + eps), the mean of squares taken in Real (float or double).

@@ -116,3 +116,36 @@ TEST(ParallelLayout, TheConfigCheckNamesTheSetThatBrokeIt) {
 }
 
 }  // namespace
+
+// Context parallelism's rows: every position of the sequence on exactly one rank, two chunks of
+// T / 2cp each, and the causal triangle's work (a query at position i sees i + 1 keys) the same on
+// every rank.
+TEST(ContextRows, EveryPositionOnceAndTheWorkBalanced) {
+  const myriad::ContextRows one = myriad::context_rows(12, 1, 0);
+  EXPECT_EQ(one.n, 1);
+  EXPECT_EQ(one.begin[0], 0);
+  EXPECT_EQ(one.end[0], 12);
+  for (const int64_t cp : {2, 3, 4, 8}) {
+    const int64_t T = 2 * cp * 5;
+    std::vector<int> owner(T, -1);
+    std::vector<int64_t> work(cp, 0);
+    for (int64_t r = 0; r < cp; ++r) {
+      const myriad::ContextRows rows = myriad::context_rows(T, cp, r);
+      ASSERT_EQ(rows.n, 2);
+      EXPECT_EQ(rows.count(), T / cp);
+      EXPECT_LT(rows.end[0], rows.begin[1] + 1);  // in order
+      for (int k = 0; k < 2; ++k)
+        for (int64_t i = rows.begin[k]; i < rows.end[k]; ++i) {
+          EXPECT_EQ(owner[i], -1) << "position " << i << " on two ranks";
+          owner[i] = static_cast<int>(r);
+          work[r] += i + 1;
+        }
+    }
+    for (int64_t i = 0; i < T; ++i) EXPECT_GE(owner[i], 0) << "position " << i << " on no rank";
+    for (int64_t r = 1; r < cp; ++r) EXPECT_EQ(work[r], work[0]) << "cp " << cp;
+    // Rank 0 holds the first chunk and the last.
+    const myriad::ContextRows r0 = myriad::context_rows(T, cp, 0);
+    EXPECT_EQ(r0.begin[0], 0);
+    EXPECT_EQ(r0.end[1], T);
+  }
+}

@@ -314,3 +314,58 @@ TEST(Attention, MultiHeadBitwiseAsBeforeGroupedQuery) {
     }
   }
 }
+
+// Context parallelism on the CPU kernel: each of cp ranks takes the queries of its rows
+// (context_rows: chunks r and 2cp-1-r) against the whole sequence's keys. Its outputs and saved
+// probabilities are the whole sequence's rows, and the whole sequence's gradient is the sum of
+// the ranks' (each holds its queries' dq and its share of every key's dk and dv, which the
+// reduce-scatter sums). Documents crossing chunk and rank boundaries, one-token documents, a
+// document spanning every rank (row 0), a window smaller than a chunk.
+TEST(Attention, ContextParallelRanksMakeTheWholeSequence) {
+  for (const int cp : {2, 4})
+    for (const int window : {0, 3})
+      for (const int Hkv : {0, 1}) {
+        const int T = 16 * cp;  // chunks of 8 rows (kRowBlock is 32: blocks cut at chunk edges)
+        const Shape s{3, T, 16, 4, window, Hkv, random_docs(7 + cp, 3, T)};
+        SCOPED_TRACE(::testing::Message() << "cp " << cp << " window " << window << " Hkv " << s.kv());
+        const AttentionCase c(21 + cp, s);
+        Vec probs;
+        const Vec out = c.forward(&probs);
+        Vec dqkv(c.qkv.size(), 0.0);
+        c.backward(dqkv);
+        Vec summed(c.qkv.size(), 0.0);
+        int64_t rows_seen = 0;
+        for (int r = 0; r < cp; ++r) {
+          const myriad::ContextRows rows = myriad::context_rows(T, cp, r);
+          const int Tq = static_cast<int>(rows.count());
+          rows_seen += Tq;
+          // This rank's rows of R (the output's gradient) and where each sits in the sequence.
+          std::vector<int> at;
+          for (int k = 0; k < rows.n; ++k)
+            for (int64_t i = rows.begin[k]; i < rows.end[k]; ++i) at.push_back(static_cast<int>(i));
+          ASSERT_EQ(static_cast<int>(at.size()), Tq);
+          Vec dout(static_cast<size_t>(s.B) * Tq * s.C), o(dout.size()), p(static_cast<size_t>(s.B) * s.H * Tq * T);
+          for (int b = 0; b < s.B; ++b)
+            for (int q = 0; q < Tq; ++q)
+              for (int e = 0; e < s.C; ++e)
+                dout[(static_cast<size_t>(b) * Tq + q) * s.C + e] = c.R[(static_cast<size_t>(b) * T + at[q]) * s.C + e];
+          attention_forward(o.data(), p.data(), c.qkv.data(), s.B, T, s.H, s.kv(), s.D(), window, s.doc_starts(), &rows);
+          for (int b = 0; b < s.B; ++b)
+            for (int q = 0; q < Tq; ++q) {
+              for (int e = 0; e < s.C; ++e)
+                ASSERT_NEAR(o[(static_cast<size_t>(b) * Tq + q) * s.C + e], out[(static_cast<size_t>(b) * T + at[q]) * s.C + e],
+                            1e-12);
+              for (int h = 0; h < s.H; ++h)
+                for (int j = 0; j < T; ++j)
+                  ASSERT_NEAR(p[((static_cast<size_t>(b) * s.H + h) * Tq + q) * T + j],
+                              probs[((static_cast<size_t>(b) * s.H + h) * T + at[q]) * T + j], 1e-12);
+            }
+          Vec mine(c.qkv.size(), 0.0);
+          attention_backward(mine.data(), dout.data(), c.qkv.data(), p.data(), s.B, T, s.H, s.kv(), s.D(), window,
+                             s.doc_starts(), &rows);
+          for (size_t i = 0; i < mine.size(); ++i) summed[i] += mine[i];
+        }
+        EXPECT_EQ(rows_seen, T);
+        for (size_t i = 0; i < dqkv.size(); ++i) ASSERT_NEAR(summed[i], dqkv[i], 1e-11) << "element " << i;
+      }
+}
