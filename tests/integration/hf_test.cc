@@ -734,6 +734,28 @@ TEST_F(Interchange, ALlama3TokenizerModelExportsItsTokenizer) {
   EXPECT_EQ(myriad::checkpoint::read_meta((dir_ / "llama3_back").string())["tokenizer"], "llama3");
 }
 
+// A context extension: a RoPE model trained at 16 positions continues at 64 from that
+// checkpoint's weights (checkpoint.init_from) with another theta and Llama 3's scaling, and its
+// first step starts from exactly those weights (a learning rate of 1e-30 leaves them as they
+// were). Learned positions have no such freedom: their table's shape differs, named.
+TEST_F(Interchange, AContextExtensionStartsFromAShorterModel) {
+  const fs::path shorter = dir_ / "ext_16", longer = dir_ / "ext_64";
+  ASSERT_EQ(run_myriad(train(shorter, cat("--set train.steps=2 --set model.rope_theta=10000 ", kLlamaSets))).code, 0);
+  const Result r = run_myriad(train(longer, cat("--set train.steps=1 --set optim.lr=1e-30 --set optim.min_lr=0 ",
+                                                "--set model.seq_len=64 --set model.rope_theta=40000 ",
+                                                "--set model.rope_scaling=llama3 --set model.rope_factor=4 ",
+                                                "--set model.rope_original_positions=16 --set checkpoint.init_from=",
+                                                shorter.string(), " ", kLlamaSets)));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "init: the weights of ")) << r.output;
+  EXPECT_EQ(weights((shorter / "checkpoints/step_00000002").string()), weights((longer / "checkpoints/step_00000001").string()));
+  small_export();  // dir_/small: a GPT-2 block trained at 16 positions
+  const Result gpt2 = run_myriad(train(dir_ / "ext_gpt2", cat("--set train.steps=1 --set model.seq_len=64 --set checkpoint.init_from=",
+                                                              (dir_ / "small").string())));
+  EXPECT_EQ(gpt2.code, 2) << gpt2.output;
+  EXPECT_TRUE(contains(gpt2.output, "wpe")) << gpt2.output;
+}
+
 // What Myriad cannot express, in a LlamaForCausalLM config or in an export, is refused with
 // exit 2 and one line naming the field or key.
 TEST_F(Interchange, WhatLlamaOrMyriadCannotExpressIsRefused) {
