@@ -384,7 +384,7 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   // own memory plan (model/memory_plan.h, which GptModel checks its allocations against; the
   // experts' rows as balanced routing gives them); the op set's scratch; cuDNN's attention
   // workspace.
-  const double state = (params + expert_params) * (c.act_bytes + 4) + owned * 12;
+  const double held_params = params + expert_params;
   model::GptMemoryShape ms = model::memory_shape(model, l.tp, l.mb, padded_vocab(model.vocab_size, l.tp));
   ms.tp = l.tp > 1, ms.parallel_block = f.parallel_block, ms.recompute = l.recompute, ms.act_bytes = static_cast<int>(c.act_bytes);
   ms.ep = l.ep;
@@ -396,8 +396,17 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   const double in_flight = std::min<double>(
       double(model.layers) * (l.v > 1 ? 1 + double(l.pp - 1) / (l.pp * l.v) : 1), double(model.layers) / l.pp * m);
   const double slots = in_flight / layers_per_chunk;
-  p.memory_gib = (state + per_layer * in_flight + per_slot * slots + head + double(model::buffer_bytes(ms)) +
-                  double(model::scratch_bytes(ms)) + double(model::attention_workspace_bytes(ms))) / kGiB;
+  Prediction::Memory& mem = p.memory;
+  mem.weights = held_params * c.act_bytes / kGiB;
+  mem.gradients = held_params * 4 / kGiB;
+  mem.optimizer = owned * 12 / kGiB;
+  mem.activations = (per_layer * in_flight + per_slot * slots) / kGiB;
+  mem.logits = head / kGiB;
+  mem.buffers = double(model::buffer_bytes(ms)) / kGiB;
+  mem.scratch = double(model::scratch_bytes(ms)) / kGiB;
+  mem.workspace = double(model::attention_workspace_bytes(ms)) / kGiB;
+  p.memory_gib = mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.logits + mem.buffers + mem.scratch +
+                 mem.workspace;
   if (p.memory_gib > c.memory_gib)
     p.fits = false, p.why_not = cat("needs ", std::round(p.memory_gib), " GiB of ", c.memory_gib, " per GPU");
   return p;
@@ -432,11 +441,15 @@ std::string describe(const Prediction& p, const Layout& l) {
                 "step %.3f s | MFU %.1f%% | %.0f tokens/s | memory %.1f GiB per GPU | bubble %.1f%%\n"
                 "  pipeline compute %.3f s, bubble %.3f s\n"
                 "  exposed communication: TP %.3f s (of %.3f), PP %.3f s (of %.3f), DP %.3f s (of %.3f)%s\n"
-                "  optimizer %.3f s, other overhead %.3f s (the loss's and the norm's all-reduces %.2f ms)%s%s\n",
+                "  optimizer %.3f s, other overhead %.3f s (the loss's and the norm's all-reduces %.2f ms)\n"
+                "  memory (GiB): weights %.1f, gradients %.1f, optimizer state %.1f, activations %.1f, logits %.1f, "
+                "step buffers %.1f, scratch %.1f, attention workspace %.1f%s%s\n",
                 l.tp, l.pp, l.v, p.dp, ep.c_str(), l.mb, p.microbatches, l.recompute.c_str(), p.step_s, 100 * p.mfu,
                 p.tokens_per_s, p.memory_gib, 100 * p.bubble, p.compute_s, p.bubble_s, p.tp_exposed_s, p.tp_comm_s,
                 p.pp_exposed_s, p.pp_comm_s, p.dp_exposed_s, p.dp_comm_s, a2a, p.optimizer_s, p.other_s,
-                1e3 * p.scalars_s, p.fits ? "" : "\n  DOES NOT FIT: ", p.fits ? "" : p.why_not.c_str());
+                1e3 * p.scalars_s, p.memory.weights, p.memory.gradients, p.memory.optimizer, p.memory.activations,
+                p.memory.logits, p.memory.buffers, p.memory.scratch, p.memory.workspace,
+                p.fits ? "" : "\n  DOES NOT FIT: ", p.fits ? "" : p.why_not.c_str());
   return buf;
 }
 

@@ -84,7 +84,16 @@ struct Prediction {
   std::string why_not;           // when it does not fit or the layout is invalid
   int dp = 1, microbatches = 0;  // per data-parallel rank
   double step_s = 0, mfu = 0, tokens_per_s = 0;
-  double memory_gib = 0;         // peak per GPU
+  double memory_gib = 0;         // peak per GPU: the sum of `memory`'s parts
+  // The peak by what holds it (GiB per GPU), as Myriad's CUDA engine allocates it: the bf16
+  // weights; their fp32 gradients; the optimizer's fp32 master and two moments (the rank's 1/dp
+  // share); the layers' saved activations of the micro-batches in flight with their slots'
+  // tokens and outputs; the logits; the step's buffers (activations' gradients, recompute's
+  // shared set); the op set's scratch; cuDNN's attention workspace.
+  struct Memory {
+    double weights = 0, gradients = 0, optimizer = 0, activations = 0, logits = 0, buffers = 0, scratch = 0,
+           workspace = 0;
+  } memory;
   double bubble = 0;             // of the pipeline's ideal compute
   // The step by phase (seconds): compute of the pipeline's critical path and the exposed parts.
   double compute_s = 0, bubble_s = 0, tp_exposed_s = 0, pp_exposed_s = 0, dp_exposed_s = 0, optimizer_s = 0,

@@ -226,6 +226,30 @@ TEST(Planner, OneGpuMemoryIsTheEnginesPeak) {
   }
 }
 
+// The peak by what holds it: the parts sum to the total, and each is its own arithmetic (a
+// dense model on one GPU: 2 + 4 + 12 bytes a parameter for weights, gradients and the whole
+// optimizer state; cuDNN's B H T T bf16 workspace). `myriad plan` prints them.
+TEST(Planner, MemoryByWhatHoldsIt) {
+  const plan::Cluster c = plan::load_cluster(std::string(MYRIAD_SOURCE_DIR) + "/configs/clusters/h100.toml");
+  const ModelConfig m = load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/gpt-1.3b.toml", {}).model;
+  const plan::Prediction p = plan::predict(m, 8, 1, c, plan::parse_layout("tp=1,pp=1,mb=8"), plan::parse_features("fused_ops,misc"));
+  const plan::Prediction::Memory& mem = p.memory;
+  EXPECT_NEAR(mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.logits + mem.buffers + mem.scratch +
+                  mem.workspace,
+              p.memory_gib, 1e-9);
+  const double params = model::param_counts(m).total, gib = double(1 << 30);
+  EXPECT_NEAR(mem.weights, params * 2 / gib, 0.005 * mem.weights);  // the planner's count, within 0.5%
+  EXPECT_NEAR(mem.gradients, 2 * mem.weights, 1e-9);
+  EXPECT_NEAR(mem.optimizer, 6 * mem.weights, 1e-9);
+  EXPECT_NEAR(mem.workspace, 8.0 * m.heads * m.seq_len * m.seq_len * 2 / gib, 1e-9);
+  EXPECT_GT(mem.activations, mem.logits);
+  // Two data-parallel ranks halve the optimizer state and nothing else.
+  const plan::Prediction dp2 = plan::predict(m, 16, 2, c, plan::parse_layout("tp=1,pp=1,mb=8"), plan::parse_features("fused_ops,misc"));
+  EXPECT_NEAR(dp2.memory.optimizer, mem.optimizer / 2, 1e-9);
+  EXPECT_EQ(dp2.memory.activations, mem.activations);
+  EXPECT_NE(plan::describe(p, plan::parse_layout("tp=1,pp=1,mb=8")).find("optimizer state"), std::string::npos);
+}
+
 // A CPU "cluster" (configs/clusters/cpu-dev.toml) computes in fp32: every message and memory
 // pass of a layer carries 4 bytes an element, twice a GPU's bf16, and nothing else changes.
 TEST(Planner, ActivationBytesScaleTheMessagesAndTheMemoryPasses) {
