@@ -40,6 +40,8 @@ struct ContextRows {
   int n = 1;  // ranges: 1, or 2 under cp
   int64_t begin[2] = {0, 0}, end[2] = {0, 0};
   int64_t count() const { return end[0] - begin[0] + (n > 1 ? end[1] - begin[1] : 0); }
+  // The position in the sequence of the rank's row i (0 <= i < count()).
+  int64_t position(int64_t i) const { return i < end[0] - begin[0] ? begin[0] + i : begin[1] + i - (end[0] - begin[0]); }
 };
 // Rank r's rows of a sequence of T under cp ranks (0 <= r < cp; T divisible by 2 cp when cp > 1).
 ContextRows context_rows(int64_t T, int64_t cp, int64_t r);

@@ -15,13 +15,13 @@ constexpr int kChannelBlock = 16;  // one 64-byte cache line of floats per row a
 
 template <class Real>
 void embedding_forward(Real* out, const int32_t* tokens, const Real* wte, const Real* wpe, int B,
-                       int T, int C) {
-  const int64_t rows = static_cast<int64_t>(B) * T;
+                       int T, int C, const ContextRows* rows) {
+  const int64_t tokens_n = static_cast<int64_t>(B) * T;
 #pragma omp parallel for schedule(static)
-  for (int64_t bt = 0; bt < rows; ++bt) {
-    const int t = static_cast<int>(bt % T);
+  for (int64_t bt = 0; bt < tokens_n; ++bt) {
+    const int64_t t = bt % T;
     const Real* w = wte + static_cast<int64_t>(tokens[bt]) * C;
-    const Real* p = wpe + static_cast<int64_t>(t) * C;
+    const Real* p = wpe + (rows ? rows->position(t) : t) * C;
     Real* o = out + bt * C;
 #pragma omp simd
     for (int c = 0; c < C; ++c) o[c] = w[c] + p[c];
@@ -30,7 +30,7 @@ void embedding_forward(Real* out, const int32_t* tokens, const Real* wte, const 
 
 template <class Real>
 void embedding_backward(Real* dwte, Real* dwpe, const Real* dout, const int32_t* tokens, int B,
-                        int T, int C) {
+                        int T, int C, const ContextRows* rows) {
   const int blocks = (C + kChannelBlock - 1) / kChannelBlock;
 #pragma omp parallel for schedule(static)
   for (int blk = 0; blk < blocks; ++blk) {
@@ -41,7 +41,7 @@ void embedding_backward(Real* dwte, Real* dwpe, const Real* dout, const int32_t*
         const int64_t bt = static_cast<int64_t>(b) * T + t;
         const Real* d = dout + bt * C;
         Real* w = dwte + static_cast<int64_t>(tokens[bt]) * C;
-        Real* p = dwpe + static_cast<int64_t>(t) * C;
+        Real* p = dwpe + (rows ? rows->position(t) : t) * C;
 #pragma omp simd
         for (int c = c0; c < c1; ++c) {
           w[c] += d[c];
@@ -52,13 +52,13 @@ void embedding_backward(Real* dwte, Real* dwpe, const Real* dout, const int32_t*
   }
 }
 
-template void embedding_forward<float>(float*, const int32_t*, const float*, const float*, int, int,
-                                       int);
+template void embedding_forward<float>(float*, const int32_t*, const float*, const float*, int, int, int,
+                                       const ContextRows*);
 template void embedding_forward<double>(double*, const int32_t*, const double*, const double*, int,
-                                        int, int);
-template void embedding_backward<float>(float*, float*, const float*, const int32_t*, int, int,
-                                        int);
-template void embedding_backward<double>(double*, double*, const double*, const int32_t*, int, int,
-                                         int);
+                                        int, int, const ContextRows*);
+template void embedding_backward<float>(float*, float*, const float*, const int32_t*, int, int, int,
+                                        const ContextRows*);
+template void embedding_backward<double>(double*, double*, const double*, const int32_t*, int, int, int,
+                                         const ContextRows*);
 
 }  // namespace myriad::cpu

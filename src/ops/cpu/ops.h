@@ -24,19 +24,20 @@
 
 namespace myriad::cpu {
 
-// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
+// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:], or with `rows` (a context-parallel rank's,
+// T = rows->count()) wpe[rows->position(t),:]
 template <class Real>
 void embedding_forward(Real* out,               // (B,T,C)
                        const int32_t* tokens,   // (B,T)
                        const Real* wte,         // (Vp,C)
-                       const Real* wpe,         // (maxT,C), only the first T rows read
-                       int B, int T, int C);
+                       const Real* wpe,         // (maxT,C), only the rows of the T positions read
+                       int B, int T, int C, const ContextRows* rows = nullptr);
 template <class Real>
 void embedding_backward(Real* dwte,             // (Vp,C) +=
                         Real* dwpe,             // (maxT,C) +=
                         const Real* dout,       // (B,T,C)
                         const int32_t* tokens,  // (B,T)
-                        int B, int T, int C);
+                        int B, int T, int C, const ContextRows* rows = nullptr);
 
 // LayerNorm over the last dimension, eps 1e-5 (as PyTorch). bias may be null (model.bias=false).
 template <class Real>
@@ -131,13 +132,14 @@ void rmsnorm_backward(Real* dinp,          // (N,C) +=
 //   x'[i]       = x[i] cos a - x[i+D/2] sin a
 //   x'[i+D/2]   = x[i+D/2] cos a + x[i] sin a.
 // Applied IN PLACE to every query and key head of the fused QKV activation (layout above,
-// G = H / Hkv); the value heads are left as they are. Row t is at position pos0 + t. The angles
+// G = H / Hkv); the value heads are left as they are. Row t is at position pos0 + t, or with
+// `rows` (a context-parallel rank's, T = rows->count()) at rows->position(t). The angles
 // and their cosines and sines are computed in double, then rounded to Real. freqs comes from
 // rope_frequencies (ops/rope.h).
 template <class Real>
 void rope_forward(Real* qkv,            // (B,T,Hkv*(G+2)*D) in place
                   const double* freqs,  // (D/2)
-                  int B, int T, int Hkv, int G, int D, int pos0);
+                  int B, int T, int Hkv, int G, int D, int pos0, const ContextRows* rows = nullptr);
 // The gradient through rope_forward: rotates the query and key parts of dqkv back by the same
 // angles (the transpose of a rotation is its inverse), IN PLACE. Unlike the other backwards it
 // does not accumulate: dqkv holds the gradient with respect to the rotated q and k on entry and
@@ -145,7 +147,7 @@ void rope_forward(Real* qkv,            // (B,T,Hkv*(G+2)*D) in place
 template <class Real>
 void rope_backward(Real* dqkv,           // (B,T,Hkv*(G+2)*D) in place
                    const double* freqs,  // (D/2)
-                   int B, int T, int Hkv, int G, int D, int pos0);
+                   int B, int T, int Hkv, int G, int D, int pos0, const ContextRows* rows = nullptr);
 
 // SwiGLU: out = silu(gate) * up, silu(x) = x / (1 + exp(-x)). The gate and up projections are
 // one GEMM whose output is laid out (F,2) per row: feature f's gate at 2f, its up at 2f+1, so

@@ -19,7 +19,7 @@ namespace {
 // transpose of a rotation is the rotation back).
 template <class Real>
 void rope_rotate(Real* qkv, const double* freqs, int B, int T, int Hkv, int G, int D, int pos0,
-                 bool inverse) {
+                 const ContextRows* rows, bool inverse) {
   const int half = D / 2;
   const int64_t row_stride = static_cast<int64_t>(Hkv) * (G + 2) * D;
   std::vector<Real> cos_tab(static_cast<size_t>(T) * half);  // (T, D/2)
@@ -28,7 +28,7 @@ void rope_rotate(Real* qkv, const double* freqs, int B, int T, int Hkv, int G, i
   {
 #pragma omp for schedule(static)
   for (int t = 0; t < T; ++t) {
-    const double p = static_cast<double>(pos0) + t;
+    const double p = static_cast<double>(rows ? rows->position(t) : int64_t(pos0) + t);
     for (int i = 0; i < half; ++i) {
       const double a = p * freqs[i];
       cos_tab[static_cast<size_t>(t) * half + i] = static_cast<Real>(std::cos(a));
@@ -63,19 +63,20 @@ void rope_rotate(Real* qkv, const double* freqs, int B, int T, int Hkv, int G, i
 }  // namespace
 
 template <class Real>
-void rope_forward(Real* qkv, const double* freqs, int B, int T, int Hkv, int G, int D, int pos0) {
-  rope_rotate(qkv, freqs, B, T, Hkv, G, D, pos0, false);
+void rope_forward(Real* qkv, const double* freqs, int B, int T, int Hkv, int G, int D, int pos0,
+                  const ContextRows* rows) {
+  rope_rotate(qkv, freqs, B, T, Hkv, G, D, pos0, rows, false);
 }
 
 template <class Real>
 void rope_backward(Real* dqkv, const double* freqs, int B, int T, int Hkv, int G, int D,
-                   int pos0) {
-  rope_rotate(dqkv, freqs, B, T, Hkv, G, D, pos0, true);
+                   int pos0, const ContextRows* rows) {
+  rope_rotate(dqkv, freqs, B, T, Hkv, G, D, pos0, rows, true);
 }
 
-template void rope_forward<float>(float*, const double*, int, int, int, int, int, int);
-template void rope_forward<double>(double*, const double*, int, int, int, int, int, int);
-template void rope_backward<float>(float*, const double*, int, int, int, int, int, int);
-template void rope_backward<double>(double*, const double*, int, int, int, int, int, int);
+template void rope_forward<float>(float*, const double*, int, int, int, int, int, int, const ContextRows*);
+template void rope_forward<double>(double*, const double*, int, int, int, int, int, int, const ContextRows*);
+template void rope_backward<float>(float*, const double*, int, int, int, int, int, int, const ContextRows*);
+template void rope_backward<double>(double*, const double*, int, int, int, int, int, int, const ContextRows*);
 
 }  // namespace myriad::cpu

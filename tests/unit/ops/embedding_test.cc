@@ -88,3 +88,35 @@ TEST(Embedding, FloatMatchesDoubleAndIsDeterministic) {
     with_threads(threads, [&] { EXPECT_TRUE(bitwise_equal(first, run_float())) << threads; });
   }
 }
+
+// A context-parallel rank's rows take the position rows of their places in the sequence (chunks r
+// and 2cp-1-r), and the ranks' position gradients sum to the sequence's.
+TEST(Embedding, AContextParallelRanksRowsTakeTheirPositions) {
+  const int cp = 2, Tw = 8;
+  std::mt19937_64 rng(9);
+  const std::vector<int32_t> tokens = random_ints(rng, B * Tw, 11);
+  const Vec wte = random_vec(rng, Vp * C), wpe = random_vec(rng, maxT * C), dout = random_vec(rng, B * Tw * C);
+  Vec out(B * Tw * C), dwte(Vp * C, 0.0), dwpe(maxT * C, 0.0);
+  embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, Tw, C);
+  embedding_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, Tw, C);
+  Vec dwte_sum(Vp * C, 0.0), dwpe_sum(maxT * C, 0.0);
+  for (int r = 0; r < cp; ++r) {
+    const myriad::ContextRows rows = myriad::context_rows(Tw, cp, r);
+    const int Tq = static_cast<int>(rows.count());
+    std::vector<int32_t> mine;
+    Vec my_dout, want;
+    for (int b = 0; b < B; ++b)
+      for (int i = 0; i < Tq; ++i) {
+        const int64_t at = int64_t(b) * Tw + rows.position(i);
+        mine.push_back(tokens[at]);
+        my_dout.insert(my_dout.end(), dout.begin() + at * C, dout.begin() + (at + 1) * C);
+        want.insert(want.end(), out.begin() + at * C, out.begin() + (at + 1) * C);
+      }
+    Vec got(B * Tq * C);
+    embedding_forward(got.data(), mine.data(), wte.data(), wpe.data(), B, Tq, C, &rows);
+    EXPECT_TRUE(bitwise_equal(got, want)) << "rank " << r;
+    embedding_backward(dwte_sum.data(), dwpe_sum.data(), my_dout.data(), mine.data(), B, Tq, C, &rows);
+  }
+  expect_close("dwte", dwte_sum, dwte, 1e-12);
+  expect_close("dwpe", dwpe_sum, dwpe, 1e-12);
+}

@@ -123,6 +123,38 @@ TEST(Rope, RowsAtAnOffsetAreTheSameRowsOfALongerSequence) {
   EXPECT_TRUE(bitwise_equal(got, Vec(all.begin() + 4 * row, all.end())));
 }
 
+// A context-parallel rank's rows (chunks r and 2cp-1-r of the sequence, one after the other in
+// each of B rows) rotate by their positions in the sequence: they are the sequence's rows, bit for
+// bit, forward and backward.
+TEST(Rope, AContextParallelRanksRowsAreTheSequencesRows) {
+  const int cp = 2, T = 8;
+  const Shape whole{2, T, 2, 2, 8, 0};
+  std::mt19937_64 rng(5);
+  const Vec qkv = random_vec(rng, whole.size());
+  const auto freqs = test_freqs(8);
+  const Vec all = run_forward(qkv, freqs, whole);
+  Vec back_all = qkv;
+  rope_backward(back_all.data(), freqs.data(), whole.B, T, whole.Hkv, whole.G, whole.D, 0);
+  const size_t row = whole.size() / (whole.B * T);
+  for (int r = 0; r < cp; ++r) {
+    const myriad::ContextRows rows = myriad::context_rows(T, cp, r);
+    const int Tq = static_cast<int>(rows.count());
+    Vec mine, want, want_back;
+    for (int b = 0; b < whole.B; ++b)
+      for (int i = 0; i < Tq; ++i) {
+        const size_t at = (static_cast<size_t>(b) * T + rows.position(i)) * row;
+        mine.insert(mine.end(), qkv.begin() + at, qkv.begin() + at + row);
+        want.insert(want.end(), all.begin() + at, all.begin() + at + row);
+        want_back.insert(want_back.end(), back_all.begin() + at, back_all.begin() + at + row);
+      }
+    Vec back = mine;
+    rope_forward(mine.data(), freqs.data(), whole.B, Tq, whole.Hkv, whole.G, whole.D, 0, &rows);
+    rope_backward(back.data(), freqs.data(), whole.B, Tq, whole.Hkv, whole.G, whole.D, 0, &rows);
+    EXPECT_TRUE(bitwise_equal(mine, want)) << "rank " << r;
+    EXPECT_TRUE(bitwise_equal(back, want_back)) << "rank " << r;
+  }
+}
+
 TEST(Rope, FloatMatchesDoubleAndIsDeterministic) {
   const Shape s{4, 33, 2, 3, 16, 7};
   std::mt19937_64 rng(5);
