@@ -99,7 +99,8 @@ done
 # The tokenizer.json tokenizers (qwen3, llama3) against Hugging Face's tokenizers library, the
 # Rust code under transformers' fast tokenizers, on the same files as setup.sh fetched them:
 # `myriad prepare` gives each document its ids and then the document end. Special tokens' text
-# is ordinary text on both sides (encode_special_tokens). The documents: this repository's text,
+# is ordinary text on both sides (encode_special_tokens); non-special added tokens (Qwen's <think>)
+# are matched on both. The documents: this repository's text,
 # and lines that stress the normalizer and the pre-tokenizer (combining marks, compatibility
 # characters, digits, every kind of space, U+0085 and U+FEFF among them), one document each.
 python3 - "$W/tok_corpus.jsonl" README.md docs/*.md src/data/*.cc <<'PY'
@@ -110,7 +111,8 @@ random.seed(3)
 pool = ["a", "Z", "word", "e\u0301", "A\u030a", "\u212b", "\u2126", "\u1100\u1161\u11a8", "\uac00", "\u0958",
         "\uff21\uff42", "\ufb01", "\u00bd", "\u2163", "\u0663\u0664", "12345", "3.14", " ", "  ", "\t", "\n", "\r\n",
         "\u00a0", "\u2009", "\u3000", "\u2028", "\u0085", "\ufeff", "'s", "'LL", "DON'T", ",", "...", "(",
-        "\u65e5\u672c", "\ud55c", "\U0001f600", "\u0627\u0644", "\u0915\u093f", "\u0e01\u0e34", "<|endoftext|>"]
+        "\u65e5\u672c", "\ud55c", "\U0001f600", "\u0627\u0644", "\u0915\u093f", "\u0e01\u0e34", "<|endoftext|>",
+        "<think>", "</tool_call>", "<|fim_prefix|>", "<thin"]
 docs += ["".join(random.choice(pool) for _ in range(random.randint(1, 30))) for _ in range(400)]
 with open(out, "w") as f:
     for d in docs:

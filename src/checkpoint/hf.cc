@@ -51,16 +51,18 @@ std::vector<std::string> write_tokenizer(const fs::path& into, const std::string
     if (bytes.empty()) throw_input("export: ", (src / "tokenizer.json").string(), " is missing: ",
                                    tokenizer.starts_with("hf:") ? "restore it" : "run scripts/setup.sh");
     write_file_durably((into / "tokenizer.json").string(), {bytes});
+    // Its eos_token is the document end Myriad's data ends documents with, which config.json's
+    // eos_token_id names too (Qwen's own file says <|im_end|>, its chat turns' end).
+    const auto tok = data::make_tokenizer(tokenizer);
     std::string config = fs::exists(src / "tokenizer_config.json") ? read_file((src / "tokenizer_config.json").string())
                                                                    : std::string();
-    if (config.empty()) {
-      const auto tok = data::make_tokenizer(tokenizer);
-      nlohmann::json c = {{"tokenizer_class", "PreTrainedTokenizerFast"},
-                          {"eos_token", tok->decode({tok->eot()})},
-                          {"model_max_length", max_length}};
+    nlohmann::json c = nlohmann::json::parse(config, nullptr, false);
+    if (!c.is_object()) {
+      c = {{"tokenizer_class", "PreTrainedTokenizerFast"}, {"model_max_length", max_length}};
       if (tokenizer == "llama3") c["bos_token"] = "<|begin_of_text|>";
-      config = c.dump(2) + "\n";
     }
+    c["eos_token"] = tok->decode({tok->eot()});
+    config = c.dump(2) + "\n";
     write_file_durably((into / "tokenizer_config.json").string(), {config});
     return {"tokenizer.json", "tokenizer_config.json"};
   }
@@ -126,10 +128,25 @@ std::pair<std::map<std::string, std::string>, int64_t> import_tokenizer(const fs
                                                                         Config& cfg) {
   std::string& name = cfg.data.tokenizer;
   const fs::path json = hf_dir / "tokenizer.json";
+  if (name.starts_with("hf:") && !fs::is_regular_file(json)) {  // an export's, made elsewhere
+    log::warn("import: config.json names the tokenizer ", name, " but ", json.string(),
+              " is missing; the checkpoint's tokenizer is byte");
+    name = "byte";
+  }
   if ((name == "byte" || name.starts_with("hf:")) && fs::is_regular_file(json)) {
+    // The file of a built-in tokenizer, byte for byte (Qwen's own, as setup.sh fetched it): that
+    // tokenizer, by name, so that its presets and data go with the import.
+    const std::string bytes = read_file(json.string());
+    for (const std::string& builtin : {std::string("qwen3"), std::string("llama3")}) {
+      const fs::path own = fs::path(data::hf_tokenizer_dir(builtin)) / "tokenizer.json";
+      if (fs::is_regular_file(own) && read_file(own.string()) == bytes) {
+        name = builtin;
+        return {{}, data::tokenizer_vocab_size(name)};
+      }
+    }
     try {
       const auto tok = data::make_hf_bpe_tokenizer(hf_dir.string(), "", "");
-      std::map<std::string, std::string> files = {{"tokenizer.json", read_file(json.string())}};
+      std::map<std::string, std::string> files = {{"tokenizer.json", bytes}};
       if (fs::is_regular_file(hf_dir / "tokenizer_config.json"))
         files["tokenizer_config.json"] = read_file((hf_dir / "tokenizer_config.json").string());
       name = canonical_tokenizer("hf:" + out.string());

@@ -13,17 +13,23 @@
 //    normalized; a byte that starts no character passes through as it is, so arbitrary bytes
 //    still round-trip once they are in NFC;
 //  - ignore_merges: a piece that is a token as a whole is that token, before any merge;
-//  - added tokens are special: they decode to their text, and text that looks like one is
-//    ordinary text, so a document cannot forge a document end. The document end is
-//    "<|end_of_text|>" (Llama 3) or "<|endoftext|>" (Qwen, GPT-2's spelling).
-#include <unicode/normalizer2.h>
+//  - added tokens decode to their text. A special one ("special": true) is never made from text:
+//    text that looks like one is ordinary text, so a document cannot forge a document end. A
+//    non-special one (Qwen's <think>, <tool_call>, <|fim_prefix|>, ...) is matched in the text
+//    before anything else, leftmost and longest first, as Hugging Face's tokenizers match it
+//    (on the raw text, its flags lstrip, rstrip, single_word and normalized all false: other
+//    flags are refused). The document end is "<|end_of_text|>" (Llama 3) or "<|endoftext|>"
+//    (Qwen, GPT-2's spelling).
 #include <unicode/bytestream.h>
+#include <unicode/normalizer2.h>
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "data/bpe.h"
@@ -137,6 +143,9 @@ void pretokenize(std::string_view s, int digits, F&& piece) {
 
 struct Tables : bpe::Tables {
   int32_t eot = -1;
+  // The non-special added tokens, matched in text: (text, id), longest first.
+  std::vector<std::pair<std::string, int32_t>> matched;
+  bool starts_match[256] = {};  // the first bytes of `matched`
   bool whole_pieces = false;  // ignore_merges: a piece that is a token is taken whole
   int digits = 3;             // the split pattern's longest run of digits
   bool nfc = false;           // the normalizer is NFC
@@ -219,9 +228,20 @@ std::shared_ptr<const Tables> load_tables(const std::string& dir) {
         bad(path, "an added token lacks an integer \"id\" or a \"content\" string");
       // Meta's file keeps special tokens out of the vocab; some files repeat them there, and
       // then the added token wins: it decodes to its text and is never produced from text.
-      by_id[a["id"].get<int64_t>()] = {a["content"].get<std::string>(), true};
+      const std::string content = a["content"].get<std::string>();
+      by_id[a["id"].get<int64_t>()] = {content, true};
+      if (a.value("special", true)) continue;
+      for (const char* flag : {"lstrip", "rstrip", "single_word", "normalized"})
+        if (a.value(flag, false))
+          bad(path, cat("the added token ", quoted(content), " has ", flag,
+                        " = true; Myriad matches non-special added tokens with those flags false"));
+      if (content.empty()) bad(path, "an added token is empty");
+      t->matched.emplace_back(content, static_cast<int32_t>(a["id"].get<int64_t>()));
+      t->starts_match[static_cast<unsigned char>(content[0])] = true;
     }
   }
+  std::stable_sort(t->matched.begin(), t->matched.end(),
+                   [](const auto& x, const auto& y) { return x.first.size() > y.first.size(); });
   if (by_id.empty() || by_id.begin()->first != 0 ||
       by_id.rbegin()->first != static_cast<int64_t>(by_id.size()) - 1)
     bad(path, "ids are not 0..N-1 each once");
@@ -308,12 +328,22 @@ class HfBpeTokenizer final : public Tokenizer {
   int32_t eot() const override { return t_->eot; }
 
   std::vector<int32_t> encode(std::string_view raw) const override {
-    std::string storage;
-    const std::string_view text = t_->nfc ? nfc(raw, storage) : raw;
     std::vector<int32_t> out;
-    out.reserve(text.size() / 3 + 8);
-    pretokenize(text, t_->digits,
-                [&](size_t b, size_t e) { encode_piece(text.substr(b, e - b), out); });
+    out.reserve(raw.size() / 3 + 8);
+    // The text between the non-special added tokens, each part on its own, as the library does.
+    size_t from = 0;
+    for (size_t i = 0; i < raw.size(); ++i) {
+      if (!t_->starts_match[static_cast<unsigned char>(raw[i])]) continue;
+      for (const auto& [token, id] : t_->matched)
+        if (raw.compare(i, token.size(), token) == 0) {
+          encode_text(raw.substr(from, i - from), out);
+          out.push_back(id);
+          from = i + token.size();
+          i = from - 1;
+          break;
+        }
+    }
+    encode_text(raw.substr(from), out);
     return out;
   }
 
@@ -321,6 +351,14 @@ class HfBpeTokenizer final : public Tokenizer {
     return bpe::decode_ids(*t_, ids, name_.c_str());
   }
  private:
+  // Text with no added token in it: normalized, pre-tokenized, each piece through BPE.
+  void encode_text(std::string_view raw, std::vector<int32_t>& out) const {
+    if (raw.empty()) return;
+    std::string storage;
+    const std::string_view text = t_->nfc ? nfc(raw, storage) : raw;
+    pretokenize(text, t_->digits, [&](size_t b, size_t e) { encode_piece(text.substr(b, e - b), out); });
+  }
+
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
     if (piece.size() == 1) {
       out.push_back(t_->byte_id[static_cast<unsigned char>(piece[0])]);

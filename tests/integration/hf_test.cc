@@ -1047,11 +1047,12 @@ INSTANTIATE_TEST_SUITE_P(
                    {{4, 32}, {12, 32}, {32, 12}, {256, 32}}}),
     [](const auto& info) { return std::string(info.param.name); });
 
-// A model from the hub comes with its tokenizer: Qwen's own tokenizer.json (the one setup.sh
-// fetches) beside a Qwen3 checkpoint. The import keeps it in the checkpoint and names it
-// hf:CHECKPOINT, `prepare` tokenizes with it, a run continues from the import on those ids, and
-// its export carries the same tokenizer files. A tokenizer.json of a form Myriad does not read is
-// said and left.
+// A model from the hub comes with its tokenizer. Qwen's own tokenizer.json (the one setup.sh
+// fetches) beside a Qwen3 checkpoint is the built-in qwen3, by name. Another file of Qwen's form
+// (here the same tokens written out again) is kept in the checkpoint and named hf:CHECKPOINT;
+// `prepare` tokenizes with it, a run continues from the import on those ids, and its export
+// carries the same tokenizer files, eos_token the document end. A tokenizer.json of a form
+// Myriad does not read is said and left.
 TEST_F(Interchange, AnImportKeepsItsTokenizerForContinuedPreTraining) {
   const fs::path rd = dir_ / "qwen_tok", hf = dir_ / "qwen_tok_hf", back = dir_ / "qwen_tok_back";
   const std::string qwen = myriad::data::qwen3_dir();
@@ -1060,11 +1061,18 @@ TEST_F(Interchange, AnImportKeepsItsTokenizerForContinuedPreTraining) {
   ASSERT_EQ(run_myriad(cat("export --checkpoint ", rd.string(), " --output ", hf.string())).code, 0);
   ASSERT_FALSE(fs::exists(hf / "tokenizer.json"));  // a byte-level run has none
   for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) fs::copy_file(fs::path(qwen) / f, hf / f);
+  Result own = run_myriad(cat("import --hf ", hf.string(), " --output ", (dir_ / "qwen_tok_own").string()));
+  ASSERT_EQ(own.code, 0) << own.output;
+  EXPECT_EQ(myriad::checkpoint::read_meta((dir_ / "qwen_tok_own").string())["tokenizer"], "qwen3");
+  EXPECT_FALSE(fs::exists(dir_ / "qwen_tok_own/tokenizer.json"));
+  // The same tokens in other bytes: not the built-in file, so kept.
+  const std::string rewritten = nlohmann::json::parse(read_file(fs::path(qwen) / "tokenizer.json")).dump(1);
+  std::ofstream(hf / "tokenizer.json", std::ios::trunc) << rewritten;
   Result i = run_myriad(cat("import --hf ", hf.string(), " --output ", back.string()));
   ASSERT_EQ(i.code, 0) << i.output;
   const std::string name = "hf:" + back.string();
   EXPECT_EQ(myriad::checkpoint::read_meta(back.string())["tokenizer"], name);
-  EXPECT_EQ(read_file(back / "tokenizer.json"), read_file(fs::path(qwen) / "tokenizer.json"));
+  EXPECT_EQ(read_file(back / "tokenizer.json"), rewritten);
   EXPECT_EQ(read_file(back / "tokenizer_config.json"), read_file(fs::path(qwen) / "tokenizer_config.json"));
   EXPECT_EQ(run_myriad(cat("verify ", back.string())).code, 0);
 
@@ -1080,8 +1088,12 @@ TEST_F(Interchange, AnImportKeepsItsTokenizerForContinuedPreTraining) {
   ASSERT_EQ(t.code, 0) << t.output;
   // Its export carries the same tokenizer, and ends documents where Qwen's does.
   ASSERT_EQ(run_myriad(cat("export --checkpoint ", on.string(), " --output ", (dir_ / "qwen_tok_on_hf").string())).code, 0);
-  EXPECT_EQ(read_file(dir_ / "qwen_tok_on_hf/tokenizer.json"), read_file(fs::path(qwen) / "tokenizer.json"));
-  EXPECT_EQ(read_file(dir_ / "qwen_tok_on_hf/tokenizer_config.json"), read_file(fs::path(qwen) / "tokenizer_config.json"));
+  EXPECT_EQ(read_file(dir_ / "qwen_tok_on_hf/tokenizer.json"), rewritten);
+  auto exported = nlohmann::json::parse(read_file(dir_ / "qwen_tok_on_hf/tokenizer_config.json")),
+       original = nlohmann::json::parse(read_file(fs::path(qwen) / "tokenizer_config.json"));
+  EXPECT_EQ(exported["eos_token"], "<|endoftext|>");  // Qwen's says <|im_end|>, its chat turns' end
+  exported.erase("eos_token"), original.erase("eos_token");
+  EXPECT_EQ(exported, original);  // the rest as Qwen wrote it (its chat template among it)
   EXPECT_EQ(nlohmann::json::parse(read_file(dir_ / "qwen_tok_on_hf/config.json"))["eos_token_id"], 151643);
   // The byte tokenizer's ids are not the model's own: a run on them is refused, naming both.
   Result wrong = run_myriad(train(dir_ / "qwen_tok_wrong", cat("--set train.steps=1 ", sets, " --set checkpoint.init_from=",

@@ -571,8 +571,14 @@ TEST(Qwen3, KnownIds) {
                       "\ufeff\u0085\u1100\u1161\u11a8"),
             (std::vector<int32_t>{144572, 70467, 96, 141334, 256, 126804, 144044, 84641, 17323, 84641, 17323, 144044, 4102,
                                   144044, 126, 227, 64704, 5502, 120, 57, 220, 75780, 126, 227, 126317}));
-  // Special tokens' text is ordinary text; only their ids decode to it.
+  // Special tokens' text is ordinary text; only their ids decode to it. Qwen's non-special added
+  // tokens (<think>, <tool_call>, the fill-in-the-middle markers) are matched in text, as the
+  // tokenizers library matches them ('a' is 64, 'b' 65).
   EXPECT_EQ(t->decode({151643, 151644, 151668}), "<|endoftext|><|im_start|></think>");
+  EXPECT_EQ(t->encode("a<think>b</think>"), (std::vector<int32_t>{64, 151667, 65, 151668}));
+  EXPECT_EQ(t->encode("<|fim_prefix|><|fim_suffix|><think"), t->encode("<|fim_prefix|><|fim_suffix|><think"));
+  EXPECT_EQ(t->encode("<|fim_prefix|>").size(), 1u);
+  EXPECT_EQ(t->encode("<thinker>")[0], t->encode("<thinker")[0]);  // "<think" alone is no token
   EXPECT_NE(t->encode("<|endoftext|>"), std::vector<int32_t>{151643});
   input_error([&] { t->decode({151669}); });
 }
@@ -672,6 +678,29 @@ TEST(HfTokenizer, ReadsQwenForm) {
   const std::string missing = input_error([&] { make_tokenizer("hf:" + (dir / "none")); });
   EXPECT_NE(missing.find(dir / "none/tokenizer.json"), std::string::npos) << missing;
   EXPECT_NE(missing.find("give hf:"), std::string::npos) << missing;
+}
+
+// A non-special added token is matched in the text, leftmost and longest first, before the
+// normalizer and the split; a special one never is.
+TEST(HfTokenizer, MatchesNonSpecialAddedTokens) {
+  TempDir dir;
+  nlohmann::json j = qwen_form_tokenizer();
+  j["added_tokens"].push_back({{"id", 263}, {"content", "<t>"}, {"special", false}});
+  j["added_tokens"].push_back({{"id", 264}, {"content", "<t>>"}, {"special", false}});
+  std::filesystem::create_directories(dir / "m");
+  test_util::write_file(dir / "m/tokenizer.json", j.dump());
+  auto t = make_tokenizer("hf:" + (dir / "m"));
+  EXPECT_EQ(t->vocab_size(), 265);
+  EXPECT_EQ(t->encode("he<t>ll<t>>"), (std::vector<int32_t>{256, 263, 257, 264}));
+  EXPECT_EQ(t->encode("<t"), (std::vector<int32_t>{'<', 't'}));
+  EXPECT_EQ(t->encode("<|endoftext|>").size(), 13u);  // special: its characters, one byte each here
+  EXPECT_EQ(t->decode({263, 261}), "<t><|endoftext|>");
+  j["added_tokens"].back()["lstrip"] = true;
+  test_util::write_file(dir / "m/tokenizer.json", j.dump());
+  std::filesystem::create_directories(dir / "n");
+  test_util::write_file(dir / "n/tokenizer.json", j.dump());
+  const std::string msg = input_error([&] { make_tokenizer("hf:" + (dir / "n")); });
+  EXPECT_NE(msg.find("lstrip"), std::string::npos) << msg;
 }
 
 // What Myriad does not implement is refused, naming it: another normalizer, another split
