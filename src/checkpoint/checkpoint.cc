@@ -403,14 +403,19 @@ ReadHold::ReadHold(const std::string& path) {
     fd_ = lock_commit_marker(path, false);  // read_meta says what is wrong with one that is not held
     return;
   }
-  std::vector<std::string> found = committed_newest_first(path);
-  if (found.empty()) found = committed_newest_first((fs::path(path) / "checkpoints").string());
-  for (const std::string& dir : found) {
-    if ((fd_ = lock_commit_marker(dir, false)) < 0) continue;
-    if (dir != found.front())
-      log::warn("checkpoint: ", found.front(), " was pruned as it was chosen; reading ", dir, ", the newest left");
-    dir_ = dir;
-    return;
+  // A run that saves and prunes as it goes may prune every checkpoint listed here before one is
+  // held; it prunes only after committing a newer one, so the listing is taken again then.
+  for (int listing = 0; listing < 100; ++listing) {
+    std::vector<std::string> found = committed_newest_first(path);
+    if (found.empty()) found = committed_newest_first((fs::path(path) / "checkpoints").string());
+    if (found.empty()) break;
+    for (const std::string& dir : found) {
+      if ((fd_ = lock_commit_marker(dir, false)) < 0) continue;
+      if (dir != found.front())
+        log::warn("checkpoint: ", found.front(), " was pruned as it was chosen; reading ", dir, ", the newest left");
+      dir_ = dir;
+      return;
+    }
   }
   throw_input("checkpoint ", path, ": no committed checkpoint there (give a step_XXXXXXXX "
               "directory, a checkpoints/ directory or a run directory)");
