@@ -191,6 +191,33 @@ void read_pre_tokenizer(const std::string& path, const nlohmann::json& j, Tables
     bad(path, "the normalizer " + norm.dump() + " is not one Myriad implements (none, or NFC)");
 }
 
+// The file's added tokens into by_id (id -> {text, added}), and its non-special ones into
+// t.matched, longest first. Meta's file keeps special tokens out of the vocab; some files repeat
+// them there, and then the added token wins: it decodes to its text and is never produced from
+// text unless it is non-special.
+void read_added_tokens(const std::string& path, const nlohmann::json& j,
+                       std::map<int64_t, std::pair<std::string, bool>>& by_id, Tables& t) {
+  if (!j.contains("added_tokens")) return;
+  if (!j["added_tokens"].is_array()) bad(path, "\"added_tokens\" is not an array");
+  for (const auto& a : j["added_tokens"]) {
+    if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() ||
+        !a.contains("content") || !a["content"].is_string())
+      bad(path, "an added token lacks an integer \"id\" or a \"content\" string");
+    const std::string content = a["content"].get<std::string>();
+    by_id[a["id"].get<int64_t>()] = {content, true};
+    if (a.value("special", true)) continue;
+    for (const char* flag : {"lstrip", "rstrip", "single_word", "normalized"})
+      if (a.value(flag, false))
+        bad(path, cat("the added token ", quoted(content), " has ", flag,
+                      " = true; Myriad matches non-special added tokens with those flags false"));
+    if (content.empty()) bad(path, "an added token is empty");
+    t.matched.emplace_back(content, static_cast<int32_t>(a["id"].get<int64_t>()));
+    t.starts_match[static_cast<unsigned char>(content[0])] = true;
+  }
+  std::stable_sort(t.matched.begin(), t.matched.end(),
+                   [](const auto& x, const auto& y) { return x.first.size() > y.first.size(); });
+}
+
 std::shared_ptr<const Tables> load_tables(const std::string& dir) {
   const std::string path = dir + "/tokenizer.json";
   if (!std::filesystem::exists(path)) throw_input("tokenizer ", path, " not found");
@@ -220,28 +247,7 @@ std::shared_ptr<const Tables> load_tables(const std::string& dir) {
     if (!by_id.emplace(value.get<int64_t>(), std::make_pair(bytes, false)).second)
       bad(path, "id " + std::to_string(value.get<int64_t>()) + " is given twice");
   }
-  if (j.contains("added_tokens")) {
-    if (!j["added_tokens"].is_array()) bad(path, "\"added_tokens\" is not an array");
-    for (const auto& a : j["added_tokens"]) {
-      if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() ||
-          !a.contains("content") || !a["content"].is_string())
-        bad(path, "an added token lacks an integer \"id\" or a \"content\" string");
-      // Meta's file keeps special tokens out of the vocab; some files repeat them there, and
-      // then the added token wins: it decodes to its text and is never produced from text.
-      const std::string content = a["content"].get<std::string>();
-      by_id[a["id"].get<int64_t>()] = {content, true};
-      if (a.value("special", true)) continue;
-      for (const char* flag : {"lstrip", "rstrip", "single_word", "normalized"})
-        if (a.value(flag, false))
-          bad(path, cat("the added token ", quoted(content), " has ", flag,
-                        " = true; Myriad matches non-special added tokens with those flags false"));
-      if (content.empty()) bad(path, "an added token is empty");
-      t->matched.emplace_back(content, static_cast<int32_t>(a["id"].get<int64_t>()));
-      t->starts_match[static_cast<unsigned char>(content[0])] = true;
-    }
-  }
-  std::stable_sort(t->matched.begin(), t->matched.end(),
-                   [](const auto& x, const auto& y) { return x.first.size() > y.first.size(); });
+  read_added_tokens(path, j, by_id, *t);
   if (by_id.empty() || by_id.begin()->first != 0 ||
       by_id.rbegin()->first != static_cast<int64_t>(by_id.size()) - 1)
     bad(path, "ids are not 0..N-1 each once");
