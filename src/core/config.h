@@ -181,6 +181,7 @@ struct ParallelConfig {
   int64_t pp = 1;
   int64_t dp = 0;  // 0 = world / (tp x pp)
   int64_t ep = 1;  // expert parallelism: the ranks an MoE layer's experts are split over (folded into dp)
+  int64_t cp = 1;  // context parallelism: the ranks each sequence's tokens split over (core/parallel_layout.h)
   int64_t virtual_stages = 1;
   bool sequence_parallel = false;
   std::string order = "tp-dp-pp";
@@ -331,6 +332,7 @@ struct Config {
     f("parallel", "dp", parallel.dp);
     f("parallel", "virtual_stages", parallel.virtual_stages);
     f("parallel", "ep", parallel.ep);
+    f("parallel", "cp", parallel.cp);
     f("parallel", "sequence_parallel", parallel.sequence_parallel);
     f("parallel", "order", parallel.order);
     f("parallel", "stage_layers", parallel.stage_layers);

@@ -1,5 +1,6 @@
 #include "core/parallel_layout.h"
 
+#include <algorithm>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -22,6 +23,24 @@ ContextRows context_rows(int64_t T, int64_t cp, int64_t r) {
   rows.begin[1] = (2 * cp - 1 - r) * chunk, rows.end[1] = (2 * cp - r) * chunk;
   return rows;
 }
+std::vector<std::string> parallel_order(const std::string& order) {
+  std::vector<std::string> names;
+  for (size_t pos = 0;;) {
+    const size_t dash = order.find('-', pos);
+    names.push_back(order.substr(pos, dash == std::string::npos ? std::string::npos : dash - pos));
+    if (dash == std::string::npos) break;
+    pos = dash + 1;
+  }
+  auto has = [&](const char* n) { return std::count(names.begin(), names.end(), n) == 1; };
+  const bool ok = has("tp") && has("dp") && has("pp") &&
+                  (names.size() == 3 || (names.size() == 4 && has("cp")));
+  if (!ok)
+    throw_input("config: parallel.order = \"", order, "\" must name tp, dp and pp once each (and cp, optionally), "
+                "fastest first, joined by '-' (e.g. \"tp-dp-pp\" or \"tp-cp-dp-pp\")");
+  if (names.size() == 3) names.insert(std::find(names.begin(), names.end(), "tp") + 1, "cp");
+  return names;
+}
+
 namespace {
 
 void positive(const char* key, int64_t v) {
@@ -54,7 +73,7 @@ ParallelLayout ParallelLayout::of(const Config& cfg, int64_t dp) {
   if (p.dp < 0) throw_input("config: parallel.dp must be 0 or more, got ", p.dp);
   positive("parallel.virtual_stages", p.virtual_stages);
   require_one_of("parallel.schedule", p.schedule, {"auto", "gpipe", "1f1b", "interleaved"});
-  require_one_of("parallel.order", p.order, {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"});
+  parallel_order(p.order);
   if (p.schedule == "1f1b" && p.virtual_stages > 1)
     throw_input("config: parallel.schedule = \"1f1b\" runs one chunk per rank but parallel.virtual_stages = ",
                 p.virtual_stages, "; use \"interleaved\" (or \"auto\")");
@@ -107,6 +126,23 @@ ParallelLayout ParallelLayout::of(const Config& cfg, int64_t dp) {
                 ") with parallel.sequence_parallel = true: the tokens of a micro-batch are split evenly over the "
                 "tensor-parallel ranks");
 
+  // Context parallelism: 2 cp equal chunks of every sequence (context_rows), each rank's tokens
+  // then split over tp by sequence parallelism.
+  positive("parallel.cp", p.cp);
+  l.cp = p.cp;
+  if (l.cp > 1) {
+    if (m.seq_len % (2 * l.cp) != 0)
+      throw_input("config: model.seq_len (", m.seq_len, ") must be divisible by 2 x parallel.cp (", 2 * l.cp,
+                  "): each sequence splits into 2 cp equal chunks, rank r holding chunks r and 2 cp - 1 - r");
+    if (l.sequence_parallel && l.tp > 1 && (m.seq_len / l.cp) % l.tp != 0)
+      throw_input("config: model.seq_len / parallel.cp (", m.seq_len / l.cp, ") must be divisible by parallel.tp (",
+                  l.tp, ") with parallel.sequence_parallel = true: a rank's tokens are split evenly over the "
+                  "tensor-parallel ranks");
+    if (m.moe())
+      throw_input("config: parallel.cp = ", l.cp, " with an MoE model (model.experts = ", m.experts,
+                  "): the routers' balance losses over a sequence split across ranks are not built; use parallel.cp = 1");
+  }
+
   // The pipeline: every chunk of every stage holds a layer (parallel.stage_layers, when given,
   // says how many).
   const int64_t chunks = l.pp * l.virtual_stages;
@@ -137,7 +173,8 @@ ParallelLayout ParallelLayout::of(const Config& cfg, int64_t dp) {
   // rank's shard a multiple of 16.
   if (cfg.train.precision == "fp8") {
     const int64_t D = m.head_dim();
-    for (auto [what, n] : {std::pair<const char*, int64_t>{"train.micro_batch x model.seq_len", l.micro_batch * m.seq_len},
+    const char* tokens = l.cp > 1 ? "train.micro_batch x model.seq_len / parallel.cp" : "train.micro_batch x model.seq_len";
+    for (auto [what, n] : {std::pair<const char*, int64_t>{tokens, l.micro_batch * m.seq_len / l.cp},
                            {"model.d_model", m.d_model},
                            {"the attention width per tensor-parallel rank", m.heads / l.tp * D},
                            {"the QKV width per tensor-parallel rank", (m.heads + 2 * m.kv()) / l.tp * D},
@@ -152,12 +189,15 @@ ParallelLayout ParallelLayout::of(const Config& cfg, int64_t dp) {
 }
 
 ParallelLayout ParallelLayout::for_world(const Config& cfg, int64_t world) {
-  const int64_t tp = cfg.parallel.tp, pp = cfg.parallel.pp, dp = cfg.parallel.dp, group = tp * pp;
+  const int64_t tp = cfg.parallel.tp, pp = cfg.parallel.pp, cp = cfg.parallel.cp, dp = cfg.parallel.dp;
+  const int64_t group = tp * pp * cp;
+  const std::string sizes = cat("tp ", tp, " x pp ", pp, cp > 1 ? cat(" x cp ", cp) : std::string());
+  const std::string names = cp > 1 ? "tp x pp x cp" : "tp x pp";
   if (world < 1) throw_input("world size must be at least 1, got ", world);
   if (group >= 1 && dp == 0 && world % group != 0)
-    throw_input("world ", world, " is not divisible by tp ", tp, " x pp ", pp, " = ", group, " (dp = world / (tp x pp))");
+    throw_input("world ", world, " is not divisible by ", sizes, " = ", group, " (dp = world / (", names, "))");
   if (group >= 1 && dp > 0 && group * dp != world)
-    throw_input("world ", world, " is not tp ", tp, " x pp ", pp, " x dp ", dp, " = ", group * dp,
+    throw_input("world ", world, " is not ", sizes, " x dp ", dp, " = ", group * dp,
                 " (set parallel.dp = 0 to derive it from the world size)");
   return of(cfg, group >= 1 ? world / group : 0);
 }

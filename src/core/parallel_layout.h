@@ -14,8 +14,11 @@
 //       groups of ep consecutive ranks ((dp, tp) order, tp fastest), and the ranks holding the
 //       same experts (one per expert group) are the experts' data-parallel group (edp), over
 //       which their gradients are reduced. Under tp each rank routes its share of the tokens;
-//   cp  context parallelism: one rank until it comes; a new dimension is a field here and its
-//       rules in ParallelLayout::of.
+//   cp  context parallelism: each sequence of seq_len tokens splits over cp ranks, in 2 cp chunks
+//       (context_rows below); the cp ranks of a replica take the same rows of the batch, each
+//       computing its chunks' tokens, with attention gathering the sequence's keys and values
+//       over them (docs/notes/cp.md). Gradients and the optimizer's shards are reduced over the
+//       dp x cp ranks of a stage's tensor rank (they all hold the same weights).
 //
 // Built by ParallelLayout::of (a config and its data parallelism) or for_world (a config and a
 // world size), which validate it: an input error names the keys and values of the first rule
@@ -26,6 +29,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/config.h"
 
@@ -54,14 +58,16 @@ struct ParallelLayout {
   std::string schedule = "1f1b";  // "gpipe", "1f1b" or "interleaved": parallel.schedule, "auto" resolved
   int64_t dp = 1;
   int64_t ep = 1;                 // expert-parallel ranks (a divisor of tp x dp)
-  int64_t cp = 1;                 // a place for context parallelism (one rank)
+  int64_t cp = 1;                 // context-parallel ranks per sequence
   int64_t micro_batch = 1;        // rows per micro-batch
   int64_t micro_batches = 1;      // per data-parallel rank and step: global_batch / (micro_batch x dp)
 
   // The processes the layout runs on.
   int64_t ranks() const { return tp * pp * dp * cp; }
-  // Ranks of one model replica: a data-parallel rank's tensor x pipeline group.
-  int64_t replica() const { return tp * pp; }
+  // Ranks of one model replica: a data-parallel rank's tensor x pipeline x context group.
+  int64_t replica() const { return tp * pp * cp; }
+  // The tokens of each sequence one rank holds: seq_len / cp.
+  int64_t rows_per_sequence(int64_t seq_len) const { return seq_len / cp; }
   // Ranks holding the same experts of a stage: the experts' data-parallel degree.
   int64_t edp() const { return tp * dp / ep; }
   bool interleaved() const { return schedule == "interleaved"; }
@@ -69,10 +75,15 @@ struct ParallelLayout {
   // The layout `cfg` asks for with `dp` data-parallel replicas (0: parallel.dp, or 1 where that
   // is 0 too: a world size decides it at start, where the layout is built again), validated.
   static ParallelLayout of(const Config& cfg, int64_t dp = 0);
-  // The layout of `cfg` on `world` ranks (dp = world / (tp x pp)), validated; an input error too
-  // when world is not a whole number of tensor x pipeline groups, or when parallel.dp (set)
-  // says another number.
+  // The layout of `cfg` on `world` ranks (dp = world / (tp x pp x cp)), validated; an input error
+  // too when world is not a whole number of tensor x pipeline x context groups, or when
+  // parallel.dp (set) says another number.
   static ParallelLayout for_world(const Config& cfg, int64_t world);
 };
+
+// parallel.order's dimensions, fastest first, as four names: "tp", "cp", "dp", "pp" in the
+// order given; an order naming three of them (the default "tp-dp-pp") has cp right after tp, so
+// that a sequence's ranks sit beside its tensor-parallel group. An input error names the key.
+std::vector<std::string> parallel_order(const std::string& order);
 
 }  // namespace myriad

@@ -58,6 +58,18 @@
 // Replicated tensors then get partial gradients (from this rank's tokens): finish_grads()
 // all-reduces them once per step. A forward whose B*T is not divisible by t (generation)
 // runs without SP; the weights are the same.
+//
+// Context parallelism, when the ParallelContext's cp group has c > 1 ranks (parallel.cp): every
+// sequence of T = model.seq_len splits into 2c chunks and this rank holds chunks r and 2c-1-r
+// (context_rows, core/parallel_layout.h), T/c rows of each sequence, in that order. Everything
+// per token runs on those rows (the residual stream, norms, GEMMs, the loss; with SP they split
+// over tp as before); positions (RoPE, wpe) are the rows' places in the sequence. Attention
+// all-gathers the layer's qkv over cp into the whole sequence's (B, T, Ql), computes this rank's
+// query rows against every key (the document mask and window in global positions), and in the
+// backward gathers again and reduce-scatters the whole-sequence dqkv back to each rank's rows.
+// A micro-batch's mean loss divides by the whole rows' counted targets, so the ranks' losses
+// and gradients sum over cp to one process's (the engine sums them: dp x cp reduces gradients).
+// The rows passed in are always whole (B, T+1): each rank reads its own positions of them.
 #pragma once
 
 #include <cstdint>
@@ -408,8 +420,30 @@ class GptModel {
 
   // The current forward's or backward's shape: N = B*T rows, R rows of the residual stream
   // here, the first of them at row r0 of the micro-batch; sp_ when it runs sequence-parallel.
-  int B_ = 0, T_ = 0, N_ = 0, R_ = 0, r0_ = 0;
+  // T is this rank's tokens of each row, Tw the row's whole length (T x cp).
+  int B_ = 0, T_ = 0, Tw_ = 0, N_ = 0, R_ = 0, r0_ = 0;
   bool sp_ = false;
+
+  // Context parallelism: the group (null: cp = 1), this rank's place in it, the whole sequence's
+  // length (maxT_ = seqT_ / cps_ are this rank's), and the current shape's rows of a sequence.
+  parallel::Communicator* cp_ = nullptr;
+  int cpr_ = 0, cps_ = 1;
+  int64_t seqT_;
+  ContextRows rows_;
+  const ContextRows* cp_rows() const { return cp_ ? &rows_ : nullptr; }
+  Buffer<Act> cp_qkv_, cp_dqkv_;  // (B,Tw,Ql) the whole sequence's qkv and its gradient
+  Buffer<Act> cp_pack_;           // (cp,B,T,Hkvl,2,D) each rank's rows' keys and values, as the collectives move them
+  // local (B,T,Ql), this rank's rows of a layer's qkv -> cp_qkv_: its rows whole, the other
+  // ranks' rows' keys and values (their queries are not read here).
+  void gather_sequence(const Act* local);
+  // cp_dqkv_ (B,Tw,Ql), this rank's terms for every row -> dlocal (B,T,Ql) (=): its rows' query
+  // gradients, and their keys' and values' summed over the ranks.
+  void scatter_sequence_grad(Act* dlocal);
+  // The host's ids of rows `host` (B rows `stride` apart) at this rank's positions, shifted by
+  // `shift` (1: the targets): `host` + shift itself without cp (row stride `stride`), else packed
+  // into buf (row stride T_). Returns the pointer and its row stride.
+  std::pair<const int32_t*, int64_t> rank_ids(const int32_t* host, int64_t stride, int shift,
+                                             std::vector<int32_t>& buf) const;
 
   Buffer<Param> params_;
   Buffer<float> grads_;

@@ -31,6 +31,14 @@ inline int checked_tp_size(const Config& cfg, const parallel::ParallelContext* p
   return t;
 }
 
+// The context-parallel degree of `par` (1 without a cp group), checked against the layout.
+inline int checked_cp_size(const Config& cfg, const parallel::ParallelContext* par) {
+  const int c = par ? par->cp_size() : 1;
+  const ParallelLayout layout = ParallelLayout::of(cfg, par ? par->dp_size() : 1);
+  MYRIAD_CHECK(c == layout.cp, "the context-parallel group has ", c, " ranks but parallel.cp = ", layout.cp);
+  return c;
+}
+
 // train.recompute, checked again for a Config that did not come through parse_config.
 template <class Recompute>
 Recompute recompute_mode(const std::string& mode) {
@@ -56,7 +64,7 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
       L_(cfg.model.layers),
       C_(cfg.model.d_model),
       H_(cfg.model.heads),
-      maxT_(cfg.model.seq_len),
+      maxT_(cfg.model.seq_len / gpt_detail::checked_cp_size(cfg, par)),
       maxB_(cfg.train.micro_batch),
       V_(cfg.model.vocab_size),
       Vp_(cfg.padded_vocab()),
@@ -96,6 +104,12 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
       recompute_(gpt_detail::recompute_mode<Recompute>(cfg.train.recompute)) {
   MYRIAD_CHECK(flat_size == 0 || flat_size >= layout_.total(), "flat size ", flat_size);
   if (par && par->ep) ep_ = par->ep, epr_ = par->ep_rank(), eps_ = par->ep_size();
+  seqT_ = cfg.model.seq_len;
+  if (par && par->cp_size() > 1) {
+    if (const std::string why = ops_.context_parallel_refusal(); !why.empty())
+      throw_input("config: parallel.cp = ", par->cp_size(), ": ", why);
+    cp_ = par->cp, cpr_ = par->cp_rank(), cps_ = par->cp_size();
+  }
   overlap_dispatch_ = cfg.moe.overlap_dispatch;
   MYRIAD_CHECK(eps_ == 1 || eps_ == ParallelLayout::of(cfg, par->dp_size()).ep, "the expert-parallel group has ", eps_,
                " ranks but parallel.ep = ", cfg.parallel.ep);
@@ -151,6 +165,7 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
   loss_.zeros(1);
   const bool has_moe = cfg.model.moe_layers() > 0, has_dense = cfg.model.moe_layers() < L_;
   if (has_dense) act_.zeros(BT * Fl_);
+  if (cp_) cp_qkv_.zeros(BT * cps_ * Ql_), cp_dqkv_.zeros(BT * cps_ * Ql_), cp_pack_.zeros(BT * cps_ * 2 * Hkvl_ * D_);
   if (has_moe) {
     const int64_t M = BT * k_;
     dys_.zeros(M * C), dxs_.zeros(M * C);
@@ -171,7 +186,8 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
   }
   const int64_t held = (tmp_.size() + tmp2_.size() + full_.size() + dresid_.size() + dln_.size() + datty_.size() +
                         dqkv_.size() + dfc_.size() + act_.size() + shared_acts_.size() + xs_.size() + dys_.size() + dxs_.size() +
-                        dxfc_.size() + xr_.size() + dsfc_.size()) * int64_t(sizeof(Act)) +
+                        dxfc_.size() + xr_.size() + dsfc_.size() + cp_qkv_.size() + cp_dqkv_.size() + cp_pack_.size()) *
+                           int64_t(sizeof(Act)) +
                        (wide_.size() + shared_stats_.size() + dlogits_.size() + dweights_.size() +
                         shared_ids_.size()) * 4 + loss_.size() * 8;
   MYRIAD_CHECK(held == model::buffer_bytes(memory_shape()), "the step's buffers hold ", held,
@@ -180,13 +196,13 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
 
 template <OpSet Ops>
 model::GptMemoryShape GptModel<Ops>::memory_shape() const {
-  model::GptMemoryShape s = model::memory_shape(cfg_.model, tps_, maxB_, Vp_);
+  model::GptMemoryShape s = model::memory_shape(cfg_.model, tps_, maxB_, Vp_, cps_);
   MYRIAD_CHECK(s.Cl == Cl_ && s.Ql == Ql_ && s.Fl == Fl_ && s.Pl == Pl_ && s.Vl == Vl_ && s.Hl == Hl_,
                "the memory plan's widths differ from the model's");
   s.tp = tp_ != nullptr, s.parallel_block = parallel_block_, s.recompute = cfg_.train.recompute;
   s.act_bytes = sizeof(Act);
   s.ep = eps_;
-  s.saved_per_row = ops_.attention_saved(1, 1, static_cast<int>(maxT_)) / maxT_;
+  s.saved_per_row = ops_.attention_saved(1, 1, static_cast<int>(maxT_), static_cast<int>(seqT_)) / maxT_;
   return s;
 }
 
@@ -200,7 +216,7 @@ void GptModel<Ops>::carve_layer(LayerActs& l, int64_t& acts, int64_t& floats, in
   if (set) {
     l.ln1 = take(BT * C), l.ln1_mean = stat(BT), l.ln1_rstd = stat(BT);
     l.qkv = take(BT * Ql_);
-    l.saved = stat(ops_.attention_saved(maxB_, Hl_, maxT_));
+    l.saved = stat(ops_.attention_saved(maxB_, Hl_, maxT_, seqT_));
     l.atty = take(BT * Cl_);
     if (!parallel_block_) {
       l.mid = take(BT * C);
@@ -266,7 +282,7 @@ typename GptModel<Ops>::Slot& GptModel<Ops>::acquire(Chunk& ch, int mb, int B) {
   MYRIAD_CHECK(acts <= s->storage.size() && floats <= s->stats.size());
   s->inputs.zeros(BT);
   s->targets.zeros(BT);
-  if (documents_) s->doc_starts.zeros(BT);
+  if (documents_) s->doc_starts.zeros(maxB_ * seqT_);  // the whole rows' (attention's mask)
   if (ch.head) {
     s->logits.zeros(BT * Vl_);
     s->losses.zeros(BT);
@@ -294,8 +310,11 @@ typename GptModel<Ops>::Slot& GptModel<Ops>::held(int c, int mb) const {
 
 template <OpSet Ops>
 void GptModel<Ops>::set_shape(int B, int T) {
-  MYRIAD_CHECK(B <= maxB_ && T <= maxT_, "batch ", B, "x", T, " exceeds ", maxB_, "x", maxT_);
-  B_ = B, T_ = T, N_ = B * T;
+  MYRIAD_CHECK(B <= maxB_ && T <= seqT_, "batch ", B, "x", T, " exceeds ", maxB_, "x", seqT_);
+  MYRIAD_CHECK(!cp_ || T == seqT_, "a forward of ", T, " tokens per row under context parallelism: its rows are "
+               "whole sequences of model.seq_len (", seqT_, ")");
+  Tw_ = T, T_ = T / cps_, B_ = B, N_ = B * T_;
+  rows_ = context_rows(T, cps_, cpr_);
   sp_ = sp_cfg_ && N_ % tps_ == 0;
   R_ = sp_ ? N_ / tps_ : N_;
   r0_ = sp_ ? tpr_ * R_ : 0;
@@ -441,13 +460,13 @@ void GptModel<Ops>::embedding_forward_tp(const Slot& s, Act* out) {
   Act* partial = sp_ ? full_.data() : out;
   ops_.vocab_rows_forward(partial, s.inputs.data(), p_.wte, v0_, Vl_, N_, C_);
   if (tp_) reduce_partial(partial, out, C_);
-  if (p_.wpe) ops_.add_positions(out, p_.wpe, r0_, R_, T_, C_);  // positions (replicated) on the rows held here
+  if (p_.wpe) ops_.add_positions(out, p_.wpe, r0_, R_, T_, C_, cp_rows());  // positions (replicated) on the rows held here
 }
 
 template <OpSet Ops>
 void GptModel<Ops>::embedding_backward_tp(const Slot& s, const Act* dresid) {
   // wpe from the rows held here (with SP a partial sum, completed in finish_grads()).
-  if (g_.wpe) ops_.positions_backward(g_.wpe, dresid, r0_, R_, T_, C_);
+  if (g_.wpe) ops_.positions_backward(g_.wpe, dresid, r0_, R_, T_, C_, cp_rows());
   // wte: every row's gradient (ReduceFromTp: the identity; SP: gathered), into the rows owned here.
   const Act* dfull = dresid;
   if (sp_) {
@@ -494,22 +513,25 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, Rows rows, int64_t stride, const
   if (s.documents) {
     MYRIAD_CHECK(documents_, "document starts passed to a model built without data.document_mask");
     // The kernels bound whole blocks of queries by their first row's start: the starts must
-    // only grow along a row, each at or before its own position.
+    // only grow along a row, each at or before its own position. Attention reads the whole
+    // rows' (positions in the sequence, whatever rank holds them).
     for (int b = 0; b < B; ++b)
-      for (int i = 0; i < T; ++i) {
+      for (int i = 0; i < Tw_; ++i) {
         const int32_t d = rows.doc_starts[b * stride + i];
         MYRIAD_CHECK(d >= 0 && d <= i && (i == 0 || d >= rows.doc_starts[b * stride + i - 1]), "document start ", d,
                      " at row ", b, ", position ", i, ": starts must grow along a row and not pass their position");
       }
-    ops_.load_tokens(s.doc_starts, rows.doc_starts, B, T, stride);
+    ops_.load_tokens(s.doc_starts, rows.doc_starts, B, Tw_, stride);
   }
   if (ch.embedding) {
     // With a backward to follow, the lookup's backward is prepared from the host's tokens.
-    ops_.load_tokens(s.inputs, tokens, B, T, stride, v0_, grad_scale > 0 ? Vl_ : 0);
+    std::vector<int32_t> buf;
+    const auto [ids, ids_stride] = rank_ids(tokens, stride, 0, buf);
+    ops_.load_tokens(s.inputs, ids, B, T, ids_stride, v0_, grad_scale > 0 ? Vl_ : 0);
     if (tp_ || !p_.wpe)
       embedding_forward_tp(s, first_in);
     else
-      ops_.embedding_forward(first_in, s.inputs.data(), p_.wte, p_.wpe, B, T, C);
+      ops_.embedding_forward(first_in, s.inputs.data(), p_.wte, p_.wpe, B, T, C, cp_rows());
   } else {
     ops_.copy(first_in, input, int64_t(R) * C);
   }
@@ -572,20 +594,97 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, Rows rows, int64_t stride, const
 // data.document_end_loss is off: each document's last position predicts the next document's
 // first token, which nothing before it tells (Megatron's eod_mask_loss, its end-of-text tokens
 // here the .idx's boundaries). s.counted: the positions the mean loss is over (at least 1).
+// Under cp the targets are this rank's positions', and the count the whole rows' (each rank's
+// mean is its part of the micro-batch's; a rank whose targets all begin documents adds zeros).
 template <OpSet Ops>
 void GptModel<Ops>::load_targets(Slot& s, Rows rows, int64_t stride) {
   const int B = B_, T = T_;
-  s.counted = N_;
+  s.counted = B_ * Tw_;
   if (document_end_loss_ || !rows.doc_starts) {
-    ops_.load_tokens(s.targets, rows.tokens + 1, B, T, stride);
+    std::vector<int32_t> buf;
+    const auto [ids, ids_stride] = rank_ids(rows.tokens, stride, 1, buf);
+    ops_.load_tokens(s.targets, ids, B, T, ids_stride);
     return;
   }
   std::vector<int32_t> targets(static_cast<size_t>(B) * T);
   for (int b = 0; b < B; ++b)
-    for (int i = 0; i < T; ++i)
-      targets[static_cast<size_t>(b) * T + i] = rows.target_begins_document(b, i, stride) ? -1 : rows.tokens[b * stride + i + 1];
-  s.counted = static_cast<int>(std::max<int64_t>(rows.counted_targets(B, T, false, stride), 1));
+    for (int i = 0; i < T; ++i) {
+      const int64_t p = rows_.position(i);
+      targets[static_cast<size_t>(b) * T + i] = rows.target_begins_document(b, p, stride) ? -1 : rows.tokens[b * stride + p + 1];
+    }
+  s.counted = static_cast<int>(std::max<int64_t>(rows.counted_targets(B, Tw_, false, stride), 1));
   ops_.load_tokens(s.targets, targets.data(), B, T, T);
+}
+
+template <OpSet Ops>
+std::pair<const int32_t*, int64_t> GptModel<Ops>::rank_ids(const int32_t* host, int64_t stride, int shift,
+                                                           std::vector<int32_t>& buf) const {
+  if (!cp_) return {host + shift, stride};
+  buf.resize(static_cast<size_t>(B_) * T_);
+  for (int b = 0; b < B_; ++b)
+    for (int i = 0; i < T_; ++i) buf[size_t(b) * T_ + i] = host[b * stride + rows_.position(i) + shift];
+  return {buf.data(), T_};
+}
+
+// The collectives move keys and values only: a rank's queries are read for its own rows alone,
+// and the gradients of the other ranks' queries are zeros. Rank q's block is its rows' key and
+// value heads, (B, T, Hkvl, 2, D); its rows of a sequence are two ranges of the whole one's
+// (context_rows). CPU op set only (host memory; context_parallel_refusal keeps the others out).
+template <OpSet Ops>
+void GptModel<Ops>::gather_sequence(const Act* local) {
+  if constexpr (std::is_same_v<Act, float>) {
+    const int64_t KV = 2 * Hkvl_ * D_, block = int64_t(B_) * T_ * KV, kv0 = G_ * D_, group = (G_ + 2) * D_;
+    Act* mine = cp_pack_.data() + cpr_ * block;
+    for (int64_t n = 0; n < int64_t(B_) * T_; ++n)
+      for (int64_t g = 0; g < Hkvl_; ++g)
+        std::copy_n(local + n * Ql_ + g * group + kv0, 2 * D_, mine + n * KV + g * 2 * D_);
+    cp_->all_gather(mine, cp_pack_.data(), block, stream())->wait();
+    for (int q = 0; q < cps_; ++q) {
+      const ContextRows r = context_rows(Tw_, cps_, q);
+      for (int b = 0; b < B_; ++b)
+        for (int64_t i = 0; i < T_; ++i) {  // rank q's row i of row b
+          Act* to = cp_qkv_.data() + (int64_t(b) * Tw_ + r.position(i)) * Ql_;
+          const int64_t n = int64_t(b) * T_ + i;
+          if (q == cpr_) {
+            std::copy_n(local + n * Ql_, Ql_, to);  // queries, keys and values
+          } else {
+            for (int64_t g = 0; g < Hkvl_; ++g)
+              std::copy_n(cp_pack_.data() + q * block + n * KV + g * 2 * D_, 2 * D_, to + g * group + kv0);
+          }
+        }
+    }
+  } else {
+    MYRIAD_CHECK(false, "context parallelism's collectives take fp32 activations in host memory (the CPU op set)");
+  }
+}
+
+template <OpSet Ops>
+void GptModel<Ops>::scatter_sequence_grad(Act* dlocal) {
+  if constexpr (std::is_same_v<Act, float>) {
+    const int64_t KV = 2 * Hkvl_ * D_, block = int64_t(B_) * T_ * KV, kv0 = G_ * D_, group = (G_ + 2) * D_;
+    for (int q = 0; q < cps_; ++q) {
+      const ContextRows r = context_rows(Tw_, cps_, q);
+      for (int b = 0; b < B_; ++b)
+        for (int64_t i = 0; i < T_; ++i) {
+          const Act* from = cp_dqkv_.data() + (int64_t(b) * Tw_ + r.position(i)) * Ql_;
+          for (int64_t g = 0; g < Hkvl_; ++g)
+            std::copy_n(from + g * group + kv0, 2 * D_, cp_pack_.data() + q * block + (int64_t(b) * T_ + i) * KV + g * 2 * D_);
+        }
+    }
+    Act* mine = cp_pack_.data() + cpr_ * block;
+    cp_->reduce_scatter(cp_pack_.data(), mine, block, stream())->wait();
+    // This rank's rows: their queries' gradient from its own kernel, their keys' and values' summed
+    // over the ranks.
+    for (int b = 0; b < B_; ++b)
+      for (int64_t i = 0; i < T_; ++i) {
+        const int64_t n = int64_t(b) * T_ + i;
+        Act* to = dlocal + n * Ql_;
+        std::copy_n(cp_dqkv_.data() + (int64_t(b) * Tw_ + rows_.position(i)) * Ql_, Ql_, to);
+        for (int64_t g = 0; g < Hkvl_; ++g) std::copy_n(mine + n * KV + g * 2 * D_, 2 * D_, to + g * group + kv0);
+      }
+  } else {
+    MYRIAD_CHECK(false, "context parallelism's collectives take fp32 activations in host memory (the CPU op set)");
+  }
 }
 
 template <OpSet Ops>
@@ -598,8 +697,13 @@ void GptModel<Ops>::layer_forward(int64_t l, LayerActs& a, const int32_t* docs) 
   const bool qk = qk_norm_.kind != QkNormKind::kNone;
   ops_.linear_forward(qk ? a.qkv_raw : a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, C, static_cast<int>(Ql_), block_gemm());
   if (qk) ops_.qk_norm_forward(qk_norm_, a.qkv, a.qk_rstd, a.qkv_raw, w.q_norm_w, w.k_norm_w, N, Hkvl, G, D);
-  if (rope_) ops_.rope_forward(a.qkv, B, T, Hkvl, G, D);
-  ops_.attention_forward(a.atty, a.saved, a.qkv, B, T, Hl, Hkvl, D, W, docs);
+  if (rope_) ops_.rope_forward(a.qkv, B, T, Hkvl, G, D, cp_rows());
+  if (cp_) {  // this rank's query rows against the whole sequence's keys
+    gather_sequence(a.qkv);
+    ops_.attention_forward(a.atty, a.saved, cp_qkv_.data(), B, Tw_, Hl, Hkvl, D, W, docs, &rows_);
+  } else {
+    ops_.attention_forward(a.atty, a.saved, a.qkv, B, T, Hl, Hkvl, D, W, docs);
+  }
   // The MLP reads LN2(mid = in + attention) in the sequential block and the shared LN1(in) in
   // the parallel one, whose attention projection only the layer's output needs.
   const Act* mlp_in = a.ln1;
@@ -925,9 +1029,16 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
     // Attention branch (in the parallel block dln_ still holds the MLP's share of LN1's output
     // gradient, and the attention's share adds to it).
     row_parallel_backward(datty_.data(), g.proj_w, g.proj_b, dout, dresid, a.atty, w.proj_w, Cl, C, nullptr);
-    ops_.attention_backward(dqkv_.data(), datty_.data(), a.atty, a.qkv, a.saved, B, T, Hl, Hkvl, D, W,
-                            doc_starts(s));
-    if (rope_) ops_.rope_backward(dqkv_.data(), B, T, Hkvl, G, D);
+    if (cp_) {  // the sequence's keys gathered again; their gradients go back to their ranks
+      gather_sequence(a.qkv);
+      ops_.attention_backward(cp_dqkv_.data(), datty_.data(), a.atty, cp_qkv_.data(), a.saved, B, Tw_, Hl, Hkvl, D,
+                              W, doc_starts(s), &rows_);
+      scatter_sequence_grad(dqkv_.data());
+    } else {
+      ops_.attention_backward(dqkv_.data(), datty_.data(), a.atty, a.qkv, a.saved, B, T, Hl, Hkvl, D, W,
+                              doc_starts(s));
+    }
+    if (rope_) ops_.rope_backward(dqkv_.data(), B, T, Hkvl, G, D, cp_rows());
     if (qk_norm_.kind != QkNormKind::kNone)
       ops_.qk_norm_backward(qk_norm_, dqkv_.data(), g.q_norm_w, g.k_norm_w, a.qkv_raw, w.q_norm_w, w.k_norm_w,
                             a.qk_rstd, N, Hkvl, G, D);
@@ -941,16 +1052,16 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
   else if (tp_ || !g_.wpe)
     embedding_backward_tp(s, dresid_.data());
   else
-    ops_.embedding_backward(g_.wte, g_.wpe, dresid_.data(), s.inputs, B, T, C);
+    ops_.embedding_backward(g_.wte, g_.wpe, dresid_.data(), s.inputs, B, T, C, cp_rows());
 }
 
 template <OpSet Ops>
 void GptModel<Ops>::forward_chunk(int c, int mb, int B, Rows rows, const Act* input, float grad_scale) {
   MYRIAD_CHECK(c >= 0 && c < num_chunks(), "chunk ", c, " of ", num_chunks());
   Chunk& ch = chunks_[c];
-  set_shape(B, maxT_);
+  set_shape(B, static_cast<int>(seqT_));
   Slot& s = acquire(ch, mb, B);
-  forward(ch, s, rows, maxT_ + 1, input, /*targets=*/true, grad_scale);
+  forward(ch, s, rows, seqT_ + 1, input, /*targets=*/true, grad_scale);
 }
 
 template <OpSet Ops>
@@ -961,7 +1072,7 @@ const typename GptModel<Ops>::Act* GptModel<Ops>::chunk_output(int c, int mb) co
 template <OpSet Ops>
 void GptModel<Ops>::backward_chunk(int c, int mb, const Act* doutput, Act* dinput, float grad_scale) {
   Slot& s = held(c, mb);
-  set_shape(s.B, maxT_);
+  set_shape(s.B, static_cast<int>(seqT_));
   backward(chunks_[c], s, doutput, dinput, grad_scale);
   s.mb = -1;
 }
@@ -999,6 +1110,7 @@ float GptModel<Ops>::loss(Rows rows, int B) {
 template <OpSet Ops>
 void GptModel<Ops>::last_logits(const int32_t* tokens, int B, int T, float* out) {
   MYRIAD_CHECK(part_.embedding && part_.head, "last_logits needs the whole model in one process");
+  if (cp_) throw_input("sampling runs on the whole sequence in one process: use myriad sample on the checkpoint");
   set_shape(B, T);
   for (int c = 0; c < num_chunks(); ++c) {
     Slot& s = acquire(chunks_[c], kWholeModel, B);

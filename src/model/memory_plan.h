@@ -12,7 +12,8 @@
 namespace myriad::model {
 
 struct GptMemoryShape {
-  int64_t B = 0, T = 0;             // the micro-batch
+  int64_t B = 0, T = 0;             // the micro-batch: rows, and each row's tokens held here (seq_len / cp)
+  int64_t cp = 1;                   // context-parallel ranks: the sequence's keys are T x cp
   int64_t C = 0;                    // d_model
   int64_t Cl = 0, Fl = 0, Hl = 0;   // this rank's attention width, MLP features, query heads (over tp)
   int64_t Ql = 0;                   // this rank's QKV width: (Hl + 2 kv heads) x head size
@@ -21,7 +22,7 @@ struct GptMemoryShape {
   bool tp = false, parallel_block = false;
   std::string recompute = "none";   // none, selective, full
   int64_t act_bytes = 4;            // the op set's activation type: 2 (bf16, CUDA) or 4
-  int64_t saved_per_row = 1;        // floats attention keeps per (b, h, t): 1 (CUDA), T (the CPU)
+  int64_t saved_per_row = 1;        // floats attention keeps per (b, h, t): 1 (CUDA), its keys T cp (the CPU)
   int64_t token_bytes = 16;         // per id of a micro-batch's token buffers: 16 (CUDA: ids and groups), 4
   // A mixture of experts: E routed experts, k per token, Fe features each, Fs shared features
   // (this rank's: the shared experts split over tp as the dense MLP);
@@ -37,11 +38,12 @@ struct GptMemoryShape {
   int64_t qk_rstds = 0;  // per row: Hl + Hkvl ("head"), 2 ("all"), 0 (none)
 };
 
-// The shape of model `m` on a tensor-parallel rank of `tp` with micro-batches of B: its
-// geometry; the caller sets tp, parallel_block, recompute and the op set's sizes.
-inline GptMemoryShape memory_shape(const ModelConfig& m, int64_t tp, int64_t B, int64_t padded_vocab) {
+// The shape of model `m` on a tensor-parallel rank of `tp` (and a context-parallel one of `cp`)
+// with micro-batches of B: its geometry; the caller sets tp, parallel_block, recompute and the
+// op set's sizes.
+inline GptMemoryShape memory_shape(const ModelConfig& m, int64_t tp, int64_t B, int64_t padded_vocab, int64_t cp = 1) {
   GptMemoryShape s;
-  s.B = B, s.T = m.seq_len, s.C = m.d_model;
+  s.B = B, s.T = m.seq_len / cp, s.cp = cp, s.C = m.d_model;
   s.Hl = m.heads / tp, s.Cl = s.Hl * m.head_dim();
   s.Ql = (s.Hl + 2 * m.kv() / tp) * m.head_dim();
   s.Fl = m.ffn() / tp, s.Pl = s.Fl * (m.swiglu() ? 2 : 1);
@@ -92,8 +94,9 @@ inline int64_t slot_bytes(const GptMemoryShape& s, int64_t layers, bool head, in
 }
 inline int64_t slot_token_bytes(const GptMemoryShape& s) { return 2 * s.B * s.T * s.token_bytes; }
 
-// The step's buffers besides the slots: gradients of activations, tensor-parallel scratch, and
-// the layer set that recompute refills.
+// The step's buffers besides the slots: gradients of activations, tensor-parallel scratch, the
+// layer set that recompute refills, and under cp the whole sequence's qkv and its gradient,
+// (B, T cp, Ql) each, and its keys and values as the collectives move them (B, T cp, 2 Hkvl D).
 inline int64_t buffer_bytes(const GptMemoryShape& s) {
   const int64_t BT = s.B * s.T, C = s.C;
   int64_t acts = 4 * BT * C + BT * s.Cl + BT * s.Ql + BT * s.Pl;  // tmp, tmp2, dresid, dln, datty, dqkv, dfc
@@ -101,6 +104,7 @@ inline int64_t buffer_bytes(const GptMemoryShape& s) {
   int64_t floats = 2;                                                // the loss (a double)
   if (s.tp) acts += BT * C;
   if (s.tp && s.act_bytes != 4) floats += 2 * BT * C;
+  if (s.cp > 1) acts += BT * s.cp * (2 * s.Ql + (s.Ql - s.Cl));  // qkv, dqkv; the keys' and values' blocks
   if (s.has_moe) {  // dys, dxs (M,C), the experts' dfc (Mx,2Fe), the shared ones' (N,2Fs); dlogits, dweights
     const int64_t M = BT * s.k, Mx = s.expert_rows();
     acts += 2 * M * C + Mx * 2 * s.Fe + BT * 2 * s.Fs;
@@ -119,9 +123,10 @@ inline int64_t buffer_bytes(const GptMemoryShape& s) {
 // gradient and the activation it recomputes from fc, (B,T,Fl) each (CudaOps::linear_backward).
 inline int64_t scratch_bytes(const GptMemoryShape& s) { return s.has_dense ? 2 * s.B * s.T * s.Fl * s.act_bytes : 0; }
 
-// cuDNN's deterministic attention backward works in a workspace of about B H T T bf16 (1,026 MiB
+// cuDNN's deterministic attention backward works in a workspace of about B H T Tk bf16 (Tk the
+// keys: T, or T cp for a context-parallel rank's queries against the sequence; 1,026 MiB
 // measured at B 8, H 16, T 2048); Myriad's own kernel in scratch of the same order as its
 // statistics, counted nowhere else.
-inline int64_t attention_workspace_bytes(const GptMemoryShape& s) { return s.B * s.Hl * s.T * s.T * 2; }
+inline int64_t attention_workspace_bytes(const GptMemoryShape& s) { return s.B * s.Hl * s.T * s.T * s.cp * 2; }
 
 }  // namespace myriad::model

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/parallel_layout.h"
 #include "ops/fp8.h"
 #include "ops/kinds.h"
 
@@ -40,7 +41,8 @@ concept OpSet = requires(const O& o, typename O::Act* a, const typename O::Act* 
                          Gemm g, int i, int64_t l, bool b, const std::string& s,
                          const std::vector<std::pair<int64_t, int64_t>>& pieces, const std::vector<double>& freqs,
                          const fp8::Recipe& recipe, fp8::AmaxGroup group, typename O::Param* p, void* v,
-                         size_t z, const Router& router, int32_t* ids, const int64_t* counts, QkNorm qk) {
+                         size_t z, const Router& router, int32_t* ids, const int64_t* counts, QkNorm qk,
+                         const ContextRows* rows) {
   // Types and buffers.
   typename O::template Buffer<float>;
   typename O::template Buffer<typename O::Act>;
@@ -74,8 +76,8 @@ concept OpSet = requires(const O& o, typename O::Act* a, const typename O::Act* 
   { o.seconds(i, i) } -> std::convertible_to<double>;
   o.clear_marks();
   // The block's kernels.
-  o.embedding_forward(a, cids, cp, cp, i, i, i);
-  o.embedding_backward(f, f, ca, ctokens, i, i, i);
+  o.embedding_forward(a, cids, cp, cp, i, i, i, rows);
+  o.embedding_backward(f, f, ca, ctokens, i, i, i, rows);
   o.norm_forward(n, a, f, f, ca, cp, cp, i, i);
   o.residual_norm_forward(n, a, a, f, f, ca, ca, cp, cp, i, i);
   o.norm_backward(n, a, f, f, ca, ca, cp, cf, cf, i, i);
@@ -86,14 +88,17 @@ concept OpSet = requires(const O& o, typename O::Act* a, const typename O::Act* 
   o.set_fp8(recipe, group);
   o.add(a, ca, ca, l);
   o.select_attention(s, b);
-  { o.attention_saved(i, i, i) } -> std::convertible_to<int64_t>;
-  o.attention_forward(a, f, ca, i, i, i, i, i, i, cids);
-  o.attention_backward(a, ca, ca, ca, cf, i, i, i, i, i, i, cids);
+  { o.attention_saved(i, i, i, i) } -> std::convertible_to<int64_t>;
+  o.attention_forward(a, f, ca, i, i, i, i, i, i, cids, rows);
+  o.attention_backward(a, ca, ca, ca, cf, i, i, i, i, i, i, cids, rows);
   o.qk_norm_forward(qk, a, f, ca, cp, cp, i, i, i, i);
   o.qk_norm_backward(qk, a, f, f, ca, cp, cp, cf, i, i, i, i);
   o.set_rope(freqs);
-  o.rope_forward(a, i, i, i, i, i);
-  o.rope_backward(a, i, i, i, i, i);
+  o.rope_forward(a, i, i, i, i, i, rows);
+  o.rope_backward(a, i, i, i, i, i, rows);
+  // Context parallelism (a rank's rows of each sequence, core/parallel_layout.h): why this op
+  // set cannot run it ("" when it can).
+  { o.context_parallel_refusal() } -> std::convertible_to<std::string>;
   o.crossentropy_forward(f, ca, cids, i, i, i);
   o.crossentropy_forward_backward(f, a, cids, 1.0f, i, i, i);
   // The rows a rank holds (tensor parallelism).
@@ -101,8 +106,8 @@ concept OpSet = requires(const O& o, typename O::Act* a, const typename O::Act* 
   o.bias_backward(f, ca, i, i);
   o.vocab_rows_forward(a, cids, cp, l, l, i, i);
   o.vocab_rows_backward(f, ca, ctokens, l, l, i, i);
-  o.add_positions(a, cp, i, i, i, i);
-  o.positions_backward(f, ca, i, i, i, i);
+  o.add_positions(a, cp, i, i, i, i, rows);
+  o.positions_backward(f, ca, i, i, i, i, rows);
   o.ce_row_max(f, ca, i, l, i);
   o.ce_partials(f, ca, cf, cids, l, i, l, i);
   o.ce_losses(f, f, cf, cids, i);

@@ -16,6 +16,8 @@ int ParallelContext::dp_rank() const { return group_rank(dp); }
 int ParallelContext::dp_size() const { return group_size(dp); }
 int ParallelContext::ep_rank() const { return group_rank(ep); }
 int ParallelContext::ep_size() const { return group_size(ep); }
+int ParallelContext::cp_rank() const { return group_rank(cp); }
+int ParallelContext::cp_size() const { return group_size(cp); }
 
 int group_size(const Communicator* c) { return c ? c->size() : 1; }
 int group_rank(const Communicator* c) { return c ? c->rank() : 0; }

@@ -49,6 +49,12 @@ struct ParallelContext {
   // parallel group is dp.
   Communicator* ep = nullptr;
   Communicator* edp = nullptr;
+  // Context parallelism (parallel.cp > 1): the ranks splitting each sequence (attention gathers
+  // keys and values over them), and the dp x cp ranks holding the same weights, over which the
+  // gradients are reduced and the optimizer's state is sharded. Null with cp = 1: then that
+  // group is dp.
+  Communicator* cp = nullptr;
+  Communicator* dcp = nullptr;
   // Pipeline links (pp > 1): two-rank groups in which one rank only sends and the other only
   // receives (runtime/pipeline.h says why); this rank sends on *_to_*, receives on *_from_*.
   Communicator *act_to_next = nullptr, *act_from_prev = nullptr;
@@ -61,7 +67,11 @@ struct ParallelContext {
   int dp_size() const;
   int ep_rank() const;
   int ep_size() const;
-  Communicator* expert_dp() const { return ep ? edp : dp; }
+  int cp_rank() const;
+  int cp_size() const;
+  // The ranks holding the same weights: the gradients' and the optimizer shards' group.
+  Communicator* weights_dp() const { return dcp ? dcp : dp; }
+  Communicator* expert_dp() const { return ep ? edp : weights_dp(); }
 };
 
 // Number of ranks, 1 for nullptr.

@@ -1,6 +1,7 @@
 #include "parallel/topology.h"
 
 #include "core/error.h"
+#include "core/parallel_layout.h"
 
 namespace myriad::parallel {
 
@@ -9,60 +10,47 @@ const char* dim_name(Dim d) {
     case Dim::kTp: return "tp";
     case Dim::kDp: return "dp";
     case Dim::kPp: return "pp";
+    case Dim::kCp: return "cp";
   }
   return "?";
 }
 
 namespace {
+constexpr Dim kDims[] = {Dim::kTp, Dim::kDp, Dim::kPp, Dim::kCp};
 int idx(Dim d) { return static_cast<int>(d); }
 
-std::array<Dim, 3> parse_order(const std::string& order) {
-  std::array<Dim, 3> dims{};
-  bool seen[3] = {false, false, false};
-  size_t pos = 0;
-  int n = 0;
-  bool ok = true;
-  while (ok && pos <= order.size()) {
-    size_t dash = order.find('-', pos);
-    std::string part = order.substr(pos, dash == std::string::npos ? std::string::npos : dash - pos);
-    Dim d;
-    if (part == "tp") d = Dim::kTp;
-    else if (part == "dp") d = Dim::kDp;
-    else if (part == "pp") d = Dim::kPp;
-    else { ok = false; break; }
-    if (n == 3 || seen[idx(d)]) { ok = false; break; }
-    seen[idx(d)] = true;
-    dims[n++] = d;
-    if (dash == std::string::npos) break;
-    pos = dash + 1;
-  }
-  if (!ok || n != 3)
-    throw_input("parallel.order = \"", order,
-                "\" must name tp, dp and pp once each, fastest first, joined by '-' (e.g. "
-                "\"tp-dp-pp\")");
+std::array<Dim, 4> parse_order(const std::string& order) {
+  std::array<Dim, 4> dims{};
+  const std::vector<std::string> names = parallel_order(order);  // the input error for a bad one
+  for (size_t i = 0; i < names.size(); ++i)
+    for (Dim d : kDims)
+      if (names[i] == dim_name(d)) dims[i] = d;
   return dims;
 }
 }  // namespace
 
-Topology::Topology(int world, int tp, int pp, int dp, const std::string& order)
+Topology::Topology(int world, int tp, int pp, int dp, const std::string& order, int cp)
     : world_(world), order_(order) {
   if (world < 1) throw_input("world size must be at least 1, got ", world);
   if (tp < 1) throw_input("parallel.tp must be at least 1, got ", tp);
   if (pp < 1) throw_input("parallel.pp must be at least 1, got ", pp);
+  if (cp < 1) throw_input("parallel.cp must be at least 1, got ", cp);
   if (dp < 0) throw_input("parallel.dp must be 0 (world / (tp x pp)) or positive, got ", dp);
   fastest_ = parse_order(order);
+  const std::string sizes = cp > 1 ? cat("tp ", tp, " x pp ", pp, " x cp ", cp) : cat("tp ", tp, " x pp ", pp);
   if (dp == 0) {
-    if (world % (tp * pp) != 0)
-      throw_input("world ", world, " is not divisible by tp ", tp, " x pp ", pp, " = ", tp * pp,
-                  " (dp = world / (tp x pp))");
-    dp = world / (tp * pp);
-  } else if (tp * pp * dp != world) {
-    throw_input("world ", world, " is not tp ", tp, " x pp ", pp, " x dp ", dp, " = ",
-                tp * pp * dp, " (set parallel.dp = 0 to derive it from the world size)");
+    if (world % (tp * pp * cp) != 0)
+      throw_input("world ", world, " is not divisible by ", sizes, " = ", tp * pp * cp, " (dp = world / (",
+                  cp > 1 ? "tp x pp x cp" : "tp x pp", "))");
+    dp = world / (tp * pp * cp);
+  } else if (tp * pp * cp * dp != world) {
+    throw_input("world ", world, " is not ", sizes, " x dp ", dp, " = ", tp * pp * cp * dp,
+                " (set parallel.dp = 0 to derive it from the world size)");
   }
   sizes_[idx(Dim::kTp)] = tp;
   sizes_[idx(Dim::kDp)] = dp;
   sizes_[idx(Dim::kPp)] = pp;
+  sizes_[idx(Dim::kCp)] = cp;
   int stride = 1;
   for (Dim d : fastest_) {
     strides_[idx(d)] = stride;
@@ -77,12 +65,12 @@ void Topology::check_rank(int rank) const {
 Coord Topology::coord(int rank) const {
   check_rank(rank);
   auto at = [&](Dim d) { return rank / strides_[idx(d)] % sizes_[idx(d)]; };
-  return {at(Dim::kTp), at(Dim::kDp), at(Dim::kPp)};
+  return {at(Dim::kTp), at(Dim::kDp), at(Dim::kPp), at(Dim::kCp)};
 }
 
 int Topology::rank_of(const Coord& c) const {
   int r = 0;
-  for (Dim d : {Dim::kTp, Dim::kDp, Dim::kPp}) {
+  for (Dim d : kDims) {
     MYRIAD_CHECK(c[d] >= 0 && c[d] < sizes_[idx(d)], dim_name(d), " coordinate ", c[d],
                  " outside ", sizes_[idx(d)]);
     r += c[d] * strides_[idx(d)];
@@ -153,11 +141,25 @@ std::vector<comm::GroupSpec> Topology::expert_group_specs(int rank, int ep) cons
           {stage + ".edp" + std::to_string(i % ep), i / ep, tp() * dp() / ep}};
 }
 
+std::vector<int> Topology::dcp_group(int rank) const {
+  Coord c = coord(rank);
+  std::vector<int> members;
+  for (c.dp = 0; c.dp < dp(); ++c.dp)
+    for (c.cp = 0; c.cp < cp(); ++c.cp) members.push_back(rank_of(c));
+  return members;
+}
+
+comm::GroupSpec Topology::dcp_spec(int rank) const {
+  const Coord c = coord(rank);
+  return {"dcp" + std::to_string(c.tp + tp() * c.pp), c.dp * cp() + c.cp, dp() * cp()};
+}
+
 std::vector<comm::GroupSpec> Topology::group_specs(int rank) const {
   const Coord c = coord(rank);
   std::vector<comm::GroupSpec> specs{{"world", rank, world_}};
   for (Dim d : {Dim::kTp, Dim::kPp, Dim::kDp})
     specs.push_back({group_name(d, rank), c[d], sizes_[idx(d)]});
+  if (cp() > 1) specs.push_back({group_name(Dim::kCp, rank), c.cp, cp()}), specs.push_back(dcp_spec(rank));
   return specs;
 }
 

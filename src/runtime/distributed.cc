@@ -79,7 +79,7 @@ Distributed::Distributed(const Config& cfg, int rank, int world)
     : rank_(rank),
       layout_(ParallelLayout::for_world(cfg, world)),
       topo_(world, static_cast<int>(layout_.tp), static_cast<int>(layout_.pp), static_cast<int>(layout_.dp),
-            cfg.parallel.order) {
+            cfg.parallel.order, static_cast<int>(layout_.cp)) {
   const std::string backend = resolve_backend(cfg, rank);  // a bad choice fails here too
   if (cfg.train.device == "cuda" || (cfg.train.device == "auto" && cuda_available()))
     use_local_gpu();  // before the communicators: NCCL binds to the current device
@@ -129,6 +129,10 @@ Distributed::Distributed(const Config& cfg, int rank, int world)
       ctx_.pp = g, members = topo_.group(parallel::Dim::kPp, rank);
     } else if (n == topo_.group_name(parallel::Dim::kDp, rank)) {
       ctx_.dp = g, members = topo_.group(parallel::Dim::kDp, rank);
+    } else if (topo_.cp() > 1 && n == topo_.group_name(parallel::Dim::kCp, rank)) {
+      ctx_.cp = g, members = topo_.group(parallel::Dim::kCp, rank);
+    } else if (topo_.cp() > 1 && n == topo_.dcp_spec(rank).name) {
+      ctx_.dcp = g, members = topo_.dcp_group(rank);
     } else if (!expert_specs.empty() && n == expert_specs[0].name) {
       ctx_.ep = g, members = topo_.expert_group(rank, ep);
     } else if (!expert_specs.empty() && n == expert_specs[1].name) {
@@ -152,9 +156,9 @@ Distributed::Distributed(const Config& cfg, int rank, int world)
   world_->broadcast_bytes(&start_id_, sizeof start_id_, 0)->wait();
   start_id_ %= 1000000007;
   log::info("distributed: rank ", rank, " of ", world, ", tp ", topo_.tp(), " x pp ", topo_.pp(),
-            " x dp ", topo_.dp(), ep > 1 ? cat(" (ep ", ep, " x edp ", topo_.dp() / ep, ")") : std::string(),
-            " (coordinates tp ", me.tp, ", pp ", me.pp, ", dp ", me.dp, "; ",
-            groups_.size(), " groups through ", store_->url(), ")");
+            topo_.cp() > 1 ? cat(" x cp ", topo_.cp()) : std::string(), " x dp ", topo_.dp(),
+            ep > 1 ? cat(" (ep ", ep, " x edp ", topo_.dp() / ep, ")") : std::string(), " (coordinates ",
+            coordinates(), "; ", groups_.size(), " groups through ", store_->url(), ")");
 }
 
 Distributed::~Distributed() {
@@ -196,7 +200,7 @@ int64_t Distributed::clock_offset_us() {
 
 std::string Distributed::coordinates() const {
   const parallel::Coord c = topo_.coord(rank_);
-  return cat("tp ", c.tp, ", pp ", c.pp, ", dp ", c.dp);
+  return cat("tp ", c.tp, ", pp ", c.pp, topo_.cp() > 1 ? cat(", cp ", c.cp) : std::string(), ", dp ", c.dp);
 }
 
 std::vector<comm::Communicator*> Distributed::groups() const {
@@ -207,7 +211,7 @@ std::vector<comm::Communicator*> Distributed::groups() const {
 
 bool Distributed::writes_metrics() const {
   const parallel::Coord c = topo_.coord(rank_);
-  return c.tp == 0 && c.dp == 0 && c.pp == topo_.pp() - 1;
+  return c.tp == 0 && c.dp == 0 && c.cp == 0 && c.pp == topo_.pp() - 1;
 }
 
 void Distributed::barrier() { world_->barrier()->wait(); }

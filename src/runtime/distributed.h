@@ -39,11 +39,11 @@ class Distributed {
   // How far this rank's trace clock (trace::now_us) runs ahead of rank 0's, in µs, measured with
   // NTP's four timestamps against rank 0 (wrong by at most half a round trip). Collective.
   int64_t clock_offset_us();
-  // "tp 0, pp 1, dp 0"
+  // "tp 0, pp 1, dp 0" ("tp 0, pp 1, cp 1, dp 0" under cp)
   std::string coordinates() const;
   int tp_rank() const { return topo_.coord(rank_).tp; }
   int dp_rank() const { return topo_.coord(rank_).dp; }
-  // The rank that holds the final loss (last pipeline stage, tp 0, dp 0) writes metrics.jsonl.
+  // The rank that holds the final loss (last pipeline stage, tp 0, cp 0, dp 0) writes metrics.jsonl.
   bool writes_metrics() const;
   void barrier();
   // The node-shared batch of this rank's tensor-parallel group (its members train on the same

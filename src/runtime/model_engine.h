@@ -57,10 +57,10 @@ class ModelEngine final : public Engine {
         part_(model_part(cfg, ctx_)),
         model_(cfg, &ctx_, &part_,
                DataParallel::flat_size(DataParallel::regions_of(
-                   ParamLayout(cfg, ctx_.tp_rank(), ctx_.tp_size(), &part_, Model::expert_shard(&ctx_)), ctx_.dp,
-                   ctx_.expert_dp())),
+                   ParamLayout(cfg, ctx_.tp_rank(), ctx_.tp_size(), &part_, Model::expert_shard(&ctx_)),
+                   ctx_.weights_dp(), ctx_.expert_dp())),
                std::move(ops)),
-        dp_(DataParallel::regions_of(model_.layout(), ctx_.dp, ctx_.expert_dp()), bucket_elems(cfg), chunk_ranges(),
+        dp_(DataParallel::regions_of(model_.layout(), ctx_.weights_dp(), ctx_.expert_dp()), bucket_elems(cfg), chunk_ranges(),
             chunk_reads(), tied_embedding(), cfg.parallel.overlap_dp, model_.ops().comm_stream()),
         stale_(model_.num_chunks(), Stale::kNone) {
     if constexpr (!kMasterIsParams) {
@@ -98,8 +98,12 @@ class ModelEngine final : public Engine {
                 " micro-batches per step, ideal bubble ",
                 cat(static_cast<int>(parallel::simulate(sch).bubble * 1000 + 0.5) / 10.0), "% of compute");
     }
-    if (ctx_.dp_size() > 1 || ctx_.ep)
-      log::info("data parallel: ", ctx_.dp_size(), " ranks", ctx_.ep ? cat(" (experts: ep ", ctx_.ep_size(), " x edp ",
+    if (ctx_.cp_size() > 1)
+      log::info("context parallel: ", ctx_.cp_size(), " ranks per sequence, this one holding ",
+                cfg.model.seq_len / ctx_.cp_size(), " of its ", cfg.model.seq_len, " tokens (chunks ", ctx_.cp_rank(),
+                " and ", 2 * ctx_.cp_size() - 1 - ctx_.cp_rank(), " of ", 2 * ctx_.cp_size(), ")");
+    if (parallel::group_size(ctx_.weights_dp()) > 1 || ctx_.ep)
+      log::info("data parallel: ", ctx_.dp_size(), " ranks", ctx_.cp ? cat(" x cp ", ctx_.cp_size()) : std::string(), ctx_.ep ? cat(" (experts: ep ", ctx_.ep_size(), " x edp ",
                 parallel::group_size(ctx_.edp), ")") : std::string(), ", ", dp_.buckets(),
                 " gradient buckets; this rank updates ", optimizer_->m().size(), " of ",
                 model_.layout().total(), " parameters");
@@ -192,11 +196,12 @@ class ModelEngine final : public Engine {
   }
   double flops_per_token() const override { return model_.flops_per_token(); }
 
-  // Parameters by data-parallel rank 0, the routed experts by rank 0 of their data-parallel
-  // group (the owners of the optimizer state write theirs); replicated tensors by tensor-
-  // parallel rank 0; the tied embedding by the first stage (the last one holds a copy).
+  // Parameters by rank 0 of the ranks holding the same weights (data parallel, x cp), the routed
+  // experts by rank 0 of their data-parallel group (the owners of the optimizer state write
+  // theirs); replicated tensors by tensor-parallel rank 0; the tied embedding by the first stage
+  // (the last one holds a copy).
   bool writes_to_checkpoint(const ParamSpec& p, bool params) const override {
-    if (params && parallel::group_rank(p.expert ? ctx_.expert_dp() : ctx_.dp) != 0) return false;
+    if (params && parallel::group_rank(p.expert ? ctx_.expert_dp() : ctx_.weights_dp()) != 0) return false;
     if (p.replicated() && ctx_.tp_rank() != 0) return false;
     return p.name != "wte" || part_.embedding;
   }
@@ -442,11 +447,13 @@ class ModelEngine final : public Engine {
     }
   }
 
-  // The step's loss lives on the last stage: broadcast over the pipeline, averaged over dp.
+  // The step's loss lives on the last stage: summed over cp (each rank's part of every sequence's
+  // mean), broadcast over the pipeline, averaged over dp.
   // The first exchanges of a step after its compute: the time they block is waiting for the
   // slowest peer (loss_wait_: pipeline, data parallel), counted with the phases' waits.
   float step_loss(float local, bool over_dp = true) {
     loss_wait_[0] = loss_wait_[1] = 0;
+    if (ctx_.cp_size() > 1) local = static_cast<float>(parallel::sum_over_group(ctx_.cp, double(local)));
     if (ctx_.pp_size() > 1) {
       const double t = now_s();
       ctx_.pp->broadcast(&local, 1, ctx_.pp_size() - 1)->wait();
@@ -462,7 +469,7 @@ class ModelEngine final : public Engine {
 
   // The global L2 norm over every shard: split tensors summed over tp, replicated ones once,
   // the stages' disjoint layers over pp (the tied wte counted on the first stage only), the
-  // owned pieces over dp. Identical bits on every rank.
+  // owned pieces over dp (x cp). Identical bits on every rank.
   // With it, whether any rank passed `stop` (the flag summed beside the squares).
   std::pair<double, bool> grad_norm(const std::vector<FlatRange>& owned, bool stop) {
     std::vector<std::pair<int64_t, int64_t>> pieces;  // ascending: tensors in layout order
@@ -482,7 +489,7 @@ class ModelEngine final : public Engine {
     parallel::sum_over_group(ctx_.tp, v, 2);
     v[0] += repl;
     parallel::sum_over_group(ctx_.pp, v, 2);
-    parallel::sum_over_group(ctx_.dp, v, 2);
+    parallel::sum_over_group(ctx_.weights_dp(), v, 2);
     return {std::sqrt(v[0]), v[1] > 0};
   }
 
@@ -492,9 +499,9 @@ class ModelEngine final : public Engine {
     return cfg_.optim.grad_clip <= 0 || coef >= 1.0 ? 1.0f : static_cast<float>(coef);
   }
 
-  // LAMB's per-tensor sums of squares: over dp for every tensor, over tp for the split ones.
+  // LAMB's per-tensor sums of squares: over dp (x cp) for every tensor, over tp for the split ones.
   void reduce_norms(std::vector<double>& sums) {
-    parallel::sum_over_group(ctx_.dp, sums.data(), static_cast<int64_t>(sums.size()));
+    parallel::sum_over_group(ctx_.weights_dp(), sums.data(), static_cast<int64_t>(sums.size()));
     if (ctx_.tp_size() == 1) return;
     const auto& tensors = model_.layout().tensors();
     std::vector<double> split;

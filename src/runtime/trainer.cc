@@ -187,7 +187,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
   dist_ = Distributed::from_env(cfg_);
   if (dist_) heartbeat_.watch(dist_->groups());
   if (const int64_t ranks = ParallelLayout::of(cfg_).ranks(); !dist_ && ranks != 1)
-    throw_input("config: parallel.tp x pp x dp = ", ranks,
+    throw_input("config: parallel.tp x pp x ", cfg_.parallel.cp > 1 ? "cp x " : "", "dp = ", ranks,
                 " processes, but this is one process: start it with myriad launch --nproc-per-node N");
   if (cfg_.data.train.empty())
     throw_input("config: data.train is empty: set it to a prefix made by `myriad prepare` "
@@ -435,7 +435,7 @@ nlohmann::json Trainer::step_record(const StepResult& r, double dt) {
   if (r.times.forward_s > 0) {  // the engine times its phases
     rec["forward_ms"] = r.times.forward_s * 1e3, rec["backward_ms"] = r.times.backward_s * 1e3;
     if (cfg_.parallel.pp > 1) rec["bubble_ms"] = r.times.bubble_s * 1e3;
-    if (dist_ && dist_->context()->dp_size() > 1) rec["dp_wait_ms"] = r.times.dp_wait_s * 1e3;
+    if (dist_ && parallel::group_size(dist_->context()->weights_dp()) > 1) rec["dp_wait_ms"] = r.times.dp_wait_s * 1e3;
     rec["optimizer_ms"] = r.times.optimizer_s * 1e3;
   }
   if (engine_->peak_memory() > 0) rec["peak_memory_gib"] = double(engine_->peak_memory()) / (1 << 30);
@@ -584,7 +584,7 @@ void Trainer::check_replicas() {
   if (!dist_) return;
   const std::vector<std::vector<uint64_t>> regions = engine_->replica_hashes();
   for (size_t r = 0; r < regions.size(); ++r) {
-    comm::Communicator* group = r == 0 ? dist_->context()->dp : dist_->context()->expert_dp();
+    comm::Communicator* group = r == 0 ? dist_->context()->weights_dp() : dist_->context()->expert_dp();
     if (!group || group->size() < 2) continue;
     const int n = group->size();
     std::vector<uint64_t> mine = regions[r];  // (1 + n)
@@ -895,7 +895,7 @@ void Trainer::resume_from(const std::string& dir) {
   // they are read by rank 0 of their own data-parallel group and broadcast over it (the layout's
   // expert region). (On the CPU: a GPU's host copies are not yet handed to the communicators.)
   const parallel::ParallelContext* ctx = dist_ ? dist_->context() : nullptr;
-  comm::Communicator* dp = ctx ? ctx->dp : nullptr;
+  comm::Communicator* dp = ctx ? ctx->weights_dp() : nullptr;  // dp x cp under cp
   comm::Communicator* edp = ctx ? ctx->expert_dp() : nullptr;
   const bool broadcast = dp && dp->size() > 1 && cfg_.checkpoint.load == "broadcast" && engine_->host_state_is_live();
   std::set<std::string> experts;  // stored names of the expert tensors

@@ -181,6 +181,12 @@ TEST_P(Parallel, MatchesTheSingleProcessRun) {
       EXPECT_NE(log_line(dir / "tp", 0, "moe: this rank's experts took"), "");
     }
   }
+  // Context parallelism: each rank holds its two chunks of every sequence.
+  if (degree("cp") > 1) {
+    const int cp = degree("cp");
+    EXPECT_NE(log_line(dir / "tp", degree("tp"), cat("context parallel: ", cp, " ranks per sequence, this one holding ", 32 / cp,
+                                          " of its 32 tokens (chunks 1 and ", 2 * cp - 2, " of ", 2 * cp, ")")), "");
+  }
   // ZeRO: each data-parallel rank keeps 1/dp of the optimizer state (the allocator's count).
   const size_t dp_at = l.extra.find("parallel.dp=");
   if (dp_at != std::string::npos) {
@@ -190,16 +196,16 @@ TEST_P(Parallel, MatchesTheSingleProcessRun) {
     const int64_t whole = ParamLayout(cfg).total() * states * int64_t(sizeof(float));
     // Each data-parallel rank reads only its own rows of the global batch (8 in the demo).
     for (int r = 0; r < l.nproc; ++r) {
-      const int tp = l.extra.find("parallel.tp=2") != std::string::npos ? 2 : 1;
-      const int rows = 8 / dp, first = rows * ((r / tp) % dp);  // order tp-dp-pp: tp fastest
+      const int tp = degree("tp"), cp = degree("cp");
+      const int rows = 8 / dp, first = rows * ((r / (tp * cp)) % dp);  // order tp-(cp-)dp-pp: tp fastest
       EXPECT_NE(log_line(dir / "tp", r, cat("data: this rank reads rows [", first, ", ", first + rows,
                                             ") of each global batch of 8")), "") << "rank " << r;
     }
     for (int r = 0; r < l.nproc; ++r) {
       const int64_t mine = optimizer_bytes(dir / "tp", r);
       EXPECT_GT(mine, 0) << "rank " << r;
-      if (l.nproc == dp) {
-        EXPECT_NEAR(double(mine), double(whole) / dp, 8.0 * dp) << "rank " << r;
+      if (l.nproc == dp * degree("cp")) {  // sharded over dp x cp (the ranks holding the same weights)
+        EXPECT_NEAR(double(mine), double(whole) / l.nproc, 8.0 * l.nproc) << "rank " << r;
       } else {
         EXPECT_LT(mine, whole / dp + 8 * dp) << "rank " << r;  // 3D: a shard of a shard
       }
@@ -211,7 +217,8 @@ TEST_P(Parallel, MatchesTheSingleProcessRun) {
   ASSERT_EQ(b.size(), 20u) << "metrics.jsonl is written once, by one rank";
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-4 * a[i]) << "step " << i + 1;
   expect_phases(dir / "single", false, false);
-  expect_phases(dir / "tp", l.extra.find("parallel.pp=") != std::string::npos, dp_at != std::string::npos);
+  expect_phases(dir / "tp", l.extra.find("parallel.pp=") != std::string::npos,
+                dp_at != std::string::npos || degree("cp") > 1);
 
   auto wa = weights(dir / "single", cfg), wb = weights(dir / "tp", cfg);
   for (auto& [name, w] : wa) {
@@ -294,19 +301,39 @@ INSTANTIATE_TEST_SUITE_P(
                                             "--set parallel.ep=4 --set train.recompute=selective"},
         Layout{"moe_tp2_ep2_pp2", 4, kMoe + " --set parallel.tp=2 --set parallel.sequence_parallel=true "
                                             "--set parallel.pp=2 --set parallel.ep=2 --set model.dense_layers=1"},
+        // Context parallelism: each sequence in 2 cp chunks, rank r holding r and 2 cp - 1 - r;
+        // attention gathers the keys and values over cp. The GPT-2 block (learned positions)
+        // and the Llama one, each alone and with documents and a window smaller than a chunk
+        // (a chunk is 8 tokens at cp 2, 4 at cp 4), with the targets that begin a document left
+        // out of the loss; over tp + sp, pp and dp.
+        Layout{"cp2", 2, "--set parallel.cp=2"},
+        Layout{"cp2_llama_documents_window", 2, kLlama + " --set data.document_mask=true --set data.document_end_loss=false "
+                                                        "--set model.window=6 --set parallel.cp=2"},
+        Layout{"cp4_llama", 4, kLlama + " --set parallel.cp=4"},
+        Layout{"cp4_documents_window", 4, "--set data.document_mask=true --set model.window=3 --set parallel.cp=4"},
+        Layout{"cp2_tp2_sp_llama", 4, kLlama + " --set parallel.cp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true"},
+        Layout{"cp2_tp2_sp_documents_window", 4, "--set data.document_mask=true --set data.document_end_loss=false "
+                                                 "--set model.window=6 --set parallel.cp=2 --set parallel.tp=2 "
+                                                 "--set parallel.sequence_parallel=true"},
+        Layout{"cp2_pp2", 4, "--set parallel.cp=2 --set parallel.pp=2"},
+        Layout{"cp2_pp2_llama_documents_window", 4, kLlama + " --set data.document_mask=true --set model.window=6 "
+                                                            "--set train.recompute=full --set parallel.cp=2 "
+                                                            "--set parallel.pp=2 --set parallel.virtual_stages=2"},
+        Layout{"cp2_dp2_llama", 4, kLlama + " --set parallel.cp=2 --set parallel.dp=2 --set parallel.bucket_mb=0.05"},
+        Layout{"cp2_dp2_documents_window_lamb", 4, "--set data.document_mask=true --set model.window=6 "
+                                                   "--set optim.name=lamb --set optim.lr=1e-2 --set parallel.cp=2 "
+                                                   "--set parallel.dp=2"},
         Layout{"moe_ep2_pp2_dp2_interleaved", 4, kMoe + " --set parallel.pp=2 --set parallel.virtual_stages=2 "
                                                         "--set parallel.dp=2 --set parallel.ep=2 "
                                                         "--set train.recompute=selective"}),
     [](const auto& info) { return std::string(info.param.name); });
 
-// A 3D run saved at step 10 and resumed is bitwise the uninterrupted run: losses, gradient
-// norms, weights and optimizer state.
-TEST(Parallel3d, ResumeIsBitwiseTheUninterruptedRun) {
-  const fs::path dir = fs::temp_directory_path() / cat("myriad_3d_resume_", getpid());
-  const std::string train = cat(
-      "OMP_NUM_THREADS=1 ", bin(), " launch --nproc-per-node 8 --", prepare_corpus(dir),
-      " --set checkpoint.every=10 --set checkpoint.keep_last=0",
-      " --set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.bucket_mb=0.05");
+// A run of `nproc` ranks in layout `flags`, saved at step 10 and resumed, is bitwise the
+// uninterrupted run: losses, gradient norms, weights and optimizer state.
+void expect_resume_is_bitwise(const std::string& name, int nproc, const std::string& flags) {
+  const fs::path dir = fs::temp_directory_path() / cat("myriad_resume_", name, "_", getpid());
+  const std::string train = cat("OMP_NUM_THREADS=1 ", bin(), " launch --nproc-per-node ", nproc, " --",
+                                prepare_corpus(dir), " --set checkpoint.every=10 --set checkpoint.keep_last=0 ", flags);
   std::string out;
   ASSERT_EQ(sh(cat(train, " --run-dir ", (dir / "straight").string()), &out), 0) << out;
   // Killed right after step 10 (its checkpoint committed: a synchronous save), then resumed.
@@ -330,7 +357,7 @@ TEST(Parallel3d, ResumeIsBitwiseTheUninterruptedRun) {
   // Every stored tensor (weights, both moments), bit for bit.
   auto last = [](const fs::path& run) { return *checkpoint::latest((run / "checkpoints").string()); };
   const nlohmann::json ma = checkpoint::read_meta(last(dir / "straight")), mb = checkpoint::read_meta(last(dir / "resumed"));
-  const Config cfg = test_config();
+  const Config cfg = test_config(flags);
   ParamLayout layout(cfg);
   for (const char* prefix : {"model/", "optim/m/", "optim/v/"})
     for (const ParamSpec& p : layout.tensors()) {
@@ -341,6 +368,17 @@ TEST(Parallel3d, ResumeIsBitwiseTheUninterruptedRun) {
       EXPECT_TRUE(wa == wb) << prefix << p.name;
     }
   fs::remove_all(dir);
+}
+
+TEST(Parallel3d, ResumeIsBitwiseTheUninterruptedRun) {
+  expect_resume_is_bitwise("3d", 8, "--set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.bucket_mb=0.05");
+}
+
+// Context parallelism (the Llama block, documents and a window smaller than a chunk of 8): the
+// same, over cp 2 x dp 2.
+TEST(ContextParallel, ResumeIsBitwiseTheUninterruptedRun) {
+  expect_resume_is_bitwise("cp", 4, kLlama + " --set data.document_mask=true --set model.window=6 "
+                                             "--set parallel.cp=2 --set parallel.dp=2");
 }
 
 // A checkpoint of one layout resumes in another (every rank reads its regions of the stored
@@ -364,6 +402,38 @@ TEST(Parallel3d, ResumesInAnotherLayout) {
   ASSERT_EQ(a.size(), 20u);
   ASSERT_EQ(b.size(), 20u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-4 * a[i]) << "step " << i + 1;
+  fs::remove_all(dir);
+}
+
+// A checkpoint of cp 4 resumes under cp 2, and that one's in one process: 5 steps on cp 4, 5
+// on cp 2, 10 alone match 20 steps of one process (within 1e-4: the ranks' sums of the keys'
+// gradients and of the loss's parts are another order of additions than one process's).
+TEST(ContextParallel, ResumesUnderAnotherCp) {
+  const fs::path dir = fs::temp_directory_path() / cat("myriad_cp_reshard_", getpid());
+  const std::string launch = cat("OMP_NUM_THREADS=1 ", bin(), " launch --nproc-per-node ");
+  const std::string args = prepare_corpus(dir) + " --set data.document_mask=true " + kLlama +
+                           " --set checkpoint.every=5 --set checkpoint.async=false";
+  std::string out;
+  ASSERT_EQ(sh(cat("OMP_NUM_THREADS=1 ", bin(), args, " --run-dir ", (dir / "single").string()), &out), 0) << out;
+  EXPECT_NE(sh(cat("MYRIAD_INJECT_FAULT=step:5:kill ", launch, 4, " --", args, " --set parallel.cp=4 --run-dir ",
+                   (dir / "resharded").string()), &out), 0);
+  EXPECT_NE(sh(cat("MYRIAD_INJECT_FAULT=step:10:kill ", launch, 2, " --", args,
+                   " --set parallel.cp=2 --resume auto --run-dir ", (dir / "resharded").string()), &out), 0);
+  EXPECT_NE(out.find("step_00000005 (step 5, "), std::string::npos) << out;
+  ASSERT_EQ(sh(cat("OMP_NUM_THREADS=1 ", bin(), args, " --resume auto --run-dir ", (dir / "resharded").string()), &out),
+            0) << out;
+  EXPECT_NE(out.find("step_00000010 (step 10, "), std::string::npos) << out;
+  std::map<int64_t, double> a, b;
+  for (const nlohmann::json& r : records(dir / "single")) a[r["step"].get<int64_t>()] = r["loss"].get<double>();
+  for (const nlohmann::json& r : records(dir / "resharded")) b[r["step"].get<int64_t>()] = r["loss"].get<double>();
+  ASSERT_EQ(a.size(), 20u);
+  for (int64_t step = 1; step <= 20; ++step) {
+    if (!b.count(step)) {  // a kill may take the step's metrics line with it (ResumeIsBitwise says why)
+      EXPECT_TRUE(step == 5 || step == 10) << "step " << step;
+      continue;
+    }
+    EXPECT_NEAR(b.at(step), a.at(step), 1e-4 * a.at(step)) << "step " << step;
+  }
   fs::remove_all(dir);
 }
 

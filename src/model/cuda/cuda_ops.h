@@ -21,12 +21,17 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "ops/fp8.h"
 #include "ops/kinds.h"
+
+namespace myriad {
+struct ContextRows;  // core/parallel_layout.h
+}
 
 namespace myriad::cuda {
 
@@ -153,7 +158,7 @@ class CudaOps {
   // Either keeps the log-sum-exp rows (B,H,T) for its backward (cuDNN's in natural log, Myriad's in
   // log2): one shape always runs on one kernel.
   void select_attention(const std::string& kernel, bool deterministic) const;
-  int64_t attention_saved(int B, int H, int T) const { return int64_t(B) * H * T; }
+  int64_t attention_saved(int B, int H, int T, int /*Tk*/ = 0) const { return int64_t(B) * H * T; }
   // docs (B,T) on the device, or null: as CpuOps's. Only Myriad's kernel takes it (cuDNN's fused
   // attention would need each document as a ragged sequence of its own).
   void attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int H, int Hkv, int D,
@@ -187,6 +192,49 @@ class CudaOps {
   // train.precision = "fp8" with experts is refused by cuda_unsupported_model (the experts'
   // grouped GEMMs are bf16 only), so there is nothing left to refuse here.
   std::string moe_refusal() const { return ""; }
+  // Context parallelism is built on the CPU only (docs/notes/cp.md): the kernels below take a
+  // rank's rows in their signatures, and a model refuses cp on this op set before any of them
+  // would be given one.
+  std::string context_parallel_refusal() const {
+    return "context parallelism runs on the CPU engine so far (its CUDA kernels are not built: docs/notes/cp.md); "
+           "use parallel.cp = 1 on a GPU";
+  }
+  void embedding_forward(Act* out, const int32_t* tokens, const Param* wte, const Param* wpe, int B, int T, int C,
+                         const ContextRows* rows) const {
+    whole(rows);
+    embedding_forward(out, tokens, wte, wpe, B, T, C);
+  }
+  void embedding_backward(float* dwte, float* dwpe, const Act* dout, const Tokens& tokens, int B, int T, int C,
+                          const ContextRows* rows) const {
+    whole(rows);
+    embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
+  }
+  void attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int H, int Hkv, int D, int window,
+                         const int32_t* docs, const ContextRows* rows) const {
+    whole(rows);
+    attention_forward(out, saved, qkv, B, T, H, Hkv, D, window, docs);
+  }
+  void attention_backward(Act* dqkv, const Act* dout, const Act* out, const Act* qkv, const float* saved, int B,
+                          int T, int H, int Hkv, int D, int window, const int32_t* docs, const ContextRows* rows) const {
+    whole(rows);
+    attention_backward(dqkv, dout, out, qkv, saved, B, T, H, Hkv, D, window, docs);
+  }
+  void rope_forward(Act* qkv, int B, int T, int Hkv, int G, int D, const ContextRows* rows) const {
+    whole(rows);
+    rope_forward(qkv, B, T, Hkv, G, D);
+  }
+  void rope_backward(Act* dqkv, int B, int T, int Hkv, int G, int D, const ContextRows* rows) const {
+    whole(rows);
+    rope_backward(dqkv, B, T, Hkv, G, D);
+  }
+  void add_positions(Act* out, const Param* wpe, int r0, int rows, int T, int C, const ContextRows* cr) const {
+    whole(cr);
+    add_positions(out, wpe, r0, rows, T, C);
+  }
+  void positions_backward(float* dwpe, const Act* dout, int r0, int rows, int T, int C, const ContextRows* cr) const {
+    whole(cr);
+    positions_backward(dwpe, dout, r0, rows, T, C);
+  }
   // The router's logits in fp32 (cuBLASLt, bf16 operands, fp32 output); its backward's two
   // products in fp32 (ops/cuda/moe.cu), dx += and dw +=.
   void router_forward(float* logits, const Act* x, const Param* w, int N, int C, int E) const;
@@ -232,6 +280,10 @@ class CudaOps {
  struct State;  // cuda_ops.cu
 
  private:
+  // A context-parallel rank's rows reach no kernel here (context_parallel_refusal).
+  static void whole(const ContextRows* rows) {
+    if (rows) throw std::logic_error("CudaOps: a context-parallel rank's rows, but cp is not built on the GPU");
+  }
   // Scratch of at least n floats, shared by the ops (one runs at a time).
   float* scratch(size_t n) const;
   // dwte rows += the rows of dout (B*T, C) of each id of t held in its vocabulary rows; dwpe as

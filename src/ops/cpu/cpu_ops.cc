@@ -65,12 +65,12 @@ void CpuOps::accumulate(float* dst, const float* src, int64_t n) const {
 }
 
 void CpuOps::embedding_forward(Act* out, const int32_t* tokens, const Param* wte, const Param* wpe, int B, int T,
-                               int C) const {
-  cpu::embedding_forward(out, tokens, wte, wpe, B, T, C);
+                               int C, const ContextRows* rows) const {
+  cpu::embedding_forward(out, tokens, wte, wpe, B, T, C, rows);
 }
 void CpuOps::embedding_backward(float* dwte, float* dwpe, const Act* dout, const Tokens& tokens, int B, int T,
-                                int C) const {
-  cpu::embedding_backward(dwte, dwpe, dout, tokens.data(), B, T, C);
+                                int C, const ContextRows* rows) const {
+  cpu::embedding_backward(dwte, dwpe, dout, tokens.data(), B, T, C, rows);
 }
 void CpuOps::norm_forward(Norm n, Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b,
                           int N, int C) const {
@@ -140,19 +140,20 @@ void CpuOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* 
 }
 void CpuOps::add(Act* out, const Act* a, const Act* b, int64_t n) const { cpu::residual_forward(out, a, b, n); }
 void CpuOps::attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int H, int Hkv, int D,
-                               int window, const int32_t* docs) const {
-  cpu::attention_forward(out, saved, qkv, B, T, H, Hkv, D, window, docs);
+                               int window, const int32_t* docs, const ContextRows* rows) const {
+  cpu::attention_forward(out, saved, qkv, B, T, H, Hkv, D, window, docs, rows);
 }
 void CpuOps::attention_backward(Act* dqkv, const Act* dout, const Act*, const Act* qkv, const float* saved, int B,
-                                int T, int H, int Hkv, int D, int window, const int32_t* docs) const {
+                                int T, int H, int Hkv, int D, int window, const int32_t* docs,
+                                const ContextRows* rows) const {
   zero(dqkv, int64_t(B) * T * (H + 2 * Hkv) * D);
-  cpu::attention_backward(dqkv, dout, qkv, saved, B, T, H, Hkv, D, window, docs);
+  cpu::attention_backward(dqkv, dout, qkv, saved, B, T, H, Hkv, D, window, docs, rows);
 }
-void CpuOps::rope_forward(Act* qkv, int B, int T, int Hkv, int G, int D) const {
-  cpu::rope_forward(qkv, freqs_->data(), B, T, Hkv, G, D, 0);
+void CpuOps::rope_forward(Act* qkv, int B, int T, int Hkv, int G, int D, const ContextRows* rows) const {
+  cpu::rope_forward(qkv, freqs_->data(), B, T, Hkv, G, D, 0, rows);
 }
-void CpuOps::rope_backward(Act* dqkv, int B, int T, int Hkv, int G, int D) const {
-  cpu::rope_backward(dqkv, freqs_->data(), B, T, Hkv, G, D, 0);
+void CpuOps::rope_backward(Act* dqkv, int B, int T, int Hkv, int G, int D, const ContextRows* rows) const {
+  cpu::rope_backward(dqkv, freqs_->data(), B, T, Hkv, G, D, 0, rows);
 }
 void CpuOps::crossentropy_forward(float* losses, const Act* logits, const int32_t* targets, int N, int V,
                                   int Vp) const {
@@ -221,24 +222,27 @@ void CpuOps::vocab_rows_backward(float* dwte, const Act* dfull, const Tokens& to
   }
 }
 
-void CpuOps::add_positions(Act* out, const Param* wpe, int r0, int rows, int T, int C) const {
+void CpuOps::add_positions(Act* out, const Param* wpe, int r0, int rows, int T, int C, const ContextRows* cr) const {
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < rows; ++i) {
-    const float* pe = wpe + int64_t((r0 + i) % T) * C;
+    const int64_t t = (r0 + i) % T;
+    const float* pe = wpe + (cr ? cr->position(t) : t) * C;
     float* o = out + int64_t(i) * C;
 #pragma omp simd
     for (int c = 0; c < C; ++c) o[c] += pe[c];
   }
 }
 
-void CpuOps::positions_backward(float* dwpe, const Act* dout, int r0, int rows, int T, int C) const {
+void CpuOps::positions_backward(float* dwpe, const Act* dout, int r0, int rows, int T, int C,
+                                const ContextRows* cr) const {
   const int blocks = (C + kColumnBlock - 1) / kColumnBlock;
 #pragma omp parallel for schedule(static)
   for (int blk = 0; blk < blocks; ++blk) {
     const int c0 = blk * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
     for (int i = 0; i < rows; ++i) {
       const float* d = dout + int64_t(i) * C;
-      float* p = dwpe + int64_t((r0 + i) % T) * C;
+      const int64_t t = (r0 + i) % T;
+      float* p = dwpe + (cr ? cr->position(t) : t) * C;
 #pragma omp simd
       for (int c = c0; c < c1; ++c) p[c] += d[c];
     }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/parallel_layout.h"
 #include "ops/fp8.h"
 #include "ops/kinds.h"
 
@@ -90,9 +91,12 @@ class CpuOps {
   void clear_marks() const { marks_->clear(); }
 
   // ---- the kernels of ops/cpu/ops.h ----
-  void embedding_forward(Act* out, const int32_t* tokens, const Param* wte, const Param* wpe, int B, int T, int C) const;
+  // rows (a context-parallel rank's, T = rows->count()): the positions of the T rows; null: 0..T-1.
+  void embedding_forward(Act* out, const int32_t* tokens, const Param* wte, const Param* wpe, int B, int T, int C,
+                         const ContextRows* rows = nullptr) const;
   // tokens loaded with the vocabulary rows [0, Vp).
-  void embedding_backward(float* dwte, float* dwpe, const Act* dout, const Tokens& tokens, int B, int T, int C) const;
+  void embedding_backward(float* dwte, float* dwpe, const Act* dout, const Tokens& tokens, int B, int T, int C,
+                          const ContextRows* rows = nullptr) const;
   // The block's norm, LayerNorm or RMSNorm (`n`): mean (N) is LayerNorm's only, b (bias, may be
   // null) too; rstd (N) both keep for backward.
   void norm_forward(Norm n, Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b, int N,
@@ -128,16 +132,20 @@ class CpuOps {
   // Which attention kernel, and whether its backward must be bitwise repeatable (train.attention,
   // train.deterministic): the CPU has one kernel, always deterministic.
   void select_attention(const std::string&, bool) const {}
-  // Floats attention keeps for its backward, per micro-batch: the softmax rows (B,H,T,T).
-  int64_t attention_saved(int B, int H, int T) const { return int64_t(B) * H * T * T; }
+  // Floats attention keeps for its backward, per micro-batch: the softmax rows (B,H,T,Tk) of T
+  // query rows against Tk keys (0: T; a context-parallel rank's rows against the sequence's).
+  int64_t attention_saved(int B, int H, int T, int Tk = 0) const { return int64_t(B) * H * T * (Tk > 0 ? Tk : T); }
   // H query heads, Hkv key/value heads, of D features: qkv (B,T,Hkv*(H/Hkv+2)*D) as ops/cpu/ops.h
   // lays it out, out (B,T,H*D). docs (B,T): where each position's document begins in its row
-  // (data.document_mask), in the op set's memory; null: every row one document.
+  // (data.document_mask), in the op set's memory; null: every row one document. rows: a context-
+  // parallel rank's query rows (ops/cpu/ops.h): out, dout and saved hold those rows, qkv, dqkv and
+  // docs the whole sequence of T.
   void attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int H, int Hkv, int D,
-                         int window, const int32_t* docs = nullptr) const;
+                         int window, const int32_t* docs = nullptr, const ContextRows* rows = nullptr) const;
   // dqkv (=); out is attention_forward's output.
   void attention_backward(Act* dqkv, const Act* dout, const Act* out, const Act* qkv, const float* saved, int B,
-                          int T, int H, int Hkv, int D, int window, const int32_t* docs = nullptr) const;
+                          int T, int H, int Hkv, int D, int window, const int32_t* docs = nullptr,
+                          const ContextRows* rows = nullptr) const;
   // The queries' and keys' RMSNorm (ops/kinds.h's QkNorm) on qkv (N tokens, (Hkv, G+2, D) each,
   // as attention reads it): qkv (=) from raw, the QKV GEMM's output, the values copied; rstd
   // (N, Hkv (G+1)) per head (kHead: each group's G query heads, then its key head), or (N, 2)
@@ -152,8 +160,11 @@ class CpuOps {
   // frequencies (D/2, ops/rope.h) are set once; each row of a micro-batch starts at position 0.
   // The backward rotates dqkv's query and key parts back, in place.
   void set_rope(const std::vector<double>& freqs) const { *freqs_ = freqs; }
-  void rope_forward(Act* qkv, int B, int T, int Hkv, int G, int D) const;
-  void rope_backward(Act* dqkv, int B, int T, int Hkv, int G, int D) const;
+  // rows: a context-parallel rank's (T = rows->count()), row t at position rows->position(t).
+  void rope_forward(Act* qkv, int B, int T, int Hkv, int G, int D, const ContextRows* rows = nullptr) const;
+  void rope_backward(Act* dqkv, int B, int T, int Hkv, int G, int D, const ContextRows* rows = nullptr) const;
+  // The CPU runs context parallelism (the oracle of it).
+  std::string context_parallel_refusal() const { return ""; }
   // A negative target leaves its position out (loss 0, gradient 0), in these and the
   // vocabulary-parallel ops below.
   void crossentropy_forward(float* losses, const Act* logits, const int32_t* targets, int N, int V, int Vp) const;
@@ -171,9 +182,11 @@ class CpuOps {
   // dwte (Vl,C) += the rows of dfull (N,C) whose token this rank holds; tokens loaded with [v0, v0 + Vl).
   void vocab_rows_backward(float* dwte, const Act* dfull, const Tokens& tokens, int64_t v0, int64_t Vl, int N,
                            int C) const;
-  // out (rows,C) += wpe[(r0 + i) % T] for row i; its gradient the same way round.
-  void add_positions(Act* out, const Param* wpe, int r0, int rows, int T, int C) const;
-  void positions_backward(float* dwpe, const Act* dout, int r0, int rows, int T, int C) const;
+  // out (rows,C) += wpe[p] for row i, p = (r0 + i) % T, or with cr (a context-parallel rank's rows,
+  // T of them per sequence) cr->position((r0 + i) % T); its gradient the same way round.
+  void add_positions(Act* out, const Param* wpe, int r0, int rows, int T, int C, const ContextRows* cr = nullptr) const;
+  void positions_backward(float* dwpe, const Act* dout, int r0, int rows, int T, int C,
+                          const ContextRows* cr = nullptr) const;
   // Vocabulary-parallel cross-entropy over logits (N,Vl), columns [v0, v0 + Vl) of the
   // vocabulary, the first `live` of them real: the row maxima; then each row's sum of
   // exp(x - max) and its target's shifted logit (0 unless held here) into parts (N,2); then,

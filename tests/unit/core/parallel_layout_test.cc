@@ -31,9 +31,10 @@ struct Case {
   std::vector<std::string> sets;
   int64_t world;      // 0: ParallelLayout::of(cfg), else for_world(cfg, world)
   std::string verdict;  // "" stands, else the refusal's words
-  // What stands: tp, pp, dp, virtual stages, micro-batches per replica, the schedule.
+  // What stands: tp, pp, dp, virtual stages, micro-batches per replica, the schedule, cp.
   int64_t tp = 1, pp = 1, dp = 1, v = 1, micro_batches = 4;
   std::string schedule = "1f1b";
+  int64_t cp = 1;
 };
 
 TEST(ParallelLayout, EveryLayoutHasItsVerdict) {
@@ -72,6 +73,25 @@ TEST(ParallelLayout, EveryLayoutHasItsVerdict) {
       {"dp against the world", {"parallel.dp=2"}, 4, "world 4 is not tp 1 x pp 1 x dp 2 = 2"},
       {"fp8's micro-batch", {"model.d_model=64", "train.precision=fp8", "model.seq_len=12"}, 0,
        "train.precision = \"fp8\" needs train.micro_batch x model.seq_len (24) to be a multiple of 16"},
+      // Context parallelism: its ranks come out of the world before dp; 2 cp chunks a sequence.
+      {"cp from the world", {"parallel.cp=2", "parallel.tp=2"}, 8, "", 2, 1, 2, 1, 2, "1f1b", 2},
+      {"cp x pp x dp", {"parallel.cp=4", "parallel.pp=2"}, 16, "", 1, 2, 2, 1, 2, "1f1b", 4},
+      {"cp against the world", {"parallel.cp=2", "parallel.tp=2"}, 6,
+       "world 6 is not divisible by tp 2 x pp 1 x cp 2 = 4 (dp = world / (tp x pp x cp))"},
+      {"cp against dp", {"parallel.cp=2", "parallel.dp=2"}, 8, "world 8 is not tp 1 x pp 1 x cp 2 x dp 2 = 4"},
+      {"cp's chunks", {"parallel.cp=3"}, 0,
+       "model.seq_len (16) must be divisible by 2 x parallel.cp (6): each sequence splits into 2 cp equal chunks"},
+      {"cp with sp", {"model.seq_len=24", "parallel.cp=2", "parallel.tp=8", "model.heads=8", "model.d_model=64",
+                      "parallel.sequence_parallel=true"}, 0,
+       "model.seq_len / parallel.cp (12) must be divisible by parallel.tp (8) with parallel.sequence_parallel = true"},
+      {"cp with experts", {"parallel.cp=2", "model.experts=4", "model.expert_hidden=32", "model.mlp=swiglu"}, 0,
+       "parallel.cp = 2 with an MoE model (model.experts = 4): the routers' balance losses"},
+      {"cp's order", {"parallel.cp=2", "parallel.order=dp-cp-tp-pp"}, 4, "", 1, 1, 2, 1, 2, "1f1b", 2},
+      {"an order of four", {"parallel.order=tp-cp-dp-dp"}, 0,
+       "parallel.order = \"tp-cp-dp-dp\" must name tp, dp and pp once each (and cp, optionally)"},
+      {"fp8's micro-batch under cp", {"model.d_model=64", "train.precision=fp8", "parallel.cp=2", "model.seq_len=16",
+                                     "train.micro_batch=1", "train.global_batch=4"}, 0,
+       "train.micro_batch x model.seq_len / parallel.cp (8) to be a multiple of 16"},
       {"fp8's width", {"model.d_model=40", "train.precision=fp8"}, 0, "train.precision = \"fp8\" needs model.d_model (40)"},
       {"fp8's MLP per rank", {"model.d_model=64", "train.precision=fp8", "model.mlp_hidden=264", "parallel.tp=2"}, 0,
        "the MLP's width per rank (132) to be a multiple of 16"},
@@ -103,8 +123,11 @@ TEST(ParallelLayout, EveryLayoutHasItsVerdict) {
     EXPECT_EQ(l.micro_batches, c.micro_batches) << c.name;
     EXPECT_EQ(l.schedule, c.schedule) << c.name;
     EXPECT_EQ(l.ep, 1) << c.name;
-    EXPECT_EQ(l.cp, 1) << c.name;
-    EXPECT_EQ(l.ranks(), l.tp * l.pp * l.dp) << c.name;
+    EXPECT_EQ(l.cp, c.cp) << c.name;
+    EXPECT_EQ(l.ranks(), l.tp * l.pp * l.dp * l.cp) << c.name;
+    if (c.world > 0) {
+      EXPECT_EQ(l.ranks(), c.world) << c.name;
+    }
   }
 }
 

@@ -18,19 +18,20 @@ using myriad::test::input_error;
 // Every layout: coordinates are a bijection, groups partition the world, a rank's group members
 // share its other coordinates and are listed by the group's coordinate.
 void check_consistent(const Topology& t) {
-  std::set<std::tuple<int, int, int>> seen;
+  constexpr Dim kAll[] = {Dim::kTp, Dim::kDp, Dim::kPp, Dim::kCp};
+  std::set<std::tuple<int, int, int, int>> seen;
   for (int r = 0; r < t.world(); ++r) {
     const Coord c = t.coord(r);
     EXPECT_EQ(t.rank_of(c), r);
-    EXPECT_TRUE(seen.insert({c.tp, c.dp, c.pp}).second);
-    for (Dim d : {Dim::kTp, Dim::kDp, Dim::kPp}) {
+    EXPECT_TRUE(seen.insert({c.tp, c.dp, c.pp, c.cp}).second);
+    for (Dim d : kAll) {
       const std::vector<int> g = t.group(d, r);
       ASSERT_EQ(static_cast<int>(g.size()), t.size(d));
       EXPECT_EQ(g[c[d]], r);
       for (int i = 0; i < t.size(d); ++i) {
         const Coord m = t.coord(g[i]);
         EXPECT_EQ(m[d], i);
-        for (Dim o : {Dim::kTp, Dim::kDp, Dim::kPp}) {
+        for (Dim o : kAll) {
           if (o == d) continue;
           EXPECT_EQ(m[o], c[o]);
         }
@@ -39,7 +40,7 @@ void check_consistent(const Topology& t) {
       EXPECT_EQ(t.groups(d)[t.group_index(d, r)], g);
     }
   }
-  for (Dim d : {Dim::kTp, Dim::kDp, Dim::kPp}) {
+  for (Dim d : kAll) {
     std::set<int> all;
     const auto groups = t.groups(d);
     EXPECT_EQ(static_cast<int>(groups.size()), t.world() / t.size(d));
@@ -147,6 +148,42 @@ TEST(Topology, OtherOrders) {
       SCOPED_TRACE(testing::Message() << order << " world " << w << " tp " << tp << " pp " << pp);
       check_consistent(Topology(w, tp, pp, 0, order));
     }
+}
+
+// Context parallelism: a fourth dimension, right after tp unless the order names it; its groups,
+// and the dp x cp groups the gradients are reduced over (dp-major).
+TEST(Topology, ContextParallelSitsAfterTpAndItsGradientsSpanDpTimesCp) {
+  Topology t(16, 2, 2, 0, "tp-dp-pp", 2);  // dp = 16 / (2 x 2 x 2) = 2
+  EXPECT_EQ(t.dp(), 2);
+  EXPECT_EQ(t.cp(), 2);
+  // rank = tp + 2 (cp + 2 (dp + 2 pp))
+  EXPECT_EQ(t.coord(2), (Coord{0, 0, 0, 1}));
+  EXPECT_EQ(t.coord(13), (Coord{1, 1, 1, 0}));
+  EXPECT_EQ(t.group(Dim::kCp, 13), (std::vector<int>{13, 15}));
+  EXPECT_EQ(t.group(Dim::kDp, 13), (std::vector<int>{9, 13}));
+  EXPECT_EQ(t.dcp_group(13), (std::vector<int>{9, 11, 13, 15}));
+  EXPECT_EQ(t.dcp_group(11), t.dcp_group(13));
+  check_consistent(t);
+  const auto specs = t.group_specs(13);
+  ASSERT_EQ(specs.size(), 6u);
+  EXPECT_EQ(specs[4].name, t.group_name(Dim::kCp, 13));
+  EXPECT_EQ(specs[4].rank, 0);
+  EXPECT_EQ(specs[5].name, "dcp3");  // tp 1 + 2 x pp 1
+  EXPECT_EQ(specs[5].rank, 2);       // dp 1 x cp 2 + cp 0
+  EXPECT_EQ(specs[5].size, 4);
+  // Named in the order, cp goes where it says.
+  Topology named(8, 1, 1, 0, "dp-cp-tp-pp", 4);
+  EXPECT_EQ(named.group(Dim::kCp, 0), (std::vector<int>{0, 2, 4, 6}));
+  check_consistent(named);
+  for (const char* order : {"tp-dp-pp", "pp-dp-tp", "cp-tp-dp-pp", "tp-pp-dp-cp"})
+    for (auto [w, tp, pp, cp] : {std::tuple{4, 1, 1, 4}, {24, 2, 3, 2}, {16, 2, 2, 2}}) {
+      SCOPED_TRACE(testing::Message() << order << " world " << w << " cp " << cp);
+      check_consistent(Topology(w, tp, pp, 0, order, cp));
+    }
+  // Without cp the specs are as before: no cp or dcp group.
+  EXPECT_EQ(Topology(8, 2, 2).group_specs(3).size(), 4u);
+  EXPECT_EQ(input_error([] { Topology(12, 2, 1, 0, "tp-dp-pp", 4); }),
+            "world 12 is not divisible by tp 2 x pp 1 x cp 4 = 8 (dp = world / (tp x pp x cp))");
 }
 
 TEST(Topology, DpZeroIsDerivedFromTheWorld) {
