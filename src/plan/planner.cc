@@ -89,7 +89,7 @@ Layout parse_layout(const std::string& text) {
     const std::string key = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
     // tp=8,tp=4 is a typo or a pasted layout: which of the two was meant is not for us to guess.
     if (!seen.insert(key).second)
-      throw_input("plan: --layout '", text, "' gives ", key, " twice: give each of tp, pp, v, mb, recompute once");
+      throw_input("plan: --layout '", text, "' gives ", key, " twice: give each of tp, pp, v, mb, ep, cp, recompute once");
     auto number = [&] {
       try {
         const int n = std::stoi(value);
@@ -103,8 +103,9 @@ Layout parse_layout(const std::string& text) {
     else if (key == "v") l.v = number();
     else if (key == "mb") l.mb = number();
     else if (key == "ep") l.ep = number();
+    else if (key == "cp") l.cp = number();
     else if (key == "recompute" && (value == "none" || value == "selective" || value == "full")) l.recompute = value;
-    else throw_input("plan: --layout '", item, "': expected tp=, pp=, v=, mb=, ep= or recompute=none|selective|full");
+    else throw_input("plan: --layout '", item, "': expected tp=, pp=, v=, mb=, ep=, cp= or recompute=none|selective|full");
   }
   return l;
 }
@@ -126,9 +127,10 @@ Features parse_features(const std::string& text) {
     else if (item == "lamb") f.optimizer = "lamb";
     else if (item == "fp8") f.fp8 = true;
     else if (item == "ep_overlap") f.ep_overlap = true;
+    else if (item == "cp_overlap") f.cp_overlap = true;
     else
       throw_input("plan: --features '", item, "': expected megatron, megascale, or a list of parallel_block, window=W, "
-                  "tp_overlap, pp_overlap, dp_overlap, fused_ops, misc, lamb, fp8, ep_overlap");
+                  "tp_overlap, pp_overlap, dp_overlap, fused_ops, misc, lamb, fp8, ep_overlap, cp_overlap");
   }
   return f;
 }
@@ -167,12 +169,14 @@ double all_to_all_s(double bytes, int n, const Cluster& c, double net_gbps) {
 Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus, const Cluster& c, const Layout& l,
                    const Features& f) {
   Prediction p;
-  const int64_t group = int64_t(l.tp) * l.pp;
+  const int64_t group = int64_t(l.tp) * l.pp * l.cp;
   auto refuse = [&](const std::string& why) {
     p.fits = false, p.why_not = why;
     return p;
   };
-  if (gpus % group != 0) return refuse(cat("tp x pp = ", group, " does not divide ", gpus, " GPUs"));
+  if (gpus % group != 0)
+    return refuse(l.cp > 1 ? cat("tp x pp x cp = ", group, " does not divide ", gpus, " GPUs")
+                           : cat("tp x pp = ", group, " does not divide ", gpus, " GPUs"));
   if (l.tp > c.gpus_per_node) return refuse(cat("tp ", l.tp, " spans nodes of ", c.gpus_per_node, " GPUs"));
   // Chunks of unequal layers (94 layers over pp 8 x v 4) are costed at the mean, as if the
   // partition balanced them exactly (the engine's puts the embedding and the head's loss on the
@@ -189,6 +193,7 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   run.parallel.tp = l.tp, run.parallel.pp = l.pp, run.parallel.virtual_stages = l.v;
   run.parallel.sequence_parallel = l.tp > 1;
   run.parallel.ep = l.ep;
+  run.parallel.cp = l.cp;
   run.train.micro_batch = l.mb, run.train.global_batch = global_batch;
   run.train.precision = f.fp8 ? "fp8" : "bf16";
   ParallelLayout layout;
@@ -203,7 +208,9 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   p.microbatches = m;
 
   const double peak = c.peak_tflops * 1e12, d = double(model.d_model), T = double(model.seq_len);
-  const double t = double(l.mb) * T;  // tokens per micro-batch
+  // Tokens per micro-batch on this rank: under cp its two chunks of each sequence (balanced, so
+  // its attention is 1/cp of the sequence's too: its queries against all the keys they see).
+  const double t = double(l.mb) * T / l.cp;
   const double tp = l.tp, V = double(model.vocab_size);
   const double layers_per_chunk = double(model.layers) / (l.pp * l.v);
 
@@ -232,6 +239,18 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   const double tp_exposed = f.tp_overlap ? tp_layer * (1 - c.tp_overlap_hidden) : tp_layer;
   const int64_t nodes = gpus / c.gpus_per_node;
   const double net = c.nodes_per_pod > 0 && nodes > c.nodes_per_pod ? c.net_gbps / c.spine_oversubscription : c.net_gbps;
+  // Context parallelism (docs/notes/cp.md): per layer, the forward all-gathers the sequence's
+  // keys and values of this rank's heads (2 kv heads x head size per token) over the cp ranks;
+  // the backward gathers them again and reduce-scatters their gradients (full recompute gathers
+  // once more). The cp ranks sit right after tp: inside a node while tp x cp fits one.
+  const bool cp_in_node = int64_t(l.tp) * l.cp <= c.gpus_per_node;
+  const double kv_bytes = double(l.mb) * T * 2 * double(model.kv() * model.head_dim()) / tp * c.act_bytes;
+  const double cp_op = ring_all_gather_s(kv_bytes, l.cp, cp_in_node ? c.nvlink_gbps : net,
+                                         cp_in_node ? c.nvlink_latency_us : c.net_latency_us);
+  const double cp_fwd = cp_op, cp_bwd = 2 * cp_op + (l.recompute == "full" ? cp_op : 0);
+  // Overlapped, the exchange hides behind the attention's compute of the same pass.
+  const double cp_fwd_exposed = f.cp_overlap ? std::max(0.0, cp_fwd - attn_fwd) : cp_fwd;
+  const double cp_bwd_exposed = f.cp_overlap ? std::max(0.0, cp_bwd - 2.5 * attn_fwd) : cp_bwd;
 
   // One layer's forward, backward and recompute on one GPU (its shard), seconds.
   struct LayerCost {
@@ -263,8 +282,8 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
                                  ? block_gemm_s(2 * t * d * fc_w / tp) + (f.fp8 ? 5 * (t * d + fc_w * d / tp) / hbm + gelu_fwd : 0)
                                  : 0;
     LayerCost x;
-    x.fwd = gemm_fwd + attn_fwd + mem_fwd + tp_exposed + cast_fwd;
-    x.bwd = 2 * gemm_fwd + 2.5 * attn_fwd + 2 * mem_fwd + tp_exposed + recompute + cast_bwd;
+    x.fwd = gemm_fwd + attn_fwd + mem_fwd + tp_exposed + cast_fwd + cp_fwd_exposed;
+    x.bwd = 2 * gemm_fwd + 2.5 * attn_fwd + 2 * mem_fwd + tp_exposed + recompute + cast_bwd + cp_bwd_exposed;
     return x;
   };
   // An MoE layer (docs/notes/moe.md): attention as a dense layer's; under tp each rank routes its
@@ -343,7 +362,10 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   // The MoE layers' all-to-alls: two each way per layer and micro-batch, on the first stage's path.
   p.ep_comm_s = 2.0 * m * moe_layers / l.pp * ml.ep_comm;
   p.ep_exposed_s = 2.0 * m * moe_layers / l.pp * ml.ep_exposed;
-  p.compute_s = work - p.tp_exposed_s - p.pp_exposed_s - p.ep_exposed_s;
+  // Context parallelism's exchanges: on every layer's path (MoE models are refused under cp).
+  p.cp_comm_s = double(m) * l.v * layers_per_chunk * (cp_fwd + cp_bwd);
+  p.cp_exposed_s = double(m) * l.v * layers_per_chunk * (cp_fwd_exposed + cp_bwd_exposed);
+  p.compute_s = work - p.tp_exposed_s - p.pp_exposed_s - p.ep_exposed_s - p.cp_exposed_s;
 
   // Data parallelism (distributed optimizer): fp32 gradients reduce-scattered, bf16 parameters
   // all-gathered, over the network; a ring that leaves a pod shares the spine.
@@ -353,12 +375,17 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   const double expert_w = 3 * d * double(model.expert_ffn());
   const double routed = moe_layers * double(model.experts) * expert_w;
   const double params = (model::matmul_params(model, model.vocab_size) + (model.tied_embeddings ? 0.0 : V * d) -
-                         moe_layers * double(model.experts_per_token) * expert_w) / group;
+                         moe_layers * double(model.experts_per_token) * expert_w) / (int64_t(l.tp) * l.pp);
   const double expert_params = routed / (double(l.ep) * l.pp);
   const int edp = std::max(1, l.tp * p.dp / l.ep);
-  const double rs = ring_all_gather_s(params * c.grad_bytes, p.dp, net, c.net_latency_us) +
+  // The ranks holding the same weights: dp, x cp under context parallelism. A job inside one
+  // node rings over NVLink.
+  const int wdp = p.dp * l.cp;
+  const bool one_node = gpus <= c.gpus_per_node;
+  const double dp_gbps = one_node ? c.nvlink_gbps : net, dp_lat = one_node ? c.nvlink_latency_us : c.net_latency_us;
+  const double rs = ring_all_gather_s(params * c.grad_bytes, wdp, dp_gbps, dp_lat) +
                     ring_all_gather_s(expert_params * c.grad_bytes, edp, net, c.net_latency_us),
-               ag = ring_all_gather_s(params * c.act_bytes, p.dp, net, c.net_latency_us) +
+               ag = ring_all_gather_s(params * c.act_bytes, wdp, dp_gbps, dp_lat) +
                     ring_all_gather_s(expert_params * c.act_bytes, edp, net, c.net_latency_us);
   p.dp_comm_s = rs + ag;
   // Overlapped: each chunk's reduce-scatter runs behind the backward of the chunks after it and
@@ -366,12 +393,13 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   // first chunk's all-gather, prefetched, still waits on the step's start).
   p.dp_exposed_s = f.dp_overlap ? (rs + ag) / l.v : rs + ag;
   // The update of this rank's shard: fp32 master, moments and gradient read, three written.
-  const double owned = params / p.dp + expert_params / edp;
+  const double owned = params / wdp + expert_params / edp;
   p.optimizer_s = owned * 4 * 7 / (c.hbm_gbps * 1e9) * (f.optimizer == "lamb" ? 1.3 : 1.0);
   // The step's scalars, each waited for: the loss averaged over dp, and the gradient norm's sum
   // over tp, pp and dp (runtime/model_engine.h), 8 bytes each: latency, where the tree wins.
   p.scalars_s = all_reduce_s(8, p.dp, net, c.net_latency_us) + all_reduce_s(8, l.tp, c.nvlink_gbps, c.nvlink_latency_us) +
-                all_reduce_s(8, l.pp, net, c.net_latency_us) + all_reduce_s(8, p.dp, net, c.net_latency_us);
+                all_reduce_s(8, l.pp, net, c.net_latency_us) + all_reduce_s(8, wdp, net, c.net_latency_us) +
+                all_reduce_s(8, l.cp, c.nvlink_gbps, c.nvlink_latency_us);  // the loss's parts over cp
   const double step = sim.makespan + p.dp_exposed_s + p.optimizer_s + p.scalars_s + c.step_overhead_s;
   p.other_s = c.step_overhead_s + p.scalars_s + (f.misc ? 0 : step * c.misc_overhead);
   p.step_s = step + (f.misc ? 0 : step * c.misc_overhead);
@@ -385,7 +413,7 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   // experts' rows as balanced routing gives them); the op set's scratch; cuDNN's attention
   // workspace.
   const double held_params = params + expert_params;
-  model::GptMemoryShape ms = model::memory_shape(model, l.tp, l.mb, padded_vocab(model.vocab_size, l.tp));
+  model::GptMemoryShape ms = model::memory_shape(model, l.tp, l.mb, padded_vocab(model.vocab_size, l.tp), l.cp);
   ms.tp = l.tp > 1, ms.parallel_block = f.parallel_block, ms.recompute = l.recompute, ms.act_bytes = static_cast<int>(c.act_bytes);
   ms.ep = l.ep;
   const double per_layer = double(model::slot_bytes(ms, 1, false) - model::slot_bytes(ms, 0, false));
@@ -433,9 +461,10 @@ std::vector<std::pair<Layout, Prediction>> search(const ModelConfig& model, int6
 
 std::string describe(const Prediction& p, const Layout& l) {
   char buf[2048];
-  const std::string ep = l.ep > 1 ? cat(" (ep ", l.ep, ")") : std::string();
+  const std::string ep = (l.ep > 1 ? cat(" (ep ", l.ep, ")") : std::string()) + (l.cp > 1 ? cat(" x cp ", l.cp) : std::string());
   char a2a[96] = "";
   if (p.ep_comm_s > 0) std::snprintf(a2a, sizeof a2a, ", EP all-to-all %.3f s (of %.3f)", p.ep_exposed_s, p.ep_comm_s);
+  if (p.cp_comm_s > 0) std::snprintf(a2a, sizeof a2a, ", CP keys and values %.3f s (of %.3f)", p.cp_exposed_s, p.cp_comm_s);
   std::snprintf(buf, sizeof buf,
                 "layout tp %d x pp %d (v %d) x dp %d%s, micro-batch %d (%d per step), recompute %s\n"
                 "step %.3f s | MFU %.1f%% | %.0f tokens/s | memory %.1f GiB per GPU | bubble %.1f%%\n"

@@ -55,8 +55,9 @@ struct Layout {
   int mb = 1;                 // sequences per micro-batch
   std::string recompute = "none";  // none, selective, full
   int ep = 1;                 // expert parallelism (an MoE model's), folded into a stage's tp x dp ranks
+  int cp = 1;                 // context parallelism: each sequence over cp ranks (right after tp in rank order)
 };
-// "tp=8,pp=8,v=6,mb=1,ep=8", each key at most once; input error on anything else.
+// "tp=8,pp=8,v=6,mb=1,ep=8,cp=2", each key at most once; input error on anything else.
 Layout parse_layout(const std::string& text);
 
 // MegaScale's optimizations (its Table 3 ablation), each a switch; all off is Megatron-LM.
@@ -74,9 +75,13 @@ struct Features {
   // overlap_moe_expert_parallel_comm; without it only the shared experts' GEMMs hide the
   // dispatch, as in Myriad's engine).
   bool ep_overlap = false;
+  // Context parallelism: the keys' and values' exchange behind the attention's compute (a ring's
+  // overlap, Transformer Engine's and torchtitan's); without it every gather and reduce-scatter
+  // waits in place, as in Myriad's engine today.
+  bool cp_overlap = false;
 };
 // "megatron", "megascale", or a comma list of parallel_block, window=W, tp_overlap, pp_overlap,
-// dp_overlap, fused_ops, misc, lamb, fp8, ep_overlap.
+// dp_overlap, fused_ops, misc, lamb, fp8, ep_overlap, cp_overlap.
 Features parse_features(const std::string& text);
 
 struct Prediction {
@@ -100,6 +105,7 @@ struct Prediction {
          other_s = 0;  // other: the per-step overhead, the scalar all-reduces, and without MegaScale's misc its share
   double tp_comm_s = 0, pp_comm_s = 0, dp_comm_s = 0;  // before overlap
   double ep_comm_s = 0, ep_exposed_s = 0;  // the MoE layers' all-to-alls, before and after overlap
+  double cp_comm_s = 0, cp_exposed_s = 0;  // context parallelism's key/value exchanges, before and after overlap
   double scalars_s = 0;  // the step's scalar all-reduces (the loss, the gradient norm), on the critical path
 };
 
@@ -109,7 +115,8 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
                    const Layout& layout, const Features& features);
 
 // Every layout that fits, fastest first (tp up to a node, pp dividing the layers, v, mb; for an
-// MoE model ep, powers of two dividing the experts and tp x dp).
+// MoE model ep, powers of two dividing the experts and tp x dp). cp is not searched: a layout
+// names it (--layout cp=N).
 std::vector<std::pair<Layout, Prediction>> search(const ModelConfig& model, int64_t global_batch, int64_t gpus,
                                                   const Cluster& cluster, const Features& features);
 
