@@ -96,17 +96,23 @@ ParallelLayout ParallelLayout::of(const Config& cfg, int64_t dp) {
     throw_input("config: model.qk_norm = \"all\" with parallel.tp = ", l.tp,
                 ": its weights span every head, which tensor parallelism would have to split with the heads (not built); "
                 "use parallel.tp = 1, or model.qk_norm = \"head\" (one weight per head feature, shared by the heads)");
-  // An MoE layer under tp: each rank routes its share of the tokens (docs/notes/moe.md).
+  positive("parallel.cp", p.cp);
+  l.cp = p.cp;
+  // An MoE layer under tp (or cp): each rank routes its share of the tokens (docs/notes/moe.md).
   if (m.moe() && l.tp > 1 && cfg.moe.capacity_factor > 0)
     throw_input("config: moe.capacity_factor = ", cfg.moe.capacity_factor, " with parallel.tp = ", l.tp,
                 ": a capacity drops rows by the weights of the whole micro-batch, which the tensor-parallel ranks "
                 "route in parts; use moe.capacity_factor = 0 (dropless) or parallel.tp = 1");
+  if (m.moe() && l.cp > 1 && cfg.moe.capacity_factor > 0)
+    throw_input("config: moe.capacity_factor = ", cfg.moe.capacity_factor, " with parallel.cp = ", l.cp,
+                ": a capacity drops rows by the weights of the whole micro-batch, which the context-parallel ranks "
+                "route in parts; use moe.capacity_factor = 0 (dropless) or parallel.cp = 1");
   if (m.moe() && m.shared_ffn() % l.tp != 0)
     throw_input("config: the shared experts' features (model.shared_experts x model.shared_expert_hidden = ",
                 m.shared_ffn(), ") must be divisible by parallel.tp (", l.tp, ")");
-  // Expert parallelism folds into a stage's tensor x data ranks (docs/notes/moe.md): groups of ep
-  // consecutive ranks of the stage, each holding every expert once; a world size decides dp, so
-  // the fit is checked where it is known.
+  // Expert parallelism folds into a stage's tensor x context x data ranks (docs/notes/moe.md):
+  // groups of ep consecutive ranks of the stage, each holding every expert once; a world size
+  // decides dp, so the fit is checked where it is known.
   positive("parallel.ep", p.ep);
   l.ep = p.ep;
   if (l.ep > 1 && !m.moe())
@@ -116,10 +122,12 @@ ParallelLayout ParallelLayout::of(const Config& cfg, int64_t dp) {
     throw_input("config: model.experts (", m.experts, ") must be divisible by parallel.ep (", l.ep,
                 "): each expert-parallel rank holds the same number of whole experts");
   const bool dp_known = dp > 0 || p.dp > 0;
-  if (l.ep > 1 && dp_known && (l.tp * l.dp) % l.ep != 0)
-    throw_input("config: parallel.ep (", l.ep, ") must divide parallel.tp x the data-parallel degree (", l.tp, " x ",
-                l.dp, " = ", l.tp * l.dp, "): expert parallelism regroups the ranks of a pipeline stage; use a world "
-                "of pp x a multiple of ", l.ep, " ranks, or a parallel.ep that divides ", l.tp * l.dp);
+  const int64_t stage = l.tp * l.cp * l.dp;
+  const std::string stage_sizes = l.cp > 1 ? cat(l.tp, " x ", l.cp, " x ", l.dp) : cat(l.tp, " x ", l.dp);
+  if (l.ep > 1 && dp_known && stage % l.ep != 0)
+    throw_input("config: parallel.ep (", l.ep, ") must divide parallel.tp x ", l.cp > 1 ? "parallel.cp x " : "",
+                "the data-parallel degree (", stage_sizes, " = ", stage, "): expert parallelism regroups the ranks of a "
+                "pipeline stage; use a world of pp x a multiple of ", l.ep, " ranks, or a parallel.ep that divides ", stage);
 
   if (l.sequence_parallel && l.tp > 1 && m.seq_len % l.tp != 0)
     throw_input("config: model.seq_len (", m.seq_len, ") must be divisible by parallel.tp (", l.tp,
@@ -128,8 +136,6 @@ ParallelLayout ParallelLayout::of(const Config& cfg, int64_t dp) {
 
   // Context parallelism: 2 cp equal chunks of every sequence (context_rows), each rank's tokens
   // then split over tp by sequence parallelism.
-  positive("parallel.cp", p.cp);
-  l.cp = p.cp;
   if (l.cp > 1) {
     if (m.seq_len % (2 * l.cp) != 0)
       throw_input("config: model.seq_len (", m.seq_len, ") must be divisible by 2 x parallel.cp (", 2 * l.cp,
@@ -138,9 +144,6 @@ ParallelLayout ParallelLayout::of(const Config& cfg, int64_t dp) {
       throw_input("config: model.seq_len / parallel.cp (", m.seq_len / l.cp, ") must be divisible by parallel.tp (",
                   l.tp, ") with parallel.sequence_parallel = true: a rank's tokens are split evenly over the "
                   "tensor-parallel ranks");
-    if (m.moe())
-      throw_input("config: parallel.cp = ", l.cp, " with an MoE model (model.experts = ", m.experts,
-                  "): the routers' balance losses over a sequence split across ranks are not built; use parallel.cp = 1");
   }
 
   // The pipeline: every chunk of every stage holds a layer (parallel.stage_layers, when given,

@@ -10,10 +10,11 @@
 //   dp  data-parallel replicas, each taking micro_batches micro-batches of micro_batch rows of
 //       every global batch;
 //   ep  expert parallelism (MoE models): each MoE layer's routed experts split over ep ranks,
-//       folded into a stage's tp x dp ranks (no ranks of its own): they form tp dp / ep expert
-//       groups of ep consecutive ranks ((dp, tp) order, tp fastest), and the ranks holding the
-//       same experts (one per expert group) are the experts' data-parallel group (edp), over
-//       which their gradients are reduced. Under tp each rank routes its share of the tokens;
+//       folded into a stage's tp x cp x dp ranks (no ranks of its own): they form tp cp dp / ep
+//       expert groups of ep consecutive ranks ((dp, cp, tp) order, tp fastest), and the ranks
+//       holding the same experts (one per expert group) are the experts' data-parallel group
+//       (edp), over which their gradients are reduced. Under tp (and cp) each rank routes its
+//       share of the tokens, the balance loss taken over the whole micro-batch;
 //   cp  context parallelism: each sequence of seq_len tokens splits over cp ranks, in 2 cp chunks
 //       (context_rows below); the cp ranks of a replica take the same rows of the batch, each
 //       computing its chunks' tokens, with attention gathering the sequence's keys and values
@@ -69,7 +70,7 @@ struct ParallelLayout {
   // The tokens of each sequence one rank holds: seq_len / cp.
   int64_t rows_per_sequence(int64_t seq_len) const { return seq_len / cp; }
   // Ranks holding the same experts of a stage: the experts' data-parallel degree.
-  int64_t edp() const { return tp * dp / ep; }
+  int64_t edp() const { return tp * cp * dp / ep; }
   bool interleaved() const { return schedule == "interleaved"; }
 
   // The layout `cfg` asks for with `dp` data-parallel replicas (0: parallel.dp, or 1 where that

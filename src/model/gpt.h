@@ -110,7 +110,7 @@ class GptModel {
   // puts them: after the data-parallel group's buckets (params.h, runtime/data_parallel.h).
   static ExpertShard expert_shard(const parallel::ParallelContext* par) {
     if (!par) return {};
-    return {par->ep_rank(), par->ep_size(), par->dp_size()};
+    return {par->ep_rank(), par->ep_size(), parallel::group_size(par->weights_dp())};
   }
   const ModelPart& part() const { return part_; }
   Param* params() { return params_.data(); }  // (flat_size) this rank's layout, then padding
@@ -395,9 +395,9 @@ class GptModel {
   std::pair<int, int> moe_rows() const {
     return {static_cast<int>(int64_t(N_) * tpr_ / tps_), static_cast<int>(int64_t(N_) * (tpr_ + 1) / tps_)};
   }
-  // With tp, the route's balance and z losses over the micro-batch, from every rank's part: the
-  // choice's counts (into a.chosen) and score sums, and the z-loss's sum, summed over tp.
-  void balance_over_tp(LayerActs& a, Routing& r, int rows);
+  // With tp or cp, the route's balance and z losses over the micro-batch, from every rank's part:
+  // the choice's counts (into a.chosen) and score sums, and the z-loss's sum, summed over tp and cp.
+  void balance_over_parts(LayerActs& a, Routing& r, int rows);
   // The tensors whose gradient each tp rank sums over its own tokens or heads only, completed by
   // finish_grads(): with sequence parallelism every replicated tensor; always the query and key
   // norms (model.qk_norm = "head": each rank's heads) and an MoE layer's router (and its routed

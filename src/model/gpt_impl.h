@@ -731,7 +731,7 @@ void GptModel<Ops>::mlp_forward(int64_t l, LayerActs& a, const Act* in, bool rou
   if (route) {
     ops_.router_forward(a.logits, mine, w.router_w, end - first, C, E);
     Routing r = ops_.route(router_, a.choice, a.weights, a.order, a.pos, a.logits, w.router_bias, end - first);
-    if (tp_) balance_over_tp(a, r, end - first);
+    if (tp_ || cp_) balance_over_parts(a, r, end - first);
     a.counts = std::move(r.counts);
     if (count_routes_) {
       RouteStats& st = *std::find_if(route_stats_.begin(), route_stats_.end(), [&](const RouteStats& x) { return x.layer == l; });
@@ -814,7 +814,7 @@ void GptModel<Ops>::mlp_backward(int64_t l, const LayerActs& a, const Act* in, c
     ops_.linear_backward(Mlp::kSwiGlu, dsfc_.data(), g.shared_proj_w, static_cast<float*>(nullptr), dout, a.sact,
                          w.shared_proj_w, a.sfc, N, Fs, C, /*accumulate=*/false, block_gemm());
   ops_.route_backward(router_, dlogits_.data(), dweights_.data(), a.logits, a.choice, grad_scale, Nm,
-                      tp_ ? RouteTotals{a.chosen.data(), N} : RouteTotals{});
+                      tp_ || cp_ ? RouteTotals{a.chosen.data(), int64_t(N) * cps_} : RouteTotals{});
   if (ep_) dispatch_finish(a, sent, dys = xr_.data() + exchange_rows_ * C, C);
   ops_.grouped_linear_backward(Mlp::kSwiGlu, dxfc_.data(), g.experts_proj_w, dys, x.xact, w.experts_proj_w, x.xfc,
                                a.local.data(), El, Fe, C);
@@ -855,19 +855,21 @@ void GptModel<Ops>::exchange_counts(LayerActs& a) {
 }
 
 template <OpSet Ops>
-void GptModel<Ops>::balance_over_tp(LayerActs& a, Routing& r, int rows) {
+void GptModel<Ops>::balance_over_parts(LayerActs& a, Routing& r, int rows) {
   const int64_t E = E_;
   std::vector<double> s(static_cast<size_t>(2 * E + 1));
   for (int64_t e = 0; e < E; ++e) s[e] = double(r.counts[e]), s[E + e] = r.score_sums[e];
   s[2 * E] = r.z * rows;
   parallel::sum_over_group(tp_, s.data(), int64_t(s.size()));
+  parallel::sum_over_group(cp_, s.data(), int64_t(s.size()));
   a.chosen.resize(static_cast<size_t>(E));
   r.aux = 0;
+  const double n = double(N_) * cps_;  // the micro-batch's tokens: this rank's rows are 1/cp of them
   for (int64_t e = 0; e < E; ++e) {
     a.chosen[e] = std::llround(s[e]);
-    r.aux += double(E) * (s[e] / (double(N_) * k_)) * (s[E + e] / N_);
+    r.aux += double(E) * (s[e] / (n * k_)) * (s[E + e] / n);
   }
-  r.z = s[2 * E] / N_;
+  r.z = s[2 * E] / n;
 }
 
 // Rows arrive grouped by the rank they came from, each rank's in its expert order (rank, expert);

@@ -109,17 +109,21 @@ std::vector<std::vector<int>> Topology::groups(Dim d) const {
 }
 
 namespace {
-// `rank`'s index among its stage's tp x dp ranks, (dp, tp) order.
+// `rank`'s index among its stage's tp x cp x dp ranks, (dp, cp, tp) order, tp fastest.
 int stage_index(const Topology& t, int rank) {
   const Coord c = t.coord(rank);
-  return c.dp * t.tp() + c.tp;
+  return (c.dp * t.cp() + c.cp) * t.tp() + c.tp;
 }
 // The rank of the stage's index-th rank.
-int stage_rank(const Topology& t, int pp, int index) { return t.rank_of({index % t.tp(), index / t.tp(), pp}); }
+int stage_rank(const Topology& t, int pp, int index) {
+  const int rest = index / t.tp();
+  return t.rank_of({index % t.tp(), rest / t.cp(), pp, rest % t.cp()});
+}
+int stage_ranks(const Topology& t) { return t.tp() * t.cp() * t.dp(); }
 }  // namespace
 
 std::vector<int> Topology::expert_group(int rank, int ep) const {
-  MYRIAD_CHECK(ep >= 1 && (tp() * dp()) % ep == 0, "ep ", ep, " must divide tp x dp ", tp() * dp());
+  MYRIAD_CHECK(ep >= 1 && stage_ranks(*this) % ep == 0, "ep ", ep, " must divide tp x cp x dp ", stage_ranks(*this));
   const int first = stage_index(*this, rank) / ep * ep;
   std::vector<int> out;
   for (int i = first; i < first + ep; ++i) out.push_back(stage_rank(*this, coord(rank).pp, i));
@@ -127,9 +131,10 @@ std::vector<int> Topology::expert_group(int rank, int ep) const {
 }
 
 std::vector<int> Topology::expert_dp_group(int rank, int ep) const {
-  MYRIAD_CHECK(ep >= 1 && (tp() * dp()) % ep == 0, "ep ", ep, " must divide tp x dp ", tp() * dp());
+  MYRIAD_CHECK(ep >= 1 && stage_ranks(*this) % ep == 0, "ep ", ep, " must divide tp x cp x dp ", stage_ranks(*this));
   std::vector<int> out;
-  for (int i = stage_index(*this, rank) % ep; i < tp() * dp(); i += ep) out.push_back(stage_rank(*this, coord(rank).pp, i));
+  for (int i = stage_index(*this, rank) % ep; i < stage_ranks(*this); i += ep)
+    out.push_back(stage_rank(*this, coord(rank).pp, i));
   return out;
 }
 
@@ -138,7 +143,7 @@ std::vector<comm::GroupSpec> Topology::expert_group_specs(int rank, int ep) cons
   const int i = stage_index(*this, rank);
   const std::string stage = "stage" + std::to_string(coord(rank).pp);
   return {{stage + ".ep" + std::to_string(i / ep), i % ep, ep},
-          {stage + ".edp" + std::to_string(i % ep), i / ep, tp() * dp() / ep}};
+          {stage + ".edp" + std::to_string(i % ep), i / ep, stage_ranks(*this) / ep}};
 }
 
 std::vector<int> Topology::dcp_group(int rank) const {

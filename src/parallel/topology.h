@@ -64,11 +64,12 @@ class Topology {
   std::vector<int> dcp_group(int rank) const;
   comm::GroupSpec dcp_spec(int rank) const;
 
-  // Expert parallelism folded into a pipeline stage's tensor x data ranks (core/parallel_layout.h):
-  // the stage's ranks in (dp, tp) order, tp fastest (index i = dp tp_size + tp); `rank`'s expert
-  // group, the ep consecutive ones of them holding every expert once between them, and its
-  // experts' data-parallel group, those at the same place of every expert group (they hold the
-  // same experts). Members in group-rank order; ep must divide tp x dp.
+  // Expert parallelism folded into a pipeline stage's tensor x context x data ranks
+  // (core/parallel_layout.h): the stage's ranks in (dp, cp, tp) order, tp fastest (index
+  // i = (dp cp_size + cp) tp_size + tp); `rank`'s expert group, the ep consecutive ones of them
+  // holding every expert once between them, and its experts' data-parallel group, those at the
+  // same place of every expert group (they hold the same experts). Members in group-rank order;
+  // ep must divide tp x cp x dp.
   std::vector<int> expert_group(int rank, int ep) const;
   std::vector<int> expert_dp_group(int rank, int ep) const;
   // Their specs ("stage0.ep1", "stage0.edp0"), in that order; none when ep = 1.

@@ -314,7 +314,7 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
                                   : 0;
     LayerCost x;
     x.ep_comm = 2 * a2a, x.ep_exposed = exposed;
-    x.fwd = compute + attn_fwd + mem_fwd + permute + tp_exposed + exposed + cast_fwd;
+    x.fwd = compute + attn_fwd + mem_fwd + permute + tp_exposed + exposed + cast_fwd + cp_fwd_exposed;
     // Full recompute repeats the forward (its all-to-alls too); selective the experts' and the
     // shared experts' first GEMMs, the dispatch again.
     const double recompute =
@@ -322,7 +322,8 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
         : l.recompute == "selective" ? El * block_gemm_s(2 * rows / El * d * 2 * Fe) +
                                            (Fs > 0 ? block_gemm_s(2 * t * d * 2 * Fs / tp) : 0) + a2a
                                      : 0;
-    x.bwd = 2 * compute + 2.5 * attn_fwd + 2 * mem_fwd + permute + tp_exposed + exposed + recompute + cast_bwd;
+    x.bwd = 2 * compute + 2.5 * attn_fwd + 2 * mem_fwd + permute + tp_exposed + exposed + recompute + cast_bwd +
+            cp_bwd_exposed;
     return x;
   };
   const double moe_layers = double(model.moe_layers()), dense_layers = double(model.layers) - moe_layers;
@@ -362,7 +363,7 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   // The MoE layers' all-to-alls: two each way per layer and micro-batch, on the first stage's path.
   p.ep_comm_s = 2.0 * m * moe_layers / l.pp * ml.ep_comm;
   p.ep_exposed_s = 2.0 * m * moe_layers / l.pp * ml.ep_exposed;
-  // Context parallelism's exchanges: on every layer's path (MoE models are refused under cp).
+  // Context parallelism's exchanges: on every layer's path, dense or MoE.
   p.cp_comm_s = double(m) * l.v * layers_per_chunk * (cp_fwd + cp_bwd);
   p.cp_exposed_s = double(m) * l.v * layers_per_chunk * (cp_fwd_exposed + cp_bwd_exposed);
   p.compute_s = work - p.tp_exposed_s - p.pp_exposed_s - p.ep_exposed_s - p.cp_exposed_s;
@@ -371,13 +372,13 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   // all-gathered, over the network; a ring that leaves a pod shares the spine.
   // Every weight (the matmuls, and an untied embedding, a lookup the FLOPs do not count); an MoE
   // model's routed experts apart (the FLOPs count k of E): E / ep of them on each rank of a
-  // stage, reduced over their own data-parallel group of tp dp / ep ranks.
+  // stage, reduced over their own data-parallel group of tp cp dp / ep ranks.
   const double expert_w = 3 * d * double(model.expert_ffn());
   const double routed = moe_layers * double(model.experts) * expert_w;
   const double params = (model::matmul_params(model, model.vocab_size) + (model.tied_embeddings ? 0.0 : V * d) -
                          moe_layers * double(model.experts_per_token) * expert_w) / (int64_t(l.tp) * l.pp);
   const double expert_params = routed / (double(l.ep) * l.pp);
-  const int edp = std::max(1, l.tp * p.dp / l.ep);
+  const int edp = std::max(1, l.tp * l.cp * p.dp / l.ep);
   // The ranks holding the same weights: dp, x cp under context parallelism. A job inside one
   // node rings over NVLink.
   const int wdp = p.dp * l.cp;

@@ -157,7 +157,8 @@ Distributed::Distributed(const Config& cfg, int rank, int world)
   start_id_ %= 1000000007;
   log::info("distributed: rank ", rank, " of ", world, ", tp ", topo_.tp(), " x pp ", topo_.pp(),
             topo_.cp() > 1 ? cat(" x cp ", topo_.cp()) : std::string(), " x dp ", topo_.dp(),
-            ep > 1 ? cat(" (ep ", ep, " x edp ", topo_.dp() / ep, ")") : std::string(), " (coordinates ",
+            ep > 1 ? cat(" (ep ", ep, " x edp ", topo_.tp() * topo_.cp() * topo_.dp() / ep, ")") : std::string(),
+            " (coordinates ",
             coordinates(), "; ", groups_.size(), " groups through ", store_->url(), ")");
 }
 

@@ -390,8 +390,8 @@ class ModelEngine final : public Engine {
     return dp > 1 ? static_cast<int>(std::lround(parallel::sum_over_group(ctx_.dp, double(counted)))) : counted;
   }
 
-  // The step's routing, job-wide: each MoE layer's rows per expert summed over the tensor- and
-  // data-parallel ranks' micro-batches, its losses averaged over them; the stages' layers gathered over the
+  // The step's routing, job-wide: each MoE layer's rows per expert summed over the tensor-,
+  // context- and data-parallel ranks' micro-batches, its losses averaged over them; the stages' layers gathered over the
   // pipeline (each stage fills its own, zeros elsewhere). Every rank gets all of it.
   std::vector<ExpertLoad> expert_loads() {
     const ModelConfig& m = cfg_.model;
@@ -408,6 +408,7 @@ class ModelEngine final : public Engine {
     // Under tp each rank routed its share of the tokens (its losses are the micro-batch's, so the
     // means below count each tp rank's copy alike).
     if (ctx_.tp_size() > 1) parallel::sum_over_group(ctx_.tp, packed.data(), int64_t(packed.size()));
+    if (ctx_.cp_size() > 1) parallel::sum_over_group(ctx_.cp, packed.data(), int64_t(packed.size()));
     if (ctx_.dp_size() > 1) parallel::sum_over_group(ctx_.dp, packed.data(), int64_t(packed.size()));
     if (ctx_.pp_size() > 1) parallel::sum_over_group(ctx_.pp, packed.data(), int64_t(packed.size()));
     std::vector<ExpertLoad> out;

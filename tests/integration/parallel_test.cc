@@ -172,9 +172,9 @@ TEST_P(Parallel, MatchesTheSingleProcessRun) {
     return at == std::string::npos ? 1 : std::stoi(l.extra.substr(at + key.size() + 10));
   };
   if (degree("ep") > 1) {
-    const int tp = degree("tp"), dp = degree("dp"), ep = degree("ep");
-    EXPECT_NE(log_line(dir / "tp", 0, cat("(experts: ep ", ep, " x edp ", tp * dp / ep, ")")), "")
-        << "the expert groups fold tp x dp = " << tp * dp << " ranks";
+    const int tp = degree("tp"), dp = degree("dp"), ep = degree("ep"), cp = degree("cp");
+    EXPECT_NE(log_line(dir / "tp", 0, cat("(experts: ep ", ep, " x edp ", tp * cp * dp / ep, ")")), "")
+        << "the expert groups fold tp x cp x dp = " << tp * cp * dp << " ranks";
     // The routing at init is uneven: some micro-batch gave a rank's experts more than the
     // balanced share, and their rows went to a buffer grown for them (GptModel::expert_acts).
     if (std::string(l.name) == "moe_ep2_dp2") {
@@ -323,6 +323,12 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"cp2_dp2_documents_window_lamb", 4, "--set data.document_mask=true --set model.window=6 "
                                                    "--set optim.name=lamb --set optim.lr=1e-2 --set parallel.cp=2 "
                                                    "--set parallel.dp=2"},
+        // Context parallelism with experts: each cp rank routes its chunks' tokens, the balance
+        // and z losses over the whole micro-batch; the expert groups fold cp too.
+        Layout{"moe_cp2_documents", 2, kMoe + " --set model.shared_experts=1 --set model.router_bias=true "
+                                              "--set moe.bias_rate=0.01 --set data.document_mask=true --set parallel.cp=2"},
+        Layout{"moe_cp2_ep4_dp2", 4, kMoe + " --set model.experts=8 --set parallel.cp=2 --set parallel.dp=2 "
+                                            "--set parallel.ep=4 --set train.recompute=selective"},
         Layout{"moe_ep2_pp2_dp2_interleaved", 4, kMoe + " --set parallel.pp=2 --set parallel.virtual_stages=2 "
                                                         "--set parallel.dp=2 --set parallel.ep=2 "
                                                         "--set train.recompute=selective"}),

@@ -31,10 +31,10 @@ struct Case {
   std::vector<std::string> sets;
   int64_t world;      // 0: ParallelLayout::of(cfg), else for_world(cfg, world)
   std::string verdict;  // "" stands, else the refusal's words
-  // What stands: tp, pp, dp, virtual stages, micro-batches per replica, the schedule, cp.
+  // What stands: tp, pp, dp, virtual stages, micro-batches per replica, the schedule, cp, ep.
   int64_t tp = 1, pp = 1, dp = 1, v = 1, micro_batches = 4;
   std::string schedule = "1f1b";
-  int64_t cp = 1;
+  int64_t cp = 1, ep = 1;
 };
 
 TEST(ParallelLayout, EveryLayoutHasItsVerdict) {
@@ -84,8 +84,14 @@ TEST(ParallelLayout, EveryLayoutHasItsVerdict) {
       {"cp with sp", {"model.seq_len=24", "parallel.cp=2", "parallel.tp=8", "model.heads=8", "model.d_model=64",
                       "parallel.sequence_parallel=true"}, 0,
        "model.seq_len / parallel.cp (12) must be divisible by parallel.tp (8) with parallel.sequence_parallel = true"},
-      {"cp with experts", {"parallel.cp=2", "model.experts=4", "model.expert_hidden=32", "model.mlp=swiglu"}, 0,
-       "parallel.cp = 2 with an MoE model (model.experts = 4): the routers' balance losses"},
+      {"cp with a capacity", {"parallel.cp=2", "model.experts=4", "model.expert_hidden=32", "model.mlp=swiglu",
+                              "moe.capacity_factor=1.25"}, 0,
+       "moe.capacity_factor = 1.25 with parallel.cp = 2: a capacity drops rows by the weights of the whole micro-batch"},
+      {"ep over cp", {"parallel.cp=2", "model.experts=4", "model.expert_hidden=32", "model.mlp=swiglu", "parallel.ep=4"},
+       4, "", 1, 1, 2, 1, 2, "1f1b", 2, 4},
+      {"ep against cp x dp", {"parallel.cp=2", "model.experts=8", "model.expert_hidden=32", "model.mlp=swiglu",
+                              "parallel.ep=8"}, 4,
+       "parallel.ep (8) must divide parallel.tp x parallel.cp x the data-parallel degree (1 x 2 x 2 = 4)"},
       {"cp's order", {"parallel.cp=2", "parallel.order=dp-cp-tp-pp"}, 4, "", 1, 1, 2, 1, 2, "1f1b", 2},
       {"an order of four", {"parallel.order=tp-cp-dp-dp"}, 0,
        "parallel.order = \"tp-cp-dp-dp\" must name tp, dp and pp once each (and cp, optionally)"},
@@ -122,7 +128,7 @@ TEST(ParallelLayout, EveryLayoutHasItsVerdict) {
     EXPECT_EQ(l.virtual_stages, c.v) << c.name;
     EXPECT_EQ(l.micro_batches, c.micro_batches) << c.name;
     EXPECT_EQ(l.schedule, c.schedule) << c.name;
-    EXPECT_EQ(l.ep, 1) << c.name;
+    EXPECT_EQ(l.ep, c.ep) << c.name;
     EXPECT_EQ(l.cp, c.cp) << c.name;
     EXPECT_EQ(l.ranks(), l.tp * l.pp * l.dp * l.cp) << c.name;
     if (c.world > 0) {

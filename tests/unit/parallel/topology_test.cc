@@ -84,11 +84,11 @@ TEST(Topology, DefaultOrderTpFastestThenDpThenPp) {
   EXPECT_EQ(specs[3].size, 4);
 }
 
-// Expert parallelism folds into each stage's tp x dp ranks, tp fastest: the expert groups and the
-// experts' data-parallel groups each partition the stage, every member lists the group alike,
+// Expert parallelism folds into each stage's tp x cp x dp ranks, tp fastest: the expert groups and
+// the experts' data-parallel groups each partition the stage, every member lists the group alike,
 // and an expert group meets each experts' data-parallel group once.
 TEST(Topology, ExpertGroupsFoldTheStagesTensorAndDataRanks) {
-  const Topology t(16, 2, 2, 4);  // tp 2 x dp 4 x pp 2
+  for (const Topology& t : {Topology(16, 2, 2, 4), Topology(16, 2, 2, 2, "tp-dp-pp", 2)})  // tp 2 x (cp 2 x) dp x pp 2
   for (int ep : {2, 4, 8}) {
     for (int pp = 0; pp < 2; ++pp) {
       std::set<int> in_ep, in_edp;
@@ -116,9 +116,14 @@ TEST(Topology, ExpertGroupsFoldTheStagesTensorAndDataRanks) {
       EXPECT_EQ(in_edp.size(), 8u);
     }
   }
-  // tp fastest: an expert group of 2 is a tensor-parallel group.
+  // tp fastest: an expert group of 2 is a tensor-parallel group; under cp, one of 4 holds the
+  // two cp ranks' tensor-parallel pairs.
+  const Topology t(16, 2, 2, 4);
   EXPECT_EQ(t.expert_group(0, 2), t.group(Dim::kTp, 0));
   EXPECT_TRUE(t.expert_group_specs(0, 1).empty());
+  const Topology c(16, 2, 2, 2, "tp-dp-pp", 2);
+  EXPECT_EQ(c.expert_group(0, 4), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(c.coord(2).cp, 1);
 }
 
 TEST(Topology, OtherOrders) {
