@@ -189,6 +189,7 @@ struct ParallelConfig {
   std::string schedule = "auto";      // auto, gpipe, 1f1b, interleaved
   double bucket_mb = 4;               // data-parallel gradient bucket size, MiB of fp32
   bool overlap_dp = true;  // reduce-scatters during backward, all-gathers during the next forward
+  bool overlap_cp = true;  // cp: a layer's key/value gather in the backward runs behind its MLP's backward
 };
 
 struct CommConfig {
@@ -339,6 +340,7 @@ struct Config {
     f("parallel", "schedule", parallel.schedule);
     f("parallel", "bucket_mb", parallel.bucket_mb);
     f("parallel", "overlap_dp", parallel.overlap_dp);
+    f("parallel", "overlap_cp", parallel.overlap_cp);
     f("comm", "timeout_s", comm.timeout_s);
     f("comm", "backend", comm.backend);
     f("comm", "nccl_env", comm.nccl_env);

@@ -67,8 +67,6 @@ struct ParallelLayout {
   int64_t ranks() const { return tp * pp * dp * cp; }
   // Ranks of one model replica: a data-parallel rank's tensor x pipeline x context group.
   int64_t replica() const { return tp * pp * cp; }
-  // The tokens of each sequence one rank holds: seq_len / cp.
-  int64_t rows_per_sequence(int64_t seq_len) const { return seq_len / cp; }
   // Ranks holding the same experts of a stage: the experts' data-parallel degree.
   int64_t edp() const { return tp * cp * dp / ep; }
   bool interleaved() const { return schedule == "interleaved"; }

@@ -130,15 +130,16 @@ void set_skip_steps(std::vector<std::string>& command, std::vector<int64_t> step
 }
 
 // The layout the job's workers take on the ranks of `nodes` nodes (data parallelism fills what
-// tensor x pipeline groups leave), or an input error saying why it cannot
+// tensor x pipeline (x context) groups leave), or an input error saying why it cannot
 // (core/parallel_layout.h): whole groups, the global batch split over the replicas.
 ParallelLayout layout_on(const std::optional<Config>& cfg, const LaunchPlan& plan, int nodes) {
   if (!cfg) throw_input("the workers' config is not one the launcher can read (a train --config)");
   Config c = *cfg;
   c.parallel.dp = 0;  // derived from the ranks
-  const int64_t ranks = int64_t(nodes) * plan.nproc_per_node, group = c.parallel.tp * c.parallel.pp;
+  const int64_t ranks = int64_t(nodes) * plan.nproc_per_node, group = c.parallel.tp * c.parallel.pp * c.parallel.cp;
   if (ranks < group || ranks % group != 0)  // said in the shrink's words
-    throw_input("the ", ranks, " ranks left do not hold whole tensor x pipeline groups of ", group);
+    throw_input("the ", ranks, " ranks left do not hold whole tensor x pipeline", c.parallel.cp > 1 ? " x context" : "",
+                " groups of ", group);
   return ParallelLayout::for_world(c, ranks);
 }
 

@@ -275,7 +275,7 @@ class GptModel {
   void load_targets(Slot& s, Rows rows, int64_t stride);
   // Layer l from its LN1 output (local rows written) up to the MLP's GELU: every activation its
   // backward reads. The MLP projection and the residual add that follow make the next input.
-  void layer_forward(int64_t l, LayerActs& a, const int32_t* docs);
+  void layer_forward(const Slot& s, int64_t l, LayerActs& a);
   // Refills what train.recompute dropped of slot s's layer l (l - ch.l0 of its layers).
   void recompute(const Chunk& ch, Slot& s, int64_t l);
   void backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput, float grad_scale);
@@ -433,9 +433,21 @@ class GptModel {
   const ContextRows* cp_rows() const { return cp_ ? &rows_ : nullptr; }
   Buffer<Act> cp_qkv_, cp_dqkv_;  // (B,Tw,Ql) the whole sequence's qkv and its gradient
   Buffer<Act> cp_pack_;           // (cp,B,T,Hkvl,2,D) each rank's rows' keys and values, as the collectives move them
-  // local (B,T,Ql), this rank's rows of a layer's qkv -> cp_qkv_: its rows whole, the other
-  // ranks' rows' keys and values (their queries are not read here).
-  void gather_sequence(const Act* local);
+  // local (B,T,Ql), this rank's rows of layer l of slot s's qkv -> cp_qkv_: its rows whole, the
+  // other ranks' rows' keys and values (their queries are not read here). In two halves: start
+  // packs this rank's keys and values and issues the all-gather; finish waits and places every
+  // rank's rows. Nothing happens when cp_qkv_ holds that layer already (cp_holds_: a backward
+  // right after its forward, or after full recompute's refill).
+  comm::WorkPtr gather_start(const Slot& s, int64_t l, const Act* local);
+  void gather_finish(const Slot& s, int64_t l, const Act* local, comm::WorkPtr& sent);
+  void gather_sequence(const Slot& s, int64_t l, const Act* local) {
+    comm::WorkPtr w = gather_start(s, l, local);
+    gather_finish(s, l, local, w);
+  }
+  std::tuple<const Slot*, int, int64_t> cp_holds_{nullptr, -1, -1};
+  // parallel.overlap_cp: the backward starts a layer's gather before its MLP's backward, waited
+  // for before its attention's (off: at once; the same bits).
+  bool overlap_cp_ = true;
   // cp_dqkv_ (B,Tw,Ql), this rank's terms for every row -> dlocal (B,T,Ql) (=): its rows' query
   // gradients, and their keys' and values' summed over the ranks.
   void scatter_sequence_grad(Act* dlocal);

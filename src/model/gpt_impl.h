@@ -31,11 +31,12 @@ inline int checked_tp_size(const Config& cfg, const parallel::ParallelContext* p
   return t;
 }
 
-// The context-parallel degree of `par` (1 without a cp group), checked against the layout.
+// The context-parallel degree of `par` (1 without a cp group: the whole sequence here, as a
+// single process of a cp config runs it: bench, evaluation), checked against the layout.
 inline int checked_cp_size(const Config& cfg, const parallel::ParallelContext* par) {
   const int c = par ? par->cp_size() : 1;
   const ParallelLayout layout = ParallelLayout::of(cfg, par ? par->dp_size() : 1);
-  MYRIAD_CHECK(c == layout.cp, "the context-parallel group has ", c, " ranks but parallel.cp = ", layout.cp);
+  MYRIAD_CHECK(c == 1 || c == layout.cp, "the context-parallel group has ", c, " ranks but parallel.cp = ", layout.cp);
   return c;
 }
 
@@ -111,6 +112,7 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
     cp_ = par->cp, cpr_ = par->cp_rank(), cps_ = par->cp_size();
   }
   overlap_dispatch_ = cfg.moe.overlap_dispatch;
+  overlap_cp_ = cfg.parallel.overlap_cp;
   MYRIAD_CHECK(eps_ == 1 || eps_ == ParallelLayout::of(cfg, par->dp_size()).ep, "the expert-parallel group has ", eps_,
                " ranks but parallel.ep = ", cfg.parallel.ep);
   El_ = E_ / eps_;
@@ -546,7 +548,7 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, Rows rows, int64_t stride, const
   for (int64_t l = ch.l0; l < ch.l1; ++l) {
     LayerActs& a = s.layers[l - ch.l0];
     const LayerTensors<Param>& w = p_.layers[l];
-    layer_forward(l, a, doc_starts(s));
+    layer_forward(s, l, a);
     // The layer's output (R,C): the residual stream (mid in the sequential block, whose
     // attention branch is in it already; in in the parallel one) plus the branches.
     Act* branches = tmp2_.data();
@@ -631,14 +633,28 @@ std::pair<const int32_t*, int64_t> GptModel<Ops>::rank_ids(const int32_t* host, 
 // value heads, (B, T, Hkvl, 2, D); its rows of a sequence are two ranges of the whole one's
 // (context_rows). CPU op set only (host memory; context_parallel_refusal keeps the others out).
 template <OpSet Ops>
-void GptModel<Ops>::gather_sequence(const Act* local) {
+comm::WorkPtr GptModel<Ops>::gather_start(const Slot& s, int64_t l, const Act* local) {
+  if (cp_holds_ == std::make_tuple(&s, s.mb, l)) return nullptr;
   if constexpr (std::is_same_v<Act, float>) {
     const int64_t KV = 2 * Hkvl_ * D_, block = int64_t(B_) * T_ * KV, kv0 = G_ * D_, group = (G_ + 2) * D_;
     Act* mine = cp_pack_.data() + cpr_ * block;
     for (int64_t n = 0; n < int64_t(B_) * T_; ++n)
       for (int64_t g = 0; g < Hkvl_; ++g)
         std::copy_n(local + n * Ql_ + g * group + kv0, 2 * D_, mine + n * KV + g * 2 * D_);
-    cp_->all_gather(mine, cp_pack_.data(), block, stream())->wait();
+    return cp_->all_gather(mine, cp_pack_.data(), block, stream());
+  } else {
+    MYRIAD_CHECK(false, "context parallelism's collectives take fp32 activations in host memory (the CPU op set)");
+    return nullptr;
+  }
+}
+
+template <OpSet Ops>
+void GptModel<Ops>::gather_finish(const Slot& s, int64_t l, const Act* local, comm::WorkPtr& sent) {
+  if (cp_holds_ == std::make_tuple(&s, s.mb, l)) return;
+  if constexpr (std::is_same_v<Act, float>) {
+    const int64_t KV = 2 * Hkvl_ * D_, block = int64_t(B_) * T_ * KV, kv0 = G_ * D_, group = (G_ + 2) * D_;
+    sent->wait();
+    sent.reset();
     for (int q = 0; q < cps_; ++q) {
       const ContextRows r = context_rows(Tw_, cps_, q);
       for (int b = 0; b < B_; ++b)
@@ -653,6 +669,7 @@ void GptModel<Ops>::gather_sequence(const Act* local) {
           }
         }
     }
+    cp_holds_ = {&s, s.mb, l};
   } else {
     MYRIAD_CHECK(false, "context parallelism's collectives take fp32 activations in host memory (the CPU op set)");
   }
@@ -688,8 +705,9 @@ void GptModel<Ops>::scatter_sequence_grad(Act* dlocal) {
 }
 
 template <OpSet Ops>
-void GptModel<Ops>::layer_forward(int64_t l, LayerActs& a, const int32_t* docs) {
+void GptModel<Ops>::layer_forward(const Slot& s, int64_t l, LayerActs& a) {
   const int B = B_, T = T_, C = C_, N = N_, R = R_, W = window_;
+  const int32_t* docs = doc_starts(s);
   const int Cl = static_cast<int>(Cl_), Hl = static_cast<int>(Hl_);
   const int Hkvl = static_cast<int>(Hkvl_), D = static_cast<int>(D_), G = static_cast<int>(G_);
   const LayerTensors<Param>& w = p_.layers[l];
@@ -699,7 +717,7 @@ void GptModel<Ops>::layer_forward(int64_t l, LayerActs& a, const int32_t* docs) 
   if (qk) ops_.qk_norm_forward(qk_norm_, a.qkv, a.qk_rstd, a.qkv_raw, w.q_norm_w, w.k_norm_w, N, Hkvl, G, D);
   if (rope_) ops_.rope_forward(a.qkv, B, T, Hkvl, G, D, cp_rows());
   if (cp_) {  // this rank's query rows against the whole sequence's keys
-    gather_sequence(a.qkv);
+    gather_sequence(s, l, a.qkv);
     ops_.attention_forward(a.atty, a.saved, cp_qkv_.data(), B, Tw_, Hl, Hkvl, D, W, docs, &rows_);
   } else {
     ops_.attention_forward(a.atty, a.saved, a.qkv, B, T, Hl, Hkvl, D, W, docs);
@@ -961,7 +979,7 @@ void GptModel<Ops>::recompute(const Chunk& ch, Slot& s, int64_t l) {
     mlp_forward(l, a, parallel_block_ ? a.ln1 : a.ln2, /*route=*/false);
   } else {
     ops_.norm_forward(norm_, local_rows(a.ln1, C_), a.ln1_mean, a.ln1_rstd, a.in, w.ln1_w, w.ln1_b, R_, C_);
-    layer_forward(l, a, doc_starts(s));
+    layer_forward(s, l, a);
   }
   shared_holds_ = {&s, s.mb, l};
 }
@@ -1015,6 +1033,8 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
     const LayerTensors<Param>& w = p_.layers[l];
     const LayerTensors<float>& g = g_.layers[l];
     Act* dresid = dresid_.data();
+    // cp: the layer's keys and values travel while its MLP's backward runs (parallel.overlap_cp).
+    comm::WorkPtr kv = cp_ && overlap_cp_ ? gather_start(s, l, a.qkv) : nullptr;
     // The gradient at the layer's output as the row-parallel GEMMs need it (all rows).
     const Act* dout = row_parallel_dout(dresid, C);
 
@@ -1032,7 +1052,8 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
     // gradient, and the attention's share adds to it).
     row_parallel_backward(datty_.data(), g.proj_w, g.proj_b, dout, dresid, a.atty, w.proj_w, Cl, C, nullptr);
     if (cp_) {  // the sequence's keys gathered again; their gradients go back to their ranks
-      gather_sequence(a.qkv);
+      if (!overlap_cp_) kv = gather_start(s, l, a.qkv);
+      gather_finish(s, l, a.qkv, kv);
       ops_.attention_backward(cp_dqkv_.data(), datty_.data(), a.atty, cp_qkv_.data(), a.saved, B, Tw_, Hl, Hkvl, D,
                               W, doc_starts(s), &rows_);
       scatter_sequence_grad(dqkv_.data());

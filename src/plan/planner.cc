@@ -241,13 +241,14 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   const double net = c.nodes_per_pod > 0 && nodes > c.nodes_per_pod ? c.net_gbps / c.spine_oversubscription : c.net_gbps;
   // Context parallelism (docs/notes/cp.md): per layer, the forward all-gathers the sequence's
   // keys and values of this rank's heads (2 kv heads x head size per token) over the cp ranks;
-  // the backward gathers them again and reduce-scatters their gradients (full recompute gathers
-  // once more). The cp ranks sit right after tp: inside a node while tp x cp fits one.
+  // the backward gathers them again (full recompute's refill does, and the backward reuses it)
+  // and reduce-scatters their gradients. The cp ranks sit right after tp: inside a node while
+  // tp x cp fits one.
   const bool cp_in_node = int64_t(l.tp) * l.cp <= c.gpus_per_node;
   const double kv_bytes = double(l.mb) * T * 2 * double(model.kv() * model.head_dim()) / tp * c.act_bytes;
   const double cp_op = ring_all_gather_s(kv_bytes, l.cp, cp_in_node ? c.nvlink_gbps : net,
                                          cp_in_node ? c.nvlink_latency_us : c.net_latency_us);
-  const double cp_fwd = cp_op, cp_bwd = 2 * cp_op + (l.recompute == "full" ? cp_op : 0);
+  const double cp_fwd = cp_op, cp_bwd = 2 * cp_op;
   // Overlapped, the exchange hides behind the attention's compute of the same pass.
   const double cp_fwd_exposed = f.cp_overlap ? std::max(0.0, cp_fwd - attn_fwd) : cp_fwd;
   const double cp_bwd_exposed = f.cp_overlap ? std::max(0.0, cp_bwd - 2.5 * attn_fwd) : cp_bwd;
@@ -379,15 +380,15 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
                          moe_layers * double(model.experts_per_token) * expert_w) / (int64_t(l.tp) * l.pp);
   const double expert_params = routed / (double(l.ep) * l.pp);
   const int edp = std::max(1, l.tp * l.cp * p.dp / l.ep);
-  // The ranks holding the same weights: dp, x cp under context parallelism. A job inside one
-  // node rings over NVLink.
+  // The ranks holding the same weights: dp, x cp under context parallelism. Every ring and
+  // all-reduce of a job inside one node runs over NVLink.
   const int wdp = p.dp * l.cp;
   const bool one_node = gpus <= c.gpus_per_node;
   const double dp_gbps = one_node ? c.nvlink_gbps : net, dp_lat = one_node ? c.nvlink_latency_us : c.net_latency_us;
   const double rs = ring_all_gather_s(params * c.grad_bytes, wdp, dp_gbps, dp_lat) +
-                    ring_all_gather_s(expert_params * c.grad_bytes, edp, net, c.net_latency_us),
+                    ring_all_gather_s(expert_params * c.grad_bytes, edp, dp_gbps, dp_lat),
                ag = ring_all_gather_s(params * c.act_bytes, wdp, dp_gbps, dp_lat) +
-                    ring_all_gather_s(expert_params * c.act_bytes, edp, net, c.net_latency_us);
+                    ring_all_gather_s(expert_params * c.act_bytes, edp, dp_gbps, dp_lat);
   p.dp_comm_s = rs + ag;
   // Overlapped: each chunk's reduce-scatter runs behind the backward of the chunks after it and
   // its all-gather behind the forward of the chunks before it: one chunk's of each is left (the
@@ -398,8 +399,8 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   p.optimizer_s = owned * 4 * 7 / (c.hbm_gbps * 1e9) * (f.optimizer == "lamb" ? 1.3 : 1.0);
   // The step's scalars, each waited for: the loss averaged over dp, and the gradient norm's sum
   // over tp, pp and dp (runtime/model_engine.h), 8 bytes each: latency, where the tree wins.
-  p.scalars_s = all_reduce_s(8, p.dp, net, c.net_latency_us) + all_reduce_s(8, l.tp, c.nvlink_gbps, c.nvlink_latency_us) +
-                all_reduce_s(8, l.pp, net, c.net_latency_us) + all_reduce_s(8, wdp, net, c.net_latency_us) +
+  p.scalars_s = all_reduce_s(8, p.dp, dp_gbps, dp_lat) + all_reduce_s(8, l.tp, c.nvlink_gbps, c.nvlink_latency_us) +
+                all_reduce_s(8, l.pp, dp_gbps, dp_lat) + all_reduce_s(8, wdp, dp_gbps, dp_lat) +
                 all_reduce_s(8, l.cp, c.nvlink_gbps, c.nvlink_latency_us);  // the loss's parts over cp
   const double step = sim.makespan + p.dp_exposed_s + p.optimizer_s + p.scalars_s + c.step_overhead_s;
   p.other_s = c.step_overhead_s + p.scalars_s + (f.misc ? 0 : step * c.misc_overhead);
@@ -463,20 +464,20 @@ std::vector<std::pair<Layout, Prediction>> search(const ModelConfig& model, int6
 std::string describe(const Prediction& p, const Layout& l) {
   char buf[2048];
   const std::string ep = (l.ep > 1 ? cat(" (ep ", l.ep, ")") : std::string()) + (l.cp > 1 ? cat(" x cp ", l.cp) : std::string());
-  char a2a[96] = "";
+  char a2a[96] = "", kv[96] = "";
   if (p.ep_comm_s > 0) std::snprintf(a2a, sizeof a2a, ", EP all-to-all %.3f s (of %.3f)", p.ep_exposed_s, p.ep_comm_s);
-  if (p.cp_comm_s > 0) std::snprintf(a2a, sizeof a2a, ", CP keys and values %.3f s (of %.3f)", p.cp_exposed_s, p.cp_comm_s);
+  if (p.cp_comm_s > 0) std::snprintf(kv, sizeof kv, ", CP keys and values %.3f s (of %.3f)", p.cp_exposed_s, p.cp_comm_s);
   std::snprintf(buf, sizeof buf,
                 "layout tp %d x pp %d (v %d) x dp %d%s, micro-batch %d (%d per step), recompute %s\n"
                 "step %.3f s | MFU %.1f%% | %.0f tokens/s | memory %.1f GiB per GPU | bubble %.1f%%\n"
                 "  pipeline compute %.3f s, bubble %.3f s\n"
-                "  exposed communication: TP %.3f s (of %.3f), PP %.3f s (of %.3f), DP %.3f s (of %.3f)%s\n"
+                "  exposed communication: TP %.3f s (of %.3f), PP %.3f s (of %.3f), DP %.3f s (of %.3f)%s%s\n"
                 "  optimizer %.3f s, other overhead %.3f s (the loss's and the norm's all-reduces %.2f ms)\n"
                 "  memory (GiB): weights %.1f, gradients %.1f, optimizer state %.1f, activations %.1f, logits %.1f, "
                 "step buffers %.1f, scratch %.1f, attention workspace %.1f%s%s\n",
                 l.tp, l.pp, l.v, p.dp, ep.c_str(), l.mb, p.microbatches, l.recompute.c_str(), p.step_s, 100 * p.mfu,
                 p.tokens_per_s, p.memory_gib, 100 * p.bubble, p.compute_s, p.bubble_s, p.tp_exposed_s, p.tp_comm_s,
-                p.pp_exposed_s, p.pp_comm_s, p.dp_exposed_s, p.dp_comm_s, a2a, p.optimizer_s, p.other_s,
+                p.pp_exposed_s, p.pp_comm_s, p.dp_exposed_s, p.dp_comm_s, a2a, kv, p.optimizer_s, p.other_s,
                 1e3 * p.scalars_s, p.memory.weights, p.memory.gradients, p.memory.optimizer, p.memory.activations,
                 p.memory.logits, p.memory.buffers, p.memory.scratch, p.memory.workspace,
                 p.fits ? "" : "\n  DOES NOT FIT: ", p.fits ? "" : p.why_not.c_str());

@@ -454,7 +454,11 @@ class ModelEngine final : public Engine {
   // slowest peer (loss_wait_: pipeline, data parallel), counted with the phases' waits.
   float step_loss(float local, bool over_dp = true) {
     loss_wait_[0] = loss_wait_[1] = 0;
-    if (ctx_.cp_size() > 1) local = static_cast<float>(parallel::sum_over_group(ctx_.cp, double(local)));
+    if (ctx_.cp_size() > 1) {  // waits on the peers holding the same weights: counted with dp's
+      const double t = now_s();
+      local = static_cast<float>(parallel::sum_over_group(ctx_.cp, double(local)));
+      loss_wait_[1] = now_s() - t;
+    }
     if (ctx_.pp_size() > 1) {
       const double t = now_s();
       ctx_.pp->broadcast(&local, 1, ctx_.pp_size() - 1)->wait();
@@ -463,7 +467,7 @@ class ModelEngine final : public Engine {
     if (over_dp && ctx_.dp_size() > 1) {
       const double t = now_s();
       local = static_cast<float>(parallel::sum_over_group(ctx_.dp, double(local)) / ctx_.dp_size());
-      loss_wait_[1] = now_s() - t;
+      loss_wait_[1] += now_s() - t;
     }
     return local;
   }
