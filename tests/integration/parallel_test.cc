@@ -468,22 +468,30 @@ TEST(Parallel3d, AnMoeResumesWithAnotherExpertSplit) {
   fs::remove_all(dir);
 }
 
-// Expert parallelism's exchanges waited for at once (moe.overlap_dispatch = false) instead of
-// behind the shared experts' GEMMs: the same exchanges and the same arithmetic, so the same bits.
-TEST(ExpertParallelOverlap, OffGivesTheSameBits) {
-  const fs::path dir = fs::temp_directory_path() / cat("myriad_ep_overlap_", getpid());
-  const std::string train = cat("OMP_NUM_THREADS=1 ", bin(), " launch --nproc-per-node 2 --", prepare_corpus(dir), " ",
-                                kMoe, " --set model.shared_experts=1 --set parallel.dp=2 --set parallel.ep=2");
+// Trains `train` (a launch, 20 steps) into dir/on, and again with `off` set into dir/off: the same
+// losses and weights, bit for bit. The model's flags are in `extra`.
+void expect_off_gives_the_same_bits(const fs::path& dir, const std::string& train, const std::string& off,
+                                    const std::string& extra = "") {
   std::string out;
   ASSERT_EQ(sh(cat(train, " --run-dir ", (dir / "on").string()), &out), 0) << out;
-  ASSERT_EQ(sh(cat(train, " --set moe.overlap_dispatch=false --run-dir ", (dir / "off").string()), &out), 0) << out;
+  ASSERT_EQ(sh(cat(train, " --set ", off, " --run-dir ", (dir / "off").string()), &out), 0) << out;
   std::vector<double> a = losses(dir / "on"), b = losses(dir / "off");
   ASSERT_EQ(a.size(), 20u);
   ASSERT_EQ(b.size(), 20u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
-  const Config cfg = test_config(kMoe + " --set model.shared_experts=1");
+  const Config cfg = test_config(extra);
   auto wa = weights(dir / "on", cfg), wb = weights(dir / "off", cfg);
   for (auto& [name, w] : wa) EXPECT_TRUE(w == wb[name]) << name;
+}
+
+// Expert parallelism's exchanges waited for at once (moe.overlap_dispatch = false) instead of
+// behind the shared experts' GEMMs: the same exchanges and the same arithmetic, so the same bits.
+TEST(ExpertParallelOverlap, OffGivesTheSameBits) {
+  const fs::path dir = fs::temp_directory_path() / cat("myriad_ep_overlap_", getpid());
+  const std::string moe = kMoe + " --set model.shared_experts=1";
+  expect_off_gives_the_same_bits(dir, cat("OMP_NUM_THREADS=1 ", bin(), " launch --nproc-per-node 2 --", prepare_corpus(dir),
+                                          " ", moe, " --set parallel.dp=2 --set parallel.ep=2"),
+                                 "moe.overlap_dispatch=false", moe);
   fs::remove_all(dir);
 }
 
@@ -491,19 +499,10 @@ TEST(ExpertParallelOverlap, OffGivesTheSameBits) {
 // buffers, serialized: the same bits as with overlap, and the waits are reported either way.
 TEST(DataParallelOverlap, OffGivesTheSameBits) {
   const fs::path dir = fs::temp_directory_path() / cat("myriad_dp_overlap_", getpid());
-  const std::string train = cat("OMP_NUM_THREADS=1 ", bin(), " launch --nproc-per-node 4 --",
-                                prepare_corpus(dir), " --set parallel.pp=2 --set parallel.dp=2",
-                                " --set parallel.bucket_mb=0.05");
-  std::string out;
-  ASSERT_EQ(sh(cat(train, " --run-dir ", (dir / "on").string()), &out), 0) << out;
-  ASSERT_EQ(sh(cat(train, " --set parallel.overlap_dp=false --run-dir ", (dir / "off").string()), &out), 0) << out;
-  std::vector<double> a = losses(dir / "on"), b = losses(dir / "off");
-  ASSERT_EQ(a.size(), 20u);
-  ASSERT_EQ(b.size(), 20u);
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
-  const Config cfg = test_config();
-  auto wa = weights(dir / "on", cfg), wb = weights(dir / "off", cfg);
-  for (auto& [name, w] : wa) EXPECT_TRUE(w == wb[name]) << name;
+  expect_off_gives_the_same_bits(dir, cat("OMP_NUM_THREADS=1 ", bin(), " launch --nproc-per-node 4 --",
+                                          prepare_corpus(dir), " --set parallel.pp=2 --set parallel.dp=2",
+                                          " --set parallel.bucket_mb=0.05"),
+                                 "parallel.overlap_dp=false");
   expect_phases(dir / "on", true, true);
   expect_phases(dir / "off", true, true);
   fs::remove_all(dir);
@@ -514,19 +513,11 @@ TEST(DataParallelOverlap, OffGivesTheSameBits) {
 // collectives run while the gather is in flight) and selective recompute.
 TEST(ContextParallelOverlap, OffGivesTheSameBits) {
   const fs::path dir = fs::temp_directory_path() / cat("myriad_cp_overlap_", getpid());
-  const std::string train = cat("OMP_NUM_THREADS=1 ", bin(), " launch --nproc-per-node 4 --", prepare_corpus(dir),
-                                " ", kLlama, " --set data.document_mask=true --set train.recompute=selective",
-                                " --set parallel.cp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true");
-  std::string out;
-  ASSERT_EQ(sh(cat(train, " --run-dir ", (dir / "on").string()), &out), 0) << out;
-  ASSERT_EQ(sh(cat(train, " --set parallel.overlap_cp=false --run-dir ", (dir / "off").string()), &out), 0) << out;
-  std::vector<double> a = losses(dir / "on"), b = losses(dir / "off");
-  ASSERT_EQ(a.size(), 20u);
-  ASSERT_EQ(b.size(), 20u);
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
-  const Config cfg = test_config(kLlama);
-  auto wa = weights(dir / "on", cfg), wb = weights(dir / "off", cfg);
-  for (auto& [name, w] : wa) EXPECT_TRUE(w == wb[name]) << name;
+  expect_off_gives_the_same_bits(dir, cat("OMP_NUM_THREADS=1 ", bin(), " launch --nproc-per-node 4 --",
+                                          prepare_corpus(dir), " ", kLlama,
+                                          " --set data.document_mask=true --set train.recompute=selective",
+                                          " --set parallel.cp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true"),
+                                 "parallel.overlap_cp=false", kLlama);
   fs::remove_all(dir);
 }
 
