@@ -62,25 +62,11 @@ int64_t batch_split(const Config& cfg, int64_t dp, bool interleaved) {
               "; use train.global_batch = ", below > 0 ? cat(below, " or ", above) : cat(above));
 }
 
-}  // namespace
+// The rules of ParallelLayout::of, by what they tie together; each throws the input error of
+// the first rule broken. l holds the sizes already taken from the config.
 
-ParallelLayout ParallelLayout::of(const Config& cfg, int64_t dp) {
-  const ParallelConfig& p = cfg.parallel;
-  const ModelConfig& m = cfg.model;
-  ParallelLayout l;
-  positive("parallel.tp", p.tp);
-  positive("parallel.pp", p.pp);
-  if (p.dp < 0) throw_input("config: parallel.dp must be 0 or more, got ", p.dp);
-  positive("parallel.virtual_stages", p.virtual_stages);
-  require_one_of("parallel.schedule", p.schedule, {"auto", "gpipe", "1f1b", "interleaved"});
-  parallel_order(p.order);
-  if (p.schedule == "1f1b" && p.virtual_stages > 1)
-    throw_input("config: parallel.schedule = \"1f1b\" runs one chunk per rank but parallel.virtual_stages = ",
-                p.virtual_stages, "; use \"interleaved\" (or \"auto\")");
-  l.tp = p.tp, l.sequence_parallel = p.sequence_parallel, l.pp = p.pp, l.virtual_stages = p.virtual_stages;
-  l.schedule = p.schedule != "auto" ? p.schedule : p.virtual_stages > 1 ? "interleaved" : "1f1b";
-  l.dp = dp > 0 ? dp : p.dp > 0 ? p.dp : 1;
-
+// Tensor parallelism against the model's heads and features.
+void check_tensor_split(const ParallelLayout& l, const ModelConfig& m) {
   // Tensor parallelism splits heads (never within one) and the MLP's features evenly; with
   // sequence parallelism the tokens of a micro-batch too.
   if (m.heads % l.tp != 0)
@@ -96,8 +82,11 @@ ParallelLayout ParallelLayout::of(const Config& cfg, int64_t dp) {
     throw_input("config: model.qk_norm = \"all\" with parallel.tp = ", l.tp,
                 ": its weights span every head, which tensor parallelism would have to split with the heads (not built); "
                 "use parallel.tp = 1, or model.qk_norm = \"head\" (one weight per head feature, shared by the heads)");
-  positive("parallel.cp", p.cp);
-  l.cp = p.cp;
+}
+
+// Mixtures of experts against tp, cp and ep (dp_known: a world size has fixed l.dp).
+void check_experts(const ParallelLayout& l, const Config& cfg, bool dp_known) {
+  const ModelConfig& m = cfg.model;
   // An MoE layer under tp (or cp): each rank routes its share of the tokens (docs/notes/moe.md).
   if (m.moe() && l.tp > 1 && cfg.moe.capacity_factor > 0)
     throw_input("config: moe.capacity_factor = ", cfg.moe.capacity_factor, " with parallel.tp = ", l.tp,
@@ -113,22 +102,22 @@ ParallelLayout ParallelLayout::of(const Config& cfg, int64_t dp) {
   // Expert parallelism folds into a stage's tensor x context x data ranks (docs/notes/moe.md):
   // groups of ep consecutive ranks of the stage, each holding every expert once; a world size
   // decides dp, so the fit is checked where it is known.
-  positive("parallel.ep", p.ep);
-  l.ep = p.ep;
   if (l.ep > 1 && !m.moe())
     throw_input("config: parallel.ep = ", l.ep, " splits the experts of an MoE model, but model.experts = 0 (a dense "
                 "model); remove parallel.ep or set model.experts");
   if (m.moe() && m.experts % l.ep != 0)
     throw_input("config: model.experts (", m.experts, ") must be divisible by parallel.ep (", l.ep,
                 "): each expert-parallel rank holds the same number of whole experts");
-  const bool dp_known = dp > 0 || p.dp > 0;
   const int64_t stage = l.tp * l.cp * l.dp;
   const std::string stage_sizes = l.cp > 1 ? cat(l.tp, " x ", l.cp, " x ", l.dp) : cat(l.tp, " x ", l.dp);
   if (l.ep > 1 && dp_known && stage % l.ep != 0)
     throw_input("config: parallel.ep (", l.ep, ") must divide parallel.tp x ", l.cp > 1 ? "parallel.cp x " : "",
                 "the data-parallel degree (", stage_sizes, " = ", stage, "): expert parallelism regroups the ranks of a "
                 "pipeline stage; use a world of pp x a multiple of ", l.ep, " ranks, or a parallel.ep that divides ", stage);
+}
 
+// Each micro-batch's tokens over tp (sequence parallelism) and cp.
+void check_sequence_split(const ParallelLayout& l, const ModelConfig& m) {
   if (l.sequence_parallel && l.tp > 1 && m.seq_len % l.tp != 0)
     throw_input("config: model.seq_len (", m.seq_len, ") must be divisible by parallel.tp (", l.tp,
                 ") with parallel.sequence_parallel = true: the tokens of a micro-batch are split evenly over the "
@@ -145,7 +134,10 @@ ParallelLayout ParallelLayout::of(const Config& cfg, int64_t dp) {
                   l.tp, ") with parallel.sequence_parallel = true: a rank's tokens are split evenly over the "
                   "tensor-parallel ranks");
   }
+}
 
+// Every chunk of every pipeline stage holds a layer.
+void check_stages(const ParallelLayout& l, const ParallelConfig& p, const ModelConfig& m) {
   // The pipeline: every chunk of every stage holds a layer (parallel.stage_layers, when given,
   // says how many).
   const int64_t chunks = l.pp * l.virtual_stages;
@@ -167,33 +159,61 @@ ParallelLayout ParallelLayout::of(const Config& cfg, int64_t dp) {
     if (sum != m.layers)
       throw_input("config: parallel.stage_layers sums to ", sum, " layers, but model.layers = ", m.layers);
   }
+}
 
+// FP8's GEMM dimensions on a rank's shard.
+void check_fp8(const ParallelLayout& l, const Config& cfg) {
+  const ModelConfig& m = cfg.model;
+  // cuBLASLt's FP8 GEMMs take leading dimensions of 16 bytes.
+  const int64_t D = m.head_dim();
+  const char* tokens = l.cp > 1 ? "train.micro_batch x model.seq_len / parallel.cp" : "train.micro_batch x model.seq_len";
+  for (auto [what, n] : {std::pair<const char*, int64_t>{tokens, l.micro_batch * m.seq_len / l.cp},
+                         {"model.d_model", m.d_model},
+                         {"the attention width per tensor-parallel rank", m.heads / l.tp * D},
+                         {"the QKV width per tensor-parallel rank", (m.heads + 2 * m.kv()) / l.tp * D},
+                         {"the MLP's width per rank", m.ffn() / l.tp}})
+    if (n % 16 != 0)
+      throw_input("config: train.precision = \"fp8\" needs ", what, " (", n, ") to be a multiple of 16");
+  if (cfg.train.fp8_lm_head && (cfg.padded_vocab() / l.tp) % 16 != 0)
+    throw_input("config: train.fp8_lm_head needs the vocabulary rows per tensor-parallel rank (",
+                cfg.padded_vocab() / l.tp, ") to be a multiple of 16");
+}
+
+}  // namespace
+
+ParallelLayout ParallelLayout::of(const Config& cfg, int64_t dp) {
+  const ParallelConfig& p = cfg.parallel;
+  const ModelConfig& m = cfg.model;
+  ParallelLayout l;
+  positive("parallel.tp", p.tp);
+  positive("parallel.pp", p.pp);
+  if (p.dp < 0) throw_input("config: parallel.dp must be 0 or more, got ", p.dp);
+  positive("parallel.virtual_stages", p.virtual_stages);
+  require_one_of("parallel.schedule", p.schedule, {"auto", "gpipe", "1f1b", "interleaved"});
+  parallel_order(p.order);
+  if (p.schedule == "1f1b" && p.virtual_stages > 1)
+    throw_input("config: parallel.schedule = \"1f1b\" runs one chunk per rank but parallel.virtual_stages = ",
+                p.virtual_stages, "; use \"interleaved\" (or \"auto\")");
+  l.tp = p.tp, l.sequence_parallel = p.sequence_parallel, l.pp = p.pp, l.virtual_stages = p.virtual_stages;
+  l.schedule = p.schedule != "auto" ? p.schedule : p.virtual_stages > 1 ? "interleaved" : "1f1b";
+  l.dp = dp > 0 ? dp : p.dp > 0 ? p.dp : 1;
+  check_tensor_split(l, m);
+  positive("parallel.cp", p.cp);
+  positive("parallel.ep", p.ep);
+  l.cp = p.cp, l.ep = p.ep;
+  check_experts(l, cfg, dp > 0 || p.dp > 0);
+  check_sequence_split(l, m);
+  check_stages(l, p, m);
   // The batch: each replica's share in whole micro-batches.
   l.micro_batch = cfg.train.micro_batch;
   l.micro_batches = batch_split(cfg, l.dp, l.interleaved() && l.pp > 1);
-
-  // FP8 (cuBLASLt's GEMMs take leading dimensions of 16 bytes): every GEMM dimension of a
-  // rank's shard a multiple of 16.
-  if (cfg.train.precision == "fp8") {
-    const int64_t D = m.head_dim();
-    const char* tokens = l.cp > 1 ? "train.micro_batch x model.seq_len / parallel.cp" : "train.micro_batch x model.seq_len";
-    for (auto [what, n] : {std::pair<const char*, int64_t>{tokens, l.micro_batch * m.seq_len / l.cp},
-                           {"model.d_model", m.d_model},
-                           {"the attention width per tensor-parallel rank", m.heads / l.tp * D},
-                           {"the QKV width per tensor-parallel rank", (m.heads + 2 * m.kv()) / l.tp * D},
-                           {"the MLP's width per rank", m.ffn() / l.tp}})
-      if (n % 16 != 0)
-        throw_input("config: train.precision = \"fp8\" needs ", what, " (", n, ") to be a multiple of 16");
-    if (cfg.train.fp8_lm_head && (cfg.padded_vocab() / l.tp) % 16 != 0)
-      throw_input("config: train.fp8_lm_head needs the vocabulary rows per tensor-parallel rank (",
-                  cfg.padded_vocab() / l.tp, ") to be a multiple of 16");
-  }
+  if (cfg.train.precision == "fp8") check_fp8(l, cfg);
   return l;
 }
 
 ParallelLayout ParallelLayout::for_world(const Config& cfg, int64_t world) {
   const int64_t tp = cfg.parallel.tp, pp = cfg.parallel.pp, cp = cfg.parallel.cp, dp = cfg.parallel.dp;
-  const int64_t group = tp * pp * cp;
+  const int64_t group = replica_of(cfg.parallel);
   const std::string sizes = cat("tp ", tp, " x pp ", pp, cp > 1 ? cat(" x cp ", cp) : std::string());
   const std::string names = cp > 1 ? "tp x pp x cp" : "tp x pp";
   if (world < 1) throw_input("world size must be at least 1, got ", world);

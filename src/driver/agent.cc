@@ -136,7 +136,7 @@ ParallelLayout layout_on(const std::optional<Config>& cfg, const LaunchPlan& pla
   if (!cfg) throw_input("the workers' config is not one the launcher can read (a train --config)");
   Config c = *cfg;
   c.parallel.dp = 0;  // derived from the ranks
-  const int64_t ranks = int64_t(nodes) * plan.nproc_per_node, group = c.parallel.tp * c.parallel.pp * c.parallel.cp;
+  const int64_t ranks = int64_t(nodes) * plan.nproc_per_node, group = ParallelLayout::replica_of(c.parallel);
   if (ranks < group || ranks % group != 0)  // said in the shrink's words
     throw_input("the ", ranks, " ranks left do not hold whole tensor x pipeline", c.parallel.cp > 1 ? " x context" : "",
                 " groups of ", group);

@@ -271,6 +271,8 @@ class GptModel {
   void forward(Chunk& ch, Slot& s, Rows rows, int64_t stride, const Act* input, bool targets, float grad_scale);
   // Where slot s's positions' documents start (B,T), in the op set's memory; null: one each.
   static const int32_t* doc_starts(const Slot& s) { return s.documents ? s.doc_starts.data() : nullptr; }
+  // The rows' document starts into s.doc_starts (B,Tw), and s.documents.
+  void load_documents(Slot& s, Rows rows, int64_t stride);
   // The head's targets into s.targets (B,T), and s.counted.
   void load_targets(Slot& s, Rows rows, int64_t stride);
   // Layer l from its LN1 output (local rows written) up to the MLP's GELU: every activation its

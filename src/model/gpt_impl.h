@@ -511,20 +511,7 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, Rows rows, int64_t stride, const
   const int32_t* tokens = rows.tokens;
   Act* first_in = ch.l1 > ch.l0 ? s.layers[0].in : s.out;
   count_routes_ = targets && grad_scale > 0;  // a training forward's routes count in the step's load
-  s.documents = rows.doc_starts != nullptr;
-  if (s.documents) {
-    MYRIAD_CHECK(documents_, "document starts passed to a model built without data.document_mask");
-    // The kernels bound whole blocks of queries by their first row's start: the starts must
-    // only grow along a row, each at or before its own position. Attention reads the whole
-    // rows' (positions in the sequence, whatever rank holds them).
-    for (int b = 0; b < B; ++b)
-      for (int i = 0; i < Tw_; ++i) {
-        const int32_t d = rows.doc_starts[b * stride + i];
-        MYRIAD_CHECK(d >= 0 && d <= i && (i == 0 || d >= rows.doc_starts[b * stride + i - 1]), "document start ", d,
-                     " at row ", b, ", position ", i, ": starts must grow along a row and not pass their position");
-      }
-    ops_.load_tokens(s.doc_starts, rows.doc_starts, B, Tw_, stride);
-  }
+  load_documents(s, rows, stride);
   if (ch.embedding) {
     // With a backward to follow, the lookup's backward is prepared from the host's tokens.
     std::vector<int32_t> buf;
@@ -596,6 +583,24 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, Rows rows, int64_t stride, const
 // data.document_end_loss is off: each document's last position predicts the next document's
 // first token, which nothing before it tells (Megatron's eod_mask_loss, its end-of-text tokens
 // here the .idx's boundaries). s.counted: the positions the mean loss is over (at least 1).
+// The rows' document starts into s.doc_starts (B,Tw), whole rows whatever this rank holds (the
+// positions attention masks by), when the rows carry them.
+template <OpSet Ops>
+void GptModel<Ops>::load_documents(Slot& s, Rows rows, int64_t stride) {
+  s.documents = rows.doc_starts != nullptr;
+  if (!s.documents) return;
+  MYRIAD_CHECK(documents_, "document starts passed to a model built without data.document_mask");
+  // The kernels bound whole blocks of queries by their first row's start: the starts must only
+  // grow along a row, each at or before its own position.
+  for (int b = 0; b < B_; ++b)
+    for (int i = 0; i < Tw_; ++i) {
+      const int32_t d = rows.doc_starts[b * stride + i];
+      MYRIAD_CHECK(d >= 0 && d <= i && (i == 0 || d >= rows.doc_starts[b * stride + i - 1]), "document start ", d,
+                   " at row ", b, ", position ", i, ": starts must grow along a row and not pass their position");
+    }
+  ops_.load_tokens(s.doc_starts, rows.doc_starts, B_, Tw_, stride);
+}
+
 // Under cp the targets are this rank's positions', and the count the whole rows' (each rank's
 // mean is its part of the micro-batch's; a rank whose targets all begin documents adds zeros).
 template <OpSet Ops>

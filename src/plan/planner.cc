@@ -169,7 +169,16 @@ double all_to_all_s(double bytes, int n, const Cluster& c, double net_gbps) {
 Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus, const Cluster& c, const Layout& l,
                    const Features& f) {
   Prediction p;
-  const int64_t group = int64_t(l.tp) * l.pp * l.cp;
+  // The run this layout would be (core/parallel_layout.h judges it below).
+  Config run;
+  run.model = model;
+  run.parallel.tp = l.tp, run.parallel.pp = l.pp, run.parallel.virtual_stages = l.v;
+  run.parallel.sequence_parallel = l.tp > 1;
+  run.parallel.ep = l.ep;
+  run.parallel.cp = l.cp;
+  run.train.micro_batch = l.mb, run.train.global_batch = global_batch;
+  run.train.precision = f.fp8 ? "fp8" : "bf16";
+  const int64_t group = ParallelLayout::replica_of(run.parallel);
   auto refuse = [&](const std::string& why) {
     p.fits = false, p.why_not = why;
     return p;
@@ -188,14 +197,6 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   if (l.v > 1 && l.pp == 1) return refuse(cat("interleaving (v ", l.v, ") needs pp > 1"));
   // What a run of this layout would be refused for (core/parallel_layout.h): tp against the
   // heads and the MLP, the batch's split, FP8's multiples of 16.
-  Config run;
-  run.model = model;
-  run.parallel.tp = l.tp, run.parallel.pp = l.pp, run.parallel.virtual_stages = l.v;
-  run.parallel.sequence_parallel = l.tp > 1;
-  run.parallel.ep = l.ep;
-  run.parallel.cp = l.cp;
-  run.train.micro_batch = l.mb, run.train.global_batch = global_batch;
-  run.train.precision = f.fp8 ? "fp8" : "bf16";
   ParallelLayout layout;
   try {
     layout = ParallelLayout::for_world(run, gpus);
