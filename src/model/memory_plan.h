@@ -123,10 +123,11 @@ inline int64_t buffer_bytes(const GptMemoryShape& s) {
 // gradient and the activation it recomputes from fc, (B,T,Fl) each (CudaOps::linear_backward).
 inline int64_t scratch_bytes(const GptMemoryShape& s) { return s.has_dense ? 2 * s.B * s.T * s.Fl * s.act_bytes : 0; }
 
-// cuDNN's deterministic attention backward works in a workspace of about B H T Tk bf16 (Tk the
-// keys: T, or T cp for a context-parallel rank's queries against the sequence; 1,026 MiB
-// measured at B 8, H 16, T 2048); Myriad's own kernel in scratch of the same order as its
-// statistics, counted nowhere else.
-inline int64_t attention_workspace_bytes(const GptMemoryShape& s) { return s.B * s.Hl * s.T * s.T * s.cp * 2; }
+// cuDNN's deterministic attention backward works in a workspace of about B H T T bf16 (1,026 MiB
+// measured at B 8, H 16, T 2048). Under cp Myriad's kernel runs (cuDNN is refused there), whose
+// backward's scratch is two floats per query row and head.
+inline int64_t attention_workspace_bytes(const GptMemoryShape& s) {
+  return s.cp > 1 ? 2 * s.B * s.Hl * s.T * 4 : s.B * s.Hl * s.T * s.T * 2;
+}
 
 }  // namespace myriad::model

@@ -446,18 +446,23 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
 std::vector<std::pair<Layout, Prediction>> search(const ModelConfig& model, int64_t global_batch, int64_t gpus,
                                                   const Cluster& c, const Features& f) {
   std::vector<std::pair<Layout, Prediction>> out;
-  for (int tp = 1; tp <= c.gpus_per_node; tp *= 2)
-    for (int pp = 1; pp <= model.layers; ++pp)
-      for (int v : {1, 2, 3, 4, 6, 8})
-        for (int mb : {1, 2, 4})
-          for (const char* rc : {"none", "full"})
-            for (int ep = 1; ep <= std::max<int64_t>(model.experts, 1); ep *= 2) {
-              if (model.layers % (int64_t(pp) * v) != 0 || (v > 1 && pp == 1) || gpus % (int64_t(tp) * pp) != 0) continue;
-              if (ep > 1 && model.experts % ep != 0) continue;  // predict() refuses what else does not fit
-              const Layout l{tp, pp, v, mb, rc, ep};
-              Prediction p = predict(model, global_batch, gpus, c, l, f);
-              if (p.fits) out.emplace_back(l, p);
-            }
+  // cp 1 first; cp > 1 only when nothing fits without it. Why: the model does not cost what a
+  // rank's shorter attention loses (against torchtitan's rows it predicts cp 4 and 8 23-28% fast,
+  // docs/PLANNER.md), so at lengths one device holds it would rank cp layouts above better ones.
+  for (int cp = 1; cp <= gpus && out.empty() && (cp == 1 || model.seq_len % (2 * cp) == 0); cp *= 2)
+    for (int tp = 1; tp <= c.gpus_per_node; tp *= 2)
+      for (int pp = 1; pp <= model.layers; ++pp)
+        for (int v : {1, 2, 3, 4, 6, 8})
+          for (int mb : {1, 2, 4})
+            for (const char* rc : {"none", "full"})
+              for (int ep = 1; ep <= std::max<int64_t>(model.experts, 1); ep *= 2) {
+                if (model.layers % (int64_t(pp) * v) != 0 || (v > 1 && pp == 1) || gpus % (int64_t(tp) * pp * cp) != 0)
+                  continue;
+                if (ep > 1 && model.experts % ep != 0) continue;  // predict() refuses what else does not fit
+                const Layout l{tp, pp, v, mb, rc, ep, cp};
+                Prediction p = predict(model, global_batch, gpus, c, l, f);
+                if (p.fits) out.emplace_back(l, p);
+              }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.second.step_s < b.second.step_s; });
   return out;
 }

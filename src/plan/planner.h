@@ -115,8 +115,9 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
                    const Layout& layout, const Features& features);
 
 // Every layout that fits, fastest first (tp up to a node, pp dividing the layers, v, mb; for an
-// MoE model ep, powers of two dividing the experts and tp x dp). cp is not searched: a layout
-// names it (--layout cp=N).
+// MoE model ep, powers of two dividing the experts and tp x dp). cp (powers of two dividing the
+// GPUs with tp x pp, seq_len into 2 cp chunks) is searched only where no layout without it fits:
+// the smallest cp with layouts that fit, for sequences too long for one device.
 std::vector<std::pair<Layout, Prediction>> search(const ModelConfig& model, int64_t global_batch, int64_t gpus,
                                                   const Cluster& cluster, const Features& features);
 

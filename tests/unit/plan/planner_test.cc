@@ -199,6 +199,28 @@ TEST(Planner, ContextParallelismSplitsTheSequenceAndPaysForItsKeys) {
             std::string::npos);
   EXPECT_NE(plan::predict(m, 4, 6, c, plan::parse_layout("cp=4"), f).why_not.find("tp x pp x cp = 4 does not divide 6"),
             std::string::npos);
+  // Under cp the GPU runs Myriad's attention kernel, whose workspace is its scratch (two floats a
+  // query row and head), not cuDNN's B H T T.
+  m.seq_len = 65536;
+  EXPECT_LT(two.memory.workspace, 0.01);
+  EXPECT_NEAR(one.memory.workspace, 32.0 * 65536 * 65536 * 2 / (1 << 30), 1e-9);
+}
+
+// The search takes cp where a sequence fits no other way: Llama 3 8B at 128K on 8 GPUs of 80 GB
+// fits only split over cp ranks; at 8K, where layouts without cp fit, it ranks none with cp.
+TEST(Planner, SearchTakesContextParallelismForSequencesThatFitNoOtherWay) {
+  const plan::Cluster c = plan::load_cluster(std::string(MYRIAD_SOURCE_DIR) + "/configs/clusters/h100.toml");
+  ModelConfig m = load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/llama-3-8b.toml", {}).model;
+  m.positions = 0;
+  const plan::Features f = plan::parse_features("fused_ops,dp_overlap,cp_overlap");
+  m.seq_len = 131072;
+  const auto long_ranked = plan::search(m, 8, 8, c, f);
+  ASSERT_FALSE(long_ranked.empty());
+  for (const auto& [l, p] : long_ranked) EXPECT_GT(l.cp, 1) << plan::describe(p, l);
+  m.seq_len = 8192;
+  const auto short_ranked = plan::search(m, 8, 8, c, f);
+  ASSERT_FALSE(short_ranked.empty());
+  for (const auto& [l, p] : short_ranked) EXPECT_EQ(l.cp, 1) << plan::describe(p, l);
 }
 
 // torchtitan's published Llama 3.1 8B rows (docs/performance.md, Table 2: FSDP + CP +
