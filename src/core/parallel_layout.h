@@ -65,9 +65,8 @@ struct ParallelLayout {
 
   // The processes the layout runs on.
   int64_t ranks() const { return tp * pp * dp * cp; }
-  // Ranks of one model replica: a data-parallel rank's tensor x pipeline x context group; of a
-  // config's parallel section before a world size decides dp (whole replicas fill a world).
-  int64_t replica() const { return tp * pp * cp; }
+  // Ranks of one model replica (a data-parallel rank's tensor x pipeline x context group) of a
+  // config's parallel section, before a world size decides dp (whole replicas fill a world).
   static int64_t replica_of(const ParallelConfig& p) { return p.tp * p.pp * p.cp; }
   // Ranks holding the same experts of a stage: the experts' data-parallel degree.
   int64_t edp() const { return tp * cp * dp / ep; }
