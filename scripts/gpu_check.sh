@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,driver_version --format=csv,n
 failed=0
 $M/bin/test_gpu "$@" 2>&1 | tee "$OUT/test_gpu.log" | grep -vE "^\[ +(RUN|OK) +\]" | tail -60
 [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
-for check in launch layouts hf; do
+for check in launch layouts cp hf; do
   bash scripts/gpu_${check}_check.sh 2>&1 | tee "$OUT/${check}_check.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] && ! grep -q "FAIL" "$OUT/${check}_check.txt" || failed=1
 done

@@ -434,7 +434,9 @@ class GptModel {
   ContextRows rows_;
   const ContextRows* cp_rows() const { return cp_ ? &rows_ : nullptr; }
   Buffer<Act> cp_qkv_, cp_dqkv_;  // (B,Tw,Ql) the whole sequence's qkv and its gradient
-  Buffer<Act> cp_pack_;           // (cp,B,T,Hkvl,2,D) each rank's rows' keys and values, as the collectives move them
+  // (cp,B,T,Hkvl,2,D) each rank's rows' keys and values as the collectives move them: Act in the
+  // gather (its first half when Act is bf16), fp32 in the gradients' reduce-scatter.
+  Buffer<float> cp_pack_;
   // local (B,T,Ql), this rank's rows of layer l of slot s's qkv -> cp_qkv_: its rows whole, the
   // other ranks' rows' keys and values (their queries are not read here). In two halves: start
   // packs this rank's keys and values and issues the all-gather; finish waits and places every

@@ -106,8 +106,9 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
   MYRIAD_CHECK(flat_size == 0 || flat_size >= layout_.total(), "flat size ", flat_size);
   if (par && par->ep) ep_ = par->ep, epr_ = par->ep_rank(), eps_ = par->ep_size();
   seqT_ = cfg.model.seq_len;
+  ops_.select_attention(cfg.train.attention, cfg.train.deterministic);  // before cp's refusal, which reads it
   if (par && par->cp_size() > 1) {
-    if (const std::string why = ops_.context_parallel_refusal(); !why.empty())
+    if (const std::string why = ops_.context_parallel_refusal(seqT_ / (2 * par->cp_size())); !why.empty())
       throw_input("config: parallel.cp = ", par->cp_size(), ": ", why);
     cp_ = par->cp, cpr_ = par->cp_rank(), cps_ = par->cp_size();
   }
@@ -116,7 +117,6 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
   MYRIAD_CHECK(eps_ == 1 || eps_ == ParallelLayout::of(cfg, par->dp_size()).ep, "the expert-parallel group has ", eps_,
                " ranks but parallel.ep = ", cfg.parallel.ep);
   El_ = E_ / eps_;
-  ops_.select_attention(cfg.train.attention, cfg.train.deterministic);
   if (cfg.model.moe()) {
     if (const std::string why = ops_.moe_refusal(); !why.empty()) throw_input("config: model.experts = ", E_, ": ", why);
   }
@@ -188,10 +188,10 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
   }
   const int64_t held = (tmp_.size() + tmp2_.size() + full_.size() + dresid_.size() + dln_.size() + datty_.size() +
                         dqkv_.size() + dfc_.size() + act_.size() + shared_acts_.size() + xs_.size() + dys_.size() + dxs_.size() +
-                        dxfc_.size() + xr_.size() + dsfc_.size() + cp_qkv_.size() + cp_dqkv_.size() + cp_pack_.size()) *
+                        dxfc_.size() + xr_.size() + dsfc_.size() + cp_qkv_.size() + cp_dqkv_.size()) *
                            int64_t(sizeof(Act)) +
                        (wide_.size() + shared_stats_.size() + dlogits_.size() + dweights_.size() +
-                        shared_ids_.size()) * 4 + loss_.size() * 8;
+                        shared_ids_.size() + cp_pack_.size()) * 4 + loss_.size() * 8;
   MYRIAD_CHECK(held == model::buffer_bytes(memory_shape()), "the step's buffers hold ", held,
                " bytes, the memory plan (model/memory_plan.h) says ", model::buffer_bytes(memory_shape()));
 }
@@ -636,77 +636,38 @@ std::pair<const int32_t*, int64_t> GptModel<Ops>::rank_ids(const int32_t* host, 
 // The collectives move keys and values only: a rank's queries are read for its own rows alone,
 // and the gradients of the other ranks' queries are zeros. Rank q's block is its rows' key and
 // value heads, (B, T, Hkvl, 2, D); its rows of a sequence are two ranges of the whole one's
-// (context_rows). CPU op set only (host memory; context_parallel_refusal keeps the others out).
+// (context_rows). The op set packs and places them on its device; the gather moves Act as they
+// are (bf16 on a GPU: the communicator's float count is half the elements), the gradients' reduce-
+// scatter sums in fp32.
 template <OpSet Ops>
 comm::WorkPtr GptModel<Ops>::gather_start(const Slot& s, int64_t l, const Act* local) {
   if (cp_holds_ == std::make_tuple(&s, s.mb, l)) return nullptr;
-  if constexpr (std::is_same_v<Act, float>) {
-    const int64_t KV = 2 * Hkvl_ * D_, block = int64_t(B_) * T_ * KV, kv0 = G_ * D_, group = (G_ + 2) * D_;
-    Act* mine = cp_pack_.data() + cpr_ * block;
-    for (int64_t n = 0; n < int64_t(B_) * T_; ++n)
-      for (int64_t g = 0; g < Hkvl_; ++g)
-        std::copy_n(local + n * Ql_ + g * group + kv0, 2 * D_, mine + n * KV + g * 2 * D_);
-    return cp_->all_gather(mine, cp_pack_.data(), block, stream());
-  } else {
-    MYRIAD_CHECK(false, "context parallelism's collectives take fp32 activations in host memory (the CPU op set)");
-    return nullptr;
-  }
+  static_assert(sizeof(Act) == 4 || sizeof(Act) == 2, "the gather moves Act as floats");
+  const int64_t block = int64_t(B_) * T_ * 2 * Hkvl_ * D_, floats = block * int64_t(sizeof(Act)) / 4;
+  Act* packs = reinterpret_cast<Act*>(cp_pack_.data());
+  ops_.cp_pack_kv(packs + cpr_ * block, local, int64_t(B_) * T_, int(Hkvl_), int(G_), int(D_));
+  return cp_->all_gather(cp_pack_.data() + cpr_ * floats, cp_pack_.data(), floats, stream());
 }
 
 template <OpSet Ops>
 void GptModel<Ops>::gather_finish(const Slot& s, int64_t l, const Act* local, comm::WorkPtr& sent) {
   if (cp_holds_ == std::make_tuple(&s, s.mb, l)) return;
-  if constexpr (std::is_same_v<Act, float>) {
-    const int64_t KV = 2 * Hkvl_ * D_, block = int64_t(B_) * T_ * KV, kv0 = G_ * D_, group = (G_ + 2) * D_;
-    sent->wait();
-    sent.reset();
-    for (int q = 0; q < cps_; ++q) {
-      const ContextRows r = context_rows(Tw_, cps_, q);
-      for (int b = 0; b < B_; ++b)
-        for (int64_t i = 0; i < T_; ++i) {  // rank q's row i of row b
-          Act* to = cp_qkv_.data() + (int64_t(b) * Tw_ + r.position(i)) * Ql_;
-          const int64_t n = int64_t(b) * T_ + i;
-          if (q == cpr_) {
-            std::copy_n(local + n * Ql_, Ql_, to);  // queries, keys and values
-          } else {
-            for (int64_t g = 0; g < Hkvl_; ++g)
-              std::copy_n(cp_pack_.data() + q * block + n * KV + g * 2 * D_, 2 * D_, to + g * group + kv0);
-          }
-        }
-    }
-    cp_holds_ = {&s, s.mb, l};
-  } else {
-    MYRIAD_CHECK(false, "context parallelism's collectives take fp32 activations in host memory (the CPU op set)");
-  }
+  sent->wait();
+  sent.reset();
+  ops_.cp_unpack_kv(cp_qkv_.data(), reinterpret_cast<const Act*>(cp_pack_.data()), local, B_, T_, cps_, cpr_,
+                    int(Hkvl_), int(G_), int(D_));
+  cp_holds_ = {&s, s.mb, l};
 }
 
 template <OpSet Ops>
 void GptModel<Ops>::scatter_sequence_grad(Act* dlocal) {
-  if constexpr (std::is_same_v<Act, float>) {
-    const int64_t KV = 2 * Hkvl_ * D_, block = int64_t(B_) * T_ * KV, kv0 = G_ * D_, group = (G_ + 2) * D_;
-    for (int q = 0; q < cps_; ++q) {
-      const ContextRows r = context_rows(Tw_, cps_, q);
-      for (int b = 0; b < B_; ++b)
-        for (int64_t i = 0; i < T_; ++i) {
-          const Act* from = cp_dqkv_.data() + (int64_t(b) * Tw_ + r.position(i)) * Ql_;
-          for (int64_t g = 0; g < Hkvl_; ++g)
-            std::copy_n(from + g * group + kv0, 2 * D_, cp_pack_.data() + q * block + (int64_t(b) * T_ + i) * KV + g * 2 * D_);
-        }
-    }
-    Act* mine = cp_pack_.data() + cpr_ * block;
-    cp_->reduce_scatter(cp_pack_.data(), mine, block, stream())->wait();
-    // This rank's rows: their queries' gradient from its own kernel, their keys' and values' summed
-    // over the ranks.
-    for (int b = 0; b < B_; ++b)
-      for (int64_t i = 0; i < T_; ++i) {
-        const int64_t n = int64_t(b) * T_ + i;
-        Act* to = dlocal + n * Ql_;
-        std::copy_n(cp_dqkv_.data() + (int64_t(b) * Tw_ + rows_.position(i)) * Ql_, Ql_, to);
-        for (int64_t g = 0; g < Hkvl_; ++g) std::copy_n(mine + n * KV + g * 2 * D_, 2 * D_, to + g * group + kv0);
-      }
-  } else {
-    MYRIAD_CHECK(false, "context parallelism's collectives take fp32 activations in host memory (the CPU op set)");
-  }
+  const int64_t block = int64_t(B_) * T_ * 2 * Hkvl_ * D_;
+  ops_.cp_pack_kv_grad(cp_pack_.data(), cp_dqkv_.data(), B_, T_, cps_, int(Hkvl_), int(G_), int(D_));
+  float* mine = cp_pack_.data() + cpr_ * block;
+  cp_->reduce_scatter(cp_pack_.data(), mine, block, stream())->wait();
+  // This rank's rows: their queries' gradient from its own kernel, their keys' and values' summed
+  // over the ranks.
+  ops_.cp_unpack_kv_grad(dlocal, mine, cp_dqkv_.data(), B_, T_, cps_, cpr_, int(Hkvl_), int(G_), int(D_));
 }
 
 template <OpSet Ops>

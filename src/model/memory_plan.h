@@ -96,7 +96,8 @@ inline int64_t slot_token_bytes(const GptMemoryShape& s) { return 2 * s.B * s.T 
 
 // The step's buffers besides the slots: gradients of activations, tensor-parallel scratch, the
 // layer set that recompute refills, and under cp the whole sequence's qkv and its gradient,
-// (B, T cp, Ql) each, and its keys and values as the collectives move them (B, T cp, 2 Hkvl D).
+// (B, T cp, Ql) each, and its keys and values as the collectives move them (B, T cp, 2 Hkvl D)
+// in fp32 (their gradients' reduce-scatter sums in fp32; the gather moves Act in the same bytes).
 inline int64_t buffer_bytes(const GptMemoryShape& s) {
   const int64_t BT = s.B * s.T, C = s.C;
   int64_t acts = 4 * BT * C + BT * s.Cl + BT * s.Ql + BT * s.Pl;  // tmp, tmp2, dresid, dln, datty, dqkv, dfc
@@ -104,7 +105,7 @@ inline int64_t buffer_bytes(const GptMemoryShape& s) {
   int64_t floats = 2;                                                // the loss (a double)
   if (s.tp) acts += BT * C;
   if (s.tp && s.act_bytes != 4) floats += 2 * BT * C;
-  if (s.cp > 1) acts += BT * s.cp * (2 * s.Ql + (s.Ql - s.Cl));  // qkv, dqkv; the keys' and values' blocks
+  if (s.cp > 1) acts += BT * s.cp * 2 * s.Ql, floats += BT * s.cp * (s.Ql - s.Cl);  // qkv, dqkv; the k, v blocks
   if (s.has_moe) {  // dys, dxs (M,C), the experts' dfc (Mx,2Fe), the shared ones' (N,2Fs); dlogits, dweights
     const int64_t M = BT * s.k, Mx = s.expert_rows();
     acts += 2 * M * C + Mx * 2 * s.Fe + BT * 2 * s.Fs;

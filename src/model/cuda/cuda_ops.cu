@@ -516,26 +516,32 @@ void CudaOps::accumulate(float* dst, const float* src, int64_t n) const {
   cuda::accumulate(dst, src, n, st_->stream);
 }
 
+// A context-parallel rank's rows as the kernels take them (the identity for null).
+static cuda::RowPositions positions_of(const ContextRows* rows) {
+  if (!rows) return {};
+  return {rows->begin[0], rows->end[0] - rows->begin[0], rows->n > 1 ? rows->begin[1] : 0};
+}
+
 void CudaOps::embedding_forward(Act* out, const int32_t* tokens, const Param* wte, const Param* wpe, int B, int T,
-                                int C) const {
+                                int C, const ContextRows* rows) const {
   OpScope op(*st_, "embedding_forward", B, T, C);
-  cuda::embedding_forward(out, tokens, wte, wpe, B, T, C, st_->stream);
+  cuda::embedding_forward(out, tokens, wte, wpe, B, T, C, st_->stream, positions_of(rows));
 }
 
 void CudaOps::rows_by_id_backward(float* dwte, float* dwpe, const Act* dout, const Tokens& t, int B, int T,
-                                  int C) const {
+                                  int C, const ContextRows* rows) const {
   const int64_t N = int64_t(B) * T;
   MYRIAD_CHECK(t.Vl_ > 0 && t.loaded_ == N, "a lookup's backward needs its tokens loaded with their vocabulary rows");
   const int32_t* g = t.groups_.data();
   cuda::embedding_backward(dwte, dwpe, dout, g, g + N, g + N + t.groups_count_ + 1, t.summed_, B, T, C,
-                           st_->stream);
+                           st_->stream, positions_of(rows));
 }
 
 void CudaOps::embedding_backward(float* dwte, float* dwpe, const Act* dout, const Tokens& tokens, int B, int T,
-                                 int C) const {
+                                 int C, const ContextRows* rows) const {
   OpScope op(*st_, "embedding_backward", B, T, C);
   MYRIAD_CHECK(tokens.v0_ == 0, "the embedding's tokens are loaded with the whole vocabulary");
-  rows_by_id_backward(dwte, dwpe, dout, tokens, B, T, C);
+  rows_by_id_backward(dwte, dwpe, dout, tokens, B, T, C, rows);
 }
 
 void CudaOps::norm_forward(Norm n, Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b,
@@ -731,8 +737,9 @@ void CudaOps::select_attention(const std::string& kernel, bool deterministic) co
 }
 
 // Whether this shape runs on cuDNN: decided at its first call, the same for its forward and backward.
-static bool use_cudnn(CudaOps::State& st, int B, int T, int H, int Hkv, int D, int window, bool docs) {
-  if (st.attention == "myriad") return false;
+static bool use_cudnn(CudaOps::State& st, int B, int T, int H, int Hkv, int D, int window, bool docs,
+                      const ContextRows* rows) {
+  if (st.attention == "myriad" || rows) return false;  // a rank's query rows: context_parallel_refusal
   const auto key = std::make_tuple(B, T, H, Hkv, D, window, docs);
   if (auto it = st.cudnn_takes.find(key); it != st.cudnn_takes.end()) return it->second;
   std::string why = "documents packed in a row (data.document_mask) need Myriad's kernel";
@@ -748,22 +755,55 @@ static bool use_cudnn(CudaOps::State& st, int B, int T, int H, int Hkv, int D, i
   return st.cudnn_takes[key] = ok;
 }
 
+static cuda::QueryRows query_rows(const ContextRows* rows) {
+  return rows ? cuda::QueryRows{positions_of(rows), int(rows->count())} : cuda::QueryRows{};
+}
+
 void CudaOps::attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int H, int Hkv, int D,
-                                int window, const int32_t* docs) const {
+                                int window, const int32_t* docs, const ContextRows* rows) const {
   OpScope op(*st_, "attention_forward", B, T, H, D);
-  if (use_cudnn(*st_, B, T, H, Hkv, D, window, docs))
+  if (use_cudnn(*st_, B, T, H, Hkv, D, window, docs, rows))
     cudnn::attention_forward(out, saved, qkv, B, T, H, Hkv, D, window, st_->stream);
   else
-    cuda::attention_forward(out, saved, qkv, B, T, H, Hkv, D, window, st_->stream, docs);
+    cuda::attention_forward(out, saved, qkv, B, T, H, Hkv, D, window, st_->stream, docs, query_rows(rows));
 }
 void CudaOps::attention_backward(Act* dqkv, const Act* dout, const Act* out, const Act* qkv, const float* saved,
-                                 int B, int T, int H, int Hkv, int D, int window, const int32_t* docs) const {
+                                 int B, int T, int H, int Hkv, int D, int window, const int32_t* docs,
+                                 const ContextRows* rows) const {
   OpScope op(*st_, "attention_backward", B, T, H, D);
-  if (use_cudnn(*st_, B, T, H, Hkv, D, window, docs))
+  if (use_cudnn(*st_, B, T, H, Hkv, D, window, docs, rows))
     cudnn::attention_backward(dqkv, dout, out, qkv, saved, B, T, H, Hkv, D, window, st_->stream);
   else
-    cuda::attention_backward(dqkv, scratch(attention_scratch_floats(B, T, H, D)), dout, out, qkv, saved, B, T, H,
-                             Hkv, D, window, st_->stream, docs);
+    cuda::attention_backward(dqkv, scratch(attention_scratch_floats(B, rows ? int(rows->count()) : T, H, D)), dout,
+                             out, qkv, saved, B, T, H, Hkv, D, window, st_->stream, docs, query_rows(rows));
+}
+
+std::string CudaOps::context_parallel_refusal(int64_t chunk) const {
+  if (chunk % 8 != 0)
+    return cat("seq_len / (2 cp) = ", chunk, " tokens per chunk, but the GPU's attention kernel takes chunks of a "
+               "multiple of 8 tokens; choose a seq_len divisible by 16 x cp");
+  if (st_->attention != "cudnn") return "";
+  return "train.attention = \"cudnn\" takes whole sequences of queries, not a context-parallel rank's two chunks "
+         "of one; use train.attention = \"auto\" or \"myriad\" (Myriad's kernel) with parallel.cp > 1";
+}
+
+void CudaOps::cp_pack_kv(Act* pack, const Act* qkv, int64_t N, int Hkv, int G, int D) const {
+  OpScope op(*st_, "cp_pack_kv");
+  cuda::cp_pack_kv(pack, qkv, N, Hkv, G, D, st_->stream);
+}
+void CudaOps::cp_unpack_kv(Act* whole, const Act* packs, const Act* local, int B, int T, int cp, int rank, int Hkv,
+                           int G, int D) const {
+  OpScope op(*st_, "cp_unpack_kv");
+  cuda::cp_unpack_kv(whole, packs, local, B, T, cp, rank, Hkv, G, D, st_->stream);
+}
+void CudaOps::cp_pack_kv_grad(float* packs, const Act* dwhole, int B, int T, int cp, int Hkv, int G, int D) const {
+  OpScope op(*st_, "cp_pack_kv_grad");
+  cuda::cp_pack_kv_grad(packs, dwhole, B, T, cp, Hkv, G, D, st_->stream);
+}
+void CudaOps::cp_unpack_kv_grad(Act* dlocal, const float* mine, const Act* dwhole, int B, int T, int cp, int rank,
+                                int Hkv, int G, int D) const {
+  OpScope op(*st_, "cp_unpack_kv_grad");
+  cuda::cp_unpack_kv_grad(dlocal, mine, dwhole, B, T, cp, rank, Hkv, G, D, st_->stream);
 }
 
 void CudaOps::set_rope(const std::vector<double>& freqs) const {
@@ -773,13 +813,13 @@ void CudaOps::set_rope(const std::vector<double>& freqs) const {
   CUDA_CHECK(cudaMalloc(&st_->rope_freqs, f.size() * sizeof(float)));
   CUDA_CHECK(cudaMemcpy(st_->rope_freqs, f.data(), f.size() * sizeof(float), cudaMemcpyHostToDevice));
 }
-void CudaOps::rope_forward(Act* qkv, int B, int T, int Hkv, int G, int D) const {
+void CudaOps::rope_forward(Act* qkv, int B, int T, int Hkv, int G, int D, const ContextRows* rows) const {
   OpScope op(*st_, "rope_forward", B, T, Hkv * G, D);
-  cuda::rope_forward(qkv, st_->rope_freqs, B, T, Hkv, G, D, 0, st_->stream);
+  cuda::rope_forward(qkv, st_->rope_freqs, B, T, Hkv, G, D, 0, st_->stream, positions_of(rows));
 }
-void CudaOps::rope_backward(Act* dqkv, int B, int T, int Hkv, int G, int D) const {
+void CudaOps::rope_backward(Act* dqkv, int B, int T, int Hkv, int G, int D, const ContextRows* rows) const {
   OpScope op(*st_, "rope_backward", B, T, Hkv * G, D);
-  cuda::rope_backward(dqkv, st_->rope_freqs, B, T, Hkv, G, D, 0, st_->stream);
+  cuda::rope_backward(dqkv, st_->rope_freqs, B, T, Hkv, G, D, 0, st_->stream, positions_of(rows));
 }
 
 void CudaOps::crossentropy_forward(float* losses, const Act* logits, const int32_t* targets, int N, int V,
@@ -815,14 +855,15 @@ void CudaOps::vocab_rows_backward(float* dwte, const Act* dfull, const Tokens& t
   rows_by_id_backward(dwte, nullptr, dfull, tokens, 1, N, C);
 }
 
-void CudaOps::add_positions(Act* out, const Param* wpe, int r0, int rows, int T, int C) const {
+void CudaOps::add_positions(Act* out, const Param* wpe, int r0, int rows, int T, int C, const ContextRows* cr) const {
   OpScope op(*st_, "add_positions", rows, C);
-  cuda::add_positions(out, wpe, r0, rows, T, C, st_->stream);
+  cuda::add_positions(out, wpe, r0, rows, T, C, st_->stream, positions_of(cr));
 }
 
-void CudaOps::positions_backward(float* dwpe, const Act* dout, int r0, int rows, int T, int C) const {
+void CudaOps::positions_backward(float* dwpe, const Act* dout, int r0, int rows, int T, int C,
+                                 const ContextRows* cr) const {
   OpScope op(*st_, "positions_backward", rows, C);
-  cuda::positions_backward(dwpe, dout, r0, rows, T, C, st_->stream);
+  cuda::positions_backward(dwpe, dout, r0, rows, T, C, st_->stream, positions_of(cr));
 }
 
 void CudaOps::ce_row_max(float* mx, const Act* logits, int N, int64_t Vl, int live) const {

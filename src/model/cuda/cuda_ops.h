@@ -125,8 +125,11 @@ class CudaOps {
   double seconds(int from, int to) const;
   void clear_marks() const;
 
-  void embedding_forward(Act* out, const int32_t* tokens, const Param* wte, const Param* wpe, int B, int T, int C) const;
-  void embedding_backward(float* dwte, float* dwpe, const Act* dout, const Tokens& tokens, int B, int T, int C) const;
+  // rows: a context-parallel rank's (as CpuOps's), or null.
+  void embedding_forward(Act* out, const int32_t* tokens, const Param* wte, const Param* wpe, int B, int T, int C,
+                         const ContextRows* rows = nullptr) const;
+  void embedding_backward(float* dwte, float* dwpe, const Act* dout, const Tokens& tokens, int B, int T, int C,
+                          const ContextRows* rows = nullptr) const;
   void norm_forward(Norm n, Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b, int N,
                     int C) const;
   void residual_norm_forward(Norm n, Act* resid, Act* out, float* mean, float* rstd, const Act* a, const Act* b,
@@ -159,16 +162,18 @@ class CudaOps {
   // log2): one shape always runs on one kernel.
   void select_attention(const std::string& kernel, bool deterministic) const;
   int64_t attention_saved(int B, int H, int T, int /*Tk*/ = 0) const { return int64_t(B) * H * T; }
-  // docs (B,T) on the device, or null: as CpuOps's. Only Myriad's kernel takes it (cuDNN's fused
-  // attention would need each document as a ragged sequence of its own).
+  // docs (B,T) on the device, or null, and a context-parallel rank's query rows, or null: as
+  // CpuOps's. Only Myriad's kernel takes either (cuDNN's fused attention would need each document
+  // as a ragged sequence of its own, and takes whole sequences of queries).
   void attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int H, int Hkv, int D,
-                         int window, const int32_t* docs = nullptr) const;
+                         int window, const int32_t* docs = nullptr, const ContextRows* rows = nullptr) const;
   void attention_backward(Act* dqkv, const Act* dout, const Act* out, const Act* qkv, const float* saved, int B,
-                          int T, int H, int Hkv, int D, int window, const int32_t* docs = nullptr) const;
+                          int T, int H, int Hkv, int D, int window, const int32_t* docs = nullptr,
+                          const ContextRows* rows = nullptr) const;
   // The rotation frequencies go to the device once (fp32); the rotations as the CPU op set's.
   void set_rope(const std::vector<double>& freqs) const;
-  void rope_forward(Act* qkv, int B, int T, int Hkv, int G, int D) const;
-  void rope_backward(Act* dqkv, int B, int T, int Hkv, int G, int D) const;
+  void rope_forward(Act* qkv, int B, int T, int Hkv, int G, int D, const ContextRows* rows = nullptr) const;
+  void rope_backward(Act* dqkv, int B, int T, int Hkv, int G, int D, const ContextRows* rows = nullptr) const;
   void crossentropy_forward(float* losses, const Act* logits, const int32_t* targets, int N, int V, int Vp) const;
   void crossentropy_forward_backward(float* losses, Act* logits, const int32_t* targets, float dloss, int N, int V,
                                      int Vp) const;
@@ -180,8 +185,10 @@ class CudaOps {
   // Deterministic: the rows of each token summed in order (tokens loaded with [v0, v0 + Vl)).
   void vocab_rows_backward(float* dwte, const Act* dfull, const Tokens& tokens, int64_t v0, int64_t Vl, int N,
                            int C) const;
-  void add_positions(Act* out, const Param* wpe, int r0, int rows, int T, int C) const;
-  void positions_backward(float* dwpe, const Act* dout, int r0, int rows, int T, int C) const;
+  void add_positions(Act* out, const Param* wpe, int r0, int rows, int T, int C,
+                     const ContextRows* cr = nullptr) const;
+  void positions_backward(float* dwpe, const Act* dout, int r0, int rows, int T, int C,
+                          const ContextRows* cr = nullptr) const;
   void ce_row_max(float* mx, const Act* logits, int N, int64_t Vl, int live) const;
   void ce_partials(float* parts, const Act* logits, const float* mx, const int32_t* targets, int64_t v0, int N,
                    int64_t Vl, int live) const;
@@ -192,49 +199,17 @@ class CudaOps {
   // train.precision = "fp8" with experts is refused by cuda_unsupported_model (the experts'
   // grouped GEMMs are bf16 only), so there is nothing left to refuse here.
   std::string moe_refusal() const { return ""; }
-  // Context parallelism is built on the CPU only (docs/notes/cp.md): the kernels below take a
-  // rank's rows in their signatures, and a model refuses cp on this op set before any of them
-  // would be given one.
-  std::string context_parallel_refusal() const {
-    return "context parallelism runs on the CPU engine so far (its CUDA kernels are not built: docs/notes/cp.md); "
-           "use parallel.cp = 1 on a GPU";
-  }
-  void embedding_forward(Act* out, const int32_t* tokens, const Param* wte, const Param* wpe, int B, int T, int C,
-                         const ContextRows* rows) const {
-    whole(rows);
-    embedding_forward(out, tokens, wte, wpe, B, T, C);
-  }
-  void embedding_backward(float* dwte, float* dwpe, const Act* dout, const Tokens& tokens, int B, int T, int C,
-                          const ContextRows* rows) const {
-    whole(rows);
-    embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
-  }
-  void attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int H, int Hkv, int D, int window,
-                         const int32_t* docs, const ContextRows* rows) const {
-    whole(rows);
-    attention_forward(out, saved, qkv, B, T, H, Hkv, D, window, docs);
-  }
-  void attention_backward(Act* dqkv, const Act* dout, const Act* out, const Act* qkv, const float* saved, int B,
-                          int T, int H, int Hkv, int D, int window, const int32_t* docs, const ContextRows* rows) const {
-    whole(rows);
-    attention_backward(dqkv, dout, out, qkv, saved, B, T, H, Hkv, D, window, docs);
-  }
-  void rope_forward(Act* qkv, int B, int T, int Hkv, int G, int D, const ContextRows* rows) const {
-    whole(rows);
-    rope_forward(qkv, B, T, Hkv, G, D);
-  }
-  void rope_backward(Act* dqkv, int B, int T, int Hkv, int G, int D, const ContextRows* rows) const {
-    whole(rows);
-    rope_backward(dqkv, B, T, Hkv, G, D);
-  }
-  void add_positions(Act* out, const Param* wpe, int r0, int rows, int T, int C, const ContextRows* cr) const {
-    whole(cr);
-    add_positions(out, wpe, r0, rows, T, C);
-  }
-  void positions_backward(float* dwpe, const Act* dout, int r0, int rows, int T, int C, const ContextRows* cr) const {
-    whole(cr);
-    positions_backward(dwpe, dout, r0, rows, T, C);
-  }
+  // Context parallelism: the kernels above take a rank's rows (Myriad's attention kernel only:
+  // train.attention = "cudnn" is refused with cp), and the key/value exchange's packing runs on
+  // the device (cpu_ops.h has the contracts).
+  // Why cp cannot run here with chunks of `chunk` tokens (seq_len / (2 cp)), "" when it can.
+  std::string context_parallel_refusal(int64_t chunk) const;
+  void cp_pack_kv(Act* pack, const Act* qkv, int64_t N, int Hkv, int G, int D) const;
+  void cp_unpack_kv(Act* whole, const Act* packs, const Act* local, int B, int T, int cp, int rank, int Hkv, int G,
+                    int D) const;
+  void cp_pack_kv_grad(float* packs, const Act* dwhole, int B, int T, int cp, int Hkv, int G, int D) const;
+  void cp_unpack_kv_grad(Act* dlocal, const float* mine, const Act* dwhole, int B, int T, int cp, int rank, int Hkv,
+                         int G, int D) const;
   // The router's logits in fp32 (cuBLASLt, bf16 operands, fp32 output); its backward's two
   // products in fp32 (ops/cuda/moe.cu), dx += and dw +=.
   void router_forward(float* logits, const Act* x, const Param* w, int N, int C, int E) const;
@@ -280,15 +255,12 @@ class CudaOps {
  struct State;  // cuda_ops.cu
 
  private:
-  // A context-parallel rank's rows reach no kernel here (context_parallel_refusal).
-  static void whole(const ContextRows* rows) {
-    if (rows) throw std::logic_error("CudaOps: a context-parallel rank's rows, but cp is not built on the GPU");
-  }
   // Scratch of at least n floats, shared by the ops (one runs at a time).
   float* scratch(size_t n) const;
   // dwte rows += the rows of dout (B*T, C) of each id of t held in its vocabulary rows; dwpe as
   // the embedding's (may be null). Deterministic.
-  void rows_by_id_backward(float* dwte, float* dwpe, const Act* dout, const Tokens& t, int B, int T, int C) const;
+  void rows_by_id_backward(float* dwte, float* dwpe, const Act* dout, const Tokens& t, int B, int T, int C,
+                           const ContextRows* rows = nullptr) const;
   // The device's copy of boundaries (cached while they stay the same).
   const int64_t* segments(const std::vector<int64_t>& bounds) const;
   std::shared_ptr<State> st_;

@@ -222,6 +222,68 @@ void CpuOps::vocab_rows_backward(float* dwte, const Act* dfull, const Tokens& to
   }
 }
 
+// ---- context parallelism's key/value exchange ----
+// In each the index arithmetic is the CUDA kernels' (ops/cuda/context_parallel.cu): rows n of a
+// block, heads g, and the k, v pair's 2D elements after a group's G query heads.
+
+void CpuOps::cp_pack_kv(Act* pack, const Act* qkv, int64_t N, int Hkv, int G, int D) const {
+  const int64_t Ql = int64_t(Hkv) * (G + 2) * D;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    for (int g = 0; g < Hkv; ++g)
+      std::copy_n(qkv + n * Ql + (int64_t(g) * (G + 2) + G) * D, 2 * D, pack + (n * Hkv + g) * 2 * D);
+}
+
+void CpuOps::cp_unpack_kv(Act* whole, const Act* packs, const Act* local, int B, int T, int cp, int rank, int Hkv,
+                          int G, int D) const {
+  const int64_t Ql = int64_t(Hkv) * (G + 2) * D, block = int64_t(B) * T * Hkv * 2 * D, Tw = int64_t(T) * cp;
+  for (int q = 0; q < cp; ++q) {
+    const ContextRows r = context_rows(Tw, cp, q);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; ++b)
+      for (int64_t i = 0; i < T; ++i) {  // rank q's row i of batch row b
+        const int64_t n = int64_t(b) * T + i;
+        Act* to = whole + (int64_t(b) * Tw + r.position(i)) * Ql;
+        if (q == rank) {
+          std::copy_n(local + n * Ql, Ql, to);
+        } else {
+          for (int g = 0; g < Hkv; ++g)
+            std::copy_n(packs + q * block + (n * Hkv + g) * 2 * D, 2 * D, to + (int64_t(g) * (G + 2) + G) * D);
+        }
+      }
+  }
+}
+
+void CpuOps::cp_pack_kv_grad(float* packs, const Act* dwhole, int B, int T, int cp, int Hkv, int G, int D) const {
+  const int64_t Ql = int64_t(Hkv) * (G + 2) * D, block = int64_t(B) * T * Hkv * 2 * D, Tw = int64_t(T) * cp;
+  for (int q = 0; q < cp; ++q) {
+    const ContextRows r = context_rows(Tw, cp, q);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; ++b)
+      for (int64_t i = 0; i < T; ++i) {
+        const Act* from = dwhole + (int64_t(b) * Tw + r.position(i)) * Ql;
+        for (int g = 0; g < Hkv; ++g)
+          std::copy_n(from + (int64_t(g) * (G + 2) + G) * D, 2 * D,
+                      packs + q * block + ((int64_t(b) * T + i) * Hkv + g) * 2 * D);
+      }
+  }
+}
+
+void CpuOps::cp_unpack_kv_grad(Act* dlocal, const float* mine, const Act* dwhole, int B, int T, int cp, int rank,
+                               int Hkv, int G, int D) const {
+  const int64_t Ql = int64_t(Hkv) * (G + 2) * D, Tw = int64_t(T) * cp;
+  const ContextRows r = context_rows(Tw, cp, rank);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int b = 0; b < B; ++b)
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t n = int64_t(b) * T + i;
+      Act* to = dlocal + n * Ql;
+      std::copy_n(dwhole + (int64_t(b) * Tw + r.position(i)) * Ql, Ql, to);  // the queries' gradient, own rows
+      for (int g = 0; g < Hkv; ++g)
+        std::copy_n(mine + (n * Hkv + g) * 2 * D, 2 * D, to + (int64_t(g) * (G + 2) + G) * D);
+    }
+}
+
 void CpuOps::add_positions(Act* out, const Param* wpe, int r0, int rows, int T, int C, const ContextRows* cr) const {
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < rows; ++i) {

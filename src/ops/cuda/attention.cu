@@ -88,6 +88,24 @@ struct WarpFirstKeys {
 };
 constexpr int kPadT = 256;  // row padding of the scratch's per-(b,h) vectors
 
+// The query rows of a launch (ops.cuh's QueryRows) as the query-row kernels (forward, dQ) walk
+// them: blocks [0, nb0) cover positions [b[0], e[0]) in blocks of the kernel's rows, the rest
+// [b[1], e[1]); the local row (of out, dout, lse and the scratch) of position p of range c is
+// p - shift[c]. The whole sequence: one range [0, T), shift 0, exactly the kernels' old walk.
+struct QRanges {
+  int b[2], e[2], shift[2];
+  int nb0;    // blocks of range 0
+  int count;  // local rows, Tq
+};
+// One block's (or tile's) queries: positions [q0, min(q0 + rows, qend)), local rows p - shift.
+struct QBlock {
+  int q0, qend, shift;
+};
+__device__ __forceinline__ QBlock query_block(const QRanges& r, int qb, int rows) {
+  return qb < r.nb0 ? QBlock{r.b[0] + qb * rows, r.e[0], r.shift[0]}
+                    : QBlock{r.b[1] + (qb - r.nb0) * rows, r.e[1], r.shift[1]};
+}
+
 // ---------------------------------------------------------------------------------------------
 // PTX wrappers
 // ---------------------------------------------------------------------------------------------
@@ -277,8 +295,8 @@ constexpr size_t fwd_smem() {
 template <int D, int W, int MT, bool kDocs>
 __global__ void __launch_bounds__(W * 32)
     attn_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv,
-                    int T, int H, int G, int window, const int32_t* __restrict__ docs, float c,
-                    float inv_sqrt_d) {
+                    int T, int H, int G, int window, const int32_t* __restrict__ docs, QRanges qr,
+                    float c, float inv_sqrt_d) {
   constexpr int NT = W * 32, RW = 16 * MT, BR = RW * W, BC = kTile, LD = D + 8;
   constexpr int KS = D / 16;  // k-steps over D
   constexpr int SN = BC / 8;  // n-tiles of S
@@ -291,9 +309,10 @@ __global__ void __launch_bounds__(W * 32)
   bf16* sV = sK + 2 * BC * LD;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
-  const int qb = gridDim.x - 1 - blockIdx.x;
   const int bh = blockIdx.y, b = bh / H, h = bh % H;
-  const int q0 = qb * BR;
+  // Queries at positions [q0, qend), keys at [0, T).
+  const QBlock qbk = query_block(qr, gridDim.x - 1 - blockIdx.x, BR);
+  const int q0 = qbk.q0, qend = qbk.qend;
   const QkvHeads x(qkv, b, T, H, G, D, h / G);
   const int64_t ts = x.ts;
   const bf16* qg = x.q(h % G);
@@ -301,16 +320,16 @@ __global__ void __launch_bounds__(W * 32)
   const bf16* vg = x.v;
   const int32_t* drow = kDocs ? docs + int64_t(b) * T : nullptr;
   const int kb_lo = first_key(q0, window, drow) / BC;
-  const int kb_hi = min(q0 + BR - 1, T - 1) / BC;
+  const int kb_hi = min(q0 + BR - 1, qend - 1) / BC;
 
-  load_tile<BR, D, NT>(sQ, qg, ts, q0, T);
+  load_tile<BR, D, NT>(sQ, qg, ts, q0, qend);
   load_tile<BC, D, NT>(sK, kg, ts, kb_hi * BC, T);
   cp_async_commit();
   load_tile<BC, D, NT>(sV, vg, ts, kb_hi * BC, T);
   cp_async_commit();
 
   const int rw = q0 + warp * RW;  // the warp's first query
-  const WarpFirstKeys<MT> lo(rw, RW, g, T, window, drow);
+  const WarpFirstKeys<MT> lo(rw, RW, g, qend, window, drow);
   uint32_t qf[kQReg ? MT : 1][kQReg ? KS : 1][4];
   float o[MT][ON][4];
   float m[MT][2], l[MT][2];
@@ -341,7 +360,7 @@ __global__ void __launch_bounds__(W * 32)
     if (kb > kb_lo) load_tile<BC, D, NT>(sV + (st ^ 1) * BC * LD, vg, ts, k0 - BC, T);
     cp_async_commit();
 
-    const bool skip = rw >= T || k0 > rw + RW - 1 || k0 + BC - 1 < lo.first;
+    const bool skip = rw >= qend || k0 > rw + RW - 1 || k0 + BC - 1 < lo.first;
     const bool need_mask = k0 + BC - 1 > rw || k0 + BC > T || k0 < lo.last;
     float s[MT][SN][4];
     if (!skip) {
@@ -448,13 +467,13 @@ __global__ void __launch_bounds__(W * 32)
       lt += __shfl_xor_sync(0xffffffffu, lt, 1);
       lt += __shfl_xor_sync(0xffffffffu, lt, 2);
       const float inv = lt > 0.f ? 1.f / lt : 0.f;
-      const int row = rw + t * 16 + g + hf * 8;
-      if (row < T) {
-        bf16* po = out + (int64_t(b) * T + row) * os + int64_t(h) * D + 2 * tig;
+      const int row = rw + t * 16 + g + hf * 8, local = row - qbk.shift;
+      if (row < qend) {
+        bf16* po = out + (int64_t(b) * qr.count + local) * os + int64_t(h) * D + 2 * tig;
 #pragma unroll
         for (int n = 0; n < ON; ++n)
           store_bf16x2(po + n * 8, o[t][n][2 * hf] * inv, o[t][n][2 * hf + 1] * inv);
-        if (tig == 0) lse[int64_t(bh) * T + row] = m[t][hf] * inv_sqrt_d + logf(lt);
+        if (tig == 0) lse[int64_t(bh) * qr.count + local] = m[t][hf] * inv_sqrt_d + logf(lt);
       }
     }
   }
@@ -505,7 +524,7 @@ __global__ void __launch_bounds__(W * 32)
     attn_bwd_dkdv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                          const bf16* __restrict__ qkv, const float* __restrict__ dvec,
                          const float* __restrict__ lse2, int T, int Tp, int H, int G, int window,
-                         const int32_t* __restrict__ docs, float c, float inv_sqrt_d) {
+                         const int32_t* __restrict__ docs, QRanges qr, float c, float inv_sqrt_d) {
   constexpr int NT = W * 32, RW = 16 * MT, BC = RW * W, BQ = BN, LD = D + 8;
   constexpr int KS = D / 16;  // k-steps over D
   constexpr int SN = BQ / 8;  // n-tiles of S^T (queries)
@@ -543,31 +562,51 @@ __global__ void __launch_bounds__(W * 32)
     }
     q_last = min(q_last, lo);
   }
-  const int qb_lo = k0 / BQ;
-  const int qb_hi = q_last / BQ;
-  const int nq = qb_hi - qb_lo + 1, steps = G * nq;
+  // The query tiles that see the block's keys, in position order: of each range c of queries,
+  // its tiles [j0[c], j0[c] + nt[c]) (tile j at position b[c] + j BQ) within [k0, q_last].
+  int j0[2], nt[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int first = max(qr.b[r], k0), last = min(qr.e[r] - 1, q_last);
+    j0[r] = (first - qr.b[r]) / BQ;
+    nt[r] = last < first ? 0 : (last - qr.b[r]) / BQ - j0[r] + 1;
+  }
+  const int nq = nt[0] + nt[1], steps = G * nq;
+  auto tile = [&](int i) {  // the i-th of those tiles
+    const int r = i < nt[0] ? 0 : 1;
+    return QBlock{qr.b[r] + (j0[r] + (r ? i - nt[0] : i)) * BQ, qr.e[r], qr.shift[r]};
+  };
 
-  // Step i: query head gq G + i / nq, query tile qb_lo + i % nq.
+  // Step i: query head gq G + i / nq, query tile tile(i % nq). The tile's lse2 and Dv are read
+  // for its rows before qend (its range's end), zeros past it.
   auto load_q = [&](int i, int st) {
-    const int j = i / nq, q0 = (qb_lo + i % nq) * BQ;
+    const int j = i / nq;
+    const QBlock q = tile(i % nq);
     const int64_t bh = int64_t(b) * H + gq * G + j;
-    load_tile<BQ, D, NT>(sQ + st * BQ * LD, x.q(j), ts, q0, T);
-    const int t = threadIdx.x;
-    if (t < BQ / 4)
-      cp_async16(smem_addr(sL + st * BQ + t * 4), lse2 + bh * Tp + q0 + t * 4, true);
-    else if (t < BQ / 2)
-      cp_async16(smem_addr(sD + st * BQ + (t - BQ / 4) * 4), dvec + bh * Tp + q0 + (t - BQ / 4) * 4, true);
+    load_tile<BQ, D, NT>(sQ + st * BQ * LD, x.q(j), ts, q.q0, q.qend);
+    const int t = threadIdx.x, local = q.q0 - q.shift;
+    if (t < BQ / 4) {
+      const bool in = q.q0 + t * 4 < q.qend;
+      cp_async16(smem_addr(sL + st * BQ + t * 4), lse2 + bh * Tp + local + (in ? t * 4 : 0), in);
+    } else if (t < BQ / 2) {
+      const int u = (t - BQ / 4) * 4;
+      const bool in = q.q0 + u < q.qend;
+      cp_async16(smem_addr(sD + st * BQ + u), dvec + bh * Tp + local + (in ? u : 0), in);
+    }
   };
   auto load_o = [&](int i, int st) {
-    const int j = i / nq, q0 = (qb_lo + i % nq) * BQ;
-    const bf16* dog = dout + int64_t(b) * T * os + int64_t(gq * G + j) * D;
-    load_tile<BQ, D, NT>(sO + st * BQ * LD, dog, os, q0, T);
+    const int j = i / nq;
+    const QBlock q = tile(i % nq);
+    const bf16* dog = dout + int64_t(b) * qr.count * os + int64_t(gq * G + j) * D;
+    load_tile<BQ, D, NT>(sO + st * BQ * LD, dog, os, q.q0 - q.shift, q.qend - q.shift);
   };
-  load_tile<BC, D, NT>(sK, kg, ts, k0, T);
-  load_tile<BC, D, NT>(sV, vg, ts, k0, T);
-  load_q(0, 0);
+  if (steps > 0) {  // none: no query here sees these keys (context parallelism), dK = dV = 0
+    load_tile<BC, D, NT>(sK, kg, ts, k0, T);
+    load_tile<BC, D, NT>(sV, vg, ts, k0, T);
+    load_q(0, 0);
+  }
   cp_async_commit();
-  load_o(0, 0);
+  if (steps > 0) load_o(0, 0);
   cp_async_commit();
 
   const int kw = k0 + warp * RW;  // the warp's first key
@@ -582,7 +621,8 @@ __global__ void __launch_bounds__(W * 32)
 
   for (int it = 0; it < steps; ++it) {
     const int st = it & 1;
-    const int q0 = (qb_lo + it % nq) * BQ;
+    const QBlock qt = tile(it % nq);
+    const int q0 = qt.q0, qend = qt.qend;
     const bf16* cQ = sQ + st * BQ * LD;
     const bf16* cO = sO + st * BQ * LD;
     const float* cL = sL + st * BQ;
@@ -595,10 +635,11 @@ __global__ void __launch_bounds__(W * 32)
     cp_async_commit();
 
     // Queries only grow their first key, so the tile's first query decides whether any of it
-    // sees the warp's keys, and its last whether all of it sees them all (q0 < T: qb_hi's bound).
+    // sees the warp's keys, and its last whether all of it sees them all (q0 < qend: the tiles'
+    // bound). Queries past qend (their range's end) are masked.
     const bool skip = kw >= T || q0 + BQ - 1 < kw || first_key(q0, window, drow) > kw + RW - 1;
-    const bool need_mask = q0 < kw + RW - 1 || q0 + BQ > T || kw + RW - 1 >= T ||
-                           first_key(q0 + BQ - 1, window, drow) > kw;
+    const bool need_mask = q0 < kw + RW - 1 || q0 + BQ > qend || kw + RW - 1 >= T ||
+                           first_key(min(q0 + BQ, qend) - 1, window, drow) > kw;
     float s[MT][SN][4];
     if (!skip) {
       // S^T = K Q^T (keys x queries), then P^T = exp2(S^T c - lse2[query]).
@@ -623,7 +664,7 @@ __global__ void __launch_bounds__(W * 32)
             for (int e = 0; e < 4; ++e) {
               const int q = q0 + n * 8 + 2 * tig + (e & 1);
               const int kr = kw + t * 16 + g + (e < 2 ? 0 : 8);
-              const bool ok = kr <= q && q < T && kr >= first_key(q, window, drow);
+              const bool ok = kr <= q && q < qend && kr >= first_key(q, window, drow);
               if (!ok) s[t][n][e] = 0.f;
             }
           }
@@ -694,7 +735,7 @@ __global__ void __launch_bounds__(W * 32)
     attn_bwd_dq_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                        const bf16* __restrict__ qkv, const float* __restrict__ dvec,
                        const float* __restrict__ lse2, int T, int Tp, int H, int G, int window,
-                       const int32_t* __restrict__ docs, float c, float inv_sqrt_d) {
+                       const int32_t* __restrict__ docs, QRanges qr, float c, float inv_sqrt_d) {
   constexpr int NT = W * 32, RW = 16 * MT, BQ = RW * W, BC = BN, LD = D + 8;
   constexpr int KS = D / 16;
   constexpr int SN = BC / 8;
@@ -706,37 +747,39 @@ __global__ void __launch_bounds__(W * 32)
   bf16* sV = sK + 2 * BC * LD;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
-  const int qb = gridDim.x - 1 - blockIdx.x;
   const int bh = blockIdx.y, b = bh / H, h = bh % H;
-  const int q0 = qb * BQ;
+  // Queries at positions [q0, qend) (local rows p - shift), keys at [0, T).
+  const QBlock qbk = query_block(qr, gridDim.x - 1 - blockIdx.x, BQ);
+  const int q0 = qbk.q0, qend = qbk.qend, shift = qbk.shift;
   const QkvHeads x(qkv, b, T, H, G, D, h / G);
   const int64_t ts = x.ts, os = int64_t(H) * D;
   const bf16* qg = x.q(h % G);
   const bf16* kg = x.k;
   const bf16* vg = x.v;
-  const bf16* dog = dout + int64_t(b) * T * os + int64_t(h) * D;
+  const bf16* dog = dout + int64_t(b) * qr.count * os + int64_t(h) * D;
   const int32_t* drow = kDocs ? docs + int64_t(b) * T : nullptr;
   const int kb_lo = first_key(q0, window, drow) / BC;
-  const int kb_hi = min(q0 + BQ - 1, T - 1) / BC;
+  const int kb_hi = min(q0 + BQ - 1, qend - 1) / BC;
 
-  load_tile<BQ, D, NT>(sQ, qg, ts, q0, T);
-  load_tile<BQ, D, NT>(sO, dog, os, q0, T);
+  load_tile<BQ, D, NT>(sQ, qg, ts, q0, qend);
+  load_tile<BQ, D, NT>(sO, dog, os, q0 - shift, qend - shift);
   load_tile<BC, D, NT>(sK, kg, ts, kb_hi * BC, T);
   cp_async_commit();
   load_tile<BC, D, NT>(sV, vg, ts, kb_hi * BC, T);
   cp_async_commit();
 
   const int rw = q0 + warp * RW;
-  const WarpFirstKeys<MT> lo(rw, RW, g, T, window, drow);
-  // Padded rows (< Tp) are in bounds and hold zeros.
+  const WarpFirstKeys<MT> lo(rw, RW, g, qend, window, drow);
+  // Rows past qend (their range's end) take zeros.
   float L[MT][2], Dd[MT][2];
 #pragma unroll
   for (int t = 0; t < MT; ++t)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int row = rw + t * 16 + g + hf * 8;
-      L[t][hf] = lse2[int64_t(bh) * Tp + row];
-      Dd[t][hf] = dvec[int64_t(bh) * Tp + row];
+      const bool in = row < qend;
+      L[t][hf] = in ? lse2[int64_t(bh) * Tp + row - shift] : 0.f;
+      Dd[t][hf] = in ? dvec[int64_t(bh) * Tp + row - shift] : 0.f;
     }
   float dq[MT][ON][4];
 #pragma unroll
@@ -756,8 +799,8 @@ __global__ void __launch_bounds__(W * 32)
     if (kb > kb_lo) load_tile<BC, D, NT>(sV + (st ^ 1) * BC * LD, vg, ts, k0 - BC, T);
     cp_async_commit();
 
-    const bool skip = rw >= T || k0 > rw + RW - 1 || k0 + BC - 1 < lo.first;
-    const bool need_mask = k0 + BC - 1 > rw || k0 + BC > T || rw + RW > T || k0 < lo.last;
+    const bool skip = rw >= qend || k0 > rw + RW - 1 || k0 + BC - 1 < lo.first;
+    const bool need_mask = k0 + BC - 1 > rw || k0 + BC > T || rw + RW > qend || k0 < lo.last;
     float s[MT][SN][4];
     if (!skip) {
       // S = Q K^T, then P = exp2(S c - lse2[query]).
@@ -780,7 +823,7 @@ __global__ void __launch_bounds__(W * 32)
             for (int e = 0; e < 4; ++e) {
               const int key = k0 + n * 8 + 2 * tig + (e & 1);
               const int row = rw + t * 16 + g + (e < 2 ? 0 : 8);
-              const bool ok = key <= row && key < T && row < T && key >= lo.row[t][e < 2 ? 0 : 1];
+              const bool ok = key <= row && key < T && row < qend && key >= lo.row[t][e < 2 ? 0 : 1];
               if (!ok) s[t][n][e] = 0.f;
             }
           }
@@ -815,7 +858,7 @@ __global__ void __launch_bounds__(W * 32)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int row = rw + t * 16 + g + hf * 8;
-      if (row < T) {
+      if (row < qend) {
         bf16* p = dqkv + (int64_t(b) * T + row) * ts + x.offset(x.q(h % G)) + 2 * tig;
 #pragma unroll
         for (int n = 0; n < ON; ++n)
@@ -832,17 +875,31 @@ using attn_detail::KernelCfg;
 
 inline int padded_t(int T) { return (T + kPadT - 1) / kPadT * kPadT; }
 
+// The kernels' walk of the query rows `rows` names (whole: [0, T)) in blocks of `block` rows;
+// nblocks: the query-row kernels' grid.
+QRanges query_ranges(QueryRows rows, int T, int block, int* nblocks) {
+  QRanges r{};
+  r.count = rows.count < 0 ? T : rows.count;
+  const int n0 = int(std::min<int64_t>(rows.pos.n0, r.count));
+  r.b[0] = int(rows.pos.p0), r.e[0] = r.b[0] + n0, r.shift[0] = r.b[0];
+  r.b[1] = n0 < r.count ? int(rows.pos.p1) : T, r.e[1] = r.b[1] + (r.count - n0), r.shift[1] = r.b[1] - n0;
+  r.nb0 = (n0 + block - 1) / block;
+  *nblocks = r.nb0 + (r.count - n0 + block - 1) / block;
+  return r;
+}
+
 template <int D, int W, int MT, int BN>
 void launch_fwd(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int G, int window,
-                const int32_t* docs, cudaStream_t stream) {
+                const int32_t* docs, QueryRows rows, cudaStream_t stream) {
   static_assert(BN == kTile, "the forward streams key tiles of kTile");
   constexpr size_t smem = fwd_smem<D, W, MT>();
   auto kernel = docs ? attn_fwd_kernel<D, W, MT, true> : attn_fwd_kernel<D, W, MT, false>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const float inv_sqrt_d = 1.f / std::sqrt(float(D));
-  constexpr int rows = 16 * MT * W;
-  const dim3 grid((T + rows - 1) / rows, B * H);
-  kernel<<<grid, W * 32, smem, stream>>>(out, lse, qkv, T, H, G, window, docs, inv_sqrt_d * kLog2e,
+  int blocks = 0;
+  const QRanges qr = query_ranges(rows, T, 16 * MT * W, &blocks);
+  const dim3 grid(blocks, B * H);
+  kernel<<<grid, W * 32, smem, stream>>>(out, lse, qkv, T, H, G, window, docs, qr, inv_sqrt_d * kLog2e,
                                          inv_sqrt_d);
   check_launch("attention_forward");
 }
@@ -850,37 +907,40 @@ void launch_fwd(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int
 template <int D, int W, int MT, int BN>
 void launch_dkdv(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* dvec,
                  const float* lse2, int B, int T, int H, int G, int window, const int32_t* docs,
-                 cudaStream_t stream) {
+                 QueryRows rows, cudaStream_t stream) {
   constexpr size_t smem = dkdv_smem<D, W, MT, BN>();
   auto kernel = docs ? attn_bwd_dkdv_kernel<D, W, MT, BN, true> : attn_bwd_dkdv_kernel<D, W, MT, BN, false>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const float inv_sqrt_d = 1.f / std::sqrt(float(D));
-  constexpr int rows = 16 * MT * W;
-  const dim3 grid((T + rows - 1) / rows, B * (H / G));
-  kernel<<<grid, W * 32, smem, stream>>>(dqkv, dout, qkv, dvec, lse2, T, padded_t(T), H, G, window, docs,
-                                         inv_sqrt_d * kLog2e, inv_sqrt_d);
+  constexpr int keys = 16 * MT * W;
+  int unused = 0;
+  const QRanges qr = query_ranges(rows, T, BN, &unused);
+  const dim3 grid((T + keys - 1) / keys, B * (H / G));
+  kernel<<<grid, W * 32, smem, stream>>>(dqkv, dout, qkv, dvec, lse2, T, padded_t(qr.count), H, G, window, docs,
+                                         qr, inv_sqrt_d * kLog2e, inv_sqrt_d);
   check_launch("attention_backward (dK, dV)");
 }
 
 template <int D, int W, int MT, int BN>
 void launch_dq(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* dvec,
                const float* lse2, int B, int T, int H, int G, int window, const int32_t* docs,
-               cudaStream_t stream) {
-  static_assert(16 * MT * W <= kPadT, "query blocks must fit the scratch padding");
+               QueryRows rows, cudaStream_t stream) {
   constexpr size_t smem = dq_smem<D, W, MT, BN>();
   auto kernel = docs ? attn_bwd_dq_kernel<D, W, MT, BN, true> : attn_bwd_dq_kernel<D, W, MT, BN, false>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const float inv_sqrt_d = 1.f / std::sqrt(float(D));
-  constexpr int rows = 16 * MT * W;
-  const dim3 grid((T + rows - 1) / rows, B * H);
-  kernel<<<grid, W * 32, smem, stream>>>(dqkv, dout, qkv, dvec, lse2, T, padded_t(T), H, G, window, docs,
-                                         inv_sqrt_d * kLog2e, inv_sqrt_d);
+  int blocks = 0;
+  const QRanges qr = query_ranges(rows, T, 16 * MT * W, &blocks);
+  const dim3 grid(blocks, B * H);
+  kernel<<<grid, W * 32, smem, stream>>>(dqkv, dout, qkv, dvec, lse2, T, padded_t(qr.count), H, G, window, docs,
+                                         qr, inv_sqrt_d * kLog2e, inv_sqrt_d);
   check_launch("attention_backward (dQ)");
 }
 
-using FwdFn = void (*)(bf16*, float*, const bf16*, int, int, int, int, int, const int32_t*, cudaStream_t);
+using FwdFn = void (*)(bf16*, float*, const bf16*, int, int, int, int, int, const int32_t*, QueryRows,
+                       cudaStream_t);
 using BwdFn = void (*)(bf16*, const bf16*, const bf16*, const float*, const float*, int, int, int,
-                       int, int, const int32_t*, cudaStream_t);
+                       int, int, const int32_t*, QueryRows, cudaStream_t);
 template <class Fn>
 struct Variant {
   int D;
@@ -925,9 +985,17 @@ std::vector<KernelCfg> list_variants(const Variant<Fn> (&table)[N], int D) {
   return r;
 }
 
-void check_shape(const char* what, int B, int T, int H, int Hkv) {
+void check_shape(const char* what, int B, int T, int H, int Hkv, QueryRows rows) {
   if (B < 1 || T < 1 || H < 1 || Hkv < 1 || H % Hkv != 0 || int64_t(B) * H > 65535)
     throw_input(what, ": bad shape B=", B, " T=", T, " H=", H, " Hkv=", Hkv);
+  if (rows.count < 0) return;
+  // Each range a multiple of 8 rows: the backward reads a tile's lse and Dv in 16-byte pieces
+  // from its range's first local row on.
+  const int64_t n0 = std::min<int64_t>(rows.pos.n0, rows.count), n1 = rows.count - n0;
+  MYRIAD_CHECK(rows.count >= 1 && n0 % 8 == 0 && n1 % 8 == 0 && rows.pos.p0 >= 0 && rows.pos.p0 + n0 <= T &&
+                   (n1 == 0 || (rows.pos.p1 >= rows.pos.p0 + n0 && rows.pos.p1 + n1 <= T)),
+               what, ": query rows [", rows.pos.p0, ", ", rows.pos.p0 + n0, ") and [", rows.pos.p1, ", ",
+               rows.pos.p1 + n1, ") of T=", T, " (ranges in order, inside the sequence, multiples of 8 rows)");
 }
 
 }  // namespace
@@ -945,19 +1013,19 @@ std::vector<KernelCfg> dkdv_variants(int D) { return list_variants(kDkdvVariants
 std::vector<KernelCfg> dq_variants(int D) { return list_variants(kDqVariants, D); }
 
 void forward(const Config& cfg, bf16* out, float* lse, const bf16* qkv, int B, int T, int H,
-             int Hkv, int D, int window, cudaStream_t stream, const int32_t* docs) {
-  check_shape("attention_forward", B, T, H, Hkv);
+             int Hkv, int D, int window, cudaStream_t stream, const int32_t* docs, QueryRows rows) {
+  check_shape("attention_forward", B, T, H, Hkv, rows);
   find_variant(kFwdVariants, D, cfg.fwd, "attention_forward")(out, lse, qkv, B, T, H, H / Hkv, window,
-                                                              docs, stream);
+                                                              docs, rows, stream);
 }
 
 void backward(const Config& cfg, bf16* dqkv, float* scratch, const bf16* dout, const bf16* out,
               const bf16* qkv, const float* lse, int B, int T, int H, int Hkv, int D, int window,
-              cudaStream_t stream, const int32_t* docs) {
-  check_shape("attention_backward", B, T, H, Hkv);
+              cudaStream_t stream, const int32_t* docs, QueryRows rows) {
+  check_shape("attention_backward", B, T, H, Hkv, rows);
   const BwdFn dkdv = find_variant(kDkdvVariants, D, cfg.dkdv, "attention_backward");
   const BwdFn dq = find_variant(kDqVariants, D, cfg.dq, "attention_backward");
-  const int Tp = padded_t(T);
+  const int Tq = rows.count < 0 ? T : rows.count, Tp = padded_t(Tq);
   float* dvec = scratch;
   float* lse2 = scratch + int64_t(B) * H * Tp;
   {
@@ -965,29 +1033,30 @@ void backward(const Config& cfg, bf16* dqkv, float* scratch, const bf16* dout, c
     const int threads = 256;
     const int64_t blocks = (warps * 32 + threads - 1) / threads;
     attn_bwd_prep_kernel<<<unsigned(blocks), threads, 0, stream>>>(dvec, lse2, dout, out, lse,
-                                                                   B * H, T, Tp, H, D);
+                                                                   B * H, Tq, Tp, H, D);
     check_launch("attention_backward (prep)");
   }
-  dkdv(dqkv, dout, qkv, dvec, lse2, B, T, H, H / Hkv, window, docs, stream);
-  dq(dqkv, dout, qkv, dvec, lse2, B, T, H, H / Hkv, window, docs, stream);
+  dkdv(dqkv, dout, qkv, dvec, lse2, B, T, H, H / Hkv, window, docs, rows, stream);
+  dq(dqkv, dout, qkv, dvec, lse2, B, T, H, H / Hkv, window, docs, rows, stream);
 }
 
 }  // namespace attn_detail
 
 void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int Hkv, int D,
-                       int window, cudaStream_t stream, const int32_t* docs) {
-  attn_detail::forward(attn_detail::default_config(D), out, lse, qkv, B, T, H, Hkv, D, window, stream, docs);
+                       int window, cudaStream_t stream, const int32_t* docs, QueryRows rows) {
+  attn_detail::forward(attn_detail::default_config(D), out, lse, qkv, B, T, H, Hkv, D, window, stream, docs,
+                       rows);
 }
 
-size_t attention_scratch_floats(int B, int T, int H, int D) {
-  return size_t(2) * B * H * padded_t(T);
+size_t attention_scratch_floats(int B, int Tq, int H, int D) {
+  return size_t(2) * B * H * padded_t(Tq);
 }
 
 void attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16* out,
                         const bf16* qkv, const float* lse, int B, int T, int H, int Hkv, int D, int window,
-                        cudaStream_t stream, const int32_t* docs) {
+                        cudaStream_t stream, const int32_t* docs, QueryRows rows) {
   attn_detail::backward(attn_detail::default_config(D), dqkv, scratch, dout, out, qkv, lse, B, T,
-                        H, Hkv, D, window, stream, docs);
+                        H, Hkv, D, window, stream, docs, rows);
 }
 
 }  // namespace myriad::cuda

@@ -26,9 +26,10 @@ std::vector<KernelCfg> dkdv_variants(int D);
 std::vector<KernelCfg> dq_variants(int D);
 
 void forward(const Config& cfg, bf16* out, float* lse, const bf16* qkv, int B, int T, int H,
-             int Hkv, int D, int window, cudaStream_t stream, const int32_t* docs = nullptr);
+             int Hkv, int D, int window, cudaStream_t stream, const int32_t* docs = nullptr,
+             QueryRows rows = {});
 void backward(const Config& cfg, bf16* dqkv, float* scratch, const bf16* dout, const bf16* out,
               const bf16* qkv, const float* lse, int B, int T, int H, int Hkv, int D, int window,
-              cudaStream_t stream, const int32_t* docs = nullptr);
+              cudaStream_t stream, const int32_t* docs = nullptr, QueryRows rows = {});
 
 }  // namespace myriad::cuda::attn_detail

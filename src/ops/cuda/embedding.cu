@@ -18,34 +18,35 @@ constexpr int kThreads = 256;
 template <int VW>
 __global__ void embedding_forward_kernel(bf16* __restrict__ out, const int32_t* __restrict__ tokens,
                                          const bf16* __restrict__ wte, const bf16* __restrict__ wpe,
-                                         int64_t rows, int T, int C) {
+                                         int64_t rows, int T, int C, RowPositions pos) {
   const int nvec = C / VW;
   const int64_t n = rows * nvec;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n;
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = idx / nvec;
     const int c = static_cast<int>(idx - row * nvec) * VW;
-    const int t = static_cast<int>(row % T);
+    const int64_t p = pos(row % T);
     float a[VW], b[VW];
     load_bf16<VW>(a, wte + static_cast<int64_t>(tokens[row]) * C + c);
-    load_bf16<VW>(b, wpe + static_cast<int64_t>(t) * C + c);
+    load_bf16<VW>(b, wpe + p * C + c);
 #pragma unroll
     for (int e = 0; e < VW; ++e) a[e] += b[e];
     store_bf16<VW>(out + row * C + c, a);
   }
 }
 
-// dwpe[t, c..c+VW) += sum over b in order; one thread per (t, vector).
+// dwpe[pos(t), c..c+VW) += sum over b in order; one thread per (t, vector).
 template <int VW>
 __global__ void embedding_dwpe_kernel(float* __restrict__ dwpe, const bf16* __restrict__ dout,
-                                      int B, int T, int C) {
+                                      int B, int T, int C, RowPositions pos) {
   const int nvec = C / VW;
   const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (idx >= int64_t(T) * nvec) return;
   const int t = static_cast<int>(idx / nvec);
   const int c = static_cast<int>(idx % nvec) * VW;
+  float* to = dwpe + pos(t) * C + c;
   float acc[VW];
-  load_f32<VW>(acc, dwpe + static_cast<int64_t>(t) * C + c);
+  load_f32<VW>(acc, to);
   int b = 0;
   // Four rows in flight, added in order.
   for (; b + 4 <= B; b += 4) {
@@ -63,7 +64,7 @@ __global__ void embedding_dwpe_kernel(float* __restrict__ dwpe, const bf16* __re
 #pragma unroll
     for (int e = 0; e < VW; ++e) acc[e] += f[e];
   }
-  store_f32<VW>(dwpe + static_cast<int64_t>(t) * C + c, acc);
+  store_f32<VW>(to, acc);
 }
 
 constexpr int kRowsInFlight = 4;  // dout rows a warp loads before adding them
@@ -174,11 +175,11 @@ __global__ void __launch_bounds__(kWarp * kSlices, 4)
 template <int VW>
 void launch_backward(float* dwte, float* dwpe, const bf16* dout, const int32_t* positions,
                      const int32_t* starts, const int32_t* ids, int groups, int B, int T, int C,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, RowPositions pos) {
   const int nvec = C / VW;
   if (dwpe) {  // null: the tensor-parallel vocabulary rows, whose positions are apart
     embedding_dwpe_kernel<VW><<<ceil_div(int64_t(T) * nvec, kThreads), kThreads, 0, stream>>>(
-        dwpe, dout, B, T, C);
+        dwpe, dout, B, T, C, pos);
     check_launch("embedding_backward (dwpe)");
   }
   if (groups <= 0) return;
@@ -197,27 +198,27 @@ void launch_backward(float* dwte, float* dwpe, const bf16* dout, const int32_t* 
 }  // namespace
 
 void embedding_forward(bf16* out, const int32_t* tokens, const bf16* wte, const bf16* wpe, int B,
-                       int T, int C, cudaStream_t stream) {
+                       int T, int C, cudaStream_t stream, RowPositions pos) {
   const int64_t rows = int64_t(B) * T;
   if (rows <= 0 || C <= 0) return;
   const bool vec = C % 8 == 0 && all_aligned16(out, wte, wpe);
   const int64_t n = rows * (vec ? C / 8 : C);
   const int grid = static_cast<int>(std::min<int64_t>(ceil_div(n, kThreads), 132 * 64));
   if (vec)
-    embedding_forward_kernel<8><<<grid, kThreads, 0, stream>>>(out, tokens, wte, wpe, rows, T, C);
+    embedding_forward_kernel<8><<<grid, kThreads, 0, stream>>>(out, tokens, wte, wpe, rows, T, C, pos);
   else
-    embedding_forward_kernel<1><<<grid, kThreads, 0, stream>>>(out, tokens, wte, wpe, rows, T, C);
+    embedding_forward_kernel<1><<<grid, kThreads, 0, stream>>>(out, tokens, wte, wpe, rows, T, C, pos);
   check_launch("embedding_forward");
 }
 
 void embedding_backward(float* dwte, float* dwpe, const bf16* dout, const int32_t* positions,
                         const int32_t* starts, const int32_t* ids, int groups, int B, int T, int C,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, RowPositions pos) {
   if (B <= 0 || T <= 0 || C <= 0) return;
   if (C % 8 == 0 && all_aligned16(dwte, dwpe, dout))
-    launch_backward<8>(dwte, dwpe, dout, positions, starts, ids, groups, B, T, C, stream);
+    launch_backward<8>(dwte, dwpe, dout, positions, starts, ids, groups, B, T, C, stream, pos);
   else
-    launch_backward<1>(dwte, dwpe, dout, positions, starts, ids, groups, B, T, C, stream);
+    launch_backward<1>(dwte, dwpe, dout, positions, starts, ids, groups, B, T, C, stream, pos);
 }
 
 int group_positions_by_token(const int32_t* tokens, int N, int vocab, int32_t* out) {

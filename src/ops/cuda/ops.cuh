@@ -24,12 +24,21 @@ namespace myriad::cuda {
 
 using bf16 = __nv_bfloat16;
 
-// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
+// Where row t of a sequence's rows sits in the sequence: t itself, or under context parallelism
+// a rank's two ranges of it (core/parallel_layout.h's ContextRows): rows [0, n0) at p0 + t, the
+// rest at p1 + (t - n0). The kernels that read positions (RoPE, learned positions, attention's
+// masks) take one by value.
+struct RowPositions {
+  int64_t p0 = 0, n0 = INT64_MAX, p1 = 0;
+  __host__ __device__ int64_t operator()(int64_t t) const { return t < n0 ? p0 + t : p1 + (t - n0); }
+};
+
+// out[b,t,:] = wte[tokens[b,t],:] + wpe[pos(t),:]
 void embedding_forward(bf16* out,             // (B,T,C)
                        const int32_t* tokens,  // (B,T)
                        const bf16* wte,        // (Vp,C)
                        const bf16* wpe,        // (P,C)
-                       int B, int T, int C, cudaStream_t stream);
+                       int B, int T, int C, cudaStream_t stream, RowPositions pos = {});
 
 // dwpe[t] += sum_b dout[b,t]; dwte[v] += sum of dout over the positions holding token v.
 // Deterministic without atomics: the caller passes the B*T positions grouped by token
@@ -41,7 +50,8 @@ void embedding_backward(float* dwte,               // (Vp,C) +=
                         const int32_t* positions,  // (B*T) flat indices b*T+t grouped by token
                         const int32_t* starts,     // (groups+1)
                         const int32_t* ids,        // (groups)
-                        int groups, int B, int T, int C, cudaStream_t stream);
+                        int groups, int B, int T, int C, cudaStream_t stream,
+                        RowPositions pos = {});  // dwpe's row of row t: pos(t)
 
 // The host side of embedding_backward: writes the groups of tokens[N] (ids in [0, vocab)) into
 // out (3N + 1 ints): [positions (N)] [starts (G+1)] [ids (G)], a counting sort, positions
@@ -142,22 +152,33 @@ void lamb_step(float* w, bf16* w_bf16, float* m, float* v, const float* g, float
 // start of each position's document in its row, is set. Scale 1/sqrt(D). D in {64, 80, 128}.
 // Grouped-query: H query heads over Hkv key/value heads (H a multiple of Hkv), QKV per token
 // (Hkv, G+2, D) with G = H / Hkv (G = 1: (H, 3, D)); query head h reads key/value head h / G.
-void attention_forward(bf16* out,         // (B,T,H,D)
-                       float* lse,        // (B,H,T) log-sum-exp of each score row (for backward)
+// Context parallelism: `rows` names a rank's Tq query rows (two ranges of the T positions,
+// queries[p0, p0 + n0) then [p1, p1 + Tq - n0)), read from qkv at their positions against all T
+// keys; out, dout and lse hold those Tq rows in that order, qkv and dqkv stay (B,T,...): dqkv's
+// query rows outside `rows` are not written, its keys and values are, every one. Each range's
+// length a multiple of 8. Default: all T rows, Tq = T.
+struct QueryRows {
+  RowPositions pos;
+  int count = -1;  // Tq; -1: T
+};
+void attention_forward(bf16* out,         // (B,Tq,H,D)
+                       float* lse,        // (B,H,Tq) log-sum-exp of each score row (for backward)
                        const bf16* qkv,   // (B,T,Hkv,G+2,D)
                        int B, int T, int H, int Hkv, int D, int window, cudaStream_t stream,
-                       const int32_t* docs = nullptr);  // (B,T) or null
+                       const int32_t* docs = nullptr,  // (B,T) or null
+                       QueryRows rows = {});
 // dqkv written (=); a key/value head's gradients sum its G query heads' in head order.
-// scratch: at least attention_scratch_floats(B, T, H, D) floats.
-size_t attention_scratch_floats(int B, int T, int H, int D);
+// scratch: at least attention_scratch_floats(B, Tq, H, D) floats.
+size_t attention_scratch_floats(int B, int Tq, int H, int D);
 void attention_backward(bf16* dqkv,        // (B,T,Hkv,G+2,D) =
                         float* scratch,
-                        const bf16* dout,  // (B,T,H,D)
-                        const bf16* out,   // (B,T,H,D)
+                        const bf16* dout,  // (B,Tq,H,D)
+                        const bf16* out,   // (B,Tq,H,D)
                         const bf16* qkv,   // (B,T,Hkv,G+2,D)
-                        const float* lse,  // (B,H,T)
+                        const float* lse,  // (B,H,Tq)
                         int B, int T, int H, int Hkv, int D, int window, cudaStream_t stream,
-                       const int32_t* docs = nullptr);  // (B,T) or null
+                        const int32_t* docs = nullptr,  // (B,T) or null
+                        QueryRows rows = {});
 
 // ---- Llama family (ops/cpu/ops.h has their definitions; the CPU op is the oracle) ----------
 
@@ -186,17 +207,19 @@ void rmsnorm_backward(bf16* dinp,          // (N,C) +=
 
 // Rotary positions, rotate-half convention, IN PLACE on the query and key heads of the fused QKV
 // activation laid out (Hkv, G+2, D) per token (G query heads, then k, then v per key/value head;
-// v untouched); row t of each batch is at position pos0 + t. freqs: D/2 floats on the device,
+// v untouched); row t of each batch is at position pos0 + pos(t). freqs: D/2 floats on the device,
 // rope_frequencies (ops/rope.h) rounded to fp32. Angles and their sincos in fp64, rounded to
 // fp32 (rope.cu says why). D even, at most 512.
 void rope_forward(bf16* qkv,           // (B,T,Hkv*(G+2)*D) in place
                   const float* freqs,  // (D/2) device
-                  int B, int T, int Hkv, int G, int D, int pos0, cudaStream_t stream);
+                  int B, int T, int Hkv, int G, int D, int pos0, cudaStream_t stream,
+                  RowPositions pos = {});
 // The rotation back, IN PLACE (neither = nor +=, as the CPU op): dqkv holds the gradient with
 // respect to the rotated q and k on entry and the unrotated ones on return; v parts untouched.
 void rope_backward(bf16* dqkv,          // (B,T,Hkv*(G+2)*D) in place
                    const float* freqs,  // (D/2) device
-                   int B, int T, int Hkv, int G, int D, int pos0, cudaStream_t stream);
+                   int B, int T, int Hkv, int G, int D, int pos0, cudaStream_t stream,
+                   RowPositions pos = {});
 
 // SwiGLU: out = silu(gate) * up, silu in fp32; gu interleaved per feature (gate at 2f, up at 2f+1).
 void swiglu_forward(bf16* out,       // (N,F)
@@ -235,15 +258,27 @@ void widen(float* dst, const bf16* src, int64_t n, cudaStream_t stream);        
 // *acc += float(sum of x[0, n) / count) (count 0: n), the sum in double in a fixed order.
 void mean_into(double* acc, const float* x, int64_t n, int64_t count, cudaStream_t stream);
 
+// ---- context parallelism's key/value exchange (context_parallel.cu; CpuOps's contracts) ----
+void cp_pack_kv(bf16* pack, const bf16* qkv, int64_t N, int Hkv, int G, int D, cudaStream_t stream);
+void cp_unpack_kv(bf16* whole, const bf16* packs, const bf16* local, int B, int T, int cp, int rank, int Hkv, int G,
+                  int D, cudaStream_t stream);
+void cp_pack_kv_grad(float* packs, const bf16* dwhole, int B, int T, int cp, int Hkv, int G, int D,
+                     cudaStream_t stream);
+void cp_unpack_kv_grad(bf16* dlocal, const float* mine, const bf16* dwhole, int B, int T, int cp, int rank, int Hkv,
+                       int G, int D, cudaStream_t stream);
+
 // ---- tensor parallelism's row ops (tensor_parallel.cu) ----
 // out[r, c] += bias[c] for rows r of C.
 void add_bias(bf16* out, const bf16* bias, int rows, int C, cudaStream_t stream);
 // out[n, :] = wte[tokens[n] - v0, :] for tokens in this rank's rows [v0, v0 + Vl), else 0.
 void vocab_rows_forward(bf16* out, const int32_t* tokens, const bf16* wte, int64_t v0, int64_t Vl, int N, int C,
                         cudaStream_t stream);
-// out[r, :] += wpe[(r0 + r) % T, :]; its backward accumulates dwpe (T,C) over the rows, in order.
-void add_positions(bf16* out, const bf16* wpe, int r0, int rows, int T, int C, cudaStream_t stream);
-void positions_backward(float* dwpe, const bf16* dout, int r0, int rows, int T, int C, cudaStream_t stream);
+// out[r, :] += wpe[pos((r0 + r) % T), :]; its backward accumulates dwpe's rows pos(t) over the
+// rows, in order.
+void add_positions(bf16* out, const bf16* wpe, int r0, int rows, int T, int C, cudaStream_t stream,
+                   RowPositions pos = {});
+void positions_backward(float* dwpe, const bf16* dout, int r0, int rows, int T, int C, cudaStream_t stream,
+                        RowPositions pos = {});
 // The vocabulary-parallel cross-entropy over this rank's columns (`live` of Vl hold vocabulary):
 // each row's max, its sum of exp and target logit (parts (N,2)), the losses (negative targets
 // left out: 0), and the logits' gradient, written over them.

@@ -32,11 +32,11 @@ constexpr int kMaxHalf = 256;  // D <= 512
 template <int VW>
 __global__ void __launch_bounds__(kThreads)
     rope_kernel(bf16* __restrict__ qkv, const float* __restrict__ freqs, int T, int Hkv, int G,
-                int D, int pos0, float sign) {
+                int D, int pos0, RowPositions at, float sign) {
   __shared__ float cs[kMaxHalf], sn[kMaxHalf];
   const int half = D / 2;
   const int64_t bt = blockIdx.x;
-  const double pos = static_cast<double>(pos0) + static_cast<double>(bt % T);
+  const double pos = static_cast<double>(pos0) + static_cast<double>(at(bt % T));
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     double s, c;
     sincos(pos * static_cast<double>(freqs[i]), &s, &c);
@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-void launch(bf16* qkv, const float* freqs, int B, int T, int Hkv, int G, int D, int pos0,
+void launch(bf16* qkv, const float* freqs, int B, int T, int Hkv, int G, int D, int pos0, RowPositions at,
             float sign, cudaStream_t stream, const char* what) {
   if (B <= 0 || T <= 0 || Hkv <= 0) return;
   MYRIAD_CHECK(D > 0 && D % 2 == 0 && D / 2 <= kMaxHalf, what, ": head size ", D,
@@ -79,23 +79,23 @@ void launch(bf16* qkv, const float* freqs, int B, int T, int Hkv, int G, int D, 
   // 16-byte access to both halves needs D/2 a multiple of 8 (then every head starts aligned).
   if ((D / 2) % 8 == 0 && aligned16(qkv))
     rope_kernel<8><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(qkv, freqs, T, Hkv, G, D,
-                                                                          pos0, sign);
+                                                                          pos0, at, sign);
   else
     rope_kernel<1><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(qkv, freqs, T, Hkv, G, D,
-                                                                          pos0, sign);
+                                                                          pos0, at, sign);
   check_launch(what);
 }
 
 }  // namespace
 
 void rope_forward(bf16* qkv, const float* freqs, int B, int T, int Hkv, int G, int D, int pos0,
-                  cudaStream_t stream) {
-  launch(qkv, freqs, B, T, Hkv, G, D, pos0, 1.0f, stream, "rope_forward");
+                  cudaStream_t stream, RowPositions pos) {
+  launch(qkv, freqs, B, T, Hkv, G, D, pos0, pos, 1.0f, stream, "rope_forward");
 }
 
 void rope_backward(bf16* dqkv, const float* freqs, int B, int T, int Hkv, int G, int D, int pos0,
-                   cudaStream_t stream) {
-  launch(dqkv, freqs, B, T, Hkv, G, D, pos0, -1.0f, stream, "rope_backward");
+                   cudaStream_t stream, RowPositions pos) {
+  launch(dqkv, freqs, B, T, Hkv, G, D, pos0, pos, -1.0f, stream, "rope_backward");
 }
 
 }  // namespace myriad::cuda

@@ -31,21 +31,24 @@ __global__ void vocab_rows_kernel(__nv_bfloat16* out, const int32_t* tokens, con
     out[i] = v >= 0 && v < Vl ? wte[v * C + i % C] : __float2bfloat16(0.0f);
   }
 }
-__global__ void add_positions_kernel(__nv_bfloat16* out, const __nv_bfloat16* wpe, int r0, int64_t n, int T, int C) {
+__global__ void add_positions_kernel(__nv_bfloat16* out, const __nv_bfloat16* wpe, int r0, int64_t n, int T, int C,
+                                     RowPositions pos) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = i / C;
     out[i] = __float2bfloat16(__bfloat162float(out[i]) +
-                              __bfloat162float(wpe[((r0 + row) % T) * C + i % C]));
+                              __bfloat162float(wpe[pos((r0 + row) % T) * C + i % C]));
   }
 }
-// dwpe[p, c] += dout[i, c] over the rows i whose position (r0 + i) % T is p, in order.
-__global__ void positions_backward_kernel(float* dwpe, const __nv_bfloat16* dout, int r0, int rows, int T, int C) {
+// dwpe[pos(t), c] += dout[i, c] over the rows i whose row of the sequence (r0 + i) % T is t, in order.
+__global__ void positions_backward_kernel(float* dwpe, const __nv_bfloat16* dout, int r0, int rows, int T, int C,
+                                          RowPositions pos) {
   const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (k >= int64_t(T) * C) return;
-  const int p = static_cast<int>(k / C), c = static_cast<int>(k % C);
-  float acc = dwpe[k];
-  for (int i = ((p - r0) % T + T) % T; i < rows; i += T) acc += __bfloat162float(dout[int64_t(i) * C + c]);
-  dwpe[k] = acc;
+  const int t = static_cast<int>(k / C), c = static_cast<int>(k % C);
+  float* to = dwpe + pos(t) * C + c;
+  float acc = *to;
+  for (int i = ((t - r0) % T + T) % T; i < rows; i += T) acc += __bfloat162float(dout[int64_t(i) * C + c]);
+  *to = acc;
 }
 // Cross-entropy over this rank's vocabulary columns: one block per row, a fixed reduction order.
 constexpr int kRowThreads = 256;
@@ -166,17 +169,19 @@ void vocab_rows_forward(bf16* out, const int32_t* tokens, const bf16* wte, int64
   check_launch("vocab_rows_forward");
 }
 
-void add_positions(bf16* out, const bf16* wpe, int r0, int rows, int T, int C, cudaStream_t stream) {
+void add_positions(bf16* out, const bf16* wpe, int r0, int rows, int T, int C, cudaStream_t stream,
+                   RowPositions pos) {
   const int64_t n = int64_t(rows) * C;
   if (n <= 0) return;
-  add_positions_kernel<<<grid_for(n), 256, 0, stream>>>(out, wpe, r0, n, T, C);
+  add_positions_kernel<<<grid_for(n), 256, 0, stream>>>(out, wpe, r0, n, T, C, pos);
   check_launch("add_positions");
 }
 
-void positions_backward(float* dwpe, const bf16* dout, int r0, int rows, int T, int C, cudaStream_t stream) {
+void positions_backward(float* dwpe, const bf16* dout, int r0, int rows, int T, int C, cudaStream_t stream,
+                        RowPositions pos) {
   const int64_t n = int64_t(T) * C;
   if (rows <= 0) return;
-  positions_backward_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(dwpe, dout, r0, rows, T, C);
+  positions_backward_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(dwpe, dout, r0, rows, T, C, pos);
   check_launch("positions_backward");
 }
 

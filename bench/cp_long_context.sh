@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# On a GPU machine, after scripts/gpu_check.sh unpacked the build into /tmp/m: Llama 3.2 1B with
+# long sequences on the one GPU, the cp ranks sharing it through Gloo with host staging (so the
+# step times are not what NCCL between GPUs gives; the memory per rank is what this measures):
+#   - loss parity: cp 2 against one process at 8K (every step's loss within 1%);
+#   - each rank's peak memory at 16K with cp 1, 2 and 4 (activations fall as 1/cp; ZeRO's
+#     shards of the optimizer state over cp too);
+#   - 32K with cp 2 and 64K with cp 4: the step time and each rank's peak memory.
+# Full recompute, one sequence per step, byte tokens of the snapshot corpus (repeated).
+#   STEPS=4 bench/cp_long_context.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+M=/tmp/m
+B=$M/bin/myriad
+source scripts/device_env.sh
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+W=$(mktemp -d)
+for i in 1 2 3 4 5 6 7 8; do cat tests/gpu/corpus/*.txt; done > "$W/c.txt"
+$B prepare --input "$W/c.txt" --tokenizer byte --output "$W/d" >/dev/null 2>&1
+STEPS=${STEPS:-4}
+args=(train --config configs/llama-3.2-1b.toml --set data.train="$W/d" --set data.valid= --set data.tokenizer=byte
+      --set train.device=cuda --set train.micro_batch=1 --set train.global_batch=1 --set train.recompute=full
+      --set train.steps=$STEPS --set train.log_every=1 --set train.eval_every=0 --set checkpoint.every=0
+      --set optim.warmup_steps=2 --set optim.lr=1e-4)
+fail=0
+run() {  # NAME NPROC SEQ [--set ...]
+  local rd=$1 n=$2 T=$3; shift 3
+  local t0=$(date +%s)
+  $B launch --nproc-per-node "$n" -- "${args[@]}" --set model.seq_len=$T --set parallel.cp=$n \
+    --run-dir "$W/$rd" "$@" >"$W/$rd.log" 2>&1 || { echo "FAIL: $rd (exit $?)"; tail -5 "$W/$rd.log"; fail=1; }
+  python3 - "$rd" "$n" "$T" "$W/$rd/metrics.jsonl" "$(( $(date +%s) - t0 ))" <<'PY' | tee -a "$OUT/cp_long_context.txt"
+import json, statistics, sys
+rd, n, T, path, wall = sys.argv[1:]
+try: r = [json.loads(l) for l in open(path)]
+except OSError: r = []
+if not r: print(f"{rd}: no steps"); sys.exit(0)
+ms = statistics.median(x["step_ms"] for x in r[1:]) if len(r) > 1 else r[0]["step_ms"]
+mem = max(x.get("peak_memory_gib", 0) for x in r)
+print(f"{rd}: seq {T} cp {n}: {len(r)} steps, median step {ms:.0f} ms ({int(T) / ms * 1000:.0f} tok/s on the GPU), "
+      f"peak memory {mem:.2f} GiB per rank, losses {' '.join('%.4f' % x['loss'] for x in r)} ({wall} s)")
+PY
+}
+run p8k_cp1 1 8192
+run p8k_cp2 2 8192
+python3 - "$W/p8k_cp2/metrics.jsonl" "$W/p8k_cp1/metrics.jsonl" <<'PY' || fail=1
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(f)] for f in sys.argv[1:])
+worst = max(abs(x - y) / y for x, y in zip(a, b)) if a and len(a) == len(b) else 1
+print(f"{'ok' if worst < 0.01 else 'FAIL'}: 8K cp 2 against one process: losses within {worst:.3%}")
+sys.exit(0 if worst < 0.01 else 1)
+PY
+run m16k_cp1 1 16384
+run m16k_cp2 2 16384
+run m16k_cp4 4 16384
+run l32k_cp2 2 32768
+run l64k_cp4 4 65536
+[ "$fail" = 0 ] || cp "$W"/*.log "$OUT/" 2>/dev/null
+rm -rf "$W"
+exit $fail

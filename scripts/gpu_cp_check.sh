@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# On a GPU machine, after scripts/gpu_check.sh unpacked the build into /tmp/m: context parallelism
+# on the CUDA op set, the cp ranks sharing the one GPU (Gloo with host staging), each run 20 steps
+# through the launcher against the one-GPU run (every loss within 1%, as the other layouts'):
+# cp 2 and cp 4 with learned positions; the Llama block in cp 2, cp 4, cp 2 x tp 2 + sp,
+# cp 2 x dp 2 and cp 2 x pp 2; attention inside documents with a window smaller than a chunk in
+# cp 2 and cp 4; a cp 2 x dp 2 run killed at step 14 and restarted ends with the unbroken run's
+# weights, bit for bit; train.attention = "cudnn" with cp is refused in one line (exit 2).
+# Prints one line per check ("ok: ..." or "FAIL: ...") and exits nonzero on a failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/gpu_check_lib.sh
+
+train1 one
+launch cp2 2 --set parallel.cp=2
+compare "cp 2 (learned positions)" cp2 one
+launch cp4 4 --set parallel.cp=4
+compare "cp 4 (learned positions)" cp4 one
+
+train1 llama_one "${llama[@]}"
+launch llama_cp2 2 "${llama[@]}" --set parallel.cp=2
+compare "Llama: cp 2" llama_cp2 llama_one
+launch llama_cp4 4 "${llama[@]}" --set parallel.cp=4
+compare "Llama: cp 4" llama_cp4 llama_one
+launch llama_cp2_tp2 4 "${llama[@]}" --set parallel.cp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+compare "Llama: cp 2 x tp 2 + sp" llama_cp2_tp2 llama_one
+launch llama_cp2_dp2 4 "${llama[@]}" --set parallel.cp=2 --set parallel.dp=2
+compare "Llama: cp 2 x dp 2" llama_cp2_dp2 llama_one
+launch llama_cp2_pp2 4 "${llama[@]}" --set parallel.cp=2 --set parallel.pp=2
+compare "Llama: cp 2 x pp 2" llama_cp2_pp2 llama_one
+MYRIAD_INJECT_FAULT=step:14:kill@rank=1 LFLAGS="--max-restarts 1" launch llama_cp2_dp2_killed 4 "${llama[@]}" \
+  --set parallel.cp=2 --set parallel.dp=2
+resumed_bitwise "Llama cp 2 x dp 2 with rank 1 killed at step 14, restarted" llama_cp2_dp2 llama_cp2_dp2_killed
+
+# Documents crossing the chunks and ranks, with a window (12) smaller than a cp 2 chunk (16).
+documents_corpus
+train1 docs_one "${llama[@]}" "${docs[@]}" --set model.window=12
+launch docs_cp2 2 "${llama[@]}" "${docs[@]}" --set model.window=12 --set parallel.cp=2
+compare "documents + window 12: cp 2" docs_cp2 docs_one
+launch docs_cp4 4 "${llama[@]}" "${docs[@]}" --set model.window=12 --set parallel.cp=4
+compare "documents + window 12: cp 4" docs_cp4 docs_one
+
+out=$($B launch --nproc-per-node 2 -- "${args[@]}" --set parallel.cp=2 --set train.attention=cudnn \
+  --run-dir "$W/cudnn" 2>&1); code=$?
+if [ "$code" = 2 ] && grep -q 'train.attention = "cudnn" takes whole sequences' <<<"$out"; then
+  say "ok: cp with train.attention = cudnn is refused (exit 2)"
+else
+  say "FAIL: cp with train.attention = cudnn (exit $code)"; echo "$out" | tail -3; fail=1
+fi
+
+[ "$fail" = 0 ] || cp "$W"/*.log "$OUT/" 2>/dev/null
+rm -rf "$W"
+exit $fail

@@ -1,0 +1,213 @@
+// Context parallelism's kernels on the CUDA op set against the CPU op set (its oracle), for every
+// rank of cp 2 and 4: attention over a rank's query rows (two chunks of the sequence) against
+// every key, with documents that cross the chunks and a window smaller than a chunk; RoPE and the
+// learned positions at the rows' global positions; and the key/value exchange's packing, which
+// must move the bits exactly. The multi-process runs (scripts/gpu_cp_check.sh) judge the whole.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/parallel_layout.h"
+#include "gpu/gpu_test_util.h"
+#include "model/cuda/cuda_ops.h"
+#include "ops/cpu/cpu_ops.h"
+#include "ops/rope.h"
+
+namespace {
+
+using namespace gpu_test;
+using myriad::ContextRows;
+using myriad::context_rows;
+using myriad::cpu::CpuOps;
+using myriad::cuda::CudaOps;
+
+std::vector<float> down(const Dev<bf16>& d) { return to_float(d.download()); }
+void up(Dev<bf16>& d, const std::vector<float>& x) { d.upload(to_bf16(x)); }
+
+// Document starts (B,T): row 0 one document; the others documents of random lengths (mean
+// `mean_len`), one-token documents among them.
+std::vector<int32_t> documents(int B, int T, int mean_len, std::mt19937_64& gen) {
+  std::vector<int32_t> d(size_t(B) * T, 0);
+  for (int b = 1; b < B; ++b)
+    for (int i = 0, start = 0; i < T; ++i) {
+      if (i > 0 && (gen() % mean_len == 0 || i == T / 2 || i == T / 2 + 1)) start = i;
+      d[size_t(b) * T + i] = start;
+    }
+  return d;
+}
+
+struct AttnCase {
+  int T, cp, H, Hkv, D, window;
+  bool docs;
+};
+
+class ContextParallelAttention : public ::testing::TestWithParam<AttnCase> {};
+
+// Each rank's out rows, its queries' gradient and its share of every key's and value's gradient.
+TEST_P(ContextParallelAttention, EachRankMatchesTheCpu) {
+  const AttnCase c = GetParam();
+  const int B = 2, T = c.T, H = c.H, Hkv = c.Hkv, D = c.D, G = H / Hkv, W = c.window;
+  const size_t Ql = size_t(Hkv) * (G + 2) * D, C = size_t(H) * D;
+  std::mt19937_64 gen(seed() + 31 * T + c.cp + D + W);
+  const auto qkv = round_bf16(randn(size_t(B) * T * Ql, gen));
+  const std::vector<int32_t> docs = c.docs ? documents(B, T, T / 5, gen) : std::vector<int32_t>{};
+  const int32_t* hdocs = c.docs ? docs.data() : nullptr;
+  CpuOps cpu;
+  CudaOps ops;
+  ops.select_attention("myriad", true);
+  Dev<bf16> gqkv(qkv.size()), gdqkv(qkv.size());
+  Dev<int32_t> gdocs(docs.size());
+  up(gqkv, qkv);
+  gdocs.upload(docs);
+  for (int r = 0; r < c.cp; ++r) {
+    SCOPED_TRACE(testing::Message() << "T=" << T << " cp=" << c.cp << " rank " << r << " H=" << H << " Hkv=" << Hkv
+                                    << " D=" << D << " window=" << W << (c.docs ? " documents" : ""));
+    const ContextRows rows = context_rows(T, c.cp, r);
+    const int Tq = int(rows.count());
+    const auto dout = round_bf16(randn(size_t(B) * Tq * C, gen));
+    std::vector<float> out(size_t(B) * Tq * C), saved(size_t(B) * H * Tq * T), dqkv(qkv.size(), 0.f);
+    cpu.attention_forward(out.data(), saved.data(), qkv.data(), B, T, H, Hkv, D, W, hdocs, &rows);
+    cpu.attention_backward(dqkv.data(), dout.data(), out.data(), qkv.data(), saved.data(), B, T, H, Hkv, D, W, hdocs,
+                           &rows);
+
+    Dev<bf16> gout(out.size()), gdout(dout.size());
+    Dev<float> glse(size_t(B) * H * Tq);
+    up(gdout, dout);
+    gout.poison(), glse.poison();
+    gdqkv.zero();  // other ranks' query rows: not written
+    const int32_t* ddocs = c.docs ? gdocs.p : nullptr;
+    ops.attention_forward(gout.p, glse.p, gqkv.p, B, T, H, Hkv, D, W, ddocs, &rows);
+    ops.attention_backward(gdqkv.p, gdout.p, gout.p, gqkv.p, glse.p, B, T, H, Hkv, D, W, ddocs, &rows);
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto got_out = down(gout), got = down(gdqkv);
+    // The parts: the rank's query rows' dq; every row's dk, dv.
+    std::vector<float> dq, dq_ref, dkv, dkv_ref;
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t)
+        for (int g = 0; g < Hkv; ++g) {
+          const size_t at = (size_t(b) * T + t) * Ql + size_t(g) * (G + 2) * D;
+          bool mine = false;
+          for (int i = 0; i < Tq; ++i) mine |= rows.position(i) == t;
+          if (mine) {
+            dq.insert(dq.end(), got.begin() + at, got.begin() + at + size_t(G) * D);
+            dq_ref.insert(dq_ref.end(), dqkv.begin() + at, dqkv.begin() + at + size_t(G) * D);
+          }
+          dkv.insert(dkv.end(), got.begin() + at + size_t(G) * D, got.begin() + at + size_t(G + 2) * D);
+          dkv_ref.insert(dkv_ref.end(), dqkv.begin() + at + size_t(G) * D, dqkv.begin() + at + size_t(G + 2) * D);
+        }
+    const double eo = rel_err(got_out, out), eq = rel_err(dq, dq_ref), ekv = rel_err(dkv, dkv_ref);
+    std::printf("  cp %d rank %d T=%d D=%d w=%d%s: out %.2e dq %.2e dkv %.2e\n", c.cp, r, T, D, W,
+                c.docs ? " docs" : "", eo, eq, ekv);
+    EXPECT_LT(eo, 1e-2);
+    EXPECT_LT(eq, 1e-2);
+    EXPECT_LT(ekv, 1e-2);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, ContextParallelAttention,
+                         ::testing::Values(AttnCase{64, 2, 4, 2, 64, 0, false}, AttnCase{64, 4, 4, 2, 64, 0, false},
+                                           AttnCase{256, 2, 4, 1, 128, 0, true}, AttnCase{512, 4, 8, 2, 64, 40, true},
+                                           AttnCase{1024, 2, 2, 2, 128, 300, false},
+                                           AttnCase{768, 4, 4, 2, 80, 0, true}));
+
+// A chunk of a length that is not a multiple of 8 is refused with the kernel's message.
+TEST(ContextParallelAttention, RefusesRangesNotMultiplesOf8) {
+  CudaOps ops;
+  ops.select_attention("myriad", true);
+  const ContextRows rows = context_rows(36, 2, 0);  // chunks of 9
+  Dev<bf16> qkv(36 * 3 * 64), out(18 * 64);
+  Dev<float> lse(18);
+  EXPECT_THROW(ops.attention_forward(out.p, lse.p, qkv.p, 1, 36, 1, 1, 64, 0, nullptr, &rows), std::exception);
+}
+
+TEST(ContextParallelPositions, RopeAndLearnedPositionsAtTheRowsPositions) {
+  const int B = 2, Tw = 128, cp = 4, Hkv = 2, G = 2, D = 64, C = 96;
+  std::mt19937_64 gen(seed() + 5);
+  const auto freqs = myriad::rope_frequencies(500000.0, D, myriad::RopeScaling{});
+  CpuOps cpu;
+  CudaOps ops;
+  cpu.set_rope(freqs), ops.set_rope(freqs);
+  const auto wpe = round_bf16(randn(size_t(Tw) * C, gen));
+  Dev<bf16> gwpe(wpe.size());
+  up(gwpe, wpe);
+  for (int r = 0; r < cp; ++r) {
+    SCOPED_TRACE(testing::Message() << "rank " << r);
+    const ContextRows rows = context_rows(Tw, cp, r);
+    const int T = int(rows.count());
+    // RoPE, forward and back.
+    const auto x = round_bf16(randn(size_t(B) * T * Hkv * (G + 2) * D, gen));
+    for (int backward = 0; backward < 2; ++backward) {
+      std::vector<float> ref = x;
+      Dev<bf16> gx(x.size());
+      up(gx, x);
+      if (backward)
+        cpu.rope_backward(ref.data(), B, T, Hkv, G, D, &rows), ops.rope_backward(gx.p, B, T, Hkv, G, D, &rows);
+      else
+        cpu.rope_forward(ref.data(), B, T, Hkv, G, D, &rows), ops.rope_forward(gx.p, B, T, Hkv, G, D, &rows);
+      CUDA_OK(cudaDeviceSynchronize());
+      EXPECT_LT(rel_err(down(gx), ref), 1e-2) << (backward ? "rope backward" : "rope forward");
+    }
+    // Learned positions: the forward's rows (r0 = 5 of them skipped, as a sequence-parallel
+    // rank's) and the backward's sums into the table.
+    const int r0 = 5, n = B * T - r0;
+    const auto base = round_bf16(randn(size_t(n) * C, gen));
+    std::vector<float> ref = base;
+    Dev<bf16> gout(base.size());
+    up(gout, base);
+    cpu.add_positions(ref.data(), wpe.data(), r0, n, T, C, &rows);
+    ops.add_positions(gout.p, gwpe.p, r0, n, T, C, &rows);
+    Dev<float> gdwpe(wpe.size());
+    gdwpe.zero();
+    ops.positions_backward(gdwpe.p, gout.p, r0, n, T, C, &rows);  // as the gradient: the rows just made
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_LT(rel_err(down(gout), ref), 1e-2) << "add_positions";
+    std::vector<float> ref_d(wpe.size(), 0.f);
+    cpu.positions_backward(ref_d.data(), ref.data(), r0, n, T, C, &rows);
+    EXPECT_LT(rel_err(gdwpe.download(), ref_d), 1e-2) << "positions_backward";
+    // Rows no rank-r token sits at keep a zero gradient.
+    const auto got = gdwpe.download();
+    for (int p = 0; p < Tw; ++p) {
+      bool held = false;
+      for (int i = 0; i < T; ++i) held |= rows.position(i) == p;
+      if (!held) {
+        for (int k = 0; k < C; ++k) ASSERT_EQ(got[size_t(p) * C + k], 0.f) << "position " << p;
+      }
+    }
+  }
+}
+
+// The exchange's packing moves the bits: the CUDA op set's against the CPU's, bf16 values.
+TEST(ContextParallelExchange, PackingMatchesTheCpuBitForBit) {
+  const int B = 2, cp = 4, Tw = 64, T = Tw / cp, Hkv = 2, G = 3, D = 64, rank = 1;
+  const size_t Ql = size_t(Hkv) * (G + 2) * D, KV = size_t(Hkv) * 2 * D, block = size_t(B) * T * KV;
+  std::mt19937_64 gen(seed() + 9);
+  CpuOps cpu;
+  CudaOps ops;
+  const auto local = round_bf16(randn(size_t(B) * T * Ql, gen)), packs = round_bf16(randn(cp * block, gen));
+  const auto dwhole = round_bf16(randn(size_t(B) * Tw * Ql, gen)), mine = round_bf16(randn(block, gen));
+  Dev<bf16> glocal(local.size()), gpacks(packs.size()), gpack(block), gwhole(dwhole.size()), gdwhole(dwhole.size()),
+      gdlocal(local.size());
+  Dev<float> ggrads(cp * block), gmine(block);
+  up(glocal, local), up(gpacks, packs), up(gdwhole, dwhole);
+  gmine.upload(mine);
+  gwhole.zero();
+  std::vector<float> pack(block), whole(dwhole.size(), 0.f), grads(cp * block), dlocal(local.size());
+  cpu.cp_pack_kv(pack.data(), local.data(), int64_t(B) * T, Hkv, G, D);
+  cpu.cp_unpack_kv(whole.data(), packs.data(), local.data(), B, T, cp, rank, Hkv, G, D);
+  cpu.cp_pack_kv_grad(grads.data(), dwhole.data(), B, T, cp, Hkv, G, D);
+  cpu.cp_unpack_kv_grad(dlocal.data(), mine.data(), dwhole.data(), B, T, cp, rank, Hkv, G, D);
+  ops.cp_pack_kv(gpack.p, glocal.p, int64_t(B) * T, Hkv, G, D);
+  ops.cp_unpack_kv(gwhole.p, gpacks.p, glocal.p, B, T, cp, rank, Hkv, G, D);
+  ops.cp_pack_kv_grad(ggrads.p, gdwhole.p, B, T, cp, Hkv, G, D);
+  ops.cp_unpack_kv_grad(gdlocal.p, gmine.p, gdwhole.p, B, T, cp, rank, Hkv, G, D);
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(down(gpack), pack);
+  EXPECT_EQ(down(gwhole), whole);
+  EXPECT_EQ(ggrads.download(), grads);
+  EXPECT_EQ(down(gdlocal), dlocal);
+}
+
+}  // namespace
