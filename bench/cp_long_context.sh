@@ -5,7 +5,8 @@
 #   - loss parity: cp 2 against one process at 8K (every step's loss within 1%);
 #   - each rank's peak memory at 16K with cp 1, 2 and 4 (activations fall as 1/cp; ZeRO's
 #     shards of the optimizer state over cp too);
-#   - 32K with cp 2 and 64K with cp 4: the step time and each rank's peak memory.
+#   - 32K with cp 2 (parallel.overlap_cp on and off) and 64K with cp 4: the step time and each
+#     rank's peak memory.
 # Full recompute, one sequence per step, byte tokens of the snapshot corpus (repeated).
 #   STEPS=4 bench/cp_long_context.sh
 set -uo pipefail
@@ -53,6 +54,7 @@ run m16k_cp1 1 16384
 run m16k_cp2 2 16384
 run m16k_cp4 4 16384
 run l32k_cp2 2 32768
+run l32k_cp2_no_overlap 2 32768 --set parallel.overlap_cp=false
 run l64k_cp4 4 65536
 [ "$fail" = 0 ] || cp "$W"/*.log "$OUT/" 2>/dev/null
 rm -rf "$W"
