@@ -214,20 +214,6 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionGqa,
                                             ::testing::Values(0, 5),
                                             ::testing::Values(std::make_pair(8, 2), std::make_pair(4, 1))));
 
-// Random document starts for B rows of T: row 0 one document begun before the row and running
-// past it; the others new documents at random (mean length mean_len), with documents of one
-// token back to back a third of the way in.
-std::vector<int32_t> random_docs(int B, int T, int mean_len, uint64_t seed) {
-  std::mt19937_64 gen(seed);
-  std::vector<int32_t> d(size_t(B) * T, 0);
-  for (int b = 1; b < B; ++b)
-    for (int i = 0, start = 0; i < T; ++i) {
-      if (i > 0 && (gen() % mean_len == 0 || i == T / 3 || i == T / 3 + 1)) start = i;
-      d[size_t(b) * T + i] = start;
-    }
-  return d;
-}
-
 // Packed documents (data.document_mask) against the CPU oracle, every tiling: alone, with a
 // window, with grouped-query heads; short documents inside one tile and long ones across many.
 class AttentionDocuments : public ::testing::TestWithParam<std::tuple<int, int, int, int>> {};

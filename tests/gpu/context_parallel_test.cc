@@ -24,21 +24,6 @@ using myriad::context_rows;
 using myriad::cpu::CpuOps;
 using myriad::cuda::CudaOps;
 
-std::vector<float> down(const Dev<bf16>& d) { return to_float(d.download()); }
-void up(Dev<bf16>& d, const std::vector<float>& x) { d.upload(to_bf16(x)); }
-
-// Document starts (B,T): row 0 one document; the others documents of random lengths (mean
-// `mean_len`), one-token documents among them.
-std::vector<int32_t> documents(int B, int T, int mean_len, std::mt19937_64& gen) {
-  std::vector<int32_t> d(size_t(B) * T, 0);
-  for (int b = 1; b < B; ++b)
-    for (int i = 0, start = 0; i < T; ++i) {
-      if (i > 0 && (gen() % mean_len == 0 || i == T / 2 || i == T / 2 + 1)) start = i;
-      d[size_t(b) * T + i] = start;
-    }
-  return d;
-}
-
 struct AttnCase {
   int T, cp, H, Hkv, D, window;
   bool docs;
@@ -53,7 +38,7 @@ TEST_P(ContextParallelAttention, EachRankMatchesTheCpu) {
   const size_t Ql = size_t(Hkv) * (G + 2) * D, C = size_t(H) * D;
   std::mt19937_64 gen(seed() + 31 * T + c.cp + D + W);
   const auto qkv = round_bf16(randn(size_t(B) * T * Ql, gen));
-  const std::vector<int32_t> docs = c.docs ? documents(B, T, T / 5, gen) : std::vector<int32_t>{};
+  const std::vector<int32_t> docs = c.docs ? random_docs(B, T, T / 5, gen()) : std::vector<int32_t>{};
   const int32_t* hdocs = c.docs ? docs.data() : nullptr;
   CpuOps cpu;
   CudaOps ops;

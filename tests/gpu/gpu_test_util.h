@@ -62,6 +62,24 @@ inline std::vector<float> randn(size_t n, std::mt19937_64& gen, float std = 1.0f
   return x;
 }
 
+// A bf16 device buffer's values, and values rounded into one.
+inline std::vector<float> down(const Dev<bf16>& d) { return to_float(d.download()); }
+inline void up(Dev<bf16>& d, const std::vector<float>& x) { d.upload(to_bf16(x)); }
+
+// Random document starts for B rows of T (data.document_mask): row 0 one document begun before
+// the row and running past it; the others new documents at random (mean length mean_len), with
+// documents of one token back to back a third of the way in.
+inline std::vector<int32_t> random_docs(int B, int T, int mean_len, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::vector<int32_t> d(size_t(B) * T, 0);
+  for (int b = 1; b < B; ++b)
+    for (int i = 0, start = 0; i < T; ++i) {
+      if (i > 0 && (gen() % mean_len == 0 || i == T / 3 || i == T / 3 + 1)) start = i;
+      d[size_t(b) * T + i] = start;
+    }
+  return d;
+}
+
 // ||a - b|| / ||b||; NaN in a gives NaN (which fails every < comparison).
 inline double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
   double d = 0, r = 0;

@@ -25,10 +25,6 @@ struct Shape {
   int N, C;
 };
 
-std::vector<float> down(const Dev<bf16>& d) { return to_float(d.download()); }
-
-void up(Dev<bf16>& d, const std::vector<float>& x) { d.upload(to_bf16(x)); }
-
 class LayerNorm : public ::testing::TestWithParam<Shape> {};
 
 void check_forward(int N, int C, bool with_bias, bool fused) {

@@ -31,9 +31,6 @@ namespace {
 using namespace gpu_test;
 namespace cu = myriad::cuda;
 
-std::vector<float> down(const Dev<bf16>& d) { return to_float(d.download()); }
-void up(Dev<bf16>& d, const std::vector<float>& x) { d.upload(to_bf16(x)); }
-
 // ---------------------------------------------------------------------------------------------
 // RMSNorm
 

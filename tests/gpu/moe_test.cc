@@ -43,8 +43,6 @@ using myriad::Routing;
 using myriad::cpu::CpuOps;
 using myriad::cuda::CudaOps;
 
-std::vector<float> down(const Dev<bf16>& d) { return to_float(d.download()); }
-void up(Dev<bf16>& d, const std::vector<float>& x) { d.upload(to_bf16(x)); }
 template <class T>
 std::vector<T> head(const std::vector<T>& v, int64_t n) {
   return std::vector<T>(v.begin(), v.begin() + n);

@@ -26,9 +26,6 @@ using myriad::QkNormKind;
 using myriad::cpu::CpuOps;
 using myriad::cuda::CudaOps;
 
-std::vector<float> down(const Dev<bf16>& d) { return to_float(d.download()); }
-void up(Dev<bf16>& d, const std::vector<float>& x) { d.upload(to_bf16(x)); }
-
 struct QkCase {
   const char* name;
   QkNormKind kind;
