@@ -50,12 +50,12 @@ worst = max(abs(x - y) / y for x, y in zip(a, b)) if a and len(a) == len(b) else
 print(f"{'ok' if worst < 0.01 else 'FAIL'}: 8K cp 2 against one process: losses within {worst:.3%}")
 sys.exit(0 if worst < 0.01 else 1)
 PY
-run m16k_cp1 1 16384
-run m16k_cp2 2 16384
-run m16k_cp4 4 16384
 run l32k_cp2 2 32768
-run l32k_cp2_no_overlap 2 32768 --set parallel.overlap_cp=false
 run l64k_cp4 4 65536
+run m16k_cp1 1 16384
+run m16k_cp4 4 16384
+run m16k_cp2 2 16384
+run l32k_cp2_no_overlap 2 32768 --set parallel.overlap_cp=false
 [ "$fail" = 0 ] || cp "$W"/*.log "$OUT/" 2>/dev/null
 rm -rf "$W"
 exit $fail
