@@ -7,8 +7,10 @@
 #     shards of the optimizer state over cp too);
 #   - 32K with cp 2 (parallel.overlap_cp on and off) and 64K with cp 4: the step time and each
 #     rank's peak memory.
-# Full recompute, one sequence per step, byte tokens of the snapshot corpus (repeated).
-#   STEPS=4 bench/cp_long_context.sh
+# Full recompute, one sequence per step, byte tokens of the snapshot corpus (repeated). ONLY
+# names the runs to make by their prefixes (p8k, l32k, l64k, m16k; all when unset): an H100's
+# 80 GB holds the 8K and 16K runs and 32K cp 2, not 64K cp 4's four ranks.
+#   STEPS=4 ONLY="p8k m16k" bench/cp_long_context.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 M=/tmp/m
@@ -24,8 +26,10 @@ args=(train --config configs/llama-3.2-1b.toml --set data.train="$W/d" --set dat
       --set train.steps=$STEPS --set train.log_every=1 --set train.eval_every=0 --set checkpoint.every=0
       --set optim.warmup_steps=2 --set optim.lr=1e-4)
 fail=0
+selected() { [ -z "${ONLY:-}" ] && return 0; local p; for p in $ONLY; do [[ $1 == "$p"* ]] && return 0; done; return 1; }
 run() {  # NAME NPROC SEQ [--set ...]
   local rd=$1 n=$2 T=$3; shift 3
+  selected "$rd" || return 0
   local t0=$(date +%s)
   $B launch --nproc-per-node "$n" -- "${args[@]}" --set model.seq_len=$T --set parallel.cp=$n \
     --run-dir "$W/$rd" "$@" >"$W/$rd.log" 2>&1 || { echo "FAIL: $rd (exit $?)"; tail -5 "$W/$rd.log"; fail=1; }
@@ -46,7 +50,7 @@ PY
 # steps 1 and 2 agreed within 0.2% and step 3 parted by 11%, cp 1's loss rising where cp 2's fell.
 run p8k_cp1 1 8192 --set train.attention=myriad --set optim.lr=1e-5
 run p8k_cp2 2 8192 --set train.attention=myriad --set optim.lr=1e-5
-python3 - "$W/p8k_cp2/metrics.jsonl" "$W/p8k_cp1/metrics.jsonl" <<'PY' || fail=1
+selected p8k && python3 - "$W/p8k_cp2/metrics.jsonl" "$W/p8k_cp1/metrics.jsonl" <<'PY' || fail=1
 import json, sys
 a, b = ([json.loads(l)["loss"] for l in open(f)] for f in sys.argv[1:])
 worst = max(abs(x - y) / y for x, y in zip(a, b)) if a and len(a) == len(b) else 1

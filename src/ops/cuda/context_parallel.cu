@@ -15,18 +15,9 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Rank q's row i (of T = 2 Tc) sits at position q Tc + i in its first chunk, (2 cp - 1 - q) Tc +
-// i - Tc in its second (core/parallel_layout.cc's context_rows).
-__device__ __forceinline__ int64_t position(int64_t i, int64_t T, int cp, int q) {
-  const int64_t Tc = T / 2;
-  return i < Tc ? q * Tc + i : (2 * cp - 1 - q) * Tc + (i - Tc);
-}
-// The inverse: which rank holds position p, and its row there.
-__device__ __forceinline__ void owner(int64_t p, int64_t T, int cp, int* q, int64_t* i) {
-  const int64_t Tc = T / 2, c = p / Tc;
-  *q = c < cp ? int(c) : int(2 * cp - 1 - c);
-  *i = (c < cp ? 0 : Tc) + p % Tc;
-}
+// Each kernel below handles one rank's rows (B,T) of the whole sequence's (B,Tw): row i of batch
+// row b sits at position pos(i) (the rank's core/parallel_layout.cc context_rows, which CudaOps
+// turns into a RowPositions), the chunk assignment spelled once, there.
 
 __global__ void pack_kv_kernel(bf16* __restrict__ pack, const bf16* __restrict__ qkv, int64_t n, int Hkv, int G,
                                int D) {
@@ -37,49 +28,44 @@ __global__ void pack_kv_kernel(bf16* __restrict__ pack, const bf16* __restrict__
   }
 }
 
-// One thread per element of whole (B,Tw,Ql).
-__global__ void unpack_kv_kernel(bf16* __restrict__ whole, const bf16* __restrict__ packs,
-                                 const bf16* __restrict__ local, int64_t n, int T, int cp, int rank, int Hkv, int G,
-                                 int D) {
-  const int64_t Ql = int64_t(Hkv) * (G + 2) * D, Tw = int64_t(T) * cp, block = int64_t(n / cp / Ql) * Hkv * 2 * D;
+// One thread per element of the rank's (B,T,Ql) rows of whole: from local's whole rows (the
+// rank's own) or from a pack's key/value pairs (another rank's; the queries' columns untouched).
+__global__ void place_rows_kernel(bf16* __restrict__ whole, const bf16* __restrict__ local,
+                                  const bf16* __restrict__ pack, int64_t n, int T, int64_t Tw, RowPositions pos,
+                                  int Hkv, int G, int D) {
+  const int64_t Ql = int64_t(Hkv) * (G + 2) * D;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n; idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t bp = idx / Ql, e = idx % Ql, b = bp / Tw, p = bp % Tw;
-    int q;
-    int64_t i;
-    owner(p, T, cp, &q, &i);
-    const int64_t row = b * T + i;
-    if (q == rank) {
-      whole[idx] = local[row * Ql + e];
+    const int64_t row = idx / Ql, e = idx % Ql, b = row / T, i = row % T;
+    bf16* to = whole + (b * Tw + pos(i)) * Ql + e;
+    if (local) {
+      *to = local[idx];
     } else {
       const int64_t g = e / ((G + 2) * D), j = e % ((G + 2) * D) - int64_t(G) * D;
-      if (j >= 0) whole[idx] = packs[q * block + (row * Hkv + g) * 2 * D + j];
+      if (j >= 0) *to = pack[(row * Hkv + g) * 2 * D + j];
     }
   }
 }
 
-// One thread per element of packs (cp,B,T,Hkv,2,D).
-__global__ void pack_kv_grad_kernel(float* __restrict__ packs, const bf16* __restrict__ dwhole, int64_t n, int T,
-                                    int cp, int Hkv, int G, int D) {
-  const int64_t KV = int64_t(Hkv) * 2 * D, Ql = int64_t(Hkv) * (G + 2) * D, Tw = int64_t(T) * cp;
-  const int64_t block = n / cp;
+// One thread per element of the rank's pack (B,T,Hkv,2,D), widened to fp32.
+__global__ void take_kv_grad_kernel(float* __restrict__ pack, const bf16* __restrict__ dwhole, int64_t n, int T,
+                                    int64_t Tw, RowPositions pos, int Hkv, int G, int D) {
+  const int64_t KV = int64_t(Hkv) * 2 * D, Ql = int64_t(Hkv) * (G + 2) * D;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n; idx += int64_t(gridDim.x) * blockDim.x) {
-    const int q = int(idx / block);
-    const int64_t r = idx % block, row = r / KV, k = r % KV, g = k / (2 * D), e = k % (2 * D);
-    const int64_t b = row / T, i = row % T;
-    packs[idx] = __bfloat162float(dwhole[(b * Tw + position(i, T, cp, q)) * Ql + (g * (G + 2) + G) * D + e]);
+    const int64_t row = idx / KV, k = idx % KV, g = k / (2 * D), e = k % (2 * D), b = row / T, i = row % T;
+    pack[idx] = __bfloat162float(dwhole[(b * Tw + pos(i)) * Ql + (g * (G + 2) + G) * D + e]);
   }
 }
 
-// One thread per element of dlocal (B,T,Ql).
+// One thread per element of dlocal (B,T,Ql): the queries' gradient from the rank's rows of
+// dwhole, the keys' and values' from the reduce-scatter's sum.
 __global__ void unpack_kv_grad_kernel(bf16* __restrict__ dlocal, const float* __restrict__ mine,
-                                      const bf16* __restrict__ dwhole, int64_t n, int T, int cp, int rank, int Hkv,
-                                      int G, int D) {
-  const int64_t Ql = int64_t(Hkv) * (G + 2) * D, Tw = int64_t(T) * cp;
+                                      const bf16* __restrict__ dwhole, int64_t n, int T, int64_t Tw,
+                                      RowPositions pos, int Hkv, int G, int D) {
+  const int64_t Ql = int64_t(Hkv) * (G + 2) * D;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n; idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = idx / Ql, e = idx % Ql, b = row / T, i = row % T;
     const int64_t g = e / ((G + 2) * D), j = e % ((G + 2) * D) - int64_t(G) * D;
-    dlocal[idx] = j >= 0 ? __float2bfloat16(mine[(row * Hkv + g) * 2 * D + j])
-                         : dwhole[(b * Tw + position(i, T, cp, rank)) * Ql + e];
+    dlocal[idx] = j >= 0 ? __float2bfloat16(mine[(row * Hkv + g) * 2 * D + j]) : dwhole[(b * Tw + pos(i)) * Ql + e];
   }
 }
 
@@ -94,30 +80,28 @@ void cp_pack_kv(bf16* pack, const bf16* qkv, int64_t N, int Hkv, int G, int D, c
   check_launch("cp_pack_kv");
 }
 
-void cp_unpack_kv(bf16* whole, const bf16* packs, const bf16* local, int B, int T, int cp, int rank, int Hkv, int G,
-                  int D, cudaStream_t stream) {
-  MYRIAD_CHECK(T % 2 == 0 && rank >= 0 && rank < cp, "cp_unpack_kv: T ", T, " rank ", rank, " of ", cp);
-  const int64_t n = int64_t(B) * T * cp * Hkv * (G + 2) * D;
-  if (n <= 0) return;
-  unpack_kv_kernel<<<grid(n), kThreads, 0, stream>>>(whole, packs, local, n, T, cp, rank, Hkv, G, D);
-  check_launch("cp_unpack_kv");
-}
-
-void cp_pack_kv_grad(float* packs, const bf16* dwhole, int B, int T, int cp, int Hkv, int G, int D,
-                     cudaStream_t stream) {
-  MYRIAD_CHECK(T % 2 == 0, "cp_pack_kv_grad: T ", T);
-  const int64_t n = int64_t(cp) * B * T * Hkv * 2 * D;
-  if (n <= 0) return;
-  pack_kv_grad_kernel<<<grid(n), kThreads, 0, stream>>>(packs, dwhole, n, T, cp, Hkv, G, D);
-  check_launch("cp_pack_kv_grad");
-}
-
-void cp_unpack_kv_grad(bf16* dlocal, const float* mine, const bf16* dwhole, int B, int T, int cp, int rank, int Hkv,
-                       int G, int D, cudaStream_t stream) {
-  MYRIAD_CHECK(T % 2 == 0 && rank >= 0 && rank < cp, "cp_unpack_kv_grad: T ", T, " rank ", rank, " of ", cp);
+void cp_place_rows(bf16* whole, const bf16* local, const bf16* pack, int B, int T, int64_t Tw, RowPositions pos,
+                   int Hkv, int G, int D, cudaStream_t stream) {
+  MYRIAD_CHECK((local == nullptr) != (pack == nullptr), "cp_place_rows: one of local and pack");
   const int64_t n = int64_t(B) * T * Hkv * (G + 2) * D;
   if (n <= 0) return;
-  unpack_kv_grad_kernel<<<grid(n), kThreads, 0, stream>>>(dlocal, mine, dwhole, n, T, cp, rank, Hkv, G, D);
+  place_rows_kernel<<<grid(n), kThreads, 0, stream>>>(whole, local, pack, n, T, Tw, pos, Hkv, G, D);
+  check_launch("cp_place_rows");
+}
+
+void cp_take_kv_grad(float* pack, const bf16* dwhole, int B, int T, int64_t Tw, RowPositions pos, int Hkv, int G,
+                     int D, cudaStream_t stream) {
+  const int64_t n = int64_t(B) * T * Hkv * 2 * D;
+  if (n <= 0) return;
+  take_kv_grad_kernel<<<grid(n), kThreads, 0, stream>>>(pack, dwhole, n, T, Tw, pos, Hkv, G, D);
+  check_launch("cp_take_kv_grad");
+}
+
+void cp_unpack_kv_grad(bf16* dlocal, const float* mine, const bf16* dwhole, int B, int T, int64_t Tw,
+                       RowPositions pos, int Hkv, int G, int D, cudaStream_t stream) {
+  const int64_t n = int64_t(B) * T * Hkv * (G + 2) * D;
+  if (n <= 0) return;
+  unpack_kv_grad_kernel<<<grid(n), kThreads, 0, stream>>>(dlocal, mine, dwhole, n, T, Tw, pos, Hkv, G, D);
   check_launch("cp_unpack_kv_grad");
 }
 

@@ -259,13 +259,18 @@ void widen(float* dst, const bf16* src, int64_t n, cudaStream_t stream);        
 void mean_into(double* acc, const float* x, int64_t n, int64_t count, cudaStream_t stream);
 
 // ---- context parallelism's key/value exchange (context_parallel.cu; CpuOps's contracts) ----
+// CudaOps calls the last three once per rank of the group, pos being that rank's rows of the
+// whole sequence of Tw = T cp (its context_rows).
 void cp_pack_kv(bf16* pack, const bf16* qkv, int64_t N, int Hkv, int G, int D, cudaStream_t stream);
-void cp_unpack_kv(bf16* whole, const bf16* packs, const bf16* local, int B, int T, int cp, int rank, int Hkv, int G,
-                  int D, cudaStream_t stream);
-void cp_pack_kv_grad(float* packs, const bf16* dwhole, int B, int T, int cp, int Hkv, int G, int D,
-                     cudaStream_t stream);
-void cp_unpack_kv_grad(bf16* dlocal, const float* mine, const bf16* dwhole, int B, int T, int cp, int rank, int Hkv,
-                       int G, int D, cudaStream_t stream);
+// Rank's rows of whole (B,Tw,Ql): local's (B,T,Ql) rows whole, or pack's (B,T,Hkv,2,D) keys and
+// values (exactly one of local and pack non-null).
+void cp_place_rows(bf16* whole, const bf16* local, const bf16* pack, int B, int T, int64_t Tw, RowPositions pos,
+                   int Hkv, int G, int D, cudaStream_t stream);
+// pack (B,T,Hkv,2,D) fp32 = the keys' and values' gradients at the rank's rows of dwhole.
+void cp_take_kv_grad(float* pack, const bf16* dwhole, int B, int T, int64_t Tw, RowPositions pos, int Hkv, int G,
+                     int D, cudaStream_t stream);
+void cp_unpack_kv_grad(bf16* dlocal, const float* mine, const bf16* dwhole, int B, int T, int64_t Tw,
+                       RowPositions pos, int Hkv, int G, int D, cudaStream_t stream);
 
 // ---- tensor parallelism's row ops (tensor_parallel.cu) ----
 // out[r, c] += bias[c] for rows r of C.
