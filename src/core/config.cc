@@ -398,6 +398,7 @@ void Config::validate() const {
                 "optim.decay_fraction), or raise train.steps");
   positive("train.global_batch", train.global_batch);
   positive("train.micro_batch", train.micro_batch);
+  positive("train.logits_mib", train.logits_mib);
   require_one_of("train.device", train.device, {"auto", "cpu", "cuda"});
   require_one_of("checkpoint.async_policy", checkpoint.async_policy, {"wait", "skip"});
   require_one_of("checkpoint.load", checkpoint.load, {"broadcast", "all"});

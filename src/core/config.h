@@ -163,6 +163,9 @@ struct TrainConfig {
   // kernel), cudnn (an error where it cannot), myriad. The CPU has one.
   std::string attention = "auto";
   bool deterministic = true;  // bitwise-repeatable steps; false lets cuDNN's backward add atomically
+  // The LM head's logits held at once, MiB: the head, the loss and the head's backward run over
+  // row chunks of about this size, inside the forward (model/gpt.h, "the LM head").
+  double logits_mib = 512;
   // The linear layers' GEMMs: bf16 (the CPU engine: fp32), or fp8 (Hopper and later; ops/fp8.h).
   // A compute format only: the weights, the optimizer and the checkpoints are the same either way.
   std::string precision = "bf16";
@@ -323,6 +326,7 @@ struct Config {
     f("train", "recompute", train.recompute);
     f("train", "attention", train.attention);
     f("train", "deterministic", train.deterministic);
+    f("train", "logits_mib", train.logits_mib);
     f("train", "precision", train.precision);
     f("train", "fp8_lm_head", train.fp8_lm_head);
     f("train", "fp8_gradients", train.fp8_gradients);

@@ -29,7 +29,10 @@
 //
 // Pipeline parallelism: the object holds a ModelPart, one or more chunks of consecutive layers
 // (virtual stages); the first chunk of the model also embeds, the last also runs the final norm,
-// the LM head and the loss. A chunk's forward keeps what its backward needs in a slot per
+// the LM head and the loss. The head never holds the whole (N, vocab) logits: its GEMM, the loss
+// and, in a training forward, its backward (the logits' gradient, the head's weight gradient
+// and the final norm's output gradient) run row chunk by row chunk (train.logits_mib), so that the
+// logits of one chunk live at a time. A chunk's forward keeps what its backward needs in a slot per
 // micro-batch (slots are reused, so memory follows the schedule's in-flight bound). Without
 // pipeline parallelism there is one chunk of every layer and forward_backward() runs it.
 //
@@ -157,6 +160,7 @@ class GptModel {
   // (T <= seq_len). With TP the vocabulary shards are gathered: every rank gets all Vp.
   void last_logits(const int32_t* tokens, int B, int T, float* out);
   // The logits (B, T, Vp) of the last forward; with TP this rank's (B, T, Vp/t) columns.
+  // Null when the head ran in several row chunks (train.logits_mib smaller than the logits).
   const Act* logits() const { return last_logits_; }
 
   // With sequence parallelism the replicated tensors' gradients are partial sums of this
@@ -238,11 +242,12 @@ class GptModel {
     Buffer<int32_t> ids;  // the MoE layers' routes
     std::vector<LayerActs> layers;  // the chunk's layers, in order
     Act* out;                       // (B,T,C) the chunk's output, R rows
-    Act* lnf;                       // head: (B,T,C) (all N rows)
+    Act* lnf;                       // head: (B,T,C) (all N rows); after a training forward its
+                                    // gradient (head_forward ran the head's backward)
     float *lnf_mean, *lnf_rstd;     // head: (R), (R)
-    Buffer<Act> logits;             // head: (B,T,Vp/t); backward turns it into dlogits in place
+    Buffer<Act> logits;             // head: (head_rows_, Vp/t), one row chunk at a time
     Buffer<float> losses, ce_max, ce_sum, ce_parts;  // head: (B,T) each, parts (B,T,2) (TP)
-    float dlogits_scale = 0;  // head: the grad_scale whose dlogits the logits already hold (0: none)
+    float head_scale = 0;  // head: the grad_scale of the gradients its forward made (0: none)
     typename Ops::Tokens inputs, targets;  // (B,T) contiguous copies
     typename Ops::Tokens doc_starts;       // (B,T) the rows' document starts, when `documents`
     bool documents = false;
@@ -342,8 +347,12 @@ class GptModel {
   // The lookup by vocabulary rows: tensor-parallel, or without a position table (RoPE).
   void embedding_forward_tp(const Slot& s, Act* out);
   void embedding_backward_tp(const Slot& s, const Act* dresid);
-  void crossentropy_forward_tp(Slot& s);
-  void crossentropy_backward_tp(Slot& s, float dloss);
+  // The LM head, the loss and (grad_scale > 0) the head's backward, over row chunks of s.lnf.
+  void head_forward(Slot& s, float grad_scale);
+  // The losses of rows [r, r + n) from their logits (n, Vl) and, when dloss > 0, the logits'
+  // gradient in place: fused (one pass), or vocab-parallel over tp (the row maxima and the sums of
+  // exps combined over the ranks, the target logit from the rank that owns it).
+  void crossentropy(Slot& s, Act* logits, int r, int n, float dloss);
 
   Ops ops_;
   Config cfg_;
@@ -353,6 +362,7 @@ class GptModel {
   ModelPart part_;
   ParamLayout layout_;
   int64_t L_, C_, H_, maxT_, maxB_, V_, Vp_, window_;
+  int64_t head_rows_ = 0;  // rows of logits the head holds at once (train.logits_mib; at most maxB_ maxT_)
   bool documents_;          // data.document_mask: slots hold the rows' document starts
   bool document_end_loss_;  // data.document_end_loss
   int64_t D_, G_;  // head size; query heads per key/value head

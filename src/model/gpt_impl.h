@@ -155,6 +155,7 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
                        part_.head && c + 1 == part_.chunks.size(), {}});
 
   const int64_t BT = maxB_ * maxT_, C = C_;
+  head_rows_ = memory_shape().head_rows();
   tmp_.zeros(BT * C);
   tmp2_.zeros(BT * C);
   if (tp_) full_.zeros(BT * C);
@@ -204,6 +205,7 @@ model::GptMemoryShape GptModel<Ops>::memory_shape() const {
   s.tp = tp_ != nullptr, s.parallel_block = parallel_block_, s.recompute = cfg_.train.recompute;
   s.act_bytes = sizeof(Act);
   s.ep = eps_;
+  s.logits_rows = model::logits_rows(cfg_.train.logits_mib, Vl_, sizeof(Act));
   s.saved_per_row = ops_.attention_saved(1, 1, static_cast<int>(maxT_), static_cast<int>(seqT_)) / maxT_;
   return s;
 }
@@ -286,7 +288,7 @@ typename GptModel<Ops>::Slot& GptModel<Ops>::acquire(Chunk& ch, int mb, int B) {
   s->targets.zeros(BT);
   if (documents_) s->doc_starts.zeros(maxB_ * seqT_);  // the whole rows' (attention's mask)
   if (ch.head) {
-    s->logits.zeros(BT * Vl_);
+    s->logits.zeros(head_rows_ * Vl_);
     s->losses.zeros(BT);
     if (tp_) s->ce_max.zeros(BT), s->ce_sum.zeros(BT), s->ce_parts.zeros(2 * BT);
   }
@@ -478,27 +480,30 @@ void GptModel<Ops>::embedding_backward_tp(const Slot& s, const Act* dresid) {
   ops_.vocab_rows_backward(g_.wte, dfull, s.inputs, v0_, Vl_, N_, C_);
 }
 
-// Vocab-parallel cross-entropy over s.logits (N, Vl): columns [v0, v0 + Vl) of the vocabulary,
-// the first `live` of them real (the rest padding).
 template <OpSet Ops>
-void GptModel<Ops>::crossentropy_forward_tp(Slot& s) {
-  const int live = static_cast<int>(std::clamp<int64_t>(V_ - v0_, 0, Vl_));
-  ops_.ce_row_max(s.ce_max.data(), s.logits.data(), N_, Vl_, live);
-  std::vector<float> mx(static_cast<size_t>(N_));  // the maxima meet on the host, in rank order
-  ops_.download(mx.data(), s.ce_max.data(), N_);
-  parallel::max_over_group(tp_, mx.data(), N_);
-  ops_.upload(s.ce_max.data(), mx.data(), N_);
-  ops_.ce_partials(s.ce_parts.data(), s.logits.data(), s.ce_max.data(), s.targets.data(), v0_, N_, Vl_, live);
-  parallel::sum_over_group(tp_, s.ce_parts.data(), 2 * int64_t(N_), stream());
-  ops_.ce_losses(s.losses.data(), s.ce_sum.data(), s.ce_parts.data(), s.targets.data(), N_);
-}
-
-// dlogits = (softmax - onehot) * dlosses on this rank's live columns, 0 on the padding; in place.
-template <OpSet Ops>
-void GptModel<Ops>::crossentropy_backward_tp(Slot& s, float dloss) {
-  const int live = static_cast<int>(std::clamp<int64_t>(V_ - v0_, 0, Vl_));
-  ops_.ce_tp_backward(s.logits.data(), s.ce_max.data(), s.ce_sum.data(), dloss, s.targets.data(), v0_, N_, Vl_,
-                      live);
+void GptModel<Ops>::crossentropy(Slot& s, Act* logits, int r, int n, float dloss) {
+  float* losses = s.losses.data() + r;
+  const int32_t* targets = s.targets.data() + r;
+  if (!tp_) {
+    if (dloss > 0)
+      ops_.crossentropy_forward_backward(losses, logits, targets, dloss, n, V_, Vp_);
+    else
+      ops_.crossentropy_forward(losses, logits, targets, n, V_, Vp_);
+    return;
+  }
+  // This rank's columns [v0, v0 + Vl) of the vocabulary, the first `live` of them real (the rest
+  // padding).
+  const int Vl = static_cast<int>(Vl_), live = static_cast<int>(std::clamp<int64_t>(V_ - v0_, 0, Vl_));
+  float *mx = s.ce_max.data() + r, *sum = s.ce_sum.data() + r, *parts = s.ce_parts.data() + 2 * int64_t(r);
+  ops_.ce_row_max(mx, logits, n, Vl, live);
+  std::vector<float> host(static_cast<size_t>(n));  // the maxima meet on the host, in rank order
+  ops_.download(host.data(), mx, n);
+  parallel::max_over_group(tp_, host.data(), n);
+  ops_.upload(mx, host.data(), n);
+  ops_.ce_partials(parts, logits, mx, targets, v0_, n, Vl, live);
+  parallel::sum_over_group(tp_, parts, 2 * int64_t(n), stream());
+  ops_.ce_losses(losses, sum, parts, targets, n);
+  if (dloss > 0) ops_.ce_tp_backward(logits, mx, sum, dloss, targets, v0_, n, Vl, live);
 }
 
 // ---- the model ----
@@ -561,21 +566,37 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, Rows rows, int64_t stride, const
   if (ch.l1 > ch.l0) shared_holds_ = {&s, s.mb, ch.l1 - 1};
   if (!ch.head) return;
   column_input_forward(s.lnf, C);
-  ops_.linear_forward(s.logits.data(), s.lnf, p_.head, static_cast<const Param*>(nullptr), N, C,
-                      static_cast<int>(Vl_), head_gemm());
-  last_logits_ = s.logits.data();
-  s.dlogits_scale = 0;
-  if (!targets) return;
+  s.head_scale = 0;
+  if (!targets) return;  // sampling: last_logits() runs the head on the rows it reads
   load_targets(s, rows, stride);
-  if (tp_) {
-    crossentropy_forward_tp(s);  // its dlogits in backward, after the maxima met
-  } else if (grad_scale > 0) {   // d(mean loss)/d(loss_i) = grad_scale / counted; in place, one pass
-    ops_.crossentropy_forward_backward(s.losses.data(), s.logits.data(), s.targets.data(), grad_scale / s.counted, N,
-                                       V_, Vp_);
-    s.dlogits_scale = grad_scale;
-  } else {
-    ops_.crossentropy_forward(s.losses.data(), s.logits.data(), s.targets.data(), N, V_, Vp_);
+  head_forward(s, grad_scale);
+}
+
+// The head over row chunks of at most head_rows_: each chunk's logits (n, Vl) = lnf rows @ head^T,
+// their losses and, in a training forward, at once their gradient (grad_scale / counted a
+// counted token's loss: d mean / d loss_i), the head's weight gradient (+=) and the chunk's rows
+// of the final norm's output gradient, written over s.lnf's (which no later chunk reads). Under
+// tp the last is this rank's partial over its vocabulary columns: the backward sums it
+// (column_input_backward).
+template <OpSet Ops>
+void GptModel<Ops>::head_forward(Slot& s, float grad_scale) {
+  const int N = N_, C = C_, Vl = static_cast<int>(Vl_);
+  const float dloss = grad_scale > 0 ? grad_scale / s.counted : 0.0f;
+  Act* logits = s.logits.data();
+  for (int r = 0; r < N; r += static_cast<int>(head_rows_)) {
+    const int n = std::min(N - r, static_cast<int>(head_rows_));
+    Act* lnf = s.lnf + int64_t(r) * C;
+    ops_.linear_forward(logits, lnf, p_.head, static_cast<const Param*>(nullptr), n, C, Vl, head_gemm());
+    crossentropy(s, logits, r, n, dloss);
+    if (grad_scale > 0) {
+      ops_.linear_backward(mlp_, dln_.data(), g_.head, static_cast<float*>(nullptr), logits, lnf, p_.head, nullptr,
+                           n, C, Vl, /*accumulate=*/false, head_gemm());
+      ops_.copy(lnf, dln_.data(), int64_t(n) * C);
+    }
   }
+  // The logits stay readable (logits()) when one chunk held them all and they are not gradients.
+  last_logits_ = head_rows_ >= N && grad_scale == 0 ? logits : nullptr;
+  s.head_scale = grad_scale;
   ops_.mean_into(loss_.data(), s.losses.data(), N, s.counted);
 }
 
@@ -973,17 +994,11 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
   const int Hkvl = static_cast<int>(Hkvl_), D = static_cast<int>(D_), G = static_cast<int>(G_);
   const int Ql = static_cast<int>(Ql_);
   if (ch.head) {
-    // dlogits overwrite the logits in place (the forward made them already where it could).
-    const float dloss = grad_scale / s.counted;
-    Act* dlogits = s.logits.data();
-    if (tp_)
-      crossentropy_backward_tp(s, dloss);
-    else if (s.dlogits_scale != grad_scale)
-      ops_.crossentropy_forward_backward(s.losses.data(), dlogits, s.targets.data(), dloss, N, V_, Vp_);
-    s.dlogits_scale = 0;
-    ops_.linear_backward(mlp_, dln_.data(), g_.head, static_cast<float*>(nullptr), dlogits, s.lnf, p_.head, nullptr, N,
-                         C, static_cast<int>(Vl_), /*accumulate=*/false, head_gemm());
-    Act* dlnf = column_input_backward(dln_.data(), C);
+    // The head's own backward ran in the forward (head_forward): s.lnf holds its input gradient.
+    MYRIAD_CHECK(grad_scale > 0 && s.head_scale == grad_scale, "the head's backward at grad_scale ", grad_scale,
+                 " after a forward at ", s.head_scale);
+    s.head_scale = 0;
+    Act* dlnf = column_input_backward(s.lnf, C);
     ops_.zero(dresid_.data(), int64_t(R) * C);
     ops_.norm_backward(norm_, dresid_.data(), g_.lnf_w, g_.lnf_b, dlnf, s.out, p_.lnf_w, s.lnf_mean, s.lnf_rstd,
                        R, C);
@@ -1106,18 +1121,27 @@ void GptModel<Ops>::last_logits(const int32_t* tokens, int B, int T, float* out)
     forward(chunks_[c], s, tokens, T, c > 0 ? held(c - 1, kWholeModel).out : nullptr,
             /*targets=*/false, 0.0f);
   }
-  for (int c = 0; c < num_chunks(); ++c) drop_chunk(c, kWholeModel);
-  const Act* logits = last_logits_;
-  if (!tp_) {
-    for (int b = 0; b < B; ++b) ops_.download(out + b * Vp_, logits + (int64_t(b) * T + T - 1) * Vp_, Vp_);
-    return;
-  }
-  // This rank's vocabulary columns of each row's last position, gathered over the ranks:
-  // rank q's block is columns [q Vl, (q+1) Vl).
-  const int64_t chunk = int64_t(B) * Vl_;
+  // The head on each row's last position only: those rows of lnf side by side in dln_ (B, C),
+  // their logits (B, Vl) in the slot's logits, head_rows_ at a time.
+  Slot& s = held(num_chunks() - 1, kWholeModel);
+  const int64_t C = C_, chunk = int64_t(B) * Vl_;
+  for (int b = 0; b < B; ++b) ops_.copy(dln_.data() + b * C, s.lnf + (int64_t(b) * T + T - 1) * C, C);
+  // This rank's vocabulary columns (all of them without tp), gathered over the ranks: rank q's
+  // block is columns [q Vl, (q+1) Vl).
   std::vector<float> all(chunk * tps_);
   float* mine = all.data() + tpr_ * chunk;
-  for (int b = 0; b < B; ++b) ops_.download(mine + b * Vl_, logits + (int64_t(b) * T + T - 1) * Vl_, Vl_);
+  for (int b0 = 0; b0 < B; b0 += static_cast<int>(head_rows_)) {
+    const int n = std::min(B - b0, static_cast<int>(head_rows_));
+    ops_.linear_forward(s.logits.data(), dln_.data() + b0 * C, p_.head, static_cast<const Param*>(nullptr), n,
+                        static_cast<int>(C), static_cast<int>(Vl_), head_gemm());
+    ops_.download(mine + b0 * Vl_, s.logits.data(), int64_t(n) * Vl_);
+  }
+  for (int c = 0; c < num_chunks(); ++c) drop_chunk(c, kWholeModel);
+  last_logits_ = nullptr;
+  if (!tp_) {
+    std::memcpy(out, mine, chunk * sizeof(float));
+    return;
+  }
   parallel::GatherFromSequence::forward(tp_, mine, all.data(), chunk);
   for (int q = 0; q < tps_; ++q)
     for (int b = 0; b < B; ++b)

@@ -4,6 +4,7 @@
 // (plan/planner.cc), so that the two cannot drift apart.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -19,6 +20,7 @@ struct GptMemoryShape {
   int64_t Ql = 0;                   // this rank's QKV width: (Hl + 2 kv heads) x head size
   int64_t Pl = 0;                   // this rank's MLP pre-activation width: Fl, or 2 Fl (SwiGLU)
   int64_t Vl = 0;                   // this rank's vocabulary rows (padded vocab over tp)
+  int64_t logits_rows = 0;          // rows of logits the head holds at once (logits_rows()); 0: all B T
   bool tp = false, parallel_block = false;
   std::string recompute = "none";   // none, selective, full
   int64_t act_bytes = 4;            // the op set's activation type: 2 (bf16, CUDA) or 4
@@ -34,6 +36,7 @@ struct GptMemoryShape {
   // a buffer of its own for them (GptModel::expert_acts), outside this plan.
   int64_t ep = 1;
   int64_t expert_rows() const { return B * T * k; }
+  int64_t head_rows() const { return logits_rows > 0 ? std::min(B * T, logits_rows) : B * T; }
   // model.qk_norm: the QKV GEMM's output kept beside the normed qkv, and each row's rstds.
   int64_t qk_rstds = 0;  // per row: Hl + Hkvl ("head"), 2 ("all"), 0 (none)
 };
@@ -52,6 +55,13 @@ inline GptMemoryShape memory_shape(const ModelConfig& m, int64_t tp, int64_t B, 
   s.has_moe = m.moe_layers() > 0, s.has_dense = m.moe_layers() < m.layers;
   s.qk_rstds = m.qk_norm == "head" ? s.Hl + m.kv() / tp : m.qk_norm == "all" ? 2 : 0;
   return s;
+}
+
+// The rows of logits that train.logits_mib holds: from 128 rows on a multiple of 128 (the GEMMs'
+// tiles), at least one.
+inline int64_t logits_rows(double mib, int64_t Vl, int64_t act_bytes) {
+  const int64_t rows = std::max<int64_t>(1, static_cast<int64_t>(mib * (1 << 20) / double(Vl * act_bytes)));
+  return rows >= 128 ? rows / 128 * 128 : rows;
 }
 
 // Activation elements of one layer in a slot, its floats (statistics, the router's) and its
@@ -78,8 +88,8 @@ inline LayerCounts layer_counts(const GptMemoryShape& s, bool set, bool mlp, boo
   return n;
 }
 
-// One slot of a chunk of `layers` layers, `moe_layers` of them MoE (the last chunk also holds the
-// logits), its token buffers (inputs, targets) apart.
+// One slot of a chunk of `layers` layers, `moe_layers` of them MoE (the last chunk also holds a
+// chunk of the logits, head_rows of them), its token buffers (inputs, targets) apart.
 inline int64_t slot_bytes(const GptMemoryShape& s, int64_t layers, bool head, int64_t moe_layers = 0) {
   const int64_t BT = s.B * s.T;
   const bool set = s.recompute != "full", mlp = s.recompute == "none";
@@ -89,7 +99,7 @@ inline int64_t slot_bytes(const GptMemoryShape& s, int64_t layers, bool head, in
                       s.act_bytes                                                          // + each layer's input, out, lnf
                   + (d.floats * dense_layers + m.floats * moe_layers + 2 * BT) * 4  // statistics
                   + (d.ints * dense_layers + m.ints * moe_layers) * 4;              // routes
-  if (head) bytes += BT * s.Vl * s.act_bytes + BT * 4 + (s.tp ? 4 * BT * 4 : 0);  // logits, losses, CE parts
+  if (head) bytes += s.head_rows() * s.Vl * s.act_bytes + BT * 4 + (s.tp ? 4 * BT * 4 : 0);  // logits, losses, CE parts
   return bytes;
 }
 inline int64_t slot_token_bytes(const GptMemoryShape& s) { return 2 * s.B * s.T * s.token_bytes; }

@@ -419,6 +419,7 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   model::GptMemoryShape ms = model::memory_shape(model, l.tp, l.mb, padded_vocab(model.vocab_size, l.tp), l.cp);
   ms.tp = l.tp > 1, ms.parallel_block = f.parallel_block, ms.recompute = l.recompute, ms.act_bytes = static_cast<int>(c.act_bytes);
   ms.ep = l.ep;
+  ms.logits_rows = model::logits_rows(run.train.logits_mib, ms.Vl, ms.act_bytes);
   const double per_layer = double(model::slot_bytes(ms, 1, false) - model::slot_bytes(ms, 0, false));
   const double per_slot = double(model::slot_bytes(ms, 0, false) + model::slot_token_bytes(ms));
   const double head = double(model::slot_bytes(ms, 0, true) - model::slot_bytes(ms, 0, false));

@@ -102,6 +102,10 @@ INSTANTIATE_TEST_SUITE_P(
                       // 1.7 x GPT-2's block; bounds at 2 x GPT-2's. The first step's update per
                       // tensor, the losses and the gradient norms keep GPT-2's bounds.
                       Case{"llama", kLlama, 2.0},
+                      // The LM head in row chunks of the logits (train.logits_mib: 32 rows of 192
+                      // here, 16 on the CPU), its backward inside the forward.
+                      Case{"logits_chunks", {"train.logits_mib=0.02"}},
+                      Case{"llama_logits_chunks", with(kLlama, {"train.logits_mib=0.02"}), 2.0},
                       Case{"llama_cudnn", with(kLlama, {"model.seq_len=128"}), 2.0},
                       Case{"llama_mqa_scaled_cudnn",
                            with(kLlama, {"model.seq_len=128", "model.kv_heads=1", "model.rope_scaling=llama3",

@@ -258,10 +258,11 @@ INSTANTIATE_TEST_SUITE_P(
         // Attention inside the packed fortunes (data.document_mask): the starts travel with the
         // tokens to every stage, through the shared batch of a tensor-parallel group, and with
         // a window and full recompute on the way; the vocabulary-parallel loss leaves out the
-        // targets that begin a document.
+        // targets that begin a document, over row chunks of the logits (both runs: 10 rows, 20
+        // of tp 2's half of the vocabulary).
         Layout{"documents_tp2_sp_window", 2, "--set data.document_mask=true --set data.document_end_loss=false "
                                              "--set model.window=12 --set parallel.tp=2 "
-                                             "--set parallel.sequence_parallel=true"},
+                                             "--set parallel.sequence_parallel=true --set train.logits_mib=0.01"},
         Layout{"documents_pp2_interleaved_recompute", 2, "--set data.document_mask=true --set train.recompute=full "
                                                          "--set parallel.pp=2 --set parallel.virtual_stages=2"},
         Layout{"llama_documents_tp2_pp2_dp2", 8, kLlama + " --set data.document_mask=true --set parallel.tp=2 "
