@@ -303,7 +303,7 @@ TEST(Planner, OneGpuMemoryIsTheEnginesPeak) {
     int B;
     double measured_gib;
   };
-  // myriad bench's peaks on an H100, 2026-12-06 at d9f6763 (docs/PERFORMANCE.md [H1]): the LM
+  // myriad bench's peaks on an H100, 2026-12-06 (docs/PERFORMANCE.md [H1]): the LM
   // head over chunks of 2,048 and 5,248 rows of the logits (train.logits_mib's default).
   for (const Row& r : {Row{"gpt-1.3b", 8, 43.21}, Row{"llama-3.2-1b", 8, 39.84}}) {
     const ModelConfig m =
