@@ -511,7 +511,7 @@ void GptModel<Ops>::crossentropy(Slot& s, Act* logits, int r, int n, float dloss
 template <OpSet Ops>
 void GptModel<Ops>::forward(Chunk& ch, Slot& s, Rows rows, int64_t stride, const Act* input, bool targets,
                             float grad_scale) {
-  const int B = B_, T = T_, C = C_, N = N_, R = R_;
+  const int B = B_, T = T_, C = C_, R = R_;
   const int Cl = static_cast<int>(Cl_);
   const int32_t* tokens = rows.tokens;
   Act* first_in = ch.l1 > ch.l0 ? s.layers[0].in : s.out;
