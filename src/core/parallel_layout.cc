@@ -23,6 +23,16 @@ ContextRows context_rows(int64_t T, int64_t cp, int64_t r) {
   rows.begin[1] = (2 * cp - 1 - r) * chunk, rows.end[1] = (2 * cp - r) * chunk;
   return rows;
 }
+int64_t context_pairs(const ContextRows& rows, const int32_t* starts, int64_t window) {
+  int64_t pairs = 0;
+  for (int64_t i = 0; i < rows.count(); ++i) {
+    const int64_t p = rows.position(i);
+    int64_t first = starts ? starts[p] : 0;
+    if (window > 0) first = std::max(first, p - window + 1);
+    pairs += p - first + 1;
+  }
+  return pairs;
+}
 std::vector<std::string> parallel_order(const std::string& order) {
   std::vector<std::string> names;
   for (size_t pos = 0;;) {

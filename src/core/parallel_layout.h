@@ -50,6 +50,10 @@ struct ContextRows {
 };
 // Rank r's rows of a sequence of T under cp ranks (0 <= r < cp; T divisible by 2 cp when cp > 1).
 ContextRows context_rows(int64_t T, int64_t cp, int64_t r);
+// The (query, key) pairs `rows` attend, a rank's share of attention's work on one sequence: query
+// i sees keys max(i - window + 1, starts[i]) .. i (starts: each position's document start, null
+// for one document; window 0: none). Without documents every rank of context_rows gets the same.
+int64_t context_pairs(const ContextRows& rows, const int32_t* starts, int64_t window);
 
 struct ParallelLayout {
   int64_t tp = 1;

@@ -43,6 +43,9 @@ struct StepResult {
   // begins a document): nothing was computed or updated, and the loss is none.
   bool counted_nothing = false;
   std::vector<ExpertLoad> experts;  // each MoE layer's, in layer order (empty for a dense model)
+  // Under cp with documents: the busiest context-parallel rank's attention pairs over the step's
+  // rows against the ranks' mean (context_pairs; 1 when even), 0 otherwise.
+  double cp_imbalance = 0;
 };
 
 class Engine {

@@ -52,7 +52,8 @@ void MetricsWriter::write(const nlohmann::json& record) {
                {"peak_memory_gib", "memory/peak_gib", 1},
                {"moe_aux_loss", "moe/aux_loss", 1},
                {"moe_z_loss", "moe/z_loss", 1},
-               {"moe_dropped", "moe/dropped_rows", 1}};
+               {"moe_dropped", "moe/dropped_rows", 1},
+               {"cp_imbalance", "context_parallel/imbalance", 1}};
   std::vector<std::pair<std::string, double>> scalars;
   for (const auto& t : kTags)
     if (record.contains(t.key) && record[t.key].is_number()) scalars.emplace_back(t.tag, record[t.key].get<double>() * t.scale);

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -140,6 +141,7 @@ class ModelEngine final : public Engine {
     r.loss = step_loss(pipeline_->train(mine, 1.0f / float(counted), hooks));
     if (cfg_.model.moe()) r.experts = expert_loads();
     if (counted < accum * dp) r.loss = float(double(r.loss) * (accum * dp) / counted);  // the empty ones added 0
+    if (ctx_.cp_size() > 1 && mine.doc_starts) r.cp_imbalance = cp_imbalance(mine, int64_t(accum) * cfg_.train.micro_batch);
     if (!std::isfinite(r.loss)) throw nonfinite_loss(step, r.loss);
     set_phase("optimizer");  // the gradients' reductions, the norm, the update
     sync_tied_embedding();
@@ -388,6 +390,21 @@ class ModelEngine final : public Engine {
     int counted = 0;
     for (int i = 0; i < accum; ++i) counted += mine.from(i * mb, T).counted_targets(mb, T, false) > 0;
     return dp > 1 ? static_cast<int>(std::lround(parallel::sum_over_group(ctx_.dp, double(counted)))) : counted;
+  }
+
+  // Under cp with documents, how even the ranks' attention work was over this rank's rows of the
+  // step: the busiest rank's (query, key) pairs against the mean (context_pairs). Every rank
+  // holds the whole rows' document starts, so each counts every rank's share alike. The chunks
+  // (r and 2 cp - 1 - r) even out the causal triangle; documents shorter than a chunk make each
+  // chunk's work its documents', which the assignment does not see (docs/notes/cp.md).
+  double cp_imbalance(Rows mine, int64_t rows) const {
+    const int64_t cp = ctx_.cp_size(), T = cfg_.model.seq_len;
+    std::vector<int64_t> pairs(static_cast<size_t>(cp), 0);
+    for (int64_t b = 0; b < rows; ++b)
+      for (int64_t q = 0; q < cp; ++q)
+        pairs[q] += context_pairs(context_rows(T, cp, q), mine.doc_starts + b * (T + 1), cfg_.model.window);
+    const int64_t sum = std::accumulate(pairs.begin(), pairs.end(), int64_t(0));
+    return sum > 0 ? double(*std::max_element(pairs.begin(), pairs.end())) * double(cp) / double(sum) : 0.0;
   }
 
   // The step's routing, job-wide: each MoE layer's rows per expert summed over the tensor-,

@@ -455,6 +455,7 @@ nlohmann::json Trainer::step_record(const StepResult& r, double dt) {
     rec["moe_aux_loss"] = aux, rec["moe_z_loss"] = z;
     if (cfg_.moe.capacity_factor > 0) rec["moe_dropped"] = dropped;  // rows, over the layers
   }
+  if (r.cp_imbalance > 0) rec["cp_imbalance"] = r.cp_imbalance;  // attention's pairs, busiest cp rank / mean
   if (engine_->peak_flops() > 0)
     rec["mfu"] = tokens_per_step / dt * engine_->flops_per_token() / engine_->peak_flops();
   step_s_.push(dt);

@@ -181,7 +181,16 @@ TEST_P(Parallel, MatchesTheSingleProcessRun) {
       EXPECT_NE(log_line(dir / "tp", 0, "moe: this rank's experts took"), "");
     }
   }
-  // Context parallelism: each rank holds its two chunks of every sequence.
+  // Context parallelism: each rank holds its two chunks of every sequence; with documents each
+  // step's record says how even the ranks' attention work was (1: even; the fortunes are
+  // shorter than a sequence, so their chunks' work differs).
+  if (degree("cp") > 1 && l.extra.find("data.document_mask=true") != std::string::npos) {
+    for (const nlohmann::json& r : records(dir / "tp")) {
+      EXPECT_GE(r.value("cp_imbalance", 0.0), 1.0) << r.dump();
+      EXPECT_LT(r.value("cp_imbalance", 0.0), double(degree("cp"))) << r.dump();
+    }
+    for (const nlohmann::json& r : records(dir / "single")) EXPECT_FALSE(r.contains("cp_imbalance"));
+  }
   if (degree("cp") > 1) {
     const int cp = degree("cp");
     EXPECT_NE(log_line(dir / "tp", degree("tp"), cat("context parallel: ", cp, " ranks per sequence, this one holding ", 32 / cp,

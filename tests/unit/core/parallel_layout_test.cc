@@ -172,9 +172,37 @@ TEST(ContextRows, EveryPositionOnceAndTheWorkBalanced) {
     }
     for (int64_t i = 0; i < T; ++i) EXPECT_GE(owner[i], 0) << "position " << i << " on no rank";
     for (int64_t r = 1; r < cp; ++r) EXPECT_EQ(work[r], work[0]) << "cp " << cp;
+    for (int64_t r = 0; r < cp; ++r)
+      EXPECT_EQ(myriad::context_pairs(myriad::context_rows(T, cp, r), nullptr, 0), work[r]) << "cp " << cp;
     // Rank 0 holds the first chunk and the last.
     const myriad::ContextRows r0 = myriad::context_rows(T, cp, 0);
     EXPECT_EQ(r0.begin[0], 0);
     EXPECT_EQ(r0.end[1], T);
   }
+}
+
+// With documents the chunks' work is their documents': cp 2 over 16 tokens, chunks of 4 (rank 0
+// holds [0, 4) and [12, 16), rank 1 [4, 12)).
+TEST(ContextRows, DocumentsMakeEachChunksWorkItsOwn) {
+  auto pairs = [](const std::vector<int32_t>& starts, int64_t window) {
+    std::vector<int64_t> p;
+    for (int64_t r = 0; r < 2; ++r) p.push_back(myriad::context_pairs(myriad::context_rows(16, 2, r), starts.data(), window));
+    return p;
+  };
+  auto docs = [](std::vector<int> lengths) {
+    std::vector<int32_t> s;
+    for (int n : lengths)
+      for (int i = 0; i < n; ++i) s.push_back(static_cast<int32_t>(s.size()) - i);
+    return s;
+  };
+  // Documents of a chunk each: 1 + 2 + 3 + 4 = 10 a chunk, even.
+  EXPECT_EQ(pairs(docs({4, 4, 4, 4}), 0), (std::vector<int64_t>{20, 20}));
+  // Two of eight: a chunk of the first half of each (10) and of the second (5 + 6 + 7 + 8 = 26),
+  // which the assignment pairs: even.
+  EXPECT_EQ(pairs(docs({8, 8}), 0), (std::vector<int64_t>{36, 36}));
+  // Twelve and four: rank 1 holds the long document's late rows (26 + 42), rank 0 its first chunk
+  // and the short document (10 + 10).
+  EXPECT_EQ(pairs(docs({12, 4}), 0), (std::vector<int64_t>{20, 68}));
+  // A window of 2 caps every row at two keys, the documents' first rows at one.
+  EXPECT_EQ(pairs(docs({12, 4}), 2), (std::vector<int64_t>{7 + 7, 8 + 8}));
 }
