@@ -451,7 +451,7 @@ class GptModel {
   // other ranks' rows' keys and values (their queries are not read here). In two halves: start
   // packs this rank's keys and values and issues the all-gather; finish waits and places every
   // rank's rows. Nothing happens when cp_qkv_ holds that layer already (cp_holds_: a backward
-  // right after its forward, or after full recompute's refill).
+  // right after its forward, or after full recompute's refill); every chunk's forward forgets it.
   comm::WorkPtr gather_start(const Slot& s, int64_t l, const Act* local);
   void gather_finish(const Slot& s, int64_t l, const Act* local, comm::WorkPtr& sent);
   void gather_sequence(const Slot& s, int64_t l, const Act* local) {

@@ -514,6 +514,10 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, Rows rows, int64_t stride, const
   const int B = B_, T = T_, C = C_, R = R_;
   const int Cl = static_cast<int>(Cl_);
   const int32_t* tokens = rows.tokens;
+  // A forward makes new keys and values: what cp_qkv_ holds is a past forward's, even under the
+  // same slot, micro-batch and layer (one micro-batch a step: the last backward's layer 0, then
+  // the next step's forward of it, with the weights since updated).
+  cp_holds_ = {nullptr, -1, -1};
   Act* first_in = ch.l1 > ch.l0 ? s.layers[0].in : s.out;
   count_routes_ = targets && grad_scale > 0;  // a training forward's routes count in the step's load
   load_documents(s, rows, stride);

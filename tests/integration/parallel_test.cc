@@ -317,6 +317,10 @@ INSTANTIATE_TEST_SUITE_P(
         // (a chunk is 8 tokens at cp 2, 4 at cp 4), with the targets that begin a document left
         // out of the loss; over tp + sp, pp and dp.
         Layout{"cp2", 2, "--set parallel.cp=2"},
+        // One micro-batch a step: each step's forward of layer 0 follows the last step's backward
+        // of it, whose gathered keys and values (the weights before the update) it must not reuse.
+        Layout{"cp2_llama_one_microbatch", 2, kLlama + " --set train.global_batch=1 --set train.micro_batch=1 "
+                                                      "--set parallel.cp=2"},
         Layout{"cp2_llama_documents_window", 2, kLlama + " --set data.document_mask=true --set data.document_end_loss=false "
                                                         "--set model.window=6 --set parallel.cp=2"},
         Layout{"cp4_llama", 4, kLlama + " --set parallel.cp=4"},
