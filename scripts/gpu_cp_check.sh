@@ -3,7 +3,8 @@
 # on the CUDA op set, the cp ranks sharing the one GPU (Gloo with host staging), each run 20 steps
 # through the launcher against the one-GPU run (every loss within 1%, as the other layouts'):
 # cp 2 and cp 4 with learned positions; the Llama block in cp 2, cp 4, cp 2 x tp 2 + sp,
-# cp 2 x dp 2 and cp 2 x pp 2; attention inside documents with a window smaller than a chunk in
+# cp 2 x dp 2 and cp 2 x pp 2; Llama cp 2 with one micro-batch a step (each step's forward of
+# layer 0 right after the last backward's; before 047b1bd it reused that gather); attention inside documents with a window smaller than a chunk in
 # cp 2 and cp 4; a cp 2 x dp 2 run killed at step 14 and restarted ends with the unbroken run's
 # weights, bit for bit; train.attention = "cudnn" with cp is refused in one line (exit 2).
 # Prints one line per check ("ok: ..." or "FAIL: ...") and exits nonzero on a failure.
@@ -28,6 +29,9 @@ launch llama_cp2_dp2 4 "${llama[@]}" --set parallel.cp=2 --set parallel.dp=2
 compare "Llama: cp 2 x dp 2" llama_cp2_dp2 llama_one
 launch llama_cp2_pp2 4 "${llama[@]}" --set parallel.cp=2 --set parallel.pp=2
 compare "Llama: cp 2 x pp 2" llama_cp2_pp2 llama_one
+train1 llama_one_mb "${llama[@]}" --set train.global_batch=2 --set train.micro_batch=2
+launch llama_cp2_one_mb 2 "${llama[@]}" --set train.global_batch=2 --set train.micro_batch=2 --set parallel.cp=2
+compare "Llama: cp 2, one micro-batch a step" llama_cp2_one_mb llama_one_mb
 MYRIAD_INJECT_FAULT=step:14:kill@rank=1 LFLAGS="--max-restarts 1" launch llama_cp2_dp2_killed 4 "${llama[@]}" \
   --set parallel.cp=2 --set parallel.dp=2
 resumed_bitwise "Llama cp 2 x dp 2 with rank 1 killed at step 14, restarted" llama_cp2_dp2 llama_cp2_dp2_killed
