@@ -105,8 +105,11 @@ class Communicator {
   virtual WorkPtr reduce_scatter(const float* in, float* out, int64_t chunk,
                                  Stream stream = nullptr) = 0;
   // out[size() * chunk] = every rank's in[chunk], in rank order. in may be out + rank() * chunk.
-  virtual WorkPtr all_gather(const float* in, float* out, int64_t chunk,
-                             Stream stream = nullptr) = 0;
+  // The bytes form carries any element type (the bf16 compute copy of the weights).
+  virtual WorkPtr all_gather_bytes(const void* in, void* out, int64_t chunk_bytes, Stream stream = nullptr) = 0;
+  WorkPtr all_gather(const float* in, float* out, int64_t chunk, Stream stream = nullptr) {
+    return all_gather_bytes(in, out, chunk * int64_t(sizeof(float)), stream);
+  }
   // data[count] of rank `root` to every rank.
   virtual WorkPtr broadcast(float* data, int64_t count, int root, Stream stream = nullptr) = 0;
   virtual WorkPtr broadcast_bytes(void* data, int64_t bytes, int root, Stream stream = nullptr) = 0;

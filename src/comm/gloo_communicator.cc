@@ -287,28 +287,28 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
-  WorkPtr all_gather(const float* in, float* out, int64_t chunk, Stream stream) override {
+  WorkPtr all_gather_bytes(const void* in, void* out, int64_t chunk, Stream stream) override {
     check_count(chunk);
-    return enqueue(OpKind::kAllGather, chunk * 4, -1, [this, in, out, chunk, stream](uint32_t tag) {
+    return enqueue(OpKind::kAllGather, chunk, -1, [this, in, out, chunk, stream](uint32_t tag) {
       const size_t n = static_cast<size_t>(chunk);
       if (chunk == 0) return none();
-      Staged src(const_cast<float*>(in), chunk * 4, stream), dst(out, chunk * 4 * size(), stream);
+      Staged src(const_cast<void*>(in), chunk, stream), dst(out, chunk * size(), stream);
       src.in();
-      float* mine = dst.host() + static_cast<size_t>(rank()) * n;
+      uint8_t* mine = dst.host<uint8_t>() + static_cast<size_t>(rank()) * n;
       if (size() == 1) {
-        if (src.host() != mine) std::memmove(mine, src.host(), n * 4);
+        if (src.host<uint8_t>() != mine) std::memmove(mine, src.host<uint8_t>(), n);
         dst.out();
         return none();
       }
-      std::vector<float> copy;
-      const float* from = src.host();
+      std::vector<uint8_t> copy;
+      const uint8_t* from = src.host<uint8_t>();
       if (from == mine) {  // in place: Gloo wants an input apart from the output
         copy.assign(from, from + n);
         from = copy.data();
       }
       gloo::AllgatherOptions o(context_);
-      o.setInput(const_cast<float*>(from), n);
-      o.setOutput(dst.host(), n * static_cast<size_t>(size()));
+      o.setInput(const_cast<uint8_t*>(from), n);
+      o.setOutput(dst.host<uint8_t>(), n * static_cast<size_t>(size()));
       o.setTag(tag);
       o.setTimeout(timeout_ms());
       gloo::allgather(o);

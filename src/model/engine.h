@@ -67,11 +67,12 @@ class Engine {
   // on none (the ranks agree on the step to save at without a collective of their own).
   virtual StepResult train_step(Rows rows, int64_t step, double lr, bool stop = false) = 0;
 
-  // Who writes what to a checkpoint, so that every stored region has exactly one writer:
-  // whether this rank writes tensor p's parameters (params = true), or the optimizer state of
-  // the pieces of p it owns (params = false). Loading reads everything a rank holds. One
+  // Who writes what to a checkpoint, so that every stored region has exactly one writer: each
+  // rank writes the pieces it owns (host_state().owned) of the weights and the moments, of the
+  // tensors p for which this is true (a replicated tensor's tensor-parallel copies, a second
+  // stage's tied embedding: one of them writes). Loading reads everything a rank holds. One
   // process writes everything.
-  virtual bool writes_to_checkpoint(const ParamSpec& p, bool params) const { return true; }
+  virtual bool writes_to_checkpoint(const ParamSpec& p) const { return true; }
   // Mean loss over tokens (B, T+1), B <= micro_batch; no gradients.
   virtual float loss(Rows rows, int B) = 0;
   // Logits (B, Vp) of the last position of each row of tokens (B, T), T <= seq_len.
@@ -85,7 +86,9 @@ class Engine {
   // second moments, and the optimizer's step count. state_to_host() makes these current;
   // after writing them, state_from_host() installs them on the device.
   // With a sharded optimizer (data parallelism) m and v hold only this rank's owned
-  // elements, packed: `owned` lists them as ascending ranges of the flat buffer.
+  // elements, packed: `owned` lists them as ascending ranges of the flat buffer. params is the
+  // whole layout, in layout order; after state_to_host() only its owned ranges are sure to be
+  // current (the fp32 master weights are sharded like the moments); a load fills all of it.
   struct HostState {
     float* params;
     float* m;

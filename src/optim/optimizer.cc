@@ -1,3 +1,4 @@
+#include <cstring>
 #include "optim/optimizer.h"
 
 #include <algorithm>
@@ -99,9 +100,9 @@ namespace {
 // equals unsharded AdamW bit for bit.
 class AdamW final : public Optimizer {
  public:
-  AdamW(const OptimConfig& cfg, const ParamLayout& layout, std::vector<FlatRange> owned)
-      : Optimizer(cfg, layout, std::move(owned)) {}
-  void step(float* params, const float* grads, double lr, float grad_scale) override {
+  AdamW(const OptimConfig& cfg, const ParamLayout& layout, std::vector<FlatRange> owned, float* compute)
+      : Optimizer(cfg, layout, std::move(owned)), compute_(compute) {}
+  void step(float* master, const float* grads, double lr, float grad_scale) override {
     ++t_;
     const float b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps;
     const float c1 = 1.0 - std::pow(cfg_.beta1, t_), c2 = 1.0 - std::pow(cfg_.beta2, t_);
@@ -110,7 +111,7 @@ class AdamW final : public Optimizer {
       if (!p.trained) continue;  // state with a rule of its own (params.h)
       const float decay = p.decay ? 1.0 - lr * cfg_.weight_decay : 1.0;
       const int64_t at = p.offset + s.local_begin, n = s.local_end - s.local_begin;
-      float *w = params + at, *m = m_.data() + s.packed, *v = v_.data() + s.packed;
+      float *w = master + s.packed, *m = m_.data() + s.packed, *v = v_.data() + s.packed;
       const float* g = grads + at;
       const float a = lr;
 #pragma omp parallel for schedule(static)
@@ -120,8 +121,12 @@ class AdamW final : public Optimizer {
         v[i] = b2 * v[i] + (1 - b2) * gi * gi;
         w[i] = w[i] * decay - a * (m[i] / c1) / (std::sqrt(v[i] / c2) + eps);
       }
+      if (compute_) std::memcpy(compute_ + at, w, size_t(n) * sizeof(float));
     }
   }
+
+ private:
+  float* compute_;
 };
 
 // Three phases, because the trust ratio of a tensor needs norms over elements other ranks own:
@@ -131,10 +136,10 @@ class AdamW final : public Optimizer {
 class Lamb final : public Optimizer {
  public:
   Lamb(const OptimConfig& cfg, const ParamLayout& layout, std::vector<FlatRange> owned,
-       NormReducer reduce)
-      : Optimizer(cfg, layout, std::move(owned)), reduce_(std::move(reduce)), update_(m_.size()) {}
+       NormReducer reduce, float* compute)
+      : Optimizer(cfg, layout, std::move(owned)), reduce_(std::move(reduce)), compute_(compute), update_(m_.size()) {}
 
-  void step(float* params, const float* grads, double lr, float grad_scale) override {
+  void step(float* master, const float* grads, double lr, float grad_scale) override {
     ++t_;
     const float b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps;
     const float c1 = 1.0 - std::pow(cfg_.beta1, t_), c2 = 1.0 - std::pow(cfg_.beta2, t_);
@@ -145,7 +150,7 @@ class Lamb final : public Optimizer {
       if (!p.trained) continue;  // state with a rule of its own (params.h)
       const float wd = p.decay ? cfg_.weight_decay : 0.0;
       const int64_t at = p.offset + s.local_begin, n = s.local_end - s.local_begin;
-      float *w = params + at, *m = m_.data() + s.packed, *v = v_.data() + s.packed;
+      float *w = master + s.packed, *m = m_.data() + s.packed, *v = v_.data() + s.packed;
       float* u = update_.data() + s.packed;
       const float* g = grads + at;
 #pragma omp parallel for schedule(static)
@@ -168,32 +173,34 @@ class Lamb final : public Optimizer {
       const double wn = std::sqrt(sums[2 * k]), un = std::sqrt(sums[2 * k + 1]);
       const float step = lr * (wn > 0 && un > 0 ? wn / un : 1.0);
       const int64_t n = s.local_end - s.local_begin;
-      float* w = params + p.offset + s.local_begin;
+      float* w = master + s.packed;
       const float* u = update_.data() + s.packed;
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < n; ++i) w[i] -= step * u[i];
+      if (compute_) std::memcpy(compute_ + p.offset + s.local_begin, w, size_t(n) * sizeof(float));
     }
   }
 
  private:
   NormReducer reduce_;
+  float* compute_;
   OptimState update_;  // (owned elements) scratch: the Adam direction plus weight decay
 };
 
 }  // namespace
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, const ParamLayout& layout,
-                                          std::vector<FlatRange> owned, NormReducer reduce) {
-  if (cfg.name == "adamw") return std::make_unique<AdamW>(cfg, layout, std::move(owned));
+                                          std::vector<FlatRange> owned, NormReducer reduce, float* compute) {
+  if (cfg.name == "adamw") return std::make_unique<AdamW>(cfg, layout, std::move(owned), compute);
   if (cfg.name == "lamb")
-    return std::make_unique<Lamb>(cfg, layout, std::move(owned), std::move(reduce));
+    return std::make_unique<Lamb>(cfg, layout, std::move(owned), std::move(reduce), compute);
   throw_input("config: optim.name = \"", cfg.name, "\" is not one of: adamw, lamb");
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const cpu::CpuOps&, const OptimConfig& cfg,
                                           const ParamLayout& layout, std::vector<FlatRange> owned,
-                                          NormReducer reduce, float*) {
-  return make_optimizer(cfg, layout, std::move(owned), std::move(reduce));
+                                          NormReducer reduce, float* compute) {
+  return make_optimizer(cfg, layout, std::move(owned), std::move(reduce), compute);
 }
 
 }  // namespace myriad

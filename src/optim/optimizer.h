@@ -65,12 +65,15 @@ using OptimState = CountedVector<float, MemoryKind::kOptimizerState>;
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // One update at learning rate lr of params from grads, both full flat buffers in layout
-  // order: reads and writes only the owned elements. Advances the step count.
+  // One update at learning rate lr of the fp32 master weights from grads: master holds the
+  // owned elements only, packed like m() and v() (owning everything: the whole layout, in
+  // order); grads is the full flat buffer in layout order, read on the owned elements. The
+  // compute copy the optimizer was made with (if any) gets the new weights on the owned
+  // ranges. Advances the step count.
   // Each gradient is multiplied by grad_scale as it is read (the clipping coefficient): the
   // same float product a separate scaling pass would store, without that pass over the buffer.
   // A device optimizer (optim/cuda) takes device pointers and keeps its state there.
-  virtual void step(float* params, const float* grads, double lr, float grad_scale = 1.0f) = 0;
+  virtual void step(float* master, const float* grads, double lr, float grad_scale = 1.0f) = 0;
   // A device optimizer's m() and v() are host copies: made current, or installed on the
   // device. No-ops for the host optimizers, whose m() and v() are the state itself.
   virtual void state_to_host() {}
@@ -103,16 +106,18 @@ class Optimizer {
 // elements: `reduce` completes this rank's partial sums (none = they are complete). With it
 // the sharded update equals the unsharded one up to the order of those additions; AdamW's is
 // bitwise the same.
+// `compute`: a full flat buffer whose owned ranges each step copies the new weights into (the
+// CPU engine's parameters, which its kernels read), or null.
 std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, const ParamLayout& layout,
                                           std::vector<FlatRange> owned = {},
-                                          NormReducer reduce = {});
+                                          NormReducer reduce = {}, float* compute = nullptr);
 
 namespace cpu {
 class CpuOps;
 }
 // The same for the engine on the CPU op set (runtime/model_engine.h picks by op set). `compute`
-// is the op set's compute copy of the parameters, which a device optimizer refreshes on the
-// owned ranges as it updates them; here the kernels read the parameters themselves.
+// is the op set's compute copy of the parameters, which the optimizer refreshes on the owned
+// ranges as it updates them (a GPU's casts them to bf16; here the copy is fp32, the same bits).
 std::unique_ptr<Optimizer> make_optimizer(const cpu::CpuOps& ops, const OptimConfig& cfg,
                                           const ParamLayout& layout, std::vector<FlatRange> owned,
                                           NormReducer reduce, float* compute);

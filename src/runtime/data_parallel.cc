@@ -110,14 +110,16 @@ void DataParallel::finish_reduce(float* grads) {
       if (w) wait(w);
 }
 
-void DataParallel::gather_params(float* params) {
+void DataParallel::gather_params(void* params, int64_t elem_bytes) {
+  auto* at = static_cast<uint8_t*>(params);
   for (Part& p : parts_) {
     if (!p.group) continue;
     // The next forward starts at the embedding: the last bucket of the readiness order first.
     for (int k = static_cast<int>(p.plan.buckets.size()) - 1; k >= 0; --k) {
       const FlatRange b = bucket(p, k);
       const int64_t piece = b.size() / p.group->size();
-      p.gather[k] = p.group->all_gather(params + b.begin + p.rank * piece, params + b.begin, piece, stream_);
+      p.gather[k] = p.group->all_gather_bytes(at + (b.begin + p.rank * piece) * elem_bytes, at + b.begin * elem_bytes,
+                                              piece * elem_bytes, stream_);
     }
   }
   if (!overlap_) wait_all_params();

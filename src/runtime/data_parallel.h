@@ -14,8 +14,10 @@
 // reduce-scatter waits for finish_reduce() and every all-gather is waited for at once: the same
 // collectives on the same buffers, so the same bits, only serialized.
 //
-// The buffers are fp32 in the op set's memory: host floats on the CPU, device memory on a GPU
-// (the master weights there; the engine casts them to the compute copy after the gather).
+// The buffers are in the op set's memory: host floats on the CPU, device memory on a GPU. The
+// gradients are fp32; the all-gather carries the weights the forward reads (the op set's
+// compute copy: bf16 on a GPU, half fp32's traffic), while the fp32 master weights stay sharded
+// with the optimizer state (each rank keeps its owned pieces only: ZeRO's sharded master).
 //
 // The rank's copy of the tied embedding (when the pipeline puts the embedding and the LM head on
 // different stages) becomes final only once the two stages have exchanged their gradients, at
@@ -73,8 +75,9 @@ class DataParallel {
   // After backward (and the tied-embedding exchange): starts the rest and waits for all. The
   // owned ranges of grads then hold the sums over their groups; the rest is stale.
   void finish_reduce(float* grads);
-  // After the update of the owned ranges: all-gathers every bucket, asynchronously.
-  void gather_params(float* params);
+  // After the update of the owned ranges: all-gathers every bucket of the weights the forward
+  // reads (the compute copy: elem_bytes per element, bf16 on a GPU), asynchronously.
+  void gather_params(void* params, int64_t elem_bytes);
   // Before chunk c's forward: waits for the gathers of the buckets it reads.
   void wait_params(int c);
   void wait_all_params();

@@ -11,9 +11,13 @@
 //   5 finish the reduce-scatters  6 the global gradient norm  7 the clipping coefficient
 //   8 the update of the owned ranges (each gradient times that coefficient as it is read)   9 all-gather the parameters (awaited by the next forward)
 //
-// Where the op set keeps a compute copy of the weights (Param is not float), the engine keeps
-// the fp32 master weights: the optimizer and the all-gathers work on them, and each chunk's
-// compute copy is refreshed from them before its first forward after an update.
+// The weights live twice, ZeRO's way: the fp32 master weights of this rank's owned ranges
+// only (packed like the optimizer's moments), which the update reads and writes, and the
+// whole model's compute copy the kernels read (bf16 on a GPU; on the CPU fp32, the same bits).
+// The update writes the new weights of its owned ranges into the compute copy, and the
+// all-gather brings the other ranks' ranges of it; so each rank holds 4 bytes a parameter of
+// master weights only for the 1/dp it updates. Checkpoints take the weights from their owners,
+// as they take the moments.
 #pragma once
 
 #include <algorithm>
@@ -49,8 +53,9 @@ class ModelEngine final : public Engine {
  public:
   using Model = GptModel<Ops>;
   using Param = typename Ops::Param;
-  // Whether the kernels read the fp32 parameters themselves (the CPU) or a compute copy.
-  static constexpr bool kMasterIsParams = std::is_same_v<Param, float>;
+  // Whether the compute copy is host fp32 (the CPU's): then it is the host state a checkpoint
+  // writes and reads (its owned ranges equal the master bit for bit), with no copy beside it.
+  static constexpr bool kHostCompute = std::is_same_v<Param, float>;
 
   ModelEngine(const Config& cfg, const parallel::ParallelContext* par, Ops ops = {})
       : cfg_(cfg),
@@ -62,27 +67,24 @@ class ModelEngine final : public Engine {
                    ctx_.weights_dp(), ctx_.expert_dp())),
                std::move(ops)),
         dp_(DataParallel::regions_of(model_.layout(), ctx_.weights_dp(), ctx_.expert_dp()), bucket_elems(cfg), chunk_ranges(),
-            chunk_reads(), tied_embedding(), cfg.parallel.overlap_dp, model_.ops().comm_stream()),
-        stale_(model_.num_chunks(), Stale::kNone) {
-    if constexpr (!kMasterIsParams) {
+            chunk_reads(), tied_embedding(), cfg.parallel.overlap_dp, model_.ops().comm_stream()) {
+    if constexpr (!kHostCompute) {
       // The same draw as the model's compute copy, kept in fp32.
       h_params_.assign(static_cast<size_t>(model_.layout().total()), 0.0f);
       init_params(h_params_.data(), model_.layout(), cfg.model.seed);
       h_params_pinned_ = model_.ops().pin_host(h_params_.data(), h_params_.size() * sizeof(float));
-      master_.zeros(dp_.flat_size());
-      model_.ops().upload(master_.data(), h_params_.data(), model_.layout().total());
     }
     const FlatRange tied = tied_embedding();
     if (tied.size() > 0) tied_other_.zeros(tied.size());
     // The op set's optimizer: found by overload (the CPU's, optim/optimizer.h) or by argument-
     // dependent lookup (the CUDA one, optim/cuda/cuda_optimizer.h).
-    // The update refreshes the compute copy of what it owns: only what the all-gather brings
-    // from the other data-parallel ranks is cast before a chunk's next forward.
+    // The update writes the compute copy of what it owns; the all-gather brings the rest.
     optimizer_ = make_optimizer(model_.ops(), cfg.optim, model_.layout(), dp_.owned(),
-                                [this](std::vector<double>& sums) { reduce_norms(sums); },
-                                kMasterIsParams ? nullptr : model_.params());
-    for (const std::vector<FlatRange>& reads : chunk_reads_)
-      gathered_reads_.push_back(subtract(reads, dp_.owned()));
+                                [this](std::vector<double>& sums) { reduce_norms(sums); }, model_.params());
+    int64_t packed = 0;
+    for (const FlatRange& o : optimizer_->owned()) packed_at_.push_back(packed), packed += o.size();
+    master_.zeros(std::max<int64_t>(packed, 1));
+    master_from_host();
     const ParallelLayout layout = ParallelLayout::of(cfg, ctx_.dp_size());
     pipeline_ = std::make_unique<Pipeline<Model>>(
         model_,
@@ -151,14 +153,13 @@ class ModelEngine final : public Engine {
     for (const FlatRange& o : owned) model_.finish_grads(o.begin, o.end);
     std::tie(r.grad_norm, r.stop) = grad_norm(owned, stop);
     r.lr = lr;
-    optimizer_->step(master(), model_.grads(), lr, clip_coefficient(r.grad_norm));
+    optimizer_->step(master_.data(), model_.grads(), lr, clip_coefficient(r.grad_norm));
     update_router_bias(r.experts, owned);
-    mark_stale(Stale::kGathered);
     if (cfg_.fault.sdc_check_every > 0 && step % cfg_.fault.sdc_check_every == 0)
       for (int g = 0; g < dp_.regions(); ++g) owned_hash_[g] = hash_of(dp_.owned_by(g, parallel::group_rank(dp_.group(g))));
     const int update_ends = model_.ops().mark();
     fault::trigger(cat("dp_gather:", step));
-    dp_.gather_params(master());  // awaited chunk by chunk by the next forward
+    dp_.gather_params(model_.params(), sizeof(Param));  // awaited chunk by chunk by the next forward
     // The device's phase times, once the update is done (on a GPU: its event, not the device).
     const PipelineTimes& pt = pipeline_->times();
     r.times = {pt.forward_s, pt.backward_s, pt.wait_s + loss_wait_[0], dp_.waited_s() - dp_waited + loss_wait_[1],
@@ -198,24 +199,22 @@ class ModelEngine final : public Engine {
   }
   double flops_per_token() const override { return model_.flops_per_token(); }
 
-  // Parameters by rank 0 of the ranks holding the same weights (data parallel, x cp), the routed
-  // experts by rank 0 of their data-parallel group (the owners of the optimizer state write
-  // theirs); replicated tensors by tensor-parallel rank 0; the tied embedding by the first stage
-  // (the last one holds a copy).
-  bool writes_to_checkpoint(const ParamSpec& p, bool params) const override {
-    if (params && parallel::group_rank(p.expert ? ctx_.expert_dp() : ctx_.weights_dp()) != 0) return false;
+  // Weights and moments by the data-parallel owners of each piece (host_state().owned);
+  // replicated tensors by tensor-parallel rank 0; the tied embedding by the first stage (the
+  // last one holds a copy).
+  bool writes_to_checkpoint(const ParamSpec& p) const override {
     if (p.replicated() && ctx_.tp_rank() != 0) return false;
     return p.name != "wte" || part_.embedding;
   }
 
   HostState host_state() override {
     float* params = nullptr;
-    if constexpr (kMasterIsParams) params = model_.params();
+    if constexpr (kHostCompute) params = model_.params();
     else params = h_params_.data();
     return {params, optimizer_->m().data(), optimizer_->v().data(), &optimizer_->steps_taken(),
             optimizer_->owned()};
   }
-  bool host_state_is_live() const override { return kMasterIsParams; }
+  bool host_state_is_live() const override { return kHostCompute; }
   std::vector<std::vector<uint64_t>> replica_hashes() override {
     dp_.wait_all_params();
     std::vector<std::vector<uint64_t>> out;
@@ -225,82 +224,75 @@ class ModelEngine final : public Engine {
     }
     return out;
   }
+  // One bit of the compute copy the forward reads (bit 20 of its fp32 value: a bf16 mantissa bit
+  // too, so the rounding back keeps the flip exactly).
   void flip_parameter_bit() override {
     dp_.wait_all_params();  // the flip must not travel with a gather still reading the buffer
     float x = 0;
     const int64_t at = model_.layout().dense_total() / 2;  // a parameter (not the experts' alignment gap)
-    model_.ops().download(&x, master() + at, 1);
+    model_.ops().download(&x, model_.params() + at, 1);
     uint32_t bits;
     std::memcpy(&bits, &x, 4);
     bits ^= 1u << 20;
     std::memcpy(&x, &bits, 4);
-    model_.ops().upload(master() + at, &x, 1);
-    mark_stale(Stale::kAll);
+    model_.ops().upload_params(model_.params() + at, &x, 1);
   }
 
+  // The host state's weights are current on the owned ranges (the master's), which are what a
+  // checkpoint writes; on a GPU the rest of h_params_ is whatever was last loaded.
   void state_to_host() override {
     dp_.wait_all_params();
-    if constexpr (!kMasterIsParams)
-      model_.ops().download(h_params_.data(), master_.data(), model_.layout().total());
+    if constexpr (!kHostCompute)
+      for (size_t k = 0; k < packed_at_.size(); ++k) {
+        const FlatRange& o = optimizer_->owned()[k];
+        model_.ops().download(h_params_.data() + o.begin, master_.data() + packed_at_[k], o.size());
+      }
     optimizer_->state_to_host();
   }
+  // After a load into the host state (every weight of the layout): the compute copy and the
+  // owned master weights from it.
   void state_from_host() override {
-    if constexpr (!kMasterIsParams) {
-      model_.ops().upload(master_.data(), h_params_.data(), model_.layout().total());
-      mark_stale(Stale::kAll);
-    }
+    dp_.wait_all_params();
+    if constexpr (!kHostCompute) model_.ops().upload_params(model_.params(), h_params_.data(), model_.layout().total());
+    master_from_host();
     optimizer_->state_from_host();
   }
 
  private:
-  // FNV-1a over the bytes of the master weights in `ranges`, in order (read to the host).
+  // The owned ranges of the host state's weights into the packed master (at construction: the
+  // same draw as the compute copy's).
+  void master_from_host() {
+    const float* host = host_state().params;
+    for (size_t k = 0; k < packed_at_.size(); ++k) {
+      const FlatRange& o = optimizer_->owned()[k];
+      model_.ops().upload(master_.data() + packed_at_[k], host + o.begin, o.size());
+    }
+  }
+  // Where flat offset `at`, inside an owned range, lives in the packed master.
+  int64_t packed_of(int64_t at) const {
+    const std::vector<FlatRange>& owned = optimizer_->owned();
+    for (size_t k = 0; k < owned.size(); ++k)
+      if (owned[k].begin <= at && at < owned[k].end) return packed_at_[k] + (at - owned[k].begin);
+    MYRIAD_CHECK(false, "offset ", at, " is not in this rank's owned ranges");
+    return -1;
+  }
+
+  // FNV-1a over the compute copy's weights in `ranges`, in order, as fp32 (read to the host; a
+  // bf16's widening is exact, so equal hashes are equal bits).
   uint64_t hash_of(const std::vector<FlatRange>& ranges) {
     uint64_t h = 1469598103934665603ull;
     std::vector<float> host;
     for (const FlatRange& r : ranges) {
       host.resize(static_cast<size_t>(r.size()));
-      model_.ops().download(host.data(), master() + r.begin, r.size());
+      model_.ops().download(host.data(), model_.params() + r.begin, r.size());
       const auto* b = reinterpret_cast<const unsigned char*>(host.data());
       for (size_t i = 0; i < host.size() * sizeof(float); ++i) h = (h ^ b[i]) * 1099511628211ull;
     }
     return h;
   }
 
-  // The fp32 weights the optimizer updates and data parallelism gathers.
-  float* master() {
-    if constexpr (kMasterIsParams) return model_.params();
-    else return master_.data();
-  }
-  // What of a chunk's compute copy predates its master weights: nothing, what the all-gather
-  // brought from other ranks (the update refreshed the owned ranges), or all of it.
-  enum class Stale { kNone, kGathered, kAll };
-  void mark_stale(Stale how) {
-    if constexpr (!kMasterIsParams)
-      for (Stale& s : stale_) s = std::max(s, how);
-  }
-  // Before chunk c's forward: its parameters gathered and, with a compute copy, refreshed.
-  void ready_to_read(int c) {
-    dp_.wait_params(c);
-    if constexpr (!kMasterIsParams) {
-      if (stale_[c] == Stale::kNone) return;
-      for (const FlatRange& r : stale_[c] == Stale::kAll ? chunk_reads_[c] : gathered_reads_[c])
-        model_.ops().cast_params(model_.params() + r.begin, master_.data() + r.begin, r.size());
-      stale_[c] = Stale::kNone;
-    }
-  }
-  // The parts of `ranges` outside every range of `minus` (both ascending).
-  static std::vector<FlatRange> subtract(const std::vector<FlatRange>& ranges, const std::vector<FlatRange>& minus) {
-    std::vector<FlatRange> out;
-    for (FlatRange r : ranges) {
-      for (const FlatRange& m : minus) {
-        if (m.end <= r.begin || m.begin >= r.end) continue;
-        if (m.begin > r.begin) out.push_back({r.begin, m.begin});
-        r.begin = std::min(r.end, m.end);
-      }
-      if (r.begin < r.end) out.push_back(r);
-    }
-    return out;
-  }
+  // Before chunk c's forward: the all-gathers of its weights have landed.
+  void ready_to_read(int c) { dp_.wait_params(c); }
   void ready_to_read_all() {
     for (int c = 0; c < model_.num_chunks(); ++c) ready_to_read(c);
   }
@@ -349,14 +341,13 @@ class ModelEngine final : public Engine {
     return out;
   }
   // The ranges chunk c's forward reads: its own, and the tied embedding for the LM head.
-  std::vector<std::vector<FlatRange>> chunk_reads() {
+  std::vector<std::vector<FlatRange>> chunk_reads() const {
     std::vector<std::vector<FlatRange>> out = chunk_ranges();
     // An untied lm_head is the layout's last tensor, inside the last chunk's range already.
     if (part_.head && cfg_.model.tied_embeddings) {
       const ParamSpec& wte = model_.layout().find("wte");
       out.back().push_back({wte.offset, wte.offset + wte.numel});
     }
-    chunk_reads_ = out;
     return out;
   }
   // The wte copy that pipeline stages share (embedding on the first, LM head on the last).
@@ -452,15 +443,16 @@ class ModelEngine final : public Engine {
         const int64_t b = std::max(o.begin, p->offset), e = std::min(o.end, p->offset + p->numel);
         if (b >= e) continue;
         std::vector<float> bias(static_cast<size_t>(e - b));
-        model_.ops().download(bias.data(), master() + b, e - b);
+        float* master = master_.data() + packed_of(b);  // an owned range holds [b, e) whole
+        model_.ops().download(bias.data(), master, e - b);
         for (int64_t i = b; i < e; ++i) {
           const double load = x.tokens[static_cast<size_t>(i - p->offset)];
           bias[i - b] += static_cast<float>(cfg_.moe.bias_rate * double((mean > load) - (mean < load)));
         }
-        model_.ops().upload(master() + b, bias.data(), e - b);
+        model_.ops().upload(master, bias.data(), e - b);
         // The compute copy too: the update wrote it from the bias before this move, and the next
-        // forward routes with it (the CPU op set reads the master itself).
-        if constexpr (!kMasterIsParams) model_.ops().cast_params(model_.params() + b, master() + b, e - b);
+        // forward routes with it.
+        model_.ops().cast_params(model_.params() + b, master, e - b);
       }
     }
   }
@@ -541,13 +533,11 @@ class ModelEngine final : public Engine {
   Config cfg_;
   parallel::ParallelContext ctx_;
   ModelPart part_;
-  std::vector<std::vector<FlatRange>> chunk_reads_;  // set while dp_ is built
   Model model_;
   DataParallel dp_;
-  std::vector<std::vector<FlatRange>> gathered_reads_;  // chunk_reads_ less the owned ranges
-  std::vector<Stale> stale_;  // per chunk
-  typename Ops::template Buffer<float> master_;  // (flat size) fp32 master weights (compute copy only)
-  std::vector<float> h_params_;                  // (layout total) their host copy for checkpoints
+  typename Ops::template Buffer<float> master_;  // (owned elements, packed like the moments) fp32 master weights
+  std::vector<int64_t> packed_at_;               // per owned range (optimizer_->owned()): its start in master_
+  std::vector<float> h_params_;                  // (layout total) the weights' host copy for checkpoints (GPU)
   std::shared_ptr<void> h_params_pinned_;        // h_params_ page-locked (declared after it: unpinned first)
   typename Ops::template Buffer<float> tied_other_;  // (wte) the other stage's wte gradient
   std::unique_ptr<Optimizer> optimizer_;

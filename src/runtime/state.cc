@@ -7,14 +7,23 @@
 
 namespace myriad {
 
+// A save writes the owned pieces (their owners' master weights and moments); a load reads every
+// weight of the layout and the owned pieces' moments.
 std::vector<checkpoint::Shard> ParamsState::shards(bool for_save) {
   std::vector<checkpoint::Shard> out;
-  float* params = engine_.host_state().params;
+  Engine::HostState st = engine_.host_state();
   const ParamLayout& layout = engine_.layout();
-  for (const ParamSpec& p : layout.tensors()) {
-    if (for_save && !engine_.writes_to_checkpoint(p, /*params=*/true)) continue;
-    for (const auto& r : layout.stored_regions(p, 0, p.numel))
-      out.push_back({checkpoint::param_name(p.name), r.global_shape, r.offset, r.shape, params + p.offset + r.local_begin});
+  if (!for_save) {
+    for (const ParamSpec& p : layout.tensors())
+      for (const auto& r : layout.stored_regions(p, 0, p.numel))
+        out.push_back({checkpoint::param_name(p.name), r.global_shape, r.offset, r.shape, st.params + p.offset + r.local_begin});
+    return out;
+  }
+  for (const OwnedPiece& piece : owned_pieces(layout, st.owned)) {
+    if (!engine_.writes_to_checkpoint(*piece.tensor)) continue;
+    for (const auto& r : layout.stored_regions(*piece.tensor, piece.local_begin, piece.local_end))
+      out.push_back({checkpoint::param_name(piece.tensor->name), r.global_shape, r.offset, r.shape,
+                     st.params + piece.tensor->offset + r.local_begin});
   }
   return out;
 }
@@ -24,7 +33,7 @@ std::vector<checkpoint::Shard> OptimizerState::shards(bool for_save) {
   Engine::HostState st = engine_.host_state();
   const ParamLayout& layout = engine_.layout();
   for (const OwnedPiece& piece : owned_pieces(layout, st.owned)) {
-    if (for_save && !engine_.writes_to_checkpoint(*piece.tensor, /*params=*/false)) continue;
+    if (for_save && !engine_.writes_to_checkpoint(*piece.tensor)) continue;
     for (const auto& r : layout.stored_regions(*piece.tensor, piece.local_begin, piece.local_end)) {
       const int64_t at = piece.packed + (r.local_begin - piece.local_begin);
       out.push_back({checkpoint::moment_name(1, piece.tensor->name), r.global_shape, r.offset, r.shape, st.m + at});

@@ -15,8 +15,9 @@
 namespace myriad {
 
 // The parameters: every tensor of the engine's layout, as the regions this rank stores. A save
-// writes the regions the engine says this rank writes (replicas over tensor parallelism come
-// from one rank).
+// writes the pieces this rank owns (its fp32 master weights, ZeRO-sharded like the moments) of
+// the tensors the engine says it writes (replicas over tensor parallelism come from one rank);
+// a load reads every region the rank holds.
 class ParamsState : public checkpoint::Component {
  public:
   explicit ParamsState(Engine& engine) : engine_(engine) {}

@@ -227,12 +227,12 @@ class NcclCommunicator final : public Communicator {
     });
     return finish(w, dst);
   }
-  WorkPtr all_gather(const float* in, float* out, int64_t chunk, Stream stream) override {
+  WorkPtr all_gather_bytes(const void* in, void* out, int64_t chunk, Stream stream) override {
     check_count(chunk);
-    HostStaged src(const_cast<float*>(in), chunk * 4, cuda_stream(stream), true),
-        dst(out, chunk * 4 * size(), cuda_stream(stream), false);
-    WorkPtr w = issue(OpKind::kAllGather, chunk * 4, -1, stream, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclAllGather(src.ptr(), dst.ptr(), static_cast<size_t>(chunk), ncclFloat32, c, s);
+    HostStaged src(const_cast<void*>(in), chunk, cuda_stream(stream), true),
+        dst(out, chunk * size(), cuda_stream(stream), false);
+    WorkPtr w = issue(OpKind::kAllGather, chunk, -1, stream, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclAllGather(src.ptr(), dst.ptr(), static_cast<size_t>(chunk), ncclUint8, c, s);
     });
     return finish(w, dst);
   }

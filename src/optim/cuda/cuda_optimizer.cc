@@ -63,7 +63,7 @@ class CudaOptimizer final : public Optimizer {
     }
   }
 
-  void step(float* params, const float* grads, double lr, float grad_scale) override {
+  void step(float* master, const float* grads, double lr, float grad_scale) override {
     ++t_;
     const AdamParams p{static_cast<float>(lr), float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps),
                        float(cfg_.weight_decay), float(1.0 - std::pow(cfg_.beta1, t_)),
@@ -71,7 +71,7 @@ class CudaOptimizer final : public Optimizer {
     const cudaStream_t s = ops_.stream();
     if (!lamb_) {
       for (const Range& r : ranges_)
-        adamw_step(params + r.flat, compute(r), d_m_.data() + r.packed, d_v_.data() + r.packed, grads + r.flat,
+        adamw_step(master + r.packed, compute(r), d_m_.data() + r.packed, d_v_.data() + r.packed, grads + r.flat,
                    segments_.data() + r.segments, decay_.data() + r.first_piece, r.count, r.n, p, s);
       return;
     }
@@ -80,9 +80,9 @@ class CudaOptimizer final : public Optimizer {
     for (const Range& r : ranges_) {
       const int64_t* seg = segments_.data() + r.segments;
       float* u = update_.data() + r.packed;
-      lamb_direction(params + r.flat, d_m_.data() + r.packed, d_v_.data() + r.packed, grads + r.flat, u, seg,
+      lamb_direction(master + r.packed, d_m_.data() + r.packed, d_v_.data() + r.packed, grads + r.flat, u, seg,
                      decay_.data() + r.first_piece, r.count, r.n, p, s);
-      segment_sum_squares(wn2 + r.first_piece, scratch_.data(), params + r.flat, seg, r.count, r.n, s);
+      segment_sum_squares(wn2 + r.first_piece, scratch_.data(), master + r.packed, seg, r.count, r.n, s);
       segment_sum_squares(un2 + r.first_piece, scratch_.data(), u, seg, r.count, r.n, s);
     }
     // Per tensor over this rank's pieces, then over the ranks that share the tensors.
@@ -103,7 +103,7 @@ class CudaOptimizer final : public Optimizer {
     float *wt = norms_.data() + 2 * n, *ut = wt + n;
     CUDA_CHECK(cudaMemcpyAsync(wt, h.data(), 2 * n * 4, cudaMemcpyHostToDevice, s));
     for (const Range& r : ranges_)
-      lamb_apply(params + r.flat, compute(r), update_.data() + r.packed, wt + r.first_piece, ut + r.first_piece,
+      lamb_apply(master + r.packed, compute(r), update_.data() + r.packed, wt + r.first_piece, ut + r.first_piece,
                  segments_.data() + r.segments, r.count, r.n, p.lr, s);
     CUDA_CHECK(cudaStreamSynchronize(s));  // `h` is pageable and leaves with this call
   }

@@ -112,6 +112,24 @@ TEST_F(GlooTest, AllGatherChunks) {
     });
 }
 
+// Two-byte elements (the bf16 compute copy the data-parallel gather carries): odd byte counts,
+// each byte naming its rank and place, in place as the gather of the weights runs.
+TEST_F(GlooTest, AllGatherBytesOfTwoByteElements) {
+  for (int n : {2, 3})
+    run_world(n, [&](int r, Communicator& c) {
+      for (int64_t elems : {1, 3, 1001}) {
+        const int64_t chunk = 2 * elems;
+        auto byte = [](int q, int64_t i) { return static_cast<uint8_t>(q * 37 + i * 11 + 5); };
+        std::vector<uint8_t> all(static_cast<size_t>(chunk) * n, 0);
+        for (int64_t i = 0; i < chunk; ++i) all[static_cast<size_t>(r) * chunk + i] = byte(r, i);
+        c.all_gather_bytes(all.data() + static_cast<size_t>(r) * chunk, all.data(), chunk)->wait();
+        for (int q = 0; q < n; ++q)
+          for (int64_t i = 0; i < chunk; ++i)
+            ASSERT_EQ(all[static_cast<size_t>(q) * chunk + i], byte(q, i)) << "n=" << n << " bytes=" << chunk;
+      }
+    });
+}
+
 // Variable counts, as a mixture of experts' dispatch sends: rank r sends rank p (r + 2p) % 5
 // floats (some blocks empty, the one to itself included), each element naming its sender, its
 // receiver and its index; every rank receives exactly its blocks, in rank order. Twice in a row

@@ -68,6 +68,13 @@ void expect_state_matches(const Optimizer& opt, const std::vector<float>& state,
 
 std::vector<float> copy(const OptimState& s) { return {s.begin(), s.end()}; }
 
+// The owned elements of w, packed as the optimizer keeps its master weights (like m and v).
+std::vector<float> packed(const Optimizer& opt, const std::vector<float>& w) {
+  std::vector<float> out;
+  for (const FlatRange& o : opt.owned()) out.insert(out.end(), w.begin() + o.begin, w.begin() + o.end);
+  return out;
+}
+
 // ||a - b|| / ||b|| of each tensor, the largest.
 double max_tensor_rel_err(const ParamLayout& l, const std::vector<float>& a, const std::vector<float>& b) {
   double worst = 0;
@@ -176,15 +183,23 @@ TEST(ZeroOptimizer, ShardedAdamWIsBitwiseTheSame) {
     for (int64_t bucket : {1000, 4099, 0}) {
       SCOPED_TRACE(testing::Message() << "dp " << dp << " bucket " << bucket);
       const GradBuckets b = plan_buckets(l.total(), dp, bucket);
-      std::vector<std::unique_ptr<Optimizer>> opts;
-      for (int r = 0; r < dp; ++r) opts.push_back(make_optimizer(cfg.optim, l, b.owned(r)));
+      // Each rank: its packed master weights, kept across steps, and its copy of the whole
+      // buffer, into which the update writes the owned ranges.
       std::vector<float> w = initial_params(cfg, l);
+      std::vector<std::vector<float>> flat(dp, w), master;
+      std::vector<std::unique_ptr<Optimizer>> opts;
+      for (int r = 0; r < dp; ++r) {
+        opts.push_back(make_optimizer(cfg.optim, l, b.owned(r), {}, flat[r].data()));
+        master.push_back(packed(*opts[r], w));
+      }
       for (int t = 0; t < kSteps; ++t) {
         const std::vector<float> g = grads(l, t);
         std::vector<float> next = w;  // what the all-gather of the owned parameters gives
         for (int r = 0; r < dp; ++r) {
-          std::vector<float> mine = w;
-          opts[r]->step(mine.data(), g.data(), lr_of(t));
+          std::vector<float>& mine = flat[r];
+          std::copy(w.begin(), w.end(), mine.begin());
+          opts[r]->step(master[r].data(), g.data(), lr_of(t));
+          ASSERT_EQ(master[r], packed(*opts[r], mine)) << "the compute copy's owned ranges are the master";
           std::vector<char> own(l.total(), 0);
           for (const FlatRange& o : opts[r]->owned()) {
             std::fill(own.begin() + o.begin, own.begin() + o.end, 1);
@@ -233,16 +248,17 @@ TEST(ZeroOptimizer, ShardedLambMatchesWithExactNormReduction) {
     const GradBuckets b = plan_buckets(l.total(), dp, 3001);
     std::atomic<int> calls{0};
     parallel::testing::run_group(dir, dp, [&](int r, comm::Communicator& c) {
-      auto opt = make_optimizer(cfg.optim, l, b.owned(r), exact_sum(c, calls));
       std::vector<float> w = initial_params(cfg, l);
+      auto opt = make_optimizer(cfg.optim, l, b.owned(r), exact_sum(c, calls), w.data());
+      std::vector<float> master = packed(*opt, w);
       for (int t = 0; t < kSteps; ++t) {
-        opt->step(w.data(), grads(l, t).data(), lr_of(t));
+        opt->step(master.data(), grads(l, t).data(), lr_of(t));
         // All-gather the owned parameters: a sum in which every element has one non-zero term.
         std::vector<float> gathered(l.total(), 0.0f);
         for (const FlatRange& o : opt->owned())
           std::copy(w.begin() + o.begin, w.begin() + o.end, gathered.begin() + o.begin);
         c.all_reduce(gathered.data(), l.total())->wait();
-        w = gathered;
+        std::copy(gathered.begin(), gathered.end(), w.begin());
         const double err = max_tensor_rel_err(l, w, ref.w[t]);
         EXPECT_LT(err, 1e-6) << "rank " << r << " step " << t;
         if (r == 0 && t == kSteps - 1) std::printf("  dp %d: largest per-tensor relative error %.2e\n", dp, err);
@@ -303,7 +319,7 @@ TEST(ZeroOptimizer, ShardedStateRoundTripsThroughCheckpoints) {
   TempDir dir;
   auto run = [&](int dp, int rank) {
     auto opt = make_optimizer(cfg.optim, l, plan_buckets(l.total(), dp, 1000).owned(rank));
-    std::vector<float> w = initial_params(cfg, l);
+    std::vector<float> w = packed(*opt, initial_params(cfg, l));
     for (int t = 0; t < kSteps; ++t) opt->step(w.data(), grads(l, t).data(), lr_of(t));
     return opt;
   };
