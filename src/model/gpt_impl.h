@@ -206,6 +206,7 @@ model::GptMemoryShape GptModel<Ops>::memory_shape() const {
   s.act_bytes = sizeof(Act);
   s.ep = eps_;
   s.logits_rows = model::logits_rows(cfg_.train.logits_mib, Vl_, sizeof(Act));
+  s.fp8 = gemm_ == Gemm::kFp8, s.fp8_head = head_gemm_ == Gemm::kFp8;
   s.saved_per_row = ops_.attention_saved(1, 1, static_cast<int>(maxT_), static_cast<int>(seqT_)) / maxT_;
   return s;
 }

@@ -39,6 +39,7 @@ struct GptMemoryShape {
   int64_t head_rows() const { return logits_rows > 0 ? std::min(B * T, logits_rows) : B * T; }
   // model.qk_norm: the QKV GEMM's output kept beside the normed qkv, and each row's rstds.
   int64_t qk_rstds = 0;  // per row: Hl + Hkvl ("head"), 2 ("all"), 0 (none)
+  bool fp8 = false, fp8_head = false;  // train.precision = "fp8": the block's linears; train.fp8_lm_head
 };
 
 // The shape of model `m` on a tensor-parallel rank of `tp` (and a context-parallel one of `cp`)
@@ -133,6 +134,23 @@ inline int64_t buffer_bytes(const GptMemoryShape& s) {
 // The op set's scratch at its largest: a dense MLP projection's backward holds its activation's
 // gradient and the activation it recomputes from fc, (B,T,Fl) each (CudaOps::linear_backward).
 inline int64_t scratch_bytes(const GptMemoryShape& s) { return s.has_dense ? 2 * s.B * s.T * s.Fl * s.act_bytes : 0; }
+
+// FP8's cast buffers (CudaOps: one byte an element; three, each grown to the largest operand it
+// holds): 0 a forward's input and a backward's output gradient, row-major; 1 a weight, in either
+// layout, and a backward's input transposed; 2 a backward's output gradient transposed. The
+// block's linears take B T rows: QKV (C -> Ql), the attention's projection (Cl -> C), fc (C -> Pl)
+// and the MLP's projection (Fl -> C); with fp8_head the LM head too (C -> Vl, a chunk of rows).
+inline int64_t fp8_cast_bytes(const GptMemoryShape& s) {
+  if (!s.fp8) return 0;
+  const int64_t N = s.B * s.T, in = std::max({s.C, s.Cl, s.Fl}), out = std::max({s.Ql, s.C, s.Pl});
+  int64_t b0 = N * std::max(in, out), b1 = std::max({s.Ql * s.C, s.C * s.Cl, s.Pl * s.C, s.C * s.Fl, N * in}),
+          b2 = N * out;
+  if (s.fp8_head) {
+    const int64_t R = s.head_rows();
+    b0 = std::max({b0, R * s.C, R * s.Vl}), b1 = std::max({b1, s.Vl * s.C, R * s.C}), b2 = std::max(b2, R * s.Vl);
+  }
+  return b0 + b1 + b2;
+}
 
 // cuDNN's deterministic attention backward works in a workspace of about B H T T bf16 (1,026 MiB
 // measured at B 8, H 16, T 2048). Under cp Myriad's kernel runs (cuDNN is refused there), whose

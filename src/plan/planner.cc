@@ -414,12 +414,13 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   // activations of the micro-batches in flight, the logits and the step's buffers by the model's
   // own memory plan (model/memory_plan.h, which GptModel checks its allocations against; the
   // experts' rows as balanced routing gives them); the op set's scratch; cuDNN's attention
-  // workspace.
+  // workspace; with fp8 the op set's cast buffers.
   const double held_params = params + expert_params;
   model::GptMemoryShape ms = model::memory_shape(model, l.tp, l.mb, padded_vocab(model.vocab_size, l.tp), l.cp);
   ms.tp = l.tp > 1, ms.parallel_block = f.parallel_block, ms.recompute = l.recompute, ms.act_bytes = static_cast<int>(c.act_bytes);
   ms.ep = l.ep;
   ms.logits_rows = model::logits_rows(run.train.logits_mib, ms.Vl, ms.act_bytes);
+  ms.fp8 = f.fp8, ms.fp8_head = f.fp8 && run.train.fp8_lm_head;
   const double per_layer = double(model::slot_bytes(ms, 1, false) - model::slot_bytes(ms, 0, false));
   const double per_slot = double(model::slot_bytes(ms, 0, false) + model::slot_token_bytes(ms));
   const double head = double(model::slot_bytes(ms, 0, true) - model::slot_bytes(ms, 0, false));
@@ -437,8 +438,9 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   mem.buffers = double(model::buffer_bytes(ms)) / kGiB;
   mem.scratch = double(model::scratch_bytes(ms)) / kGiB;
   mem.workspace = double(model::attention_workspace_bytes(ms)) / kGiB;
+  mem.casts = double(model::fp8_cast_bytes(ms)) / kGiB;
   p.memory_gib = mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.logits + mem.buffers + mem.scratch +
-                 mem.workspace;
+                 mem.workspace + mem.casts;
   if (p.memory_gib > c.memory_gib)
     p.fits = false, p.why_not = cat("needs ", std::round(p.memory_gib), " GiB of ", c.memory_gib, " per GPU");
   return p;
@@ -474,6 +476,7 @@ std::string describe(const Prediction& p, const Layout& l) {
   char a2a[96] = "", kv[96] = "";
   if (p.ep_comm_s > 0) std::snprintf(a2a, sizeof a2a, ", EP all-to-all %.3f s (of %.3f)", p.ep_exposed_s, p.ep_comm_s);
   if (p.cp_comm_s > 0) std::snprintf(kv, sizeof kv, ", CP keys and values %.3f s (of %.3f)", p.cp_exposed_s, p.cp_comm_s);
+  const std::string casts = p.memory.casts > 0 ? cat(", fp8 casts ", std::round(p.memory.casts * 10) / 10) : "";
   std::snprintf(buf, sizeof buf,
                 "layout tp %d x pp %d (v %d) x dp %d%s, micro-batch %d (%d per step), recompute %s\n"
                 "step %.3f s | MFU %.1f%% | %.0f tokens/s | memory %.1f GiB per GPU | bubble %.1f%%\n"
@@ -481,12 +484,12 @@ std::string describe(const Prediction& p, const Layout& l) {
                 "  exposed communication: TP %.3f s (of %.3f), PP %.3f s (of %.3f), DP %.3f s (of %.3f)%s%s\n"
                 "  optimizer %.3f s, other overhead %.3f s (the loss's and the norm's all-reduces %.2f ms)\n"
                 "  memory (GiB): weights %.1f, gradients %.1f, optimizer state %.1f, activations %.1f, logits %.1f, "
-                "step buffers %.1f, scratch %.1f, attention workspace %.1f%s%s\n",
+                "step buffers %.1f, scratch %.1f, attention workspace %.1f%s%s%s\n",
                 l.tp, l.pp, l.v, p.dp, ep.c_str(), l.mb, p.microbatches, l.recompute.c_str(), p.step_s, 100 * p.mfu,
                 p.tokens_per_s, p.memory_gib, 100 * p.bubble, p.compute_s, p.bubble_s, p.tp_exposed_s, p.tp_comm_s,
                 p.pp_exposed_s, p.pp_comm_s, p.dp_exposed_s, p.dp_comm_s, a2a, kv, p.optimizer_s, p.other_s,
                 1e3 * p.scalars_s, p.memory.weights, p.memory.gradients, p.memory.optimizer, p.memory.activations,
-                p.memory.logits, p.memory.buffers, p.memory.scratch, p.memory.workspace,
+                p.memory.logits, p.memory.buffers, p.memory.scratch, p.memory.workspace, casts.c_str(),
                 p.fits ? "" : "\n  DOES NOT FIT: ", p.fits ? "" : p.why_not.c_str());
   return buf;
 }

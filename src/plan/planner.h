@@ -94,10 +94,10 @@ struct Prediction {
   // weights; their fp32 gradients; the optimizer's fp32 master and two moments (the rank's 1/dp
   // share); the layers' saved activations of the micro-batches in flight with their slots'
   // tokens and outputs; the logits; the step's buffers (activations' gradients, recompute's
-  // shared set); the op set's scratch; cuDNN's attention workspace.
+  // shared set); the op set's scratch; cuDNN's attention workspace; FP8's cast buffers.
   struct Memory {
     double weights = 0, gradients = 0, optimizer = 0, activations = 0, logits = 0, buffers = 0, scratch = 0,
-           workspace = 0;
+           workspace = 0, casts = 0;
   } memory;
   double bubble = 0;             // of the pipeline's ideal compute
   // The step by phase (seconds): compute of the pipeline's critical path and the exposed parts.

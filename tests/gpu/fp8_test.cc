@@ -13,6 +13,7 @@
 #include "gpu_test_util.h"
 #include "model/cuda/cuda_ops.h"
 #include "model/cuda/matmul.h"
+#include "model/memory_plan.h"
 #include "runtime/engine.h"
 #include "ops/cuda/ops.cuh"
 #include "ops/fp8.h"
@@ -281,6 +282,33 @@ TEST_P(Fp8Engine, FollowsBf16AndRepeatsBitwise) { follows_bf16_and_repeats_bitwi
 TEST(Fp8Engine, TheLmHeadInFp8FollowsBf16AndRepeatsBitwise) {
   follows_bf16_and_repeats_bitwise(engine_cases::Case{"llama_head", engine_cases::with(engine_cases::kLlama, {"model.seq_len=128"})},
                                    {"train.precision=fp8", "train.fp8_lm_head=true"});
+}
+
+// The cast buffers are held memory, as the memory plan counts them (model::fp8_cast_bytes, which
+// the planner adds): an fp8 engine holds that many bytes more than the same bf16 one after a
+// step, exactly; with the LM head in FP8 too, the head's operands counted.
+TEST(Fp8Memory, TheCastBuffersAreHeldAsPlanned) {
+  using namespace engine_cases;
+  for (bool head : {false, true}) {
+    SCOPED_TRACE(head ? "fp8 LM head" : "block linears");
+    const Case c{"llama", with(kLlama, {"model.seq_len=128"})};
+    std::vector<std::string> sets = {"train.precision=fp8"};
+    if (head) sets.push_back("train.fp8_lm_head=true");
+    const myriad::Config bcfg = config(c, "cuda"), fcfg = config(Case{c.name, with(c.sets, sets)}, "cuda");
+    auto held_after_a_step = [](const myriad::Config& cfg) {
+      auto e = myriad::make_engine(cfg);
+      const std::vector<int32_t> tokens = batch(cfg, 3);
+      e->train_step(tokens.data(), 1, 1e-3);
+      return myriad::cuda::CudaOps::held_bytes();
+    };
+    const int64_t bf16 = held_after_a_step(bcfg), fp8 = held_after_a_step(fcfg);
+    myriad::model::GptMemoryShape s =
+        myriad::model::memory_shape(fcfg.model, 1, fcfg.train.micro_batch, fcfg.padded_vocab());
+    s.act_bytes = 2, s.fp8 = true, s.fp8_head = head;
+    s.logits_rows = myriad::model::logits_rows(fcfg.train.logits_mib, s.Vl, 2);
+    EXPECT_GT(myriad::model::fp8_cast_bytes(s), 0);
+    EXPECT_EQ(fp8 - bf16, myriad::model::fp8_cast_bytes(s));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Blocks, Fp8Engine,

@@ -143,7 +143,10 @@ struct CudaOps::State {
     cudaFree(scratch);
     account(-static_cast<int64_t>(scratch_floats * sizeof(float)));
     cudaFree(rope_freqs);
-    for (uint8_t* b : fp8_bytes) cudaFree(b);
+    for (int i = 0; i < kFp8Buffers; ++i) {
+      cudaFree(fp8_bytes[i]);
+      account(-static_cast<int64_t>(fp8_capacity[i]));
+    }
     cudaFree(fp8_scalars);
     cudaFree(d_bounds);
     cudaFreeHost(h_sums);
@@ -580,13 +583,18 @@ void CudaOps::norm_backward(Norm n, Act* dinp, float* dw, float* db, const Act* 
 
 namespace {
 
+// Cast buffer i, grown to the largest operand it has held (model::fp8_cast_bytes plans them), and
+// counted with the held memory.
 uint8_t* fp8_buffer(CudaOps::State& st, int i, size_t bytes) {
   if (bytes > st.fp8_capacity[i]) {
     CUDA_CHECK(cudaStreamSynchronize(st.stream));
     cudaFree(st.fp8_bytes[i]);
+    account(-static_cast<int64_t>(st.fp8_capacity[i]));
     st.fp8_bytes[i] = nullptr;
+    st.fp8_capacity[i] = 0;
     CUDA_CHECK(cudaMalloc(&st.fp8_bytes[i], bytes));
     st.fp8_capacity[i] = bytes;
+    account(static_cast<int64_t>(bytes));
   }
   return st.fp8_bytes[i];
 }

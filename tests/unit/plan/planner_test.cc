@@ -324,8 +324,9 @@ TEST(Planner, MemoryByWhatHoldsIt) {
   const plan::Prediction p = plan::predict(m, 8, 1, c, plan::parse_layout("tp=1,pp=1,mb=8"), plan::parse_features("fused_ops,misc"));
   const plan::Prediction::Memory& mem = p.memory;
   EXPECT_NEAR(mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.logits + mem.buffers + mem.scratch +
-                  mem.workspace,
+                  mem.workspace + mem.casts,
               p.memory_gib, 1e-9);
+  EXPECT_EQ(mem.casts, 0.0);  // bf16
   const double params = model::param_counts(m).total, gib = double(1 << 30);
   EXPECT_NEAR(mem.weights, params * 2 / gib, 0.005 * mem.weights);  // the planner's count, within 0.5%
   EXPECT_NEAR(mem.gradients, 2 * mem.weights, 1e-9);
@@ -337,6 +338,24 @@ TEST(Planner, MemoryByWhatHoldsIt) {
   EXPECT_NEAR(dp2.memory.optimizer, mem.optimizer / 2, 1e-9);
   EXPECT_EQ(dp2.memory.activations, mem.activations);
   EXPECT_NE(plan::describe(p, plan::parse_layout("tp=1,pp=1,mb=8")).find("optimizer state"), std::string::npos);
+}
+
+// FP8's cast buffers, by their arithmetic at llama-1b, B 8 x 2048 (one byte an element): the
+// largest row-major operand (the fc's output gradient, B T x 2 F), the largest of the weights and
+// the transposed inputs (the MLP projection's input, B T x F), the largest transposed output
+// gradient (fc's again). The rest of the peak is bf16's.
+TEST(Planner, Fp8HoldsItsCastBuffers) {
+  const plan::Cluster c = plan::load_cluster(std::string(MYRIAD_SOURCE_DIR) + "/configs/clusters/h100.toml");
+  const ModelConfig m =
+      load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/llama-3.2-1b.toml", {"model.seq_len=2048"}).model;
+  const plan::Layout l = plan::parse_layout("tp=1,pp=1,mb=8");
+  const plan::Prediction bf16 = plan::predict(m, 8, 1, c, l, plan::parse_features("fused_ops,misc"));
+  const plan::Prediction fp8 = plan::predict(m, 8, 1, c, l, plan::parse_features("fused_ops,misc,fp8"));
+  const double N = 8.0 * 2048, F = double(m.ffn()), gib = double(1 << 30);
+  EXPECT_NEAR(fp8.memory.casts, (N * 2 * F + N * F + N * 2 * F) / gib, 1e-9);
+  EXPECT_NEAR(fp8.memory_gib - bf16.memory_gib, fp8.memory.casts, 1e-9);
+  EXPECT_NE(plan::describe(fp8, l).find("fp8 casts 0.6"), std::string::npos) << plan::describe(fp8, l);
+  EXPECT_EQ(plan::describe(bf16, l).find("fp8 casts"), std::string::npos);
 }
 
 // A CPU "cluster" (configs/clusters/cpu-dev.toml) computes in fp32: every message and memory
