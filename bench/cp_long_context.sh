@@ -51,7 +51,7 @@ PY
 # steps 1 and 2 agreed within 0.2% and step 3 parted by 11%, cp 1's loss rising where cp 2's fell.
 run p8k_cp1 1 8192 --set train.attention=myriad --set optim.lr=1e-5 --set optim.min_lr=1e-6
 run p8k_cp2 2 8192 --set train.attention=myriad --set optim.lr=1e-5 --set optim.min_lr=1e-6
-selected p8k && python3 - "$W/p8k_cp2/metrics.jsonl" "$W/p8k_cp1/metrics.jsonl" <<'PY' || fail=1
+selected p8k && { python3 - "$W/p8k_cp2/metrics.jsonl" "$W/p8k_cp1/metrics.jsonl" <<'PY' || fail=1; }
 import json, sys
 a, b = ([json.loads(l)["loss"] for l in open(f)] for f in sys.argv[1:])
 worst = max(abs(x - y) / y for x, y in zip(a, b)) if a and len(a) == len(b) else 1

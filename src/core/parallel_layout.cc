@@ -33,6 +33,32 @@ int64_t context_pairs(const ContextRows& rows, const int32_t* starts, int64_t wi
   }
   return pairs;
 }
+std::vector<ContextRows> context_assignment(int64_t T, int64_t cp, const int32_t* starts, int64_t rows,
+                                            int64_t stride, int64_t window) {
+  std::vector<ContextRows> out;
+  for (int64_t r = 0; r < cp; ++r) out.push_back(context_rows(T, cp, r));
+  if (cp == 1) return out;
+  const int64_t chunks = 2 * cp, L = T / chunks;
+  std::vector<std::pair<int64_t, int64_t>> work;  // (pairs, chunk)
+  for (int64_t c = 0; c < chunks; ++c) {
+    ContextRows one;
+    one.begin[0] = c * L, one.end[0] = (c + 1) * L;
+    int64_t pairs = 0;
+    for (int64_t b = 0; b < rows; ++b) pairs += context_pairs(one, starts ? starts + b * stride : nullptr, window);
+    work.emplace_back(pairs, c);
+  }
+  std::sort(work.begin(), work.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second > b.second;
+  });
+  for (int64_t r = 0; r < cp; ++r) {
+    const int64_t a = std::min(work[r].second, work[chunks - 1 - r].second),
+                  b = std::max(work[r].second, work[chunks - 1 - r].second);
+    ContextRows& q = out[r];
+    q.n = 2, q.begin[0] = a * L, q.end[0] = (a + 1) * L, q.begin[1] = b * L, q.end[1] = (b + 1) * L;
+  }
+  return out;
+}
+
 std::vector<std::string> parallel_order(const std::string& order) {
   std::vector<std::string> names;
   for (size_t pos = 0;;) {

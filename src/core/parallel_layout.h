@@ -38,8 +38,9 @@ namespace myriad {
 
 // The positions of a sequence that one context-parallel rank holds: its query rows, as ranges
 // [begin, end) of positions in the sequence, in order. Under cp, a sequence of T splits into 2 cp
-// chunks of T / (2 cp) and rank r holds chunks r and 2 cp - 1 - r, so that every rank has as much
-// of the causal triangle's work as any other (a late chunk sees many keys, an early one few).
+// chunks of T / (2 cp) and each rank holds two of them (context_assignment: without documents,
+// rank r holds chunks r and 2 cp - 1 - r, so that every rank has as much of the causal
+// triangle's work as any other: a late chunk sees many keys, an early one few).
 // Without cp: one range, the whole sequence.
 struct ContextRows {
   int n = 1;  // ranges: 1, or 2 under cp
@@ -48,12 +49,22 @@ struct ContextRows {
   // The position in the sequence of the rank's row i (0 <= i < count()).
   int64_t position(int64_t i) const { return i < end[0] - begin[0] ? begin[0] + i : begin[1] + i - (end[0] - begin[0]); }
 };
-// Rank r's rows of a sequence of T under cp ranks (0 <= r < cp; T divisible by 2 cp when cp > 1).
+// Rank r's rows of a sequence of T under cp ranks without documents (0 <= r < cp; T divisible by
+// 2 cp when cp > 1): chunks r and 2 cp - 1 - r, Llama 3's assignment.
 ContextRows context_rows(int64_t T, int64_t cp, int64_t r);
 // The (query, key) pairs `rows` attend, a rank's share of attention's work on one sequence: query
 // i sees keys max(i - window + 1, starts[i]) .. i (starts: each position's document start, null
 // for one document; window 0: none). Without documents every rank of context_rows gets the same.
 int64_t context_pairs(const ContextRows& rows, const int32_t* starts, int64_t window);
+// Every rank's rows (element q: rank q's) of a micro-batch of `rows` sequences of T, whose
+// document starts are starts[b * stride + i] (null: one document a sequence): the 2 cp chunks
+// sorted by their (query, key) pairs over the micro-batch, most first (ties: the later chunk
+// first), rank r takes the r-th most and the r-th fewest, which pairs the heaviest with the
+// lightest and minimizes the busiest rank's pairs for two chunks a rank. Without documents a
+// chunk's pairs never fall with its place (window or not), and this is context_rows exactly.
+// Every rank computes it alike from the rows it holds whole.
+std::vector<ContextRows> context_assignment(int64_t T, int64_t cp, const int32_t* starts, int64_t rows,
+                                            int64_t stride, int64_t window);
 
 struct ParallelLayout {
   int64_t tp = 1;

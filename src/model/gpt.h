@@ -251,6 +251,7 @@ class GptModel {
     typename Ops::Tokens inputs, targets;  // (B,T) contiguous copies
     typename Ops::Tokens doc_starts;       // (B,T) the rows' document starts, when `documents`
     bool documents = false;
+    std::vector<ContextRows> cp_ranks;     // cp: every rank's rows of the micro-batch (context_assignment)
     int counted = 0;  // head: the positions the mean loss is over (data.document_end_loss)
   };
   struct Chunk {
@@ -437,12 +438,19 @@ class GptModel {
   bool sp_ = false;
 
   // Context parallelism: the group (null: cp = 1), this rank's place in it, the whole sequence's
-  // length (maxT_ = seqT_ / cps_ are this rank's), and the current shape's rows of a sequence.
+  // length (maxT_ = seqT_ / cps_ are this rank's), and the current micro-batch's rows of a
+  // sequence: every rank's (ranks_, its slot's cp_ranks, chosen by the micro-batch's documents
+  // at its forward) and this rank's (rows_).
   parallel::Communicator* cp_ = nullptr;
   int cpr_ = 0, cps_ = 1;
   int64_t seqT_;
   ContextRows rows_;
+  const ContextRows* ranks_ = nullptr;
   const ContextRows* cp_rows() const { return cp_ ? &rows_ : nullptr; }
+  // Slot s's micro-batch's rows into rows_ and ranks_ (cp only).
+  void use_rows(const Slot& s) {
+    if (cp_) ranks_ = s.cp_ranks.data(), rows_ = s.cp_ranks[cpr_];
+  }
   Buffer<Act> cp_qkv_, cp_dqkv_;  // (B,Tw,Ql) the whole sequence's qkv and its gradient
   // (cp,B,T,Hkvl,2,D) each rank's rows' keys and values as the collectives move them: Act in the
   // gather (its first half when Act is bf16), fp32 in the gradients' reduce-scatter.

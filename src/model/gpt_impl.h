@@ -662,7 +662,7 @@ std::pair<const int32_t*, int64_t> GptModel<Ops>::rank_ids(const int32_t* host, 
 // The collectives move keys and values only: a rank's queries are read for its own rows alone,
 // and the gradients of the other ranks' queries are zeros. Rank q's block is its rows' key and
 // value heads, (B, T, Hkvl, 2, D); its rows of a sequence are two ranges of the whole one's
-// (context_rows). The op set packs and places them on its device; the gather moves Act as they
+// (the micro-batch's context_assignment). The op set packs and places them on its device; the gather moves Act as they
 // are (bf16 on a GPU: the communicator's float count is half the elements), the gradients' reduce-
 // scatter sums in fp32.
 template <OpSet Ops>
@@ -680,20 +680,20 @@ void GptModel<Ops>::gather_finish(const Slot& s, int64_t l, const Act* local, co
   if (cp_holds_ == std::make_tuple(&s, s.mb, l)) return;
   sent->wait();
   sent.reset();
-  ops_.cp_unpack_kv(cp_qkv_.data(), reinterpret_cast<const Act*>(cp_pack_.data()), local, B_, T_, cps_, cpr_,
-                    int(Hkvl_), int(G_), int(D_));
+  ops_.cp_unpack_kv(cp_qkv_.data(), reinterpret_cast<const Act*>(cp_pack_.data()), local, B_, T_, ranks_, cps_,
+                    cpr_, int(Hkvl_), int(G_), int(D_));
   cp_holds_ = {&s, s.mb, l};
 }
 
 template <OpSet Ops>
 void GptModel<Ops>::scatter_sequence_grad(Act* dlocal) {
   const int64_t block = int64_t(B_) * T_ * 2 * Hkvl_ * D_;
-  ops_.cp_pack_kv_grad(cp_pack_.data(), cp_dqkv_.data(), B_, T_, cps_, int(Hkvl_), int(G_), int(D_));
+  ops_.cp_pack_kv_grad(cp_pack_.data(), cp_dqkv_.data(), B_, T_, ranks_, cps_, int(Hkvl_), int(G_), int(D_));
   float* mine = cp_pack_.data() + cpr_ * block;
   cp_->reduce_scatter(cp_pack_.data(), mine, block, stream())->wait();
   // This rank's rows: their queries' gradient from its own kernel, their keys' and values' summed
   // over the ranks.
-  ops_.cp_unpack_kv_grad(dlocal, mine, cp_dqkv_.data(), B_, T_, cps_, cpr_, int(Hkvl_), int(G_), int(D_));
+  ops_.cp_unpack_kv_grad(dlocal, mine, cp_dqkv_.data(), B_, T_, ranks_, cps_, cpr_, int(Hkvl_), int(G_), int(D_));
 }
 
 template <OpSet Ops>
@@ -1070,6 +1070,10 @@ void GptModel<Ops>::forward_chunk(int c, int mb, int B, Rows rows, const Act* in
   Chunk& ch = chunks_[c];
   set_shape(B, static_cast<int>(seqT_));
   Slot& s = acquire(ch, mb, B);
+  if (cp_) {  // the ranks' chunks for this micro-batch's documents: every rank and stage alike
+    s.cp_ranks = context_assignment(seqT_, cps_, rows.doc_starts, B, seqT_ + 1, window_);
+    use_rows(s);
+  }
   forward(ch, s, rows, seqT_ + 1, input, /*targets=*/true, grad_scale);
 }
 
@@ -1082,6 +1086,7 @@ template <OpSet Ops>
 void GptModel<Ops>::backward_chunk(int c, int mb, const Act* doutput, Act* dinput, float grad_scale) {
   Slot& s = held(c, mb);
   set_shape(s.B, static_cast<int>(seqT_));
+  use_rows(s);
   backward(chunks_[c], s, doutput, dinput, grad_scale);
   s.mb = -1;
 }

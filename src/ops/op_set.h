@@ -101,9 +101,9 @@ concept OpSet = requires(const O& o, typename O::Act* a, const typename O::Act* 
   { o.context_parallel_refusal(l) } -> std::convertible_to<std::string>;
   // Its key/value exchange's packing (CpuOps has the contracts).
   o.cp_pack_kv(a, ca, l, i, i, i);
-  o.cp_unpack_kv(a, ca, ca, i, i, i, i, i, i, i);
-  o.cp_pack_kv_grad(f, ca, i, i, i, i, i, i);
-  o.cp_unpack_kv_grad(a, cf, ca, i, i, i, i, i, i, i);
+  o.cp_unpack_kv(a, ca, ca, i, i, rows, i, i, i, i, i);
+  o.cp_pack_kv_grad(f, ca, i, i, rows, i, i, i, i);
+  o.cp_unpack_kv_grad(a, cf, ca, i, i, rows, i, i, i, i, i);
   o.crossentropy_forward(f, ca, cids, i, i, i);
   o.crossentropy_forward_backward(f, a, cids, 1.0f, i, i, i);
   // The rows a rank holds (tensor parallelism).

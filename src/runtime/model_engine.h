@@ -103,8 +103,12 @@ class ModelEngine final : public Engine {
     }
     if (ctx_.cp_size() > 1)
       log::info("context parallel: ", ctx_.cp_size(), " ranks per sequence, this one holding ",
-                cfg.model.seq_len / ctx_.cp_size(), " of its ", cfg.model.seq_len, " tokens (chunks ", ctx_.cp_rank(),
-                " and ", 2 * ctx_.cp_size() - 1 - ctx_.cp_rank(), " of ", 2 * ctx_.cp_size(), ")");
+                cfg.model.seq_len / ctx_.cp_size(), " of its ", cfg.model.seq_len, " tokens (",
+                cfg.data.document_mask ? cat("two of its ", 2 * ctx_.cp_size(), " chunks, paired per micro-batch by "
+                                             "their documents' attention work")
+                                       : cat("chunks ", ctx_.cp_rank(), " and ", 2 * ctx_.cp_size() - 1 - ctx_.cp_rank(),
+                                             " of ", 2 * ctx_.cp_size()),
+                ")");
     if (parallel::group_size(ctx_.weights_dp()) > 1 || ctx_.ep)
       log::info("data parallel: ", ctx_.dp_size(), " ranks", ctx_.cp ? cat(" x cp ", ctx_.cp_size()) : std::string(), ctx_.ep ? cat(" (experts: ep ", ctx_.ep_size(), " x edp ",
                 parallel::group_size(ctx_.edp), ")") : std::string(), ", ", dp_.buckets(),
@@ -384,16 +388,21 @@ class ModelEngine final : public Engine {
   }
 
   // Under cp with documents, how even the ranks' attention work was over this rank's rows of the
-  // step: the busiest rank's (query, key) pairs against the mean (context_pairs). Every rank
-  // holds the whole rows' document starts, so each counts every rank's share alike. The chunks
-  // (r and 2 cp - 1 - r) even out the causal triangle; documents shorter than a chunk make each
-  // chunk's work its documents', which the assignment does not see (docs/notes/cp.md).
+  // step: the busiest rank's (query, key) pairs against the mean (context_pairs), each
+  // micro-batch's rows under the chunks its documents chose (context_assignment, as the model
+  // does). Every rank holds the whole rows' document starts, so each counts every rank's share
+  // alike. Two chunks a rank pair the heaviest with the lightest; what remains uneven is within
+  // a chunk's documents (docs/notes/cp.md).
   double cp_imbalance(Rows mine, int64_t rows) const {
-    const int64_t cp = ctx_.cp_size(), T = cfg_.model.seq_len;
+    const int64_t cp = ctx_.cp_size(), T = cfg_.model.seq_len, mb = cfg_.train.micro_batch, stride = T + 1;
     std::vector<int64_t> pairs(static_cast<size_t>(cp), 0);
-    for (int64_t b = 0; b < rows; ++b)
-      for (int64_t q = 0; q < cp; ++q)
-        pairs[q] += context_pairs(context_rows(T, cp, q), mine.doc_starts + b * (T + 1), cfg_.model.window);
+    for (int64_t b0 = 0; b0 < rows; b0 += mb) {
+      const int32_t* starts = mine.doc_starts + b0 * stride;
+      const std::vector<ContextRows> ranks = context_assignment(T, cp, starts, mb, stride, cfg_.model.window);
+      for (int64_t b = 0; b < mb; ++b)
+        for (int64_t q = 0; q < cp; ++q)
+          pairs[q] += context_pairs(ranks[q], starts + b * stride, cfg_.model.window);
+    }
     const int64_t sum = std::accumulate(pairs.begin(), pairs.end(), int64_t(0));
     return sum > 0 ? double(*std::max_element(pairs.begin(), pairs.end())) * double(cp) / double(sum) : 0.0;
   }

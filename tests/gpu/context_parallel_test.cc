@@ -233,35 +233,48 @@ TEST(ContextParallelPositions, RopeAndLearnedPositionsAtTheRowsPositions) {
   }
 }
 
-// The exchange's packing moves the bits: the CUDA op set's against the CPU's, bf16 values.
+// The exchange's packing moves the bits: the CUDA op set's against the CPU's, bf16 values, for
+// Llama 3's assignment of the chunks and for another pairing (one documents may choose: rank q
+// holds chunks q and q + cp).
 TEST(ContextParallelExchange, PackingMatchesTheCpuBitForBit) {
-  const int B = 2, cp = 4, Tw = 64, T = Tw / cp, Hkv = 2, G = 3, D = 64, rank = 1;
+  const int B = 2, cp = 4, Tw = 64, T = Tw / cp, Hkv = 2, G = 3, D = 64, rank = 1, L = Tw / (2 * cp);
   const size_t Ql = size_t(Hkv) * (G + 2) * D, KV = size_t(Hkv) * 2 * D, block = size_t(B) * T * KV;
-  std::mt19937_64 gen(seed() + 9);
-  CpuOps cpu;
-  CudaOps ops;
-  const auto local = round_bf16(randn(size_t(B) * T * Ql, gen)), packs = round_bf16(randn(cp * block, gen));
-  const auto dwhole = round_bf16(randn(size_t(B) * Tw * Ql, gen)), mine = round_bf16(randn(block, gen));
-  Dev<bf16> glocal(local.size()), gpacks(packs.size()), gpack(block), gwhole(dwhole.size()), gdwhole(dwhole.size()),
-      gdlocal(local.size());
-  Dev<float> ggrads(cp * block), gmine(block);
-  up(glocal, local), up(gpacks, packs), up(gdwhole, dwhole);
-  gmine.upload(mine);
-  gwhole.zero();
-  std::vector<float> pack(block), whole(dwhole.size(), 0.f), grads(cp * block), dlocal(local.size());
-  cpu.cp_pack_kv(pack.data(), local.data(), int64_t(B) * T, Hkv, G, D);
-  cpu.cp_unpack_kv(whole.data(), packs.data(), local.data(), B, T, cp, rank, Hkv, G, D);
-  cpu.cp_pack_kv_grad(grads.data(), dwhole.data(), B, T, cp, Hkv, G, D);
-  cpu.cp_unpack_kv_grad(dlocal.data(), mine.data(), dwhole.data(), B, T, cp, rank, Hkv, G, D);
-  ops.cp_pack_kv(gpack.p, glocal.p, int64_t(B) * T, Hkv, G, D);
-  ops.cp_unpack_kv(gwhole.p, gpacks.p, glocal.p, B, T, cp, rank, Hkv, G, D);
-  ops.cp_pack_kv_grad(ggrads.p, gdwhole.p, B, T, cp, Hkv, G, D);
-  ops.cp_unpack_kv_grad(gdlocal.p, gmine.p, gdwhole.p, B, T, cp, rank, Hkv, G, D);
-  CUDA_OK(cudaDeviceSynchronize());
-  EXPECT_EQ(down(gpack), pack);
-  EXPECT_EQ(down(gwhole), whole);
-  EXPECT_EQ(ggrads.download(), grads);
-  EXPECT_EQ(down(gdlocal), dlocal);
+  std::vector<ContextRows> llama3, other;
+  for (int q = 0; q < cp; ++q) {
+    llama3.push_back(context_rows(Tw, cp, q));
+    ContextRows r;
+    r.n = 2, r.begin[0] = q * L, r.end[0] = (q + 1) * L, r.begin[1] = (q + cp) * L, r.end[1] = (q + cp + 1) * L;
+    other.push_back(r);
+  }
+  for (const std::vector<ContextRows>* ranks : {&llama3, &other}) {
+    SCOPED_TRACE(ranks == &llama3 ? "Llama 3's chunks" : "chunks q and q + cp");
+    std::mt19937_64 gen(seed() + 9);
+    CpuOps cpu;
+    CudaOps ops;
+    const auto local = round_bf16(randn(size_t(B) * T * Ql, gen)), packs = round_bf16(randn(cp * block, gen));
+    const auto dwhole = round_bf16(randn(size_t(B) * Tw * Ql, gen)), mine = round_bf16(randn(block, gen));
+    Dev<bf16> glocal(local.size()), gpacks(packs.size()), gpack(block), gwhole(dwhole.size()), gdwhole(dwhole.size()),
+        gdlocal(local.size());
+    Dev<float> ggrads(cp * block), gmine(block);
+    up(glocal, local), up(gpacks, packs), up(gdwhole, dwhole);
+    gmine.upload(mine);
+    gwhole.zero();
+    std::vector<float> pack(block), whole(dwhole.size(), 0.f), grads(cp * block), dlocal(local.size());
+    const ContextRows* rs = ranks->data();
+    cpu.cp_pack_kv(pack.data(), local.data(), int64_t(B) * T, Hkv, G, D);
+    cpu.cp_unpack_kv(whole.data(), packs.data(), local.data(), B, T, rs, cp, rank, Hkv, G, D);
+    cpu.cp_pack_kv_grad(grads.data(), dwhole.data(), B, T, rs, cp, Hkv, G, D);
+    cpu.cp_unpack_kv_grad(dlocal.data(), mine.data(), dwhole.data(), B, T, rs, cp, rank, Hkv, G, D);
+    ops.cp_pack_kv(gpack.p, glocal.p, int64_t(B) * T, Hkv, G, D);
+    ops.cp_unpack_kv(gwhole.p, gpacks.p, glocal.p, B, T, rs, cp, rank, Hkv, G, D);
+    ops.cp_pack_kv_grad(ggrads.p, gdwhole.p, B, T, rs, cp, Hkv, G, D);
+    ops.cp_unpack_kv_grad(gdlocal.p, gmine.p, gdwhole.p, B, T, rs, cp, rank, Hkv, G, D);
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(down(gpack), pack);
+    EXPECT_EQ(down(gwhole), whole);
+    EXPECT_EQ(ggrads.download(), grads);
+    EXPECT_EQ(down(gdlocal), dlocal);
+  }
 }
 
 }  // namespace

@@ -799,29 +799,27 @@ void CudaOps::cp_pack_kv(Act* pack, const Act* qkv, int64_t N, int Hkv, int G, i
   OpScope op(*st_, "cp_pack_kv");
   cuda::cp_pack_kv(pack, qkv, N, Hkv, G, D, st_->stream);
 }
-void CudaOps::cp_unpack_kv(Act* whole, const Act* packs, const Act* local, int B, int T, int cp, int rank, int Hkv,
-                           int G, int D) const {
+void CudaOps::cp_unpack_kv(Act* whole, const Act* packs, const Act* local, int B, int T, const ContextRows* ranks,
+                           int cp, int rank, int Hkv, int G, int D) const {
   OpScope op(*st_, "cp_unpack_kv");
   const int64_t Tw = int64_t(T) * cp, block = int64_t(B) * T * Hkv * 2 * D;
   for (int q = 0; q < cp; ++q) {
-    const ContextRows rows = context_rows(Tw, cp, q);
     cuda::cp_place_rows(whole, q == rank ? local : nullptr, q == rank ? nullptr : packs + q * block, B, T, Tw,
-                        positions_of(&rows), Hkv, G, D, st_->stream);
+                        positions_of(&ranks[q]), Hkv, G, D, st_->stream);
   }
 }
-void CudaOps::cp_pack_kv_grad(float* packs, const Act* dwhole, int B, int T, int cp, int Hkv, int G, int D) const {
+void CudaOps::cp_pack_kv_grad(float* packs, const Act* dwhole, int B, int T, const ContextRows* ranks, int cp, int Hkv,
+                              int G, int D) const {
   OpScope op(*st_, "cp_pack_kv_grad");
   const int64_t Tw = int64_t(T) * cp, block = int64_t(B) * T * Hkv * 2 * D;
-  for (int q = 0; q < cp; ++q) {
-    const ContextRows rows = context_rows(Tw, cp, q);
-    cuda::cp_take_kv_grad(packs + q * block, dwhole, B, T, Tw, positions_of(&rows), Hkv, G, D, st_->stream);
-  }
+  for (int q = 0; q < cp; ++q)
+    cuda::cp_take_kv_grad(packs + q * block, dwhole, B, T, Tw, positions_of(&ranks[q]), Hkv, G, D, st_->stream);
 }
-void CudaOps::cp_unpack_kv_grad(Act* dlocal, const float* mine, const Act* dwhole, int B, int T, int cp, int rank,
-                                int Hkv, int G, int D) const {
+void CudaOps::cp_unpack_kv_grad(Act* dlocal, const float* mine, const Act* dwhole, int B, int T,
+                                const ContextRows* ranks, int cp, int rank, int Hkv, int G, int D) const {
   OpScope op(*st_, "cp_unpack_kv_grad");
-  const ContextRows rows = context_rows(int64_t(T) * cp, cp, rank);
-  cuda::cp_unpack_kv_grad(dlocal, mine, dwhole, B, T, int64_t(T) * cp, positions_of(&rows), Hkv, G, D, st_->stream);
+  cuda::cp_unpack_kv_grad(dlocal, mine, dwhole, B, T, int64_t(T) * cp, positions_of(&ranks[rank]), Hkv, G, D,
+                          st_->stream);
 }
 
 void CudaOps::set_rope(const std::vector<double>& freqs) const {

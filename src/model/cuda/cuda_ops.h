@@ -205,11 +205,12 @@ class CudaOps {
   // Why cp cannot run here with chunks of `chunk` tokens (seq_len / (2 cp)), "" when it can.
   std::string context_parallel_refusal(int64_t chunk) const;
   void cp_pack_kv(Act* pack, const Act* qkv, int64_t N, int Hkv, int G, int D) const;
-  void cp_unpack_kv(Act* whole, const Act* packs, const Act* local, int B, int T, int cp, int rank, int Hkv, int G,
-                    int D) const;
-  void cp_pack_kv_grad(float* packs, const Act* dwhole, int B, int T, int cp, int Hkv, int G, int D) const;
-  void cp_unpack_kv_grad(Act* dlocal, const float* mine, const Act* dwhole, int B, int T, int cp, int rank, int Hkv,
-                         int G, int D) const;
+  void cp_unpack_kv(Act* whole, const Act* packs, const Act* local, int B, int T, const ContextRows* ranks, int cp,
+                    int rank, int Hkv, int G, int D) const;
+  void cp_pack_kv_grad(float* packs, const Act* dwhole, int B, int T, const ContextRows* ranks, int cp, int Hkv, int G,
+                       int D) const;
+  void cp_unpack_kv_grad(Act* dlocal, const float* mine, const Act* dwhole, int B, int T, const ContextRows* ranks,
+                         int cp, int rank, int Hkv, int G, int D) const;
   // The router's logits in fp32 (cuBLASLt, bf16 operands, fp32 output); its backward's two
   // products in fp32 (ops/cuda/moe.cu), dx += and dw +=.
   void router_forward(float* logits, const Act* x, const Param* w, int N, int C, int E) const;

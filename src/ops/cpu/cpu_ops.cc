@@ -234,11 +234,11 @@ void CpuOps::cp_pack_kv(Act* pack, const Act* qkv, int64_t N, int Hkv, int G, in
       std::copy_n(qkv + n * Ql + (int64_t(g) * (G + 2) + G) * D, 2 * D, pack + (n * Hkv + g) * 2 * D);
 }
 
-void CpuOps::cp_unpack_kv(Act* whole, const Act* packs, const Act* local, int B, int T, int cp, int rank, int Hkv,
-                          int G, int D) const {
+void CpuOps::cp_unpack_kv(Act* whole, const Act* packs, const Act* local, int B, int T, const ContextRows* ranks,
+                          int cp, int rank, int Hkv, int G, int D) const {
   const int64_t Ql = int64_t(Hkv) * (G + 2) * D, block = int64_t(B) * T * Hkv * 2 * D, Tw = int64_t(T) * cp;
   for (int q = 0; q < cp; ++q) {
-    const ContextRows r = context_rows(Tw, cp, q);
+    const ContextRows& r = ranks[q];
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; ++b)
       for (int64_t i = 0; i < T; ++i) {  // rank q's row i of batch row b
@@ -254,10 +254,11 @@ void CpuOps::cp_unpack_kv(Act* whole, const Act* packs, const Act* local, int B,
   }
 }
 
-void CpuOps::cp_pack_kv_grad(float* packs, const Act* dwhole, int B, int T, int cp, int Hkv, int G, int D) const {
+void CpuOps::cp_pack_kv_grad(float* packs, const Act* dwhole, int B, int T, const ContextRows* ranks, int cp, int Hkv,
+                             int G, int D) const {
   const int64_t Ql = int64_t(Hkv) * (G + 2) * D, block = int64_t(B) * T * Hkv * 2 * D, Tw = int64_t(T) * cp;
   for (int q = 0; q < cp; ++q) {
-    const ContextRows r = context_rows(Tw, cp, q);
+    const ContextRows& r = ranks[q];
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; ++b)
       for (int64_t i = 0; i < T; ++i) {
@@ -269,10 +270,10 @@ void CpuOps::cp_pack_kv_grad(float* packs, const Act* dwhole, int B, int T, int 
   }
 }
 
-void CpuOps::cp_unpack_kv_grad(Act* dlocal, const float* mine, const Act* dwhole, int B, int T, int cp, int rank,
-                               int Hkv, int G, int D) const {
+void CpuOps::cp_unpack_kv_grad(Act* dlocal, const float* mine, const Act* dwhole, int B, int T,
+                               const ContextRows* ranks, int cp, int rank, int Hkv, int G, int D) const {
   const int64_t Ql = int64_t(Hkv) * (G + 2) * D, Tw = int64_t(T) * cp;
-  const ContextRows r = context_rows(Tw, cp, rank);
+  const ContextRows& r = ranks[rank];
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; ++b)
     for (int64_t i = 0; i < T; ++i) {

@@ -166,19 +166,21 @@ class CpuOps {
   // The CPU runs context parallelism (the oracle of it), chunks of any length.
   std::string context_parallel_refusal(int64_t /*chunk*/) const { return ""; }
   // Context parallelism's key/value exchange (GptModel's gather and reduce-scatter over the cp
-  // group). A rank's block is its T rows' key and value heads, (B,T,Hkv,2,D); its rows of a
-  // sequence of Tw = cp T are context_rows(Tw, cp, rank); qkv rows are (Hkv,G+2,D).
+  // group). A rank's block is its T rows' key and value heads, (B,T,Hkv,2,D); rank q's rows of a
+  // sequence of Tw = cp T are ranks[q] (the micro-batch's context_assignment, cp of them); qkv
+  // rows are (Hkv,G+2,D).
   // pack (N,Hkv,2,D) = the key and value heads of qkv (N,Hkv,G+2,D).
   void cp_pack_kv(Act* pack, const Act* qkv, int64_t N, int Hkv, int G, int D) const;
   // whole (B,Tw,Hkv,G+2,D): rank q's rows take their keys and values from packs' block q (cp blocks),
   // this rank's rows all of local (B,T,...), queries too; other rows' query heads are not written.
-  void cp_unpack_kv(Act* whole, const Act* packs, const Act* local, int B, int T, int cp, int rank, int Hkv, int G,
-                    int D) const;
+  void cp_unpack_kv(Act* whole, const Act* packs, const Act* local, int B, int T, const ContextRows* ranks, int cp,
+                    int rank, int Hkv, int G, int D) const;
   // packs' block q (fp32, for the reduce-scatter) = dwhole's key and value heads at rank q's rows.
-  void cp_pack_kv_grad(float* packs, const Act* dwhole, int B, int T, int cp, int Hkv, int G, int D) const;
+  void cp_pack_kv_grad(float* packs, const Act* dwhole, int B, int T, const ContextRows* ranks, int cp, int Hkv, int G,
+                       int D) const;
   // dlocal (B,T,...) = dwhole's rows of this rank, their key and value heads from mine (B,T,Hkv,2,D).
-  void cp_unpack_kv_grad(Act* dlocal, const float* mine, const Act* dwhole, int B, int T, int cp, int rank, int Hkv,
-                         int G, int D) const;
+  void cp_unpack_kv_grad(Act* dlocal, const float* mine, const Act* dwhole, int B, int T, const ContextRows* ranks,
+                         int cp, int rank, int Hkv, int G, int D) const;
   // A negative target leaves its position out (loss 0, gradient 0), in these and the
   // vocabulary-parallel ops below.
   void crossentropy_forward(float* losses, const Act* logits, const int32_t* targets, int N, int V, int Vp) const;

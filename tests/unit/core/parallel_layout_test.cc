@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <random>
+
 #include <string>
 #include <vector>
 
@@ -205,4 +208,94 @@ TEST(ContextRows, DocumentsMakeEachChunksWorkItsOwn) {
   EXPECT_EQ(pairs(docs({12, 4}), 0), (std::vector<int64_t>{20, 68}));
   // A window of 2 caps every row at two keys, the documents' first rows at one.
   EXPECT_EQ(pairs(docs({12, 4}), 2), (std::vector<int64_t>{7 + 7, 8 + 8}));
+}
+
+// The chunks paired by the micro-batch's documents: without documents (window or not) exactly
+// Llama 3's context_rows; with them, every position on one rank, two chunks a rank in order, and
+// the busiest rank's pairs the least any pairing of the 2 cp chunks gives (checked against all
+// pairings, over two rows of random documents).
+TEST(ContextAssignment, PairsTheHeaviestChunkWithTheLightest) {
+  for (const int64_t cp : {2, 3, 4, 8})
+    for (const int64_t window : {0, 3}) {
+      const int64_t T = 2 * cp * 6;
+      const std::vector<myriad::ContextRows> a = myriad::context_assignment(T, cp, nullptr, 1, T + 1, window);
+      ASSERT_EQ(static_cast<int64_t>(a.size()), cp);
+      for (int64_t r = 0; r < cp; ++r) {
+        const myriad::ContextRows want = myriad::context_rows(T, cp, r);
+        EXPECT_EQ(a[r].n, 2);
+        for (int k = 0; k < 2; ++k) {
+          EXPECT_EQ(a[r].begin[k], want.begin[k]) << "cp " << cp << " window " << window << " rank " << r;
+          EXPECT_EQ(a[r].end[k], want.end[k]) << "cp " << cp << " window " << window << " rank " << r;
+        }
+      }
+    }
+  // Documents of 12 and 4 over 16 tokens, cp 2: chunks of 10, 26, 42 and 10 pairs; Llama 3's
+  // chunks give 20 and 68, the pairing {0, 2} and {1, 3} 52 and 36.
+  std::vector<int32_t> starts;
+  for (int n : {12, 4})
+    for (int i = 0; i < n; ++i) starts.push_back(static_cast<int32_t>(starts.size()) - i);
+  starts.push_back(12);  // the row's T + 1-th position (the last target's)
+  const std::vector<myriad::ContextRows> two = myriad::context_assignment(16, 2, starts.data(), 1, 17, 0);
+  EXPECT_EQ(two[0].begin[0], 0);
+  EXPECT_EQ(two[0].begin[1], 8);
+  EXPECT_EQ(two[1].begin[0], 4);
+  EXPECT_EQ(two[1].begin[1], 12);
+  EXPECT_EQ(myriad::context_pairs(two[0], starts.data(), 0), 52);
+  EXPECT_EQ(myriad::context_pairs(two[1], starts.data(), 0), 36);
+
+  std::mt19937 gen(7);
+  for (const int64_t cp : {2, 3, 4}) {
+    const int64_t T = 2 * cp * 8, stride = T + 1, rows = 2;
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<int32_t> s;
+      for (int64_t b = 0; b < rows; ++b) {
+        int64_t at = 0;
+        while (at < stride) {
+          const int64_t n = std::uniform_int_distribution<int64_t>(1, T / 2)(gen);
+          for (int64_t i = 0; i < n && at < stride; ++i, ++at) s.push_back(static_cast<int32_t>(at - i));
+        }
+      }
+      const std::vector<myriad::ContextRows> a = myriad::context_assignment(T, cp, s.data(), rows, stride, 0);
+      std::vector<int> owner(T, -1);
+      int64_t busiest = 0;
+      for (int64_t r = 0; r < cp; ++r) {
+        ASSERT_EQ(a[r].n, 2);
+        EXPECT_LT(a[r].end[0], a[r].begin[1] + 1);  // in order
+        EXPECT_EQ(a[r].count(), T / cp);
+        for (int k = 0; k < 2; ++k)
+          for (int64_t i = a[r].begin[k]; i < a[r].end[k]; ++i) {
+            ASSERT_EQ(owner[i], -1) << "position " << i << " on two ranks";
+            owner[i] = static_cast<int>(r);
+          }
+        int64_t p = 0;
+        for (int64_t b = 0; b < rows; ++b) p += myriad::context_pairs(a[r], s.data() + b * stride, 0);
+        busiest = std::max(busiest, p);
+      }
+      // The chunks' pairs, and the best of all pairings (a perfect matching of the 2 cp chunks).
+      const int64_t L = T / (2 * cp);
+      std::vector<int64_t> w(2 * cp, 0);
+      for (int64_t c = 0; c < 2 * cp; ++c) {
+        myriad::ContextRows one;
+        one.begin[0] = c * L, one.end[0] = (c + 1) * L;
+        for (int64_t b = 0; b < rows; ++b) w[c] += myriad::context_pairs(one, s.data() + b * stride, 0);
+      }
+      std::function<int64_t(std::vector<bool>&)> best = [&](std::vector<bool>& used) -> int64_t {
+        int64_t first = 0;
+        while (first < 2 * cp && used[first]) ++first;
+        if (first == 2 * cp) return 0;
+        int64_t out = INT64_MAX;
+        used[first] = true;
+        for (int64_t c = first + 1; c < 2 * cp; ++c) {
+          if (used[c]) continue;
+          used[c] = true;
+          out = std::min(out, std::max(w[first] + w[c], best(used)));
+          used[c] = false;
+        }
+        used[first] = false;
+        return out;
+      };
+      std::vector<bool> used(2 * cp, false);
+      EXPECT_EQ(busiest, best(used)) << "cp " << cp << " trial " << trial;
+    }
+  }
 }
