@@ -166,6 +166,76 @@ double all_to_all_s(double bytes, int n, const Cluster& c, double net_gbps) {
   return (n > inside ? c.net_latency_us : c.nvlink_latency_us) * 1e-6 + std::max(nvlink, net);
 }
 
+namespace {
+
+// Why layout l of `run` on `gpus` GPUs of cluster c cannot be predicted or would not run ("" when
+// it can: *layout is then the layout the engine would take).
+std::string refusal(const Config& run, int64_t gpus, const Cluster& c, const Layout& l, const Features& f,
+                    ParallelLayout* layout) {
+  const ModelConfig& model = run.model;
+  const int64_t group = ParallelLayout::replica_of(run.parallel);
+  if (gpus % group != 0)
+    return l.cp > 1 ? cat("tp x pp x cp = ", group, " does not divide ", gpus, " GPUs")
+                    : cat("tp x pp = ", group, " does not divide ", gpus, " GPUs");
+  if (l.tp > c.gpus_per_node) return cat("tp ", l.tp, " spans nodes of ", c.gpus_per_node, " GPUs");
+  // Chunks of unequal layers (94 layers over pp 8 x v 4) are costed at the mean, as if the
+  // partition balanced them exactly (the engine's puts the embedding and the head's loss on the
+  // lighter ones); the engine's rules (below) only ask every chunk to hold a layer.
+  if (model.layers < int64_t(l.pp) * l.v)
+    return cat("pp x v = ", l.pp * l.v, " chunks for ", model.layers, " layers: each needs one");
+  if (f.fp8 && !(c.fp8_peak_tflops > 0 && c.fp8_gemm_efficiency > 0))
+    return cat("fp8: the cluster ", c.name, " has no FP8 GEMM rate ([gpu] fp8_peak_tflops, fp8_gemm_efficiency)");
+  if (l.v > 1 && l.pp == 1) return cat("interleaving (v ", l.v, ") needs pp > 1");
+  // What a run of this layout would be refused for (core/parallel_layout.h): tp against the
+  // heads and the MLP, the batch's split, FP8's multiples of 16.
+  try {
+    *layout = ParallelLayout::for_world(run, gpus);
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    return what.rfind("config: ", 0) == 0 ? what.substr(8) : what;
+  }
+  return "";
+}
+
+// Memory per GPU (GiB) of layout l of `run`, whose rank holds held_params weights, updates
+// `owned` of them and takes m micro-batches a step, as Myriad's CUDA engine holds it: bf16
+// weights, fp32 gradients, the optimizer's fp32 master and moments over dp (the experts' over
+// their group); the layers' activations of the micro-batches in flight, the logits and the step's
+// buffers by the model's own memory plan (model/memory_plan.h, which GptModel checks its
+// allocations against; the experts' rows as balanced routing gives them); the op set's scratch;
+// cuDNN's attention workspace; with fp8 the op set's cast buffers.
+Prediction::Memory memory(const Config& run, const Cluster& c, const Layout& l, const Features& f, double held_params,
+                          double owned, int m) {
+  const ModelConfig& model = run.model;
+  const double layers_per_chunk = double(model.layers) / (l.pp * l.v);
+  model::GptMemoryShape ms = model::memory_shape(model, l.tp, l.mb, padded_vocab(model.vocab_size, l.tp), l.cp);
+  ms.tp = l.tp > 1, ms.parallel_block = f.parallel_block, ms.recompute = l.recompute, ms.act_bytes = static_cast<int>(c.act_bytes);
+  ms.ep = l.ep;
+  ms.logits_rows = model::logits_rows(run.train.logits_mib, ms.Vl, ms.act_bytes);
+  ms.fp8 = f.fp8, ms.fp8_head = f.fp8 && run.train.fp8_lm_head;
+  const double per_layer = double(model::slot_bytes(ms, 1, false) - model::slot_bytes(ms, 0, false));
+  const double per_slot = double(model::slot_bytes(ms, 0, false) + model::slot_token_bytes(ms));
+  const double head = double(model::slot_bytes(ms, 0, true) - model::slot_bytes(ms, 0, false));
+  // Layer-micro-batches in flight at the first stage (1F1B: pp micro-batches of its layers;
+  // interleaved: a little more), and micro-batches in flight there.
+  const double in_flight = std::min<double>(
+      double(model.layers) * (l.v > 1 ? 1 + double(l.pp - 1) / (l.pp * l.v) : 1), double(model.layers) / l.pp * m);
+  const double slots = in_flight / layers_per_chunk;
+  Prediction::Memory mem;
+  mem.weights = held_params * c.act_bytes / kGiB;
+  mem.gradients = held_params * 4 / kGiB;
+  mem.optimizer = owned * 12 / kGiB;
+  mem.activations = (per_layer * in_flight + per_slot * slots) / kGiB;
+  mem.logits = head / kGiB;
+  mem.buffers = double(model::buffer_bytes(ms)) / kGiB;
+  mem.scratch = double(model::scratch_bytes(ms)) / kGiB;
+  mem.workspace = double(model::attention_workspace_bytes(ms)) / kGiB;
+  mem.casts = double(model::fp8_cast_bytes(ms)) / kGiB;
+  return mem;
+}
+
+}  // namespace
+
 Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus, const Cluster& c, const Layout& l,
                    const Features& f) {
   Prediction p;
@@ -178,31 +248,10 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   run.parallel.cp = l.cp;
   run.train.micro_batch = l.mb, run.train.global_batch = global_batch;
   run.train.precision = f.fp8 ? "fp8" : "bf16";
-  const int64_t group = ParallelLayout::replica_of(run.parallel);
-  auto refuse = [&](const std::string& why) {
+  ParallelLayout layout;
+  if (const std::string why = refusal(run, gpus, c, l, f, &layout); !why.empty()) {
     p.fits = false, p.why_not = why;
     return p;
-  };
-  if (gpus % group != 0)
-    return refuse(l.cp > 1 ? cat("tp x pp x cp = ", group, " does not divide ", gpus, " GPUs")
-                           : cat("tp x pp = ", group, " does not divide ", gpus, " GPUs"));
-  if (l.tp > c.gpus_per_node) return refuse(cat("tp ", l.tp, " spans nodes of ", c.gpus_per_node, " GPUs"));
-  // Chunks of unequal layers (94 layers over pp 8 x v 4) are costed at the mean, as if the
-  // partition balanced them exactly (the engine's puts the embedding and the head's loss on the
-  // lighter ones); the engine's rules (below) only ask every chunk to hold a layer.
-  if (model.layers < int64_t(l.pp) * l.v)
-    return refuse(cat("pp x v = ", l.pp * l.v, " chunks for ", model.layers, " layers: each needs one"));
-  if (f.fp8 && !(c.fp8_peak_tflops > 0 && c.fp8_gemm_efficiency > 0))
-    return refuse(cat("fp8: the cluster ", c.name, " has no FP8 GEMM rate ([gpu] fp8_peak_tflops, fp8_gemm_efficiency)"));
-  if (l.v > 1 && l.pp == 1) return refuse(cat("interleaving (v ", l.v, ") needs pp > 1"));
-  // What a run of this layout would be refused for (core/parallel_layout.h): tp against the
-  // heads and the MLP, the batch's split, FP8's multiples of 16.
-  ParallelLayout layout;
-  try {
-    layout = ParallelLayout::for_world(run, gpus);
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    return refuse(what.rfind("config: ", 0) == 0 ? what.substr(8) : what);
   }
   p.dp = static_cast<int>(layout.dp);
   const int m = static_cast<int>(layout.micro_batches);
@@ -409,36 +458,8 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   p.tokens_per_s = double(global_batch) * T / p.step_s;
   p.mfu = p.tokens_per_s * flops_per_token(model, l.tp) / (double(gpus) * peak);
 
-  // Memory per GPU, as Myriad's CUDA engine holds it: bf16 weights, fp32 gradients, the
-  // optimizer's fp32 master and moments over dp (the experts' over their group); the layers'
-  // activations of the micro-batches in flight, the logits and the step's buffers by the model's
-  // own memory plan (model/memory_plan.h, which GptModel checks its allocations against; the
-  // experts' rows as balanced routing gives them); the op set's scratch; cuDNN's attention
-  // workspace; with fp8 the op set's cast buffers.
-  const double held_params = params + expert_params;
-  model::GptMemoryShape ms = model::memory_shape(model, l.tp, l.mb, padded_vocab(model.vocab_size, l.tp), l.cp);
-  ms.tp = l.tp > 1, ms.parallel_block = f.parallel_block, ms.recompute = l.recompute, ms.act_bytes = static_cast<int>(c.act_bytes);
-  ms.ep = l.ep;
-  ms.logits_rows = model::logits_rows(run.train.logits_mib, ms.Vl, ms.act_bytes);
-  ms.fp8 = f.fp8, ms.fp8_head = f.fp8 && run.train.fp8_lm_head;
-  const double per_layer = double(model::slot_bytes(ms, 1, false) - model::slot_bytes(ms, 0, false));
-  const double per_slot = double(model::slot_bytes(ms, 0, false) + model::slot_token_bytes(ms));
-  const double head = double(model::slot_bytes(ms, 0, true) - model::slot_bytes(ms, 0, false));
-  // Layer-micro-batches in flight at the first stage (1F1B: pp micro-batches of its layers;
-  // interleaved: a little more), and micro-batches in flight there.
-  const double in_flight = std::min<double>(
-      double(model.layers) * (l.v > 1 ? 1 + double(l.pp - 1) / (l.pp * l.v) : 1), double(model.layers) / l.pp * m);
-  const double slots = in_flight / layers_per_chunk;
-  Prediction::Memory& mem = p.memory;
-  mem.weights = held_params * c.act_bytes / kGiB;
-  mem.gradients = held_params * 4 / kGiB;
-  mem.optimizer = owned * 12 / kGiB;
-  mem.activations = (per_layer * in_flight + per_slot * slots) / kGiB;
-  mem.logits = head / kGiB;
-  mem.buffers = double(model::buffer_bytes(ms)) / kGiB;
-  mem.scratch = double(model::scratch_bytes(ms)) / kGiB;
-  mem.workspace = double(model::attention_workspace_bytes(ms)) / kGiB;
-  mem.casts = double(model::fp8_cast_bytes(ms)) / kGiB;
+  p.memory = memory(run, c, l, f, params + expert_params, owned, m);
+  const Prediction::Memory& mem = p.memory;
   p.memory_gib = mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.logits + mem.buffers + mem.scratch +
                  mem.workspace + mem.casts;
   if (p.memory_gib > c.memory_gib)
