@@ -91,12 +91,30 @@ Distributed::Distributed(const Config& cfg, int rank, int world)
   const int ep = static_cast<int>(layout_.ep);
   const std::vector<comm::GroupSpec> expert_specs = topo_.expert_group_specs(rank, ep);
   specs.insert(specs.end(), expert_specs.begin(), expert_specs.end());
-  // The pipeline links: per direction and kind a two-rank group, sender first (pipeline.h).
-  // Every rank lists them in one global order: kind, then the sending stage.
-  const parallel::Coord me = topo_.coord(rank);
+  const std::vector<Link> links = pipeline_links(specs);
+  CommConfig comm = cfg.comm;
+  comm.backend = backend;
+  groups_ = comm::make_groups(store_, specs, comm::comm_options(comm));
+  bind_groups(specs, expert_specs, links);
+  MYRIAD_CHECK(world_ != nullptr, "no world group among the group specs");
+  // Names of node-local resources must differ between two starts of the same job: a segment a
+  // killed start left behind (never unlinked) would otherwise be found by the next start's
+  // followers before its reader replaces it.
+  start_id_ = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) ^
+              (static_cast<uint64_t>(getpid()) << 32);
+  world_->broadcast_bytes(&start_id_, sizeof start_id_, 0)->wait();
+  start_id_ %= 1000000007;
+  log::info("distributed: rank ", rank, " of ", world, ", tp ", topo_.tp(), " x pp ", topo_.pp(),
+            topo_.cp() > 1 ? cat(" x cp ", topo_.cp()) : std::string(), " x dp ", topo_.dp(),
+            ep > 1 ? cat(" (ep ", ep, " x edp ", topo_.tp() * topo_.cp() * topo_.dp() / ep, ")") : std::string(),
+            " (coordinates ",
+            coordinates(), "; ", groups_.size(), " groups through ", store_->url(), ")");
+}
+
+std::vector<Distributed::Link> Distributed::pipeline_links(std::vector<comm::GroupSpec>& specs) {
+  const parallel::Coord me = topo_.coord(rank_);
   const int p = topo_.pp();
-  const std::string pp_name = topo_.group_name(parallel::Dim::kPp, rank);
-  struct Link { std::string name; int rank; comm::Communicator** slot; };
+  const std::string pp_name = topo_.group_name(parallel::Dim::kPp, rank_);
   std::vector<Link> links;
   if (p > 1)
     for (const char* kind : {"act", "grad"})
@@ -113,53 +131,43 @@ Distributed::Distributed(const Config& cfg, int rank, int world)
         // p = 2: a rank is both ends of different links only; never both of one.
         specs.push_back({name, links.back().rank, 2});
       }
-  CommConfig comm = cfg.comm;
-  comm.backend = backend;
-  groups_ = comm::make_groups(store_, specs, comm::comm_options(comm));
+  return links;
+}
+
+void Distributed::bind_groups(const std::vector<comm::GroupSpec>& specs,
+                              const std::vector<comm::GroupSpec>& expert_specs, const std::vector<Link>& links) {
+  const int ep = static_cast<int>(layout_.ep);
   for (size_t i = 0; i < specs.size(); ++i) {
     const std::string& n = specs[i].name;
     comm::Communicator* g = groups_[i].get();
     std::vector<int> members;
     if (n == "world") {
       world_ = g;
-      for (int r = 0; r < world; ++r) members.push_back(r);
-    } else if (n == topo_.group_name(parallel::Dim::kTp, rank)) {
-      ctx_.tp = g, members = topo_.group(parallel::Dim::kTp, rank);
-    } else if (n == pp_name) {
-      ctx_.pp = g, members = topo_.group(parallel::Dim::kPp, rank);
-    } else if (n == topo_.group_name(parallel::Dim::kDp, rank)) {
-      ctx_.dp = g, members = topo_.group(parallel::Dim::kDp, rank);
-    } else if (topo_.cp() > 1 && n == topo_.group_name(parallel::Dim::kCp, rank)) {
-      ctx_.cp = g, members = topo_.group(parallel::Dim::kCp, rank);
-    } else if (topo_.cp() > 1 && n == topo_.dcp_spec(rank).name) {
-      ctx_.dcp = g, members = topo_.dcp_group(rank);
+      for (int r = 0; r < topo_.world(); ++r) members.push_back(r);
+    } else if (n == topo_.group_name(parallel::Dim::kTp, rank_)) {
+      ctx_.tp = g, members = topo_.group(parallel::Dim::kTp, rank_);
+    } else if (n == topo_.group_name(parallel::Dim::kPp, rank_)) {
+      ctx_.pp = g, members = topo_.group(parallel::Dim::kPp, rank_);
+    } else if (n == topo_.group_name(parallel::Dim::kDp, rank_)) {
+      ctx_.dp = g, members = topo_.group(parallel::Dim::kDp, rank_);
+    } else if (topo_.cp() > 1 && n == topo_.group_name(parallel::Dim::kCp, rank_)) {
+      ctx_.cp = g, members = topo_.group(parallel::Dim::kCp, rank_);
+    } else if (topo_.cp() > 1 && n == topo_.dcp_spec(rank_).name) {
+      ctx_.dcp = g, members = topo_.dcp_group(rank_);
     } else if (!expert_specs.empty() && n == expert_specs[0].name) {
-      ctx_.ep = g, members = topo_.expert_group(rank, ep);
+      ctx_.ep = g, members = topo_.expert_group(rank_, ep);
     } else if (!expert_specs.empty() && n == expert_specs[1].name) {
-      ctx_.edp = g, members = topo_.expert_dp_group(rank, ep);
+      ctx_.edp = g, members = topo_.expert_dp_group(rank_, ep);
     }
     for (const Link& l : links)
       if (l.name == n) {
         *l.slot = g;
-        const std::vector<int> stages = topo_.group(parallel::Dim::kPp, rank);
+        const std::vector<int> stages = topo_.group(parallel::Dim::kPp, rank_);
         const int from = std::stoi(n.substr(n.rfind('.') + 1)), to = std::stoi(n.substr(n.rfind("to") + 2));
         members = {stages[from], stages[to]};
       }
     g->set_members(members);
   }
-  MYRIAD_CHECK(world_ != nullptr, "no world group among the group specs");
-  // Names of node-local resources must differ between two starts of the same job: a segment a
-  // killed start left behind (never unlinked) would otherwise be found by the next start's
-  // followers before its reader replaces it.
-  start_id_ = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) ^
-              (static_cast<uint64_t>(getpid()) << 32);
-  world_->broadcast_bytes(&start_id_, sizeof start_id_, 0)->wait();
-  start_id_ %= 1000000007;
-  log::info("distributed: rank ", rank, " of ", world, ", tp ", topo_.tp(), " x pp ", topo_.pp(),
-            topo_.cp() > 1 ? cat(" x cp ", topo_.cp()) : std::string(), " x dp ", topo_.dp(),
-            ep > 1 ? cat(" (ep ", ep, " x edp ", topo_.tp() * topo_.cp() * topo_.dp() / ep, ")") : std::string(),
-            " (coordinates ",
-            coordinates(), "; ", groups_.size(), " groups through ", store_->url(), ")");
 }
 
 Distributed::~Distributed() {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -53,6 +54,19 @@ class Distributed {
 
  private:
   Distributed(const Config& cfg, int rank, int world);
+  // A pipeline link: a two-rank group (sender first), this rank's place in it, and the context's
+  // slot its communicator goes to.
+  struct Link {
+    std::string name;
+    int rank;
+    comm::Communicator** slot;
+  };
+  // This rank's pipeline links, each added to specs: per direction and kind, in one global order
+  // every rank lists alike (kind, then the sending stage; runtime/pipeline.h).
+  std::vector<Link> pipeline_links(std::vector<comm::GroupSpec>& specs);
+  // The communicators made for specs into the context's slots (and world_), with their members.
+  void bind_groups(const std::vector<comm::GroupSpec>& specs, const std::vector<comm::GroupSpec>& expert_specs,
+                   const std::vector<Link>& links);
   int rank_;
   ParallelLayout layout_;
   parallel::Topology topo_;
