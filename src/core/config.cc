@@ -405,7 +405,7 @@ void Config::validate() const {
   positive("train.log_every", train.log_every);
   non_negative("train.eval_every", train.eval_every);
   positive("train.eval_steps", train.eval_steps);
-  require_one_of("train.recompute", train.recompute, {"none", "selective", "full"});
+  require_one_of("train.recompute", train.recompute, {"none", "norms", "selective", "full"});
   require_one_of("train.attention", train.attention, {"auto", "cudnn", "myriad"});
   if (!data.document_end_loss && !data.document_mask)
     throw_input("config: data.document_end_loss = false leaves out the positions whose target begins a document, "

@@ -192,11 +192,16 @@ class GptModel {
   // rank's: Ql = (Hl + 2 Hkvl) D, Cl = Hl D, Fl features, Pl = Fl or 2 Fl). train.recompute
   // decides which a slot keeps per layer and which live once in shared_, refilled by recompute()
   // just before a layer's backward:
-  //   none: all per layer;  selective: fc shared (the fc GEMM runs again);
-  //   full: only `in` per layer (LN1 and the layer up to the fc GEMM run again).
+  //   none: all per layer;  norms: all but the norms' outputs;  selective: neither those nor fc
+  //   (the fc GEMM runs again);  full: only `in` per layer (LN1 and the layer up to the fc GEMM
+  //   run again).
+  // The norms' outputs (ln1, ln2: the QKV and fc GEMMs' inputs) are refilled by every mode but
+  // none: their statistics are kept, and the norm runs again from in and mid (the same bits as
+  // the forward's fused residual + norm), gathered over tp with sp; two (B,T,C) for the model,
+  // not two per layer and micro-batch in flight, for two memory-bound passes a layer.
   // A dense MLP's activation output is kept by none: it lives in act_ (step scratch), which the
   // projection reads at once; the backward recomputes it from fc.
-  enum class Recompute { kNone, kSelective, kFull };
+  enum class Recompute { kNone, kNorms, kSelective, kFull };
   struct LayerActs {
     Act *in;              // (B,T,C) the layer's input: the residual stream (R rows)
     Act *ln1;             // (B,T,C) (all N rows, gathered with SP)
@@ -261,14 +266,14 @@ class GptModel {
   };
   Slot& acquire(Chunk& ch, int mb, int B);
   // Points l into activations `a` and floats `st`, advancing them: what a slot keeps per layer
-  // (`set`: everything but `in` and fc; `mlp`: fc). Counts only when a and st
-  // are null (a slot's size).
+  // (`set`: everything but `in`, fc and the norms' outputs; `mlp`: fc; `norms`: ln1 and ln2).
+  // Counts only when a and st are null (a slot's size).
   // This rank's shapes as the memory plan (model/memory_plan.h) takes them.
   model::GptMemoryShape memory_shape() const;
   // `dense` and `moe`: the dense MLP's and the MoE MLP's tensors (a layer holds one; the
   // recompute set both when the model has both). ints and id: the routes.
   void carve_layer(LayerActs& l, int64_t& acts, int64_t& floats, int64_t& ints, Act* a, float* st, int32_t* id,
-                   bool set, bool mlp, bool dense, bool moe) const;
+                   bool set, bool mlp, bool dense, bool moe, bool norms) const;
   Slot& held(int c, int mb) const;
   // The shape of the forward or backward about to run: N = B*T rows, R of them here.
   void set_shape(int B, int T);

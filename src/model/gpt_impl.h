@@ -44,9 +44,10 @@ inline int checked_cp_size(const Config& cfg, const parallel::ParallelContext* p
 template <class Recompute>
 Recompute recompute_mode(const std::string& mode) {
   if (mode == "none") return Recompute::kNone;
+  if (mode == "norms") return Recompute::kNorms;
   if (mode == "selective") return Recompute::kSelective;
   if (mode == "full") return Recompute::kFull;
-  throw_input("config: train.recompute = \"", mode, "\" is not one of: none, selective, full");
+  throw_input("config: train.recompute = \"", mode, "\" is not one of: none, norms, selective, full");
 }
 
 }  // namespace gpt_detail
@@ -177,15 +178,16 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
     if (ep_) xs_.zeros(M * C), xr_.zeros(2 * M * C), perm_.zeros(2 * M);
     dlogits_.zeros(BT * E_), dweights_.zeros(BT * k_);
   }
-  if (recompute_ != Recompute::kNone) {
+  if (recompute_ != Recompute::kNone) {  // the recompute set: the norms' outputs and what the mode does not keep
     const bool set = recompute_ == Recompute::kFull;
+    const bool mlp = recompute_ == Recompute::kSelective || recompute_ == Recompute::kFull;
     int64_t acts = 0, floats = 0, ints = 0;
-    carve_layer(shared_, acts, floats, ints, nullptr, nullptr, nullptr, set, true, has_dense, has_moe);
+    carve_layer(shared_, acts, floats, ints, nullptr, nullptr, nullptr, set, mlp, has_dense, has_moe, true);
     shared_acts_.zeros(acts), shared_stats_.zeros(floats), shared_ids_.zeros(ints);
     acts = 0, floats = 0, ints = 0;
-    carve_layer(shared_, acts, floats, ints, shared_acts_.data(), shared_stats_.data(), shared_ids_.data(), set, true,
-                has_dense, has_moe);
-    if (has_moe) shared_.spill = static_cast<int>(spills_.size()), spills_.emplace_back();
+    carve_layer(shared_, acts, floats, ints, shared_acts_.data(), shared_stats_.data(), shared_ids_.data(), set, mlp,
+                has_dense, has_moe, true);
+    if (mlp && has_moe) shared_.spill = static_cast<int>(spills_.size()), spills_.emplace_back();
   }
   const int64_t held = (tmp_.size() + tmp2_.size() + full_.size() + dresid_.size() + dln_.size() + datty_.size() +
                         dqkv_.size() + dfc_.size() + act_.size() + shared_acts_.size() + xs_.size() + dys_.size() + dxs_.size() +
@@ -213,20 +215,21 @@ model::GptMemoryShape GptModel<Ops>::memory_shape() const {
 
 template <OpSet Ops>
 void GptModel<Ops>::carve_layer(LayerActs& l, int64_t& acts, int64_t& floats, int64_t& ints, Act* a, float* st,
-                                int32_t* id, bool set, bool mlp, bool dense, bool moe) const {
+                                int32_t* id, bool set, bool mlp, bool dense, bool moe, bool norms) const {
   const int64_t BT = maxB_ * maxT_, C = C_, M = BT * k_;
   auto take = [&](int64_t n) { Act* p = a ? a + acts : nullptr; acts += n; return p; };
   auto stat = [&](int64_t n) { float* p = st ? st + floats : nullptr; floats += n; return p; };
   auto index = [&](int64_t n) { int32_t* p = id ? id + ints : nullptr; ints += n; return p; };
+  if (norms) {
+    l.ln1 = take(BT * C);
+    if (!parallel_block_) l.ln2 = take(BT * C);
+  }
   if (set) {
-    l.ln1 = take(BT * C), l.ln1_mean = stat(BT), l.ln1_rstd = stat(BT);
+    l.ln1_mean = stat(BT), l.ln1_rstd = stat(BT);
     l.qkv = take(BT * Ql_);
     l.saved = stat(ops_.attention_saved(maxB_, Hl_, maxT_, seqT_));
     l.atty = take(BT * Cl_);
-    if (!parallel_block_) {
-      l.mid = take(BT * C);
-      l.ln2 = take(BT * C), l.ln2_mean = stat(BT), l.ln2_rstd = stat(BT);
-    }
+    if (!parallel_block_) l.mid = take(BT * C), l.ln2_mean = stat(BT), l.ln2_rstd = stat(BT);
     if (qk_norm_.kind != QkNormKind::kNone)
       l.qkv_raw = take(BT * Ql_), l.qk_rstd = stat(BT * (qk_norm_.kind == QkNormKind::kHead ? Hl_ + Hkvl_ : 2));
   }
@@ -258,12 +261,14 @@ typename GptModel<Ops>::Slot& GptModel<Ops>::acquire(Chunk& ch, int mb, int B) {
   // keeps `in` and what train.recompute does not share (shared_ holds the rest).
   auto s = std::make_unique<Slot>();
   const int64_t BT = maxB_ * maxT_, C = C_, layers = ch.l1 - ch.l0;
-  const bool set = recompute_ != Recompute::kFull, mlp = recompute_ == Recompute::kNone;
+  const bool set = recompute_ != Recompute::kFull;
+  const bool mlp = recompute_ == Recompute::kNone || recompute_ == Recompute::kNorms;
+  const bool norms = recompute_ == Recompute::kNone;
   int64_t acts = 0, floats = 0, ints = 0, moe_layers = 0;
   for (int64_t l = ch.l0; l < ch.l1; ++l) {
     const bool moe = cfg_.model.layer_is_moe(l);
     LayerActs probe{};
-    carve_layer(probe, acts, floats, ints, nullptr, nullptr, nullptr, set, mlp, !moe, moe);
+    carve_layer(probe, acts, floats, ints, nullptr, nullptr, nullptr, set, mlp, !moe, moe, norms);
     moe_layers += moe;
   }
   s->storage.zeros(acts + BT * C * layers + BT * C * 2);
@@ -278,7 +283,7 @@ typename GptModel<Ops>::Slot& GptModel<Ops>::acquire(Chunk& ch, int mb, int B) {
     const bool moe = cfg_.model.layer_is_moe(ch.l0 + i);
     LayerActs& l = s->layers[i];
     l.in = take(BT * C);
-    carve_layer(l, acts, floats, ints, a, st, s->ids.data(), set, mlp, !moe, moe);
+    carve_layer(l, acts, floats, ints, a, st, s->ids.data(), set, mlp, !moe, moe, norms);
     if (mlp && moe) l.spill = static_cast<int>(spills_.size()), spills_.emplace_back();
   }
   s->out = take(BT * C);
@@ -961,17 +966,25 @@ comm::WorkPtr GptModel<Ops>::collect_start(const LayerActs& a, const Act* rows, 
 // With the forward's kernels on the forward's inputs, so the refill is bitwise what the forward
 // computed (LN1 too: the fused residual + norm rounds the residual to Act before its statistics,
 // exactly what norm_forward reads back from `in`).
+// The norms' outputs in every mode but none: LN1 from in, LN2 from mid (the fused residual +
+// norm of the forward rounded mid to Act before its statistics, exactly what norm_forward reads
+// back).
 template <OpSet Ops>
 void GptModel<Ops>::recompute(const Chunk& ch, Slot& s, int64_t l) {
   if (recompute_ == Recompute::kNone || shared_holds_ == std::make_tuple(&s, s.mb, l)) return;
   count_routes_ = false;  // the forward counted this micro-batch's routes already
   LayerActs& a = s.layers[l - ch.l0];
   const LayerTensors<Param>& w = p_.layers[l];
-  if (recompute_ == Recompute::kSelective) {
-    mlp_forward(l, a, parallel_block_ ? a.ln1 : a.ln2, /*route=*/false);
+  ops_.norm_forward(norm_, local_rows(a.ln1, C_), a.ln1_mean, a.ln1_rstd, a.in, w.ln1_w, w.ln1_b, R_, C_);
+  if (recompute_ == Recompute::kFull) {
+    layer_forward(s, l, a);  // gathers ln1 and refills ln2 on its way
   } else {
-    ops_.norm_forward(norm_, local_rows(a.ln1, C_), a.ln1_mean, a.ln1_rstd, a.in, w.ln1_w, w.ln1_b, R_, C_);
-    layer_forward(s, l, a);
+    column_input_forward(a.ln1, C_);
+    if (!parallel_block_) {
+      ops_.norm_forward(norm_, local_rows(a.ln2, C_), a.ln2_mean, a.ln2_rstd, a.mid, w.ln2_w, w.ln2_b, R_, C_);
+      column_input_forward(a.ln2, C_);
+    }
+    if (recompute_ == Recompute::kSelective) mlp_forward(l, a, parallel_block_ ? a.ln1 : a.ln2, /*route=*/false);
   }
   shared_holds_ = {&s, s.mb, l};
 }

@@ -22,7 +22,7 @@ struct GptMemoryShape {
   int64_t Vl = 0;                   // this rank's vocabulary rows (padded vocab over tp)
   int64_t logits_rows = 0;          // rows of logits the head holds at once (logits_rows()); 0: all B T
   bool tp = false, parallel_block = false;
-  std::string recompute = "none";   // none, selective, full
+  std::string recompute = "none";   // none, norms, selective, full
   int64_t act_bytes = 4;            // the op set's activation type: 2 (bf16, CUDA) or 4
   int64_t saved_per_row = 1;        // floats attention keeps per (b, h, t): 1 (CUDA), its keys T cp (the CPU)
   int64_t token_bytes = 16;         // per id of a micro-batch's token buffers: 16 (CUDA: ids and groups), 4
@@ -66,20 +66,23 @@ inline int64_t logits_rows(double mib, int64_t Vl, int64_t act_bytes) {
 }
 
 // Activation elements of one layer in a slot, its floats (statistics, the router's) and its
-// ints (the routing), as GptModel carves them: `set` the attention half, the norms and what the
-// routing keeps (all but full recompute), `mlp` the MLP's wide tensors (no recompute); of the
-// dense MLP (`dense`) and of the MoE one (`moe`): a layer is one, the recompute set both when the
-// model has both.
+// ints (the routing), as GptModel carves them: `set` the attention half, the norms' statistics
+// and what the routing keeps (all but full recompute), `mlp` the MLP's wide tensors (no
+// recompute), `norms` the norms' outputs (kept by none, the recompute set's otherwise); of
+// the dense MLP (`dense`) and of the MoE one (`moe`): a layer is one, the recompute set both when
+// the model has both.
 struct LayerCounts {
   int64_t acts = 0, floats = 0, ints = 0;
 };
-inline LayerCounts layer_counts(const GptMemoryShape& s, bool set, bool mlp, bool dense = true, bool moe = false) {
+inline LayerCounts layer_counts(const GptMemoryShape& s, bool set, bool mlp, bool dense = true, bool moe = false,
+                                bool norms = false) {
   const int64_t BT = s.B * s.T, C = s.C, M = BT * s.k;
   LayerCounts n;
+  if (norms) n.acts += (s.parallel_block ? 1 : 2) * BT * C;  // ln1, ln2
   if (set) {
-    n.acts += BT * C + BT * s.Ql + BT * s.Cl;  // ln1, qkv, attention output
-    n.floats += 2 * BT + s.B * s.Hl * s.T * s.saved_per_row;
-    if (!s.parallel_block) n.acts += 2 * BT * C, n.floats += 2 * BT;  // mid, ln2
+    n.acts += BT * s.Ql + BT * s.Cl;  // qkv, attention output
+    n.floats += 2 * BT + s.B * s.Hl * s.T * s.saved_per_row;  // LN1's statistics, attention's
+    if (!s.parallel_block) n.acts += BT * C, n.floats += 2 * BT;  // mid, LN2's statistics
     if (s.qk_rstds > 0) n.acts += BT * s.Ql, n.floats += BT * s.qk_rstds;  // the GEMM's qkv, the rstds
   }
   if (mlp && dense) n.acts += BT * s.Pl;  // fc (pre-activation); act is recomputed from it
@@ -93,8 +96,9 @@ inline LayerCounts layer_counts(const GptMemoryShape& s, bool set, bool mlp, boo
 // chunk of the logits, head_rows of them), its token buffers (inputs, targets) apart.
 inline int64_t slot_bytes(const GptMemoryShape& s, int64_t layers, bool head, int64_t moe_layers = 0) {
   const int64_t BT = s.B * s.T;
-  const bool set = s.recompute != "full", mlp = s.recompute == "none";
-  const LayerCounts d = layer_counts(s, set, mlp), m = layer_counts(s, set, mlp, false, true);
+  const bool set = s.recompute != "full", mlp = s.recompute == "none" || s.recompute == "norms";
+  const bool norms = s.recompute == "none";
+  const LayerCounts d = layer_counts(s, set, mlp, true, false, norms), m = layer_counts(s, set, mlp, false, true, norms);
   const int64_t dense_layers = layers - moe_layers;
   int64_t bytes = ((d.acts + BT * s.C) * dense_layers + (m.acts + BT * s.C) * moe_layers + 2 * BT * s.C) *
                       s.act_bytes                                                          // + each layer's input, out, lnf
@@ -123,9 +127,11 @@ inline int64_t buffer_bytes(const GptMemoryShape& s) {
     if (s.ep > 1) acts += M * C + 2 * Mx * C;  // the rows before dispatch (M,C); exchange scratch (2,Mx,C)
     floats += BT * s.E + BT * s.k;
   }
+  // The recompute set (every mode but none): the norms' outputs, with what the mode refills besides.
   int64_t ints = 0;
   if (s.recompute != "none") {
-    const LayerCounts sh = layer_counts(s, s.recompute == "full", true, s.has_dense, s.has_moe);
+    const bool mlp = s.recompute == "selective" || s.recompute == "full";
+    const LayerCounts sh = layer_counts(s, s.recompute == "full", mlp, s.has_dense, s.has_moe, true);
     acts += sh.acts, floats += sh.floats, ints += sh.ints;
   }
   return acts * s.act_bytes + (floats + ints) * 4;

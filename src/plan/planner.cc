@@ -104,7 +104,7 @@ Layout parse_layout(const std::string& text) {
     else if (key == "mb") l.mb = number();
     else if (key == "ep") l.ep = number();
     else if (key == "cp") l.cp = number();
-    else if (key == "recompute" && (value == "none" || value == "selective" || value == "full")) l.recompute = value;
+    else if (key == "recompute" && (value == "none" || value == "norms" || value == "selective" || value == "full")) l.recompute = value;
     else throw_input("plan: --layout '", item, "': expected tp=, pp=, v=, mb=, ep=, cp= or recompute=none|selective|full");
   }
   return l;
@@ -287,6 +287,13 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
   const double tp_op = ring_all_gather_s(t * d * c.act_bytes, l.tp, c.nvlink_gbps, c.nvlink_latency_us);
   const double tp_layer = (f.parallel_block ? 2 : 4) * tp_op;  // per direction
   const double tp_exposed = f.tp_overlap ? tp_layer * (1 - c.tp_overlap_hidden) : tp_layer;
+  // The norms' outputs refilled before a layer's backward (recompute norms and selective; full
+  // repeats the whole forward): a memory-bound pass a norm (its input read, its output written)
+  // and, under tp, its sequence-parallel all-gather again.
+  const bool refills_norms = l.recompute == "norms" || l.recompute == "selective";
+  const double norms_refill = refills_norms ? (f.parallel_block ? 1 : 2) *
+                                                  (2 * t * d * c.act_bytes / tp / hbm + (l.tp > 1 ? tp_op : 0))
+                                            : 0;
   const int64_t nodes = gpus / c.gpus_per_node;
   const double net = c.nodes_per_pod > 0 && nodes > c.nodes_per_pod ? c.net_gbps / c.spine_oversubscription : c.net_gbps;
   // Context parallelism (docs/notes/cp.md): per layer, the forward all-gathers the sequence's
@@ -326,12 +333,14 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
     const double gelu_bwd = f.fp8 && !model.swiglu() ? 6 * t * ffn / tp / hbm : 0;
     const double cast_fwd = f.fp8 ? 5 * (inputs + weights) / hbm + gelu_fwd : 0;
     const double cast_bwd = f.fp8 ? (6 * out_grads + 5 * (inputs + weights)) / hbm + gelu_bwd : 0;
-    // Recompute in the backward: full repeats the layer's forward; selective (the engine's) only
-    // the fc GEMM with its activation, whose outputs are the layer's largest.
-    const double recompute = l.recompute == "full" ? gemm_fwd + attn_fwd + mem_fwd + tp_exposed + cast_fwd
-                             : l.recompute == "selective"
-                                 ? block_gemm_s(2 * t * d * fc_w / tp) + (f.fp8 ? 5 * (t * d + fc_w * d / tp) / hbm + gelu_fwd : 0)
-                                 : 0;
+    // Recompute in the backward: full repeats the layer's forward; selective (the engine's) the
+    // fc GEMM with its activation, whose outputs are the layer's largest, and the norms.
+    const double recompute = norms_refill +
+                             (l.recompute == "full" ? gemm_fwd + attn_fwd + mem_fwd + tp_exposed + cast_fwd
+                              : l.recompute == "selective"
+                                  ? block_gemm_s(2 * t * d * fc_w / tp) +
+                                        (f.fp8 ? 5 * (t * d + fc_w * d / tp) / hbm + gelu_fwd : 0)
+                                  : 0);
     LayerCost x;
     x.fwd = gemm_fwd + attn_fwd + mem_fwd + tp_exposed + cast_fwd + cp_fwd_exposed;
     x.bwd = 2 * gemm_fwd + 2.5 * attn_fwd + 2 * mem_fwd + tp_exposed + recompute + cast_bwd + cp_bwd_exposed;
@@ -367,12 +376,12 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
     x.ep_comm = 2 * a2a, x.ep_exposed = exposed;
     x.fwd = compute + attn_fwd + mem_fwd + permute + tp_exposed + exposed + cast_fwd + cp_fwd_exposed;
     // Full recompute repeats the forward (its all-to-alls too); selective the experts' and the
-    // shared experts' first GEMMs, the dispatch again.
+    // shared experts' first GEMMs, the dispatch again, and the norms.
     const double recompute =
-        l.recompute == "full"        ? x.fwd
-        : l.recompute == "selective" ? El * block_gemm_s(2 * rows / El * d * 2 * Fe) +
-                                           (Fs > 0 ? block_gemm_s(2 * t * d * 2 * Fs / tp) : 0) + a2a
-                                     : 0;
+        norms_refill + (l.recompute == "full"        ? x.fwd
+                        : l.recompute == "selective" ? El * block_gemm_s(2 * rows / El * d * 2 * Fe) +
+                                                           (Fs > 0 ? block_gemm_s(2 * t * d * 2 * Fs / tp) : 0) + a2a
+                                                     : 0);
     x.bwd = 2 * compute + 2.5 * attn_fwd + 2 * mem_fwd + permute + tp_exposed + exposed + recompute + cast_bwd +
             cp_bwd_exposed;
     return x;

@@ -129,38 +129,40 @@ TEST_P(RecomputeParity, ThreeStepsBitwiseEqualToNone) {
 INSTANTIATE_TEST_SUITE_P(
     Modes, RecomputeParity,
     ::testing::Combine(::testing::Values(kSequential, kParallelWindow),
-                       ::testing::Values("none", "selective", "full")),
+                       ::testing::Values("none", "norms", "selective", "full")),
     [](const auto& info) {
       const std::string mode = std::get<1>(info.param);
       return cat(std::get<0>(info.param).name, "_", mode == "none" ? "control" : mode);
     });
 
 // Device memory shrinks by exactly what the slots stop keeping. Per layer and token, in bf16
-// elements: selective drops fc (4C) from all layers but keeps one shared one; full keeps only
-// `in` (C) and one shared set of everything else (11C sequential, 9C parallel block, plus the
-// fp32 LayerNorm statistics and the attention's log-sum-exp). GELU's output is kept by none
-// (one step buffer in every mode: the backward recomputes it from fc). Measured as the device
-// memory this process holds after a step (activations are taken at the first step).
-TEST(RecomputeMemory, FullBelowSelectiveBelowNone) {
+// elements: norms drops the norms' outputs (2C; C with the parallel block's one norm) from all
+// layers but keeps one shared set; selective drops fc (4C) too; full keeps only `in` (C) and one
+// shared set of everything else (11C sequential, 9C parallel block, plus the fp32 LayerNorm
+// statistics and the attention's log-sum-exp). GELU's output is kept by none (one step buffer in
+// every mode: the backward recomputes it from fc). Measured as the device memory this process
+// holds after a step (activations are taken at the first step).
+TEST(RecomputeMemory, FullBelowSelectiveBelowNormsBelowNone) {
   for (const Case& c : {kSequential, kParallelWindow}) {
     SCOPED_TRACE(c.name);
     const Config cfg = config(c.sets);
     const int64_t L = cfg.model.layers, C = cfg.model.d_model, H = cfg.model.heads;
     const int64_t N = int64_t(cfg.train.micro_batch) * cfg.model.seq_len;
     const bool seq = !cfg.model.parallel_block;
-    int64_t held[3];
-    const char* modes[3] = {"none", "selective", "full"};
-    for (int i = 0; i < 3; ++i) {
+    int64_t held[4];
+    const char* modes[4] = {"none", "norms", "selective", "full"};
+    for (int i = 0; i < 4; ++i) {
       auto e = make_engine(config(c.sets, modes[i]));
       const std::vector<int32_t> tokens = batch(cfg, 1);
       e->train_step(tokens.data(), 1, 1e-3);
       held[i] = cuda::CudaOps::held_bytes();
     }
-    EXPECT_LT(held[2], held[1]);
-    EXPECT_LT(held[1], held[0]);
+    for (int i = 1; i < 4; ++i) EXPECT_LT(held[i], held[i - 1]) << modes[i];
+    const int64_t norms = seq ? 2 : 1;
     const int64_t set_bytes = (seq ? 11 : 9) * N * C * 2 + (seq ? 4 : 2) * N * 4 + N * H * 4;
-    EXPECT_EQ(held[0] - held[1], (L - 1) * 4 * N * C * 2);
-    EXPECT_EQ(held[0] - held[2], (L - 1) * set_bytes);
+    EXPECT_EQ(held[0] - held[1], (L - 1) * norms * N * C * 2);
+    EXPECT_EQ(held[0] - held[2], (L - 1) * (4 + norms) * N * C * 2);
+    EXPECT_EQ(held[0] - held[3], (L - 1) * set_bytes);
   }
 }
 

@@ -79,7 +79,7 @@ INSTANTIATE_TEST_SUITE_P(
                                          Case{"qk_norm", {"model.mlp=swiglu", "model.head_dim=24",
                                                           "model.qk_norm=head", "model.position_encoding=rope",
                                                           "model.experts=4", "model.experts_per_token=2"}}),
-                       ::testing::Values("selective", "full")),
+                       ::testing::Values("norms", "selective", "full")),
     [](const auto& info) { return std::string(std::get<0>(info.param).name) + "_" + std::get<1>(info.param); });
 
 }  // namespace
