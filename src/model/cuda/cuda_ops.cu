@@ -103,7 +103,8 @@ struct CudaOps::State {
   int marks = 0;                    // of them in use
   std::string attention = "auto";   // train.attention
   // per shape (B,T,H,Hkv,D,window,documents)
-  std::map<std::tuple<int, int, int, int, int, int, bool>, bool> cudnn_takes;
+  // (B, T, H, Hkv, D, window, documents, the query ranges: n, begin 0, end 0, begin 1, end 1)
+  std::map<std::tuple<int, int, int, int, int, int, bool, int, int64_t, int64_t, int64_t, int64_t>, bool> cudnn_takes;
   std::set<std::tuple<int, int, int, bool>> fallback_logged;  // (H,D,window,documents) said to use Myriad's
   // A mixture of experts' layer: the CPU op set whose route / route_backward run on the host
   // (the oracle's own code), the pinned staging of their transfers, and cuBLAS for the experts'
@@ -744,18 +745,31 @@ void CudaOps::select_attention(const std::string& kernel, bool deterministic) co
   cudnn::set_deterministic(deterministic);
 }
 
-// Whether this shape runs on cuDNN: decided at its first call, the same for its forward and backward.
+static cudnn::QueryRanges query_ranges(const ContextRows& r) {
+  cudnn::QueryRanges q;
+  q.n = r.n;
+  for (int i = 0; i < 2; ++i) q.begin[i] = r.begin[i], q.end[i] = r.end[i];
+  return q;
+}
+
+// Whether this shape runs on cuDNN: decided at its first call, the same for its forward and
+// backward. A context-parallel rank's rows (two ranges, one cuDNN call each) take cuDNN under
+// "auto" only when not deterministic: deterministic, cuDNN's backward holds about B H x (a
+// range's queries x its keys) bf16 of workspace, which at the lengths cp is for outgrows the
+// model (16 GiB for Llama 3.2 1B's 32K at cp 2); "cudnn" asks for it anyway.
 static bool use_cudnn(CudaOps::State& st, int B, int T, int H, int Hkv, int D, int window, bool docs,
                       const ContextRows* rows) {
-  if (st.attention == "myriad" || rows) return false;  // a rank's query rows: context_parallel_refusal
-  const auto key = std::make_tuple(B, T, H, Hkv, D, window, docs);
+  if (st.attention == "myriad") return false;
+  if (rows && st.attention == "auto" && cudnn::deterministic()) return false;
+  const cudnn::QueryRanges q = rows ? query_ranges(*rows) : cudnn::QueryRanges{};
+  const auto key = std::make_tuple(B, T, H, Hkv, D, window, docs, q.n, q.begin[0], q.end[0], q.begin[1], q.end[1]);
   if (auto it = st.cudnn_takes.find(key); it != st.cudnn_takes.end()) return it->second;
   std::string why = "documents packed in a row (data.document_mask) need Myriad's kernel";
-  const bool ok = !docs && cudnn::supports(B, T, H, Hkv, D, window, &why);
+  const bool ok = !docs && cudnn::supports(B, T, H, Hkv, D, window, &why, rows ? &q : nullptr);
   if (!ok && st.attention == "cudnn")
     throw_input("train.attention = \"cudnn\" but cuDNN's fused attention cannot take B ", B, " T ", T, " H ", H,
-                " Hkv ", Hkv, " D ", D, " window ", window, ": ", why,
-                "; use train.attention = \"auto\" or \"myriad\"");
+                " Hkv ", Hkv, " D ", D, " window ", window, rows ? cat(" for a context-parallel rank's rows") : "",
+                ": ", why, "; use train.attention = \"auto\" or \"myriad\"");
   // Once per head shape: sampling grows T by one a token, and each new T is a new shape.
   if (!ok && st.fallback_logged.insert({H, D, window, docs}).second)
     log::info("attention: Myriad's kernel for B ", B, " T ", T, " H ", H, " D ", D, " (cuDNN: ", why,
@@ -770,29 +784,31 @@ static cuda::QueryRows query_rows(const ContextRows* rows) {
 void CudaOps::attention_forward(Act* out, float* saved, const Act* qkv, int B, int T, int H, int Hkv, int D,
                                 int window, const int32_t* docs, const ContextRows* rows) const {
   OpScope op(*st_, "attention_forward", B, T, H, D);
-  if (use_cudnn(*st_, B, T, H, Hkv, D, window, docs, rows))
-    cudnn::attention_forward(out, saved, qkv, B, T, H, Hkv, D, window, st_->stream);
-  else
+  if (use_cudnn(*st_, B, T, H, Hkv, D, window, docs, rows)) {
+    const cudnn::QueryRanges q = rows ? query_ranges(*rows) : cudnn::QueryRanges{};
+    cudnn::attention_forward(out, saved, qkv, B, T, H, Hkv, D, window, st_->stream, rows ? &q : nullptr);
+  } else {
     cuda::attention_forward(out, saved, qkv, B, T, H, Hkv, D, window, st_->stream, docs, query_rows(rows));
+  }
 }
 void CudaOps::attention_backward(Act* dqkv, const Act* dout, const Act* out, const Act* qkv, const float* saved,
                                  int B, int T, int H, int Hkv, int D, int window, const int32_t* docs,
                                  const ContextRows* rows) const {
   OpScope op(*st_, "attention_backward", B, T, H, D);
-  if (use_cudnn(*st_, B, T, H, Hkv, D, window, docs, rows))
-    cudnn::attention_backward(dqkv, dout, out, qkv, saved, B, T, H, Hkv, D, window, st_->stream);
-  else
+  if (use_cudnn(*st_, B, T, H, Hkv, D, window, docs, rows)) {
+    const cudnn::QueryRanges q = rows ? query_ranges(*rows) : cudnn::QueryRanges{};
+    cudnn::attention_backward(dqkv, dout, out, qkv, saved, B, T, H, Hkv, D, window, st_->stream, rows ? &q : nullptr);
+  } else {
     cuda::attention_backward(dqkv, scratch(attention_scratch_floats(B, rows ? int(rows->count()) : T, H, D)), dout,
                              out, qkv, saved, B, T, H, Hkv, D, window, st_->stream, docs, query_rows(rows));
+  }
 }
 
 std::string CudaOps::context_parallel_refusal(int64_t chunk) const {
   if (chunk % 8 != 0)
     return cat("seq_len / (2 cp) = ", chunk, " tokens per chunk, but the GPU's attention kernel takes chunks of a "
                "multiple of 8 tokens; choose a seq_len divisible by 16 x cp");
-  if (st_->attention != "cudnn") return "";
-  return "train.attention = \"cudnn\" takes whole sequences of queries, not a context-parallel rank's two chunks "
-         "of one; use train.attention = \"auto\" or \"myriad\" (Myriad's kernel) with parallel.cp > 1";
+  return "";
 }
 
 void CudaOps::cp_pack_kv(Act* pack, const Act* qkv, int64_t N, int Hkv, int G, int D) const {

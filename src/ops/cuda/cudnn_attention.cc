@@ -7,6 +7,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -27,19 +28,21 @@ namespace myriad::cuda::cudnn {
 
 #ifndef MYRIAD_HAVE_CUDNN_HEADERS
 
-bool supports(int, int, int, int, int, int, std::string* why) {
+bool supports(int, int, int, int, int, int, std::string* why, const QueryRanges*) {
   if (why) *why = "Myriad was built without cuDNN's headers (cudnn_graph.h)";
   return false;
 }
-void attention_forward(__nv_bfloat16*, float*, const __nv_bfloat16*, int, int, int, int, int, int, cudaStream_t) {
+void attention_forward(__nv_bfloat16*, float*, const __nv_bfloat16*, int, int, int, int, int, int, cudaStream_t,
+                       const QueryRanges*) {
   throw_runtime("cuDNN attention: not built");
 }
 void attention_backward(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
-                        const float*, int, int, int, int, int, int, cudaStream_t) {
+                        const float*, int, int, int, int, int, int, cudaStream_t, const QueryRanges*) {
   throw_runtime("cuDNN attention: not built");
 }
 int version() { return 0; }
 void set_deterministic(bool) {}
+bool deterministic() { return true; }
 size_t workspace_bytes() { return 0; }
 
 #else
@@ -240,27 +243,31 @@ class Graph {
     ops_.push_back(std::move(op));
   }
 
-  // S (f32, (B,H,T,T)) with the keys a query may not see set to -inf: causal, then the window's
-  // left edge (key j kept when j + window > i).
-  cudnnBackendDescriptor_t mask(cudnnBackendDescriptor_t s, Dims st, int window, int64_t neg_inf_uid) {
-    auto band = [&](cudnnBackendDescriptor_t x, cudnnPointwiseMode_t cmp, bool shift, int64_t uid) {
+  // S (f32, (B,H,Tq,Tk)) with the keys a query may not see set to -inf: causal, then the window's
+  // left edge. Query row i is at position i + offset (bottom-right alignment: offset = Tk - Tq):
+  // key j is kept when i + offset >= j, and within a window when j + (window - offset) > i.
+  cudnnBackendDescriptor_t mask(cudnnBackendDescriptor_t s, Dims st, int window, int64_t offset, int64_t neg_inf_uid) {
+    // keep = (lhs + add) cmp rhs, lhs the row index or the column's
+    auto band = [&](cudnnBackendDescriptor_t x, cudnnPointwiseMode_t cmp, bool col_first, bool shift, float add,
+                    int64_t uid) {
       cudnnBackendDescriptor_t row = virt(CUDNN_DATA_INT32, st), col = virt(CUDNN_DATA_INT32, st);
       pointwise(CUDNN_POINTWISE_GEN_INDEX, x, nullptr, nullptr, row, CUDNN_DATA_FLOAT, 2);
       pointwise(CUDNN_POINTWISE_GEN_INDEX, x, nullptr, nullptr, col, CUDNN_DATA_FLOAT, 3);
-      cudnnBackendDescriptor_t keep = virt(CUDNN_DATA_BOOLEAN, st);
-      if (shift) {  // col + window > row
+      cudnnBackendDescriptor_t lhs = col_first ? col : row, rhs = col_first ? row : col;
+      if (shift) {
         cudnnBackendDescriptor_t shifted = virt(CUDNN_DATA_FLOAT, st);
-        pointwise(CUDNN_POINTWISE_ADD, col, scalar(uid + 1, float(window)), nullptr, shifted);
-        pointwise(cmp, shifted, row, nullptr, keep, CUDNN_DATA_BOOLEAN);
-      } else {  // row >= col
-        pointwise(cmp, row, col, nullptr, keep, CUDNN_DATA_BOOLEAN);
+        pointwise(CUDNN_POINTWISE_ADD, lhs, scalar(uid + 1, add), nullptr, shifted);
+        lhs = shifted;
       }
+      cudnnBackendDescriptor_t keep = virt(CUDNN_DATA_BOOLEAN, st);
+      pointwise(cmp, lhs, rhs, nullptr, keep, CUDNN_DATA_BOOLEAN);
       cudnnBackendDescriptor_t y = virt(CUDNN_DATA_FLOAT, st);
       pointwise(CUDNN_POINTWISE_BINARY_SELECT, x, scalar(uid, -INFINITY), keep, y);
       return y;
     };
-    s = band(s, CUDNN_POINTWISE_CMP_GE, false, neg_inf_uid);
-    if (window > 0) s = band(s, CUDNN_POINTWISE_CMP_GT, true, neg_inf_uid + 10);
+    s = band(s, CUDNN_POINTWISE_CMP_GE, false, offset != 0, float(offset), neg_inf_uid);  // row + offset >= col
+    if (window > 0)  // col + window - offset > row
+      s = band(s, CUDNN_POINTWISE_CMP_GT, true, true, float(window - offset), neg_inf_uid + 10);
     return s;
   }
 
@@ -338,33 +345,42 @@ class Graph {
 // Every uid distinct within a graph, the by-value scalars included: cuDNN refuses a pack that repeats one.
 enum : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kScale = 50, kOne, kScaleDS, kNegInf = 60 };
 
-// Myriad's layouts as (B,heads,T,D) views: QKV per token (Hkv,G+2,D), the output (H,D). With
+// Myriad's layouts as (B,heads,rows,D) views: QKV per token (Hkv,G+2,D), the output (H,D). With
 // G = 1 the heads are one stride (3D) apart: one call reads QKV where it is. With G > 1 the
 // query heads of different groups are not one stride apart, so QKV is first moved into the
 // heads' layout, per token [H query heads | Hkv keys | Hkv values] (qkv_to_heads, in this
 // module's buffer; the gradients back with qkv_from_heads): one call over all H query heads,
 // cuDNN broadcasting each key/value head to its G query heads and reducing their dK and dV.
+// One call takes Tq queries at positions Tk - Tq .. Tk - 1 against the keys 0 .. Tk - 1 of a
+// buffer of T positions a sequence (Tq = Tk = T for a whole sequence); out and the stats hold To
+// rows a sequence, dK and dV Tdkv positions (T, or a scratch's).
 struct Shape {
-  int B, T, H, G, D, window;
+  int B, Tq, Tk, H, G, D, window;
+  int64_t T, To, Tdkv;
   bool deterministic;
-  auto key() const { return std::make_tuple(B, T, H, G, D, window, deterministic); }
+  auto key() const { return std::make_tuple(B, Tq, Tk, H, G, D, window, T, To, Tdkv, deterministic); }
+  int64_t offset() const { return int64_t(Tk) - Tq; }
   int Hkv() const { return H / G; }
   int64_t token() const { return int64_t(H + 2 * Hkv()) * D; }  // elements of a token's QKV
   bool moved() const { return G > 1; }                            // QKV in the heads' layout
-  Graph::Dims q_strides() const { return {int64_t(T) * token(), moved() ? D : 3 * D, token(), 1}; }
-  Graph::Dims kv_strides() const { return {int64_t(T) * token(), moved() ? D : 3 * D, token(), 1}; }
-  Graph::Dims out_strides() const { return {int64_t(T) * H * D, D, int64_t(H) * D, 1}; }
-  Graph::Dims bhtd() const { return {B, H, T, D}; }
-  Graph::Dims kv_btd() const { return {B, Hkv(), T, D}; }
-  Graph::Dims kv_bdt() const { return {B, Hkv(), D, T}; }
-  Graph::Dims scores() const { return {B, H, T, T}; }
-  Graph::Dims rows() const { return {B, H, T, 1}; }
+  int64_t head_stride() const { return moved() ? D : 3 * D; }
+  Graph::Dims q_strides() const { return {T * token(), head_stride(), token(), 1}; }
+  Graph::Dims dkv_strides() const { return {Tdkv * token(), head_stride(), token(), 1}; }
+  Graph::Dims out_strides() const { return {To * H * D, D, int64_t(H) * D, 1}; }
+  Graph::Dims stats_strides() const { return {int64_t(H) * To, To, 1, 1}; }
+  Graph::Dims bhtd() const { return {B, H, Tq, D}; }
+  Graph::Dims kv_btd() const { return {B, Hkv(), Tk, D}; }
+  Graph::Dims kv_bdt() const { return {B, Hkv(), D, Tk}; }
+  Graph::Dims scores() const { return {B, H, Tq, Tk}; }
+  Graph::Dims rows() const { return {B, H, Tq, 1}; }
   float scale() const { return 1.0f / std::sqrt(float(D)); }
   // From the first query head: the first key and the first value.
   int64_t k_offset() const { return moved() ? int64_t(H) * D : D; }
   int64_t v_offset() const { return moved() ? int64_t(H + Hkv()) * D : 2 * D; }
   size_t qkv_bytes() const { return size_t(B) * T * token() * 2; }
+  size_t dkv_scratch_bytes() const { return Tdkv == T ? 0 : size_t(B) * Tdkv * token() * 2; }
 };
+using ShapeKey = decltype(std::declval<Shape>().key());
 Graph::Dims transposed(Graph::Dims s) { return {s[0], s[1], s[3], s[2]}; }
 
 // Forward: S = QK^T * scale, masked, softmax (its log-sum-exp the stats), O = PV.
@@ -372,14 +388,14 @@ std::unique_ptr<Graph> forward_graph(const Shape& x) {
   auto g = std::make_unique<Graph>();
   const auto S = x.scores(), R = x.rows();
   auto q = g->io(kQ, CUDNN_DATA_BFLOAT16, x.bhtd(), x.q_strides());
-  auto kt = g->io(kK, CUDNN_DATA_BFLOAT16, x.kv_bdt(), transposed(x.kv_strides()));
-  auto v = g->io(kV, CUDNN_DATA_BFLOAT16, x.kv_btd(), x.kv_strides());
+  auto kt = g->io(kK, CUDNN_DATA_BFLOAT16, x.kv_bdt(), transposed(x.q_strides()));
+  auto v = g->io(kV, CUDNN_DATA_BFLOAT16, x.kv_btd(), x.q_strides());
   auto o = g->io(kO, CUDNN_DATA_BFLOAT16, x.bhtd(), x.out_strides());
-  auto stats = g->io(kStats, CUDNN_DATA_FLOAT, R, packed(R));
+  auto stats = g->io(kStats, CUDNN_DATA_FLOAT, R, x.stats_strides());
   auto s1 = g->virt(CUDNN_DATA_FLOAT, S), s2 = g->virt(CUDNN_DATA_FLOAT, S);
   g->matmul(q, kt, s1);
   g->pointwise(CUDNN_POINTWISE_MUL, s1, g->scalar(kScale, x.scale()), nullptr, s2);
-  auto s3 = g->mask(s2, S, x.window, kNegInf);
+  auto s3 = g->mask(s2, S, x.window, x.offset(), kNegInf);
   auto mx = g->virt(CUDNN_DATA_FLOAT, R), sub = g->virt(CUDNN_DATA_FLOAT, S), e = g->virt(CUDNN_DATA_FLOAT, S);
   auto z = g->virt(CUDNN_DATA_FLOAT, R), lz = g->virt(CUDNN_DATA_FLOAT, R), p = g->virt(CUDNN_DATA_BFLOAT16, S);
   g->reduction(CUDNN_REDUCE_TENSOR_MAX, s3, mx);
@@ -400,23 +416,24 @@ std::unique_ptr<Graph> forward_graph(const Shape& x) {
 std::unique_ptr<Graph> backward_graph(const Shape& x) {
   auto g = std::make_unique<Graph>();
   const auto S = x.scores(), R = x.rows();
-  const auto qs = x.q_strides(), ks = x.kv_strides(), os = x.out_strides();
+  const auto qs = x.q_strides(), ks = x.dkv_strides(), os = x.out_strides();
   auto q = g->io(kQ, CUDNN_DATA_BFLOAT16, x.bhtd(), qs);
-  auto kt = g->io(kK, CUDNN_DATA_BFLOAT16, x.kv_bdt(), transposed(ks));
-  auto vt = g->io(kV, CUDNN_DATA_BFLOAT16, x.kv_bdt(), transposed(ks));
+  auto kt = g->io(kK, CUDNN_DATA_BFLOAT16, x.kv_bdt(), transposed(qs));
+  auto vt = g->io(kV, CUDNN_DATA_BFLOAT16, x.kv_bdt(), transposed(qs));
   auto o = g->io(kO, CUDNN_DATA_BFLOAT16, x.bhtd(), os);
   auto dout = g->io(kDO, CUDNN_DATA_BFLOAT16, x.bhtd(), os);
-  auto stats = g->io(kStats, CUDNN_DATA_FLOAT, R, packed(R));
+  auto stats = g->io(kStats, CUDNN_DATA_FLOAT, R, x.stats_strides());
   auto dq = g->io(kDQ, CUDNN_DATA_BFLOAT16, x.bhtd(), qs);
   auto dk = g->io(kDK, CUDNN_DATA_BFLOAT16, x.kv_btd(), ks);
   auto dv = g->io(kDV, CUDNN_DATA_BFLOAT16, x.kv_btd(), ks);
   // With G query heads over each key/value head, dK and dV are made per query head and reduced
   // over each group.
-  auto dk_heads = x.G == 1 ? dk : g->virt(CUDNN_DATA_BFLOAT16, x.bhtd());
-  auto dv_heads = x.G == 1 ? dv : g->virt(CUDNN_DATA_BFLOAT16, x.bhtd());
+  const Graph::Dims heads_kv = {x.B, x.H, x.Tk, x.D};
+  auto dk_heads = x.G == 1 ? dk : g->virt(CUDNN_DATA_BFLOAT16, heads_kv);
+  auto dv_heads = x.G == 1 ? dv : g->virt(CUDNN_DATA_BFLOAT16, heads_kv);
   auto softmax_sum = g->io(kSoftmaxSum, CUDNN_DATA_FLOAT, R, packed(R));
   // rowsum(dO * O)
-  const Graph::Dims od = {int64_t(x.H) * x.T * x.D, int64_t(x.T) * x.D, int64_t(x.H) * x.D, 1};
+  const Graph::Dims od = {int64_t(x.H) * x.Tq * x.D, int64_t(x.Tq) * x.D, int64_t(x.H) * x.D, 1};
   auto dot = g->virt(CUDNN_DATA_FLOAT, x.bhtd(), od), dsum = g->virt(CUDNN_DATA_FLOAT, R);
   g->pointwise(CUDNN_POINTWISE_MUL, dout, o, nullptr, dot);
   g->reduction(CUDNN_REDUCE_TENSOR_ADD, dot, dsum);
@@ -426,11 +443,11 @@ std::unique_ptr<Graph> backward_graph(const Shape& x) {
   g->matmul(q, kt, s1);
   g->pointwise(CUDNN_POINTWISE_MUL, s1, g->scalar(kScale, x.scale()), nullptr, s2);
   g->pointwise(CUDNN_POINTWISE_SUB, s2, stats, nullptr, s3);
-  auto s4 = g->mask(s3, S, x.window, kNegInf);
+  auto s4 = g->mask(s3, S, x.window, x.offset(), kNegInf);
   auto p = g->virt(CUDNN_DATA_FLOAT, S);
   g->pointwise(CUDNN_POINTWISE_EXP, s4, nullptr, nullptr, p);
   // dV = P^T dO
-  auto pt = g->virt(CUDNN_DATA_BFLOAT16, S, transposed(packed(S)));
+  auto pt = g->virt(CUDNN_DATA_BFLOAT16, transposed(S), transposed(packed(S)));
   g->reshape(p, pt);
   g->matmul(pt, dout, dv_heads);
   if (x.G > 1) g->reduction(CUDNN_REDUCE_TENSOR_ADD, dv_heads, dv);
@@ -442,12 +459,12 @@ std::unique_ptr<Graph> backward_graph(const Shape& x) {
   g->pointwise(CUDNN_POINTWISE_MUL, d1, p, nullptr, d2);
   g->pointwise(CUDNN_POINTWISE_MUL, d2, g->scalar(kScaleDS, x.scale()), nullptr, ds);
   // dK = dS^T Q
-  auto dst = g->virt(CUDNN_DATA_BFLOAT16, S, transposed(packed(S)));
+  auto dst = g->virt(CUDNN_DATA_BFLOAT16, transposed(S), transposed(packed(S)));
   g->reshape(ds, dst);
   g->matmul(dst, q, dk_heads);
   if (x.G > 1) g->reduction(CUDNN_REDUCE_TENSOR_ADD, dk_heads, dk);
   // dQ = dS K
-  auto k = g->virt(CUDNN_DATA_FLOAT, x.kv_btd(), ks);
+  auto k = g->virt(CUDNN_DATA_FLOAT, x.kv_btd(), qs);
   g->reshape(kt, k);
   if (x.deterministic) {
     g->matmul(ds, k, dq);
@@ -463,8 +480,8 @@ std::unique_ptr<Graph> backward_graph(const Shape& x) {
 // Plans by shape, and one workspace for all (grown on demand: only at a shape's first call).
 struct Plans {
   std::mutex mu;
-  std::map<std::tuple<int, int, int, int, int, int, bool>, std::pair<std::unique_ptr<Graph>, std::unique_ptr<Graph>>> by_shape;
-  std::map<std::tuple<int, int, int, int, int, int, bool>, std::string> refused;
+  std::map<ShapeKey, std::pair<std::unique_ptr<Graph>, std::unique_ptr<Graph>>> by_shape;
+  std::map<ShapeKey, std::string> refused;
   void* ws = nullptr;
   size_t ws_bytes = 0;
 };
@@ -473,11 +490,11 @@ Plans& plans() {
   return p;
 }
 
-// The backward's fp32 scratch, at the start of its workspace: rowsum(dO O) (B,H,T), padded to
-// 256 bytes, then the dQ accumulator (B,H,T,D) when not deterministic.
-size_t row_sums_bytes(const Shape& x) { return (size_t(x.B) * x.H * x.T * 4 + 255) / 256 * 256; }
+// The backward's fp32 scratch, at the start of its workspace: rowsum(dO O) (B,H,Tq), padded to
+// 256 bytes, then the dQ accumulator (B,H,Tq,D) when not deterministic.
+size_t row_sums_bytes(const Shape& x) { return (size_t(x.B) * x.H * x.Tq * 4 + 255) / 256 * 256; }
 size_t backward_scratch_bytes(const Shape& x) {
-  return row_sums_bytes(x) + (x.deterministic ? 0 : size_t(x.B) * x.H * x.T * x.D * 4);
+  return row_sums_bytes(x) + (x.deterministic ? 0 : size_t(x.B) * x.H * x.Tq * x.D * 4);
 }
 
 std::pair<Graph*, Graph*> plan_for(const Shape& x) {
@@ -494,7 +511,8 @@ std::pair<Graph*, Graph*> plan_for(const Shape& x) {
       cuda_ok(cudaMalloc(&ps.ws, need), "workspace");
       ps.ws_bytes = need;
     }
-    log::info("attention: cuDNN ", api().GetVersion(), " fused attention for B ", x.B, " T ", x.T, " H ", x.H,
+    log::info("attention: cuDNN ", api().GetVersion(), " fused attention for B ", x.B, " T ", x.Tq,
+              x.Tk != x.Tq ? cat(" queries against ", x.Tk, " keys") : "", " H ", x.H,
               x.G > 1 ? cat(" over ", x.Hkv(), " key/value heads") : "", " D ", x.D, x.window ? cat(" window ", x.window) : "", x.deterministic ? ", deterministic" : "",
               " (workspace ", (need + (1 << 20) - 1) >> 20, " MiB)");
     it = ps.by_shape.emplace(x.key(), std::make_pair(std::move(f), std::move(b))).first;
@@ -502,38 +520,64 @@ std::pair<Graph*, Graph*> plan_for(const Shape& x) {
   return {it->second.first.get(), it->second.second.get()};
 }
 
+bool deterministic_default = true;
 
-// QKV (and its gradient) in the heads' layout, for G > 1: grown to the largest shape's, held for
-// the process (counted in workspace_bytes).
-struct Moved {
+// A call's shape with its place: the queries' first position in qkv, their first row in out.
+struct Part {
+  Shape x;
+  int64_t begin, row;
+};
+// One call a range of query rows (one for a whole sequence), the range whose keys reach furthest
+// first: the backward writes its dK and dV in place and the other's into a scratch of its keys'
+// positions, added after.
+std::vector<Part> parts(int B, int T, int H, int Hkv, int D, int window, const QueryRanges* r) {
+  MYRIAD_CHECK(Hkv > 0 && H % Hkv == 0, "attention: ", H, " query heads over ", Hkv, " key/value heads");
+  const int G = H / Hkv;
+  if (!r) return {Part{Shape{B, T, T, H, G, D, window, T, T, T, deterministic_default}, 0, 0}};
+  MYRIAD_CHECK(r->n == 1 || r->n == 2, "attention: ", r->n, " query ranges (1 or 2)");
+  std::vector<Part> p;
+  int64_t row = 0;
+  for (int i = 0; i < r->n; ++i) {
+    const int64_t b = r->begin[i], e = r->end[i];
+    MYRIAD_CHECK(0 <= b && b < e && e <= T, "attention: query range [", b, ", ", e, ") of ", T, " positions");
+    p.push_back(Part{Shape{B, int(e - b), int(e), H, G, D, window, T, r->count(), T, deterministic_default}, b, row});
+    row += e - b;
+  }
+  std::sort(p.begin(), p.end(), [](const Part& a, const Part& b) { return a.x.Tk > b.x.Tk; });
+  for (size_t i = 1; i < p.size(); ++i) p[i].x.Tdkv = p[i].x.Tk;
+  return p;
+}
+
+// This module's buffer, held for the process (counted in workspace_bytes): with G > 1, QKV and its
+// gradient in the heads' layout (qkv_bytes each); under two query ranges, the second call's dK
+// and dV. Grown to the largest need.
+struct Held {
   std::mutex mu;
-  __nv_bfloat16* buf = nullptr;  // [qkv | dqkv], each qkv_bytes
+  char* buf = nullptr;
   size_t bytes = 0;
 };
-Moved& moved_buffer() {
-  static Moved m;
-  return m;
+Held& held() {
+  static Held h;
+  return h;
 }
-__nv_bfloat16* moved_qkv(const Shape& x) {
-  Moved& m = moved_buffer();
+char* held_buffer(size_t need) {
+  Held& m = held();
   std::lock_guard<std::mutex> lock(m.mu);
-  if (2 * x.qkv_bytes() > m.bytes) {
-    cuda_ok(cudaDeviceSynchronize(), "synchronize before the moved QKV grows");
+  if (need > m.bytes) {
+    cuda_ok(cudaDeviceSynchronize(), "synchronize before the held buffer grows");
     cudaFree(m.buf);
     m.buf = nullptr;
-    cuda_ok(cudaMalloc(&m.buf, 2 * x.qkv_bytes()), "moved QKV");
-    m.bytes = 2 * x.qkv_bytes();
+    cuda_ok(cudaMalloc(&m.buf, need), "moved QKV");
+    m.bytes = need;
   }
   return m.buf;
 }
-
-bool deterministic_default = true;
 
 }  // namespace
 
 int version() { return api().missing.empty() ? int(api().GetVersion()) : 0; }
 
-bool supports(int B, int T, int H, int Hkv, int D, int window, std::string* why) {
+bool supports(int B, int T, int H, int Hkv, int D, int window, std::string* why, const QueryRanges* rows) {
   auto refuse = [&](std::string r) {
     if (why) *why = std::move(r);
     return false;
@@ -544,72 +588,102 @@ bool supports(int B, int T, int H, int Hkv, int D, int window, std::string* why)
   cuda_ok(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "compute capability");
   if (major < 8) return refuse(cat("compute capability ", major, ".x: cuDNN's fused attention needs 8.0 or newer"));
   if (D % 8 != 0 || D > 256) return refuse(cat("head size ", D, ": cuDNN takes multiples of 8 up to 256"));
-  // Before 9.16, cuDNN's backward needs T % 128 == 0 unless given a padding mask, not built here.
-  if (api().GetVersion() < 91600 && T % 128 != 0) return refuse(cat("T ", T, " is not a multiple of 128 (cuDNN < 9.16)"));
   if (Hkv < 1 || H % Hkv != 0) return refuse(cat("H ", H, " is not a multiple of Hkv ", Hkv));
-  const Shape x{B, T, H, H / Hkv, D, window, deterministic_default};
-  Plans& ps = plans();
-  {
-    std::lock_guard<std::mutex> lock(ps.mu);
-    if (auto r = ps.refused.find(x.key()); r != ps.refused.end()) return refuse(r->second);
-  }
-  try {
-    plan_for(x);
-  } catch (const std::exception& e) {
-    std::lock_guard<std::mutex> lock(ps.mu);
-    ps.refused[x.key()] = e.what();
-    return refuse(e.what());
+  for (const Part& p : parts(B, T, H, Hkv, D, window, rows)) {
+    const Shape& x = p.x;
+    // Before 9.16, cuDNN's backward needs T % 128 == 0 unless given a padding mask, not built here.
+    if (api().GetVersion() < 91600 && (x.Tq % 128 != 0 || x.Tk % 128 != 0))
+      return refuse(x.Tq == x.Tk ? cat("T ", T, " is not a multiple of 128 (cuDNN < 9.16)")
+                                 : cat("a query range of ", x.Tq, " rows against ", x.Tk,
+                                       " keys: not multiples of 128 (cuDNN < 9.16)"));
+    Plans& ps = plans();
+    {
+      std::lock_guard<std::mutex> lock(ps.mu);
+      if (auto r = ps.refused.find(x.key()); r != ps.refused.end()) return refuse(r->second);
+    }
+    try {
+      plan_for(x);
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(ps.mu);
+      ps.refused[x.key()] = e.what();
+      return refuse(e.what());
+    }
   }
   return true;
 }
 
 void set_deterministic(bool on) { deterministic_default = on; }
+bool deterministic() { return deterministic_default; }
 
 size_t workspace_bytes() {
-  size_t moved = 0;
+  size_t h = 0;
   {
-    std::lock_guard<std::mutex> lock(moved_buffer().mu);
-    moved = moved_buffer().bytes;
+    std::lock_guard<std::mutex> lock(held().mu);
+    h = held().bytes;
   }
   std::lock_guard<std::mutex> lock(plans().mu);
-  return plans().ws_bytes + moved;
+  return plans().ws_bytes + h;
 }
 
 void attention_forward(__nv_bfloat16* out, float* stats, const __nv_bfloat16* qkv, int B, int T, int H, int Hkv,
-                       int D, int window, cudaStream_t stream) {
-  MYRIAD_CHECK(Hkv > 0 && H % Hkv == 0, "attention: ", H, " query heads over ", Hkv, " key/value heads");
-  const Shape x{B, T, H, H / Hkv, D, window, deterministic_default};
-  auto [f, b] = plan_for(x);
+                       int D, int window, cudaStream_t stream, const QueryRanges* rows) {
+  const std::vector<Part> ps = parts(B, T, H, Hkv, D, window, rows);
+  const Shape& x0 = ps[0].x;
   auto* q = const_cast<__nv_bfloat16*>(qkv);
-  if (x.moved()) {
-    __nv_bfloat16* heads = moved_qkv(x);
+  if (x0.moved()) {
+    auto* heads = reinterpret_cast<__nv_bfloat16*>(held_buffer(x0.qkv_bytes()));
     qkv_to_heads(heads, qkv, int64_t(B) * T, H, Hkv, D, stream);
     q = heads;
   }
-  f->execute({{kQ, q}, {kK, q + x.k_offset()}, {kV, q + x.v_offset()}, {kO, out}, {kStats, stats}}, plans().ws, stream);
+  for (const Part& p : ps) {
+    const Shape& x = p.x;
+    Graph* f = plan_for(x).first;
+    f->execute({{kQ, q + p.begin * x.token()}, {kK, q + x.k_offset()}, {kV, q + x.v_offset()},
+                {kO, out + p.row * H * D}, {kStats, stats + p.row}},
+               plans().ws, stream);
+  }
 }
 
 void attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* out,
                         const __nv_bfloat16* qkv, const float* stats, int B, int T, int H, int Hkv, int D, int window,
-                        cudaStream_t stream) {
-  MYRIAD_CHECK(Hkv > 0 && H % Hkv == 0, "attention: ", H, " query heads over ", Hkv, " key/value heads");
-  const Shape x{B, T, H, H / Hkv, D, window, deterministic_default};
-  auto [f, b] = plan_for(x);
-  char* ws = static_cast<char*>(plans().ws);
+                        cudaStream_t stream, const QueryRanges* rows) {
+  const std::vector<Part> ps = parts(B, T, H, Hkv, D, window, rows);
+  const Shape& x0 = ps[0].x;
+  const size_t moved_bytes = x0.moved() ? 2 * x0.qkv_bytes() : 0;
+  size_t need = moved_bytes;
+  for (const Part& p : ps) need = std::max(need, moved_bytes + p.x.dkv_scratch_bytes());
+  char* h = need ? held_buffer(need) : nullptr;
   auto* q = const_cast<__nv_bfloat16*>(qkv);
   __nv_bfloat16* dq = dqkv;
-  if (x.moved()) {  // the forward's moved QKV is not kept: moved again, and the gradient back
-    __nv_bfloat16* heads = moved_qkv(x);
+  if (x0.moved()) {  // the forward's moved QKV is not kept: moved again, and the gradient back
+    auto* heads = reinterpret_cast<__nv_bfloat16*>(h);
     qkv_to_heads(heads, qkv, int64_t(B) * T, H, Hkv, D, stream);
-    q = heads, dq = heads + x.qkv_bytes() / 2;
+    q = heads, dq = heads + x0.qkv_bytes() / 2;
   }
-  std::vector<std::pair<int64_t, void*>> ptrs = {
-      {kQ, q}, {kK, q + x.k_offset()}, {kV, q + x.v_offset()}, {kO, const_cast<__nv_bfloat16*>(out)},
-      {kDO, const_cast<__nv_bfloat16*>(dout)}, {kStats, const_cast<float*>(stats)}, {kDQ, dq},
-      {kDK, dq + x.k_offset()}, {kDV, dq + x.v_offset()}, {kSoftmaxSum, ws}};
-  if (!x.deterministic) ptrs.push_back({kDQAccum, ws + row_sums_bytes(x)});
-  b->execute(std::move(ptrs), ws + backward_scratch_bytes(x), stream);
-  if (x.moved()) qkv_from_heads(dqkv, dq, int64_t(B) * T, H, Hkv, D, stream);
+  auto* scratch = reinterpret_cast<__nv_bfloat16*>(h + moved_bytes);
+  char* ws = static_cast<char*>(plans().ws);
+  for (const Part& p : ps) {
+    const Shape& x = p.x;
+    Graph* b = plan_for(x).second;
+    __nv_bfloat16* dkv = x.Tdkv == T ? dq : scratch;
+    const int64_t o = p.row * H * D;
+    std::vector<std::pair<int64_t, void*>> ptrs = {
+        {kQ, q + p.begin * x.token()}, {kK, q + x.k_offset()}, {kV, q + x.v_offset()},
+        {kO, const_cast<__nv_bfloat16*>(out + o)}, {kDO, const_cast<__nv_bfloat16*>(dout + o)},
+        {kStats, const_cast<float*>(stats + p.row)}, {kDQ, dq + p.begin * x.token()},
+        {kDK, dkv + x.k_offset()}, {kDV, dkv + x.v_offset()}, {kSoftmaxSum, ws}};
+    if (!x.deterministic) ptrs.push_back({kDQAccum, ws + row_sums_bytes(x)});
+    b->execute(std::move(ptrs), ws + backward_scratch_bytes(x), stream);
+  }
+  const int width = int(x0.token());
+  for (size_t i = 1; i < ps.size(); ++i)  // the second range's keys' gradients added to the first's
+    add_token_columns(dq, scratch, B, ps[i].x.Tk, T, ps[i].x.Tdkv, width, x0.moved() ? width : 3 * D,
+                      x0.moved() ? H * D : D, x0.moved() ? width : 3 * D, stream);
+  if (x0.Tk < T)  // keys past every query's reach: no gradient
+    cuda_ok(cudaMemset2DAsync(dq + int64_t(x0.Tk) * width, size_t(T) * width * 2, 0,
+                              size_t(T - x0.Tk) * width * 2, B, stream),
+            "zero the keys' gradients past the queries");
+  if (x0.moved()) qkv_from_heads(dqkv, dq, int64_t(B) * T, H, Hkv, D, stream);
 }
 
 #endif  // MYRIAD_HAVE_CUDNN_HEADERS

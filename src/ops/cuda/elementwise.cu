@@ -170,6 +170,38 @@ void qkv_from_heads(bf16* out, const bf16* in, int64_t tokens, int H, int Hkv, i
   qkv_heads<false>(out, in, tokens, H, Hkv, D, stream, "qkv_from_heads");
 }
 
+// One thread per 8 elements (16 bytes) of the columns added.
+__global__ void add_token_columns_kernel(bf16* __restrict__ dst, const bf16* __restrict__ src, int64_t vectors,
+                                         int64_t rows, int64_t dst_rows, int64_t src_rows, int width, int period,
+                                         int c0, int c1) {
+  const int per_period = (c1 - c0) / 8, periods = width / period, per_token = periods * per_period;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < vectors; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t token = i / per_token, b = token / rows, t = token % rows;
+    const int k = int(i % per_token), j = k / per_period * period + c0 + k % per_period * 8;
+    bf16* d = dst + (b * dst_rows + t) * width + j;
+    const bf16* s = src + (b * src_rows + t) * width + j;
+    uint4 dv = *reinterpret_cast<uint4*>(d);
+    const uint4 sv = *reinterpret_cast<const uint4*>(s);
+    bf16* de = reinterpret_cast<bf16*>(&dv);
+    const bf16* se = reinterpret_cast<const bf16*>(&sv);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) de[e] = __float2bfloat16(__bfloat162float(de[e]) + __bfloat162float(se[e]));
+    *reinterpret_cast<uint4*>(d) = dv;
+  }
+}
+
+void add_token_columns(bf16* dst, const bf16* src, int B, int64_t rows, int64_t dst_rows, int64_t src_rows,
+                       int width, int period, int c0, int c1, cudaStream_t stream) {
+  MYRIAD_CHECK(period > 0 && width % period == 0 && period % 8 == 0 && c0 % 8 == 0 && c1 % 8 == 0 && 0 <= c0 &&
+                   c0 < c1 && c1 <= period && rows <= dst_rows && rows <= src_rows && all_aligned16(dst, src),
+               "add_token_columns: width ", width, " period ", period, " columns [", c0, ", ", c1, ")");
+  const int64_t vectors = int64_t(B) * rows * (width / period) * ((c1 - c0) / 8);
+  if (vectors <= 0) return;
+  add_token_columns_kernel<<<grid_for(add_token_columns_kernel, vectors), kThreads, 0, stream>>>(
+      dst, src, vectors, rows, dst_rows, src_rows, width, period, c0, c1);
+  check_launch("add_token_columns");
+}
+
 void add(bf16* out, const bf16* a, const bf16* b, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   launch_map(out, a, b, n, Add{}, stream);

@@ -237,6 +237,12 @@ void swiglu_backward(bf16* dgu,         // (N,F,2) =
 // takes in one call). The same elements, moved; out and in must not overlap.
 void qkv_to_heads(bf16* out, const bf16* in, int64_t tokens, int H, int Hkv, int D, cudaStream_t stream);
 void qkv_from_heads(bf16* out, const bf16* in, int64_t tokens, int H, int Hkv, int D, cudaStream_t stream);
+// dst[b, t, j] += src[b, t, j] for t < rows and the columns j of a token whose j % period lies in
+// [c0, c1) (a token's key/value slots: [D, 3D) of each 3D in Myriad's layout with G = 1, [H D,
+// width) of the heads' layout); dst holds dst_rows tokens a sequence, src src_rows, each of
+// `width` elements. The sum in fp32, rounded once. Multiples of 8: period, c0, c1, width.
+void add_token_columns(bf16* dst, const bf16* src, int B, int64_t rows, int64_t dst_rows, int64_t src_rows,
+                       int width, int period, int c0, int c1, cudaStream_t stream);
 
 // ---- FP8 (train.precision = "fp8"; ops/fp8.h has the contract and the host emulation) ----
 // *amax = the largest |x[i]| (infinite when any x[i] is NaN). Clears *amax first.
