@@ -6,7 +6,8 @@
 # cp 2 x dp 2 and cp 2 x pp 2; Llama cp 2 with one micro-batch a step (each step's forward of
 # layer 0 right after the last backward's; before 047b1bd it reused that gather); attention inside documents with a window smaller than a chunk in
 # cp 2 and cp 4; a cp 2 x dp 2 run killed at step 14 and restarted ends with the unbroken run's
-# weights, bit for bit; train.attention = "cudnn" with cp is refused in one line (exit 2).
+# weights, bit for bit; cuDNN under cp (train.attention = "cudnn", and "auto" when not
+# deterministic) against one GPU on cuDNN, at 1,024 tokens.
 # Prints one line per check ("ok: ..." or "FAIL: ...") and exits nonzero on a failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,12 +45,23 @@ compare "documents + window 12: cp 2" docs_cp2 docs_one
 launch docs_cp4 4 "${llama[@]}" "${docs[@]}" --set model.window=12 --set parallel.cp=4
 compare "documents + window 12: cp 4" docs_cp4 docs_one
 
-out=$($B launch --nproc-per-node 2 -- "${args[@]}" --set parallel.cp=2 --set train.attention=cudnn \
-  --run-dir "$W/cudnn" 2>&1); code=$?
-if [ "$code" = 2 ] && grep -q 'train.attention = "cudnn" takes whole sequences' <<<"$out"; then
-  say "ok: cp with train.attention = cudnn is refused (exit 2)"
+# cuDNN under cp (one call a chunk): chunks of 128 and more (cuDNN before 9.16 wants multiples of
+# 128), against one GPU on cuDNN; cp 4 with a window (200) smaller than its chunk (256); "auto"
+# takes cuDNN under cp when not deterministic (its log says so).
+cudnn=(--set model.seq_len=1024 --set train.steps=10 --set train.attention=cudnn)
+train1 cudnn_one "${llama[@]}" "${cudnn[@]}"
+launch cudnn_cp2 2 "${llama[@]}" "${cudnn[@]}" --set parallel.cp=2
+compare "cuDNN: cp 2 at 1,024 tokens" cudnn_cp2 cudnn_one
+train1 cudnn_one_w "${llama[@]}" "${cudnn[@]}" --set model.window=200
+launch cudnn_cp4_w 4 "${llama[@]}" "${cudnn[@]}" --set model.window=200 --set parallel.cp=4
+compare "cuDNN: cp 4, window 200" cudnn_cp4_w cudnn_one_w
+launch cudnn_auto_cp2 2 "${llama[@]}" "${cudnn[@]}" --set train.attention=auto --set train.deterministic=false \
+  --set parallel.cp=2
+compare "auto, not deterministic: cp 2" cudnn_auto_cp2 cudnn_one
+if grep -rqs "queries against" "$W/cudnn_auto_cp2.log" "$W/cudnn_auto_cp2"; then
+  say "ok: auto under cp, not deterministic, runs cuDNN"
 else
-  say "FAIL: cp with train.attention = cudnn (exit $code)"; echo "$out" | tail -3; fail=1
+  say "FAIL: auto under cp, not deterministic, did not run cuDNN"; fail=1
 fi
 
 [ "$fail" = 0 ] || cp "$W"/*.log "$OUT/" 2>/dev/null
