@@ -6,9 +6,10 @@
 #   - each rank's peak memory at 16K with cp 1, 2 and 4 (activations fall as 1/cp; ZeRO's
 #     shards of the optimizer state over cp too);
 #   - 32K with cp 2 (parallel.overlap_cp on and off) and 64K with cp 4: the step time and each
-#     rank's peak memory.
+#     rank's peak memory;
+#   - 16K with cp 2 on cuDNN and on Myriad's kernel (c16k): the step times.
 # Full recompute, one sequence per step, byte tokens of the snapshot corpus (repeated). ONLY
-# names the runs to make by their prefixes (p8k, l32k, l64k, m16k; all when unset): an H100's
+# names the runs to make by their prefixes (p8k, l32k, l64k, m16k, c16k; all when unset): an H100's
 # 80 GB holds the 8K and 16K runs and 32K cp 2, not 64K cp 4's four ranks.
 #   STEPS=4 ONLY="p8k m16k" bench/cp_long_context.sh
 set -uo pipefail
@@ -66,6 +67,10 @@ run m16k_cp1 1 16384 --set train.attention=myriad
 run m16k_cp4 4 16384
 run m16k_cp2 2 16384
 run l32k_cp2_no_overlap 2 32768 --set parallel.overlap_cp=false
+# cuDNN under cp (one call a chunk) against Myriad's kernel, both not deterministic (cuDNN's
+# deterministic backward would hold B H x 4K x 16K bf16 of workspace here: 4 GiB).
+run c16k_cp2_myriad 2 16384 --set train.attention=myriad --set train.deterministic=false
+run c16k_cp2_cudnn 2 16384 --set train.attention=cudnn --set train.deterministic=false
 [ "$fail" = 0 ] || cp "$W"/*.log "$OUT/" 2>/dev/null
 rm -rf "$W"
 exit $fail
