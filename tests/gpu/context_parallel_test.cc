@@ -6,6 +6,7 @@
 // must move the bits exactly. The multi-process runs (scripts/gpu_cp_check.sh) judge the whole.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -34,7 +35,9 @@ struct AttnCase {
 
 class ContextParallelAttention : public ::testing::TestWithParam<AttnCase> {};
 
-// Each rank's out rows, its queries' gradient and its share of every key's and value's gradient.
+// Each rank's out rows, its queries' gradient and its share of every key's and value's gradient;
+// each rank's rows also in the other order (the later chunk's rows first, as the documents'
+// pairing may give them).
 TEST_P(ContextParallelAttention, EachRankMatchesTheCpu) {
   const AttnCase c = GetParam();
   const int B = 2, T = c.T, H = c.H, Hkv = c.Hkv, D = c.D, G = H / Hkv, W = c.window;
@@ -45,55 +48,72 @@ TEST_P(ContextParallelAttention, EachRankMatchesTheCpu) {
   const int32_t* hdocs = c.docs ? docs.data() : nullptr;
   CpuOps cpu;
   CudaOps ops;
-  ops.select_attention("myriad", true);
+  ops.select_attention(c.kernel, c.deterministic);
   Dev<bf16> gqkv(qkv.size()), gdqkv(qkv.size());
   Dev<int32_t> gdocs(docs.size());
   up(gqkv, qkv);
   gdocs.upload(docs);
-  for (int r = 0; r < c.cp; ++r) {
-    SCOPED_TRACE(testing::Message() << "T=" << T << " cp=" << c.cp << " rank " << r << " H=" << H << " Hkv=" << Hkv
-                                    << " D=" << D << " window=" << W << (c.docs ? " documents" : ""));
-    const ContextRows rows = context_rows(T, c.cp, r);
-    const int Tq = int(rows.count());
-    const auto dout = round_bf16(randn(size_t(B) * Tq * C, gen));
-    std::vector<float> out(size_t(B) * Tq * C), saved(size_t(B) * H * Tq * T), dqkv(qkv.size(), 0.f);
-    cpu.attention_forward(out.data(), saved.data(), qkv.data(), B, T, H, Hkv, D, W, hdocs, &rows);
-    cpu.attention_backward(dqkv.data(), dout.data(), out.data(), qkv.data(), saved.data(), B, T, H, Hkv, D, W, hdocs,
-                           &rows);
+  for (int r = 0; r < c.cp; ++r)
+    for (bool swapped : {false, true}) {
+      SCOPED_TRACE(testing::Message() << c.kernel << (c.deterministic ? "" : " (not deterministic)") << " T=" << T
+                                      << " cp=" << c.cp << " rank " << r << (swapped ? " (chunks swapped)" : "")
+                                      << " H=" << H << " Hkv=" << Hkv << " D=" << D << " window=" << W
+                                      << (c.docs ? " documents" : ""));
+      ContextRows rows = context_rows(T, c.cp, r);
+      if (swapped) std::swap(rows.begin[0], rows.begin[1]), std::swap(rows.end[0], rows.end[1]);
+      const int Tq = int(rows.count());
+      const auto dout = round_bf16(randn(size_t(B) * Tq * C, gen));
+      std::vector<float> out(size_t(B) * Tq * C), saved(size_t(B) * H * Tq * T), dqkv(qkv.size(), 0.f);
+      cpu.attention_forward(out.data(), saved.data(), qkv.data(), B, T, H, Hkv, D, W, hdocs, &rows);
+      cpu.attention_backward(dqkv.data(), dout.data(), out.data(), qkv.data(), saved.data(), B, T, H, Hkv, D, W,
+                             hdocs, &rows);
 
-    Dev<bf16> gout(out.size()), gdout(dout.size());
-    Dev<float> glse(size_t(B) * H * Tq);
-    up(gdout, dout);
-    gout.poison(), glse.poison();
-    gdqkv.zero();  // other ranks' query rows: not written
-    const int32_t* ddocs = c.docs ? gdocs.p : nullptr;
-    ops.attention_forward(gout.p, glse.p, gqkv.p, B, T, H, Hkv, D, W, ddocs, &rows);
-    ops.attention_backward(gdqkv.p, gdout.p, gout.p, gqkv.p, glse.p, B, T, H, Hkv, D, W, ddocs, &rows);
-    CUDA_OK(cudaDeviceSynchronize());
-    const auto got_out = down(gout), got = down(gdqkv);
-    // The parts: the rank's query rows' dq; every row's dk, dv.
-    std::vector<float> dq, dq_ref, dkv, dkv_ref;
-    for (int b = 0; b < B; ++b)
-      for (int t = 0; t < T; ++t)
-        for (int g = 0; g < Hkv; ++g) {
-          const size_t at = (size_t(b) * T + t) * Ql + size_t(g) * (G + 2) * D;
-          bool mine = false;
-          for (int i = 0; i < Tq; ++i) mine |= rows.position(i) == t;
-          if (mine) {
-            dq.insert(dq.end(), got.begin() + at, got.begin() + at + size_t(G) * D);
-            dq_ref.insert(dq_ref.end(), dqkv.begin() + at, dqkv.begin() + at + size_t(G) * D);
+      Dev<bf16> gout(out.size()), gdout(dout.size());
+      Dev<float> glse(size_t(B) * H * Tq);
+      up(gdout, dout);
+      gout.poison(), glse.poison();
+      gdqkv.poison();  // other ranks' query rows: undefined; every key's and value's gradient: written
+      const int32_t* ddocs = c.docs ? gdocs.p : nullptr;
+      ops.attention_forward(gout.p, glse.p, gqkv.p, B, T, H, Hkv, D, W, ddocs, &rows);
+      ops.attention_backward(gdqkv.p, gdout.p, gout.p, gqkv.p, glse.p, B, T, H, Hkv, D, W, ddocs, &rows);
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto got_out = down(gout), got = down(gdqkv);
+      // The parts: the rank's query rows' dq; every row's dk, dv.
+      std::vector<float> dq, dq_ref, dkv, dkv_ref;
+      for (int b = 0; b < B; ++b)
+        for (int t = 0; t < T; ++t)
+          for (int g = 0; g < Hkv; ++g) {
+            const size_t at = (size_t(b) * T + t) * Ql + size_t(g) * (G + 2) * D;
+            bool mine = false;
+            for (int i = 0; i < Tq; ++i) mine |= rows.position(i) == t;
+            if (mine) {
+              dq.insert(dq.end(), got.begin() + at, got.begin() + at + size_t(G) * D);
+              dq_ref.insert(dq_ref.end(), dqkv.begin() + at, dqkv.begin() + at + size_t(G) * D);
+            }
+            dkv.insert(dkv.end(), got.begin() + at + size_t(G) * D, got.begin() + at + size_t(G + 2) * D);
+            dkv_ref.insert(dkv_ref.end(), dqkv.begin() + at + size_t(G) * D, dqkv.begin() + at + size_t(G + 2) * D);
           }
-          dkv.insert(dkv.end(), got.begin() + at + size_t(G) * D, got.begin() + at + size_t(G + 2) * D);
-          dkv_ref.insert(dkv_ref.end(), dqkv.begin() + at + size_t(G) * D, dqkv.begin() + at + size_t(G + 2) * D);
-        }
-    const double eo = rel_err(got_out, out), eq = rel_err(dq, dq_ref), ekv = rel_err(dkv, dkv_ref);
-    std::printf("  cp %d rank %d T=%d D=%d w=%d%s: out %.2e dq %.2e dkv %.2e\n", c.cp, r, T, D, W,
-                c.docs ? " docs" : "", eo, eq, ekv);
-    EXPECT_LT(eo, 1e-2);
-    EXPECT_LT(eq, 1e-2);
-    EXPECT_LT(ekv, 1e-2);
-  }
+      const double eo = rel_err(got_out, out), eq = rel_err(dq, dq_ref), ekv = rel_err(dkv, dkv_ref);
+      std::printf("  %s cp %d rank %d%s T=%d D=%d w=%d%s: out %.2e dq %.2e dkv %.2e\n", c.kernel, c.cp, r,
+                  swapped ? " swapped" : "", T, D, W, c.docs ? " docs" : "", eo, eq, ekv);
+      EXPECT_LT(eo, 1e-2);
+      EXPECT_LT(eq, 1e-2);
+      EXPECT_LT(ekv, 1e-2);
+    }
 }
+
+// cuDNN's chunks are multiples of 128 (cuDNN before 9.16 wants them so): T 512 at cp 2, 1024 at
+// cp 4; both layouts of QKV (G = 1 read in place, G > 1 moved), a window, not deterministic.
+INSTANTIATE_TEST_SUITE_P(Shapes, ContextParallelAttention,
+                         ::testing::Values(AttnCase{64, 2, 4, 2, 64, 0, false}, AttnCase{64, 4, 4, 2, 64, 0, false},
+                                           AttnCase{256, 2, 4, 1, 128, 0, true}, AttnCase{512, 4, 8, 2, 64, 40, true},
+                                           AttnCase{1024, 2, 2, 2, 128, 300, false},
+                                           AttnCase{768, 4, 4, 2, 80, 0, true},
+                                           AttnCase{512, 2, 4, 2, 64, 0, false, "cudnn"},
+                                           AttnCase{1024, 4, 8, 2, 64, 300, false, "cudnn"},
+                                           AttnCase{1024, 2, 2, 2, 128, 0, false, "cudnn"},
+                                           AttnCase{1024, 4, 4, 4, 64, 100, false, "cudnn"},
+                                           AttnCase{512, 2, 4, 2, 64, 0, false, "cudnn", false}));
 
 // At Llama 3.2 1B's attention (32 query heads over 8, D 64) and 8K tokens, each rank's rows of cp
 // 2 and 4 against the same kernel's run over the whole sequence, not the CPU: the chunks (2,048
@@ -161,6 +181,75 @@ TEST(ContextParallelAttention, RanksRowsAreTheWholeSequencesAtLlamaScale) {
     EXPECT_EQ(lse_diff, 0) << "cp " << cp;
     EXPECT_EQ(dq_diff, 0) << "cp " << cp;
     EXPECT_LT(ekv, 4e-3) << "cp " << cp;
+  }
+}
+
+// At Llama 3.2 1B's attention (32 query heads over 8, D 64), one sequence, a rank's rows of cp 2
+// at 16K and 32K: cuDNN (one call a chunk, not deterministic: its deterministic workspace would
+// be B H x 4K x 16K bf16 at 16K) against Myriad's kernel on the same rows, the same outputs
+// within bf16's rounding, and each kernel's forward and backward time (CUDA events, the median
+// of 5 after 2, the same inputs: attention's time does not depend on their values): what cuDNN
+// under cp buys where attention is most of the step.
+TEST(ContextParallelAttention, CudnnAgainstMyriadAtLlamaScale) {
+  const int B = 1, H = 32, Hkv = 8, D = 64, G = H / Hkv;
+  const size_t Ql = size_t(Hkv) * (G + 2) * D, C = size_t(H) * D;
+  for (int T : {16384, 32768}) {
+    std::mt19937_64 gen(seed() + T);
+    const auto qkv = round_bf16(randn(size_t(B) * T * Ql, gen));
+    const ContextRows rows = context_rows(T, 2, 0);
+    const int Tq = int(rows.count());
+    const auto dout = round_bf16(randn(size_t(B) * Tq * C, gen));
+    Dev<bf16> gqkv(qkv.size()), gd(dout.size());
+    up(gqkv, qkv);
+    up(gd, dout);
+    std::vector<float> outs[2], grads[2];
+    float ms[2][2];
+    const char* kernels[2] = {"myriad", "cudnn"};
+    for (int k = 0; k < 2; ++k) {
+      CudaOps ops;
+      ops.select_attention(kernels[k], false);
+      Dev<bf16> out(size_t(B) * Tq * C), dqkv(qkv.size());
+      Dev<float> lse(size_t(B) * H * Tq);
+      auto fwd = [&] { ops.attention_forward(out.p, lse.p, gqkv.p, B, T, H, Hkv, D, 0, nullptr, &rows); };
+      auto bwd = [&] {
+        ops.attention_backward(dqkv.p, gd.p, out.p, gqkv.p, lse.p, B, T, H, Hkv, D, 0, nullptr, &rows);
+      };
+      for (int pass = 0; pass < 2; ++pass) {
+        std::vector<float> t;
+        cudaEvent_t a, b;
+        CUDA_OK(cudaEventCreate(&a));
+        CUDA_OK(cudaEventCreate(&b));
+        for (int i = 0; i < 7; ++i) {
+          CUDA_OK(cudaEventRecord(a, ops.stream()));
+          pass == 0 ? fwd() : bwd();
+          CUDA_OK(cudaEventRecord(b, ops.stream()));
+          CUDA_OK(cudaEventSynchronize(b));
+          float e = 0;
+          CUDA_OK(cudaEventElapsedTime(&e, a, b));
+          if (i >= 2) t.push_back(e);
+        }
+        cudaEventDestroy(a), cudaEventDestroy(b);
+        std::sort(t.begin(), t.end());
+        ms[k][pass] = t[t.size() / 2];
+      }
+      CUDA_OK(cudaDeviceSynchronize());
+      outs[k] = down(out), grads[k] = down(dqkv);
+    }
+    // dQ of the rank's rows, dK and dV of every row.
+    std::vector<float> g[2];
+    for (int k = 0; k < 2; ++k)
+      for (int t = 0; t < T; ++t)
+        for (int h = 0; h < Hkv; ++h) {
+          const size_t at = size_t(t) * Ql + size_t(h) * (G + 2) * D;
+          const bool mine = (t >= rows.begin[0] && t < rows.end[0]) || (t >= rows.begin[1] && t < rows.end[1]);
+          g[k].insert(g[k].end(), grads[k].begin() + at + (mine ? 0 : size_t(G) * D), grads[k].begin() + at + Ql / Hkv);
+        }
+    const double eo = rel_err(outs[1], outs[0]), eg = rel_err(g[1], g[0]);
+    std::printf("BENCH cp 2 rank 0 T=%d H=32/8 D=64: Myriad's kernel fwd %.2f bwd %.2f ms, cuDNN fwd %.2f bwd %.2f "
+                "ms (%.2fx); out %.2e, gradients %.2e apart\n",
+                T, ms[0][0], ms[0][1], ms[1][0], ms[1][1], (ms[0][0] + ms[0][1]) / (ms[1][0] + ms[1][1]), eo, eg);
+    EXPECT_LT(eo, 1e-2) << "T " << T;
+    EXPECT_LT(eg, 1e-2) << "T " << T;
   }
 }
 
