@@ -159,8 +159,11 @@ inline int64_t fp8_cast_bytes(const GptMemoryShape& s) {
 }
 
 // cuDNN's deterministic attention backward works in a workspace of about B H T T bf16 (1,026 MiB
-// measured at B 8, H 16, T 2048). Under cp Myriad's kernel runs (cuDNN is refused there), whose
-// backward's scratch is two floats per query row and head.
+// measured at B 8, H 16, T 2048). Under cp this is Myriad's kernel's (two floats per query row
+// and head), which `auto` takes there while deterministic; cuDNN under cp (train.attention =
+// "cudnn", or auto with train.deterministic = false) holds more, uncounted here: QKV and its
+// gradient moved for grouped queries, the second chunk's key/value gradients and the dQ
+// accumulator (0.37 GiB more at Llama 3.2 1B's 16K with cp 2, measured).
 inline int64_t attention_workspace_bytes(const GptMemoryShape& s) {
   return s.cp > 1 ? 2 * s.B * s.Hl * s.T * 4 : s.B * s.Hl * s.T * s.T * 2;
 }
