@@ -246,10 +246,14 @@ TEST(AttentionLarge, MatchesCpuOracle) {
 void run_cudnn_case(const Case& c, bool deterministic) {
   const int B = c.B, T = c.T, H = c.H, D = c.D, C = H * D, W = c.window, Hkv = c.kv();
   SCOPED_TRACE(::testing::Message() << "cuDNN B=" << B << " T=" << T << " H=" << H << " Hkv=" << Hkv << " D=" << D
-                                    << " window=" << W << (deterministic ? " deterministic" : " atomic dQ"));
+                                    << " window=" << W << (deterministic ? " deterministic" : " atomic dQ")
+                                    << (c.docs.empty() ? "" : " documents"));
   cu::cudnn::set_deterministic(deterministic);
   std::string why;
-  ASSERT_TRUE(cu::cudnn::supports(B, T, H, Hkv, D, W, &why)) << why;
+  ASSERT_TRUE(cu::cudnn::supports(B, T, H, Hkv, D, W, &why, nullptr, !c.docs.empty())) << why;
+  Dev<int32_t> d_docs(c.docs.size());
+  d_docs.upload(c.docs);
+  const int32_t* docs = c.docs.empty() ? nullptr : d_docs.p;
   const size_t nqkv = size_t(B) * T * c.qkv_per_token(), nout = size_t(B) * T * C, nlse = size_t(B) * H * T;
   const Oracle o = oracle(c);
   Dev<bf16> d_qkv(nqkv), d_out(nout), d_dout(nout), d_dqkv(nqkv);
@@ -258,7 +262,7 @@ void run_cudnn_case(const Case& c, bool deterministic) {
   d_dout.upload(to_bf16(o.dout));
   d_out.poison();
   d_lse.poison();
-  cu::cudnn::attention_forward(d_out.p, d_lse.p, d_qkv.p, B, T, H, Hkv, D, W, 0);
+  cu::cudnn::attention_forward(d_out.p, d_lse.p, d_qkv.p, B, T, H, Hkv, D, W, 0, nullptr, docs);
   CUDA_OK(cudaDeviceSynchronize());
   const std::vector<float> out = to_float(d_out.download()), lse = d_lse.download();
   double e_lse = 0;
@@ -269,7 +273,7 @@ void run_cudnn_case(const Case& c, bool deterministic) {
   std::vector<bf16> g[2];
   for (auto& gi : g) {
     d_dqkv.poison();
-    cu::cudnn::attention_backward(d_dqkv.p, d_dout.p, d_out.p, d_qkv.p, d_lse.p, B, T, H, Hkv, D, W, 0);
+    cu::cudnn::attention_backward(d_dqkv.p, d_dout.p, d_out.p, d_qkv.p, d_lse.p, B, T, H, Hkv, D, W, 0, nullptr, docs);
     CUDA_OK(cudaDeviceSynchronize());
     gi = d_dqkv.download();
   }
@@ -298,6 +302,18 @@ TEST_P(CudnnAttention, MatchesCpuOracle) {
 INSTANTIATE_TEST_SUITE_P(Shapes, CudnnAttention,
                          ::testing::Combine(::testing::Values(64, 80, 128), ::testing::Values(128, 256, 384),
                                             ::testing::Values(0, 1, 5, 64)));
+
+// Documents packed in the rows (data.document_mask): the documents' starts as a mask of cuDNN's
+// graph; one-token documents and documents across the whole row among them (random_docs), with
+// windows and grouped queries.
+TEST(CudnnAttention, DocumentsMatchTheCpuOracle) {
+  for (const int D : {64, 128})
+    for (const int T : {128, 384})
+      for (const int window : {0, 40}) {
+        run_cudnn_case(Case{3, T, 4, D, window, 0, random_docs(3, T, T / 6, 23 * T + D + window)}, true);
+        run_cudnn_case(Case{3, T, 4, D, window, 2, random_docs(3, T, T / 6, 29 * T + D + window)}, false);
+      }
+}
 
 class CudnnAttentionGqa : public ::testing::TestWithParam<std::tuple<int, int, int, std::pair<int, int>>> {};
 
@@ -435,7 +451,10 @@ std::vector<Config> sweep_configs(int D) {
 void bench_cudnn(const Case& c) {
   const int B = c.B, T = c.T, H = c.H, D = c.D, W = c.window, Hkv = c.kv();
   std::string why;
-  ASSERT_TRUE(cu::cudnn::supports(B, T, H, Hkv, D, W, &why)) << why;
+  ASSERT_TRUE(cu::cudnn::supports(B, T, H, Hkv, D, W, &why, nullptr, !c.docs.empty())) << why;
+  Dev<int32_t> d_docs(c.docs.size());
+  d_docs.upload(c.docs);
+  const int32_t* docs = c.docs.empty() ? nullptr : d_docs.p;
   const size_t nqkv = size_t(B) * T * c.qkv_per_token(), nout = size_t(B) * T * H * D;
   Dev<bf16> qkv(nqkv), out(nout), dout(nout), dqkv(nqkv);
   Dev<float> lse(size_t(B) * H * T);
@@ -444,14 +463,16 @@ void bench_cudnn(const Case& c) {
   const double fwd_flop = forward_flop(c), bwd_flop = 2.5 * fwd_flop;
   for (bool det : {true, false}) {
     cu::cudnn::set_deterministic(det);
-    const float tf = median_ms([&] { cu::cudnn::attention_forward(out.p, lse.p, qkv.p, B, T, H, Hkv, D, W, 0); });
+    const float tf =
+        median_ms([&] { cu::cudnn::attention_forward(out.p, lse.p, qkv.p, B, T, H, Hkv, D, W, 0, nullptr, docs); });
     const float tb = median_ms([&] {
-      cu::cudnn::attention_backward(dqkv.p, dout.p, out.p, qkv.p, lse.p, B, T, H, Hkv, D, W, 0);
+      cu::cudnn::attention_backward(dqkv.p, dout.p, out.p, qkv.p, lse.p, B, T, H, Hkv, D, W, 0, nullptr, docs);
     });
     CUDA_OK(cudaDeviceSynchronize());
-    std::printf("BENCH cuDNN %d B=%d H=%d Hkv=%d T=%d D=%d window=%d [%s]: fwd %.3f ms %.1f TFLOP/s | bwd %.3f ms "
+    std::printf("BENCH cuDNN %d B=%d H=%d Hkv=%d T=%d D=%d window=%d%s [%s]: fwd %.3f ms %.1f TFLOP/s | bwd %.3f ms "
                 "%.1f TFLOP/s | fwd+bwd %.1f TFLOP/s\n",
-                cu::cudnn::version(), B, H, Hkv, T, D, W, det ? "deterministic" : "atomic dQ", tf, fwd_flop / tf * 1e-9, tb,
+                cu::cudnn::version(), B, H, Hkv, T, D, W, docs ? " documents" : "", det ? "deterministic" : "atomic dQ", tf,
+                fwd_flop / tf * 1e-9, tb,
                 bwd_flop / tb * 1e-9, (fwd_flop + bwd_flop) / (tf + tb) * 1e-9);
   }
   cu::cudnn::set_deterministic(true);
@@ -466,6 +487,13 @@ TEST(AttentionBench, D128T2048Documents) {
 }
 TEST(AttentionBench, CudnnD128T2048Causal) { bench_cudnn(Case{8, 2048, 16, 128, 0}); }
 TEST(AttentionBench, CudnnD64T1024Causal) { bench_cudnn(Case{8, 1024, 16, 64, 0}); }
+// Documents on cuDNN (its causal tiles skipped, the documents' masked): of 2,048 tokens (one a
+// row: the work of full causal, the mask's cost alone) and of 512 on average; TFLOP/s over the
+// pairs each query sees, so the second's is lower by the tiles cuDNN computes and masks.
+TEST(AttentionBench, CudnnD128T2048Documents2048) {
+  bench_cudnn(Case{8, 2048, 16, 128, 0, 0, std::vector<int32_t>(8 * 2048, 0)});
+}
+TEST(AttentionBench, CudnnD128T2048Documents512) { bench_cudnn(Case{8, 2048, 16, 128, 0, 0, random_docs(8, 2048, 512, 5)}); }
 TEST(AttentionBench, CudnnD80T2048Causal) { bench_cudnn(Case{8, 2048, 16, 80, 0}); }
 TEST(AttentionBench, CudnnD128T4096Window1024) { bench_cudnn(Case{8, 4096, 16, 128, 1024}); }
 // Llama 3.2 1B's attention (32 query heads over 8 key/value heads, D 64) and 3B's (24 over 8, D 128).

@@ -103,7 +103,8 @@ TEST_P(ContextParallelAttention, EachRankMatchesTheCpu) {
 }
 
 // cuDNN's chunks are multiples of 128 (cuDNN before 9.16 wants them so): T 512 at cp 2, 1024 at
-// cp 4; both layouts of QKV (G = 1 read in place, G > 1 moved), a window, not deterministic.
+// cp 4; both layouts of QKV (G = 1 read in place, G > 1 moved), a window, not deterministic,
+// documents.
 INSTANTIATE_TEST_SUITE_P(Shapes, ContextParallelAttention,
                          ::testing::Values(AttnCase{64, 2, 4, 2, 64, 0, false}, AttnCase{64, 4, 4, 2, 64, 0, false},
                                            AttnCase{256, 2, 4, 1, 128, 0, true}, AttnCase{512, 4, 8, 2, 64, 40, true},
@@ -113,7 +114,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ContextParallelAttention,
                                            AttnCase{1024, 4, 8, 2, 64, 300, false, "cudnn"},
                                            AttnCase{1024, 2, 2, 2, 128, 0, false, "cudnn"},
                                            AttnCase{1024, 4, 4, 4, 64, 100, false, "cudnn"},
-                                           AttnCase{512, 2, 4, 2, 64, 0, false, "cudnn", false}));
+                                           AttnCase{512, 2, 4, 2, 64, 0, false, "cudnn", false},
+                                           AttnCase{512, 2, 4, 2, 64, 0, true, "cudnn"},
+                                           AttnCase{1024, 4, 8, 2, 64, 300, true, "cudnn"}));
 
 // At Llama 3.2 1B's attention (32 query heads over 8, D 64) and 8K tokens, each rank's rows of cp
 // 2 and 4 against the same kernel's run over the whole sequence, not the CPU: the chunks (2,048

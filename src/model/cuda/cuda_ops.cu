@@ -764,8 +764,8 @@ static bool use_cudnn(CudaOps::State& st, int B, int T, int H, int Hkv, int D, i
   const cudnn::QueryRanges q = rows ? query_ranges(*rows) : cudnn::QueryRanges{};
   const auto key = std::make_tuple(B, T, H, Hkv, D, window, docs, q.n, q.begin[0], q.end[0], q.begin[1], q.end[1]);
   if (auto it = st.cudnn_takes.find(key); it != st.cudnn_takes.end()) return it->second;
-  std::string why = "documents packed in a row (data.document_mask) need Myriad's kernel";
-  const bool ok = !docs && cudnn::supports(B, T, H, Hkv, D, window, &why, rows ? &q : nullptr);
+  std::string why;
+  const bool ok = cudnn::supports(B, T, H, Hkv, D, window, &why, rows ? &q : nullptr, docs);
   if (!ok && st.attention == "cudnn")
     throw_input("train.attention = \"cudnn\" but cuDNN's fused attention cannot take B ", B, " T ", T, " H ", H,
                 " Hkv ", Hkv, " D ", D, " window ", window, rows ? cat(" for a context-parallel rank's rows") : "",
@@ -786,7 +786,7 @@ void CudaOps::attention_forward(Act* out, float* saved, const Act* qkv, int B, i
   OpScope op(*st_, "attention_forward", B, T, H, D);
   if (use_cudnn(*st_, B, T, H, Hkv, D, window, docs, rows)) {
     const cudnn::QueryRanges q = rows ? query_ranges(*rows) : cudnn::QueryRanges{};
-    cudnn::attention_forward(out, saved, qkv, B, T, H, Hkv, D, window, st_->stream, rows ? &q : nullptr);
+    cudnn::attention_forward(out, saved, qkv, B, T, H, Hkv, D, window, st_->stream, rows ? &q : nullptr, docs);
   } else {
     cuda::attention_forward(out, saved, qkv, B, T, H, Hkv, D, window, st_->stream, docs, query_rows(rows));
   }
@@ -797,7 +797,8 @@ void CudaOps::attention_backward(Act* dqkv, const Act* dout, const Act* out, con
   OpScope op(*st_, "attention_backward", B, T, H, D);
   if (use_cudnn(*st_, B, T, H, Hkv, D, window, docs, rows)) {
     const cudnn::QueryRanges q = rows ? query_ranges(*rows) : cudnn::QueryRanges{};
-    cudnn::attention_backward(dqkv, dout, out, qkv, saved, B, T, H, Hkv, D, window, st_->stream, rows ? &q : nullptr);
+    cudnn::attention_backward(dqkv, dout, out, qkv, saved, B, T, H, Hkv, D, window, st_->stream, rows ? &q : nullptr,
+                              docs);
   } else {
     cuda::attention_backward(dqkv, scratch(attention_scratch_floats(B, rows ? int(rows->count()) : T, H, D)), dout,
                              out, qkv, saved, B, T, H, Hkv, D, window, st_->stream, docs, query_rows(rows));

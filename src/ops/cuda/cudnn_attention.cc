@@ -28,16 +28,17 @@ namespace myriad::cuda::cudnn {
 
 #ifndef MYRIAD_HAVE_CUDNN_HEADERS
 
-bool supports(int, int, int, int, int, int, std::string* why, const QueryRanges*) {
+bool supports(int, int, int, int, int, int, std::string* why, const QueryRanges*, bool) {
   if (why) *why = "Myriad was built without cuDNN's headers (cudnn_graph.h)";
   return false;
 }
 void attention_forward(__nv_bfloat16*, float*, const __nv_bfloat16*, int, int, int, int, int, int, cudaStream_t,
-                       const QueryRanges*) {
+                       const QueryRanges*, const int32_t*) {
   throw_runtime("cuDNN attention: not built");
 }
 void attention_backward(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
-                        const float*, int, int, int, int, int, int, cudaStream_t, const QueryRanges*) {
+                        const float*, int, int, int, int, int, int, cudaStream_t, const QueryRanges*,
+                        const int32_t*) {
   throw_runtime("cuDNN attention: not built");
 }
 int version() { return 0; }
@@ -246,7 +247,10 @@ class Graph {
   // S (f32, (B,H,Tq,Tk)) with the keys a query may not see set to -inf: causal, then the window's
   // left edge. Query row i is at position i + offset (bottom-right alignment: offset = Tk - Tq):
   // key j is kept when i + offset >= j, and within a window when j + (window - offset) > i.
-  cudnnBackendDescriptor_t mask(cudnnBackendDescriptor_t s, Dims st, int window, int64_t offset, int64_t neg_inf_uid) {
+  // With documents, `starts` (the rows' document starts, (B,1,Tq,1) int32): key j kept when
+  // j >= the query's document's first position.
+  cudnnBackendDescriptor_t mask(cudnnBackendDescriptor_t s, Dims st, int window, int64_t offset, int64_t neg_inf_uid,
+                                cudnnBackendDescriptor_t starts = nullptr) {
     // keep = (lhs + add) cmp rhs, lhs the row index or the column's
     auto band = [&](cudnnBackendDescriptor_t x, cudnnPointwiseMode_t cmp, bool col_first, bool shift, float add,
                     int64_t uid) {
@@ -268,6 +272,14 @@ class Graph {
     s = band(s, CUDNN_POINTWISE_CMP_GE, false, offset != 0, float(offset), neg_inf_uid);  // row + offset >= col
     if (window > 0)  // col + window - offset > row
       s = band(s, CUDNN_POINTWISE_CMP_GT, true, true, float(window - offset), neg_inf_uid + 10);
+    if (starts) {  // col >= the row's document start
+      cudnnBackendDescriptor_t col = virt(CUDNN_DATA_INT32, st), keep = virt(CUDNN_DATA_BOOLEAN, st);
+      pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, nullptr, col, CUDNN_DATA_FLOAT, 3);
+      pointwise(CUDNN_POINTWISE_CMP_GE, col, starts, nullptr, keep, CUDNN_DATA_BOOLEAN);
+      cudnnBackendDescriptor_t y = virt(CUDNN_DATA_FLOAT, st);
+      pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, scalar(neg_inf_uid + 20, -INFINITY), keep, y);
+      s = y;
+    }
     return s;
   }
 
@@ -343,7 +355,10 @@ class Graph {
 
 // The uids of the tensors the caller passes.
 // Every uid distinct within a graph, the by-value scalars included: cuDNN refuses a pack that repeats one.
-enum : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kScale = 50, kOne, kScaleDS, kNegInf = 60 };
+enum : int64_t {
+  kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kDocStarts,
+  kScale = 50, kOne, kScaleDS, kNegInf = 60
+};
 
 // Myriad's layouts as (B,heads,rows,D) views: QKV per token (Hkv,G+2,D), the output (H,D). With
 // G = 1 the heads are one stride (3D) apart: one call reads QKV where it is. With G > 1 the
@@ -353,12 +368,15 @@ enum : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSoftmaxSum, kD
 // cuDNN broadcasting each key/value head to its G query heads and reducing their dK and dV.
 // One call takes Tq queries at positions Tk - Tq .. Tk - 1 against the keys 0 .. Tk - 1 of a
 // buffer of T positions a sequence (Tq = Tk = T for a whole sequence); out and the stats hold To
-// rows a sequence, dK and dV Tdkv positions (T, or a scratch's).
+// rows a sequence, dK and dV Tdkv positions (T, or a scratch's). With documents each query sees
+// only its document's keys: the graph takes the queries' document starts, (B,Tq) of the (B,T)
+// int32 starts of every position (data.document_mask's), and masks the keys before them (the
+// tiles wholly before them are computed and masked: cuDNN skips only the causal ones).
 struct Shape {
   int B, Tq, Tk, H, G, D, window;
   int64_t T, To, Tdkv;
-  bool deterministic;
-  auto key() const { return std::make_tuple(B, Tq, Tk, H, G, D, window, T, To, Tdkv, deterministic); }
+  bool deterministic, docs;
+  auto key() const { return std::make_tuple(B, Tq, Tk, H, G, D, window, T, To, Tdkv, deterministic, docs); }
   int64_t offset() const { return int64_t(Tk) - Tq; }
   int Hkv() const { return H / G; }
   int64_t token() const { return int64_t(H + 2 * Hkv()) * D; }  // elements of a token's QKV
@@ -373,6 +391,8 @@ struct Shape {
   Graph::Dims kv_bdt() const { return {B, Hkv(), D, Tk}; }
   Graph::Dims scores() const { return {B, H, Tq, Tk}; }
   Graph::Dims rows() const { return {B, H, Tq, 1}; }
+  Graph::Dims starts() const { return {B, 1, Tq, 1}; }
+  Graph::Dims starts_strides() const { return {T, T, 1, 1}; }
   float scale() const { return 1.0f / std::sqrt(float(D)); }
   // From the first query head: the first key and the first value.
   int64_t k_offset() const { return moved() ? int64_t(H) * D : D; }
@@ -392,10 +412,11 @@ std::unique_ptr<Graph> forward_graph(const Shape& x) {
   auto v = g->io(kV, CUDNN_DATA_BFLOAT16, x.kv_btd(), x.q_strides());
   auto o = g->io(kO, CUDNN_DATA_BFLOAT16, x.bhtd(), x.out_strides());
   auto stats = g->io(kStats, CUDNN_DATA_FLOAT, R, x.stats_strides());
+  auto starts = x.docs ? g->io(kDocStarts, CUDNN_DATA_INT32, x.starts(), x.starts_strides()) : nullptr;
   auto s1 = g->virt(CUDNN_DATA_FLOAT, S), s2 = g->virt(CUDNN_DATA_FLOAT, S);
   g->matmul(q, kt, s1);
   g->pointwise(CUDNN_POINTWISE_MUL, s1, g->scalar(kScale, x.scale()), nullptr, s2);
-  auto s3 = g->mask(s2, S, x.window, x.offset(), kNegInf);
+  auto s3 = g->mask(s2, S, x.window, x.offset(), kNegInf, starts);
   auto mx = g->virt(CUDNN_DATA_FLOAT, R), sub = g->virt(CUDNN_DATA_FLOAT, S), e = g->virt(CUDNN_DATA_FLOAT, S);
   auto z = g->virt(CUDNN_DATA_FLOAT, R), lz = g->virt(CUDNN_DATA_FLOAT, R), p = g->virt(CUDNN_DATA_BFLOAT16, S);
   g->reduction(CUDNN_REDUCE_TENSOR_MAX, s3, mx);
@@ -423,6 +444,7 @@ std::unique_ptr<Graph> backward_graph(const Shape& x) {
   auto o = g->io(kO, CUDNN_DATA_BFLOAT16, x.bhtd(), os);
   auto dout = g->io(kDO, CUDNN_DATA_BFLOAT16, x.bhtd(), os);
   auto stats = g->io(kStats, CUDNN_DATA_FLOAT, R, x.stats_strides());
+  auto starts = x.docs ? g->io(kDocStarts, CUDNN_DATA_INT32, x.starts(), x.starts_strides()) : nullptr;
   auto dq = g->io(kDQ, CUDNN_DATA_BFLOAT16, x.bhtd(), qs);
   auto dk = g->io(kDK, CUDNN_DATA_BFLOAT16, x.kv_btd(), ks);
   auto dv = g->io(kDV, CUDNN_DATA_BFLOAT16, x.kv_btd(), ks);
@@ -443,7 +465,7 @@ std::unique_ptr<Graph> backward_graph(const Shape& x) {
   g->matmul(q, kt, s1);
   g->pointwise(CUDNN_POINTWISE_MUL, s1, g->scalar(kScale, x.scale()), nullptr, s2);
   g->pointwise(CUDNN_POINTWISE_SUB, s2, stats, nullptr, s3);
-  auto s4 = g->mask(s3, S, x.window, x.offset(), kNegInf);
+  auto s4 = g->mask(s3, S, x.window, x.offset(), kNegInf, starts);
   auto p = g->virt(CUDNN_DATA_FLOAT, S);
   g->pointwise(CUDNN_POINTWISE_EXP, s4, nullptr, nullptr, p);
   // dV = P^T dO
@@ -513,7 +535,8 @@ std::pair<Graph*, Graph*> plan_for(const Shape& x) {
     }
     log::info("attention: cuDNN ", api().GetVersion(), " fused attention for B ", x.B, " T ", x.Tq,
               x.Tk != x.Tq ? cat(" queries against ", x.Tk, " keys") : "", " H ", x.H,
-              x.G > 1 ? cat(" over ", x.Hkv(), " key/value heads") : "", " D ", x.D, x.window ? cat(" window ", x.window) : "", x.deterministic ? ", deterministic" : "",
+              x.G > 1 ? cat(" over ", x.Hkv(), " key/value heads") : "", " D ", x.D, x.window ? cat(" window ", x.window) : "",
+              x.docs ? ", documents" : "", x.deterministic ? ", deterministic" : "",
               " (workspace ", (need + (1 << 20) - 1) >> 20, " MiB)");
     it = ps.by_shape.emplace(x.key(), std::make_pair(std::move(f), std::move(b))).first;
   }
@@ -530,17 +553,18 @@ struct Part {
 // One call a range of query rows (one for a whole sequence), the range whose keys reach furthest
 // first: the backward writes its dK and dV in place and the other's into a scratch of its keys'
 // positions, added after.
-std::vector<Part> parts(int B, int T, int H, int Hkv, int D, int window, const QueryRanges* r) {
+std::vector<Part> parts(int B, int T, int H, int Hkv, int D, int window, const QueryRanges* r, bool docs) {
   MYRIAD_CHECK(Hkv > 0 && H % Hkv == 0, "attention: ", H, " query heads over ", Hkv, " key/value heads");
   const int G = H / Hkv;
-  if (!r) return {Part{Shape{B, T, T, H, G, D, window, T, T, T, deterministic_default}, 0, 0}};
+  if (!r) return {Part{Shape{B, T, T, H, G, D, window, T, T, T, deterministic_default, docs}, 0, 0}};
   MYRIAD_CHECK(r->n == 1 || r->n == 2, "attention: ", r->n, " query ranges (1 or 2)");
   std::vector<Part> p;
   int64_t row = 0;
   for (int i = 0; i < r->n; ++i) {
     const int64_t b = r->begin[i], e = r->end[i];
     MYRIAD_CHECK(0 <= b && b < e && e <= T, "attention: query range [", b, ", ", e, ") of ", T, " positions");
-    p.push_back(Part{Shape{B, int(e - b), int(e), H, G, D, window, T, r->count(), T, deterministic_default}, b, row});
+    p.push_back(
+        Part{Shape{B, int(e - b), int(e), H, G, D, window, T, r->count(), T, deterministic_default, docs}, b, row});
     row += e - b;
   }
   std::sort(p.begin(), p.end(), [](const Part& a, const Part& b) { return a.x.Tk > b.x.Tk; });
@@ -577,7 +601,8 @@ char* held_buffer(size_t need) {
 
 int version() { return api().missing.empty() ? int(api().GetVersion()) : 0; }
 
-bool supports(int B, int T, int H, int Hkv, int D, int window, std::string* why, const QueryRanges* rows) {
+bool supports(int B, int T, int H, int Hkv, int D, int window, std::string* why, const QueryRanges* rows,
+              bool documents) {
   auto refuse = [&](std::string r) {
     if (why) *why = std::move(r);
     return false;
@@ -589,7 +614,7 @@ bool supports(int B, int T, int H, int Hkv, int D, int window, std::string* why,
   if (major < 8) return refuse(cat("compute capability ", major, ".x: cuDNN's fused attention needs 8.0 or newer"));
   if (D % 8 != 0 || D > 256) return refuse(cat("head size ", D, ": cuDNN takes multiples of 8 up to 256"));
   if (Hkv < 1 || H % Hkv != 0) return refuse(cat("H ", H, " is not a multiple of Hkv ", Hkv));
-  for (const Part& p : parts(B, T, H, Hkv, D, window, rows)) {
+  for (const Part& p : parts(B, T, H, Hkv, D, window, rows, documents)) {
     const Shape& x = p.x;
     // Before 9.16, cuDNN's backward needs T % 128 == 0 unless given a padding mask, not built here.
     if (api().GetVersion() < 91600 && (x.Tq % 128 != 0 || x.Tk % 128 != 0))
@@ -626,8 +651,8 @@ size_t workspace_bytes() {
 }
 
 void attention_forward(__nv_bfloat16* out, float* stats, const __nv_bfloat16* qkv, int B, int T, int H, int Hkv,
-                       int D, int window, cudaStream_t stream, const QueryRanges* rows) {
-  const std::vector<Part> ps = parts(B, T, H, Hkv, D, window, rows);
+                       int D, int window, cudaStream_t stream, const QueryRanges* rows, const int32_t* docs) {
+  const std::vector<Part> ps = parts(B, T, H, Hkv, D, window, rows, docs != nullptr);
   const Shape& x0 = ps[0].x;
   auto* q = const_cast<__nv_bfloat16*>(qkv);
   if (x0.moved()) {
@@ -638,16 +663,18 @@ void attention_forward(__nv_bfloat16* out, float* stats, const __nv_bfloat16* qk
   for (const Part& p : ps) {
     const Shape& x = p.x;
     Graph* f = plan_for(x).first;
-    f->execute({{kQ, q + p.begin * x.token()}, {kK, q + x.k_offset()}, {kV, q + x.v_offset()},
-                {kO, out + p.row * H * D}, {kStats, stats + p.row}},
-               plans().ws, stream);
+    std::vector<std::pair<int64_t, void*>> ptrs = {{kQ, q + p.begin * x.token()}, {kK, q + x.k_offset()},
+                                                   {kV, q + x.v_offset()}, {kO, out + p.row * H * D},
+                                                   {kStats, stats + p.row}};
+    if (docs) ptrs.push_back({kDocStarts, const_cast<int32_t*>(docs + p.begin)});
+    f->execute(std::move(ptrs), plans().ws, stream);
   }
 }
 
 void attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* out,
                         const __nv_bfloat16* qkv, const float* stats, int B, int T, int H, int Hkv, int D, int window,
-                        cudaStream_t stream, const QueryRanges* rows) {
-  const std::vector<Part> ps = parts(B, T, H, Hkv, D, window, rows);
+                        cudaStream_t stream, const QueryRanges* rows, const int32_t* docs) {
+  const std::vector<Part> ps = parts(B, T, H, Hkv, D, window, rows, docs != nullptr);
   const Shape& x0 = ps[0].x;
   const size_t moved_bytes = x0.moved() ? 2 * x0.qkv_bytes() : 0;
   size_t need = moved_bytes;
@@ -673,6 +700,7 @@ void attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __
         {kStats, const_cast<float*>(stats + p.row)}, {kDQ, dq + p.begin * x.token()},
         {kDK, dkv + x.k_offset()}, {kDV, dkv + x.v_offset()}, {kSoftmaxSum, ws}};
     if (!x.deterministic) ptrs.push_back({kDQAccum, ws + row_sums_bytes(x)});
+    if (docs) ptrs.push_back({kDocStarts, const_cast<int32_t*>(docs + p.begin)});
     b->execute(std::move(ptrs), ws + backward_scratch_bytes(x), stream);
   }
   const int width = int(x0.token());

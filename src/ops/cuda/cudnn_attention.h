@@ -31,18 +31,22 @@ struct QueryRanges {
 
 // Whether cuDNN's fused attention can take this shape here; if not, why (the library is missing
 // or too old, the GPU or the head size is not supported, or cuDNN refused the graph).
-bool supports(int B, int T, int H, int Hkv, int D, int window, std::string* why, const QueryRanges* rows = nullptr);
+bool supports(int B, int T, int H, int Hkv, int D, int window, std::string* why, const QueryRanges* rows = nullptr,
+              bool documents = false);
 
 // out (B,Tq,H,D) =; stats (B,H,Tq) = log-sum-exp of each query's scaled scores (Tq = T, or the
 // ranges' rows).
 void attention_forward(__nv_bfloat16* out, float* stats, const __nv_bfloat16* qkv, int B, int T, int H, int Hkv,
-                       int D, int window, cudaStream_t stream, const QueryRanges* rows = nullptr);
+                       int D, int window, cudaStream_t stream, const QueryRanges* rows = nullptr,
+                       const int32_t* docs = nullptr);
 // dqkv (B,T,Hkv,G+2,D) = the gradients of Q, K and V, from the forward's out and stats. Under
 // ranges: every position's K and V (zero past the last range's end), the ranges' positions' Q
 // (the other positions' Q undefined).
+// docs: null, or (B,T) int32, each position's document start (data.document_mask): a query sees
+// only the keys of its document (cuDNN computes the tiles before it and masks them).
 void attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* out,
                         const __nv_bfloat16* qkv, const float* stats, int B, int T, int H, int Hkv, int D, int window,
-                        cudaStream_t stream, const QueryRanges* rows = nullptr);
+                        cudaStream_t stream, const QueryRanges* rows = nullptr, const int32_t* docs = nullptr);
 
 // Whether the backward is deterministic (default): dQ comes straight from its GEMM. Off, cuDNN
 // adds the blocks' parts of dQ into an fp32 accumulator in whatever order they finish.
