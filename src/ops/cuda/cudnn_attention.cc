@@ -11,6 +11,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <optional>
@@ -180,8 +181,16 @@ class Graph {
     return keep(tensor(uid, type, dims, strides));
   }
   cudnnBackendDescriptor_t scalar(int64_t uid, float value) {
-    scalars_.push_back({uid, std::make_unique<float>(value)});
+    auto cell = std::make_unique<uint32_t>();
+    std::memcpy(cell.get(), &value, 4);
+    scalars_.push_back({uid, std::move(cell)});
     return keep(tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true));
+  }
+  cudnnBackendDescriptor_t scalar_i32(int64_t uid, int32_t value) {
+    auto cell = std::make_unique<uint32_t>();
+    std::memcpy(cell.get(), &value, 4);
+    scalars_.push_back({uid, std::move(cell)});
+    return keep(tensor(uid, CUDNN_DATA_INT32, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true));
   }
   // An intermediate the engine keeps on chip (packed strides unless given).
   cudnnBackendDescriptor_t virt(cudnnDataType_t type, Dims dims, std::optional<Dims> strides = std::nullopt) {
@@ -245,40 +254,48 @@ class Graph {
   }
 
   // S (f32, (B,H,Tq,Tk)) with the keys a query may not see set to -inf: causal, then the window's
-  // left edge. Query row i is at position i + offset (bottom-right alignment: offset = Tk - Tq):
-  // key j is kept when i + offset >= j, and within a window when j + (window - offset) > i.
-  // With documents, `starts` (the rows' document starts, (B,1,Tq,1) int32): key j kept when
-  // j >= the query's document's first position.
-  cudnnBackendDescriptor_t mask(cudnnBackendDescriptor_t s, Dims st, int window, int64_t offset, int64_t neg_inf_uid,
+  // left edge. Query row i is at position i + Tk - Tq (bottom-right alignment): key j is kept
+  // when i + Tk - Tq >= j, and within a window when j + window - (Tk - Tq) > i. The shapes are
+  // cuDNN frontend's (its diagonal band mask before 9.21): the bottom-right shift as an int32 add
+  // of Tk and subtraction of Tq on the row index, the window's as one float add on the column;
+  // a float add of the shift on the row ran without complaint and masked as if Tk = Tq (seen on
+  // an H100 with cuDNN 9.14, 2026-12-06). With documents, `starts` (the rows' document starts,
+  // (B,1,Tq,1) int32): key j kept when j >= its query's document's first position.
+  cudnnBackendDescriptor_t mask(cudnnBackendDescriptor_t s, Dims st, int window, int Tq, int Tk, int64_t neg_inf_uid,
                                 cudnnBackendDescriptor_t starts = nullptr) {
-    // keep = (lhs + add) cmp rhs, lhs the row index or the column's
-    auto band = [&](cudnnBackendDescriptor_t x, cudnnPointwiseMode_t cmp, bool col_first, bool shift, float add,
-                    int64_t uid) {
-      cudnnBackendDescriptor_t row = virt(CUDNN_DATA_INT32, st), col = virt(CUDNN_DATA_INT32, st);
-      pointwise(CUDNN_POINTWISE_GEN_INDEX, x, nullptr, nullptr, row, CUDNN_DATA_FLOAT, 2);
-      pointwise(CUDNN_POINTWISE_GEN_INDEX, x, nullptr, nullptr, col, CUDNN_DATA_FLOAT, 3);
-      cudnnBackendDescriptor_t lhs = col_first ? col : row, rhs = col_first ? row : col;
-      if (shift) {
-        cudnnBackendDescriptor_t shifted = virt(CUDNN_DATA_FLOAT, st);
-        pointwise(CUDNN_POINTWISE_ADD, lhs, scalar(uid + 1, add), nullptr, shifted);
-        lhs = shifted;
-      }
-      cudnnBackendDescriptor_t keep = virt(CUDNN_DATA_BOOLEAN, st);
-      pointwise(cmp, lhs, rhs, nullptr, keep, CUDNN_DATA_BOOLEAN);
+    auto select = [&](cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t keep, int64_t uid) {
       cudnnBackendDescriptor_t y = virt(CUDNN_DATA_FLOAT, st);
       pointwise(CUDNN_POINTWISE_BINARY_SELECT, x, scalar(uid, -INFINITY), keep, y);
       return y;
     };
-    s = band(s, CUDNN_POINTWISE_CMP_GE, false, offset != 0, float(offset), neg_inf_uid);  // row + offset >= col
-    if (window > 0)  // col + window - offset > row
-      s = band(s, CUDNN_POINTWISE_CMP_GT, true, true, float(window - offset), neg_inf_uid + 10);
+    auto index = [&](cudnnBackendDescriptor_t x, int64_t axis) {
+      cudnnBackendDescriptor_t i = virt(CUDNN_DATA_INT32, st);
+      pointwise(CUDNN_POINTWISE_GEN_INDEX, x, nullptr, nullptr, i, CUDNN_DATA_FLOAT, axis);
+      return i;
+    };
+    {  // causal: row (+ Tk - Tq) >= col
+      cudnnBackendDescriptor_t row = index(s, 2), col = index(s, 3);
+      if (Tk != Tq) {
+        cudnnBackendDescriptor_t plus = virt(CUDNN_DATA_INT32, st), shifted = virt(CUDNN_DATA_INT32, st);
+        pointwise(CUDNN_POINTWISE_ADD, row, scalar_i32(neg_inf_uid + 1, Tk), nullptr, plus, CUDNN_DATA_INT32, 3);
+        pointwise(CUDNN_POINTWISE_SUB, plus, scalar_i32(neg_inf_uid + 2, Tq), nullptr, shifted, CUDNN_DATA_INT32, 3);
+        row = shifted;
+      }
+      cudnnBackendDescriptor_t keep = virt(CUDNN_DATA_BOOLEAN, st);
+      pointwise(CUDNN_POINTWISE_CMP_GE, row, col, nullptr, keep, CUDNN_DATA_BOOLEAN);
+      s = select(s, keep, neg_inf_uid);
+    }
+    if (window > 0) {  // col + window - (Tk - Tq) > row
+      cudnnBackendDescriptor_t row = index(s, 2), col = index(s, 3);
+      cudnnBackendDescriptor_t shifted = virt(CUDNN_DATA_FLOAT, st), keep = virt(CUDNN_DATA_BOOLEAN, st);
+      pointwise(CUDNN_POINTWISE_ADD, col, scalar(neg_inf_uid + 11, float(window - (Tk - Tq))), nullptr, shifted);
+      pointwise(CUDNN_POINTWISE_CMP_GT, shifted, row, nullptr, keep, CUDNN_DATA_BOOLEAN);
+      s = select(s, keep, neg_inf_uid + 10);
+    }
     if (starts) {  // col >= the row's document start
-      cudnnBackendDescriptor_t col = virt(CUDNN_DATA_INT32, st), keep = virt(CUDNN_DATA_BOOLEAN, st);
-      pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, nullptr, col, CUDNN_DATA_FLOAT, 3);
+      cudnnBackendDescriptor_t col = index(s, 3), keep = virt(CUDNN_DATA_BOOLEAN, st);
       pointwise(CUDNN_POINTWISE_CMP_GE, col, starts, nullptr, keep, CUDNN_DATA_BOOLEAN);
-      cudnnBackendDescriptor_t y = virt(CUDNN_DATA_FLOAT, st);
-      pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, scalar(neg_inf_uid + 20, -INFINITY), keep, y);
-      s = y;
+      s = select(s, keep, neg_inf_uid + 20);
     }
     return s;
   }
@@ -347,7 +364,7 @@ class Graph {
  private:
   cudnnBackendDescriptor_t keep(Desc d) { return tensors_.emplace_back(std::move(d)).get(); }
   std::deque<Desc> tensors_, ops_, aux_;
-  std::vector<std::pair<int64_t, std::unique_ptr<float>>> scalars_;  // by-value: host pointers in the pack
+  std::vector<std::pair<int64_t, std::unique_ptr<uint32_t>>> scalars_;  // by-value (f32, i32): host pointers in the pack
   std::optional<Desc> graph_, plan_;
   int64_t workspace_ = 0;
   int64_t next_uid_ = 1000;
@@ -377,7 +394,6 @@ struct Shape {
   int64_t T, To, Tdkv;
   bool deterministic, docs;
   auto key() const { return std::make_tuple(B, Tq, Tk, H, G, D, window, T, To, Tdkv, deterministic, docs); }
-  int64_t offset() const { return int64_t(Tk) - Tq; }
   int Hkv() const { return H / G; }
   int64_t token() const { return int64_t(H + 2 * Hkv()) * D; }  // elements of a token's QKV
   bool moved() const { return G > 1; }                            // QKV in the heads' layout
@@ -416,7 +432,7 @@ std::unique_ptr<Graph> forward_graph(const Shape& x) {
   auto s1 = g->virt(CUDNN_DATA_FLOAT, S), s2 = g->virt(CUDNN_DATA_FLOAT, S);
   g->matmul(q, kt, s1);
   g->pointwise(CUDNN_POINTWISE_MUL, s1, g->scalar(kScale, x.scale()), nullptr, s2);
-  auto s3 = g->mask(s2, S, x.window, x.offset(), kNegInf, starts);
+  auto s3 = g->mask(s2, S, x.window, x.Tq, x.Tk, kNegInf, starts);
   auto mx = g->virt(CUDNN_DATA_FLOAT, R), sub = g->virt(CUDNN_DATA_FLOAT, S), e = g->virt(CUDNN_DATA_FLOAT, S);
   auto z = g->virt(CUDNN_DATA_FLOAT, R), lz = g->virt(CUDNN_DATA_FLOAT, R), p = g->virt(CUDNN_DATA_BFLOAT16, S);
   g->reduction(CUDNN_REDUCE_TENSOR_MAX, s3, mx);
@@ -465,7 +481,7 @@ std::unique_ptr<Graph> backward_graph(const Shape& x) {
   g->matmul(q, kt, s1);
   g->pointwise(CUDNN_POINTWISE_MUL, s1, g->scalar(kScale, x.scale()), nullptr, s2);
   g->pointwise(CUDNN_POINTWISE_SUB, s2, stats, nullptr, s3);
-  auto s4 = g->mask(s3, S, x.window, x.offset(), kNegInf, starts);
+  auto s4 = g->mask(s3, S, x.window, x.Tq, x.Tk, kNegInf, starts);
   auto p = g->virt(CUDNN_DATA_FLOAT, S);
   g->pointwise(CUDNN_POINTWISE_EXP, s4, nullptr, nullptr, p);
   // dV = P^T dO
