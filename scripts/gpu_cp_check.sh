@@ -7,7 +7,7 @@
 # layer 0 right after the last backward's; before 047b1bd it reused that gather); attention inside documents with a window smaller than a chunk in
 # cp 2 and cp 4; a cp 2 x dp 2 run killed at step 14 and restarted ends with the unbroken run's
 # weights, bit for bit; cuDNN under cp (train.attention = "cudnn", and "auto" when not
-# deterministic) against one GPU on cuDNN, at 1,024 tokens.
+# deterministic) against one GPU on cuDNN, at 1,024 tokens, and with documents.
 # Prints one line per check ("ok: ..." or "FAIL: ...") and exits nonzero on a failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -63,6 +63,10 @@ if grep -rqs "queries against" "$W/cudnn_auto_cp2.log" "$W/cudnn_auto_cp2"; then
 else
   say "FAIL: auto under cp, not deterministic, did not run cuDNN"; fail=1
 fi
+# Documents on cuDNN (the rows' document starts a mask of its graph), one GPU and cp 2.
+train1 cudnn_docs_one "${llama[@]}" "${docs[@]}" "${cudnn[@]}"
+launch cudnn_docs_cp2 2 "${llama[@]}" "${docs[@]}" "${cudnn[@]}" --set parallel.cp=2
+compare "cuDNN: documents, cp 2" cudnn_docs_cp2 cudnn_docs_one
 
 [ "$fail" = 0 ] || cp "$W"/*.log "$OUT/" 2>/dev/null
 rm -rf "$W"

@@ -410,10 +410,6 @@ void Config::validate() const {
   if (!data.document_end_loss && !data.document_mask)
     throw_input("config: data.document_end_loss = false leaves out the positions whose target begins a document, "
                 "which the rows know with data.document_mask = true: set it too, or document_end_loss = true");
-  if (data.document_mask && train.attention == "cudnn")
-    throw_input("config: data.document_mask = true needs Myriad's attention kernel, which keeps each query inside "
-                "its document (cuDNN's fused attention here takes no document starts): set train.attention = "
-                "\"auto\" or \"myriad\"");
   require_one_of("train.precision", train.precision, {"bf16", "fp8"});
   require_one_of("train.fp8_gradients", train.fp8_gradients, {"e5m2", "e4m3"});
   if (train.fp8_lm_head && train.precision != "fp8")

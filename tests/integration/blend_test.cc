@@ -177,11 +177,6 @@ TEST_F(BlendRun, DocumentMaskChangesWhatEachTokenSees) {
   const Result alone = run_myriad(train(dir_ / "alone", "--set data.document_end_loss=false"));
   EXPECT_EQ(alone.code, 2) << alone.output;
   EXPECT_NE(last_line(alone.output).find("data.document_end_loss = false leaves out"), std::string::npos) << alone.output;
-  // Only Myriad's attention kernel takes the document starts.
-  const Result cudnn = run_myriad(train(dir_ / "cudnn", "--set data.document_mask=true --set train.attention=cudnn"));
-  EXPECT_EQ(cudnn.code, 2) << cudnn.output;
-  EXPECT_NE(last_line(cudnn.output).find("data.document_mask = true needs Myriad's attention kernel"), std::string::npos)
-      << cudnn.output;
 }
 
 TEST_F(BlendRun, BadSourcesAreRefusedWithOneLineNamingThem) {
