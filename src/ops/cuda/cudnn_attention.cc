@@ -607,7 +607,7 @@ char* held_buffer(size_t need) {
     cuda_ok(cudaDeviceSynchronize(), "synchronize before the held buffer grows");
     cudaFree(m.buf);
     m.buf = nullptr;
-    cuda_ok(cudaMalloc(&m.buf, need), "moved QKV");
+    cuda_ok(cudaMalloc(&m.buf, need), "the held buffer (moved QKV, the keys' gradients' scratch)");
     m.bytes = need;
   }
   return m.buf;

@@ -1,7 +1,8 @@
 // cuDNN's fused flash attention (its graph API), in Myriad's layouts: QKV per token (Hkv,G+2,D)
 // (grouped-query attention: G = H / Hkv query heads per key/value head; G = 1 is (H,3,D)),
 // the output (H,D), and the softmax statistics (B,H,T) as natural-log log-sum-exp of the scaled
-// scores. Causal, with an optional sliding window (key j seen by query i when i - window < j <= i).
+// scores. Causal, with an optional sliding window (key j seen by query i when i - window < j <= i)
+// and documents packed in a row (key j seen only from the query's document start on).
 // Under context parallelism the queries are a rank's rows, one or two ranges of the positions,
 // against the whole sequence's keys and values: each range is one call whose keys end where its
 // queries end (causal aligned bottom-right, so cuDNN skips the tiles past the diagonal as it does
