@@ -158,7 +158,7 @@ struct TrainConfig {
   int64_t log_every = 1;
   int64_t eval_every = 0;    // 0 = never
   int64_t eval_steps = 4;    // validation batches (of global_batch sequences) per evaluation
-  std::string recompute = "none";  // none, selective, full
+  std::string recompute = "none";  // none, norms, selective, full
   // The CUDA attention: auto (cuDNN's fused attention where it takes the shape, else Myriad's
   // kernel), cudnn (an error where it cannot), myriad. The CPU has one.
   std::string attention = "auto";

@@ -964,11 +964,9 @@ comm::WorkPtr GptModel<Ops>::collect_start(const LayerActs& a, const Act* rows, 
 }
 
 // With the forward's kernels on the forward's inputs, so the refill is bitwise what the forward
-// computed (LN1 too: the fused residual + norm rounds the residual to Act before its statistics,
-// exactly what norm_forward reads back from `in`).
-// The norms' outputs in every mode but none: LN1 from in, LN2 from mid (the fused residual +
-// norm of the forward rounded mid to Act before its statistics, exactly what norm_forward reads
-// back).
+// computed: the norms' outputs in every mode but none, LN1 from in and LN2 from mid (the fused
+// residual + norm rounds its residual to Act before its statistics, exactly what norm_forward
+// reads back), then what the mode dropped besides.
 template <OpSet Ops>
 void GptModel<Ops>::recompute(const Chunk& ch, Slot& s, int64_t l) {
   if (recompute_ == Recompute::kNone || shared_holds_ == std::make_tuple(&s, s.mb, l)) return;

@@ -105,7 +105,7 @@ Layout parse_layout(const std::string& text) {
     else if (key == "ep") l.ep = number();
     else if (key == "cp") l.cp = number();
     else if (key == "recompute" && (value == "none" || value == "norms" || value == "selective" || value == "full")) l.recompute = value;
-    else throw_input("plan: --layout '", item, "': expected tp=, pp=, v=, mb=, ep=, cp= or recompute=none|selective|full");
+    else throw_input("plan: --layout '", item, "': expected tp=, pp=, v=, mb=, ep=, cp= or recompute=none|norms|selective|full");
   }
   return l;
 }

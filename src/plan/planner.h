@@ -53,7 +53,7 @@ Cluster load_cluster(const std::string& path);
 struct Layout {
   int tp = 1, pp = 1, v = 1;  // v: virtual stages (interleaving) per pipeline rank
   int mb = 1;                 // sequences per micro-batch
-  std::string recompute = "none";  // none, selective, full
+  std::string recompute = "none";  // none, norms, selective, full
   int ep = 1;                 // expert parallelism (an MoE model's), folded into a stage's tp x dp ranks
   int cp = 1;                 // context parallelism: each sequence over cp ranks (right after tp in rank order)
 };
