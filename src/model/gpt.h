@@ -238,6 +238,12 @@ class GptModel {
     Act *xfc, *xact;      // (M,2Fe) the experts' fc GEMMs' output, (M,Fe) their SwiGLU
     int spill = -1;       // its index in spills_ (shared by the layers that share these buffers)
     Act *sfc, *sact;      // (B,T,2Fs) the shared experts' fc, (B,T,Fs) their SwiGLU
+    // train.precision = "fp8": what the forward keeps of each FP8 GEMM's input (ops/fp8.h Kept):
+    // the scalars of every input's cast (the backward casts x^T without measuring it again);
+    // with recompute none also the norms' outputs' transposed casts, (C, N) bytes each, in place
+    // of their bf16 (ln1 and ln2 then point to one transient pair, shared_'s). The parallel
+    // block's MLP reads ln1's.
+    fp8::Kept ln1_fp8, atty_fp8, ln2_fp8, act_fp8;
   };
   // One micro-batch in flight through one chunk: what its backward needs.
   struct Slot {
@@ -245,6 +251,8 @@ class GptModel {
     Buffer<Act> storage;  // the layers' activations, out and lnf
     Buffer<float> stats;  // the LayerNorms' means and rstds, attention's saved floats, the routers'
     Buffer<int32_t> ids;  // the MoE layers' routes
+    Buffer<float> fp8_scalars;  // fp8: the layers' kept casts' scalars (fp8::kept_floats each, 4 a layer)
+    Buffer<uint8_t> fp8_bytes;  // fp8 with recompute none: the layers' ln1 and ln2 casts, (C, N) bytes each
     std::vector<LayerActs> layers;  // the chunk's layers, in order
     Act* out;                       // (B,T,C) the chunk's output, R rows
     Act* lnf;                       // head: (B,T,C) (all N rows); after a training forward its
@@ -331,14 +339,18 @@ class GptModel {
   // reduce-scattered into local_rows(dfull) (SP). Returns the gradient of the R local rows.
   Act* column_input_backward(Act* dfull, int64_t width);
   // out (R, OC) = reduction over the ranks of inp (N, IC) @ w^T, + bias.
-  void row_parallel_forward(Act* out, const Act* inp, const Param* w, const Param* b, int IC, int OC);
+  // keep: what an FP8 GEMM keeps of inp's cast (kept() of a LayerActs field).
+  void row_parallel_forward(Act* out, const Act* inp, const Param* w, const Param* b, int IC, int OC,
+                            const fp8::Kept* keep);
   // The gradient of the row-parallel output as the GEMM needs it: dout (R, OC) itself, or
   // gathered into full_ (SP).
   const Act* row_parallel_dout(const Act* dout, int OC);
   // Backward of row_parallel_forward: dout_full from row_parallel_dout, dout the local rows;
   // dinp (=), through the MLP's activation when pre (its input, the fc GEMM's output) is given.
   void row_parallel_backward(Act* dinp, float* dw, float* db, const Act* dout_full, const Act* dout,
-                             const Act* inp, const Param* w, int IC, int OC, const Act* pre);
+                             const Act* inp, const Param* w, int IC, int OC, const Act* pre, const fp8::Kept* kept);
+  // A LayerActs' kept cast as the linears take it: null when the block's GEMMs are not FP8.
+  static const fp8::Kept* kept(const fp8::Kept& k) { return k.scalars ? &k : nullptr; }
   // Runs a region of parallel/mappings.h (fp32 buffers) on activations: `in` (n_in elements)
   // and `out` (n_out) themselves when Act is float, else fp32 copies of them in wide_ (out
   // narrowed back after), laid out alike when one lies inside the other. region(in, out).

@@ -178,7 +178,9 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
     if (ep_) xs_.zeros(M * C), xr_.zeros(2 * M * C), perm_.zeros(2 * M);
     dlogits_.zeros(BT * E_), dweights_.zeros(BT * k_);
   }
-  if (recompute_ != Recompute::kNone) {  // the recompute set: the norms' outputs and what the mode does not keep
+  // The recompute set: the norms' outputs and what the mode does not keep. FP8 with none keeps
+  // the norms' outputs as casts (acquire), so their bf16 is a transient here too.
+  if (recompute_ != Recompute::kNone || gemm_ == Gemm::kFp8) {
     const bool set = recompute_ == Recompute::kFull;
     const bool mlp = recompute_ == Recompute::kSelective || recompute_ == Recompute::kFull;
     int64_t acts = 0, floats = 0, ints = 0;
@@ -263,7 +265,10 @@ typename GptModel<Ops>::Slot& GptModel<Ops>::acquire(Chunk& ch, int mb, int B) {
   const int64_t BT = maxB_ * maxT_, C = C_, layers = ch.l1 - ch.l0;
   const bool set = recompute_ != Recompute::kFull;
   const bool mlp = recompute_ == Recompute::kNone || recompute_ == Recompute::kNorms;
-  const bool norms = recompute_ == Recompute::kNone;
+  // FP8 keeps each GEMM input's cast scalars, and with none the norms' outputs as FP8 casts in
+  // place of their bf16.
+  const bool fp8 = gemm_ == Gemm::kFp8, norms_fp8 = fp8 && recompute_ == Recompute::kNone;
+  const bool norms = recompute_ == Recompute::kNone && !fp8;
   int64_t acts = 0, floats = 0, ints = 0, moe_layers = 0;
   for (int64_t l = ch.l0; l < ch.l1; ++l) {
     const bool moe = cfg_.model.layer_is_moe(l);
@@ -274,6 +279,9 @@ typename GptModel<Ops>::Slot& GptModel<Ops>::acquire(Chunk& ch, int mb, int B) {
   s->storage.zeros(acts + BT * C * layers + BT * C * 2);
   s->stats.zeros(floats + BT * 2);
   s->ids.zeros(ints);
+  const int64_t kf = fp8::kept_floats(tps_), norm_casts = parallel_block_ ? 1 : 2;
+  s->fp8_scalars.zeros(fp8 ? layers * 4 * kf : 0);
+  s->fp8_bytes.zeros(norms_fp8 ? layers * norm_casts * BT * C : 0);
   acts = 0, floats = 0, ints = 0;
   Act* a = s->storage.data();
   float* st = s->stats.data();
@@ -285,6 +293,15 @@ typename GptModel<Ops>::Slot& GptModel<Ops>::acquire(Chunk& ch, int mb, int B) {
     l.in = take(BT * C);
     carve_layer(l, acts, floats, ints, a, st, s->ids.data(), set, mlp, !moe, moe, norms);
     if (mlp && moe) l.spill = static_cast<int>(spills_.size()), spills_.emplace_back();
+    if (fp8) {
+      float* k = s->fp8_scalars.data() + i * 4 * kf;
+      l.ln1_fp8.scalars = k, l.atty_fp8.scalars = k + kf, l.ln2_fp8.scalars = k + 2 * kf, l.act_fp8.scalars = k + 3 * kf;
+    }
+    if (norms_fp8) {
+      uint8_t* b = s->fp8_bytes.data() + i * norm_casts * BT * C;
+      l.ln1_fp8.bytes = b;
+      if (!parallel_block_) l.ln2_fp8.bytes = b + BT * C;
+    }
   }
   s->out = take(BT * C);
   s->lnf = take(BT * C), s->lnf_mean = st + floats, s->lnf_rstd = st + floats + BT;
@@ -300,7 +317,7 @@ typename GptModel<Ops>::Slot& GptModel<Ops>::acquire(Chunk& ch, int mb, int B) {
   }
   const int64_t held = (s->storage.size() + s->logits.size()) * int64_t(sizeof(Act)) +
                        (s->stats.size() + s->ids.size() + s->losses.size() + s->ce_max.size() + s->ce_sum.size() +
-                        s->ce_parts.size()) * 4;
+                        s->ce_parts.size() + s->fp8_scalars.size()) * 4 + s->fp8_bytes.size();
   const int64_t plan = model::slot_bytes(memory_shape(), layers, ch.head, moe_layers);
   MYRIAD_CHECK(held == plan, "a slot holds ", held, " bytes, the memory plan (model/memory_plan.h) says ", plan);
   s->mb = mb, s->B = B;
@@ -435,14 +452,14 @@ typename GptModel<Ops>::Act* GptModel<Ops>::column_input_backward(Act* dfull, in
 
 template <OpSet Ops>
 void GptModel<Ops>::row_parallel_forward(Act* out, const Act* inp, const Param* w, const Param* b, int IC,
-                                         int OC) {
+                                         int OC, const fp8::Kept* keep) {
   if (!tp_) {
-    ops_.linear_forward(out, inp, w, b, N_, IC, OC, block_gemm());
+    ops_.linear_forward(out, inp, w, b, N_, IC, OC, block_gemm(), keep);
     return;
   }
   // The partial product of this rank's input features, reduced over the ranks; the bias once.
   Act* partial = sp_ ? full_.data() : out;
-  ops_.linear_forward(partial, inp, w, static_cast<const Param*>(nullptr), N_, IC, OC, block_gemm());
+  ops_.linear_forward(partial, inp, w, static_cast<const Param*>(nullptr), N_, IC, OC, block_gemm(), keep);
   reduce_partial(partial, out, OC);
   if (b) ops_.add_bias(out, b, R_, OC);
 }
@@ -457,9 +474,9 @@ const typename GptModel<Ops>::Act* GptModel<Ops>::row_parallel_dout(const Act* d
 template <OpSet Ops>
 void GptModel<Ops>::row_parallel_backward(Act* dinp, float* dw, float* db, const Act* dout_full,
                                           const Act* dout, const Act* inp, const Param* w, int IC, int OC,
-                                          const Act* pre) {
+                                          const Act* pre, const fp8::Kept* kept) {
   ops_.linear_backward(mlp_, dinp, dw, sp_ ? nullptr : db, dout_full, inp, w, pre, N_, IC, OC, /*accumulate=*/false,
-                       block_gemm());
+                       block_gemm(), kept);
   if (sp_ && db) ops_.bias_backward(db, dout, R_, OC);  // this rank's rows: summed in finish_grads()
 }
 
@@ -557,7 +574,7 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, Rows rows, int64_t stride, const
     mlp_output(l, a, branches);
     const Act* resid = a.mid;
     if (parallel_block_) {
-      row_parallel_forward(tmp_.data(), a.atty, w.proj_w, w.proj_b, Cl, C);
+      row_parallel_forward(tmp_.data(), a.atty, w.proj_w, w.proj_b, Cl, C, kept(a.atty_fp8));
       ops_.add(branches, branches, tmp_.data(), int64_t(R) * C);
       resid = a.in;
     }
@@ -710,7 +727,8 @@ void GptModel<Ops>::layer_forward(const Slot& s, int64_t l, LayerActs& a) {
   const LayerTensors<Param>& w = p_.layers[l];
   column_input_forward(a.ln1, C);
   const bool qk = qk_norm_.kind != QkNormKind::kNone;
-  ops_.linear_forward(qk ? a.qkv_raw : a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, C, static_cast<int>(Ql_), block_gemm());
+  ops_.linear_forward(qk ? a.qkv_raw : a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, C, static_cast<int>(Ql_), block_gemm(),
+                      kept(a.ln1_fp8));
   if (qk) ops_.qk_norm_forward(qk_norm_, a.qkv, a.qk_rstd, a.qkv_raw, w.q_norm_w, w.k_norm_w, N, Hkvl, G, D);
   if (rope_) ops_.rope_forward(a.qkv, B, T, Hkvl, G, D, cp_rows());
   if (cp_) {  // this rank's query rows against the whole sequence's keys
@@ -723,7 +741,7 @@ void GptModel<Ops>::layer_forward(const Slot& s, int64_t l, LayerActs& a) {
   // the parallel one, whose attention projection only the layer's output needs.
   const Act* mlp_in = a.ln1;
   if (!parallel_block_) {
-    row_parallel_forward(tmp_.data(), a.atty, w.proj_w, w.proj_b, Cl, C);
+    row_parallel_forward(tmp_.data(), a.atty, w.proj_w, w.proj_b, Cl, C, kept(a.atty_fp8));
     ops_.residual_norm_forward(norm_, a.mid, local_rows(a.ln2, C), a.ln2_mean, a.ln2_rstd, a.in, tmp_.data(),
                                w.ln2_w, w.ln2_b, R, C);
     column_input_forward(a.ln2, C);
@@ -737,7 +755,8 @@ void GptModel<Ops>::mlp_forward(int64_t l, LayerActs& a, const Act* in, bool rou
   const LayerTensors<Param>& w = p_.layers[l];
   const int N = N_, C = C_;
   if (!cfg_.model.layer_is_moe(l)) {
-    ops_.linear_act_forward(mlp_, a.act, a.fc, in, w.fc_w, w.fc_b, N, C, static_cast<int>(Fl_), block_gemm());
+    ops_.linear_act_forward(mlp_, a.act, a.fc, in, w.fc_w, w.fc_b, N, C, static_cast<int>(Fl_), block_gemm(),
+                            kept(parallel_block_ ? a.ln1_fp8 : a.ln2_fp8));
     return;
   }
   const int E = static_cast<int>(E_), k = static_cast<int>(k_), Fe = static_cast<int>(Fe_), El = static_cast<int>(El_);
@@ -781,7 +800,7 @@ template <OpSet Ops>
 void GptModel<Ops>::mlp_output(int64_t l, const LayerActs& a, Act* out) {
   const LayerTensors<Param>& w = p_.layers[l];
   if (!cfg_.model.layer_is_moe(l)) {
-    row_parallel_forward(out, a.act, w.fcproj_w, w.fcproj_b, static_cast<int>(Fl_), C_);
+    row_parallel_forward(out, a.act, w.fcproj_w, w.fcproj_b, static_cast<int>(Fl_), C_, kept(a.act_fp8));
     return;
   }
   // The shared experts' partial sum over this rank's features (all rows), plus the routed
@@ -807,9 +826,10 @@ void GptModel<Ops>::mlp_backward(int64_t l, const LayerActs& a, const Act* in, c
   const int N = N_, C = C_;
   if (!cfg_.model.layer_is_moe(l)) {
     row_parallel_backward(dfc_.data(), g.fcproj_w, g.fcproj_b, dout, dlocal, /*inp: recomputed from fc*/ nullptr,
-                          w.fcproj_w, static_cast<int>(Fl_), C, a.fc);
+                          w.fcproj_w, static_cast<int>(Fl_), C, a.fc, kept(a.act_fp8));
     ops_.linear_backward(mlp_, dln_.data(), g.fc_w, g.fc_b, dfc_.data(), in, w.fc_w, nullptr, N, C,
-                         static_cast<int>(Pl_), /*accumulate=*/false, block_gemm());
+                         static_cast<int>(Pl_), /*accumulate=*/false, block_gemm(),
+                         kept(parallel_block_ ? a.ln1_fp8 : a.ln2_fp8));
     return;
   }
   const int E = static_cast<int>(E_), k = static_cast<int>(k_), Fe = static_cast<int>(Fe_), El = static_cast<int>(El_);
@@ -1047,7 +1067,8 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
     }
     // Attention branch (in the parallel block dln_ still holds the MLP's share of LN1's output
     // gradient, and the attention's share adds to it).
-    row_parallel_backward(datty_.data(), g.proj_w, g.proj_b, dout, dresid, a.atty, w.proj_w, Cl, C, nullptr);
+    row_parallel_backward(datty_.data(), g.proj_w, g.proj_b, dout, dresid, a.atty, w.proj_w, Cl, C, nullptr,
+                          kept(a.atty_fp8));
     if (cp_) {  // the sequence's keys gathered again; their gradients go back to their ranks
       if (!overlap_cp_) kv = gather_start(s, l, a.qkv);
       gather_finish(s, l, a.qkv, kv);
@@ -1063,7 +1084,7 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
       ops_.qk_norm_backward(qk_norm_, dqkv_.data(), g.q_norm_w, g.k_norm_w, a.qkv_raw, w.q_norm_w, w.k_norm_w,
                             a.qk_rstd, N, Hkvl, G, D);
     ops_.linear_backward(mlp_, dln_.data(), g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, w.qkv_w, nullptr, N, C, Ql,
-                         /*accumulate=*/parallel_block_, block_gemm());
+                         /*accumulate=*/parallel_block_, block_gemm(), kept(a.ln1_fp8));
     Act* dln1 = column_input_backward(dln_.data(), C);
     ops_.norm_backward(norm_, dresid, g.ln1_w, g.ln1_b, dln1, a.in, w.ln1_w, a.ln1_mean, a.ln1_rstd, R, C);
   }

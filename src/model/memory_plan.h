@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/config.h"
+#include "ops/fp8.h"
 
 namespace myriad::model {
 
@@ -40,6 +41,7 @@ struct GptMemoryShape {
   // model.qk_norm: the QKV GEMM's output kept beside the normed qkv, and each row's rstds.
   int64_t qk_rstds = 0;  // per row: Hl + Hkvl ("head"), 2 ("all"), 0 (none)
   bool fp8 = false, fp8_head = false;  // train.precision = "fp8": the block's linears; train.fp8_lm_head
+  int64_t tp_ranks = 1;             // the tensor-parallel group's size (an FP8 cast's scalars hold its amaxes)
 };
 
 // The shape of model `m` on a tensor-parallel rank of `tp` (and a context-parallel one of `cp`)
@@ -47,7 +49,7 @@ struct GptMemoryShape {
 // op set's sizes.
 inline GptMemoryShape memory_shape(const ModelConfig& m, int64_t tp, int64_t B, int64_t padded_vocab, int64_t cp = 1) {
   GptMemoryShape s;
-  s.B = B, s.T = m.seq_len / cp, s.cp = cp, s.C = m.d_model;
+  s.B = B, s.T = m.seq_len / cp, s.cp = cp, s.C = m.d_model, s.tp_ranks = tp;
   s.Hl = m.heads / tp, s.Cl = s.Hl * m.head_dim();
   s.Ql = (s.Hl + 2 * m.kv() / tp) * m.head_dim();
   s.Fl = m.ffn() / tp, s.Pl = s.Fl * (m.swiglu() ? 2 : 1);
@@ -68,7 +70,7 @@ inline int64_t logits_rows(double mib, int64_t Vl, int64_t act_bytes) {
 // Activation elements of one layer in a slot, its floats (statistics, the router's) and its
 // ints (the routing), as GptModel carves them: `set` the attention half, the norms' statistics
 // and what the routing keeps (all but full recompute), `mlp` the MLP's wide tensors (no
-// recompute), `norms` the norms' outputs (kept by none, the recompute set's otherwise); of
+// recompute), `norms` the norms' outputs (kept by none in bf16, the recompute set's otherwise); of
 // the dense MLP (`dense`) and of the MoE one (`moe`): a layer is one, the recompute set both when
 // the model has both.
 struct LayerCounts {
@@ -97,13 +99,17 @@ inline LayerCounts layer_counts(const GptMemoryShape& s, bool set, bool mlp, boo
 inline int64_t slot_bytes(const GptMemoryShape& s, int64_t layers, bool head, int64_t moe_layers = 0) {
   const int64_t BT = s.B * s.T;
   const bool set = s.recompute != "full", mlp = s.recompute == "none" || s.recompute == "norms";
-  const bool norms = s.recompute == "none";
+  // FP8 keeps the norms' outputs (none) as one-byte casts instead, and every layer four casts'
+  // scalars (GptModel::LayerActs::ln1_fp8 ...).
+  const bool norms = s.recompute == "none" && !s.fp8, norm_casts = s.recompute == "none" && s.fp8;
   const LayerCounts d = layer_counts(s, set, mlp, true, false, norms), m = layer_counts(s, set, mlp, false, true, norms);
   const int64_t dense_layers = layers - moe_layers;
   int64_t bytes = ((d.acts + BT * s.C) * dense_layers + (m.acts + BT * s.C) * moe_layers + 2 * BT * s.C) *
                       s.act_bytes                                                          // + each layer's input, out, lnf
                   + (d.floats * dense_layers + m.floats * moe_layers + 2 * BT) * 4  // statistics
                   + (d.ints * dense_layers + m.ints * moe_layers) * 4;              // routes
+  if (s.fp8) bytes += layers * 4 * fp8::kept_floats(s.tp_ranks) * 4;
+  if (norm_casts) bytes += layers * (s.parallel_block ? 1 : 2) * BT * s.C;
   if (head) bytes += s.head_rows() * s.Vl * s.act_bytes + BT * 4 + (s.tp ? 4 * BT * 4 : 0);  // logits, losses, CE parts
   return bytes;
 }
@@ -127,9 +133,10 @@ inline int64_t buffer_bytes(const GptMemoryShape& s) {
     if (s.ep > 1) acts += M * C + 2 * Mx * C;  // the rows before dispatch (M,C); exchange scratch (2,Mx,C)
     floats += BT * s.E + BT * s.k;
   }
-  // The recompute set (every mode but none): the norms' outputs, with what the mode refills besides.
+  // The recompute set (every mode but none): the norms' outputs, with what the mode refills
+  // besides; with FP8 under none the norms' outputs alone (a slot keeps their casts).
   int64_t ints = 0;
-  if (s.recompute != "none") {
+  if (s.recompute != "none" || s.fp8) {
     const bool mlp = s.recompute == "selective" || s.recompute == "full";
     const LayerCounts sh = layer_counts(s, s.recompute == "full", mlp, s.has_dense, s.has_moe, true);
     acts += sh.acts, floats += sh.floats, ints += sh.ints;

@@ -73,6 +73,20 @@ struct AmaxGroup {
   int ranks = 1;
   std::function<void(const float* local, float* all)> gather;
 };
+// What an FP8 linear's forward keeps of its input x (N rows, IC features) for its backward, whose
+// weight gradient takes x^T in FP8 at x's scale: the cast's scalars, and where a model asks, the
+// transposed cast itself. With the scalars the backward's cast of x^T skips the amax pass (and,
+// under tensor parallelism, the group's gather); with the bytes there is no cast at all, and a
+// model keeps them in place of x's bf16 (half the bytes). The backward's x (kept, refilled by a
+// recompute, or recomputed from the activation's input) is bitwise the forward's, so it computes
+// what casting it afresh computes.
+struct Kept {
+  float* scalars = nullptr;  // device, kept_floats(ranks): amax at 0, scale 16, 1/scale 32, the group's amaxes 48..
+  uint8_t* bytes = nullptr;  // device, (IC, N) in the forward's format; null: not kept
+};
+// Floats of a cast's scalars with `ranks` tensor-parallel ranks: each scalar 64-byte aligned
+// (cuBLASLt reads a scale only there), the group's amaxes from 48.
+inline int64_t kept_floats(int64_t ranks) { return 48 + (ranks + 15) / 16 * 16; }
 // Why a GPU of compute capability major.minor cannot train in FP8 ("" when it can: Hopper, 9.0,
 // and later). A function of the capability alone, so that it is tested off the GPU.
 std::string gpu_refusal(int major, int minor);

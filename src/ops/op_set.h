@@ -42,7 +42,7 @@ concept OpSet = requires(const O& o, typename O::Act* a, const typename O::Act* 
                          const std::vector<std::pair<int64_t, int64_t>>& pieces, const std::vector<double>& freqs,
                          const fp8::Recipe& recipe, fp8::AmaxGroup group, typename O::Param* p, void* v,
                          size_t z, const Router& router, int32_t* ids, const int64_t* counts, QkNorm qk,
-                         const ContextRows* rows) {
+                         const ContextRows* rows, const fp8::Kept* kept) {
   // Types and buffers.
   typename O::template Buffer<float>;
   typename O::template Buffer<typename O::Act>;
@@ -81,9 +81,10 @@ concept OpSet = requires(const O& o, typename O::Act* a, const typename O::Act* 
   o.norm_forward(n, a, f, f, ca, cp, cp, i, i);
   o.residual_norm_forward(n, a, a, f, f, ca, ca, cp, cp, i, i);
   o.norm_backward(n, a, f, f, ca, ca, cp, cf, cf, i, i);
-  o.linear_forward(a, ca, cp, cp, i, i, i, g);
-  o.linear_act_forward(m, a, a, ca, cp, cp, i, i, i, g);
-  o.linear_backward(m, a, f, f, ca, ca, cp, ca, i, i, i, b, g);
+  // Gemm::kFp8: what the forward keeps of its input's cast for the backward (fp8::Kept).
+  o.linear_forward(a, ca, cp, cp, i, i, i, g, kept);
+  o.linear_act_forward(m, a, a, ca, cp, cp, i, i, i, g, kept);
+  o.linear_backward(m, a, f, f, ca, ca, cp, ca, i, i, i, b, g, kept);
   { o.fp8_refusal() } -> std::convertible_to<std::string>;
   o.set_fp8(recipe, group);
   o.add(a, ca, ca, l);

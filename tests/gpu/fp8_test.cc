@@ -286,7 +286,9 @@ TEST(Fp8Engine, TheLmHeadInFp8FollowsBf16AndRepeatsBitwise) {
 
 // The cast buffers are held memory, as the memory plan counts them (model::fp8_cast_bytes, which
 // the planner adds): an fp8 engine holds that many bytes more than the same bf16 one after a
-// step, exactly; with the LM head in FP8 too, the head's operands counted.
+// step, exactly, besides what the plan's slot and buffers hold apart in fp8 (the norms' outputs
+// kept as casts, the kept casts' scalars: the engine checks those as it carves them); with the
+// LM head in FP8 too, the head's operands counted.
 TEST(Fp8Memory, TheCastBuffersAreHeldAsPlanned) {
   using namespace engine_cases;
   for (bool head : {false, true}) {
@@ -304,10 +306,15 @@ TEST(Fp8Memory, TheCastBuffersAreHeldAsPlanned) {
     const int64_t bf16 = held_after_a_step(bcfg), fp8 = held_after_a_step(fcfg);
     myriad::model::GptMemoryShape s =
         myriad::model::memory_shape(fcfg.model, 1, fcfg.train.micro_batch, fcfg.padded_vocab());
-    s.act_bytes = 2, s.fp8 = true, s.fp8_head = head;
+    s.act_bytes = 2, s.fp8 = true, s.fp8_head = head, s.recompute = fcfg.train.recompute;
     s.logits_rows = myriad::model::logits_rows(fcfg.train.logits_mib, s.Vl, 2);
+    myriad::model::GptMemoryShape b = s;
+    b.fp8 = b.fp8_head = false;
+    const int64_t L = fcfg.model.layers;
+    const int64_t apart = myriad::model::slot_bytes(s, L, true) - myriad::model::slot_bytes(b, L, true) +
+                          myriad::model::buffer_bytes(s) - myriad::model::buffer_bytes(b);
     EXPECT_GT(myriad::model::fp8_cast_bytes(s), 0);
-    EXPECT_EQ(fp8 - bf16, myriad::model::fp8_cast_bytes(s));
+    EXPECT_EQ(fp8 - bf16, myriad::model::fp8_cast_bytes(s) + apart);
   }
 }
 
@@ -406,6 +413,71 @@ TEST(Fp8Group, ShardsScaledAsTheWholeTensorComputeWhatOneGpuComputes) {
   EXPECT_LT(grouped, 0.005) << "the shards' outputs part from one GPU's, with the amaxes met";
   EXPECT_GT(alone, 0.05) << "scaled by their own amaxes, the shards still compute what one GPU computes: the check "
                            "above cannot fail";
+}
+
+// What a forward keeps of its input's cast (fp8::Kept) gives the backward the bits a fresh cast
+// gives: the transposed bytes themselves (the norms' outputs under recompute none: the input the
+// backward is handed is then NaN, and must not be read), or the scale alone (the other inputs,
+// cast without a second amax pass; the MLP projection's input, recomputed from fc). The
+// reference is the backward without a keep; a scale kept from a tensor 64 times larger shows that
+// the comparison can fail.
+TEST(Fp8Kept, TheBackwardComputesTheSameBitsFromWhatTheForwardKept) {
+  using myriad::Gemm;
+  using myriad::Mlp;
+  const int N = 256, IC = 512, OC = 384, F = 256;
+  std::mt19937_64 gen(seed());
+  myriad::cuda::CudaOps ops;
+  ops.set_fp8(fp8::Recipe{}, {});
+  Dev<bf16> x(size_t(N) * IC), big(size_t(N) * IC), nan(size_t(N) * IC), w(size_t(OC) * IC), dy(size_t(N) * OC),
+      y(size_t(N) * OC), dx(size_t(N) * IC);
+  const std::vector<float> xs = with_outliers(x.n, gen, 1.0f);
+  std::vector<float> xs64 = xs;
+  for (float& v : xs64) v *= 64;
+  x.upload(to_bf16(xs)), big.upload(to_bf16(xs64)), nan.poison();
+  w.upload(to_bf16(round_bf16(randn(w.n, gen, 0.02f)))), dy.upload(to_bf16(round_bf16(randn(dy.n, gen, 0.1f))));
+  Dev<float> dw(size_t(OC) * IC), scalars(fp8::kept_floats(1));
+  Dev<uint8_t> bytes(size_t(IC) * N);
+  struct Grads {
+    std::vector<bf16> dx;
+    std::vector<float> dw;
+  };
+  // kind: 0 no keep, 1 the scale kept, 2 the bytes kept, 3 the scale kept from 64 x.
+  auto run = [&](int kind) {
+    fp8::Kept k{scalars.p, kind == 2 ? bytes.p : nullptr};
+    ops.linear_forward(y.p, kind == 3 ? big.p : x.p, w.p, nullptr, N, IC, OC, Gemm::kFp8, kind ? &k : nullptr);
+    dw.zero(), dx.poison();
+    ops.linear_backward(Mlp::kGelu, dx.p, dw.p, nullptr, dy.p, kind == 2 ? nan.p : x.p, w.p, nullptr, N, IC, OC,
+                        /*accumulate=*/false, Gemm::kFp8, kind ? &k : nullptr);
+    EXPECT_EQ(cudaStreamSynchronize(ops.stream()), cudaSuccess);
+    return Grads{dx.download(), dw.download()};
+  };
+  const Grads ref = run(0), scale = run(1), kept = run(2), wrong = run(3);
+  auto same = [](const Grads& a, const Grads& b) {
+    return std::memcmp(a.dx.data(), b.dx.data(), a.dx.size() * sizeof(bf16)) == 0 && a.dw == b.dw;
+  };
+  EXPECT_TRUE(same(scale, ref)) << "x^T cast at the kept scale";
+  EXPECT_TRUE(same(kept, ref)) << "x^T kept as bytes";
+  EXPECT_FALSE(same(wrong, ref)) << "a scale kept from another tensor changes nothing: the check cannot fail";
+
+  // The MLP's projection: its input (the activation's output) recomputed from pre in the
+  // backward, cast at the forward's kept scale.
+  for (const Mlp m : {Mlp::kSwiGlu, Mlp::kGelu}) {
+    const int P = F * (m == Mlp::kSwiGlu ? 2 : 1);
+    Dev<bf16> w1(size_t(P) * IC), pre(size_t(N) * P), act(size_t(N) * F), w2(size_t(OC) * F), dpre(size_t(N) * P);
+    Dev<float> dw2(size_t(OC) * F);
+    w1.upload(to_bf16(round_bf16(randn(w1.n, gen, 0.05f)))), w2.upload(to_bf16(round_bf16(randn(w2.n, gen, 0.02f))));
+    ops.linear_act_forward(m, act.p, pre.p, x.p, w1.p, nullptr, N, IC, F, Gemm::kFp8);
+    auto projection = [&](bool keep) {
+      fp8::Kept k{scalars.p, nullptr};
+      ops.linear_forward(y.p, act.p, w2.p, nullptr, N, F, OC, Gemm::kFp8, keep ? &k : nullptr);
+      dw2.zero(), dpre.poison();
+      ops.linear_backward(m, dpre.p, dw2.p, nullptr, dy.p, nullptr, w2.p, pre.p, N, F, OC, /*accumulate=*/false,
+                          Gemm::kFp8, keep ? &k : nullptr);
+      EXPECT_EQ(cudaStreamSynchronize(ops.stream()), cudaSuccess);
+      return Grads{dpre.download(), dw2.download()};
+    };
+    EXPECT_TRUE(same(projection(true), projection(false))) << (m == Mlp::kSwiGlu ? "SwiGLU" : "GELU");
+  }
 }
 
 TEST(Fp8Engine, RefusesWhatItCannotCompute) {

@@ -600,28 +600,37 @@ uint8_t* fp8_buffer(CudaOps::State& st, int i, size_t bytes) {
   return st.fp8_bytes[i];
 }
 
-// x (rows,cols) as FP8 GEMM operands: one amax, one scale, one pass that writes the bytes
-// row-major into buffer `r` and/or transposed, (cols,rows), into buffer `t` (-1: not wanted).
-// Each stays valid until its buffer's next cast; the scalars are those of the first buffer named.
+// x (rows,cols) as FP8 GEMM operands, with the scalars at `slot` (fp8::Kept's layout): with
+// `measure` x's amax (over the group) and its scale first, else slot's scale is x's already (a
+// kept cast's); then one pass that writes the bytes row-major into q and/or transposed,
+// (cols,rows), into qt (either may be null).
 struct Fp8Operand {
   Matmul::Fp8Tensor rows, cols;
 };
+Fp8Operand fp8_cast_into(CudaOps::State& st, uint8_t* q, uint8_t* qt, float* slot, const bf16* x, int rows, int cols,
+                         fp8::Format f, bool measure) {
+  // A scope of its own, outside the GEMM's: the profile shows what the casts cost.
+  OpScope op(st, q && qt ? "fp8_cast_both" : qt ? "fp8_cast_t" : "fp8_cast", rows, cols);
+  float *amax = slot, *scale = slot + 16, *inv = slot + 32, *group = slot + 48;
+  if (measure) {
+    cuda::amax(amax, x, int64_t(rows) * cols, st.stream);
+    const int ranks = st.amaxes.ranks;
+    if (ranks > 1) st.amaxes.gather(amax, group);
+    cuda::fp8_scales(scale, inv, ranks > 1 ? group : amax, ranks, f, st.stream);
+  }
+  cuda::cast_fp8(q, qt, x, rows, cols, scale, f, st.stream);
+  return {{q, inv, f}, {qt, inv, f}};
+}
+
+// The same into cast buffer r (row-major) and/or t (transposed), -1: not wanted; each stays
+// valid until its buffer's next cast; the scalars are those of the first buffer named.
 Fp8Operand fp8_cast(CudaOps::State& st, int r, int t, const bf16* x, int rows, int cols, fp8::Format f) {
   const size_t bytes = size_t(rows) * cols;
   uint8_t* q = r >= 0 ? fp8_buffer(st, r, bytes) : nullptr;
   uint8_t* qt = t >= 0 ? fp8_buffer(st, t, bytes) : nullptr;
   if (!st.fp8_scalars)
     CUDA_CHECK(cudaMalloc(&st.fp8_scalars, CudaOps::State::kFp8Buffers * st.fp8_slot * sizeof(float)));
-  // A scope of its own, outside the GEMM's: the profile shows what the casts cost.
-  OpScope op(st, q && qt ? "fp8_cast_both" : qt ? "fp8_cast_t" : "fp8_cast", rows, cols);
-  float* slot = st.fp8_scalars + st.fp8_slot * (r >= 0 ? r : t);
-  float *amax = slot, *scale = slot + 16, *inv = slot + 32, *group = slot + 48;
-  cuda::amax(amax, x, int64_t(bytes), st.stream);
-  const int ranks = st.amaxes.ranks;
-  if (ranks > 1) st.amaxes.gather(amax, group);
-  cuda::fp8_scales(scale, inv, ranks > 1 ? group : amax, ranks, f, st.stream);
-  cuda::cast_fp8(q, qt, x, rows, cols, scale, f, st.stream);
-  return {{q, inv, f}, {qt, inv, f}};
+  return fp8_cast_into(st, q, qt, st.fp8_scalars + st.fp8_slot * (r >= 0 ? r : t), x, rows, cols, f, true);
 }
 
 }  // namespace
@@ -632,7 +641,7 @@ void CudaOps::set_fp8(const fp8::Recipe& r, fp8::AmaxGroup group) const {
   CUDA_CHECK(cudaStreamSynchronize(st_->stream));  // no cast in flight reads the old slots
   cudaFree(st_->fp8_scalars);
   st_->fp8_scalars = nullptr;
-  st_->fp8_slot = 48 + (group.ranks + 15) / 16 * 16;
+  st_->fp8_slot = static_cast<int>(fp8::kept_floats(group.ranks));
   st_->fp8 = r;
   st_->amaxes = std::move(group);
 }
@@ -646,10 +655,14 @@ std::string CudaOps::fp8_refusal() const {
 }
 
 void CudaOps::linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC,
-                             Gemm g) const {
+                             Gemm g, const fp8::Kept* keep) const {
   if (g == Gemm::kFp8) {
-    const Matmul::Fp8Tensor x = fp8_cast(*st_, 0, -1, inp, N, IC, st_->fp8.forward).rows,
-                            wq = fp8_cast(*st_, 1, -1, w, OC, IC, st_->fp8.forward).rows;
+    // With `keep` the input's scalars go there, and its transposed cast too when it has bytes.
+    const Matmul::Fp8Tensor x =
+        keep ? fp8_cast_into(*st_, fp8_buffer(*st_, 0, size_t(N) * IC), keep->bytes, keep->scalars, inp, N, IC,
+                             st_->fp8.forward, /*measure=*/true).rows
+             : fp8_cast(*st_, 0, -1, inp, N, IC, st_->fp8.forward).rows;
+    const Matmul::Fp8Tensor wq = fp8_cast(*st_, 1, -1, w, OC, IC, st_->fp8.forward).rows;
     OpScope op(*st_, "linear_forward_fp8", N, IC, OC);
     st_->mm.forward_fp8(out, x, wq, b, N, IC, OC, st_->fp8.fast_accum, st_->stream);
     return;
@@ -659,13 +672,13 @@ void CudaOps::linear_forward(Act* out, const Act* inp, const Param* w, const Par
 }
 
 void CudaOps::linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N,
-                                 int IC, int F, Gemm g) const {
+                                 int IC, int F, Gemm g, const fp8::Kept* keep) const {
   if (m == Mlp::kGelu && g == Gemm::kBf16) {
     OpScope op(*st_, "linear_gelu_forward", N, IC, F);
     st_->mm.forward_gelu(out, pre, inp, w, b, N, IC, F, st_->stream);
     return;
   }
-  linear_forward(pre, inp, w, b, N, IC, F * pre_width(m), g);
+  linear_forward(pre, inp, w, b, N, IC, F * pre_width(m), g, keep);
   if (m == Mlp::kGelu) {
     OpScope op(*st_, "gelu_forward", N, F);
     cuda::gelu_forward(out, pre, int64_t(N) * F, st_->stream);
@@ -676,9 +689,14 @@ void CudaOps::linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, cons
 }
 
 void CudaOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp,
-                              const Param* w, const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g) const {
+                              const Param* w, const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g,
+                              const fp8::Kept* kept) const {
   MYRIAD_CHECK(!(pre && accumulate), "linear_backward: a gradient through the activation is written, not added");
-  MYRIAD_CHECK(inp || pre, "linear_backward: no input, and no pre-activation to recompute it from");
+  // FP8 with what the forward kept: x^T itself, or its scale, at which an activation recomputed
+  // from pre goes straight into its transposed cast (never written in bf16).
+  const bool kept_bytes = g == Gemm::kFp8 && kept && kept->bytes;
+  const bool cast_from_pre = g == Gemm::kFp8 && kept && !kept->bytes && !inp && pre;
+  MYRIAD_CHECK(inp || pre || kept_bytes, "linear_backward: no input, and no pre-activation to recompute it from");
   // The input gradient: into dinp, or through the activation (its output gradient (N,IC) in
   // scratch, bf16). GELU's backward rides the bf16 GEMM's epilogue. Without `inp`, the
   // activation's output is recomputed from `pre` into scratch beside it, by the forward's own
@@ -709,7 +727,7 @@ void CudaOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act*
     else
       cuda::swiglu_backward(dinp, pre, dx, N, IC, st_->stream);
   }
-  if (!inp) {
+  if (!inp && !kept_bytes && !cast_from_pre) {
     Act* act = reinterpret_cast<Act*>(sc + part);
     OpScope op(*st_, m == Mlp::kGelu ? "gelu_recompute" : "swiglu_recompute", N, IC);
     if (m == Mlp::kGelu)
@@ -719,8 +737,23 @@ void CudaOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act*
     inp = act;
   }
   if (g == Gemm::kFp8) {
-    // Buffer 1 again: the input gradient's GEMM, queued before on the same stream, has read W^T.
-    const Matmul::Fp8Tensor xt = fp8_cast(*st_, -1, 1, inp, N, IC, st_->fp8.forward).cols;
+    // x^T: kept by the forward; or cast at the forward's kept scale, from x or straight from
+    // pre; or cast afresh. Into buffer 1 again: the input gradient's GEMM, queued before on the
+    // same stream, has read W^T.
+    Matmul::Fp8Tensor xt{};
+    if (kept_bytes) {
+      xt = {kept->bytes, kept->scalars + 32, st_->fp8.forward};
+    } else if (cast_from_pre) {
+      uint8_t* q = fp8_buffer(*st_, 1, size_t(N) * IC);
+      OpScope op(*st_, m == Mlp::kGelu ? "gelu_recompute_fp8_t" : "swiglu_recompute_fp8_t", N, IC);
+      cuda::cast_fp8_activation_t(q, pre, m == Mlp::kSwiGlu, N, IC, kept->scalars + 16, st_->fp8.forward, st_->stream);
+      xt = {q, kept->scalars + 32, st_->fp8.forward};
+    } else if (kept) {
+      xt = fp8_cast_into(*st_, nullptr, fp8_buffer(*st_, 1, size_t(N) * IC), kept->scalars, inp, N, IC,
+                         st_->fp8.forward, /*measure=*/false).cols;
+    } else {
+      xt = fp8_cast(*st_, -1, 1, inp, N, IC, st_->fp8.forward).cols;
+    }
     OpScope op(*st_, "linear_backward_weight_fp8", N, IC, OC);
     st_->mm.backward_weight_fp8(dw, dy_t, xt, N, IC, OC, st_->stream);
   } else {

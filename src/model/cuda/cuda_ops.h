@@ -138,17 +138,22 @@ class CudaOps {
                      const float* mean, const float* rstd, int N, int C) const;
   // Gemm::kFp8: each operand cast per call (its amax, over the group set_fp8 names, a power-of-two
   // scale and the bytes, in the layout Hopper's FP8 GEMMs take: ops/fp8.h), in set_fp8's recipe's
-  // formats; only the forward's GEMM may use fast accumulation (the recipe's fast_accum).
+  // formats; only the forward's GEMM may use fast accumulation (the recipe's fast_accum). `keep`
+  // (Gemm::kFp8): where the input's cast scalars (and, with bytes, its transposed cast) go for
+  // the backward (ops/fp8.h Kept).
   void linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC,
-                      Gemm g = Gemm::kBf16) const;
+                      Gemm g = Gemm::kBf16, const fp8::Kept* keep = nullptr) const;
   // GELU fused into the GEMM's epilogue (in bf16; after an FP8 GEMM a kernel of its own); SwiGLU
   // a kernel after the GEMM (its pairs span columns).
   void linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N, int IC,
-                          int F, Gemm g = Gemm::kBf16) const;
+                          int F, Gemm g = Gemm::kBf16, const fp8::Kept* keep = nullptr) const;
   // As CpuOps::linear_backward. In FP8 dout is cast once (e5m2) into both layouts, W^T and inp^T
   // (e4m3) each once; GELU's backward is then a kernel of its own (in bf16, the GEMM's epilogue).
+  // `kept`, the forward's keep: inp^T is its bytes (inp is then not read, nor recomputed), or is
+  // cast at its scale without an amax pass, a recomputed activation straight from pre.
   void linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
-                       const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g = Gemm::kBf16) const;
+                       const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g = Gemm::kBf16,
+                       const fp8::Kept* kept = nullptr) const;
   // Why this GPU cannot compute Gemm::kFp8 ("" when it can: fp8::gpu_refusal of its capability).
   std::string fp8_refusal() const;
   // The recipe of the Gemm::kFp8 linears, and the group whose amaxes meet (ops/fp8.h); before the

@@ -92,13 +92,13 @@ void CpuOps::norm_backward(Norm n, Act* dinp, float* dw, float* db, const Act* d
     cpu::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
 }
 void CpuOps::linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC,
-                            Gemm g) const {
-  MYRIAD_CHECK(g == Gemm::kBf16, "the CPU op set computes its linears in fp32");
+                            Gemm g, const fp8::Kept* keep) const {
+  MYRIAD_CHECK(g == Gemm::kBf16 && !keep, "the CPU op set computes its linears in fp32");
   cpu::linear_forward(out, inp, w, b, N, IC, OC);
 }
 void CpuOps::linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N,
-                                int IC, int F, Gemm g) const {
-  MYRIAD_CHECK(g == Gemm::kBf16, "the CPU op set computes its linears in fp32");
+                                int IC, int F, Gemm g, const fp8::Kept* keep) const {
+  MYRIAD_CHECK(g == Gemm::kBf16 && !keep, "the CPU op set computes its linears in fp32");
   cpu::linear_forward(pre, inp, w, b, N, IC, F * pre_width(m));
   if (m == Mlp::kSwiGlu)
     cpu::swiglu_forward(out, pre, N, F);
@@ -106,8 +106,9 @@ void CpuOps::linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const
     cpu::gelu_forward(out, pre, int64_t(N) * F);
 }
 void CpuOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
-                             const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g) const {
-  MYRIAD_CHECK(g == Gemm::kBf16, "the CPU op set computes its linears in fp32");
+                             const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g,
+                             const fp8::Kept* kept) const {
+  MYRIAD_CHECK(g == Gemm::kBf16 && !kept, "the CPU op set computes its linears in fp32");
   MYRIAD_CHECK(!(pre && accumulate), "linear_backward: a gradient through the activation is written, not added");
   // The input gradient into dinp, or into a scratch of the activation's output gradient (N,F).
   const int64_t n = int64_t(N) * IC;

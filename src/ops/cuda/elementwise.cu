@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "ops/cuda/activations.cuh"
 #include "ops/cuda/kernel_util.cuh"
 
 namespace myriad::cuda {
@@ -12,16 +13,11 @@ using namespace detail;
 namespace {
 
 constexpr int kThreads = 256;
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kCubic = 0.044715f;
+using activation::kCubic;
+using activation::kSqrt2OverPi;
 
-// gelu(x) = 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): the sigmoid
-// form has no cancellation for negative x (1 + tanh(u) would lose the small values).
 struct GeluForward {
-  __device__ float operator()(float x, float) const {
-    const float z = 2.0f * kSqrt2OverPi * x * (1.0f + kCubic * x * x);
-    return __fdividef(x, 1.0f + __expf(-z));  // exp overflow gives x / inf = 0: the right limit
-  }
+  __device__ float operator()(float x, float) const { return activation::gelu(x); }
 };
 
 // d/dx [x s(z)] = s + x s (1 - s) z', z' = 2 sqrt(2/pi) (1 + 3 0.044715 x^2).

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "ops/cuda/activations.cuh"
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/ops.cuh"
 #include "ops/fp8.h"
@@ -50,11 +51,46 @@ __device__ __forceinline__ uint8_t to_fp8(float x, Format f) {
       __nv_cvt_float_to_fp8(x, __NV_SATFINITE, f == Format::e4m3 ? __NV_E4M3 : __NV_E5M2));
 }
 
-// A 64x64 tile per block of 256 threads: read as 16-byte rows of 8 bf16, written cast in the
-// source's order (8 bytes a thread) and, through shared memory, transposed (the same).
+// Where a cast's 8 values at (row, col..col+8) of a (rows, cols) tensor come from: the tensor
+// itself (bf16), or an MLP activation recomputed from its input, rounded to bf16 as its own
+// kernel writes it (swiglu.cu, elementwise.cu), so the cast sees the same bits.
+struct FromTensor {
+  const bf16* x;
+  int cols;
+  __device__ void operator()(float (&v)[8], int row, int col) const {
+    detail::load_bf16<8>(v, x + int64_t(row) * cols + col);
+  }
+};
+struct FromSwiGlu {  // gu (rows, cols, 2): (gate, up) pairs
+  const bf16* gu;
+  int cols;
+  __device__ void operator()(float (&v)[8], int row, int col) const {
+    float p[8], q[8];
+    detail::load_bf16<8>(p, gu + 2 * (int64_t(row) * cols + col));
+    detail::load_bf16<8>(q, gu + 2 * (int64_t(row) * cols + col) + 8);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      v[e] = __bfloat162float(__float2bfloat16(activation::silu(p[2 * e]) * p[2 * e + 1]));
+      v[4 + e] = __bfloat162float(__float2bfloat16(activation::silu(q[2 * e]) * q[2 * e + 1]));
+    }
+  }
+};
+struct FromGelu {  // pre (rows, cols)
+  const bf16* pre;
+  int cols;
+  __device__ void operator()(float (&v)[8], int row, int col) const {
+    detail::load_bf16<8>(v, pre + int64_t(row) * cols + col);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = __bfloat162float(__float2bfloat16(activation::gelu(v[j])));
+  }
+};
+
+// A 64x64 tile per block of 256 threads: read as rows of 8 values (cols a multiple of 8), written
+// cast in the source's order (8 bytes a thread) and, through shared memory, transposed (the same).
 constexpr int kTile = 64;
-__global__ void cast_kernel(uint8_t* __restrict__ out, uint8_t* __restrict__ out_t, const bf16* __restrict__ x,
-                            int rows, int cols, const float* __restrict__ scale_ptr, Format f) {
+template <class Load>
+__global__ void cast_kernel(uint8_t* __restrict__ out, uint8_t* __restrict__ out_t, Load load, int rows, int cols,
+                            const float* __restrict__ scale_ptr, Format f) {
   __shared__ __align__(16) uint8_t tile[kTile][kTile + 8];  // [column][row] of the cast tile
   const float scale = *scale_ptr;
   const int r0 = blockIdx.y * kTile, c0 = blockIdx.x * kTile;
@@ -64,21 +100,11 @@ __global__ void cast_kernel(uint8_t* __restrict__ out, uint8_t* __restrict__ out
     const int r = vr + 32 * pass, row = r0 + r, col = c0 + 8 * vc;
     if (row >= rows || col >= cols) continue;
     float v[8];
-    if (col + 8 <= cols) {
-      detail::load_bf16<8>(v, x + int64_t(row) * cols + col);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = col + j < cols ? __bfloat162float(x[int64_t(row) * cols + col + j]) : 0.0f;
-    }
+    load(v, row, col);
     alignas(8) uint8_t q[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) q[j] = to_fp8(v[j] * scale, f);
-    if (!out) {
-    } else if (col + 8 <= cols) {
-      *reinterpret_cast<uint2*>(out + int64_t(row) * cols + col) = *reinterpret_cast<const uint2*>(q);
-    } else {
-      for (int j = 0; j < 8 && col + j < cols; ++j) out[int64_t(row) * cols + col + j] = q[j];
-    }
+    if (out) *reinterpret_cast<uint2*>(out + int64_t(row) * cols + col) = *reinterpret_cast<const uint2*>(q);
 #pragma unroll
     for (int j = 0; j < 8; ++j) tile[8 * vc + j][r] = q[j];
   }
@@ -122,8 +148,22 @@ void cast_fp8(uint8_t* out, uint8_t* out_t, const bf16* x, int rows, int cols, c
                "aligned buffers");
   MYRIAD_CHECK(ceil_div(rows, kTile) <= 65535, "cast_fp8: ", rows, " rows exceed the grid's 65535 tiles of ", kTile);
   const dim3 grid(ceil_div(cols, kTile), ceil_div(rows, kTile));
-  cast_kernel<<<grid, 256, 0, stream>>>(out, out_t, x, rows, cols, scale, f);
+  cast_kernel<<<grid, 256, 0, stream>>>(out, out_t, FromTensor{x, cols}, rows, cols, scale, f);
   check_launch("cast_fp8");
+}
+
+void cast_fp8_activation_t(uint8_t* out_t, const bf16* pre, bool swiglu, int rows, int cols, const float* scale,
+                           fp8::Format f, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  MYRIAD_CHECK(cols % 8 == 0 && rows % 8 == 0 && detail::aligned16(pre) && detail::aligned16(out_t),
+               "cast_fp8_activation_t: rows ", rows, " cols ", cols, ": multiples of 8, 16-byte aligned buffers");
+  MYRIAD_CHECK(ceil_div(rows, kTile) <= 65535, "cast_fp8_activation_t: ", rows, " rows exceed the grid's 65535 tiles");
+  const dim3 grid(ceil_div(cols, kTile), ceil_div(rows, kTile));
+  if (swiglu)
+    cast_kernel<<<grid, 256, 0, stream>>>(nullptr, out_t, FromSwiGlu{pre, cols}, rows, cols, scale, f);
+  else
+    cast_kernel<<<grid, 256, 0, stream>>>(nullptr, out_t, FromGelu{pre, cols}, rows, cols, scale, f);
+  check_launch("cast_fp8_activation_t");
 }
 
 }  // namespace myriad::cuda

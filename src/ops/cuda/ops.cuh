@@ -257,6 +257,13 @@ void fp8_scales(float* scale, float* inv_scale, const float* amax, int count, fp
 // cols (and rows, with out_t) multiples of 8; buffers 16-byte aligned.
 void cast_fp8(uint8_t* out, uint8_t* out_t, const bf16* x, int rows, int cols, const float* scale, fp8::Format f,
               cudaStream_t stream);
+// out_t (cols,rows) = the transposed cast of an MLP activation's output (rows,cols), recomputed
+// from its input and not written: SwiGLU of pre's (gate, up) pairs (pre (rows,cols,2)) or GELU
+// of pre (rows,cols), each value rounded to bf16 as swiglu_forward / gelu_forward write it, then
+// cast as cast_fp8 casts it. The MLP projection's weight-gradient operand, at the scale its
+// forward kept. rows and cols multiples of 8; buffers 16-byte aligned.
+void cast_fp8_activation_t(uint8_t* out_t, const bf16* pre, bool swiglu, int rows, int cols, const float* scale,
+                           fp8::Format f, cudaStream_t stream);
 
 // ---- the step's elementwise helpers ----
 void accumulate(float* dst, const float* src, int64_t n, cudaStream_t stream);  // dst += src

@@ -11,6 +11,7 @@
 // division it was compute-bound on an H200 (2.7 TB/s against 4.1 with __fdividef).
 #include <algorithm>
 
+#include "ops/cuda/activations.cuh"
 #include "ops/cuda/kernel_util.cuh"
 
 namespace myriad::cuda {
@@ -22,11 +23,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kFeat = 4;  // features per vector of the backward (twice that in the forward)
 
-__device__ __forceinline__ float silu(float g) {
-  // exp(-g) overflows to inf for g < -88: g * rcp(inf) = -0, silu's limit. The fast division
-  // (2 ulp) is far below the bf16 rounding of the result.
-  return __fdividef(g, 1.0f + __expf(-g));
-}
+using activation::silu;
 
 // d out / d gate and d out / d up, times dout.
 __device__ __forceinline__ float2 silu_grads(float g, float u, float d) {

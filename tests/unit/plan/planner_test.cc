@@ -303,18 +303,22 @@ TEST(Planner, OneGpuMemoryIsTheEnginesPeak) {
     int B;
     const char* recompute;
     double measured_gib;
+    const char* features = "fused_ops,misc";
   };
-  // myriad bench's peaks on an H100, 2026-12-06 (docs/PERFORMANCE.md [H1], [H3]): the LM
+  // myriad bench's peaks on an H100, 2026-12-06 (docs/PERFORMANCE.md [H1], [H3], [H5]): the LM
   // head over chunks of 2,048 and 5,248 rows of the logits (train.logits_mib's default).
   for (const Row& r : {Row{"gpt-1.3b", 8, "none", 43.21}, Row{"llama-3.2-1b", 8, "none", 39.84},
                        Row{"gpt-1.3b", 8, "norms", 40.33}, Row{"llama-3.2-1b", 8, "norms", 37.96},
-                       Row{"llama-3.2-3b", 4, "none", 72.15}, Row{"llama-3.2-3b", 4, "norms", 69.62}}) {
+                       Row{"llama-3.2-3b", 4, "none", 72.15}, Row{"llama-3.2-3b", 4, "norms", 69.62},
+                       Row{"gpt-1.3b", 8, "none", 42.21, "fused_ops,misc,fp8"},
+                       Row{"llama-3.2-1b", 8, "none", 39.59, "fused_ops,misc,fp8"}}) {
     const ModelConfig m =
         load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/" + r.model + ".toml", {"model.seq_len=2048"}).model;
     const plan::Layout l = plan::parse_layout(cat("tp=1,pp=1,mb=", r.B, ",recompute=", r.recompute));
-    const plan::Prediction p = plan::predict(m, r.B, 1, c, l, plan::parse_features("fused_ops,misc"));
+    const plan::Prediction p = plan::predict(m, r.B, 1, c, l, plan::parse_features(r.features));
     ASSERT_TRUE(p.fits) << r.model << ": " << p.why_not;
-    EXPECT_NEAR(p.memory_gib, r.measured_gib, 0.02 * r.measured_gib) << r.model << " recompute " << r.recompute;
+    EXPECT_NEAR(p.memory_gib, r.measured_gib, 0.02 * r.measured_gib)
+        << r.model << " recompute " << r.recompute << " " << r.features;
   }
 }
 
@@ -346,7 +350,9 @@ TEST(Planner, MemoryByWhatHoldsIt) {
 // FP8's cast buffers, by their arithmetic at llama-1b, B 8 x 2048 (one byte an element): the
 // largest row-major operand (the fc's output gradient, B T x 2 F), the largest of the weights and
 // the transposed inputs (the MLP projection's input, B T x F), the largest transposed output
-// gradient (fc's again). The rest of the peak is bf16's.
+// gradient (fc's again). The rest of the peak is bf16's, but that the norms' outputs are kept as
+// their one-byte casts (two a layer, B T x d each) in place of their bf16, which one pair shared
+// by the layers holds for the moment (recompute none), and each layer keeps its four casts' scalars.
 TEST(Planner, Fp8HoldsItsCastBuffers) {
   const plan::Cluster c = plan::load_cluster(std::string(MYRIAD_SOURCE_DIR) + "/configs/clusters/h100.toml");
   const ModelConfig m =
@@ -354,9 +360,10 @@ TEST(Planner, Fp8HoldsItsCastBuffers) {
   const plan::Layout l = plan::parse_layout("tp=1,pp=1,mb=8");
   const plan::Prediction bf16 = plan::predict(m, 8, 1, c, l, plan::parse_features("fused_ops,misc"));
   const plan::Prediction fp8 = plan::predict(m, 8, 1, c, l, plan::parse_features("fused_ops,misc,fp8"));
-  const double N = 8.0 * 2048, F = double(m.ffn()), gib = double(1 << 30);
+  const double N = 8.0 * 2048, F = double(m.ffn()), d = double(m.d_model), gib = double(1 << 30);
   EXPECT_NEAR(fp8.memory.casts, (N * 2 * F + N * F + N * 2 * F) / gib, 1e-9);
-  EXPECT_NEAR(fp8.memory_gib - bf16.memory_gib, fp8.memory.casts, 1e-9);
+  const double kept_norms = m.layers * 2 * N * d * (1.0 - 2.0) + 2 * N * d * 2, scalars = m.layers * 4 * 64 * 4.0;
+  EXPECT_NEAR(fp8.memory_gib - bf16.memory_gib, fp8.memory.casts + (kept_norms + scalars) / gib, 1e-9);
   EXPECT_NE(plan::describe(fp8, l).find("fp8 casts 0.6"), std::string::npos) << plan::describe(fp8, l);
   EXPECT_EQ(plan::describe(bf16, l).find("fp8 casts"), std::string::npos);
 }
@@ -437,14 +444,16 @@ TEST(Planner, Fp8RunsTheBlocksGemmsAtItsRateAndPaysForItsCasts) {
 
   // At an FP8 rate equal to bf16's, what is left is the casts: per layer, forward the inputs of
   // QKV (d), the projection (d), fc (d) and the down projection (F), and the weights, 5 bytes an
-  // element; backward the output gradients (QKV 3072 wide, d, gate/up 2F, d) once into both
-  // layouts, 6 bytes, and the inputs and weights again.
+  // element, and the norms' outputs' kept casts (a byte each of QKV's and fc's inputs); backward
+  // the output gradients (QKV 3072 wide, d, gate/up 2F, d) once into both layouts, 6 bytes, the
+  // weights again, and the inputs not kept at their kept scales (3 bytes: the projections').
   plan::Cluster same = h200;
   same.fp8_peak_tflops = h200.peak_tflops, same.fp8_gemm_efficiency = h200.gemm_efficiency;
   const plan::Prediction casts_only = plan::predict(m, 8, 1, same, l, plan::parse_features("misc,fp8"));
   const double t = 8 * 2048.0, d = 2048, F = 8192, qkv = (32 + 2 * 8) * 64;
   const double inputs = t * (3 * d + F), weights = (qkv + d + 2 * F + F) * d, grads = t * (qkv + d + 2 * F + d);
-  const double casts = 16 * (5 * (2 * inputs + 2 * weights) + 6 * grads) / (h200.hbm_gbps * 1e9);
+  const double kept = t * 2 * d;
+  const double casts = 16 * (5 * (inputs + 2 * weights) + kept + 3 * (inputs - kept) + 6 * grads) / (h200.hbm_gbps * 1e9);
   EXPECT_NEAR(casts_only.step_s - bf16.step_s, casts, 1e-9);
 
   const plan::Prediction a100 =
