@@ -490,7 +490,7 @@ std::vector<std::pair<Layout, Prediction>> search(const ModelConfig& model, int6
       for (int pp = 1; pp <= model.layers; ++pp)
         for (int v : {1, 2, 3, 4, 6, 8})
           for (int mb : {1, 2, 4})
-            for (const char* rc : {"none", "full"})
+            for (const char* rc : {"none", "norms", "selective", "full"})
               for (int ep = 1; ep <= std::max<int64_t>(model.experts, 1); ep *= 2) {
                 if (model.layers % (int64_t(pp) * v) != 0 || (v > 1 && pp == 1) || gpus % (int64_t(tp) * pp * cp) != 0)
                   continue;

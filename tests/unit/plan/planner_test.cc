@@ -322,6 +322,30 @@ TEST(Planner, OneGpuMemoryIsTheEnginesPeak) {
   }
 }
 
+// The search tries every recompute mode: where a GPU holds Llama 3.2 3B's B 4 x 2048 with the
+// norms' outputs refilled but not with everything kept, the norms mode is found and none is not;
+// and for one layout, keeping more is faster (none, norms, selective, full), so that the search
+// takes the cheapest mode that fits.
+TEST(Planner, SearchTakesTheRecomputeModeThatFits) {
+  plan::Cluster c = plan::load_cluster(std::string(MYRIAD_SOURCE_DIR) + "/configs/clusters/h100.toml");
+  const ModelConfig m =
+      load_config(std::string(MYRIAD_SOURCE_DIR) + "/configs/llama-3.2-3b.toml", {"model.seq_len=2048"}).model;
+  const plan::Features f = plan::parse_features("fused_ops,misc");
+  auto at = [&](const char* rc) { return plan::predict(m, 4, 1, c, plan::parse_layout(cat("tp=1,pp=1,mb=4,recompute=", rc)), f); };
+  const double none = at("none").memory_gib, norms = at("norms").memory_gib;
+  ASSERT_LT(norms, none);
+  c.memory_gib = (none + norms) / 2;
+  bool with_norms = false, with_none = false;
+  for (const auto& [l, p] : plan::search(m, 4, 1, c, f))
+    if (l.tp == 1 && l.pp == 1 && l.mb == 4) with_norms |= l.recompute == "norms", with_none |= l.recompute == "none";
+  EXPECT_TRUE(with_norms);
+  EXPECT_FALSE(with_none);
+  c.memory_gib = 1000;
+  EXPECT_LT(at("none").step_s, at("norms").step_s);
+  EXPECT_LT(at("norms").step_s, at("selective").step_s);
+  EXPECT_LT(at("selective").step_s, at("full").step_s);
+}
+
 // The peak by what holds it: the parts sum to the total, and each is its own arithmetic (a
 // dense model on one GPU: 2 + 4 + 12 bytes a parameter for weights, gradients and the whole
 // optimizer state; cuDNN's B H T T bf16 workspace). `myriad plan` prints them.
