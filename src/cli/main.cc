@@ -374,7 +374,7 @@ int cmd_plan(int argc, char** argv) {
   // A layout that does not fit in memory is as impossible as one that does not divide: its
   // prediction is printed for what it shows, and the exit code lets a script tell.
   if (!p.fits)
-    throw_input("plan: the layout does not fit: ", p.why_not, "; try --search, a larger tp or pp, or recompute=full");
+    throw_input("plan: the layout does not fit: ", p.why_not, "; try --search, a larger tp or pp, or recompute=norms, selective or full");
   return 0;
 }
 
