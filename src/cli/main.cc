@@ -373,8 +373,17 @@ int cmd_plan(int argc, char** argv) {
   if (!p.fits && p.microbatches == 0) throw_input("plan: ", p.why_not);
   // A layout that does not fit in memory is as impossible as one that does not divide: its
   // prediction is printed for what it shows, and the exit code lets a script tell.
-  if (!p.fits)
-    throw_input("plan: the layout does not fit: ", p.why_not, "; try --search, a larger tp or pp, or recompute=norms, selective or full");
+  if (!p.fits) {
+    // The recompute modes that keep less than this layout's, in the order they cost more time.
+    std::string less;
+    bool past = false;
+    for (const char* rc : {"none", "norms", "selective", "full"}) {
+      if (past) less += std::string(less.empty() ? "" : ", ") + "recompute=" + rc;
+      past = past || layout.recompute == rc;
+    }
+    throw_input("plan: the layout does not fit: ", p.why_not, "; try --search, a larger tp or pp",
+                less.empty() ? "" : ", or " + less);
+  }
   return 0;
 }
 

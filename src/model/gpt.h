@@ -192,7 +192,8 @@ class GptModel {
   // rank's: Ql = (Hl + 2 Hkvl) D, Cl = Hl D, Fl features, Pl = Fl or 2 Fl). train.recompute
   // decides which a slot keeps per layer and which live once in shared_, refilled by recompute()
   // just before a layer's backward:
-  //   none: all per layer;  norms: all but the norms' outputs;  selective: neither those nor fc
+  //   none: all per layer (in FP8 the norms' outputs as their casts, LayerActs::ln1_fp8, their
+  //   bf16 a transient in shared_);  norms: all but the norms' outputs;  selective: neither those nor fc
   //   (the fc GEMM runs again);  full: only `in` per layer (LN1 and the layer up to the fc GEMM
   //   run again).
   // The norms' outputs (ln1, ln2: the QKV and fc GEMMs' inputs) are refilled by every mode but
@@ -503,7 +504,8 @@ class GptModel {
   std::vector<Chunk> chunks_;
   const Act* last_logits_ = nullptr;  // logits() of the whole-model path
 
-  // train.recompute's shared activations (LayerActs whose kept pointers are null), and whose
+  // train.recompute's shared activations (LayerActs whose kept pointers are null; in FP8 under
+  // none the norms' outputs' bf16, a transient), and whose
   // they hold now: (slot, micro-batch, layer); written by every forward and recompute().
   Buffer<Act> shared_acts_;
   Buffer<float> shared_stats_;

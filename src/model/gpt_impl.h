@@ -1025,6 +1025,10 @@ double GptModel<Ops>::take_loss() {
 
 template <OpSet Ops>
 void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput, float grad_scale) {
+  // FP8 with recompute none keeps the norms' outputs as FP8 casts only: a bf16 backward (tokens
+  // off a multiple of 16) would read their shared transient, another layer's.
+  MYRIAD_CHECK(block_gemm() == gemm_ || recompute_ != Recompute::kNone, "an FP8 model's backward of ", N_,
+               " tokens, not a multiple of 16: its norms' outputs are kept only as FP8 casts");
   const int B = B_, T = T_, C = C_, N = N_, R = R_, W = window_;
   const int Cl = static_cast<int>(Cl_), Hl = static_cast<int>(Hl_);
   const int Hkvl = static_cast<int>(Hkvl_), D = static_cast<int>(D_), G = static_cast<int>(G_);

@@ -145,7 +145,8 @@ inline int64_t buffer_bytes(const GptMemoryShape& s) {
 }
 
 // The op set's scratch at its largest: a dense MLP projection's backward holds its activation's
-// gradient and the activation it recomputes from fc, (B,T,Fl) each (CudaOps::linear_backward).
+// gradient and the activation it recomputes from fc, (B,T,Fl) each (CudaOps::linear_backward;
+// in FP8 the second half is asked for but unused: the activation goes straight into its cast).
 inline int64_t scratch_bytes(const GptMemoryShape& s) { return s.has_dense ? 2 * s.B * s.T * s.Fl * s.act_bytes : 0; }
 
 // FP8's cast buffers (CudaOps: one byte an element; three, each grown to the largest operand it

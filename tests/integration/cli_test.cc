@@ -371,6 +371,12 @@ TEST(Plan, ALayoutThatDoesNotFitAndARepeatedKeyAreInputErrors) {
   EXPECT_NE(big.output.find("DOES NOT FIT"), std::string::npos) << big.output;
   EXPECT_NE(big.output.find("\nmyriad: input error: plan: the layout does not fit: needs "), std::string::npos)
       << big.output;
+  // The hint names the recompute modes that keep less than the layout's, and none past full.
+  EXPECT_NE(big.output.find("or recompute=norms, recompute=selective, recompute=full\n"), std::string::npos)
+      << big.output;
+  Result full = run(cat(base, " --layout tp=1,pp=1,mb=1,recompute=full"));
+  EXPECT_EQ(full.code, 2) << full.output;
+  EXPECT_EQ(full.output.find("recompute=norms"), std::string::npos) << full.output;
   Result twice = run(cat(base, " --layout tp=8,tp=4,pp=8"));
   EXPECT_EQ(twice.code, 2) << twice.output;
   EXPECT_NE(twice.output.find("myriad: input error: plan: --layout 'tp=8,tp=4,pp=8' gives tp twice"), std::string::npos)

@@ -698,7 +698,8 @@ void CudaOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act*
   const bool cast_from_pre = g == Gemm::kFp8 && kept && !kept->bytes && !inp && pre;
   MYRIAD_CHECK(inp || pre || kept_bytes, "linear_backward: no input, and no pre-activation to recompute it from");
   // The input gradient: into dinp, or through the activation (its output gradient (N,IC) in
-  // scratch, bf16). GELU's backward rides the bf16 GEMM's epilogue. Without `inp`, the
+  // scratch, bf16). GELU's backward rides the bf16 GEMM's epilogue. Without `inp` (and in FP8
+  // without a kept cast, which takes it from pre straight into its cast), the
   // activation's output is recomputed from `pre` into scratch beside it, by the forward's own
   // kernel (the same bits), for the weight gradient.
   const bool dgelu = pre && m == Mlp::kGelu && g == Gemm::kBf16;

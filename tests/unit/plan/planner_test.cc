@@ -470,14 +470,16 @@ TEST(Planner, Fp8RunsTheBlocksGemmsAtItsRateAndPaysForItsCasts) {
   // QKV (d), the projection (d), fc (d) and the down projection (F), and the weights, 5 bytes an
   // element, and the norms' outputs' kept casts (a byte each of QKV's and fc's inputs); backward
   // the output gradients (QKV 3072 wide, d, gate/up 2F, d) once into both layouts, 6 bytes, the
-  // weights again, and the inputs not kept at their kept scales (3 bytes: the projections').
+  // weights again, and the inputs not kept at their kept scales: the attention projection's (3
+  // bytes), the MLP projection's from fc's (gate, up) pairs (5).
   plan::Cluster same = h200;
   same.fp8_peak_tflops = h200.peak_tflops, same.fp8_gemm_efficiency = h200.gemm_efficiency;
   const plan::Prediction casts_only = plan::predict(m, 8, 1, same, l, plan::parse_features("misc,fp8"));
   const double t = 8 * 2048.0, d = 2048, F = 8192, qkv = (32 + 2 * 8) * 64;
   const double inputs = t * (3 * d + F), weights = (qkv + d + 2 * F + F) * d, grads = t * (qkv + d + 2 * F + d);
   const double kept = t * 2 * d;
-  const double casts = 16 * (5 * (inputs + 2 * weights) + kept + 3 * (inputs - kept) + 6 * grads) / (h200.hbm_gbps * 1e9);
+  const double casts =
+      16 * (5 * (inputs + 2 * weights) + kept + 3 * t * d + 5 * t * F + 6 * grads) / (h200.hbm_gbps * 1e9);
   EXPECT_NEAR(casts_only.step_s - bf16.step_s, casts, 1e-9);
 
   const plan::Prediction a100 =
