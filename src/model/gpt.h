@@ -349,7 +349,8 @@ class GptModel {
   // Backward of row_parallel_forward: dout_full from row_parallel_dout, dout the local rows;
   // dinp (=), through the MLP's activation when pre (its input, the fc GEMM's output) is given.
   void row_parallel_backward(Act* dinp, float* dw, float* db, const Act* dout_full, const Act* dout,
-                             const Act* inp, const Param* w, int IC, int OC, const Act* pre, const fp8::Kept* kept);
+                             const Act* inp, const Param* w, int IC, int OC, const Act* pre, const fp8::Kept* kept,
+                             const fp8::Kept* dinp_amax = nullptr);
   // A LayerActs' kept cast as the linears take it: null when the block's GEMMs are not FP8.
   static const fp8::Kept* kept(const fp8::Kept& k) { return k.scalars ? &k : nullptr; }
   // Runs a region of parallel/mappings.h (fp32 buffers) on activations: `in` (n_in elements)
@@ -521,6 +522,10 @@ class GptModel {
   Buffer<float> wide_;  // (2,B,T,C) TP with a narrower Act: the regions' fp32 copies
   Buffer<Act> dresid_;  // (B,T,C) gradient of the residual stream
   Buffer<Act> dln_, datty_, dqkv_, dfc_;  // (B,T,C) (B,T,Cl) (B,T,Ql) (B,T,Pl)
+  // fp8: dfc_'s cast scalars, its amax written by the activation's backward as it writes dfc_
+  // (fp8::kept_floats), so the fc GEMM's backward casts it without an amax pass.
+  Buffer<float> dfc_scalars_;
+  fp8::Kept dfc_fp8_;
   Buffer<Act> act_;     // (B,T,Fl) a dense MLP's activation output, from its forward to its projection
   Buffer<Act> dout_, din_;  // (R,C) the chunks' boundary gradients of forward_backward
   // An MoE layer's scratch (M = B T k rows, Mx = ep M): the rows in this rank's expert order

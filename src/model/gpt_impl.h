@@ -166,6 +166,7 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
   datty_.zeros(BT * Cl_);
   dqkv_.zeros(BT * Ql_);
   dfc_.zeros(BT * Pl_);
+  if (gemm_ == Gemm::kFp8) dfc_scalars_.zeros(fp8::kept_floats(tps_)), dfc_fp8_.scalars = dfc_scalars_.data();
   loss_.zeros(1);
   const bool has_moe = cfg.model.moe_layers() > 0, has_dense = cfg.model.moe_layers() < L_;
   if (has_dense) act_.zeros(BT * Fl_);
@@ -196,7 +197,7 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
                         dxfc_.size() + xr_.size() + dsfc_.size() + cp_qkv_.size() + cp_dqkv_.size()) *
                            int64_t(sizeof(Act)) +
                        (wide_.size() + shared_stats_.size() + dlogits_.size() + dweights_.size() +
-                        shared_ids_.size() + cp_pack_.size()) * 4 + loss_.size() * 8;
+                        shared_ids_.size() + cp_pack_.size() + dfc_scalars_.size()) * 4 + loss_.size() * 8;
   MYRIAD_CHECK(held == model::buffer_bytes(memory_shape()), "the step's buffers hold ", held,
                " bytes, the memory plan (model/memory_plan.h) says ", model::buffer_bytes(memory_shape()));
 }
@@ -474,9 +475,9 @@ const typename GptModel<Ops>::Act* GptModel<Ops>::row_parallel_dout(const Act* d
 template <OpSet Ops>
 void GptModel<Ops>::row_parallel_backward(Act* dinp, float* dw, float* db, const Act* dout_full,
                                           const Act* dout, const Act* inp, const Param* w, int IC, int OC,
-                                          const Act* pre, const fp8::Kept* kept) {
+                                          const Act* pre, const fp8::Kept* kept, const fp8::Kept* dinp_amax) {
   ops_.linear_backward(mlp_, dinp, dw, sp_ ? nullptr : db, dout_full, inp, w, pre, N_, IC, OC, /*accumulate=*/false,
-                       block_gemm(), kept);
+                       block_gemm(), kept, dinp_amax);
   if (sp_ && db) ops_.bias_backward(db, dout, R_, OC);  // this rank's rows: summed in finish_grads()
 }
 
@@ -825,11 +826,12 @@ void GptModel<Ops>::mlp_backward(int64_t l, const LayerActs& a, const Act* in, c
   const LayerTensors<float>& g = g_.layers[l];
   const int N = N_, C = C_;
   if (!cfg_.model.layer_is_moe(l)) {
+    // In FP8 the activation's backward measures dfc's amax as it writes it, for fc's cast of it.
     row_parallel_backward(dfc_.data(), g.fcproj_w, g.fcproj_b, dout, dlocal, /*inp: recomputed from fc*/ nullptr,
-                          w.fcproj_w, static_cast<int>(Fl_), C, a.fc, kept(a.act_fp8));
+                          w.fcproj_w, static_cast<int>(Fl_), C, a.fc, kept(a.act_fp8), kept(dfc_fp8_));
     ops_.linear_backward(mlp_, dln_.data(), g.fc_w, g.fc_b, dfc_.data(), in, w.fc_w, nullptr, N, C,
                          static_cast<int>(Pl_), /*accumulate=*/false, block_gemm(),
-                         kept(parallel_block_ ? a.ln1_fp8 : a.ln2_fp8));
+                         kept(parallel_block_ ? a.ln1_fp8 : a.ln2_fp8), nullptr, kept(dfc_fp8_));
     return;
   }
   const int E = static_cast<int>(E_), k = static_cast<int>(k_), Fe = static_cast<int>(Fe_), El = static_cast<int>(El_);

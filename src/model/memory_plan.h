@@ -124,6 +124,7 @@ inline int64_t buffer_bytes(const GptMemoryShape& s) {
   int64_t acts = 4 * BT * C + BT * s.Cl + BT * s.Ql + BT * s.Pl;  // tmp, tmp2, dresid, dln, datty, dqkv, dfc
   if (s.has_dense) acts += BT * s.Fl;                              // act, the dense MLP's activation output
   int64_t floats = 2;                                                // the loss (a double)
+  if (s.fp8) floats += fp8::kept_floats(s.tp_ranks);                 // dfc's cast scalars
   if (s.tp) acts += BT * C;
   if (s.tp && s.act_bytes != 4) floats += 2 * BT * C;
   if (s.cp > 1) acts += BT * s.cp * 2 * s.Ql, floats += BT * s.cp * (s.Ql - s.Cl);  // qkv, dqkv; the k, v blocks

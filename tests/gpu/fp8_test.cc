@@ -6,6 +6,7 @@
 #include <barrier>
 #include <cmath>
 #include <thread>
+#include <tuple>
 #include <cstring>
 
 #include "core/config.h"
@@ -478,6 +479,62 @@ TEST(Fp8Kept, TheBackwardComputesTheSameBitsFromWhatTheForwardKept) {
     };
     EXPECT_TRUE(same(projection(true), projection(false))) << (m == Mlp::kSwiGlu ? "SwiGLU" : "GELU");
   }
+}
+
+// The activation's backward measures the amax of the input gradient it writes (dfc, the fc
+// GEMM's output gradient) exactly as cuda::amax measures it afterwards, NaN included; and the fc
+// backward that takes that amax (dout_amax) computes the bits of one that measures it itself.
+TEST(Fp8Kept, TheActivationsBackwardMeasuresTheAmaxItWrites) {
+  using myriad::Gemm;
+  using myriad::Mlp;
+  const int N = 256, C = 384, F = 512, OC = 384;
+  std::mt19937_64 gen(seed());
+  myriad::cuda::CudaOps ops;
+  ops.set_fp8(fp8::Recipe{}, {});
+  for (const Mlp m : {Mlp::kSwiGlu, Mlp::kGelu}) {
+    SCOPED_TRACE(m == Mlp::kSwiGlu ? "SwiGLU" : "GELU");
+    const int P = F * (m == Mlp::kSwiGlu ? 2 : 1);
+    Dev<bf16> x(size_t(N) * C), w1(size_t(P) * C), pre(size_t(N) * P), act(size_t(N) * F), w2(size_t(OC) * F),
+        dy(size_t(N) * OC), y(size_t(N) * OC), dpre(size_t(N) * P), dx(size_t(N) * C);
+    Dev<float> dw1(w1.n), dw2(w2.n), scalars(fp8::kept_floats(1)), measured(1);
+    x.upload(to_bf16(with_outliers(x.n, gen, 1.0f)));
+    w1.upload(to_bf16(round_bf16(randn(w1.n, gen, 0.05f)))), w2.upload(to_bf16(round_bf16(randn(w2.n, gen, 0.02f))));
+    dy.upload(to_bf16(with_outliers(dy.n, gen, 0.1f)));
+    ops.linear_act_forward(m, act.p, pre.p, x.p, w1.p, nullptr, N, C, F, Gemm::kFp8);
+    ops.linear_forward(y.p, act.p, w2.p, nullptr, N, F, OC, Gemm::kFp8);
+    auto backward = [&](bool handed) {
+      fp8::Kept k{scalars.p, nullptr};
+      dw1.zero(), dw2.zero(), dpre.poison(), dx.poison();
+      ops.linear_backward(m, dpre.p, dw2.p, nullptr, dy.p, act.p, w2.p, pre.p, N, F, OC, /*accumulate=*/false,
+                          Gemm::kFp8, nullptr, handed ? &k : nullptr);
+      if (handed) myriad::cuda::amax(measured.p, dpre.p, int64_t(dpre.n), ops.stream());
+      ops.linear_backward(Mlp::kGelu, dx.p, dw1.p, nullptr, dpre.p, x.p, w1.p, nullptr, N, C, P, /*accumulate=*/false,
+                          Gemm::kFp8, nullptr, nullptr, handed ? &k : nullptr);
+      EXPECT_EQ(cudaStreamSynchronize(ops.stream()), cudaSuccess);
+      return std::make_tuple(dx.download(), dw1.download(), dpre.download());
+    };
+    const auto [dx0, dw0, dpre0] = backward(false);
+    const auto [dx1, dw1h, dpre1] = backward(true);
+    float produced = 0, afterwards = 0;
+    EXPECT_EQ(cudaMemcpy(&produced, scalars.p, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(&afterwards, measured.p, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_GT(produced, 0.0f);
+    EXPECT_EQ(produced, afterwards) << "the activation's backward's amax against cuda::amax of what it wrote";
+    EXPECT_EQ(std::memcmp(dpre0.data(), dpre1.data(), dpre0.size() * sizeof(bf16)), 0);
+    EXPECT_EQ(std::memcmp(dx0.data(), dx1.data(), dx0.size() * sizeof(bf16)), 0);
+    EXPECT_EQ(dw0, dw1h);
+  }
+  // A NaN in the gradient makes the produced amax infinite, as cuda::amax's.
+  const int n = 4096;
+  Dev<bf16> gu(2 * size_t(n)), d(n), dgu(2 * size_t(n));
+  std::vector<float> h = round_bf16(randn(d.n, gen, 1.0f));
+  h[1234] = NAN;
+  d.upload(to_bf16(h)), gu.upload(to_bf16(round_bf16(randn(gu.n, gen, 1.0f))));
+  Dev<float> a(1);
+  myriad::cuda::swiglu_backward(dgu.p, gu.p, d.p, 1, n, ops.stream(), a.p);
+  float got = 0;
+  EXPECT_EQ(cudaMemcpy(&got, a.p, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_TRUE(std::isinf(got)) << got;
 }
 
 TEST(Fp8Engine, RefusesWhatItCannotCompute) {

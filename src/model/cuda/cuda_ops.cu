@@ -600,20 +600,24 @@ uint8_t* fp8_buffer(CudaOps::State& st, int i, size_t bytes) {
   return st.fp8_bytes[i];
 }
 
-// x (rows,cols) as FP8 GEMM operands, with the scalars at `slot` (fp8::Kept's layout): with
-// `measure` x's amax (over the group) and its scale first, else slot's scale is x's already (a
-// kept cast's); then one pass that writes the bytes row-major into q and/or transposed,
-// (cols,rows), into qt (either may be null).
+// What a cast's scalars (fp8::Kept's layout) hold already: nothing (the cast measures x's amax
+// first), x's amax (its producer measured it as it wrote x: the group's gather and the scale
+// remain), or x's scale (a kept cast's).
+enum class Known { kNothing, kAmax, kScale };
+
+// x (rows,cols) as FP8 GEMM operands with the scalars at `slot`: what `known` leaves to do of
+// the amax (over the group) and the scale, then one pass that writes the bytes row-major into q
+// and/or transposed, (cols,rows), into qt (either may be null).
 struct Fp8Operand {
   Matmul::Fp8Tensor rows, cols;
 };
 Fp8Operand fp8_cast_into(CudaOps::State& st, uint8_t* q, uint8_t* qt, float* slot, const bf16* x, int rows, int cols,
-                         fp8::Format f, bool measure) {
+                         fp8::Format f, Known known) {
   // A scope of its own, outside the GEMM's: the profile shows what the casts cost.
   OpScope op(st, q && qt ? "fp8_cast_both" : qt ? "fp8_cast_t" : "fp8_cast", rows, cols);
   float *amax = slot, *scale = slot + 16, *inv = slot + 32, *group = slot + 48;
-  if (measure) {
-    cuda::amax(amax, x, int64_t(rows) * cols, st.stream);
+  if (known == Known::kNothing) cuda::amax(amax, x, int64_t(rows) * cols, st.stream);
+  if (known != Known::kScale) {
     const int ranks = st.amaxes.ranks;
     if (ranks > 1) st.amaxes.gather(amax, group);
     cuda::fp8_scales(scale, inv, ranks > 1 ? group : amax, ranks, f, st.stream);
@@ -630,7 +634,7 @@ Fp8Operand fp8_cast(CudaOps::State& st, int r, int t, const bf16* x, int rows, i
   uint8_t* qt = t >= 0 ? fp8_buffer(st, t, bytes) : nullptr;
   if (!st.fp8_scalars)
     CUDA_CHECK(cudaMalloc(&st.fp8_scalars, CudaOps::State::kFp8Buffers * st.fp8_slot * sizeof(float)));
-  return fp8_cast_into(st, q, qt, st.fp8_scalars + st.fp8_slot * (r >= 0 ? r : t), x, rows, cols, f, true);
+  return fp8_cast_into(st, q, qt, st.fp8_scalars + st.fp8_slot * (r >= 0 ? r : t), x, rows, cols, f, Known::kNothing);
 }
 
 }  // namespace
@@ -660,7 +664,7 @@ void CudaOps::linear_forward(Act* out, const Act* inp, const Param* w, const Par
     // With `keep` the input's scalars go there, and its transposed cast too when it has bytes.
     const Matmul::Fp8Tensor x =
         keep ? fp8_cast_into(*st_, fp8_buffer(*st_, 0, size_t(N) * IC), keep->bytes, keep->scalars, inp, N, IC,
-                             st_->fp8.forward, /*measure=*/true).rows
+                             st_->fp8.forward, Known::kNothing).rows
              : fp8_cast(*st_, 0, -1, inp, N, IC, st_->fp8.forward).rows;
     const Matmul::Fp8Tensor wq = fp8_cast(*st_, 1, -1, w, OC, IC, st_->fp8.forward).rows;
     OpScope op(*st_, "linear_forward_fp8", N, IC, OC);
@@ -690,7 +694,7 @@ void CudaOps::linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, cons
 
 void CudaOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp,
                               const Param* w, const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g,
-                              const fp8::Kept* kept) const {
+                              const fp8::Kept* kept, const fp8::Kept* dinp_amax, const fp8::Kept* dout_amax) const {
   MYRIAD_CHECK(!(pre && accumulate), "linear_backward: a gradient through the activation is written, not added");
   // FP8 with what the forward kept: x^T itself, or its scale, at which an activation recomputed
   // from pre goes straight into its transposed cast (never written in bf16).
@@ -708,8 +712,12 @@ void CudaOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act*
   Act* dx = pre && !dgelu ? reinterpret_cast<Act*>(sc) : dinp;
   Matmul::Fp8Tensor dy_t{};
   if (g == Gemm::kFp8) {
-    // dout once into both layouts: row-major for the input gradient, transposed for the weight's.
-    const Fp8Operand dy = fp8_cast(*st_, 0, 2, dout, N, OC, st_->fp8.gradient);
+    // dout once into both layouts: row-major for the input gradient, transposed for the weight's;
+    // its amax measured by its producer when dout_amax says so.
+    const Fp8Operand dy =
+        dout_amax ? fp8_cast_into(*st_, fp8_buffer(*st_, 0, size_t(N) * OC), fp8_buffer(*st_, 2, size_t(N) * OC),
+                                  dout_amax->scalars, dout, N, OC, st_->fp8.gradient, Known::kAmax)
+                  : fp8_cast(*st_, 0, 2, dout, N, OC, st_->fp8.gradient);
     dy_t = dy.cols;
     const Matmul::Fp8Tensor wt = fp8_cast(*st_, -1, 1, w, OC, IC, st_->fp8.forward).cols;
     OpScope op(*st_, "linear_backward_input_fp8", N, IC, OC);
@@ -723,10 +731,12 @@ void CudaOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act*
   }
   if (pre && !dgelu) {
     OpScope op(*st_, m == Mlp::kGelu ? "gelu_backward" : "swiglu_backward", N, IC);
+    // In FP8 the activation's backward measures dinp's amax for the cast of the next backward.
+    float* const amax = g == Gemm::kFp8 && dinp_amax ? dinp_amax->scalars : nullptr;
     if (m == Mlp::kGelu)
-      cuda::gelu_backward(dinp, pre, dx, int64_t(N) * IC, st_->stream);
+      cuda::gelu_backward(dinp, pre, dx, int64_t(N) * IC, st_->stream, amax);
     else
-      cuda::swiglu_backward(dinp, pre, dx, N, IC, st_->stream);
+      cuda::swiglu_backward(dinp, pre, dx, N, IC, st_->stream, amax);
   }
   if (!inp && !kept_bytes && !cast_from_pre) {
     Act* act = reinterpret_cast<Act*>(sc + part);
@@ -751,7 +761,7 @@ void CudaOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act*
       xt = {q, kept->scalars + 32, st_->fp8.forward};
     } else if (kept) {
       xt = fp8_cast_into(*st_, nullptr, fp8_buffer(*st_, 1, size_t(N) * IC), kept->scalars, inp, N, IC,
-                         st_->fp8.forward, /*measure=*/false).cols;
+                         st_->fp8.forward, Known::kScale).cols;
     } else {
       xt = fp8_cast(*st_, -1, 1, inp, N, IC, st_->fp8.forward).cols;
     }

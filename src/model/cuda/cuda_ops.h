@@ -151,9 +151,13 @@ class CudaOps {
   // (e4m3) each once; GELU's backward is then a kernel of its own (in bf16, the GEMM's epilogue).
   // `kept`, the forward's keep: inp^T is its bytes (inp is then not read, nor recomputed), or is
   // cast at its scale without an amax pass, a recomputed activation straight from pre.
+  // dinp_amax (with pre): where the activation's backward writes dinp's amax as it writes dinp;
+  // dout_amax: dout's amax is there already (an earlier backward's dinp_amax), so its cast skips
+  // the amax pass.
   void linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
                        const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g = Gemm::kBf16,
-                       const fp8::Kept* kept = nullptr) const;
+                       const fp8::Kept* kept = nullptr, const fp8::Kept* dinp_amax = nullptr,
+                       const fp8::Kept* dout_amax = nullptr) const;
   // Why this GPU cannot compute Gemm::kFp8 ("" when it can: fp8::gpu_refusal of its capability).
   std::string fp8_refusal() const;
   // The recipe of the Gemm::kFp8 linears, and the group whose amaxes meet (ops/fp8.h); before the

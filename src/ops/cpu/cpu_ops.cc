@@ -107,8 +107,8 @@ void CpuOps::linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const
 }
 void CpuOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
                              const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g,
-                             const fp8::Kept* kept) const {
-  MYRIAD_CHECK(g == Gemm::kBf16 && !kept, "the CPU op set computes its linears in fp32");
+                             const fp8::Kept* kept, const fp8::Kept* dinp_amax, const fp8::Kept* dout_amax) const {
+  MYRIAD_CHECK(g == Gemm::kBf16 && !kept && !dinp_amax && !dout_amax, "the CPU op set computes its linears in fp32");
   MYRIAD_CHECK(!(pre && accumulate), "linear_backward: a gradient through the activation is written, not added");
   // The input gradient into dinp, or into a scratch of the activation's output gradient (N,F).
   const int64_t n = int64_t(N) * IC;

@@ -126,7 +126,8 @@ class CpuOps {
   // bit.
   void linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
                        const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g = Gemm::kBf16,
-                       const fp8::Kept* kept = nullptr) const;
+                       const fp8::Kept* kept = nullptr, const fp8::Kept* dinp_amax = nullptr,
+                       const fp8::Kept* dout_amax = nullptr) const;
   // Why this op set cannot compute Gemm::kFp8 ("" when it can).
   std::string fp8_refusal() const { return "the CPU engine computes in fp32 (FP8 needs a Hopper GPU)"; }
   void set_fp8(const fp8::Recipe&, fp8::AmaxGroup) const {}  // never called: fp8_refusal comes first

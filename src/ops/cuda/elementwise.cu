@@ -37,8 +37,10 @@ struct Add {
 
 // out[i] = f(x[i], y[i]) over n elements (y may be null for unary f). Vectors of VW, then the
 // scalar tail by the first threads of the grid.
+// amax: where out's amax goes, or null.
 template <int VW, class F>
-__global__ void map_kernel(bf16* out, const bf16* x, const bf16* y, int64_t n, F f) {
+__global__ void map_kernel(bf16* out, const bf16* x, const bf16* y, int64_t n, F f, unsigned* amax) {
+  float m = 0.0f;
   const int64_t nv = n / VW;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -57,12 +59,17 @@ __global__ void map_kernel(bf16* out, const bf16* x, const bf16* y, int64_t n, F
       if (u == 1 && !two) break;
       float r[VW];
 #pragma unroll
-      for (int e = 0; e < VW; ++e) r[e] = f(a[u][e], b[u][e]);
+      for (int e = 0; e < VW; ++e) r[e] = f(a[u][e], b[u][e]), m = amax_fold(m, r[e]);
       store_bf16<VW>(out + (i + u * stride) * VW, r);
     }
   }
   const int64_t j = nv * VW + tid;
-  if (j < n) out[j] = __float2bfloat16(f(__bfloat162float(x[j]), y ? __bfloat162float(y[j]) : 0.0f));
+  if (j < n) {
+    const float r = f(__bfloat162float(x[j]), y ? __bfloat162float(y[j]) : 0.0f);
+    out[j] = __float2bfloat16(r);
+    m = amax_fold(m, r);
+  }
+  if (amax) amax_publish(amax, m);
 }
 
 // Grid-stride kernels get one full wave of blocks (or fewer when there is little work).
@@ -73,13 +80,16 @@ int grid_for(K kernel, int64_t vectors) {
 }
 
 template <class F>
-void launch_map(bf16* out, const bf16* x, const bf16* y, int64_t n, F f, cudaStream_t stream) {
+void launch_map(bf16* out, const bf16* x, const bf16* y, int64_t n, F f, cudaStream_t stream,
+                float* amax = nullptr) {
+  unsigned* const a = reinterpret_cast<unsigned*>(amax);
+  MYRIAD_CHECK(!a || cudaMemsetAsync(a, 0, sizeof(float), stream) == cudaSuccess, "an elementwise kernel: cannot clear its amax");
   if (all_aligned16(out, x) && (!y || aligned16(y))) {
     auto k = map_kernel<8, F>;
-    k<<<grid_for(k, n / 8), kThreads, 0, stream>>>(out, x, y, n, f);
+    k<<<grid_for(k, n / 8), kThreads, 0, stream>>>(out, x, y, n, f, a);
   } else {
     auto k = map_kernel<1, F>;
-    k<<<grid_for(k, n), kThreads, 0, stream>>>(out, x, y, n, f);
+    k<<<grid_for(k, n), kThreads, 0, stream>>>(out, x, y, n, f, a);
   }
 }
 
@@ -125,9 +135,9 @@ void gelu_forward(bf16* out, const bf16* inp, int64_t n, cudaStream_t stream) {
   check_launch("gelu_forward");
 }
 
-void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n, cudaStream_t stream) {
-  if (n <= 0) return;
-  launch_map(dinp, inp, dout, n, GeluBackward{}, stream);
+void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n, cudaStream_t stream, float* amax) {
+  if (n <= 0 && !amax) return;
+  launch_map(dinp, inp, dout, n, GeluBackward{}, stream, amax);
   check_launch("gelu_backward");
 }
 

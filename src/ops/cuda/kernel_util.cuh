@@ -132,4 +132,18 @@ int sm_count();
 // size is one full wave (cached per device and configuration).
 int resident_blocks(const void* kernel, int threads, size_t smem);
 
+// The amax a kernel measures of the bf16 it writes (FP8's current scaling: the cast then needs no
+// pass of its own). A thread folds each value in as written before its rounding; rounding to bf16
+// is monotonic and symmetric, so the largest rounded magnitude is the largest one rounded, once.
+// A NaN makes the amax infinite, as cuda::amax does.
+__device__ __forceinline__ float amax_fold(float m, float x) { return fmaxf(m, fabsf(x)) + (x != x ? INFINITY : 0.0f); }
+// Every thread of the block calls it (a warp shuffle): the warp's largest, then one atomicMax on
+// the float's bits (non-negative floats order as their bits; order-independent, so exact).
+__device__ __forceinline__ void amax_publish(unsigned* out, float m) {
+  m = __bfloat162float(__float2bfloat16(m));
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((threadIdx.x & (kWarp - 1)) == 0) atomicMax(out, __float_as_uint(m));
+}
+
 }  // namespace myriad::cuda::detail

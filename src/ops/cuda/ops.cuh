@@ -83,7 +83,9 @@ void layernorm_backward(bf16* dinp,                     // (N,C) +=
 // GELU, tanh approximation (as the CPU op).
 void gelu_forward(bf16* out, const bf16* inp, int64_t n, cudaStream_t stream);
 // dinp = dout * gelu'(inp)  (written, not accumulated; dinp may alias dout).
-void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n, cudaStream_t stream);
+// amax (device, or null): dinp's amax as cuda::amax would measure it (FP8: the next cast's).
+void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n, cudaStream_t stream,
+                   float* amax = nullptr);
 
 // out = a + b (out may alias a or b).
 void add(bf16* out, const bf16* a, const bf16* b, int64_t n, cudaStream_t stream);
@@ -229,7 +231,8 @@ void swiglu_forward(bf16* out,       // (N,F)
 void swiglu_backward(bf16* dgu,         // (N,F,2) =
                      const bf16* gu,    // (N,F,2)
                      const bf16* dout,  // (N,F)
-                     int64_t N, int64_t F, cudaStream_t stream);
+                     int64_t N, int64_t F, cudaStream_t stream,
+                     float* amax = nullptr);  // dgu's amax as cuda::amax measures it, or null
 
 // Grouped-query QKV between Myriad's layout, per token (Hkv, G+2, D) (each key/value head's G
 // query heads, then its key, then its value), and the heads' layout, per token [H query heads |

@@ -11,6 +11,7 @@
 // division it was compute-bound on an H200 (2.7 TB/s against 4.1 with __fdividef).
 #include <algorithm>
 
+#include "core/error.h"
 #include "ops/cuda/activations.cuh"
 #include "ops/cuda/kernel_util.cuh"
 
@@ -63,12 +64,14 @@ __global__ void swiglu_forward_kernel(bf16* __restrict__ out, const bf16* __rest
 }
 
 // dgu may alias gu: each element is read before it is written, by the same thread.
+// amax: where dgu's amax goes, or null.
 template <bool VEC>
 __global__ void swiglu_backward_kernel(bf16* dgu, const bf16* gu, const bf16* __restrict__ dout,
-                                       int64_t n) {
+                                       int64_t n, unsigned* amax) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   int64_t done = 0;
+  float m = 0.0f;
   if constexpr (VEC) {
     const int64_t nv = n / kFeat;
     for (int64_t i = tid; i < nv; i += stride) {
@@ -80,6 +83,7 @@ __global__ void swiglu_backward_kernel(bf16* dgu, const bf16* gu, const bf16* __
         const float2 r = silu_grads(x[2 * e], x[2 * e + 1], d[e]);
         o[2 * e] = r.x;
         o[2 * e + 1] = r.y;
+        m = amax_fold(amax_fold(m, r.x), r.y);
       }
       store_bf16<2 * kFeat>(dgu + 2 * kFeat * i, o);
     }
@@ -90,7 +94,9 @@ __global__ void swiglu_backward_kernel(bf16* dgu, const bf16* gu, const bf16* __
                                 __bfloat162float(dout[j]));
     dgu[2 * j] = __float2bfloat16(r.x);
     dgu[2 * j + 1] = __float2bfloat16(r.y);
+    m = amax_fold(amax_fold(m, r.x), r.y);
   }
+  if (amax) amax_publish(amax, m);
 }
 
 // One full wave of blocks at most (grid-stride loops), fewer when there is little work.
@@ -118,15 +124,17 @@ void swiglu_forward(bf16* out, const bf16* gu, int64_t N, int64_t F, cudaStream_
 }
 
 void swiglu_backward(bf16* dgu, const bf16* gu, const bf16* dout, int64_t N, int64_t F,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, float* amax) {
   const int64_t n = N * F;
+  unsigned* const a = reinterpret_cast<unsigned*>(amax);
+  MYRIAD_CHECK(!a || cudaMemsetAsync(a, 0, sizeof(float), stream) == cudaSuccess, "swiglu_backward: cannot clear its amax");
   if (n <= 0) return;
   if (all_aligned16(dgu, gu) && aligned8(dout)) {
     auto k = swiglu_backward_kernel<true>;
-    k<<<grid_for(k, std::max<int64_t>(1, n / kFeat)), kThreads, 0, stream>>>(dgu, gu, dout, n);
+    k<<<grid_for(k, std::max<int64_t>(1, n / kFeat)), kThreads, 0, stream>>>(dgu, gu, dout, n, a);
   } else {
     auto k = swiglu_backward_kernel<false>;
-    k<<<grid_for(k, n), kThreads, 0, stream>>>(dgu, gu, dout, n);
+    k<<<grid_for(k, n), kThreads, 0, stream>>>(dgu, gu, dout, n, a);
   }
   check_launch("swiglu_backward");
 }
