@@ -243,7 +243,7 @@ class GptModel {
     // the scalars of every input's cast (the backward casts x^T without measuring it again);
     // with recompute none also the norms' outputs' transposed casts, (C, N) bytes each, in place
     // of their bf16 (ln1 and ln2 then point to one transient pair, shared_'s). The parallel
-    // block's MLP reads ln1's.
+    // block's MLP reads ln1's. act's amax is measured by the activation's kernel as it writes act.
     fp8::Kept ln1_fp8, atty_fp8, ln2_fp8, act_fp8;
   };
   // One micro-batch in flight through one chunk: what its backward needs.

@@ -297,6 +297,7 @@ typename GptModel<Ops>::Slot& GptModel<Ops>::acquire(Chunk& ch, int mb, int B) {
     if (fp8) {
       float* k = s->fp8_scalars.data() + i * 4 * kf;
       l.ln1_fp8.scalars = k, l.atty_fp8.scalars = k + kf, l.ln2_fp8.scalars = k + 2 * kf, l.act_fp8.scalars = k + 3 * kf;
+      l.act_fp8.producer_amax = true;  // the activation's kernel measures it (mlp_forward)
     }
     if (norms_fp8) {
       uint8_t* b = s->fp8_bytes.data() + i * norm_casts * BT * C;
@@ -757,7 +758,7 @@ void GptModel<Ops>::mlp_forward(int64_t l, LayerActs& a, const Act* in, bool rou
   const int N = N_, C = C_;
   if (!cfg_.model.layer_is_moe(l)) {
     ops_.linear_act_forward(mlp_, a.act, a.fc, in, w.fc_w, w.fc_b, N, C, static_cast<int>(Fl_), block_gemm(),
-                            kept(parallel_block_ ? a.ln1_fp8 : a.ln2_fp8));
+                            kept(parallel_block_ ? a.ln1_fp8 : a.ln2_fp8), kept(a.act_fp8));
     return;
   }
   const int E = static_cast<int>(E_), k = static_cast<int>(k_), Fe = static_cast<int>(Fe_), El = static_cast<int>(El_);

@@ -83,6 +83,9 @@ struct AmaxGroup {
 struct Kept {
   float* scalars = nullptr;  // device, kept_floats(ranks): amax at 0, scale 16, 1/scale 32, the group's amaxes 48..
   uint8_t* bytes = nullptr;  // device, (IC, N) in the forward's format; null: not kept
+  // x's producer (the MLP's activation) writes x's amax at scalars[0] as it writes x: the
+  // forward's cast then skips its amax pass.
+  bool producer_amax = false;
 };
 // Floats of a cast's scalars with `ranks` tensor-parallel ranks: each scalar 64-byte aligned
 // (cuBLASLt reads a scale only there), the group's amaxes from 48.

@@ -84,7 +84,7 @@ concept OpSet = requires(const O& o, typename O::Act* a, const typename O::Act* 
   // Gemm::kFp8: what the forward keeps of its input's cast for the backward (fp8::Kept); in the
   // backward, the activation's input gradient's amax handed to the next backward's cast.
   o.linear_forward(a, ca, cp, cp, i, i, i, g, kept);
-  o.linear_act_forward(m, a, a, ca, cp, cp, i, i, i, g, kept);
+  o.linear_act_forward(m, a, a, ca, cp, cp, i, i, i, g, kept, kept);
   o.linear_backward(m, a, f, f, ca, ca, cp, ca, i, i, i, b, g, kept, kept, kept);
   { o.fp8_refusal() } -> std::convertible_to<std::string>;
   o.set_fp8(recipe, group);

@@ -327,8 +327,9 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
     // (transposed) and the inputs transposed at the forward's kept scale (read, written: 3
     // bytes; the MLP projection's from fc's output, which SwiGLU reads as (gate, up) pairs: 5).
     // With recompute none the norms' outputs (QKV's and fc's inputs) are kept as those casts:
-    // the forward writes a byte more of each, the backward casts them no more. fc's output
-    // gradient has its amax from the activation's backward, which writes it: 4 bytes.
+    // the forward writes a byte more of each, the backward casts them no more. The activation
+    // measures the amaxes of what it writes: the MLP projection's input (its forward cast 3
+    // bytes) and fc's output gradient (4).
     const double weights = (qkv_w + d + fc_w + ffn) * d / tp;
     const double inputs = t * (2 * d + d / tp + ffn / tp), out_grads = t * (qkv_w / tp + d + fc_w / tp + d);
     const double kept_inputs = l.recompute == "none" ? t * 2 * d : 0;
@@ -336,7 +337,7 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
     // out written: 4 bytes a feature), and its backward too (pre and dact read, dpre written: 6).
     const double gelu_fwd = f.fp8 && !model.swiglu() ? 4 * t * ffn / tp / hbm : 0;
     const double gelu_bwd = f.fp8 && !model.swiglu() ? 6 * t * ffn / tp / hbm : 0;
-    const double cast_fwd = f.fp8 ? (5 * (inputs + weights) + kept_inputs) / hbm + gelu_fwd : 0;
+    const double cast_fwd = f.fp8 ? (5 * (inputs + weights) - 2 * t * ffn / tp + kept_inputs) / hbm + gelu_fwd : 0;
     const double act_cast = (model.swiglu() ? 5 : 3) * t * ffn / tp;
     const double cast_bwd =
         f.fp8 ? (6 * out_grads - 2 * t * fc_w / tp + 3 * (inputs - kept_inputs - t * ffn / tp) + act_cast + 5 * weights) / hbm +

@@ -481,10 +481,11 @@ TEST(Fp8Kept, TheBackwardComputesTheSameBitsFromWhatTheForwardKept) {
   }
 }
 
-// The activation's backward measures the amax of the input gradient it writes (dfc, the fc
-// GEMM's output gradient) exactly as cuda::amax measures it afterwards, NaN included; and the fc
-// backward that takes that amax (dout_amax) computes the bits of one that measures it itself.
-TEST(Fp8Kept, TheActivationsBackwardMeasuresTheAmaxItWrites) {
+// The activation measures the amax of what it writes, exactly as cuda::amax measures it
+// afterwards (NaN included): forward its output (the MLP projection's input: a keep with
+// producer_amax), backward the input gradient (dfc, the fc GEMM's output gradient). The linears
+// that take those amaxes compute the bits of ones that measure them themselves.
+TEST(Fp8Kept, TheActivationMeasuresTheAmaxesItWrites) {
   using myriad::Gemm;
   using myriad::Mlp;
   const int N = 256, C = 384, F = 512, OC = 384;
@@ -500,8 +501,25 @@ TEST(Fp8Kept, TheActivationsBackwardMeasuresTheAmaxItWrites) {
     x.upload(to_bf16(with_outliers(x.n, gen, 1.0f)));
     w1.upload(to_bf16(round_bf16(randn(w1.n, gen, 0.05f)))), w2.upload(to_bf16(round_bf16(randn(w2.n, gen, 0.02f))));
     dy.upload(to_bf16(with_outliers(dy.n, gen, 0.1f)));
-    ops.linear_act_forward(m, act.p, pre.p, x.p, w1.p, nullptr, N, C, F, Gemm::kFp8);
-    ops.linear_forward(y.p, act.p, w2.p, nullptr, N, F, OC, Gemm::kFp8);
+    // Forward: the projection's input's amax from the activation, or measured by the cast.
+    std::vector<bf16> ys[2];
+    for (int produced : {0, 1}) {
+      fp8::Kept k{scalars.p, nullptr, produced == 1};
+      y.poison();
+      ops.linear_act_forward(m, act.p, pre.p, x.p, w1.p, nullptr, N, C, F, Gemm::kFp8, nullptr, &k);
+      if (produced) myriad::cuda::amax(measured.p, act.p, int64_t(act.n), ops.stream());
+      ops.linear_forward(y.p, act.p, w2.p, nullptr, N, F, OC, Gemm::kFp8, &k);
+      EXPECT_EQ(cudaStreamSynchronize(ops.stream()), cudaSuccess);
+      ys[produced] = y.download();
+    }
+    {
+      float produced = 0, afterwards = 0;
+      EXPECT_EQ(cudaMemcpy(&produced, scalars.p, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(&afterwards, measured.p, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_GT(produced, 0.0f);
+      EXPECT_EQ(produced, afterwards) << "the activation's forward's amax against cuda::amax of what it wrote";
+      EXPECT_EQ(std::memcmp(ys[0].data(), ys[1].data(), ys[0].size() * sizeof(bf16)), 0);
+    }
     auto backward = [&](bool handed) {
       fp8::Kept k{scalars.p, nullptr};
       dw1.zero(), dw2.zero(), dpre.poison(), dx.poison();

@@ -661,10 +661,11 @@ std::string CudaOps::fp8_refusal() const {
 void CudaOps::linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC,
                              Gemm g, const fp8::Kept* keep) const {
   if (g == Gemm::kFp8) {
-    // With `keep` the input's scalars go there, and its transposed cast too when it has bytes.
+    // With `keep` the input's scalars go there (its amax there already when its producer wrote
+    // it), and its transposed cast too when it has bytes.
     const Matmul::Fp8Tensor x =
         keep ? fp8_cast_into(*st_, fp8_buffer(*st_, 0, size_t(N) * IC), keep->bytes, keep->scalars, inp, N, IC,
-                             st_->fp8.forward, Known::kNothing).rows
+                             st_->fp8.forward, keep->producer_amax ? Known::kAmax : Known::kNothing).rows
              : fp8_cast(*st_, 0, -1, inp, N, IC, st_->fp8.forward).rows;
     const Matmul::Fp8Tensor wq = fp8_cast(*st_, 1, -1, w, OC, IC, st_->fp8.forward).rows;
     OpScope op(*st_, "linear_forward_fp8", N, IC, OC);
@@ -676,20 +677,22 @@ void CudaOps::linear_forward(Act* out, const Act* inp, const Param* w, const Par
 }
 
 void CudaOps::linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N,
-                                 int IC, int F, Gemm g, const fp8::Kept* keep) const {
+                                 int IC, int F, Gemm g, const fp8::Kept* keep, const fp8::Kept* out_keep) const {
   if (m == Mlp::kGelu && g == Gemm::kBf16) {
     OpScope op(*st_, "linear_gelu_forward", N, IC, F);
     st_->mm.forward_gelu(out, pre, inp, w, b, N, IC, F, st_->stream);
     return;
   }
   linear_forward(pre, inp, w, b, N, IC, F * pre_width(m), g, keep);
+  // In FP8 the activation measures its output's amax for the next linear's cast, if it asks.
+  float* const amax = g == Gemm::kFp8 && out_keep && out_keep->producer_amax ? out_keep->scalars : nullptr;
   if (m == Mlp::kGelu) {
     OpScope op(*st_, "gelu_forward", N, F);
-    cuda::gelu_forward(out, pre, int64_t(N) * F, st_->stream);
+    cuda::gelu_forward(out, pre, int64_t(N) * F, st_->stream, amax);
     return;
   }
   OpScope op(*st_, "swiglu_forward", N, F);
-  cuda::swiglu_forward(out, pre, N, F, st_->stream);
+  cuda::swiglu_forward(out, pre, N, F, st_->stream, amax);
 }
 
 void CudaOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp,

@@ -145,8 +145,11 @@ class CudaOps {
                       Gemm g = Gemm::kBf16, const fp8::Kept* keep = nullptr) const;
   // GELU fused into the GEMM's epilogue (in bf16; after an FP8 GEMM a kernel of its own); SwiGLU
   // a kernel after the GEMM (its pairs span columns).
+  // out_keep (Gemm::kFp8): the output's keep for the next linear; with producer_amax the
+  // activation writes out's amax there as it writes out.
   void linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N, int IC,
-                          int F, Gemm g = Gemm::kBf16, const fp8::Kept* keep = nullptr) const;
+                          int F, Gemm g = Gemm::kBf16, const fp8::Kept* keep = nullptr,
+                          const fp8::Kept* out_keep = nullptr) const;
   // As CpuOps::linear_backward. In FP8 dout is cast once (e5m2) into both layouts, W^T and inp^T
   // (e4m3) each once; GELU's backward is then a kernel of its own (in bf16, the GEMM's epilogue).
   // `kept`, the forward's keep: inp^T is its bytes (inp is then not read, nor recomputed), or is

@@ -97,8 +97,8 @@ void CpuOps::linear_forward(Act* out, const Act* inp, const Param* w, const Para
   cpu::linear_forward(out, inp, w, b, N, IC, OC);
 }
 void CpuOps::linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N,
-                                int IC, int F, Gemm g, const fp8::Kept* keep) const {
-  MYRIAD_CHECK(g == Gemm::kBf16 && !keep, "the CPU op set computes its linears in fp32");
+                                int IC, int F, Gemm g, const fp8::Kept* keep, const fp8::Kept* out_keep) const {
+  MYRIAD_CHECK(g == Gemm::kBf16 && !keep && !out_keep, "the CPU op set computes its linears in fp32");
   cpu::linear_forward(pre, inp, w, b, N, IC, F * pre_width(m));
   if (m == Mlp::kSwiGlu)
     cpu::swiglu_forward(out, pre, N, F);

@@ -114,7 +114,8 @@ class CpuOps {
   // The MLP's first GEMM and its activation: pre (N, F x pre_width(m)) = inp @ w^T + b (kept for
   // backward), out (N,F) = gelu(pre) or SwiGLU of pre's (gate, up) pairs.
   void linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N, int IC,
-                          int F, Gemm g = Gemm::kBf16, const fp8::Kept* keep = nullptr) const;
+                          int F, Gemm g = Gemm::kBf16, const fp8::Kept* keep = nullptr,
+                          const fp8::Kept* out_keep = nullptr) const;
   // A linear's whole backward, both GEMMs from one dout (so that an FP8 GEMM casts it once):
   // dw (OC,IC) += dout^T @ inp; db (OC) += column sums of dout (db may be null); and the input
   // gradient dout (N,OC) @ w (OC,IC) into dinp (N,IC) (+= when `accumulate`) or, when `pre` is

@@ -129,9 +129,9 @@ __global__ void scale_kernel(float* x, const float* scale, int64_t n) {
 
 }  // namespace
 
-void gelu_forward(bf16* out, const bf16* inp, int64_t n, cudaStream_t stream) {
-  if (n <= 0) return;
-  launch_map(out, inp, nullptr, n, GeluForward{}, stream);
+void gelu_forward(bf16* out, const bf16* inp, int64_t n, cudaStream_t stream, float* amax) {
+  if (n <= 0 && !amax) return;
+  launch_map(out, inp, nullptr, n, GeluForward{}, stream, amax);
   check_launch("gelu_forward");
 }
 

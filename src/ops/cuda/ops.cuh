@@ -81,7 +81,8 @@ void layernorm_backward(bf16* dinp,                     // (N,C) +=
                         int N, int C, cudaStream_t stream);
 
 // GELU, tanh approximation (as the CPU op).
-void gelu_forward(bf16* out, const bf16* inp, int64_t n, cudaStream_t stream);
+// amax (device, or null): out's amax as cuda::amax would measure it (FP8: the next cast's).
+void gelu_forward(bf16* out, const bf16* inp, int64_t n, cudaStream_t stream, float* amax = nullptr);
 // dinp = dout * gelu'(inp)  (written, not accumulated; dinp may alias dout).
 // amax (device, or null): dinp's amax as cuda::amax would measure it (FP8: the next cast's).
 void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n, cudaStream_t stream,
@@ -226,7 +227,8 @@ void rope_backward(bf16* dqkv,          // (B,T,Hkv*(G+2)*D) in place
 // SwiGLU: out = silu(gate) * up, silu in fp32; gu interleaved per feature (gate at 2f, up at 2f+1).
 void swiglu_forward(bf16* out,       // (N,F)
                     const bf16* gu,  // (N,F,2)
-                    int64_t N, int64_t F, cudaStream_t stream);
+                    int64_t N, int64_t F, cudaStream_t stream,
+                    float* amax = nullptr);  // out's amax as cuda::amax measures it, or null
 // dgu written (=), not accumulated (the CPU op accumulates); dgu may alias gu.
 void swiglu_backward(bf16* dgu,         // (N,F,2) =
                      const bf16* gu,    // (N,F,2)

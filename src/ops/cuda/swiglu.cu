@@ -36,12 +36,14 @@ __device__ __forceinline__ float2 silu_grads(float g, float u, float d) {
   return make_float2(d * u * (sig * (1.0f + g * one_minus_sig)), d * (g * sig));
 }
 
+// amax: where out's amax goes, or null.
 template <bool VEC>
 __global__ void swiglu_forward_kernel(bf16* __restrict__ out, const bf16* __restrict__ gu,
-                                      int64_t n) {
+                                      int64_t n, unsigned* amax) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   int64_t done = 0;
+  float m = 0.0f;
   if constexpr (VEC) {
     // 8 features: two 16-byte loads in flight and one 16-byte store of out.
     constexpr int kF = 2 * kFeat;
@@ -54,13 +56,18 @@ __global__ void swiglu_forward_kernel(bf16* __restrict__ out, const bf16* __rest
       for (int e = 0; e < kFeat; ++e) {
         o[e] = silu(x0[2 * e]) * x0[2 * e + 1];
         o[kFeat + e] = silu(x1[2 * e]) * x1[2 * e + 1];
+        m = amax_fold(amax_fold(m, o[e]), o[kFeat + e]);
       }
       store_bf16<kF>(out + kF * i, o);
     }
     done = nv * kF;
   }
-  for (int64_t j = done + tid; j < n; j += stride)
-    out[j] = __float2bfloat16(silu(__bfloat162float(gu[2 * j])) * __bfloat162float(gu[2 * j + 1]));
+  for (int64_t j = done + tid; j < n; j += stride) {
+    const float o = silu(__bfloat162float(gu[2 * j])) * __bfloat162float(gu[2 * j + 1]);
+    out[j] = __float2bfloat16(o);
+    m = amax_fold(m, o);
+  }
+  if (amax) amax_publish(amax, m);
 }
 
 // dgu may alias gu: each element is read before it is written, by the same thread.
@@ -110,15 +117,17 @@ inline bool aligned8(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 7
 
 }  // namespace
 
-void swiglu_forward(bf16* out, const bf16* gu, int64_t N, int64_t F, cudaStream_t stream) {
+void swiglu_forward(bf16* out, const bf16* gu, int64_t N, int64_t F, cudaStream_t stream, float* amax) {
   const int64_t n = N * F;
+  unsigned* const a = reinterpret_cast<unsigned*>(amax);
+  MYRIAD_CHECK(!a || cudaMemsetAsync(a, 0, sizeof(float), stream) == cudaSuccess, "swiglu_forward: cannot clear its amax");
   if (n <= 0) return;
   if (all_aligned16(gu, out)) {
     auto k = swiglu_forward_kernel<true>;
-    k<<<grid_for(k, std::max<int64_t>(1, n / (2 * kFeat))), kThreads, 0, stream>>>(out, gu, n);
+    k<<<grid_for(k, std::max<int64_t>(1, n / (2 * kFeat))), kThreads, 0, stream>>>(out, gu, n, a);
   } else {
     auto k = swiglu_forward_kernel<false>;
-    k<<<grid_for(k, n), kThreads, 0, stream>>>(out, gu, n);
+    k<<<grid_for(k, n), kThreads, 0, stream>>>(out, gu, n, a);
   }
   check_launch("swiglu_forward");
 }

@@ -467,8 +467,8 @@ TEST(Planner, Fp8RunsTheBlocksGemmsAtItsRateAndPaysForItsCasts) {
   EXPECT_NEAR(fp8.mfu / fp8.tokens_per_s, bf16.mfu / bf16.tokens_per_s, 1e-15);  // the same FLOPs over the bf16 peak
 
   // At an FP8 rate equal to bf16's, what is left is the casts: per layer, forward the inputs of
-  // QKV (d), the projection (d), fc (d) and the down projection (F), and the weights, 5 bytes an
-  // element, and the norms' outputs' kept casts (a byte each of QKV's and fc's inputs); backward
+  // QKV (d), the projection (d), fc (d) and the down projection (F, 3: SwiGLU measured its
+  // amax), and the weights, 5 bytes an element, and the norms' outputs' kept casts (a byte each of QKV's and fc's inputs); backward
   // the output gradients (QKV 3072 wide, d, gate/up 2F, d) once into both layouts, 6 bytes (gate/up's
   // 4: its amax comes from SwiGLU's backward), the
   // weights again, and the inputs not kept at their kept scales: the attention projection's (3
@@ -480,7 +480,8 @@ TEST(Planner, Fp8RunsTheBlocksGemmsAtItsRateAndPaysForItsCasts) {
   const double inputs = t * (3 * d + F), weights = (qkv + d + 2 * F + F) * d, grads = t * (qkv + d + 2 * F + d);
   const double kept = t * 2 * d;
   const double casts =
-      16 * (5 * (inputs + 2 * weights) + kept + 3 * t * d + 5 * t * F + 6 * grads - 2 * t * 2 * F) / (h200.hbm_gbps * 1e9);
+      16 * (5 * (inputs + 2 * weights) - 2 * t * F + kept + 3 * t * d + 5 * t * F + 6 * grads - 2 * t * 2 * F) /
+      (h200.hbm_gbps * 1e9);
   EXPECT_NEAR(casts_only.step_s - bf16.step_s, casts, 1e-9);
 
   const plan::Prediction a100 =
