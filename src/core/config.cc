@@ -415,9 +415,13 @@ void Config::validate() const {
   if (train.fp8_lm_head && train.precision != "fp8")
     throw_input("config: train.fp8_lm_head = true puts the LM head in FP8 beside the block's linears: set "
                 "train.precision = \"fp8\" too, or train.fp8_lm_head = false");
-  if (train.precision != "fp8" && (train.fp8_gradients != "e5m2" || train.fp8_fast_accum))
-    throw_input("config: train.fp8_gradients and train.fp8_fast_accum shape the FP8 recipe, but train.precision = \"",
-                train.precision, "\": set train.precision = \"fp8\", or leave them at their defaults");
+  require_one_of("train.fp8_scaling", train.fp8_scaling, {"tensor", "block"});
+  if (train.precision != "fp8" && (train.fp8_gradients != "e5m2" || train.fp8_fast_accum || train.fp8_scaling != "tensor"))
+    throw_input("config: train.fp8_gradients, train.fp8_fast_accum and train.fp8_scaling shape the FP8 recipe, but "
+                "train.precision = \"", train.precision, "\": set train.precision = \"fp8\", or leave them at their defaults");
+  if (train.fp8_scaling == "block" && train.fp8_fast_accum)
+    throw_input("config: train.fp8_fast_accum = true with train.fp8_scaling = \"block\": cuBLASLt's block-scaled GEMMs "
+                "accumulate in full only; set train.fp8_fast_accum = false, or train.fp8_scaling = \"tensor\"");
   if (train.precision == "fp8" && train.device == "cpu")
     throw_input("config: train.precision = \"fp8\" runs on Hopper GPUs (train.device = \"cuda\" or \"auto\"); "
                 "the CPU engine computes in fp32: use train.precision = \"bf16\"");

@@ -174,6 +174,9 @@ struct TrainConfig {
   // With precision fp8: cuBLASLt's fast (coarser) accumulation in the forward GEMM. Off by default: it
   // gains 1-2% in speed and costs loss (docs/notes/fp8.md).
   bool fp8_fast_accum = false;
+  // With precision fp8: what one scale covers, "tensor" (each operand whole) or "block" (1 x 128
+  // tiles of activations and gradients, 128 x 128 blocks of weights: DeepSeek-V3's; ops/fp8.h).
+  std::string fp8_scaling = "tensor";
   // Steps whose batch is read and dropped, with no update: the data around a loss spike that
   // recurs on replay (a supervised launch adds them by itself).
   std::vector<int64_t> skip_steps;
@@ -331,6 +334,7 @@ struct Config {
     f("train", "fp8_lm_head", train.fp8_lm_head);
     f("train", "fp8_gradients", train.fp8_gradients);
     f("train", "fp8_fast_accum", train.fp8_fast_accum);
+    f("train", "fp8_scaling", train.fp8_scaling);
     f("train", "skip_steps", train.skip_steps);
     f("parallel", "tp", parallel.tp);
     f("parallel", "pp", parallel.pp);

@@ -102,6 +102,7 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
       rope_(cfg.model.rope()),
       gemm_(cfg.train.precision == "fp8" ? Gemm::kFp8 : Gemm::kBf16),
       head_gemm_(cfg.train.precision == "fp8" && cfg.train.fp8_lm_head ? Gemm::kFp8 : Gemm::kBf16),
+      norm_casts_(gemm_ == Gemm::kFp8 && cfg.train.fp8_scaling == "tensor" && cfg.train.recompute == "none"),
       parallel_block_(cfg.model.parallel_block),
       recompute_(gpt_detail::recompute_mode<Recompute>(cfg.train.recompute)) {
   MYRIAD_CHECK(flat_size == 0 || flat_size >= layout_.total(), "flat size ", flat_size);
@@ -181,7 +182,7 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
   }
   // The recompute set: the norms' outputs and what the mode does not keep. FP8 with none keeps
   // the norms' outputs as casts (acquire), so their bf16 is a transient here too.
-  if (recompute_ != Recompute::kNone || gemm_ == Gemm::kFp8) {
+  if (recompute_ != Recompute::kNone || norm_casts_) {
     const bool set = recompute_ == Recompute::kFull;
     const bool mlp = recompute_ == Recompute::kSelective || recompute_ == Recompute::kFull;
     int64_t acts = 0, floats = 0, ints = 0;
@@ -212,6 +213,8 @@ model::GptMemoryShape GptModel<Ops>::memory_shape() const {
   s.ep = eps_;
   s.logits_rows = model::logits_rows(cfg_.train.logits_mib, Vl_, sizeof(Act));
   s.fp8 = gemm_ == Gemm::kFp8, s.fp8_head = head_gemm_ == Gemm::kFp8;
+  s.fp8_block = s.fp8 && cfg_.train.fp8_scaling == "block";
+  MYRIAD_CHECK(model::keeps_norm_casts(s) == norm_casts_, "the memory plan keeps the norms' casts otherwise");
   s.saved_per_row = ops_.attention_saved(1, 1, static_cast<int>(maxT_), static_cast<int>(seqT_)) / maxT_;
   return s;
 }
@@ -268,8 +271,8 @@ typename GptModel<Ops>::Slot& GptModel<Ops>::acquire(Chunk& ch, int mb, int B) {
   const bool mlp = recompute_ == Recompute::kNone || recompute_ == Recompute::kNorms;
   // FP8 keeps each GEMM input's cast scalars, and with none the norms' outputs as FP8 casts in
   // place of their bf16.
-  const bool fp8 = gemm_ == Gemm::kFp8, norms_fp8 = fp8 && recompute_ == Recompute::kNone;
-  const bool norms = recompute_ == Recompute::kNone && !fp8;
+  const bool fp8 = gemm_ == Gemm::kFp8, norms_fp8 = norm_casts_;
+  const bool norms = recompute_ == Recompute::kNone && !norms_fp8;
   int64_t acts = 0, floats = 0, ints = 0, moe_layers = 0;
   for (int64_t l = ch.l0; l < ch.l1; ++l) {
     const bool moe = cfg_.model.layer_is_moe(l);
@@ -1030,7 +1033,7 @@ template <OpSet Ops>
 void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput, float grad_scale) {
   // FP8 with recompute none keeps the norms' outputs as FP8 casts only: a bf16 backward (tokens
   // off a multiple of 16) would read their shared transient, another layer's.
-  MYRIAD_CHECK(block_gemm() == gemm_ || recompute_ != Recompute::kNone, "an FP8 model's backward of ", N_,
+  MYRIAD_CHECK(block_gemm() == gemm_ || !norm_casts_, "an FP8 model's backward of ", N_,
                " tokens, not a multiple of 16: its norms' outputs are kept only as FP8 casts");
   const int B = B_, T = T_, C = C_, N = N_, R = R_, W = window_;
   const int Cl = static_cast<int>(Cl_), Hl = static_cast<int>(Hl_);

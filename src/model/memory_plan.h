@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/config.h"
 #include "ops/fp8.h"
@@ -41,6 +43,7 @@ struct GptMemoryShape {
   // model.qk_norm: the QKV GEMM's output kept beside the normed qkv, and each row's rstds.
   int64_t qk_rstds = 0;  // per row: Hl + Hkvl ("head"), 2 ("all"), 0 (none)
   bool fp8 = false, fp8_head = false;  // train.precision = "fp8": the block's linears; train.fp8_lm_head
+  bool fp8_block = false;           // train.fp8_scaling = "block": tiles' scales, and no cast kept
   int64_t tp_ranks = 1;             // the tensor-parallel group's size (an FP8 cast's scalars hold its amaxes)
 };
 
@@ -66,6 +69,10 @@ inline int64_t logits_rows(double mib, int64_t Vl, int64_t act_bytes) {
   const int64_t rows = std::max<int64_t>(1, static_cast<int64_t>(mib * (1 << 20) / double(Vl * act_bytes)));
   return rows >= 128 ? rows / 128 * 128 : rows;
 }
+
+// FP8 under recompute none keeps the norms' outputs as their one-byte casts, not bf16 (tensor
+// scaling; block scaling keeps no cast).
+inline bool keeps_norm_casts(const GptMemoryShape& s) { return s.fp8 && !s.fp8_block && s.recompute == "none"; }
 
 // Activation elements of one layer in a slot, its floats (statistics, the router's) and its
 // ints (the routing), as GptModel carves them: `set` the attention half, the norms' statistics
@@ -101,7 +108,7 @@ inline int64_t slot_bytes(const GptMemoryShape& s, int64_t layers, bool head, in
   const bool set = s.recompute != "full", mlp = s.recompute == "none" || s.recompute == "norms";
   // FP8 keeps the norms' outputs (none) as one-byte casts instead, and every layer four casts'
   // scalars (GptModel::LayerActs::ln1_fp8 ...).
-  const bool norms = s.recompute == "none" && !s.fp8, norm_casts = s.recompute == "none" && s.fp8;
+  const bool norm_casts = keeps_norm_casts(s), norms = s.recompute == "none" && !norm_casts;
   const LayerCounts d = layer_counts(s, set, mlp, true, false, norms), m = layer_counts(s, set, mlp, false, true, norms);
   const int64_t dense_layers = layers - moe_layers;
   int64_t bytes = ((d.acts + BT * s.C) * dense_layers + (m.acts + BT * s.C) * moe_layers + 2 * BT * s.C) *
@@ -137,7 +144,7 @@ inline int64_t buffer_bytes(const GptMemoryShape& s) {
   // The recompute set (every mode but none): the norms' outputs, with what the mode refills
   // besides; with FP8 under none the norms' outputs alone (a slot keeps their casts).
   int64_t ints = 0;
-  if (s.recompute != "none" || s.fp8) {
+  if (s.recompute != "none" || keeps_norm_casts(s)) {
     const bool mlp = s.recompute == "selective" || s.recompute == "full";
     const LayerCounts sh = layer_counts(s, s.recompute == "full", mlp, s.has_dense, s.has_moe, true);
     acts += sh.acts, floats += sh.floats, ints += sh.ints;
@@ -155,16 +162,27 @@ inline int64_t scratch_bytes(const GptMemoryShape& s) { return s.has_dense ? 2 *
 // layout, and a backward's input transposed; 2 a backward's output gradient transposed. The
 // block's linears take B T rows: QKV (C -> Ql), the attention's projection (Cl -> C), fc (C -> Pl)
 // and the MLP's projection (Fl -> C); with fp8_head the LM head too (C -> Vl, a chunk of rows).
+//
+// Block scaling adds each buffer's tiles' inverse scales (fp8::tile_scales floats), at the largest
+// operand's count: 0 (N, in) and (N, out) in 1 x 128 tiles; 1 a weight (OC, IC) or its transpose
+// in 128 x 128 blocks, or x^T (in, N) in tiles; 2 (out, N) in tiles.
 inline int64_t fp8_cast_bytes(const GptMemoryShape& s) {
   if (!s.fp8) return 0;
   const int64_t N = s.B * s.T, in = std::max({s.C, s.Cl, s.Fl}), out = std::max({s.Ql, s.C, s.Pl});
   int64_t b0 = N * std::max(in, out), b1 = std::max({s.Ql * s.C, s.C * s.Cl, s.Pl * s.C, s.C * s.Fl, N * in}),
           b2 = N * out;
+  // The weights (OC, IC) of the block's linears, and with fp8_head the head's.
+  std::vector<std::pair<int64_t, int64_t>> weights = {{s.Ql, s.C}, {s.C, s.Cl}, {s.Pl, s.C}, {s.C, s.Fl}};
+  const auto tiles = [](int64_t M, int64_t K) { return fp8::tile_scales(M, K, false); };
+  int64_t t0 = tiles(N, std::max(in, out)), t1 = tiles(in, N), t2 = tiles(out, N);
   if (s.fp8_head) {
     const int64_t R = s.head_rows();
     b0 = std::max({b0, R * s.C, R * s.Vl}), b1 = std::max({b1, s.Vl * s.C, R * s.C}), b2 = std::max(b2, R * s.Vl);
+    weights.push_back({s.Vl, s.C});
+    t0 = std::max({t0, tiles(R, s.C), tiles(R, s.Vl)}), t1 = std::max(t1, tiles(s.C, R)), t2 = std::max(t2, tiles(s.Vl, R));
   }
-  return b0 + b1 + b2;
+  for (const auto& [OC, IC] : weights) t1 = std::max({t1, fp8::tile_scales(OC, IC, true), fp8::tile_scales(IC, OC, true)});
+  return b0 + b1 + b2 + (s.fp8_block ? (t0 + t1 + t2) * 4 : 0);
 }
 
 // cuDNN's deterministic attention backward works in a workspace of about B H T T bf16 (1,026 MiB

@@ -1,5 +1,6 @@
 #include "ops/fp8.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/config.h"
@@ -60,7 +61,10 @@ Recipe recipe_of(const TrainConfig& t) {
   MYRIAD_CHECK(t.fp8_gradients == "e4m3" || t.fp8_gradients == "e5m2", "train.fp8_gradients = \"", t.fp8_gradients,
                "\" passed the config's validation");
   Recipe r;
+  MYRIAD_CHECK(t.fp8_scaling == "tensor" || t.fp8_scaling == "block", "train.fp8_scaling = \"", t.fp8_scaling,
+               "\" passed the config's validation");
   r.gradient = t.fp8_gradients == "e4m3" ? Format::e4m3 : Format::e5m2;
+  r.scaling = t.fp8_scaling == "block" ? Scaling::block : Scaling::tensor;
   r.fast_accum = t.fp8_fast_accum;
   r.lm_head = t.fp8_lm_head;
   return r;
@@ -69,7 +73,11 @@ Recipe recipe_of(const TrainConfig& t) {
 std::string describe(const Recipe& r) {
   return std::string("the block's linear GEMMs") + (r.lm_head ? " and the LM head's" : "") +
          " in FP8 (activations and weights " + name(r.forward) + ", gradients " + name(r.gradient) +
-         "; per-tensor current scaling by a power of two from each operand's amax, over the tensor-parallel group; " +
+         (r.scaling == Scaling::block
+              ? "; block scaling (1 x 128 tiles of activations and gradients, 128 x 128 blocks of weights), each "
+                "tile's scale a power of two from its amax; "
+              : "; per-tensor current scaling by a power of two from each operand's amax, over the tensor-parallel "
+                "group; ") +
          (r.fast_accum ? "fast accumulation in the forward" : "no fast accumulation") + ")" +
          (r.lm_head ? "" : "; the LM head in bf16") + "; attention, the norms and the update in bf16/fp32";
 }
@@ -82,6 +90,25 @@ std::string gpu_refusal(int major, int minor) {
 
 void quantize(uint8_t* out, const float* in, int64_t n, float scale, Format f) {
   for (int64_t i = 0; i < n; ++i) out[i] = encode(in[i] * scale, f);
+}
+
+void quantize_tiles(uint8_t* out, float* inv, const float* x, int64_t M, int64_t K, bool blocks, Format f) {
+  const int64_t tm = blocks ? 128 : 1, kb = (K + 127) / 128, row = (kb + 3) / 4 * 4;
+  std::fill(inv, inv + tile_scales(M, K, blocks), 0.0f);  // the blocks' padding
+  for (int64_t m0 = 0; m0 < M; m0 += tm)
+    for (int64_t k0 = 0; k0 < K; k0 += 128) {
+      const int64_t m1 = std::min(m0 + tm, M), k1 = std::min(k0 + 128, K);
+      float amax = 0;  // a NaN makes it NaN, and scale_for NaN, as the device's infinite amax does
+      for (int64_t m = m0; m < m1; ++m)
+        for (int64_t k = k0; k < k1; ++k) {
+          const float a = std::fabs(x[m * K + k]);
+          amax = std::isnan(a) || std::isnan(amax) ? NAN : std::max(amax, a);
+        }
+      const float s = scale_for(amax, f);
+      for (int64_t m = m0; m < m1; ++m)
+        for (int64_t k = k0; k < k1; ++k) out[m * K + k] = encode(x[m * K + k] * s, f);
+      inv[blocks ? m0 / 128 * row + k0 / 128 : k0 / 128 * M + m0] = 1.0f / s;
+    }
 }
 
 }  // namespace myriad::fp8

@@ -51,13 +51,21 @@ MYRIAD_FP8_HD inline float scale_for(float amax, Format f) {
   k = k < -126 ? -126 : (k > 126 ? 126 : k);
   return ldexpf(1.0f, k);
 }
+// What one scale covers (train.fp8_scaling):
+// - tensor: the whole tensor (over the tensor-parallel group: AmaxGroup);
+// - block: DeepSeek-V3's tiles. A GEMM operand (M, K), K its inner dimension, takes a scale per
+//   1 x 128 tile along K when it is an activation or a gradient, and per 128 x 128 block when it is
+//   a weight, through cuBLASLt's block-scaled FP8 GEMMs (Hopper). An outlier then coarsens its own
+//   128 values only. Each scale is scale_for its tile's amax, as a tensor's is for the tensor.
+enum class Scaling { tensor, block };
 // A run's FP8 recipe (train.precision = "fp8" and the train.fp8_* keys): the formats of the
-// GEMMs' operands (the weights take the forward's), each scaled per tensor by scale_for its current
-// amax; whether the forward's GEMM accumulates with cuBLASLt's fast (coarser) accumulation; whether
-// the LM head's GEMMs are FP8 too.
+// GEMMs' operands (the weights take the forward's), each scaled by scale_for the current amax of
+// what its scale covers; whether the forward's GEMM accumulates with cuBLASLt's fast (coarser)
+// accumulation (tensor scaling only); whether the LM head's GEMMs are FP8 too.
 struct Recipe {
   Format forward = Format::e4m3;   // activations and weights
   Format gradient = Format::e5m2;  // output gradients (train.fp8_gradients)
+  Scaling scaling = Scaling::tensor;  // train.fp8_scaling
   bool fast_accum = false;         // train.fp8_fast_accum
   bool lm_head = false;            // train.fp8_lm_head
 };
@@ -95,5 +103,20 @@ inline int64_t kept_floats(int64_t ranks) { return 48 + (ranks + 15) / 16 * 16; 
 std::string gpu_refusal(int major, int minor);
 // The cast kernels' contract on n values: out[i] = encode(in[i] * scale).
 void quantize(uint8_t* out, const float* in, int64_t n, float scale, Format f);
+
+// Block scaling's operands. An operand (M, K), row-major (K-major, as Hopper's FP8 GEMMs take
+// it), has tiles of 1 x 128 (blocks false) or 128 x 128 (blocks true), the last ones cut short at
+// its edges. Its inverse scales (1 / scale, what the GEMM multiplies by) sit where cuBLASLt reads
+// them: 1 x 128 tiles (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F) at [k / 128][m], M-fastest;
+// 128 x 128 blocks (BLK128x128_32F) at [m / 128][k / 128] with each row of blocks padded to a
+// multiple of 4 with zeros. tile_scales: how many floats that takes.
+inline int64_t tile_scales(int64_t M, int64_t K, bool blocks) {
+  const int64_t kb = (K + 127) / 128;
+  return blocks ? (M + 127) / 128 * ((kb + 3) / 4 * 4) : M * kb;
+}
+// The block cast's contract (the host emulation the kernel is tested against): out[m][k] =
+// encode(x[m][k] * s), s = scale_for(the amax of x's tile holding (m, k)); inv (tile_scales
+// floats) = 1 / s of each tile, laid out as above.
+void quantize_tiles(uint8_t* out, float* inv, const float* x, int64_t M, int64_t K, bool blocks, Format f);
 
 }  // namespace myriad::fp8

@@ -232,6 +232,188 @@ TEST(Fp8Matmul, ProductsOfTheQuantizedOperandsAndBitwiseRepeatable) {
   EXPECT_TRUE(dwt.download() == dw_got);
 }
 
+// ---- Block scaling (train.fp8_scaling = "block") ----
+
+// The tiled cast against the host's emulation (fp8::quantize_tiles): both layouts, each output's
+// tiles along its own rows (1 x 128) or in 128 x 128 blocks, edge regions cut short, and the
+// inverse scales where cuBLASLt reads them (the blocks' padding zero).
+struct TileCase {
+  int rows, cols;
+  Format f;
+};
+class Fp8Tiles : public ::testing::TestWithParam<TileCase> {};
+
+TEST_P(Fp8Tiles, BothLayoutsAreTheHostsTiles) {
+  const auto [rows, cols, f] = GetParam();
+  std::mt19937_64 gen(seed());
+  std::vector<float> x = with_outliers(size_t(rows) * cols, gen, 0.02f);
+  x[size_t(rows / 2) * cols + 3] = 3000.0f;  // one tile's (one block's) own outlier
+  Dev<bf16> dx(x.size());
+  dx.upload(to_bf16(x));
+  const std::vector<float> xt = transposed(x, rows, cols);
+  for (bool blocks : {false, true}) {
+    SCOPED_TRACE(blocks ? "128 x 128 blocks" : "1 x 128 tiles");
+    const int64_t n = fp8::tile_scales(rows, cols, blocks), nt = fp8::tile_scales(cols, rows, blocks);
+    Dev<uint8_t> q(x.size()), qt(x.size());
+    Dev<float> inv(n), inv_t(nt);
+    CUDA_OK(cudaMemset(q.p, 0x7f, x.size()));
+    CUDA_OK(cudaMemset(qt.p, 0x7f, x.size()));
+    inv.poison(), inv_t.poison();
+    myriad::cuda::cast_fp8_tiles(q.p, inv.p, qt.p, inv_t.p, dx.p, rows, cols, blocks, f, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<uint8_t> want(x.size()), want_t(x.size());
+    std::vector<float> winv(n), winv_t(nt);
+    fp8::quantize_tiles(want.data(), winv.data(), x.data(), rows, cols, blocks, f);
+    fp8::quantize_tiles(want_t.data(), winv_t.data(), xt.data(), cols, rows, blocks, f);
+    EXPECT_TRUE(q.download() == want) << "row-major bytes";
+    EXPECT_TRUE(qt.download() == want_t) << "transposed bytes";
+    EXPECT_TRUE(inv.download() == winv) << "row-major scales";
+    EXPECT_TRUE(inv_t.download() == winv_t) << "transposed scales";
+    // Either output alone: the same bytes and scales.
+    CUDA_OK(cudaMemset(qt.p, 0x7f, x.size()));
+    inv_t.poison();
+    myriad::cuda::cast_fp8_tiles(nullptr, nullptr, qt.p, inv_t.p, dx.p, rows, cols, blocks, f, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_TRUE(qt.download() == want_t && inv_t.download() == winv_t) << "the transposed output alone";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Fp8Tiles,
+                         ::testing::Values(TileCase{128, 128, Format::e4m3}, TileCase{144, 400, Format::e4m3},
+                                           TileCase{512, 272, Format::e5m2}, TileCase{16, 2064, Format::e4m3},
+                                           TileCase{2048, 768, Format::e5m2}),
+                         [](const auto& i) {
+                           return std::to_string(i.param.rows) + "x" + std::to_string(i.param.cols) +
+                                  (i.param.f == Format::e4m3 ? "_e4m3" : "_e5m2");
+                         });
+
+TEST(Fp8Tiles, ANanMakesItsOwnTileNan) {
+  const int rows = 32, cols = 256;
+  std::vector<float> x(size_t(rows) * cols, 0.5f);
+  x[5 * cols + 200] = NAN;  // row 5, its second tile
+  Dev<bf16> dx(x.size());
+  dx.upload(to_bf16(x));
+  Dev<uint8_t> q(x.size());
+  Dev<float> inv(fp8::tile_scales(rows, cols, false));
+  myriad::cuda::cast_fp8_tiles(q.p, inv.p, nullptr, nullptr, dx.p, rows, cols, false, Format::e4m3, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<float> got = inv.download();
+  for (int kb = 0; kb < 2; ++kb)
+    for (int r = 0; r < rows; ++r)
+      EXPECT_EQ(std::isnan(got[size_t(kb) * rows + r]), kb == 1 && r == 5) << "tile " << kb << " of row " << r;
+  const std::vector<uint8_t> b = q.download();
+  EXPECT_TRUE(std::isnan(fp8::decode(b[5 * cols + 130], Format::e4m3)));
+  EXPECT_FALSE(std::isnan(fp8::decode(b[5 * cols + 10], Format::e4m3)));
+}
+
+// One operand cast in tiles on the device, and its dequantized values as the GEMM sees them.
+struct TiledCast {
+  Dev<uint8_t> q, qt;
+  Dev<float> inv, inv_t;
+  int rows, cols;
+  bool blocks;
+  Format f;
+  TiledCast(const Dev<bf16>& x, int r, int c, bool b, Format fmt)
+      : q(x.n), qt(x.n), inv(fp8::tile_scales(r, c, b)), inv_t(fp8::tile_scales(c, r, b)), rows(r), cols(c),
+        blocks(b), f(fmt) {
+    myriad::cuda::cast_fp8_tiles(q.p, inv.p, qt.p, inv_t.p, x.p, rows, cols, blocks, f, nullptr);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  myriad::cuda::Matmul::Scales scales() const {
+    return blocks ? myriad::cuda::Matmul::Scales::kBlocks : myriad::cuda::Matmul::Scales::kTiles;
+  }
+  myriad::cuda::Matmul::Fp8Tensor row_major() const { return {q.p, inv.p, f, scales()}; }
+  myriad::cuda::Matmul::Fp8Tensor transposed_() const { return {qt.p, inv_t.p, f, scales()}; }
+  // decode(q) x its tile's inverse scale, (rows, cols), read back from the row-major cast.
+  std::vector<float> values() const {
+    const std::vector<uint8_t> b = q.download();
+    const std::vector<float> s = inv.download();
+    const int64_t row = (int64_t(cols) + 127) / 128, padded = (row + 3) / 4 * 4;
+    std::vector<float> v(b.size());
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < cols; ++c)
+        v[size_t(r) * cols + c] = fp8::decode(b[size_t(r) * cols + c], f) *
+                                  (blocks ? s[size_t(r / 128) * padded + c / 128] : s[size_t(c / 128) * rows + r]);
+    return v;
+  }
+};
+
+// cuBLASLt's block-scaled GEMMs compute the product of the tiled operands: the forward (a weight
+// in blocks by an activation in tiles, with the bias), the input gradient (the weight's transpose
+// in blocks by the gradient in tiles, written and accumulated) and the weight gradient (both in
+// tiles along the tokens, accumulated in fp32). And where one row holds a few values 65536 times
+// the rest's scale, the other rows' products come out nearer the exact ones than under per-tensor
+// scaling, whose scale pushes every other value into the format's subnormals: what block scaling
+// is for.
+TEST(Fp8Tiles, ProductsOfTheTiledOperands) {
+  std::mt19937_64 gen(seed());
+  const int N = 256, IC = 512, OC = 384;
+  std::vector<float> x = round_bf16(randn(size_t(N) * IC, gen, 1.0f)), w = round_bf16(randn(size_t(OC) * IC, gen, 0.02f)),
+                     dy = round_bf16(randn(size_t(N) * OC, gen, 1e-3f)), bias = round_bf16(randn(OC, gen));
+  for (int j : {7, 100, 300}) x[j] = 65536.0f;  // row 0's outliers, exact in bf16 and in e4m3 at any scale
+  Dev<bf16> dx(x.size()), dw(w.size()), ddy(dy.size()), db(OC), out(size_t(N) * OC), dinp(x.size());
+  Dev<float> dwt(w.size());
+  dx.upload(to_bf16(x)), dw.upload(to_bf16(w)), ddy.upload(to_bf16(dy)), db.upload(to_bf16(bias));
+  const TiledCast cx(dx, N, IC, false, Format::e4m3), cw(dw, OC, IC, true, Format::e4m3),
+      cdy(ddy, N, OC, false, Format::e5m2);
+  const std::vector<float> xq = cx.values(), wq = cw.values(), dyq = cdy.values();
+  myriad::cuda::Matmul mm;
+
+  out.poison();
+  mm.forward_fp8(out.p, cx.row_major(), cw.row_major(), db.p, N, IC, OC, false, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<float> want = product_nt(xq, wq, N, IC, OC);
+  for (size_t i = 0; i < want.size(); ++i) want[i] += bias[i % OC];
+  const std::vector<float> got = to_float(out.download());
+  EXPECT_LT(rel_err(got, want), 3e-3) << "forward";
+  // Against the exact product of the bf16 operands, beside per-tensor scaling's.
+  std::vector<float> exact = product_nt(x, w, N, IC, OC);
+  for (size_t i = 0; i < exact.size(); ++i) exact[i] += bias[i % OC];
+  const Cast tx(dx, N, IC, Format::e4m3), tw(dw, OC, IC, Format::e4m3);
+  out.poison();
+  mm.forward_fp8(out.p, tx.rows(), tw.rows(), db.p, N, IC, OC, false, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  auto past_row0 = [&](const std::vector<float>& v) { return std::vector<float>(v.begin() + OC, v.end()); };
+  const double err_block = rel_err(past_row0(got), past_row0(exact)),
+               err_tensor = rel_err(past_row0(to_float(out.download())), past_row0(exact));
+  EXPECT_LT(err_block, err_tensor / 4) << "rows 1..: block scaling " << err_block << ", per-tensor " << err_tensor;
+  EXPECT_LT(rel_err(past_row0(got), past_row0(want)), 3e-3) << "forward, rows 1..";
+
+  dinp.poison();
+  mm.backward_input_fp8(dinp.p, cdy.row_major(), cw.transposed_(), N, IC, OC, false, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<float> dinp_want = product_nt(dyq, transposed(wq, OC, IC), N, OC, IC);
+  EXPECT_LT(rel_err(to_float(dinp.download()), dinp_want), 3e-3) << "input gradient";
+  mm.backward_input_fp8(dinp.p, cdy.row_major(), cw.transposed_(), N, IC, OC, true, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<float> twice = dinp_want;
+  for (float& v : twice) v *= 2;
+  EXPECT_LT(rel_err(to_float(dinp.download()), twice), 3e-3) << "input gradient, accumulated";
+
+  // The weight gradient's operands are tiled along the tokens: x^T's and dy^T's own casts.
+  const std::vector<float> g0 = randn(w.size(), gen, 1e-3f);
+  dwt.upload(g0);
+  mm.backward_weight_fp8(dwt.p, cdy.transposed_(), cx.transposed_(), N, IC, OC, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<float> xtq(x.size()), dytq(dy.size());
+  {
+    const std::vector<uint8_t> bx = cx.qt.download(), bd = cdy.qt.download();
+    const std::vector<float> sx = cx.inv_t.download(), sd = cdy.inv_t.download();
+    for (int c = 0; c < IC; ++c)
+      for (int n = 0; n < N; ++n) xtq[size_t(c) * N + n] = fp8::decode(bx[size_t(c) * N + n], Format::e4m3) * sx[size_t(n / 128) * IC + c];
+    for (int c = 0; c < OC; ++c)
+      for (int n = 0; n < N; ++n) dytq[size_t(c) * N + n] = fp8::decode(bd[size_t(c) * N + n], Format::e5m2) * sd[size_t(n / 128) * OC + c];
+  }
+  std::vector<float> dw_want = product_nt(dytq, xtq, OC, N, IC);
+  for (size_t i = 0; i < dw_want.size(); ++i) dw_want[i] += g0[i];
+  const std::vector<float> dw_got = dwt.download();
+  EXPECT_LT(rel_err(dw_got, dw_want), 1e-3) << "weight gradient";
+  dwt.upload(g0);
+  mm.backward_weight_fp8(dwt.p, cdy.transposed_(), cx.transposed_(), N, IC, OC, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_TRUE(dwt.download() == dw_got) << "bitwise repeatable";
+}
+
 // The engine in fp8 against itself in bf16 (both on the GPU): the same model, the same batches.
 // One step: the losses within 1%, and each tensor's gradient (the first moment after one step,
 // unclipped, over 1 - beta1) at cosine >= 0.99 to bf16's. Then six steps with losses within 2%.
@@ -292,11 +474,12 @@ TEST(Fp8Engine, TheLmHeadInFp8FollowsBf16AndRepeatsBitwise) {
 // LM head in FP8 too, the head's operands counted.
 TEST(Fp8Memory, TheCastBuffersAreHeldAsPlanned) {
   using namespace engine_cases;
-  for (bool head : {false, true}) {
-    SCOPED_TRACE(head ? "fp8 LM head" : "block linears");
+  for (const auto& [head, block] : {std::pair{false, false}, {true, false}, {false, true}, {true, true}}) {
+    SCOPED_TRACE(std::string(head ? "fp8 LM head" : "block linears") + (block ? ", block scaling" : ""));
     const Case c{"llama", with(kLlama, {"model.seq_len=128"})};
     std::vector<std::string> sets = {"train.precision=fp8"};
     if (head) sets.push_back("train.fp8_lm_head=true");
+    if (block) sets.push_back("train.fp8_scaling=block");
     const myriad::Config bcfg = config(c, "cuda"), fcfg = config(Case{c.name, with(c.sets, sets)}, "cuda");
     auto held_after_a_step = [](const myriad::Config& cfg) {
       auto e = myriad::make_engine(cfg);
@@ -307,10 +490,10 @@ TEST(Fp8Memory, TheCastBuffersAreHeldAsPlanned) {
     const int64_t bf16 = held_after_a_step(bcfg), fp8 = held_after_a_step(fcfg);
     myriad::model::GptMemoryShape s =
         myriad::model::memory_shape(fcfg.model, 1, fcfg.train.micro_batch, fcfg.padded_vocab());
-    s.act_bytes = 2, s.fp8 = true, s.fp8_head = head, s.recompute = fcfg.train.recompute;
+    s.act_bytes = 2, s.fp8 = true, s.fp8_head = head, s.fp8_block = block, s.recompute = fcfg.train.recompute;
     s.logits_rows = myriad::model::logits_rows(fcfg.train.logits_mib, s.Vl, 2);
     myriad::model::GptMemoryShape b = s;
-    b.fp8 = b.fp8_head = false;
+    b.fp8 = b.fp8_head = b.fp8_block = false;
     const int64_t L = fcfg.model.layers;
     const int64_t apart = myriad::model::slot_bytes(s, L, true) - myriad::model::slot_bytes(b, L, true) +
                           myriad::model::buffer_bytes(s) - myriad::model::buffer_bytes(b);
@@ -324,6 +507,17 @@ INSTANTIATE_TEST_SUITE_P(Blocks, Fp8Engine,
                                            engine_cases::Case{"llama_cudnn", engine_cases::with(engine_cases::kLlama,
                                                                                              {"model.seq_len=128"})}),
                          [](const auto& i) { return std::string(i.param.name); });
+
+// Block scaling (train.fp8_scaling = "block"), under the same bounds: Llama's block under recompute
+// none (its norms' outputs kept in bf16, no cast kept), GPT-2's under selective recompute (the
+// activation recomputed into bf16 before its tiles) with the LM head in FP8 too.
+TEST(Fp8Engine, BlockScalingFollowsBf16AndRepeatsBitwise) {
+  using namespace engine_cases;
+  follows_bf16_and_repeats_bitwise(Case{"llama_block", with(kLlama, {"model.seq_len=128"})},
+                                   {"train.precision=fp8", "train.fp8_scaling=block"});
+  follows_bf16_and_repeats_bitwise(Case{"gpt2_block", {"train.recompute=selective"}},
+                                   {"train.precision=fp8", "train.fp8_scaling=block", "train.fp8_lm_head=true"});
+}
 
 // Qwen3's attention in FP8: a head size apart from d_model / heads (128 over 4 heads of d 256)
 // and per-head query-key norms after the FP8 QKV GEMM. The losses and bitwise repeats as above;

@@ -87,10 +87,13 @@ struct CudaOps::State {
   // shape's first call): 0 an activation or a gradient, 1 a weight or the backward's input, 2 the
   // gradient transposed. Per buffer a slot of device floats: its amax at 0, scale at 16, 1 / scale
   // at 32 and the group's amaxes from 48 (cuBLASLt reads a scale only where it is aligned to 64
-  // bytes).
+  // bytes). Block scaling: per buffer its tiles' inverse scales instead (fp8::tile_scales floats,
+  // grown the same way).
   static constexpr int kFp8Buffers = 3;
   uint8_t* fp8_bytes[kFp8Buffers] = {};
   size_t fp8_capacity[kFp8Buffers] = {};
+  float* fp8_tile_scales[kFp8Buffers] = {};
+  size_t fp8_tile_capacity[kFp8Buffers] = {};  // bytes
   float* fp8_scalars = nullptr;  // (kFp8Buffers, fp8_slot)
   int fp8_slot = 64;
   fp8::Recipe fp8;         // set_fp8's
@@ -146,7 +149,8 @@ struct CudaOps::State {
     cudaFree(rope_freqs);
     for (int i = 0; i < kFp8Buffers; ++i) {
       cudaFree(fp8_bytes[i]);
-      account(-static_cast<int64_t>(fp8_capacity[i]));
+      cudaFree(fp8_tile_scales[i]);
+      account(-static_cast<int64_t>(fp8_capacity[i] + fp8_tile_capacity[i]));
     }
     cudaFree(fp8_scalars);
     cudaFree(d_bounds);
@@ -584,20 +588,26 @@ void CudaOps::norm_backward(Norm n, Act* dinp, float* dw, float* db, const Act* 
 
 namespace {
 
-// Cast buffer i, grown to the largest operand it has held (model::fp8_cast_bytes plans them), and
-// counted with the held memory.
-uint8_t* fp8_buffer(CudaOps::State& st, int i, size_t bytes) {
-  if (bytes > st.fp8_capacity[i]) {
-    CUDA_CHECK(cudaStreamSynchronize(st.stream));
-    cudaFree(st.fp8_bytes[i]);
-    account(-static_cast<int64_t>(st.fp8_capacity[i]));
-    st.fp8_bytes[i] = nullptr;
-    st.fp8_capacity[i] = 0;
-    CUDA_CHECK(cudaMalloc(&st.fp8_bytes[i], bytes));
-    st.fp8_capacity[i] = bytes;
+// A device buffer grown to the largest request it has had (model::fp8_cast_bytes plans the cast
+// buffers and their tiles' scales), counted with the held memory.
+template <class T>
+T* grown(CudaOps::State& st, T*& p, size_t& capacity, size_t bytes) {
+  if (bytes > capacity) {
+    CUDA_CHECK(cudaStreamSynchronize(st.stream));  // nothing queued reads the old one
+    cudaFree(p);
+    account(-static_cast<int64_t>(capacity));
+    p = nullptr;
+    capacity = 0;
+    CUDA_CHECK(cudaMalloc(&p, bytes));
+    capacity = bytes;
     account(static_cast<int64_t>(bytes));
   }
-  return st.fp8_bytes[i];
+  return p;
+}
+// Cast buffer i, and its tiles' inverse scales (block scaling).
+uint8_t* fp8_buffer(CudaOps::State& st, int i, size_t bytes) { return grown(st, st.fp8_bytes[i], st.fp8_capacity[i], bytes); }
+float* fp8_tile_buffer(CudaOps::State& st, int i, int64_t floats) {
+  return grown(st, st.fp8_tile_scales[i], st.fp8_tile_capacity[i], size_t(floats) * sizeof(float));
 }
 
 // What a cast's scalars (fp8::Kept's layout) hold already: nothing (the cast measures x's amax
@@ -637,6 +647,24 @@ Fp8Operand fp8_cast(CudaOps::State& st, int r, int t, const bf16* x, int rows, i
   return fp8_cast_into(st, q, qt, st.fp8_scalars + st.fp8_slot * (r >= 0 ? r : t), x, rows, cols, f, Known::kNothing);
 }
 
+// Block scaling (fp8::Scaling::block): x (rows,cols) into cast buffer r (row-major) and/or t
+// (transposed), -1: not wanted, each with its inverse scales: in 1 x 128 tiles along each
+// layout's rows (an activation or a gradient: the GEMMs' inner dimension), or in 128 x 128
+// blocks (a weight). One pass over x, whatever it writes; nothing kept, nothing gathered (a tile's
+// scale is its own).
+Fp8Operand fp8_cast_tiles(CudaOps::State& st, int r, int t, const bf16* x, int rows, int cols, fp8::Format f,
+                          bool blocks) {
+  OpScope op(st, r >= 0 && t >= 0 ? "fp8_cast_tiles_both" : t >= 0 ? "fp8_cast_tiles_t" : "fp8_cast_tiles", rows, cols);
+  const size_t bytes = size_t(rows) * cols;
+  uint8_t* q = r >= 0 ? fp8_buffer(st, r, bytes) : nullptr;
+  uint8_t* qt = t >= 0 ? fp8_buffer(st, t, bytes) : nullptr;
+  float* inv = r >= 0 ? fp8_tile_buffer(st, r, fp8::tile_scales(rows, cols, blocks)) : nullptr;
+  float* inv_t = t >= 0 ? fp8_tile_buffer(st, t, fp8::tile_scales(cols, rows, blocks)) : nullptr;
+  cuda::cast_fp8_tiles(q, inv, qt, inv_t, x, rows, cols, blocks, f, st.stream);
+  const Matmul::Scales sc = blocks ? Matmul::Scales::kBlocks : Matmul::Scales::kTiles;
+  return {{q, inv, f, sc}, {qt, inv_t, f, sc}};
+}
+
 }  // namespace
 
 void CudaOps::set_fp8(const fp8::Recipe& r, fp8::AmaxGroup group) const {
@@ -662,12 +690,17 @@ void CudaOps::linear_forward(Act* out, const Act* inp, const Param* w, const Par
                              Gemm g, const fp8::Kept* keep) const {
   if (g == Gemm::kFp8) {
     // With `keep` the input's scalars go there (its amax there already when its producer wrote
-    // it), and its transposed cast too when it has bytes.
+    // it), and its transposed cast too when it has bytes. Block scaling keeps nothing: its
+    // backward's x^T has tiles along the tokens, not the forward's.
+    const fp8::Format f = st_->fp8.forward;
+    const bool tiles = st_->fp8.scaling == fp8::Scaling::block;
     const Matmul::Fp8Tensor x =
-        keep ? fp8_cast_into(*st_, fp8_buffer(*st_, 0, size_t(N) * IC), keep->bytes, keep->scalars, inp, N, IC,
-                             st_->fp8.forward, keep->producer_amax ? Known::kAmax : Known::kNothing).rows
-             : fp8_cast(*st_, 0, -1, inp, N, IC, st_->fp8.forward).rows;
-    const Matmul::Fp8Tensor wq = fp8_cast(*st_, 1, -1, w, OC, IC, st_->fp8.forward).rows;
+        tiles  ? fp8_cast_tiles(*st_, 0, -1, inp, N, IC, f, false).rows
+        : keep ? fp8_cast_into(*st_, fp8_buffer(*st_, 0, size_t(N) * IC), keep->bytes, keep->scalars, inp, N, IC, f,
+                               keep->producer_amax ? Known::kAmax : Known::kNothing).rows
+               : fp8_cast(*st_, 0, -1, inp, N, IC, f).rows;
+    const Matmul::Fp8Tensor wq =
+        tiles ? fp8_cast_tiles(*st_, 1, -1, w, OC, IC, f, true).rows : fp8_cast(*st_, 1, -1, w, OC, IC, f).rows;
     OpScope op(*st_, "linear_forward_fp8", N, IC, OC);
     st_->mm.forward_fp8(out, x, wq, b, N, IC, OC, st_->fp8.fast_accum, st_->stream);
     return;
@@ -685,7 +718,9 @@ void CudaOps::linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, cons
   }
   linear_forward(pre, inp, w, b, N, IC, F * pre_width(m), g, keep);
   // In FP8 the activation measures its output's amax for the next linear's cast, if it asks.
-  float* const amax = g == Gemm::kFp8 && out_keep && out_keep->producer_amax ? out_keep->scalars : nullptr;
+  float* const amax = g == Gemm::kFp8 && st_->fp8.scaling == fp8::Scaling::tensor && out_keep && out_keep->producer_amax
+                          ? out_keep->scalars
+                          : nullptr;
   if (m == Mlp::kGelu) {
     OpScope op(*st_, "gelu_forward", N, F);
     cuda::gelu_forward(out, pre, int64_t(N) * F, st_->stream, amax);
@@ -701,8 +736,11 @@ void CudaOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act*
   MYRIAD_CHECK(!(pre && accumulate), "linear_backward: a gradient through the activation is written, not added");
   // FP8 with what the forward kept: x^T itself, or its scale, at which an activation recomputed
   // from pre goes straight into its transposed cast (never written in bf16).
-  const bool kept_bytes = g == Gemm::kFp8 && kept && kept->bytes;
-  const bool cast_from_pre = g == Gemm::kFp8 && kept && !kept->bytes && !inp && pre;
+  // Block scaling keeps nothing (linear_forward): its x^T is cast afresh, in tiles along the tokens.
+  const bool tiles = g == Gemm::kFp8 && st_->fp8.scaling == fp8::Scaling::block;
+  MYRIAD_CHECK(!(tiles && kept && kept->bytes), "linear_backward: block scaling keeps no cast of the input");
+  const bool kept_bytes = g == Gemm::kFp8 && !tiles && kept && kept->bytes;
+  const bool cast_from_pre = g == Gemm::kFp8 && !tiles && kept && !kept->bytes && !inp && pre;
   MYRIAD_CHECK(inp || pre || kept_bytes, "linear_backward: no input, and no pre-activation to recompute it from");
   // The input gradient: into dinp, or through the activation (its output gradient (N,IC) in
   // scratch, bf16). GELU's backward rides the bf16 GEMM's epilogue. Without `inp` (and in FP8
@@ -718,11 +756,13 @@ void CudaOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act*
     // dout once into both layouts: row-major for the input gradient, transposed for the weight's;
     // its amax measured by its producer when dout_amax says so.
     const Fp8Operand dy =
-        dout_amax ? fp8_cast_into(*st_, fp8_buffer(*st_, 0, size_t(N) * OC), fp8_buffer(*st_, 2, size_t(N) * OC),
-                                  dout_amax->scalars, dout, N, OC, st_->fp8.gradient, Known::kAmax)
-                  : fp8_cast(*st_, 0, 2, dout, N, OC, st_->fp8.gradient);
+        tiles       ? fp8_cast_tiles(*st_, 0, 2, dout, N, OC, st_->fp8.gradient, false)
+        : dout_amax ? fp8_cast_into(*st_, fp8_buffer(*st_, 0, size_t(N) * OC), fp8_buffer(*st_, 2, size_t(N) * OC),
+                                    dout_amax->scalars, dout, N, OC, st_->fp8.gradient, Known::kAmax)
+                    : fp8_cast(*st_, 0, 2, dout, N, OC, st_->fp8.gradient);
     dy_t = dy.cols;
-    const Matmul::Fp8Tensor wt = fp8_cast(*st_, -1, 1, w, OC, IC, st_->fp8.forward).cols;
+    const Matmul::Fp8Tensor wt = tiles ? fp8_cast_tiles(*st_, -1, 1, w, OC, IC, st_->fp8.forward, true).cols
+                                       : fp8_cast(*st_, -1, 1, w, OC, IC, st_->fp8.forward).cols;
     OpScope op(*st_, "linear_backward_input_fp8", N, IC, OC);
     st_->mm.backward_input_fp8(dx, dy.rows, wt, N, IC, OC, accumulate, st_->stream);
   } else if (dgelu) {
@@ -735,7 +775,7 @@ void CudaOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act*
   if (pre && !dgelu) {
     OpScope op(*st_, m == Mlp::kGelu ? "gelu_backward" : "swiglu_backward", N, IC);
     // In FP8 the activation's backward measures dinp's amax for the cast of the next backward.
-    float* const amax = g == Gemm::kFp8 && dinp_amax ? dinp_amax->scalars : nullptr;
+    float* const amax = g == Gemm::kFp8 && !tiles && dinp_amax ? dinp_amax->scalars : nullptr;
     if (m == Mlp::kGelu)
       cuda::gelu_backward(dinp, pre, dx, int64_t(N) * IC, st_->stream, amax);
     else
@@ -755,7 +795,9 @@ void CudaOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act*
     // pre; or cast afresh. Into buffer 1 again: the input gradient's GEMM, queued before on the
     // same stream, has read W^T.
     Matmul::Fp8Tensor xt{};
-    if (kept_bytes) {
+    if (tiles) {
+      xt = fp8_cast_tiles(*st_, -1, 1, inp, N, IC, st_->fp8.forward, false).cols;
+    } else if (kept_bytes) {
       xt = {kept->bytes, kept->scalars + 32, st_->fp8.forward};
     } else if (cast_from_pre) {
       uint8_t* q = fp8_buffer(*st_, 1, size_t(N) * IC);

@@ -140,7 +140,9 @@ class CudaOps {
   // scale and the bytes, in the layout Hopper's FP8 GEMMs take: ops/fp8.h), in set_fp8's recipe's
   // formats; only the forward's GEMM may use fast accumulation (the recipe's fast_accum). `keep`
   // (Gemm::kFp8): where the input's cast scalars (and, with bytes, its transposed cast) go for
-  // the backward (ops/fp8.h Kept).
+  // the backward (ops/fp8.h Kept). Under the recipe's block scaling each operand is cast in its
+  // tiles instead (weights in 128 x 128 blocks, the others in 1 x 128 tiles along K), and keeps
+  // are not used: no cast of the backward's is the forward's.
   void linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC,
                       Gemm g = Gemm::kBf16, const fp8::Kept* keep = nullptr) const;
   // GELU fused into the GEMM's epilogue (in bf16; after an FP8 GEMM a kernel of its own); SwiGLU

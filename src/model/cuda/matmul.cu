@@ -27,14 +27,17 @@ struct Key {
   uint32_t align_a, align_b, align_d;
   int type_a, type_b;  // cudaDataType_t: bf16, or an FP8 format
   bool fast_accum;
+  int scale_a, scale_b;  // cublasLtMatmulMatrixScale_t: per tensor (0), or block scaling's
   auto tie() const {
-    return std::tie(m, n, k, ta, tb, lda, ldb, epi, f32, align_a, align_b, align_d, type_a, type_b, fast_accum);
+    return std::tie(m, n, k, ta, tb, lda, ldb, epi, f32, align_a, align_b, align_d, type_a, type_b, fast_accum,
+                    scale_a, scale_b);
   }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
   std::string text() const {
     std::ostringstream s;
     s << m << ' ' << n << ' ' << k << ' ' << ta << ' ' << tb << ' ' << lda << ' ' << ldb << ' ' << epi << ' ' << f32
       << ' ' << align_a << ' ' << align_b << ' ' << align_d << ' ' << type_a << ' ' << type_b << ' ' << fast_accum;
+    if (scale_a || scale_b) s << ' ' << scale_a << ' ' << scale_b;
     return s.str();
   }
 };
@@ -85,10 +88,12 @@ void load_choices(Choices& c) {
     if (!(s >> k.m >> k.n >> k.k >> k.ta >> k.tb >> k.lda >> k.ldb >> k.epi >> k.f32 >> k.align_a >> k.align_b >>
           k.align_d >> colon))
       continue;
-    // Lines written before FP8 end their key here (bf16 operands); later ones add the types.
-    k.type_a = k.type_b = CUDA_R_16BF, k.fast_accum = false;
-    if (colon != ":" && !(std::istringstream(colon) >> k.type_a && s >> k.type_b >> k.fast_accum >> colon && colon == ":"))
+    // Lines written before FP8 end their key here (bf16 operands); later ones add the types, and
+    // block scaling's the scale modes.
+    k.type_a = k.type_b = CUDA_R_16BF, k.fast_accum = false, k.scale_a = k.scale_b = 0;
+    if (colon != ":" && !(std::istringstream(colon) >> k.type_a && s >> k.type_b >> k.fast_accum >> colon))
       continue;
+    if (colon != ":" && !(std::istringstream(colon) >> k.scale_a && s >> k.scale_b >> colon && colon == ":")) continue;
     cublasLtMatmulAlgo_t algo{};
     bool ok = true;
     for (uint64_t& w : algo.data) ok = ok && static_cast<bool>(s >> std::hex >> w);
@@ -142,6 +147,14 @@ Matmul::~Matmul() {
   if (handle_) cublasLtDestroy(handle_);
 }
 
+namespace {
+int32_t scale_mode(Matmul::Scales s) {
+  return s == Matmul::Scales::kBlocks  ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+         : s == Matmul::Scales::kTiles ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                                       : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+}
+}  // namespace
+
 void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, int lda,
                   const void* b, bool trans_b, int ldb, int m, int n, int k, float beta,
                   const bf16* bias, cudaStream_t stream, cublasLtEpilogue_t epi, const void* aux,
@@ -150,11 +163,22 @@ void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, i
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   cudaDataType_t type_a = CUDA_R_16BF, type_b = CUDA_R_16BF;
   int8_t fast_accum = 0;
+  int32_t scale_a = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, scale_b = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
   if (fp8) {
     // Hopper's FP8 GEMMs take A transposed and B not (both K-major), with per-tensor scales that
     // multiply the product back: D = (a_inv b_inv) A B.
     MYRIAD_CHECK(trans_a && !trans_b, "cuBLASLt FP8: A must be transposed and B not (both K-major)");
     type_a = fp8->a_type, type_b = fp8->b_type, fast_accum = fp8->fast_accum ? 1 : 0;
+    const bool blockwise = fp8->a_scales != Scales::kTensor || fp8->b_scales != Scales::kTensor;
+    MYRIAD_CHECK(!blockwise || (fp8->a_scales != Scales::kTensor && fp8->b_scales != Scales::kTensor &&
+                                !(fp8->a_scales == Scales::kBlocks && fp8->b_scales == Scales::kBlocks) && !fast_accum),
+                 "cuBLASLt FP8: block scaling takes tiles by blocks, blocks by tiles or tiles by tiles, without fast "
+                 "accumulation");
+    if (blockwise) {
+      scale_a = scale_mode(fp8->a_scales), scale_b = scale_mode(fp8->b_scales);
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &scale_a, sizeof scale_a));
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &scale_b, sizeof scale_b));
+    }
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &fp8->a_inv_scale,
                                                 sizeof fp8->a_inv_scale));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &fp8->b_inv_scale,
@@ -195,7 +219,7 @@ void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, i
   const uint32_t align_a = alignment(a), align_b = alignment(b), align_d = alignment(d);
   const Key key{m,       n,       k,       trans_a,           trans_b,           lda, ldb, static_cast<int>(epi),
                 d_type == CUDA_R_32F, align_a, align_b, align_d, static_cast<int>(type_a), static_cast<int>(type_b),
-                fast_accum != 0};
+                fast_accum != 0, scale_a, scale_b};
   const float alpha = 1.0f;
   Choices& c = choices();
   std::unique_lock<std::mutex> lock(c.mu);
@@ -231,7 +255,10 @@ void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, i
     CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, desc, la, lb, ld, ld, pref, wanted, results, &found));
     cublasLtMatmulPreferenceDestroy(pref);
     if (found == 0)
-      throw_runtime("cuBLASLt: no algorithm for a ", m, "x", n, "x", k, fp8 ? " FP8" : " bf16", " GEMM");
+      throw_runtime("cuBLASLt: no algorithm for a ", m, "x", n, "x", k,
+                    scale_a ? " block-scaled FP8 GEMM (it needs a Hopper GPU and cuBLAS 12.9 or later; train.fp8_scaling "
+                              "= \"tensor\" does not)"
+                            : fp8 ? " FP8 GEMM" : " bf16 GEMM");
     int best = 0;
     if (found > 1) {
       // Timed on this call's operands; a call that accumulates (beta 1) writes a scratch output
@@ -342,7 +369,8 @@ cudaDataType_t fp8_type(fp8::Format f) { return f == fp8::Format::e4m3 ? CUDA_R_
 void Matmul::forward_fp8(bf16* out, const Fp8Tensor& inp, const Fp8Tensor& weight, const bf16* bias, int N, int IC,
                          int OC, bool fast_accum, cudaStream_t stream) {
   // out^T (OC,N) = W (OC,IC) . inp^T (IC,N): W's bytes (IC,OC) column-major, transposed.
-  const Fp8Operands ops{fp8_type(weight.format), fp8_type(inp.format), weight.inv_scale, inp.inv_scale, fast_accum};
+  const Fp8Operands ops{fp8_type(weight.format), fp8_type(inp.format), weight.inv_scale, inp.inv_scale, fast_accum,
+                       weight.scales, inp.scales};
   gemm(out, CUDA_R_16BF, weight.data, true, IC, inp.data, false, IC, OC, N, IC, 0.0f, bias, stream,
        CUBLASLT_EPILOGUE_DEFAULT, nullptr, &ops);
 }
@@ -350,7 +378,8 @@ void Matmul::forward_fp8(bf16* out, const Fp8Tensor& inp, const Fp8Tensor& weigh
 void Matmul::backward_input_fp8(bf16* dinp, const Fp8Tensor& dout, const Fp8Tensor& weight_t, int N, int IC, int OC,
                                 bool accumulate, cudaStream_t stream) {
   // dinp^T (IC,N) = W^T (IC,OC) . dout^T (OC,N): W^T's bytes (OC,IC) column-major, transposed.
-  const Fp8Operands ops{fp8_type(weight_t.format), fp8_type(dout.format), weight_t.inv_scale, dout.inv_scale, false};
+  const Fp8Operands ops{fp8_type(weight_t.format), fp8_type(dout.format), weight_t.inv_scale, dout.inv_scale, false,
+                       weight_t.scales, dout.scales};
   gemm(dinp, CUDA_R_16BF, weight_t.data, true, OC, dout.data, false, OC, IC, N, OC, accumulate ? 1.0f : 0.0f,
        nullptr, stream, CUBLASLT_EPILOGUE_DEFAULT, nullptr, &ops);
 }
@@ -359,7 +388,8 @@ void Matmul::backward_weight_fp8(float* dweight, const Fp8Tensor& dout_t, const 
                                  int OC, cudaStream_t stream) {
   // dW^T (IC,OC) += inp^T (IC,N) . dout (N,OC): inp^T's bytes (N,IC) column-major, transposed;
   // dout^T's bytes (N,OC) column-major as they are.
-  const Fp8Operands ops{fp8_type(inp_t.format), fp8_type(dout_t.format), inp_t.inv_scale, dout_t.inv_scale, false};
+  const Fp8Operands ops{fp8_type(inp_t.format), fp8_type(dout_t.format), inp_t.inv_scale, dout_t.inv_scale, false,
+                       inp_t.scales, dout_t.scales};
   gemm(dweight, CUDA_R_32F, inp_t.data, true, N, dout_t.data, false, N, IC, OC, N, 1.0f, nullptr, stream,
        CUBLASLT_EPILOGUE_DEFAULT, nullptr, &ops);
 }

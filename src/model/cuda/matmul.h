@@ -68,11 +68,17 @@ class Matmul {
   // FP8 (train.precision = "fp8"): the products above on FP8 operands (cast_fp8's bytes and the
   // inverse of their scale, on the device), each operand K-major as Hopper requires. A product
   // accumulates in fp32 (fast_accum: cuBLASLt's faster, coarser accumulation, the forward's
-  // option); outputs as above.
+  // option, with per-tensor scales only); outputs as above. Block scaling (fp8::Scaling::block)
+  // takes the weight in 128 x 128 blocks and the activation or gradient in 1 x 128 tiles, or both
+  // weight-gradient operands in tiles: cuBLASLt's block-scaled GEMMs (Hopper, CUDA 12.9 and later).
+  // What an operand's inverse scales cover: the tensor (one float), or block scaling's tiles
+  // along K (1 x 128) or blocks (128 x 128), laid out as fp8::tile_scales says.
+  enum class Scales { kTensor, kTiles, kBlocks };
   struct Fp8Tensor {
     const uint8_t* data;
-    const float* inv_scale;  // 1 / the cast's scale
+    const float* inv_scale;  // 1 / the cast's scale, or its tiles' (scales)
     fp8::Format format;
+    Scales scales = Scales::kTensor;
   };
   // out (N,OC) = inp (N,IC) @ weight (OC,IC)^T + bias
   void forward_fp8(bf16* out, const Fp8Tensor& inp, const Fp8Tensor& weight, const bf16* bias, int N, int IC, int OC,
@@ -93,6 +99,7 @@ class Matmul {
     const float* a_inv_scale;
     const float* b_inv_scale;
     bool fast_accum;
+    Scales a_scales = Scales::kTensor, b_scales = Scales::kTensor;
   };
   void gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, int lda, const void* b,
             bool trans_b, int ldb, int m, int n, int k, float beta, const bf16* bias,

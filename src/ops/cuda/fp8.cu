@@ -122,6 +122,107 @@ __global__ void cast_kernel(uint8_t* __restrict__ out, uint8_t* __restrict__ out
   }
 }
 
+// Block scaling's cast: a 128 x 128 region of x per block of 256 threads, staged in shared
+// memory in bf16, then its tiles' amaxes: per row (out's 1 x 128 tiles), per column (out_t's), or
+// of the whole region (a 128 x 128 block, both outputs). Partial regions at the edges read as
+// zeros, which no amax sees. Out is written from the staged rows, out_t 16 bytes of a column a
+// thread, the lanes along the columns (no shared-memory bank conflicts).
+constexpr int kRegion = 128;
+__device__ __forceinline__ float amax_step(float m, float v) { return fmaxf(m, fabsf(v)) + (v != v ? INFINITY : 0.0f); }
+
+__global__ void cast_tiles_kernel(uint8_t* __restrict__ out, float* __restrict__ inv, uint8_t* __restrict__ out_t,
+                                  float* __restrict__ inv_t, const bf16* __restrict__ x, int rows, int cols,
+                                  bool blocks, Format f) {
+  __shared__ __align__(16) bf16 tile[kRegion][kRegion + 8];
+  __shared__ float row_scale[kRegion], col_scale[kRegion], col_half[kRegion];
+  __shared__ unsigned region_amax;
+  const int t = threadIdx.x, r0 = blockIdx.y * kRegion, c0 = blockIdx.x * kRegion;
+  if (t == 0) region_amax = 0;
+  __syncthreads();
+  // Stage: 16 threads a row, 8 values each, 16 rows a pass.
+  float m_all = 0.0f;
+  for (int pass = 0; pass < kRegion / 16; ++pass) {
+    const int r = pass * 16 + t / 16, c = 8 * (t % 16);
+    uint4 raw = make_uint4(0, 0, 0, 0);
+    if (r0 + r < rows && c0 + c < cols) raw = *reinterpret_cast<const uint4*>(x + int64_t(r0 + r) * cols + c0 + c);
+    *reinterpret_cast<uint4*>(&tile[r][c]) = raw;
+    const bf16* v = reinterpret_cast<const bf16*>(&raw);
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) m = amax_step(m, __bfloat162float(v[j]));
+    m_all = fmaxf(m_all, m);
+#pragma unroll
+    for (int o = 8; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));  // within the row's 16 lanes
+    if (t % 16 == 0) row_scale[r] = m;
+  }
+  if (blocks) {
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) m_all = fmaxf(m_all, __shfl_xor_sync(0xffffffffu, m_all, o));
+    if (t % 32 == 0) atomicMax(&region_amax, __float_as_uint(m_all));
+  }
+  __syncthreads();
+  if (!blocks && out_t) {  // each column's amax, in two halves of 64 rows
+    const int c = t % kRegion, h = t / kRegion;
+    float m = 0.0f;
+    for (int r = 64 * h; r < 64 * h + 64; ++r) m = amax_step(m, __bfloat162float(tile[r][c]));
+    if (h == 1) col_half[c] = m;
+    __syncthreads();
+    if (h == 0) col_scale[c] = fmaxf(m, col_half[c]);
+  }
+  __syncthreads();
+  // Amaxes to scales, and the inverse scales where cuBLASLt reads them.
+  if (blocks) {
+    const float s = fp8::scale_for(__uint_as_float(region_amax), f);
+    if (t < kRegion) row_scale[t] = s, col_scale[t] = s;
+    if (t == 0) {
+      const int gx = gridDim.x, gy = gridDim.y, lx = (gx + 3) / 4 * 4, ly = (gy + 3) / 4 * 4;
+      if (out) {
+        inv[blockIdx.y * lx + blockIdx.x] = 1.0f / s;
+        if (blockIdx.x == gx - 1)
+          for (int j = gx; j < lx; ++j) inv[blockIdx.y * lx + j] = 0.0f;
+      }
+      if (out_t) {
+        inv_t[blockIdx.x * ly + blockIdx.y] = 1.0f / s;
+        if (blockIdx.y == gy - 1)
+          for (int j = gy; j < ly; ++j) inv_t[blockIdx.x * ly + j] = 0.0f;
+      }
+    }
+  } else if (t < kRegion) {
+    if (out) {
+      row_scale[t] = fp8::scale_for(row_scale[t], f);
+      if (r0 + t < rows) inv[int64_t(blockIdx.x) * rows + r0 + t] = 1.0f / row_scale[t];
+    }
+    if (out_t) {
+      col_scale[t] = fp8::scale_for(col_scale[t], f);
+      if (c0 + t < cols) inv_t[int64_t(blockIdx.y) * cols + c0 + t] = 1.0f / col_scale[t];
+    }
+  }
+  __syncthreads();
+  if (out) {
+    for (int pass = 0; pass < kRegion / 16; ++pass) {
+      const int r = pass * 16 + t / 16, c = 8 * (t % 16);
+      if (r0 + r >= rows || c0 + c >= cols) continue;
+      const float s = row_scale[r];
+      alignas(8) uint8_t q[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) q[j] = to_fp8(__bfloat162float(tile[r][c + j]) * s, f);
+      *reinterpret_cast<uint2*>(out + int64_t(r0 + r) * cols + c0 + c) = *reinterpret_cast<const uint2*>(q);
+    }
+  }
+  if (out_t) {
+    // out_t (cols, rows): a warp's lanes take 32 columns, each 16 consecutive rows of its column.
+    for (int pass = 0; pass < kRegion * kRegion / (256 * 16); ++pass) {
+      const int i = pass * 256 + t, c = (i / 256) * 32 + i % 32, r = 16 * ((i % 256) / 32);
+      if (c0 + c >= cols || r0 + r >= rows) continue;
+      const float s = col_scale[c];
+      alignas(16) uint8_t q[16];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) q[j] = to_fp8(__bfloat162float(tile[r + j][c]) * s, f);
+      *reinterpret_cast<uint4*>(out_t + int64_t(c0 + c) * rows + r0 + r) = *reinterpret_cast<const uint4*>(q);
+    }
+  }
+}
+
 }  // namespace
 
 void amax(float* out, const bf16* x, int64_t n, cudaStream_t stream) {
@@ -164,6 +265,20 @@ void cast_fp8_activation_t(uint8_t* out_t, const bf16* pre, bool swiglu, int row
   else
     cast_kernel<<<grid, 256, 0, stream>>>(nullptr, out_t, FromGelu{pre, cols}, rows, cols, scale, f);
   check_launch("cast_fp8_activation_t");
+}
+
+void cast_fp8_tiles(uint8_t* out, float* inv, uint8_t* out_t, float* inv_t, const bf16* x, int rows, int cols,
+                    bool blocks, fp8::Format f, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  MYRIAD_CHECK((out || out_t) && (!out || inv) && (!out_t || inv_t), "cast_fp8_tiles: an output without its scales");
+  MYRIAD_CHECK(rows % 16 == 0 && cols % 16 == 0 && detail::aligned16(x) && (!out || detail::aligned16(out)) &&
+                   (!out_t || detail::aligned16(out_t)) && (!inv || detail::aligned16(inv)) &&
+                   (!inv_t || detail::aligned16(inv_t)),
+               "cast_fp8_tiles: rows ", rows, " cols ", cols, ": multiples of 16, 16-byte aligned buffers");
+  MYRIAD_CHECK(ceil_div(rows, kRegion) <= 65535, "cast_fp8_tiles: ", rows, " rows exceed the grid's 65535 regions");
+  const dim3 grid(ceil_div(cols, kRegion), ceil_div(rows, kRegion));
+  cast_tiles_kernel<<<grid, 256, 0, stream>>>(out, inv, out_t, inv_t, x, rows, cols, blocks, f);
+  check_launch("cast_fp8_tiles");
 }
 
 }  // namespace myriad::cuda

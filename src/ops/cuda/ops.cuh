@@ -269,6 +269,14 @@ void cast_fp8(uint8_t* out, uint8_t* out_t, const bf16* x, int rows, int cols, c
 // forward kept. rows and cols multiples of 8; buffers 16-byte aligned.
 void cast_fp8_activation_t(uint8_t* out_t, const bf16* pre, bool swiglu, int rows, int cols, const float* scale,
                            fp8::Format f, cudaStream_t stream);
+// Block scaling (fp8::Scaling::block): x (rows,cols) into out (rows,cols) and/or out_t
+// (cols,rows), each as fp8::quantize_tiles casts it with its own rows as the tiles' M: blocks
+// false, 1 x 128 tiles along each output's rows (x's rows for out, its columns for out_t: an
+// activation's or a gradient's two GEMM layouts); blocks true, 128 x 128 blocks (a weight's).
+// inv / inv_t: each output's inverse scales (fp8::tile_scales floats, cuBLASLt's layout). Either
+// output may be null, not both. rows and cols multiples of 16; buffers 16-byte aligned.
+void cast_fp8_tiles(uint8_t* out, float* inv, uint8_t* out_t, float* inv_t, const bf16* x, int rows, int cols,
+                    bool blocks, fp8::Format f, cudaStream_t stream);
 
 // ---- the step's elementwise helpers ----
 void accumulate(float* dst, const float* src, int64_t n, cudaStream_t stream);  // dst += src

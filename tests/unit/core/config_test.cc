@@ -359,10 +359,20 @@ TEST(Config, Fp8IsRefusedWhereItCannotRun) {
   EXPECT_NE(e.find("use train.precision = \"bf16\""), std::string::npos) << e;
   e = input_error([] { parse_config(kSmall, "my.toml", {"train.precision=fp8", "train.device=cuda", "train.fp8_gradients=e4m4"}); });
   EXPECT_NE(e.find("train.fp8_gradients = \"e4m4\" is not one of: e5m2, e4m3"), std::string::npos) << e;
-  for (const char* key : {"train.fp8_gradients=e4m3", "train.fp8_fast_accum=true"}) {
+  for (const char* key : {"train.fp8_gradients=e4m3", "train.fp8_fast_accum=true", "train.fp8_scaling=block"}) {
     e = input_error([&] { parse_config(kSmall, "my.toml", {key, "train.device=cuda"}); });
     EXPECT_NE(e.find("shape the FP8 recipe, but train.precision = \"bf16\""), std::string::npos) << key << ": " << e;
   }
+  e = input_error([] { parse_config(kSmall, "my.toml", {"train.precision=fp8", "train.device=cuda", "train.fp8_scaling=tile"}); });
+  EXPECT_NE(e.find("train.fp8_scaling = \"tile\" is not one of: tensor, block"), std::string::npos) << e;
+  // cuBLASLt's block-scaled GEMMs take no fast accumulation.
+  e = input_error([] {
+    parse_config(kSmall, "my.toml", {"train.precision=fp8", "train.device=cuda", "train.fp8_scaling=block", "train.fp8_fast_accum=true"});
+  });
+  EXPECT_NE(e.find("train.fp8_fast_accum = true with train.fp8_scaling = \"block\""), std::string::npos) << e;
+  EXPECT_NE(e.find("set train.fp8_fast_accum = false, or train.fp8_scaling = \"tensor\""), std::string::npos) << e;
+  EXPECT_EQ(parse_config(kSmall, "my.toml", {"train.precision=fp8", "train.device=cuda", "train.fp8_scaling=block"}).train.fp8_scaling,
+            "block");
   e = input_error([] { parse_config(kSmall, "my.toml", {"train.fp8_lm_head=true", "train.device=cuda"}); });
   EXPECT_NE(e.find("train.fp8_lm_head = true puts the LM head in FP8"), std::string::npos) << e;
   EXPECT_NE(e.find("set train.precision = \"fp8\" too"), std::string::npos) << e;

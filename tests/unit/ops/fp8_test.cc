@@ -4,6 +4,7 @@
 // float8 dtypes to compare with).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -165,4 +166,68 @@ TEST(Fp8, TheRecipeComesFromTheConfigAndNamesItself) {
   EXPECT_NE(head.find("gradients e4m3"), std::string::npos) << head;
   EXPECT_NE(head.find("fast accumulation in the forward"), std::string::npos) << head;
   EXPECT_EQ(head.find("the LM head in bf16"), std::string::npos) << head;
+}
+
+TEST(Fp8, BlockScalingIsNamedAndKeepsItsFormats) {
+  myriad::TrainConfig t;
+  t.precision = "fp8", t.fp8_scaling = "block";
+  const Recipe r = recipe_of(t);
+  EXPECT_EQ(r.scaling, myriad::fp8::Scaling::block);
+  EXPECT_EQ(r.gradient, Format::e5m2);
+  const std::string d = describe(r);
+  EXPECT_NE(d.find("block scaling (1 x 128 tiles of activations and gradients, 128 x 128 blocks of weights)"),
+            std::string::npos) << d;
+  EXPECT_EQ(d.find("per-tensor"), std::string::npos) << d;
+  t.fp8_scaling = "tensor";
+  EXPECT_EQ(recipe_of(t).scaling, myriad::fp8::Scaling::tensor);
+}
+
+// The block cast's host emulation: each tile is quantize() at its own amax's scale, whatever its
+// neighbours hold; the inverse scales sit where cuBLASLt reads them, the blocks' rows padded with
+// zeros to a multiple of 4; edge tiles are cut short.
+TEST(Fp8, TilesAreScaledEachByItsOwnAmax) {
+  using myriad::fp8::quantize_tiles;
+  using myriad::fp8::tile_scales;
+  const int64_t M = 3, K = 272;  // 128 + 128 + 16: the last tile of each row is 16 long
+  std::vector<float> x(M * K);
+  for (int64_t i = 0; i < M * K; ++i) x[i] = 0.01f * float((i * 37) % 101 - 50);
+  x[1 * K + 130] = 900.0f;  // row 1's second tile only
+  EXPECT_EQ(tile_scales(M, K, false), 9);
+  std::vector<uint8_t> q(M * K);
+  std::vector<float> inv(9, -1.0f);
+  quantize_tiles(q.data(), inv.data(), x.data(), M, K, false, Format::e4m3);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t kb = 0; kb < 3; ++kb) {
+      const int64_t k0 = kb * 128, n = std::min<int64_t>(128, K - k0);
+      float amax = 0;
+      for (int64_t k = k0; k < k0 + n; ++k) amax = std::max(amax, std::fabs(x[m * K + k]));
+      const float s = scale_for(amax, Format::e4m3);
+      EXPECT_EQ(inv[kb * M + m], 1.0f / s) << "row " << m << " tile " << kb;  // [k / 128][m]
+      std::vector<uint8_t> want(n);
+      quantize(want.data(), x.data() + m * K + k0, n, s, Format::e4m3);
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), q.begin() + m * K + k0)) << "row " << m << " tile " << kb;
+    }
+  EXPECT_GT(inv[1 * M + 1], inv[1 * M + 0] * 64) << "the outlier coarsens its own tile only";
+  EXPECT_EQ(inv[0 * M + 1], inv[0 * M + 0]);
+
+  // 128 x 128 blocks of a (130, 272) operand: 2 x 3 blocks, each row of blocks padded to 4.
+  const int64_t R = 130;
+  std::vector<float> w(R * K);
+  for (int64_t i = 0; i < R * K; ++i) w[i] = 0.001f * float((i * 13) % 29 - 14);
+  w[129 * K + 5] = -3.0f;  // block (1, 0)
+  EXPECT_EQ(tile_scales(R, K, true), 2 * 4);
+  std::vector<uint8_t> wq(R * K);
+  std::vector<float> winv(8, -1.0f);
+  quantize_tiles(wq.data(), winv.data(), w.data(), R, K, true, Format::e4m3);
+  EXPECT_EQ(winv[1 * 4 + 0], 1.0f / scale_for(3.0f, Format::e4m3));
+  EXPECT_EQ(winv[0 * 4 + 0], winv[0 * 4 + 1]);
+  EXPECT_EQ(winv[0 * 4 + 3], 0.0f);
+  EXPECT_EQ(winv[1 * 4 + 3], 0.0f);
+  EXPECT_GT(winv[1 * 4 + 1], 0.0f);
+  EXPECT_EQ(wq[129 * K + 5], encode(-3.0f * scale_for(3.0f, Format::e4m3), Format::e4m3));
+  // A NaN makes its own tile's scale NaN (the step's check sees it), no other.
+  x[2 * K + 3] = NAN;
+  quantize_tiles(q.data(), inv.data(), x.data(), M, K, false, Format::e4m3);
+  EXPECT_TRUE(std::isnan(inv[0 * M + 2]));
+  EXPECT_FALSE(std::isnan(inv[1 * M + 2]));
 }
