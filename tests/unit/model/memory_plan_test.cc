@@ -44,4 +44,33 @@ TEST(MemoryPlan, ARanksActivationsFallAsOneOverCp) {
   }
 }
 
+// FP8's block scaling (train.fp8_scaling = "block") keeps no cast: under recompute none the norms'
+// outputs stay in the slot in bf16 (2 bytes an element where tensor scaling keeps 1), and the step
+// needs no shared transient for them; under the other modes the two plans hold alike. Its cast
+// buffers add their tiles' inverse scales, 4 bytes each, at each buffer's largest count.
+TEST(MemoryPlan, BlockScalingCountsItsTilesAndKeepsNoCast) {
+  const Config cfg = llama();
+  auto shape = [&](bool block, const char* recompute) {
+    model::GptMemoryShape s = model::memory_shape(cfg.model, 1, 2, cfg.padded_vocab());
+    s.act_bytes = 2, s.saved_per_row = 1, s.fp8 = true, s.fp8_block = block, s.recompute = recompute;
+    return s;
+  };
+  const model::GptMemoryShape tensor = shape(false, "none"), block = shape(true, "none");
+  const int64_t BT = 2 * 64, C = 64;
+  EXPECT_TRUE(model::keeps_norm_casts(tensor));
+  EXPECT_FALSE(model::keeps_norm_casts(block));
+  EXPECT_EQ(model::slot_bytes(block, 4, true) - model::slot_bytes(tensor, 4, true), 4 * 2 * BT * C * (2 - 1));
+  EXPECT_EQ(model::buffer_bytes(tensor) - model::buffer_bytes(block), 2 * BT * C * 2);
+  for (const char* rc : {"norms", "selective", "full"}) {
+    EXPECT_EQ(model::slot_bytes(shape(true, rc), 4, true), model::slot_bytes(shape(false, rc), 4, true)) << rc;
+    EXPECT_EQ(model::buffer_bytes(shape(true, rc)), model::buffer_bytes(shape(false, rc))) << rc;
+  }
+  // N 128 tokens; inputs up to 176 wide (the MLP's), outputs up to 352 (SwiGLU's pairs): buffer 0
+  // holds 128 x ceil(352 / 128) = 384 scales; buffer 1 x^T's 176 x ceil(128 / 128) = 176 (more than
+  // any weight's blocks: 12 at most, fc's 3 x 4 padded); buffer 2 dy^T's 352.
+  EXPECT_EQ(block.Fl, 176);
+  EXPECT_EQ(block.Pl, 352);
+  EXPECT_EQ(model::fp8_cast_bytes(block) - model::fp8_cast_bytes(tensor), 4 * (384 + 176 + 352));
+}
+
 }  // namespace
