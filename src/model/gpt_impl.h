@@ -123,8 +123,7 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
     if (const std::string why = ops_.moe_refusal(); !why.empty()) throw_input("config: model.experts = ", E_, ": ", why);
   }
   if (gemm_ == Gemm::kFp8) {
-    if (const std::string why = ops_.fp8_refusal(); !why.empty())
-      throw_input("config: train.precision = \"fp8\": ", why, "; use train.precision = \"bf16\"");
+    if (const std::string why = ops_.fp8_refusal(fp8::recipe_of(cfg.train)); !why.empty()) throw_input("config: ", why);
     // cuBLASLt's FP8 GEMMs take dimensions of multiples of 16: the layout checked the shapes
     // (core/parallel_layout.h); the device is the op set's to judge (above).
     // Each rank's amax meets the group's before a cast, so a shard is scaled as the whole tensor.

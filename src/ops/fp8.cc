@@ -82,10 +82,15 @@ std::string describe(const Recipe& r) {
          (r.lm_head ? "" : "; the LM head in bf16") + "; attention, the norms and the update in bf16/fp32";
 }
 
-std::string gpu_refusal(int major, int minor) {
-  if (major >= 9) return "";
-  return "the GPU's compute capability is " + std::to_string(major) + "." + std::to_string(minor) +
-         ": FP8 training needs a Hopper GPU (9.0) or later";
+std::string gpu_refusal(int major, int minor, Scaling scaling) {
+  const std::string cc = std::to_string(major) + "." + std::to_string(minor);
+  if (major < 9)
+    return "train.precision = \"fp8\": the GPU's compute capability is " + cc +
+           ": FP8 training needs a Hopper GPU (9.0) or later; use train.precision = \"bf16\"";
+  if (scaling == Scaling::block && major != 9)
+    return "train.fp8_scaling = \"block\" takes cuBLASLt's 1 x 128 and 128 x 128 block-scaled GEMMs, which Hopper "
+           "(9.x) has and the GPU's compute capability " + cc + " does not; use train.fp8_scaling = \"tensor\"";
+  return "";
 }
 
 void quantize(uint8_t* out, const float* in, int64_t n, float scale, Format f) {

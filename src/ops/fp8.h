@@ -98,9 +98,11 @@ struct Kept {
 // Floats of a cast's scalars with `ranks` tensor-parallel ranks: each scalar 64-byte aligned
 // (cuBLASLt reads a scale only there), the group's amaxes from 48.
 inline int64_t kept_floats(int64_t ranks) { return 48 + (ranks + 15) / 16 * 16; }
-// Why a GPU of compute capability major.minor cannot train in FP8 ("" when it can: Hopper, 9.0,
-// and later). A function of the capability alone, so that it is tested off the GPU.
-std::string gpu_refusal(int major, int minor);
+// Why a GPU of compute capability major.minor cannot train in FP8 with `scaling` ("" when it can:
+// Hopper, 9.0, and later; block scaling Hopper only, whose cuBLASLt has the 1 x 128 and
+// 128 x 128 block-scaled GEMMs), with what to set instead. A function of the capability alone,
+// so that it is tested off the GPU.
+std::string gpu_refusal(int major, int minor, Scaling scaling = Scaling::tensor);
 // The cast kernels' contract on n values: out[i] = encode(in[i] * scale).
 void quantize(uint8_t* out, const float* in, int64_t n, float scale, Format f);
 

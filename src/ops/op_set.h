@@ -86,7 +86,7 @@ concept OpSet = requires(const O& o, typename O::Act* a, const typename O::Act* 
   o.linear_forward(a, ca, cp, cp, i, i, i, g, kept);
   o.linear_act_forward(m, a, a, ca, cp, cp, i, i, i, g, kept, kept);
   o.linear_backward(m, a, f, f, ca, ca, cp, ca, i, i, i, b, g, kept, kept, kept);
-  { o.fp8_refusal() } -> std::convertible_to<std::string>;
+  { o.fp8_refusal(recipe) } -> std::convertible_to<std::string>;
   o.set_fp8(recipe, group);
   o.add(a, ca, ca, l);
   o.select_attention(s, b);

@@ -341,16 +341,16 @@ struct TiledCast {
 // cuBLASLt's block-scaled GEMMs compute the product of the tiled operands: the forward (a weight
 // in blocks by an activation in tiles, with the bias), the input gradient (the weight's transpose
 // in blocks by the gradient in tiles, written and accumulated) and the weight gradient (both in
-// tiles along the tokens, accumulated in fp32). And where one row holds a few values 65536 times
+// tiles along the tokens, accumulated in fp32). And where one row holds a few values 2^20 times
 // the rest's scale, the other rows' products come out nearer the exact ones than under per-tensor
-// scaling, whose scale pushes every other value into the format's subnormals: what block scaling
-// is for.
+// scaling, whose scale pushes every other value into the format's subnormals or to zero: what
+// block scaling is for. (At 2^16 the two measured 1.5% against 5.9%, an H100, 2026-12-06.)
 TEST(Fp8Tiles, ProductsOfTheTiledOperands) {
   std::mt19937_64 gen(seed());
   const int N = 256, IC = 512, OC = 384;
   std::vector<float> x = round_bf16(randn(size_t(N) * IC, gen, 1.0f)), w = round_bf16(randn(size_t(OC) * IC, gen, 0.02f)),
                      dy = round_bf16(randn(size_t(N) * OC, gen, 1e-3f)), bias = round_bf16(randn(OC, gen));
-  for (int j : {7, 100, 300}) x[j] = 65536.0f;  // row 0's outliers, exact in bf16 and in e4m3 at any scale
+  for (int j : {7, 100, 300}) x[j] = 1048576.0f;  // row 0's outliers, 2^20: exact in bf16 and in e4m3 at any scale
   Dev<bf16> dx(x.size()), dw(w.size()), ddy(dy.size()), db(OC), out(size_t(N) * OC), dinp(x.size());
   Dev<float> dwt(w.size());
   dx.upload(to_bf16(x)), dw.upload(to_bf16(w)), ddy.upload(to_bf16(dy)), db.upload(to_bf16(bias));

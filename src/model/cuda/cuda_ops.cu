@@ -678,12 +678,12 @@ void CudaOps::set_fp8(const fp8::Recipe& r, fp8::AmaxGroup group) const {
   st_->amaxes = std::move(group);
 }
 
-std::string CudaOps::fp8_refusal() const {
+std::string CudaOps::fp8_refusal(const fp8::Recipe& r) const {
   int d = 0;
   cudaDeviceProp p{};
   CUDA_CHECK(cudaGetDevice(&d));
   CUDA_CHECK(cudaGetDeviceProperties(&p, d));
-  return fp8::gpu_refusal(p.major, p.minor);
+  return fp8::gpu_refusal(p.major, p.minor, r.scaling);
 }
 
 void CudaOps::linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC,

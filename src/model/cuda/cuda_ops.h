@@ -163,8 +163,9 @@ class CudaOps {
                        const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g = Gemm::kBf16,
                        const fp8::Kept* kept = nullptr, const fp8::Kept* dinp_amax = nullptr,
                        const fp8::Kept* dout_amax = nullptr) const;
-  // Why this GPU cannot compute Gemm::kFp8 ("" when it can: fp8::gpu_refusal of its capability).
-  std::string fp8_refusal() const;
+  // Why this GPU cannot compute Gemm::kFp8 in recipe r ("" when it can: fp8::gpu_refusal of its
+  // capability).
+  std::string fp8_refusal(const fp8::Recipe& r) const;
   // The recipe of the Gemm::kFp8 linears, and the group whose amaxes meet (ops/fp8.h); before the
   // first of them. The defaults: fp8::Recipe{}, one rank.
   void set_fp8(const fp8::Recipe& r, fp8::AmaxGroup group) const;

@@ -130,7 +130,9 @@ class CpuOps {
                        const fp8::Kept* kept = nullptr, const fp8::Kept* dinp_amax = nullptr,
                        const fp8::Kept* dout_amax = nullptr) const;
   // Why this op set cannot compute Gemm::kFp8 ("" when it can).
-  std::string fp8_refusal() const { return "the CPU engine computes in fp32 (FP8 needs a Hopper GPU)"; }
+  std::string fp8_refusal(const fp8::Recipe&) const {
+    return "train.precision = \"fp8\": the CPU engine computes in fp32 (FP8 needs a Hopper GPU); use train.precision = \"bf16\"";
+  }
   void set_fp8(const fp8::Recipe&, fp8::AmaxGroup) const {}  // never called: fp8_refusal comes first
   void add(Act* out, const Act* a, const Act* b, int64_t n) const;  // out may alias a or b
   // Which attention kernel, and whether its backward must be bitwise repeatable (train.attention,

@@ -141,6 +141,13 @@ TEST(Fp8, OnlyHopperAndLaterTrainInFp8) {
   EXPECT_EQ(gpu_refusal(10, 0), "");
   EXPECT_NE(gpu_refusal(8, 0).find("compute capability is 8.0"), std::string::npos) << gpu_refusal(8, 0);
   EXPECT_NE(gpu_refusal(8, 9).find("Hopper"), std::string::npos);
+  EXPECT_NE(gpu_refusal(8, 0).find("use train.precision = \"bf16\""), std::string::npos) << gpu_refusal(8, 0);
+  // Block scaling's GEMMs are Hopper's only (Blackwell scales blocks of 32 in e8m0 instead).
+  EXPECT_EQ(gpu_refusal(9, 0, Scaling::block), "");
+  const std::string b = gpu_refusal(10, 0, Scaling::block);
+  EXPECT_NE(b.find("compute capability 10.0"), std::string::npos) << b;
+  EXPECT_NE(b.find("use train.fp8_scaling = \"tensor\""), std::string::npos) << b;
+  EXPECT_NE(gpu_refusal(8, 0, Scaling::block).find("needs a Hopper GPU"), std::string::npos);
 }
 
 // What a run logs at its start: the formats the GEMMs use, and where the LM head computes.
