@@ -117,6 +117,8 @@ train1 fp8_block_one "${block[@]}"
 compare "fp8 block scaling on one GPU against bf16" fp8_block_one one 0.02
 launch fp8_block_tp2_dp2 4 "${block[@]}" --set parallel.tp=2 --set parallel.dp=2 --set parallel.sequence_parallel=true
 compare "fp8 block scaling: tp 2 x dp 2 + sp (each rank's own tiles)" fp8_block_tp2_dp2 fp8_block_one 0.02
+train1 fp8_block_full "${block[@]}" --set train.recompute=full
+compare "fp8 block scaling: full recompute" fp8_block_full fp8_block_one
 
 # Bitwise resume in 3D: killed at step 14 in the first attempt, restarted from step 10.
 MYRIAD_INJECT_FAULT=step:14:kill@rank=5 LFLAGS="--max-restarts 1" launch tp2_pp2_dp2_killed 8 \

@@ -212,7 +212,7 @@ Prediction::Memory memory(const Config& run, const Cluster& c, const Layout& l, 
   ms.tp = l.tp > 1, ms.parallel_block = f.parallel_block, ms.recompute = l.recompute, ms.act_bytes = static_cast<int>(c.act_bytes);
   ms.ep = l.ep;
   ms.logits_rows = model::logits_rows(run.train.logits_mib, ms.Vl, ms.act_bytes);
-  ms.fp8 = f.fp8, ms.fp8_head = f.fp8 && run.train.fp8_lm_head, ms.fp8_block = f.fp8 && run.train.fp8_scaling == "block";
+  ms.fp8 = f.fp8, ms.fp8_head = f.fp8 && run.train.fp8_lm_head;
   const double per_layer = double(model::slot_bytes(ms, 1, false) - model::slot_bytes(ms, 0, false));
   const double per_slot = double(model::slot_bytes(ms, 0, false) + model::slot_token_bytes(ms));
   const double head = double(model::slot_bytes(ms, 0, true) - model::slot_bytes(ms, 0, false));

@@ -29,6 +29,7 @@ LoadedModel load_for_inference(const std::string& path) {
   // FP8 is a training compute format: sampling computes in bf16 (fp32 on the CPU) on any device.
   cfg.train.precision = "bf16";
   cfg.train.fp8_lm_head = false, cfg.train.fp8_gradients = "e5m2", cfg.train.fp8_fast_accum = false;
+  cfg.train.fp8_scaling = "tensor";
 #ifdef MYRIAD_HAVE_CUDA
   // Sampling has no device option: with train.device = auto, a model the CUDA kernels cannot
   // run (an imported GPT-2 of head size 32, one trained on CPUs) runs on the CPU instead.

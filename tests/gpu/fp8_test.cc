@@ -247,7 +247,7 @@ TEST_P(Fp8Tiles, BothLayoutsAreTheHostsTiles) {
   const auto [rows, cols, f] = GetParam();
   std::mt19937_64 gen(seed());
   std::vector<float> x = with_outliers(size_t(rows) * cols, gen, 0.02f);
-  x[size_t(rows / 2) * cols + 3] = 3000.0f;  // one tile's (one block's) own outlier
+  x[size_t(rows / 2) * cols + 3] = 3072.0f;  // one tile's (one block's) own outlier, exact in bf16
   Dev<bf16> dx(x.size());
   dx.upload(to_bf16(x));
   const std::vector<float> xt = transposed(x, rows, cols);
@@ -351,6 +351,9 @@ TEST(Fp8Tiles, ProductsOfTheTiledOperands) {
   std::vector<float> x = round_bf16(randn(size_t(N) * IC, gen, 1.0f)), w = round_bf16(randn(size_t(OC) * IC, gen, 0.02f)),
                      dy = round_bf16(randn(size_t(N) * OC, gen, 1e-3f)), bias = round_bf16(randn(OC, gen));
   for (int j : {7, 100, 300}) x[j] = 1048576.0f;  // row 0's outliers, 2^20: exact in bf16 and in e4m3 at any scale
+  // Block (1, 2) of W gets a scale of its own (2^9 against the others' 2^12), which a misplaced
+  // block would misapply.
+  w[size_t(200) * IC + 300] = 0.5f;
   Dev<bf16> dx(x.size()), dw(w.size()), ddy(dy.size()), db(OC), out(size_t(N) * OC), dinp(x.size());
   Dev<float> dwt(w.size());
   dx.upload(to_bf16(x)), dw.upload(to_bf16(w)), ddy.upload(to_bf16(dy)), db.upload(to_bf16(bias));
@@ -365,7 +368,9 @@ TEST(Fp8Tiles, ProductsOfTheTiledOperands) {
   std::vector<float> want = product_nt(xq, wq, N, IC, OC);
   for (size_t i = 0; i < want.size(); ++i) want[i] += bias[i % OC];
   const std::vector<float> got = to_float(out.download());
-  EXPECT_LT(rel_err(got, want), 3e-3) << "forward";
+  // Row 0's few large outputs hold most of the norm, and one bf16 rounding reaches 2^-8 (3.9e-3);
+  // rows 1.. below take the usual bound.
+  EXPECT_LT(rel_err(got, want), 5e-3) << "forward";
   // Against the exact product of the bf16 operands, beside per-tensor scaling's.
   std::vector<float> exact = product_nt(x, w, N, IC, OC);
   for (size_t i = 0; i < exact.size(); ++i) exact[i] += bias[i % OC];

@@ -147,6 +147,7 @@ Matmul::~Matmul() {
   if (handle_) cublasLtDestroy(handle_);
 }
 
+#if CUBLAS_VERSION >= 120900  // cuBLAS 12.9 brought the block-scaled modes
 namespace {
 int32_t scale_mode(Matmul::Scales s) {
   return s == Matmul::Scales::kBlocks  ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
@@ -154,6 +155,7 @@ int32_t scale_mode(Matmul::Scales s) {
                                        : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
 }
 }  // namespace
+#endif
 
 void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, int lda,
                   const void* b, bool trans_b, int ldb, int m, int n, int k, float beta,
@@ -163,7 +165,7 @@ void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, i
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   cudaDataType_t type_a = CUDA_R_16BF, type_b = CUDA_R_16BF;
   int8_t fast_accum = 0;
-  int32_t scale_a = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, scale_b = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  int32_t scale_a = 0, scale_b = 0;  // cublasLtMatmulMatrixScale_t: 0 per tensor, as before cuBLAS 12.9
   if (fp8) {
     // Hopper's FP8 GEMMs take A transposed and B not (both K-major), with per-tensor scales that
     // multiply the product back: D = (a_inv b_inv) A B.
@@ -175,9 +177,14 @@ void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, i
                  "cuBLASLt FP8: block scaling takes tiles by blocks, blocks by tiles or tiles by tiles, without fast "
                  "accumulation");
     if (blockwise) {
+#if CUBLAS_VERSION >= 120900
       scale_a = scale_mode(fp8->a_scales), scale_b = scale_mode(fp8->b_scales);
       CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &scale_a, sizeof scale_a));
       CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &scale_b, sizeof scale_b));
+#else
+      throw_input("train.fp8_scaling = \"block\" needs cuBLAS 12.9 or later (its block-scaled GEMMs); this build has ",
+                  CUBLAS_VERSION, ": use train.fp8_scaling = \"tensor\"");
+#endif
     }
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &fp8->a_inv_scale,
                                                 sizeof fp8->a_inv_scale));
