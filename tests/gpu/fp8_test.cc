@@ -53,6 +53,9 @@ struct CastCase {
   int rows, cols;
   Format f;
 };
+std::string case_name(const ::testing::TestParamInfo<CastCase>& i) {
+  return std::to_string(i.param.rows) + "x" + std::to_string(i.param.cols) + (i.param.f == Format::e4m3 ? "_e4m3" : "_e5m2");
+}
 
 class Fp8Cast : public ::testing::TestWithParam<CastCase> {};
 
@@ -99,10 +102,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Fp8Cast,
                          ::testing::Values(CastCase{64, 64, Format::e4m3}, CastCase{200, 72, Format::e4m3},
                                            CastCase{1024, 768, Format::e4m3}, CastCase{8, 4104, Format::e5m2},
                                            CastCase{4096, 2048, Format::e5m2}),
-                         [](const auto& i) {
-                           return std::to_string(i.param.rows) + "x" + std::to_string(i.param.cols) +
-                                  (i.param.f == Format::e4m3 ? "_e4m3" : "_e5m2");
-                         });
+                         case_name);
 
 TEST(Fp8Amax, NanMakesItInfiniteAndTheCastNan) {
   std::vector<float> x(1000, 0.5f);
@@ -237,11 +237,7 @@ TEST(Fp8Matmul, ProductsOfTheQuantizedOperandsAndBitwiseRepeatable) {
 // The tiled cast against the host's emulation (fp8::quantize_tiles): both layouts, each output's
 // tiles along its own rows (1 x 128) or in 128 x 128 blocks, edge regions cut short, and the
 // inverse scales where cuBLASLt reads them (the blocks' padding zero).
-struct TileCase {
-  int rows, cols;
-  Format f;
-};
-class Fp8Tiles : public ::testing::TestWithParam<TileCase> {};
+class Fp8Tiles : public ::testing::TestWithParam<CastCase> {};
 
 TEST_P(Fp8Tiles, BothLayoutsAreTheHostsTiles) {
   const auto [rows, cols, f] = GetParam();
@@ -279,13 +275,10 @@ TEST_P(Fp8Tiles, BothLayoutsAreTheHostsTiles) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Fp8Tiles,
-                         ::testing::Values(TileCase{128, 128, Format::e4m3}, TileCase{144, 400, Format::e4m3},
-                                           TileCase{512, 272, Format::e5m2}, TileCase{16, 2064, Format::e4m3},
-                                           TileCase{2048, 768, Format::e5m2}),
-                         [](const auto& i) {
-                           return std::to_string(i.param.rows) + "x" + std::to_string(i.param.cols) +
-                                  (i.param.f == Format::e4m3 ? "_e4m3" : "_e5m2");
-                         });
+                         ::testing::Values(CastCase{128, 128, Format::e4m3}, CastCase{144, 400, Format::e4m3},
+                                           CastCase{512, 272, Format::e5m2}, CastCase{16, 2064, Format::e4m3},
+                                           CastCase{2048, 768, Format::e5m2}),
+                         case_name);
 
 TEST(Fp8Tiles, ANanMakesItsOwnTileNan) {
   const int rows = 32, cols = 256;
