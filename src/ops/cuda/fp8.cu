@@ -128,7 +128,6 @@ __global__ void cast_kernel(uint8_t* __restrict__ out, uint8_t* __restrict__ out
 // zeros, which no amax sees. Out is written from the staged rows, out_t 16 bytes of a column a
 // thread, the lanes along the columns (no shared-memory bank conflicts).
 constexpr int kRegion = 128;
-__device__ __forceinline__ float amax_step(float m, float v) { return fmaxf(m, fabsf(v)) + (v != v ? INFINITY : 0.0f); }
 
 __global__ void cast_tiles_kernel(uint8_t* __restrict__ out, float* __restrict__ inv, uint8_t* __restrict__ out_t,
                                   float* __restrict__ inv_t, const bf16* __restrict__ x, int rows, int cols,
@@ -149,7 +148,7 @@ __global__ void cast_tiles_kernel(uint8_t* __restrict__ out, float* __restrict__
     const bf16* v = reinterpret_cast<const bf16*>(&raw);
     float m = 0.0f;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) m = amax_step(m, __bfloat162float(v[j]));
+    for (int j = 0; j < 8; ++j) m = detail::amax_fold(m, __bfloat162float(v[j]));
     m_all = fmaxf(m_all, m);
 #pragma unroll
     for (int o = 8; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));  // within the row's 16 lanes
@@ -164,7 +163,7 @@ __global__ void cast_tiles_kernel(uint8_t* __restrict__ out, float* __restrict__
   if (!blocks && out_t) {  // each column's amax, in two halves of 64 rows
     const int c = t % kRegion, h = t / kRegion;
     float m = 0.0f;
-    for (int r = 64 * h; r < 64 * h + 64; ++r) m = amax_step(m, __bfloat162float(tile[r][c]));
+    for (int r = 64 * h; r < 64 * h + 64; ++r) m = detail::amax_fold(m, __bfloat162float(tile[r][c]));
     if (h == 1) col_half[c] = m;
     __syncthreads();
     if (h == 0) col_scale[c] = fmaxf(m, col_half[c]);
