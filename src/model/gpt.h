@@ -443,8 +443,8 @@ class GptModel {
   Gemm gemm_;       // the block's linears (train.precision)
   Gemm head_gemm_;  // the LM head's: bf16 unless train.fp8_lm_head
   // FP8 with recompute none keeps the norms' outputs as their casts (LayerActs::ln1_fp8 ...), not
-  // bf16: tensor scaling only (block scaling keeps no cast; ops/fp8.h).
-  bool norm_casts_;
+  // bf16: per-tensor scaling only (model::keeps_norm_casts, the memory plan's rule).
+  bool norm_casts_ = false;
   // The GEMMs in the current forward or backward: gemm_ (head_gemm_), except where its tokens are
   // not a multiple of 16 (sampling a prompt), which cuBLASLt's FP8 GEMMs cannot take: bf16 there.
   // Training shapes are checked when the model is built.

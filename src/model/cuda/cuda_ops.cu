@@ -665,6 +665,36 @@ Fp8Operand fp8_cast_tiles(CudaOps::State& st, int r, int t, const bf16* x, int r
   return {{q, inv, f, sc}, {qt, inv_t, f, sc}};
 }
 
+// A linear backward's output gradient dout (N,OC) cast once into both layouts, buffer 0
+// row-major for the input gradient and 2 transposed for the weight's: in tiles (block scaling),
+// or per tensor, its amax measured by its producer when dout_amax says so.
+Fp8Operand fp8_output_gradient(CudaOps::State& st, const bf16* dout, int N, int OC, const fp8::Kept* dout_amax) {
+  const fp8::Format f = st.fp8.gradient;
+  if (st.fp8.scaling == fp8::Scaling::block) return fp8_cast_tiles(st, 0, 2, dout, N, OC, f, false);
+  if (!dout_amax) return fp8_cast(st, 0, 2, dout, N, OC, f);
+  return fp8_cast_into(st, fp8_buffer(st, 0, size_t(N) * OC), fp8_buffer(st, 2, size_t(N) * OC), dout_amax->scalars,
+                       dout, N, OC, f, Known::kAmax);
+}
+
+// The weight gradient's x^T (IC,N), into buffer 1 (the input gradient's GEMM, queued before on
+// the same stream, has read W^T there): block scaling's tiles along the tokens; else from what the
+// forward kept: its bytes, or its scale, at which x is cast (or, without x, the activation is
+// recomputed from pre straight into its cast, never written in bf16); else cast afresh.
+Matmul::Fp8Tensor fp8_input_t(CudaOps::State& st, Mlp m, const bf16* inp, const bf16* pre, const fp8::Kept* kept,
+                              int N, int IC) {
+  const fp8::Format f = st.fp8.forward;
+  if (st.fp8.scaling == fp8::Scaling::block) return fp8_cast_tiles(st, -1, 1, inp, N, IC, f, false).cols;
+  if (!kept) return fp8_cast(st, -1, 1, inp, N, IC, f).cols;
+  if (kept->bytes) return {kept->bytes, kept->scalars + 32, f};
+  if (inp)
+    return fp8_cast_into(st, nullptr, fp8_buffer(st, 1, size_t(N) * IC), kept->scalars, inp, N, IC, f, Known::kScale)
+        .cols;
+  uint8_t* q = fp8_buffer(st, 1, size_t(N) * IC);
+  OpScope op(st, m == Mlp::kGelu ? "gelu_recompute_fp8_t" : "swiglu_recompute_fp8_t", N, IC);
+  cuda::cast_fp8_activation_t(q, pre, m == Mlp::kSwiGlu, N, IC, kept->scalars + 16, f, st.stream);
+  return {q, kept->scalars + 32, f};
+}
+
 }  // namespace
 
 void CudaOps::set_fp8(const fp8::Recipe& r, fp8::AmaxGroup group) const {
@@ -753,13 +783,7 @@ void CudaOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act*
   Act* dx = pre && !dgelu ? reinterpret_cast<Act*>(sc) : dinp;
   Matmul::Fp8Tensor dy_t{};
   if (g == Gemm::kFp8) {
-    // dout once into both layouts: row-major for the input gradient, transposed for the weight's;
-    // its amax measured by its producer when dout_amax says so.
-    const Fp8Operand dy =
-        tiles       ? fp8_cast_tiles(*st_, 0, 2, dout, N, OC, st_->fp8.gradient, false)
-        : dout_amax ? fp8_cast_into(*st_, fp8_buffer(*st_, 0, size_t(N) * OC), fp8_buffer(*st_, 2, size_t(N) * OC),
-                                    dout_amax->scalars, dout, N, OC, st_->fp8.gradient, Known::kAmax)
-                    : fp8_cast(*st_, 0, 2, dout, N, OC, st_->fp8.gradient);
+    const Fp8Operand dy = fp8_output_gradient(*st_, dout, N, OC, dout_amax);
     dy_t = dy.cols;
     const Matmul::Fp8Tensor wt = tiles ? fp8_cast_tiles(*st_, -1, 1, w, OC, IC, st_->fp8.forward, true).cols
                                        : fp8_cast(*st_, -1, 1, w, OC, IC, st_->fp8.forward).cols;
@@ -791,25 +815,7 @@ void CudaOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act*
     inp = act;
   }
   if (g == Gemm::kFp8) {
-    // x^T: kept by the forward; or cast at the forward's kept scale, from x or straight from
-    // pre; or cast afresh. Into buffer 1 again: the input gradient's GEMM, queued before on the
-    // same stream, has read W^T.
-    Matmul::Fp8Tensor xt{};
-    if (tiles) {
-      xt = fp8_cast_tiles(*st_, -1, 1, inp, N, IC, st_->fp8.forward, false).cols;
-    } else if (kept_bytes) {
-      xt = {kept->bytes, kept->scalars + 32, st_->fp8.forward};
-    } else if (cast_from_pre) {
-      uint8_t* q = fp8_buffer(*st_, 1, size_t(N) * IC);
-      OpScope op(*st_, m == Mlp::kGelu ? "gelu_recompute_fp8_t" : "swiglu_recompute_fp8_t", N, IC);
-      cuda::cast_fp8_activation_t(q, pre, m == Mlp::kSwiGlu, N, IC, kept->scalars + 16, st_->fp8.forward, st_->stream);
-      xt = {q, kept->scalars + 32, st_->fp8.forward};
-    } else if (kept) {
-      xt = fp8_cast_into(*st_, nullptr, fp8_buffer(*st_, 1, size_t(N) * IC), kept->scalars, inp, N, IC,
-                         st_->fp8.forward, Known::kScale).cols;
-    } else {
-      xt = fp8_cast(*st_, -1, 1, inp, N, IC, st_->fp8.forward).cols;
-    }
+    const Matmul::Fp8Tensor xt = fp8_input_t(*st_, m, inp, pre, kept, N, IC);
     OpScope op(*st_, "linear_backward_weight_fp8", N, IC, OC);
     st_->mm.backward_weight_fp8(dw, dy_t, xt, N, IC, OC, st_->stream);
   } else {

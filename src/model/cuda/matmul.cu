@@ -157,6 +157,30 @@ int32_t scale_mode(Matmul::Scales s) {
 }  // namespace
 #endif
 
+void Matmul::describe_fp8(cublasLtMatmulDesc_t desc, const Fp8Operands& fp8, int32_t& scale_a, int32_t& scale_b) {
+  const int8_t fast_accum = fp8.fast_accum ? 1 : 0;
+  const bool blockwise = fp8.a_scales != Scales::kTensor || fp8.b_scales != Scales::kTensor;
+  MYRIAD_CHECK(!blockwise || (fp8.a_scales != Scales::kTensor && fp8.b_scales != Scales::kTensor &&
+                              !(fp8.a_scales == Scales::kBlocks && fp8.b_scales == Scales::kBlocks) && !fast_accum),
+               "cuBLASLt FP8: block scaling takes tiles by blocks, blocks by tiles or tiles by tiles, without fast "
+               "accumulation");
+  if (blockwise) {
+#if CUBLAS_VERSION >= 120900
+    scale_a = scale_mode(fp8.a_scales), scale_b = scale_mode(fp8.b_scales);
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &scale_a, sizeof scale_a));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &scale_b, sizeof scale_b));
+#else
+    throw_input("train.fp8_scaling = \"block\" needs cuBLAS 12.9 or later (its block-scaled GEMMs); this build has ",
+                CUBLAS_VERSION, ": use train.fp8_scaling = \"tensor\"");
+#endif
+  }
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &fp8.a_inv_scale,
+                                              sizeof fp8.a_inv_scale));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &fp8.b_inv_scale,
+                                              sizeof fp8.b_inv_scale));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof fast_accum));
+}
+
 void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, int lda,
                   const void* b, bool trans_b, int ldb, int m, int n, int k, float beta,
                   const bf16* bias, cudaStream_t stream, cublasLtEpilogue_t epi, const void* aux,
@@ -164,33 +188,13 @@ void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, i
   cublasLtMatmulDesc_t desc;
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   cudaDataType_t type_a = CUDA_R_16BF, type_b = CUDA_R_16BF;
-  int8_t fast_accum = 0;
   int32_t scale_a = 0, scale_b = 0;  // cublasLtMatmulMatrixScale_t: 0 per tensor, as before cuBLAS 12.9
   if (fp8) {
     // Hopper's FP8 GEMMs take A transposed and B not (both K-major), with per-tensor scales that
     // multiply the product back: D = (a_inv b_inv) A B.
     MYRIAD_CHECK(trans_a && !trans_b, "cuBLASLt FP8: A must be transposed and B not (both K-major)");
-    type_a = fp8->a_type, type_b = fp8->b_type, fast_accum = fp8->fast_accum ? 1 : 0;
-    const bool blockwise = fp8->a_scales != Scales::kTensor || fp8->b_scales != Scales::kTensor;
-    MYRIAD_CHECK(!blockwise || (fp8->a_scales != Scales::kTensor && fp8->b_scales != Scales::kTensor &&
-                                !(fp8->a_scales == Scales::kBlocks && fp8->b_scales == Scales::kBlocks) && !fast_accum),
-                 "cuBLASLt FP8: block scaling takes tiles by blocks, blocks by tiles or tiles by tiles, without fast "
-                 "accumulation");
-    if (blockwise) {
-#if CUBLAS_VERSION >= 120900
-      scale_a = scale_mode(fp8->a_scales), scale_b = scale_mode(fp8->b_scales);
-      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &scale_a, sizeof scale_a));
-      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &scale_b, sizeof scale_b));
-#else
-      throw_input("train.fp8_scaling = \"block\" needs cuBLAS 12.9 or later (its block-scaled GEMMs); this build has ",
-                  CUBLAS_VERSION, ": use train.fp8_scaling = \"tensor\"");
-#endif
-    }
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &fp8->a_inv_scale,
-                                                sizeof fp8->a_inv_scale));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &fp8->b_inv_scale,
-                                                sizeof fp8->b_inv_scale));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof fast_accum));
+    type_a = fp8->a_type, type_b = fp8->b_type;
+    describe_fp8(desc, *fp8, scale_a, scale_b);
   }
   cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
@@ -226,7 +230,7 @@ void Matmul::gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, i
   const uint32_t align_a = alignment(a), align_b = alignment(b), align_d = alignment(d);
   const Key key{m,       n,       k,       trans_a,           trans_b,           lda, ldb, static_cast<int>(epi),
                 d_type == CUDA_R_32F, align_a, align_b, align_d, static_cast<int>(type_a), static_cast<int>(type_b),
-                fast_accum != 0, scale_a, scale_b};
+                fp8 && fp8->fast_accum, scale_a, scale_b};
   const float alpha = 1.0f;
   Choices& c = choices();
   std::unique_lock<std::mutex> lock(c.mu);

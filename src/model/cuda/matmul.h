@@ -101,6 +101,9 @@ class Matmul {
     bool fast_accum;
     Scales a_scales = Scales::kTensor, b_scales = Scales::kTensor;
   };
+  // The FP8 operands' part of a GEMM's descriptor: the inverse scales (and block scaling's modes,
+  // written to scale_a / scale_b for the algorithm's key) and the forward's fast accumulation.
+  static void describe_fp8(cublasLtMatmulDesc_t desc, const Fp8Operands& fp8, int32_t& scale_a, int32_t& scale_b);
   void gemm(void* d, cudaDataType_t d_type, const void* a, bool trans_a, int lda, const void* b,
             bool trans_b, int ldb, int m, int n, int k, float beta, const bf16* bias,
             cudaStream_t stream, cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT,
