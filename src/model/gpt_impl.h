@@ -298,7 +298,8 @@ typename GptModel<Ops>::Slot& GptModel<Ops>::acquire(Chunk& ch, int mb, int B) {
     if (fp8) {
       float* k = s->fp8_scalars.data() + i * 4 * kf;
       l.ln1_fp8.scalars = k, l.atty_fp8.scalars = k + kf, l.ln2_fp8.scalars = k + 2 * kf, l.act_fp8.scalars = k + 3 * kf;
-      l.act_fp8.producer_amax = true;  // the activation's kernel measures it (mlp_forward)
+      // The producers measure their outputs' amaxes: the norms (forward), the activation (mlp_forward).
+      l.ln1_fp8.producer_amax = l.ln2_fp8.producer_amax = l.act_fp8.producer_amax = true;
     }
     if (norms_fp8) {
       uint8_t* b = s->fp8_bytes.data() + i * norm_casts * BT * C;
@@ -563,7 +564,8 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, Rows rows, int64_t stride, const
   if (ch.l1 > ch.l0) {
     LayerActs& a = s.layers[0];
     const LayerTensors<Param>& w = p_.layers[ch.l0];
-    ops_.norm_forward(norm_, local_rows(a.ln1, C), a.ln1_mean, a.ln1_rstd, a.in, w.ln1_w, w.ln1_b, R, C);
+    ops_.norm_forward(norm_, local_rows(a.ln1, C), a.ln1_mean, a.ln1_rstd, a.in, w.ln1_w, w.ln1_b, R, C,
+                      kept(a.ln1_fp8));
   } else if (ch.head) {
     ops_.norm_forward(norm_, local_rows(s.lnf, C), s.lnf_mean, s.lnf_rstd, s.out, p_.lnf_w, p_.lnf_b, R, C);
   }
@@ -585,7 +587,7 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, Rows rows, int64_t stride, const
       LayerActs& n = s.layers[l + 1 - ch.l0];
       const LayerTensors<Param>& nw = p_.layers[l + 1];
       ops_.residual_norm_forward(norm_, n.in, local_rows(n.ln1, C), n.ln1_mean, n.ln1_rstd, resid, branches,
-                                 nw.ln1_w, nw.ln1_b, R, C);
+                                 nw.ln1_w, nw.ln1_b, R, C, kept(n.ln1_fp8));
     } else if (ch.head) {  // + the final norm
       ops_.residual_norm_forward(norm_, s.out, local_rows(s.lnf, C), s.lnf_mean, s.lnf_rstd, resid, branches,
                                  p_.lnf_w, p_.lnf_b, R, C);
@@ -746,7 +748,7 @@ void GptModel<Ops>::layer_forward(const Slot& s, int64_t l, LayerActs& a) {
   if (!parallel_block_) {
     row_parallel_forward(tmp_.data(), a.atty, w.proj_w, w.proj_b, Cl, C, kept(a.atty_fp8));
     ops_.residual_norm_forward(norm_, a.mid, local_rows(a.ln2, C), a.ln2_mean, a.ln2_rstd, a.in, tmp_.data(),
-                               w.ln2_w, w.ln2_b, R, C);
+                               w.ln2_w, w.ln2_b, R, C, kept(a.ln2_fp8));
     column_input_forward(a.ln2, C);
     mlp_in = a.ln2;
   }

@@ -78,8 +78,8 @@ concept OpSet = requires(const O& o, typename O::Act* a, const typename O::Act* 
   // The block's kernels.
   o.embedding_forward(a, cids, cp, cp, i, i, i, rows);
   o.embedding_backward(f, f, ca, ctokens, i, i, i, rows);
-  o.norm_forward(n, a, f, f, ca, cp, cp, i, i);
-  o.residual_norm_forward(n, a, a, f, f, ca, ca, cp, cp, i, i);
+  o.norm_forward(n, a, f, f, ca, cp, cp, i, i, kept);  // kept: FP8's keep of the output, for its amax
+  o.residual_norm_forward(n, a, a, f, f, ca, ca, cp, cp, i, i, kept);
   o.norm_backward(n, a, f, f, ca, ca, cp, cf, cf, i, i);
   // Gemm::kFp8: what the forward keeps of its input's cast for the backward (fp8::Kept); in the
   // backward, the activation's input gradient's amax handed to the next backward's cast.

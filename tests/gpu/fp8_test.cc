@@ -677,6 +677,71 @@ TEST(Fp8Kept, TheBackwardComputesTheSameBitsFromWhatTheForwardKept) {
 // afterwards (NaN included): forward its output (the MLP projection's input: a keep with
 // producer_amax), backward the input gradient (dfc, the fc GEMM's output gradient). The linears
 // that take those amaxes compute the bits of ones that measure them themselves.
+// The norms measure the amax of what they write (RMSNorm and LayerNorm, plain and fused with the
+// residual add, the vectorized path and the scalar one), exactly cuda::amax of their output, whose
+// bits do not change; per-tensor scaling only (block scaling takes no tensor's amax); a NaN makes
+// it infinite.
+TEST(Fp8Kept, TheNormsMeasureTheAmaxesTheyWrite) {
+  using myriad::Norm;
+  using myriad::NormKind;
+  std::mt19937_64 gen(seed());
+  myriad::cuda::CudaOps ops;
+  ops.set_fp8(fp8::Recipe{}, {});
+  Dev<float> scalars(fp8::kept_floats(1)), measured(1), mean(512), rstd(512);
+  for (const int C : {384, 200}) {  // 200: C % 8 != 0, the scalar path
+    const int N = 512;
+    Dev<bf16> a(size_t(N) * C), b(a.n), resid(a.n), out(a.n), w(C), bias(C);
+    a.upload(to_bf16(with_outliers(a.n, gen, 1.0f))), b.upload(to_bf16(randn(b.n, gen, 0.5f)));
+    w.upload(to_bf16(round_bf16(randn(C, gen, 1.0f)))), bias.upload(to_bf16(round_bf16(randn(C, gen, 0.1f))));
+    for (const NormKind kind : {NormKind::kRMSNorm, NormKind::kLayerNorm})
+      for (bool fused : {false, true}) {
+        SCOPED_TRACE(std::string(kind == NormKind::kRMSNorm ? "RMSNorm" : "LayerNorm") + (fused ? ", fused" : "") +
+                     ", C " + std::to_string(C));
+        const Norm n{kind, 1e-5f};
+        std::vector<bf16> outs[2];
+        for (int produced : {0, 1}) {
+          const fp8::Kept k{scalars.p, nullptr, produced == 1};
+          out.poison(), scalars.poison();
+          if (fused)
+            ops.residual_norm_forward(n, resid.p, out.p, mean.p, rstd.p, a.p, b.p, w.p, bias.p, N, C, &k);
+          else
+            ops.norm_forward(n, out.p, mean.p, rstd.p, a.p, w.p, bias.p, N, C, &k);
+          EXPECT_EQ(cudaStreamSynchronize(ops.stream()), cudaSuccess);
+          outs[produced] = out.download();
+        }
+        myriad::cuda::amax(measured.p, out.p, int64_t(out.n), ops.stream());
+        EXPECT_EQ(cudaStreamSynchronize(ops.stream()), cudaSuccess);
+        float produced = 0, afterwards = 0;
+        EXPECT_EQ(cudaMemcpy(&produced, scalars.p, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        EXPECT_EQ(cudaMemcpy(&afterwards, measured.p, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        EXPECT_GT(produced, 0.0f);
+        EXPECT_EQ(produced, afterwards) << "the norm's amax against cuda::amax of what it wrote";
+        EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * sizeof(bf16)), 0);
+      }
+  }
+  // Block scaling: no amax is written (the scalars keep what was there).
+  fp8::Recipe block;
+  block.scaling = fp8::Scaling::block;
+  ops.set_fp8(block, {});
+  const int N = 64, C = 128;
+  Dev<bf16> x(size_t(N) * C), out(x.n), w(C);
+  x.upload(to_bf16(randn(x.n, gen, 1.0f))), w.upload(to_bf16(std::vector<float>(C, 1.0f)));
+  const std::vector<float> sentinel(scalars.n, -7.0f);
+  scalars.upload(sentinel);
+  const fp8::Kept k{scalars.p, nullptr, true};
+  ops.norm_forward(Norm{NormKind::kRMSNorm, 1e-5f}, out.p, nullptr, rstd.p, x.p, w.p, nullptr, N, C, &k);
+  EXPECT_EQ(cudaStreamSynchronize(ops.stream()), cudaSuccess);
+  EXPECT_TRUE(scalars.download() == sentinel);
+  // A NaN in the input: the amax is infinite, as cuda::amax makes it.
+  ops.set_fp8(fp8::Recipe{}, {});
+  std::vector<float> h = round_bf16(randn(x.n, gen, 1.0f));
+  h[5 * C + 7] = NAN;
+  x.upload(to_bf16(h));
+  ops.norm_forward(Norm{NormKind::kRMSNorm, 1e-5f}, out.p, nullptr, rstd.p, x.p, w.p, nullptr, N, C, &k);
+  EXPECT_EQ(cudaStreamSynchronize(ops.stream()), cudaSuccess);
+  EXPECT_EQ(scalars.download()[0], INFINITY);
+}
+
 TEST(Fp8Kept, TheActivationMeasuresTheAmaxesItWrites) {
   using myriad::Gemm;
   using myriad::Mlp;

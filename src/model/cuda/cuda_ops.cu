@@ -552,25 +552,35 @@ void CudaOps::embedding_backward(float* dwte, float* dwpe, const Act* dout, cons
   rows_by_id_backward(dwte, dwpe, dout, tokens, B, T, C, rows);
 }
 
+namespace {
+// Where a producer writes its output's amax for FP8's next cast: out_keep's scalars when it asks
+// (per-tensor scaling only: block scaling's tiles take no tensor's amax), else nowhere.
+float* producer_amax(const CudaOps::State& st, const fp8::Kept* out_keep) {
+  return out_keep && out_keep->producer_amax && st.fp8.scaling == fp8::Scaling::tensor ? out_keep->scalars : nullptr;
+}
+}  // namespace
+
 void CudaOps::norm_forward(Norm n, Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b,
-                           int N, int C) const {
+                           int N, int C, const fp8::Kept* out_keep) const {
+  float* const amax = producer_amax(*st_, out_keep);
   if (n.kind == NormKind::kRMSNorm) {
     OpScope op(*st_, "rmsnorm_forward", N, C);
-    cuda::rmsnorm_forward(out, rstd, inp, w, N, C, n.eps, st_->stream);
+    cuda::rmsnorm_forward(out, rstd, inp, w, N, C, n.eps, st_->stream, amax);
   } else {
     OpScope op(*st_, "layernorm_forward", N, C);
-    cuda::layernorm_forward(out, mean, rstd, inp, w, b, N, C, st_->stream);
+    cuda::layernorm_forward(out, mean, rstd, inp, w, b, N, C, st_->stream, amax);
   }
 }
 
 void CudaOps::residual_norm_forward(Norm n, Act* resid, Act* out, float* mean, float* rstd, const Act* a, const Act* b,
-                                    const Param* w, const Param* bias, int N, int C) const {
+                                    const Param* w, const Param* bias, int N, int C, const fp8::Kept* out_keep) const {
+  float* const amax = producer_amax(*st_, out_keep);
   if (n.kind == NormKind::kRMSNorm) {
     OpScope op(*st_, "residual_rmsnorm_forward", N, C);
-    cuda::residual_rmsnorm_forward(resid, out, rstd, a, b, w, N, C, n.eps, st_->stream);
+    cuda::residual_rmsnorm_forward(resid, out, rstd, a, b, w, N, C, n.eps, st_->stream, amax);
   } else {
     OpScope op(*st_, "residual_layernorm_forward", N, C);
-    cuda::residual_layernorm_forward(resid, out, mean, rstd, a, b, w, bias, N, C, st_->stream);
+    cuda::residual_layernorm_forward(resid, out, mean, rstd, a, b, w, bias, N, C, st_->stream, amax);
   }
 }
 
@@ -748,9 +758,7 @@ void CudaOps::linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, cons
   }
   linear_forward(pre, inp, w, b, N, IC, F * pre_width(m), g, keep);
   // In FP8 the activation measures its output's amax for the next linear's cast, if it asks.
-  float* const amax = g == Gemm::kFp8 && st_->fp8.scaling == fp8::Scaling::tensor && out_keep && out_keep->producer_amax
-                          ? out_keep->scalars
-                          : nullptr;
+  float* const amax = g == Gemm::kFp8 ? producer_amax(*st_, out_keep) : nullptr;
   if (m == Mlp::kGelu) {
     OpScope op(*st_, "gelu_forward", N, F);
     cuda::gelu_forward(out, pre, int64_t(N) * F, st_->stream, amax);

@@ -130,10 +130,12 @@ class CudaOps {
                          const ContextRows* rows = nullptr) const;
   void embedding_backward(float* dwte, float* dwpe, const Act* dout, const Tokens& tokens, int B, int T, int C,
                           const ContextRows* rows = nullptr) const;
+  // out_keep (FP8, per-tensor scaling): with producer_amax, out's amax goes to its scalars as the
+  // norm writes out, for the next linear's cast (ops/fp8.h Kept).
   void norm_forward(Norm n, Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b, int N,
-                    int C) const;
+                    int C, const fp8::Kept* out_keep = nullptr) const;
   void residual_norm_forward(Norm n, Act* resid, Act* out, float* mean, float* rstd, const Act* a, const Act* b,
-                             const Param* w, const Param* bias, int N, int C) const;
+                             const Param* w, const Param* bias, int N, int C, const fp8::Kept* out_keep = nullptr) const;
   void norm_backward(Norm n, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
                      const float* mean, const float* rstd, int N, int C) const;
   // Gemm::kFp8: each operand cast per call (its amax, over the group set_fp8 names, a power-of-two

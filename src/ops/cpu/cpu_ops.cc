@@ -73,14 +73,14 @@ void CpuOps::embedding_backward(float* dwte, float* dwpe, const Act* dout, const
   cpu::embedding_backward(dwte, dwpe, dout, tokens.data(), B, T, C, rows);
 }
 void CpuOps::norm_forward(Norm n, Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b,
-                          int N, int C) const {
+                          int N, int C, const fp8::Kept*) const {
   if (n.kind == NormKind::kRMSNorm)
     cpu::rmsnorm_forward(out, rstd, inp, w, N, C, n.eps);
   else
     cpu::layernorm_forward(out, mean, rstd, inp, w, b, N, C);
 }
 void CpuOps::residual_norm_forward(Norm n, Act* resid, Act* out, float* mean, float* rstd, const Act* a, const Act* b,
-                                   const Param* w, const Param* bias, int N, int C) const {
+                                   const Param* w, const Param* bias, int N, int C, const fp8::Kept*) const {
   add(resid, a, b, int64_t(N) * C);
   norm_forward(n, out, mean, rstd, resid, w, bias, N, C);
 }

@@ -98,12 +98,12 @@ class CpuOps {
   void embedding_backward(float* dwte, float* dwpe, const Act* dout, const Tokens& tokens, int B, int T, int C,
                           const ContextRows* rows = nullptr) const;
   // The block's norm, LayerNorm or RMSNorm (`n`): mean (N) is LayerNorm's only, b (bias, may be
-  // null) too; rstd (N) both keep for backward.
+  // null) too; rstd (N) both keep for backward. out_keep: FP8's (never here: fp8_refusal).
   void norm_forward(Norm n, Act* out, float* mean, float* rstd, const Act* inp, const Param* w, const Param* b, int N,
-                    int C) const;
+                    int C, const fp8::Kept* out_keep = nullptr) const;
   // resid (N,C) = a + b, then out (N,C) = norm(resid): the residual add and the next norm.
   void residual_norm_forward(Norm n, Act* resid, Act* out, float* mean, float* rstd, const Act* a, const Act* b,
-                             const Param* w, const Param* bias, int N, int C) const;
+                             const Param* w, const Param* bias, int N, int C, const fp8::Kept* out_keep = nullptr) const;
   void norm_backward(Norm n, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
                      const float* mean, const float* rstd, int N, int C) const;
   // The linears take the GEMMs' arithmetic (ops/kinds.h): the CPU computes in fp32, kBf16 only

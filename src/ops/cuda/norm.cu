@@ -60,14 +60,15 @@ __device__ __forceinline__ float group_sum1(float v, int W, float (*red)[K * kMa
 
 // grid (ceil(N/R)), block (32*W, R). RESID: the row is resid = bf16(a + b), stored, and then
 // normalized as stored (the backward reads the stored residual, so its statistics must be those
-// of these bits). mean (CENTER) and rstd may be null.
+// of these bits). mean (CENTER) and rstd may be null. amax (or null): out's amax, folded as
+// written (kernel_util.cuh amax_fold): a row group is whole warps, so a dead one leaves whole.
 template <bool CENTER, int VW, int ITEMS, bool RESID>
 __global__ void __launch_bounds__(256)
     norm_forward_kernel(bf16* __restrict__ out, float* __restrict__ mean,
                         float* __restrict__ rstd, bf16* __restrict__ resid,
                         const bf16* __restrict__ a, const bf16* __restrict__ b,
                         const bf16* __restrict__ weight, const bf16* __restrict__ bias, int N,
-                        int C, int W, float eps) {
+                        int C, int W, float eps, unsigned* __restrict__ amax) {
   __shared__ float red[2][kMaxGroupWarps];
   int parity = 0;
   const int row = blockIdx.x * blockDim.y + threadIdx.y;
@@ -116,6 +117,7 @@ __global__ void __launch_bounds__(256)
     if (CENTER && mean) mean[row] = m;
     if (rstd) rstd[row] = rs;
   }
+  float top = 0.0f;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     const int v = threadIdx.x + i * blockDim.x;
@@ -130,20 +132,25 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
       for (int e = 0; e < VW; ++e) o[e] = x[i][e] * rs * w[e];
     }
+    if (amax) {
+#pragma unroll
+      for (int e = 0; e < VW; ++e) top = amax_fold(top, o[e]);
+    }
     store_bf16<VW>(out + base + v * VW, o);
   }
+  if (amax) amax_publish(amax, top);
 }
 
 template <bool CENTER, int VW, bool RESID>
 void launch_forward(bf16* out, float* mean, float* rstd, bf16* resid, const bf16* a, const bf16* b,
                     const bf16* weight, const bf16* bias, int N, int C, float eps,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, unsigned* amax) {
   const RowShape s = row_forward_shape(C / VW, CENTER ? "layernorm_forward" : "rmsnorm_forward");
   const dim3 grid(ceil_div(N, s.R)), block(kWarp * s.W, s.R);
 #define MYRIAD_NORM_FWD(I)                                                               \
   case I:                                                                                \
     norm_forward_kernel<CENTER, VW, I, RESID><<<grid, block, 0, stream>>>(               \
-        out, mean, rstd, resid, a, b, weight, bias, N, C, s.W, eps);                     \
+        out, mean, rstd, resid, a, b, weight, bias, N, C, s.W, eps, amax);               \
     break;
   switch (s.items) {
     MYRIAD_NORM_FWD(1) MYRIAD_NORM_FWD(2) MYRIAD_NORM_FWD(3) MYRIAD_NORM_FWD(4)
@@ -157,16 +164,19 @@ void launch_forward(bf16* out, float* mean, float* rstd, bf16* resid, const bf16
 template <bool CENTER>
 void run_forward(bf16* resid, bf16* out, float* mean, float* rstd, const bf16* a, const bf16* b,
              const bf16* weight, const bf16* bias, int N, int C, float eps, const char* name,
-             cudaStream_t stream) {
+             cudaStream_t stream, float* amax_out) {
+  MYRIAD_CHECK(!amax_out || cudaMemsetAsync(amax_out, 0, sizeof(float), stream) == cudaSuccess, name,
+               ": cannot clear its amax");
   if (N <= 0 || C <= 0) return;
+  unsigned* const amax = reinterpret_cast<unsigned*>(amax_out);
   const bool vec = C % 8 == 0 && all_aligned16(out, a, weight) && (!b || all_aligned16(resid, b)) &&
                    (!bias || aligned16(bias));
   if (b) {
-    if (vec) launch_forward<CENTER, 8, true>(out, mean, rstd, resid, a, b, weight, bias, N, C, eps, stream);
-    else launch_forward<CENTER, 1, true>(out, mean, rstd, resid, a, b, weight, bias, N, C, eps, stream);
+    if (vec) launch_forward<CENTER, 8, true>(out, mean, rstd, resid, a, b, weight, bias, N, C, eps, stream, amax);
+    else launch_forward<CENTER, 1, true>(out, mean, rstd, resid, a, b, weight, bias, N, C, eps, stream, amax);
   } else {
-    if (vec) launch_forward<CENTER, 8, false>(out, mean, rstd, nullptr, a, nullptr, weight, bias, N, C, eps, stream);
-    else launch_forward<CENTER, 1, false>(out, mean, rstd, nullptr, a, nullptr, weight, bias, N, C, eps, stream);
+    if (vec) launch_forward<CENTER, 8, false>(out, mean, rstd, nullptr, a, nullptr, weight, bias, N, C, eps, stream, amax);
+    else launch_forward<CENTER, 1, false>(out, mean, rstd, nullptr, a, nullptr, weight, bias, N, C, eps, stream, amax);
   }
   check_launch(name);
 }
@@ -314,16 +324,16 @@ size_t scratch_floats(int N, int C, int per_column) {
 }  // namespace
 
 void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* weight,
-                       const bf16* bias, int N, int C, cudaStream_t stream) {
+                       const bf16* bias, int N, int C, cudaStream_t stream, float* amax) {
   run_forward<true>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, kLayerNormEps,
-                "layernorm_forward", stream);
+                "layernorm_forward", stream, amax);
 }
 
 void residual_layernorm_forward(bf16* resid, bf16* out, float* mean, float* rstd, const bf16* a,
                                 const bf16* b, const bf16* weight, const bf16* bias, int N, int C,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, float* amax) {
   run_forward<true>(resid, out, mean, rstd, a, b, weight, bias, N, C, kLayerNormEps,
-                "residual_layernorm_forward", stream);
+                "residual_layernorm_forward", stream, amax);
 }
 
 size_t layernorm_scratch_floats(int N, int C) { return scratch_floats(N, C, 2); }
@@ -338,15 +348,15 @@ void layernorm_backward(bf16* dinp, float* dweight, float* dbias, float* scratch
 // eps arrives as a double (the config's); the kernel takes it rounded to float, as the CPU op
 // rounds it to Real.
 void rmsnorm_forward(bf16* out, float* rstd, const bf16* inp, const bf16* weight, int N, int C,
-                     double eps, cudaStream_t stream) {
+                     double eps, cudaStream_t stream, float* amax) {
   run_forward<false>(nullptr, out, nullptr, rstd, inp, nullptr, weight, nullptr, N, C,
-                 static_cast<float>(eps), "rmsnorm_forward", stream);
+                 static_cast<float>(eps), "rmsnorm_forward", stream, amax);
 }
 
 void residual_rmsnorm_forward(bf16* resid, bf16* out, float* rstd, const bf16* a, const bf16* b,
-                              const bf16* weight, int N, int C, double eps, cudaStream_t stream) {
+                              const bf16* weight, int N, int C, double eps, cudaStream_t stream, float* amax) {
   run_forward<false>(resid, out, nullptr, rstd, a, b, weight, nullptr, N, C, static_cast<float>(eps),
-                 "residual_rmsnorm_forward", stream);
+                 "residual_rmsnorm_forward", stream, amax);
 }
 
 size_t rmsnorm_scratch_floats(int N, int C) { return scratch_floats(N, C, 1); }

@@ -58,16 +58,18 @@ void embedding_backward(float* dwte,               // (Vp,C) +=
 // ascending within a group; returns G, the number of distinct tokens.
 int group_positions_by_token(const int32_t* tokens, int N, int vocab, int32_t* out);
 
-// LayerNorm over the last dimension, eps 1e-5, statistics in fp32. bias may be null.
+// LayerNorm over the last dimension, eps 1e-5, statistics in fp32. bias may be null. The four
+// norm forwards take amax (device, or null): out's amax as cuda::amax would measure it (FP8: the
+// next linear's cast's).
 void layernorm_forward(bf16* out, float* mean, float* rstd,  // (N,C), (N), (N)
                        const bf16* inp,                        // (N,C)
                        const bf16* weight, const bf16* bias,   // (C), (C) or null
-                       int N, int C, cudaStream_t stream);
+                       int N, int C, cudaStream_t stream, float* amax = nullptr);
 // resid = a + b, then out = LayerNorm(resid): the residual add fused into the norm.
 void residual_layernorm_forward(bf16* resid, bf16* out, float* mean, float* rstd,  // (N,C) (N,C) (N) (N)
                                 const bf16* a, const bf16* b,                      // (N,C)
                                 const bf16* weight, const bf16* bias,              // (C)
-                                int N, int C, cudaStream_t stream);
+                                int N, int C, cudaStream_t stream, float* amax = nullptr);
 // dinp += ..., dweight += ..., dbias += ... (dbias may be null).
 // scratch: at least layernorm_scratch_floats(N, C) floats.
 size_t layernorm_scratch_floats(int N, int C);
@@ -190,12 +192,12 @@ void attention_backward(bf16* dqkv,        // (B,T,Hkv,G+2,D) =
 void rmsnorm_forward(bf16* out, float* rstd,  // (N,C), (N)
                      const bf16* inp,         // (N,C)
                      const bf16* weight,      // (C)
-                     int N, int C, double eps, cudaStream_t stream);
+                     int N, int C, double eps, cudaStream_t stream, float* amax = nullptr);
 // resid = bf16(a + b), then out = RMSNorm(resid) as stored: the residual add fused into the norm.
 void residual_rmsnorm_forward(bf16* resid, bf16* out, float* rstd,  // (N,C) (N,C) (N)
                               const bf16* a, const bf16* b,         // (N,C)
                               const bf16* weight,                   // (C)
-                              int N, int C, double eps, cudaStream_t stream);
+                              int N, int C, double eps, cudaStream_t stream, float* amax = nullptr);
 // dinp += ..., dweight += ... (the weight gradient summed over rows in a fixed order, two passes).
 // scratch: at least rmsnorm_scratch_floats(N, C) floats.
 size_t rmsnorm_scratch_floats(int N, int C);
