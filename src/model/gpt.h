@@ -121,6 +121,27 @@ class GptModel {
   int64_t num_params() const { return layout_.total(); }
   void zero_grads();
 
+  // ---- a training step's weights ----
+  // Holds the weights fixed until the guard ends: the engine's train_step holds it over the step's
+  // micro-batches, before the update. Meanwhile, where the step would cast an FP8 weight more than
+  // twice (model::casts_block_weights_once, casts_head_once: micro-batches, full recompute, the LM
+  // head's row chunks), each layer casts its weights once, at its first GEMM of the step, and every
+  // GEMM of the step reads those casts (fp8::WeightCast): the bytes each call would have made.
+  class FixedWeights {
+   public:
+    explicit FixedWeights(bool* fixed) : fixed_(fixed) { *fixed_ = true; }
+    ~FixedWeights() { *fixed_ = false; }
+    FixedWeights(const FixedWeights&) = delete;
+    FixedWeights& operator=(const FixedWeights&) = delete;
+
+   private:
+    bool* fixed_;
+  };
+  [[nodiscard]] FixedWeights fix_weights() {
+    ++weights_epoch_;
+    return FixedWeights(&weights_fixed_);
+  }
+
   // ---- one micro-batch through one chunk (what a pipeline schedule runs) ----
   // Forward of local chunk c for micro-batch mb of B <= micro_batch rows. rows.tokens (B, T+1),
   // host memory, feed the embedding (the model's first chunk) and the loss (its last); input
@@ -340,9 +361,10 @@ class GptModel {
   // reduce-scattered into local_rows(dfull) (SP). Returns the gradient of the R local rows.
   Act* column_input_backward(Act* dfull, int64_t width);
   // out (R, OC) = reduction over the ranks of inp (N, IC) @ w^T, + bias.
-  // keep: what an FP8 GEMM keeps of inp's cast (kept() of a LayerActs field).
+  // keep: what an FP8 GEMM keeps of inp's cast (kept() of a LayerActs field); wcast: w's
+  // (weight_cast).
   void row_parallel_forward(Act* out, const Act* inp, const Param* w, const Param* b, int IC, int OC,
-                            const fp8::Kept* keep);
+                            const fp8::Kept* keep, const fp8::WeightCast* wcast);
   // The gradient of the row-parallel output as the GEMM needs it: dout (R, OC) itself, or
   // gathered into full_ (SP).
   const Act* row_parallel_dout(const Act* dout, int OC);
@@ -350,9 +372,19 @@ class GptModel {
   // dinp (=), through the MLP's activation when pre (its input, the fc GEMM's output) is given.
   void row_parallel_backward(Act* dinp, float* dw, float* db, const Act* dout_full, const Act* dout,
                              const Act* inp, const Param* w, int IC, int OC, const Act* pre, const fp8::Kept* kept,
-                             const fp8::Kept* dinp_amax = nullptr);
+                             const fp8::WeightCast* wcast, const fp8::Kept* dinp_amax = nullptr);
   // A LayerActs' kept cast as the linears take it: null when the block's GEMMs are not FP8.
   static const fp8::Kept* kept(const fp8::Kept& k) { return k.scalars ? &k : nullptr; }
+  // Layer l's weight i (model::fp8_layer_weights' order: 0 QKV, 1 the attention's projection,
+  // 2 and 3 the MLP's or the shared experts') as its GEMMs take it: its cast for the step, made
+  // at the layer's first call of the step, or null (cast per call): weights not fixed, or not
+  // cast once, or the GEMMs not FP8.
+  const fp8::WeightCast* weight_cast(int64_t l, int i);
+  // The LM head's weight cast for a head_forward's row chunks (null as above): made once for the
+  // step, or, the weights not fixed, once for this call.
+  const fp8::WeightCast* head_cast();
+  // Lays out the weights' casts (model::weight_cast_bytes) of the layers held here and the head.
+  void carve_weight_casts();
   // Runs a region of parallel/mappings.h (fp32 buffers) on activations: `in` (n_in elements)
   // and `out` (n_out) themselves when Act is float, else fp32 copies of them in wide_ (out
   // narrowed back after), laid out alike when one lies inside the other. region(in, out).
@@ -445,6 +477,7 @@ class GptModel {
   // FP8 with recompute none keeps the norms' outputs as their casts (LayerActs::ln1_fp8 ...), not
   // bf16: per-tensor scaling only (model::keeps_norm_casts, the memory plan's rule).
   bool norm_casts_ = false;
+  int64_t micro_batches_ = 1;  // a step's on this rank (the memory plan's, for the weights' casts)
   // The GEMMs in the current forward or backward: gemm_ (head_gemm_), except where its tokens are
   // not a multiple of 16 (sampling a prompt), which cuBLASLt's FP8 GEMMs cannot take: bf16 there.
   // Training shapes are checked when the model is built.
@@ -529,6 +562,21 @@ class GptModel {
   // (fp8::kept_floats), so the fc GEMM's backward casts it without an amax pass.
   Buffer<float> dfc_scalars_;
   fp8::Kept dfc_fp8_;
+  // FP8 where the step casts its weights once: each held layer's casts (indexed by layer, in
+  // model::fp8_layer_weights' order) and the head's, in cast_bytes_ and cast_scales_; the epoch
+  // of fix_weights() each was made in (-1: none).
+  struct LayerCasts {
+    std::vector<fp8::WeightCast> w;
+    std::vector<std::pair<int64_t, int64_t>> shape;  // (OC, IC) each
+    int64_t epoch = -1;
+  };
+  std::vector<LayerCasts> casts_;
+  fp8::WeightCast head_cast_{};
+  int64_t head_epoch_ = -1;
+  Buffer<uint8_t> cast_bytes_;   // each weight's W (OC, IC) then W^T (IC, OC)
+  Buffer<float> cast_scales_;    // fp8::weight_cast_floats each
+  bool weights_fixed_ = false;   // fix_weights()' guard is alive
+  int64_t weights_epoch_ = 0;    // fix_weights() calls so far
   Buffer<Act> act_;     // (B,T,Fl) a dense MLP's activation output, from its forward to its projection
   Buffer<Act> dout_, din_;  // (R,C) the chunks' boundary gradients of forward_backward
   // An MoE layer's scratch (M = B T k rows, Mx = ep M): the rows in this rank's expert order

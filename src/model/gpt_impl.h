@@ -118,6 +118,7 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
   MYRIAD_CHECK(eps_ == 1 || eps_ == ParallelLayout::of(cfg, par->dp_size()).ep, "the expert-parallel group has ", eps_,
                " ranks but parallel.ep = ", cfg.parallel.ep);
   El_ = E_ / eps_;
+  micro_batches_ = ParallelLayout::of(cfg, par ? par->dp_size() : 1).micro_batches;
   if (cfg.model.moe()) {
     if (const std::string why = ops_.moe_refusal(); !why.empty()) throw_input("config: model.experts = ", E_, ": ", why);
   }
@@ -200,6 +201,7 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
                         shared_ids_.size() + cp_pack_.size() + dfc_scalars_.size()) * 4 + loss_.size() * 8;
   MYRIAD_CHECK(held == model::buffer_bytes(memory_shape()), "the step's buffers hold ", held,
                " bytes, the memory plan (model/memory_plan.h) says ", model::buffer_bytes(memory_shape()));
+  if (gemm_ == Gemm::kFp8 || head_gemm_ == Gemm::kFp8) carve_weight_casts();
 }
 
 template <OpSet Ops>
@@ -213,6 +215,7 @@ model::GptMemoryShape GptModel<Ops>::memory_shape() const {
   s.logits_rows = model::logits_rows(cfg_.train.logits_mib, Vl_, sizeof(Act));
   s.fp8 = gemm_ == Gemm::kFp8, s.fp8_head = head_gemm_ == Gemm::kFp8;
   s.fp8_block = s.fp8 && cfg_.train.fp8_scaling == "block";
+  s.micro_batches = micro_batches_;
   s.saved_per_row = ops_.attention_saved(1, 1, static_cast<int>(maxT_), static_cast<int>(seqT_)) / maxT_;
   return s;
 }
@@ -381,6 +384,67 @@ typename GptModel<Ops>::template Tensors<T> GptModel<Ops>::tensors_in(T* base) c
 template <OpSet Ops>
 void GptModel<Ops>::zero_grads() { ops_.zero(grads_.data(), grads_.size()); }
 
+template <OpSet Ops>
+void GptModel<Ops>::carve_weight_casts() {
+  const model::GptMemoryShape ms = memory_shape();
+  const fp8::Scaling sc = ms.fp8_block ? fp8::Scaling::block : fp8::Scaling::tensor;
+  struct Want {
+    fp8::WeightCast* cast;
+    int64_t OC, IC;
+  };
+  std::vector<Want> want;
+  casts_.assign(L_, {});
+  int64_t layers = 0, moe_layers = 0;
+  for (int64_t l = 0; l < L_; ++l) {
+    if (!part_.has_layer(l)) continue;
+    const bool moe = cfg_.model.layer_is_moe(l);
+    ++layers, moe_layers += moe;
+    if (!model::casts_block_weights_once(ms)) continue;
+    LayerCasts& c = casts_[l];
+    c.shape = model::fp8_layer_weights(ms, moe);
+    c.w.resize(c.shape.size());
+    for (size_t i = 0; i < c.w.size(); ++i) want.push_back({&c.w[i], c.shape[i].first, c.shape[i].second});
+  }
+  if (part_.head && model::casts_head_once(ms)) want.push_back({&head_cast_, Vl_, C_});
+  int64_t bytes = 0, floats = 0;
+  for (const Want& w : want) bytes += 2 * w.OC * w.IC, floats += fp8::weight_cast_floats(w.OC, w.IC, sc, tps_);
+  cast_bytes_.zeros(bytes), cast_scales_.zeros(floats);
+  bytes = floats = 0;
+  for (const Want& w : want) {  // each W and W^T on a 256-byte boundary (the shapes are multiples of 16)
+    w.cast->bytes = cast_bytes_.data() + bytes, w.cast->bytes_t = w.cast->bytes + w.OC * w.IC;
+    w.cast->scales = cast_scales_.data() + floats;
+    bytes += 2 * w.OC * w.IC, floats += fp8::weight_cast_floats(w.OC, w.IC, sc, tps_);
+  }
+  const int64_t held = cast_bytes_.size() + cast_scales_.size() * 4,
+                plan = model::weight_cast_bytes(ms, layers, moe_layers, part_.head);
+  MYRIAD_CHECK(held == plan, "the weights' casts hold ", held, " bytes, the memory plan (model/memory_plan.h) says ", plan);
+}
+
+template <OpSet Ops>
+const fp8::WeightCast* GptModel<Ops>::weight_cast(int64_t l, int i) {
+  if (!weights_fixed_ || block_gemm() != Gemm::kFp8 || casts_.empty() || casts_[l].w.empty()) return nullptr;
+  LayerCasts& c = casts_[l];
+  if (c.epoch != weights_epoch_) {  // the layer's first GEMM of the step: all its weights at once
+    const LayerTensors<Param>& w = p_.layers[l];
+    const bool moe = cfg_.model.layer_is_moe(l);
+    const Param* ws[] = {w.qkv_w, w.proj_w, moe ? w.shared_fc_w : w.fc_w, moe ? w.shared_proj_w : w.fcproj_w};
+    for (size_t j = 0; j < c.w.size(); ++j)
+      ops_.fp8_cast_weight(c.w[j], ws[j], static_cast<int>(c.shape[j].first), static_cast<int>(c.shape[j].second));
+    c.epoch = weights_epoch_;
+  }
+  return &c.w[i];
+}
+
+template <OpSet Ops>
+const fp8::WeightCast* GptModel<Ops>::head_cast() {
+  if (!head_cast_.bytes || head_gemm() != Gemm::kFp8) return nullptr;
+  if (!weights_fixed_ || head_epoch_ != weights_epoch_) {
+    ops_.fp8_cast_weight(head_cast_, p_.head, static_cast<int>(Vl_), C_);
+    head_epoch_ = weights_fixed_ ? weights_epoch_ : -1;  // unfixed weights may change before the next call
+  }
+  return &head_cast_;
+}
+
 // ---- the tensor-parallel pieces (the identity, or the plain op, without TP) ----
 
 template <OpSet Ops>
@@ -456,14 +520,14 @@ typename GptModel<Ops>::Act* GptModel<Ops>::column_input_backward(Act* dfull, in
 
 template <OpSet Ops>
 void GptModel<Ops>::row_parallel_forward(Act* out, const Act* inp, const Param* w, const Param* b, int IC,
-                                         int OC, const fp8::Kept* keep) {
+                                         int OC, const fp8::Kept* keep, const fp8::WeightCast* wcast) {
   if (!tp_) {
-    ops_.linear_forward(out, inp, w, b, N_, IC, OC, block_gemm(), keep);
+    ops_.linear_forward(out, inp, w, b, N_, IC, OC, block_gemm(), keep, wcast);
     return;
   }
   // The partial product of this rank's input features, reduced over the ranks; the bias once.
   Act* partial = sp_ ? full_.data() : out;
-  ops_.linear_forward(partial, inp, w, static_cast<const Param*>(nullptr), N_, IC, OC, block_gemm(), keep);
+  ops_.linear_forward(partial, inp, w, static_cast<const Param*>(nullptr), N_, IC, OC, block_gemm(), keep, wcast);
   reduce_partial(partial, out, OC);
   if (b) ops_.add_bias(out, b, R_, OC);
 }
@@ -478,9 +542,10 @@ const typename GptModel<Ops>::Act* GptModel<Ops>::row_parallel_dout(const Act* d
 template <OpSet Ops>
 void GptModel<Ops>::row_parallel_backward(Act* dinp, float* dw, float* db, const Act* dout_full,
                                           const Act* dout, const Act* inp, const Param* w, int IC, int OC,
-                                          const Act* pre, const fp8::Kept* kept, const fp8::Kept* dinp_amax) {
+                                          const Act* pre, const fp8::Kept* kept, const fp8::WeightCast* wcast,
+                                          const fp8::Kept* dinp_amax) {
   ops_.linear_backward(mlp_, dinp, dw, sp_ ? nullptr : db, dout_full, inp, w, pre, N_, IC, OC, /*accumulate=*/false,
-                       block_gemm(), kept, dinp_amax);
+                       block_gemm(), kept, dinp_amax, nullptr, wcast);
   if (sp_ && db) ops_.bias_backward(db, dout, R_, OC);  // this rank's rows: summed in finish_grads()
 }
 
@@ -579,7 +644,7 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, Rows rows, int64_t stride, const
     mlp_output(l, a, branches);
     const Act* resid = a.mid;
     if (parallel_block_) {
-      row_parallel_forward(tmp_.data(), a.atty, w.proj_w, w.proj_b, Cl, C, kept(a.atty_fp8));
+      row_parallel_forward(tmp_.data(), a.atty, w.proj_w, w.proj_b, Cl, C, kept(a.atty_fp8), weight_cast(l, 1));
       ops_.add(branches, branches, tmp_.data(), int64_t(R) * C);
       resid = a.in;
     }
@@ -615,14 +680,15 @@ void GptModel<Ops>::head_forward(Slot& s, float grad_scale) {
   const int N = N_, C = C_, Vl = static_cast<int>(Vl_);
   const float dloss = grad_scale > 0 ? grad_scale / s.counted : 0.0f;
   Act* logits = s.logits.data();
+  const fp8::WeightCast* const hc = head_cast();  // one cast for every chunk
   for (int r = 0; r < N; r += static_cast<int>(head_rows_)) {
     const int n = std::min(N - r, static_cast<int>(head_rows_));
     Act* lnf = s.lnf + int64_t(r) * C;
-    ops_.linear_forward(logits, lnf, p_.head, static_cast<const Param*>(nullptr), n, C, Vl, head_gemm());
+    ops_.linear_forward(logits, lnf, p_.head, static_cast<const Param*>(nullptr), n, C, Vl, head_gemm(), nullptr, hc);
     crossentropy(s, logits, r, n, dloss);
     if (grad_scale > 0) {
       ops_.linear_backward(mlp_, dln_.data(), g_.head, static_cast<float*>(nullptr), logits, lnf, p_.head, nullptr,
-                           n, C, Vl, /*accumulate=*/false, head_gemm());
+                           n, C, Vl, /*accumulate=*/false, head_gemm(), nullptr, nullptr, nullptr, hc);
       ops_.copy(lnf, dln_.data(), int64_t(n) * C);
     }
   }
@@ -733,7 +799,7 @@ void GptModel<Ops>::layer_forward(const Slot& s, int64_t l, LayerActs& a) {
   column_input_forward(a.ln1, C);
   const bool qk = qk_norm_.kind != QkNormKind::kNone;
   ops_.linear_forward(qk ? a.qkv_raw : a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, C, static_cast<int>(Ql_), block_gemm(),
-                      kept(a.ln1_fp8));
+                      kept(a.ln1_fp8), weight_cast(l, 0));
   if (qk) ops_.qk_norm_forward(qk_norm_, a.qkv, a.qk_rstd, a.qkv_raw, w.q_norm_w, w.k_norm_w, N, Hkvl, G, D);
   if (rope_) ops_.rope_forward(a.qkv, B, T, Hkvl, G, D, cp_rows());
   if (cp_) {  // this rank's query rows against the whole sequence's keys
@@ -746,7 +812,7 @@ void GptModel<Ops>::layer_forward(const Slot& s, int64_t l, LayerActs& a) {
   // the parallel one, whose attention projection only the layer's output needs.
   const Act* mlp_in = a.ln1;
   if (!parallel_block_) {
-    row_parallel_forward(tmp_.data(), a.atty, w.proj_w, w.proj_b, Cl, C, kept(a.atty_fp8));
+    row_parallel_forward(tmp_.data(), a.atty, w.proj_w, w.proj_b, Cl, C, kept(a.atty_fp8), weight_cast(l, 1));
     ops_.residual_norm_forward(norm_, a.mid, local_rows(a.ln2, C), a.ln2_mean, a.ln2_rstd, a.in, tmp_.data(),
                                w.ln2_w, w.ln2_b, R, C, kept(a.ln2_fp8));
     column_input_forward(a.ln2, C);
@@ -761,7 +827,7 @@ void GptModel<Ops>::mlp_forward(int64_t l, LayerActs& a, const Act* in, bool rou
   const int N = N_, C = C_;
   if (!cfg_.model.layer_is_moe(l)) {
     ops_.linear_act_forward(mlp_, a.act, a.fc, in, w.fc_w, w.fc_b, N, C, static_cast<int>(Fl_), block_gemm(),
-                            kept(parallel_block_ ? a.ln1_fp8 : a.ln2_fp8), kept(a.act_fp8));
+                            kept(parallel_block_ ? a.ln1_fp8 : a.ln2_fp8), kept(a.act_fp8), weight_cast(l, 2));
     return;
   }
   const int E = static_cast<int>(E_), k = static_cast<int>(k_), Fe = static_cast<int>(Fe_), El = static_cast<int>(El_);
@@ -788,7 +854,7 @@ void GptModel<Ops>::mlp_forward(int64_t l, LayerActs& a, const Act* in, bool rou
   // The shared experts while the rows travel.
   if (Fs_ > 0)
     ops_.linear_act_forward(Mlp::kSwiGlu, a.sact, a.sfc, in, w.shared_fc_w, static_cast<const Param*>(nullptr), N, C,
-                            static_cast<int>(Fs_), block_gemm());
+                            static_cast<int>(Fs_), block_gemm(), nullptr, nullptr, weight_cast(l, 2));
   if (ep_) dispatch_finish(a, sent, x.xin, C);
   ops_.grouped_linear_act_forward(Mlp::kSwiGlu, x.xact, x.xfc, x.xin, w.experts_fc_w, a.local.data(), El, C, Fe);
   if (route) {
@@ -805,7 +871,8 @@ template <OpSet Ops>
 void GptModel<Ops>::mlp_output(int64_t l, const LayerActs& a, Act* out) {
   const LayerTensors<Param>& w = p_.layers[l];
   if (!cfg_.model.layer_is_moe(l)) {
-    row_parallel_forward(out, a.act, w.fcproj_w, w.fcproj_b, static_cast<int>(Fl_), C_, kept(a.act_fp8));
+    row_parallel_forward(out, a.act, w.fcproj_w, w.fcproj_b, static_cast<int>(Fl_), C_, kept(a.act_fp8),
+                         weight_cast(l, 3));
     return;
   }
   // The shared experts' partial sum over this rank's features (all rows), plus the routed
@@ -815,7 +882,7 @@ void GptModel<Ops>::mlp_output(int64_t l, const LayerActs& a, Act* out) {
   Act* partial = tp_ && sp_ ? full_.data() : out;
   if (Fs_ > 0)
     ops_.linear_forward(partial, a.sact, w.shared_proj_w, static_cast<const Param*>(nullptr), N_,
-                        static_cast<int>(Fs_), C_, block_gemm());
+                        static_cast<int>(Fs_), C_, block_gemm(), nullptr, weight_cast(l, 3));
   else if (tp_)
     ops_.zero(partial, int64_t(N_) * C_);
   ops_.combine_forward(partial + int64_t(first) * C_, a.ys, a.weights, a.pos, end - first, static_cast<int>(k_), C_,
@@ -832,10 +899,10 @@ void GptModel<Ops>::mlp_backward(int64_t l, const LayerActs& a, const Act* in, c
   if (!cfg_.model.layer_is_moe(l)) {
     // In FP8 the activation's backward measures dfc's amax as it writes it, for fc's cast of it.
     row_parallel_backward(dfc_.data(), g.fcproj_w, g.fcproj_b, dout, dlocal, /*inp: recomputed from fc*/ nullptr,
-                          w.fcproj_w, static_cast<int>(Fl_), C, a.fc, kept(a.act_fp8), kept(dfc_fp8_));
+                          w.fcproj_w, static_cast<int>(Fl_), C, a.fc, kept(a.act_fp8), weight_cast(l, 3), kept(dfc_fp8_));
     ops_.linear_backward(mlp_, dln_.data(), g.fc_w, g.fc_b, dfc_.data(), in, w.fc_w, nullptr, N, C,
                          static_cast<int>(Pl_), /*accumulate=*/false, block_gemm(),
-                         kept(parallel_block_ ? a.ln1_fp8 : a.ln2_fp8), nullptr, kept(dfc_fp8_));
+                         kept(parallel_block_ ? a.ln1_fp8 : a.ln2_fp8), nullptr, kept(dfc_fp8_), weight_cast(l, 2));
     return;
   }
   const int E = static_cast<int>(E_), k = static_cast<int>(k_), Fe = static_cast<int>(Fe_), El = static_cast<int>(El_);
@@ -853,7 +920,8 @@ void GptModel<Ops>::mlp_backward(int64_t l, const LayerActs& a, const Act* in, c
   // While the gradients travel: the shared experts' second GEMM, and the router's logits.
   if (Fs > 0)
     ops_.linear_backward(Mlp::kSwiGlu, dsfc_.data(), g.shared_proj_w, static_cast<float*>(nullptr), dout, a.sact,
-                         w.shared_proj_w, a.sfc, N, Fs, C, /*accumulate=*/false, block_gemm());
+                         w.shared_proj_w, a.sfc, N, Fs, C, /*accumulate=*/false, block_gemm(), nullptr, nullptr,
+                         nullptr, weight_cast(l, 3));
   ops_.route_backward(router_, dlogits_.data(), dweights_.data(), a.logits, a.choice, grad_scale, Nm,
                       tp_ || cp_ ? RouteTotals{a.chosen.data(), int64_t(N) * cps_} : RouteTotals{});
   if (ep_) dispatch_finish(a, sent, dys = xr_.data() + exchange_rows_ * C, C);
@@ -874,7 +942,8 @@ void GptModel<Ops>::mlp_backward(int64_t l, const LayerActs& a, const Act* in, c
   ops_.router_backward(dln_.data() + int64_t(first) * C, g.router_w, dlogits_.data(), mine, w.router_w, Nm, C, E);
   if (Fs > 0)
     ops_.linear_backward(Mlp::kSwiGlu, dln_.data(), g.shared_fc_w, static_cast<float*>(nullptr), dsfc_.data(), in,
-                         w.shared_fc_w, nullptr, N, C, 2 * Fs, /*accumulate=*/true, block_gemm());
+                         w.shared_fc_w, nullptr, N, C, 2 * Fs, /*accumulate=*/true, block_gemm(), nullptr, nullptr,
+                         nullptr, weight_cast(l, 2));
 }
 
 // Expert parallelism's counts: each rank's rows per expert of every other rank (an all-to-all of
@@ -1078,7 +1147,7 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
     // Attention branch (in the parallel block dln_ still holds the MLP's share of LN1's output
     // gradient, and the attention's share adds to it).
     row_parallel_backward(datty_.data(), g.proj_w, g.proj_b, dout, dresid, a.atty, w.proj_w, Cl, C, nullptr,
-                          kept(a.atty_fp8));
+                          kept(a.atty_fp8), weight_cast(l, 1));
     if (cp_) {  // the sequence's keys gathered again; their gradients go back to their ranks
       if (!overlap_cp_) kv = gather_start(s, l, a.qkv);
       gather_finish(s, l, a.qkv, kv);
@@ -1094,7 +1163,8 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
       ops_.qk_norm_backward(qk_norm_, dqkv_.data(), g.q_norm_w, g.k_norm_w, a.qkv_raw, w.q_norm_w, w.k_norm_w,
                             a.qk_rstd, N, Hkvl, G, D);
     ops_.linear_backward(mlp_, dln_.data(), g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, w.qkv_w, nullptr, N, C, Ql,
-                         /*accumulate=*/parallel_block_, block_gemm(), kept(a.ln1_fp8));
+                         /*accumulate=*/parallel_block_, block_gemm(), kept(a.ln1_fp8), nullptr, nullptr,
+                         weight_cast(l, 0));
     Act* dln1 = column_input_backward(dln_.data(), C);
     ops_.norm_backward(norm_, dresid, g.ln1_w, g.ln1_b, dln1, a.in, w.ln1_w, a.ln1_mean, a.ln1_rstd, R, C);
   }

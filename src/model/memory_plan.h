@@ -45,6 +45,7 @@ struct GptMemoryShape {
   bool fp8 = false, fp8_head = false;  // train.precision = "fp8": the block's linears; train.fp8_lm_head
   bool fp8_block = false;           // train.fp8_scaling = "block": tiles' scales, and no cast kept
   int64_t tp_ranks = 1;             // the tensor-parallel group's size (an FP8 cast's scalars hold its amaxes)
+  int64_t micro_batches = 1;        // a step's on this rank (core/parallel_layout.h)
 };
 
 // The shape of model `m` on a tensor-parallel rank of `tp` (and a context-parallel one of `cp`)
@@ -157,9 +158,33 @@ inline int64_t buffer_bytes(const GptMemoryShape& s) {
 // in FP8 the second half is asked for but unused: the activation goes straight into its cast).
 inline int64_t scratch_bytes(const GptMemoryShape& s) { return s.has_dense ? 2 * s.B * s.T * s.Fl * s.act_bytes : 0; }
 
+// A layer's FP8 linears' weights (OC, IC) on this rank, in the order GptModel casts them: QKV,
+// the attention's projection, then the dense MLP's fc and projection, or a MoE layer's shared
+// experts' (none without them; its routed experts' grouped GEMMs are bf16).
+inline std::vector<std::pair<int64_t, int64_t>> fp8_layer_weights(const GptMemoryShape& s, bool moe) {
+  std::vector<std::pair<int64_t, int64_t>> w = {{s.Ql, s.C}, {s.C, s.Cl}};
+  if (!moe) w.insert(w.end(), {{s.Pl, s.C}, {s.C, s.Fl}});
+  if (moe && s.Fs > 0) w.insert(w.end(), {{2 * s.Fs, s.C}, {s.C, s.Fs}});
+  return w;
+}
+// The LM head's row chunks: each casts the head's weight in its forward and its backward.
+inline int64_t head_chunks(const GptMemoryShape& s) { return (s.B * s.T + s.head_rows() - 1) / s.head_rows(); }
+// Whether the step casts the block's FP8 weights once each (fp8::cast_weights_once): per call it
+// would cast each in a forward and a backward per micro-batch, and in full recompute's second
+// forward.
+inline int64_t block_weight_casts(int64_t micro_batches, const std::string& recompute) {
+  return micro_batches * (recompute == "full" ? 3 : 2);
+}
+inline bool casts_block_weights_once(const GptMemoryShape& s) {
+  return s.fp8 && fp8::cast_weights_once(block_weight_casts(s.micro_batches, s.recompute));
+}
+// Whether it casts the LM head's weight once (train.fp8_lm_head): twice per chunk per micro-batch.
+inline bool casts_head_once(const GptMemoryShape& s) {
+  return s.fp8_head && fp8::cast_weights_once(s.micro_batches * 2 * head_chunks(s));
+}
 // FP8's cast buffers (CudaOps: one byte an element; three, each grown to the largest operand it
-// holds): 0 a forward's input and a backward's output gradient, row-major; 1 a weight, in either
-// layout, and a backward's input transposed; 2 a backward's output gradient transposed. The
+// holds): 0 a forward's input and a backward's output gradient, row-major; 1 a weight cast per
+// call, in either layout, and a backward's input transposed; 2 a backward's output gradient transposed. The
 // block's linears take B T rows: QKV (C -> Ql), the attention's projection (Cl -> C), fc (C -> Pl)
 // and the MLP's projection (Fl -> C); with fp8_head the LM head too (C -> Vl, a chunk of rows).
 //
@@ -169,20 +194,36 @@ inline int64_t scratch_bytes(const GptMemoryShape& s) { return s.has_dense ? 2 *
 inline int64_t fp8_cast_bytes(const GptMemoryShape& s) {
   if (!s.fp8) return 0;
   const int64_t N = s.B * s.T, in = std::max({s.C, s.Cl, s.Fl}), out = std::max({s.Ql, s.C, s.Pl});
-  int64_t b0 = N * std::max(in, out), b1 = std::max({s.Ql * s.C, s.C * s.Cl, s.Pl * s.C, s.C * s.Fl, N * in}),
-          b2 = N * out;
-  // The weights (OC, IC) of the block's linears, and with fp8_head the head's.
-  std::vector<std::pair<int64_t, int64_t>> weights = {{s.Ql, s.C}, {s.C, s.Cl}, {s.Pl, s.C}, {s.C, s.Fl}};
+  int64_t b0 = N * std::max(in, out), b1 = N * in, b2 = N * out;
   const auto tiles = [](int64_t M, int64_t K) { return fp8::tile_scales(M, K, false); };
   int64_t t0 = tiles(N, std::max(in, out)), t1 = tiles(in, N), t2 = tiles(out, N);
+  // The weights (OC, IC) cast per call, into buffer 1: the block's linears' and with fp8_head the
+  // head's, unless the step casts them once (weight_cast_bytes).
+  std::vector<std::pair<int64_t, int64_t>> weights;
+  if (!casts_block_weights_once(s)) weights = fp8_layer_weights(s, false);
   if (s.fp8_head) {
     const int64_t R = s.head_rows();
-    b0 = std::max({b0, R * s.C, R * s.Vl}), b1 = std::max({b1, s.Vl * s.C, R * s.C}), b2 = std::max(b2, R * s.Vl);
-    weights.push_back({s.Vl, s.C});
+    b0 = std::max({b0, R * s.C, R * s.Vl}), b1 = std::max(b1, R * s.C), b2 = std::max(b2, R * s.Vl);
     t0 = std::max({t0, tiles(R, s.C), tiles(R, s.Vl)}), t1 = std::max(t1, tiles(s.C, R)), t2 = std::max(t2, tiles(s.Vl, R));
+    if (!casts_head_once(s)) weights.push_back({s.Vl, s.C});
   }
-  for (const auto& [OC, IC] : weights) t1 = std::max({t1, fp8::tile_scales(OC, IC, true), fp8::tile_scales(IC, OC, true)});
+  for (const auto& [OC, IC] : weights)
+    b1 = std::max(b1, OC * IC), t1 = std::max({t1, fp8::tile_scales(OC, IC, true), fp8::tile_scales(IC, OC, true)});
   return b0 + b1 + b2 + (s.fp8_block ? (t0 + t1 + t2) * 4 : 0);
+}
+// The weight casts (fp8::WeightCast) a rank holds for the step: of each of its `layers` layers
+// (`moe_layers` of them MoE) when the step casts the block's weights once, and with `head` the
+// LM head's when it casts that once.
+inline int64_t weight_cast_bytes(const GptMemoryShape& s, int64_t layers, int64_t moe_layers, bool head) {
+  const fp8::Scaling sc = s.fp8_block ? fp8::Scaling::block : fp8::Scaling::tensor;
+  const auto one = [&](int64_t OC, int64_t IC) { return 2 * OC * IC + 4 * fp8::weight_cast_floats(OC, IC, sc, s.tp_ranks); };
+  int64_t bytes = 0;
+  if (casts_block_weights_once(s)) {
+    for (const auto& [OC, IC] : fp8_layer_weights(s, false)) bytes += (layers - moe_layers) * one(OC, IC);
+    for (const auto& [OC, IC] : fp8_layer_weights(s, true)) bytes += moe_layers * one(OC, IC);
+  }
+  if (head && casts_head_once(s)) bytes += one(s.Vl, s.C);
+  return bytes;
 }
 
 // cuDNN's deterministic attention backward works in a workspace of about B H T T bf16 (1,026 MiB

@@ -98,6 +98,22 @@ struct Kept {
 // Floats of a cast's scalars with `ranks` tensor-parallel ranks: each scalar 64-byte aligned
 // (cuBLASLt reads a scale only there), the group's amaxes from 48.
 inline int64_t kept_floats(int64_t ranks) { return 48 + (ranks + 15) / 16 * 16; }
+// A weight's FP8 casts, made once (the op set's fp8_cast_weight) and read by the GEMMs that take
+// the weight until the model casts it again: W (OC, IC) row-major for the forward and W^T
+// (IC, OC) for the input gradient, in one pass at one scale. A weight changes only at the
+// optimizer's step, so within a step these are the bytes each call's own cast would make.
+struct WeightCast {
+  uint8_t* bytes = nullptr;    // device, (OC, IC)
+  uint8_t* bytes_t = nullptr;  // device, (IC, OC)
+  // device, weight_cast_floats. tensor: Kept's layout (1 / scale at 32, for both layouts); block:
+  // W's blocks' inverse scales, then from weight_cast_t_offset W^T's
+  float* scales = nullptr;
+};
+// Whether a step that casts a weight `casts` times casts it once into a WeightCast instead: when
+// it would cast it more than twice (micro-batches, full recompute's second forward, the LM head's
+// row chunks). Twice, one micro-batch's forward and backward, the cast held for the step would
+// cost 2 bytes a parameter to save one pass over the weight.
+inline bool cast_weights_once(int64_t casts) { return casts > 2; }
 // Why a GPU of compute capability major.minor cannot train in FP8 with `scaling` ("" when it can:
 // Hopper, 9.0, and later; block scaling Hopper only, whose cuBLASLt has the 1 x 128 and
 // 128 x 128 block-scaled GEMMs), with what to set instead. A function of the capability alone,
@@ -115,6 +131,13 @@ void quantize(uint8_t* out, const float* in, int64_t n, float scale, Format f);
 inline int64_t tile_scales(int64_t M, int64_t K, bool blocks) {
   const int64_t kb = (K + 127) / 128;
   return blocks ? (M + 127) / 128 * ((kb + 3) / 4 * 4) : M * kb;
+}
+// A WeightCast's scales for a weight (OC, IC): per tensor one cast's scalars; per block both
+// layouts' blocks, W^T's from a 64-byte boundary (where cuBLASLt reads scales).
+inline int64_t weight_cast_t_offset(int64_t OC, int64_t IC) { return (tile_scales(OC, IC, true) + 15) / 16 * 16; }
+inline int64_t weight_cast_floats(int64_t OC, int64_t IC, Scaling s, int64_t ranks) {
+  return s == Scaling::block ? weight_cast_t_offset(OC, IC) + (tile_scales(IC, OC, true) + 15) / 16 * 16
+                             : kept_floats(ranks);
 }
 // The block cast's contract (the host emulation the kernel is tested against): out[m][k] =
 // encode(x[m][k] * s), s = scale_for(the amax of x's tile holding (m, k)); inv (tile_scales

@@ -42,7 +42,7 @@ concept OpSet = requires(const O& o, typename O::Act* a, const typename O::Act* 
                          const std::vector<std::pair<int64_t, int64_t>>& pieces, const std::vector<double>& freqs,
                          const fp8::Recipe& recipe, fp8::AmaxGroup group, typename O::Param* p, void* v,
                          size_t z, const Router& router, int32_t* ids, const int64_t* counts, QkNorm qk,
-                         const ContextRows* rows, const fp8::Kept* kept) {
+                         const ContextRows* rows, const fp8::Kept* kept, const fp8::WeightCast* wcast) {
   // Types and buffers.
   typename O::template Buffer<float>;
   typename O::template Buffer<typename O::Act>;
@@ -83,9 +83,11 @@ concept OpSet = requires(const O& o, typename O::Act* a, const typename O::Act* 
   o.norm_backward(n, a, f, f, ca, ca, cp, cf, cf, i, i);
   // Gemm::kFp8: what the forward keeps of its input's cast for the backward (fp8::Kept); in the
   // backward, the activation's input gradient's amax handed to the next backward's cast.
-  o.linear_forward(a, ca, cp, cp, i, i, i, g, kept);
-  o.linear_act_forward(m, a, a, ca, cp, cp, i, i, i, g, kept, kept);
-  o.linear_backward(m, a, f, f, ca, ca, cp, ca, i, i, i, b, g, kept, kept, kept);
+  // A weight's cast for the step (fp8::WeightCast), read in place of casting the weight.
+  o.linear_forward(a, ca, cp, cp, i, i, i, g, kept, wcast);
+  o.linear_act_forward(m, a, a, ca, cp, cp, i, i, i, g, kept, kept, wcast);
+  o.linear_backward(m, a, f, f, ca, ca, cp, ca, i, i, i, b, g, kept, kept, kept, wcast);
+  o.fp8_cast_weight(*wcast, cp, i, i);
   { o.fp8_refusal(recipe) } -> std::convertible_to<std::string>;
   o.set_fp8(recipe, group);
   o.add(a, ca, ca, l);

@@ -203,7 +203,7 @@ std::string refusal(const Config& run, int64_t gpus, const Cluster& c, const Lay
 // their group); the layers' activations of the micro-batches in flight, the logits and the step's
 // buffers by the model's own memory plan (model/memory_plan.h, which GptModel checks its
 // allocations against; the experts' rows as balanced routing gives them); the op set's scratch;
-// cuDNN's attention workspace; with fp8 the op set's cast buffers.
+// cuDNN's attention workspace; with fp8 the op set's cast buffers and the weights' casts.
 Prediction::Memory memory(const Config& run, const Cluster& c, const Layout& l, const Features& f, double held_params,
                           double owned, int m) {
   const ModelConfig& model = run.model;
@@ -213,6 +213,7 @@ Prediction::Memory memory(const Config& run, const Cluster& c, const Layout& l, 
   ms.ep = l.ep;
   ms.logits_rows = model::logits_rows(run.train.logits_mib, ms.Vl, ms.act_bytes);
   ms.fp8 = f.fp8, ms.fp8_head = f.fp8 && run.train.fp8_lm_head;
+  ms.micro_batches = m;
   const double per_layer = double(model::slot_bytes(ms, 1, false) - model::slot_bytes(ms, 0, false));
   const double per_slot = double(model::slot_bytes(ms, 0, false) + model::slot_token_bytes(ms));
   const double head = double(model::slot_bytes(ms, 0, true) - model::slot_bytes(ms, 0, false));
@@ -230,7 +231,11 @@ Prediction::Memory memory(const Config& run, const Cluster& c, const Layout& l, 
   mem.buffers = double(model::buffer_bytes(ms)) / kGiB;
   mem.scratch = double(model::scratch_bytes(ms)) / kGiB;
   mem.workspace = double(model::attention_workspace_bytes(ms)) / kGiB;
-  mem.casts = double(model::fp8_cast_bytes(ms)) / kGiB;
+  // The cast buffers, and the weights' casts a step that casts them once holds (the first stage's
+  // layers; the head with one stage).
+  mem.casts = double(model::fp8_cast_bytes(ms) + model::weight_cast_bytes(ms, model.layers / l.pp,
+                                                                         model.moe_layers() / l.pp, l.pp == 1)) /
+              kGiB;
   return mem;
 }
 
@@ -332,21 +337,29 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
     // bytes) and fc's output gradient (4).
     const double weights = (qkv_w + d + fc_w + ffn) * d / tp;
     const double inputs = t * (2 * d + d / tp + ffn / tp), out_grads = t * (qkv_w / tp + d + fc_w / tp + d);
+    // A step that casts each weight once (model::casts_block_weights_once) makes its amax and one
+    // pass into both layouts (6 bytes an element) for all its micro-batches, here a micro-batch's
+    // share in its forward, in place of 5 bytes a call.
+    const bool once = f.fp8 && fp8::cast_weights_once(model::block_weight_casts(m, l.recompute));
+    const double weight_casts_fwd = once ? 6 * weights / m : 5 * weights, weight_casts_bwd = once ? 0 : 5 * weights;
     const double kept_inputs = l.recompute == "none" ? t * 2 * d : 0;
     // With GELU, FP8 GEMMs have no GELU epilogue: the activation is a pass of its own (pre read,
     // out written: 4 bytes a feature), and its backward too (pre and dact read, dpre written: 6).
     const double gelu_fwd = f.fp8 && !model.swiglu() ? 4 * t * ffn / tp / hbm : 0;
     const double gelu_bwd = f.fp8 && !model.swiglu() ? 6 * t * ffn / tp / hbm : 0;
-    const double cast_fwd = f.fp8 ? (5 * (inputs + weights) - 2 * t * ffn / tp + kept_inputs) / hbm + gelu_fwd : 0;
+    const double cast_fwd =
+        f.fp8 ? (5 * inputs + weight_casts_fwd - 2 * t * ffn / tp + kept_inputs) / hbm + gelu_fwd : 0;
     const double act_cast = (model.swiglu() ? 5 : 3) * t * ffn / tp;
     const double cast_bwd =
-        f.fp8 ? (6 * out_grads - 2 * t * fc_w / tp + 3 * (inputs - kept_inputs - t * ffn / tp) + act_cast + 5 * weights) / hbm +
+        f.fp8 ? (6 * out_grads - 2 * t * fc_w / tp + 3 * (inputs - kept_inputs - t * ffn / tp) + act_cast +
+                 weight_casts_bwd) / hbm +
                     gelu_bwd
               : 0;
     // Recompute in the backward: full repeats the layer's forward; selective (the engine's) the
     // fc GEMM with its activation, whose outputs are the layer's largest, and the norms.
     const double recompute = norms_refill +
-                             (l.recompute == "full" ? gemm_fwd + attn_fwd + mem_fwd + tp_exposed + cast_fwd
+                             (l.recompute == "full" ? gemm_fwd + attn_fwd + mem_fwd + tp_exposed + cast_fwd -
+                                                          (once ? weight_casts_fwd / hbm : 0)
                               : l.recompute == "selective"
                                   ? block_gemm_s(2 * t * d * fc_w / tp) +
                                         (f.fp8 ? 5 * (t * d + fc_w * d / tp) / hbm + gelu_fwd : 0)

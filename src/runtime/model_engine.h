@@ -144,7 +144,11 @@ class ModelEngine final : public Engine {
       r.counted_nothing = true, r.lr = lr;
       return r;
     }
-    r.loss = step_loss(pipeline_->train(mine, 1.0f / float(counted), hooks));
+    {
+      // The weights stay as they are until the update: FP8 may cast each once for the whole step.
+      const auto fixed = model_.fix_weights();
+      r.loss = step_loss(pipeline_->train(mine, 1.0f / float(counted), hooks));
+    }
     if (cfg_.model.moe()) r.experts = expert_loads();
     if (counted < accum * dp) r.loss = float(double(r.loss) * (accum * dp) / counted);  // the empty ones added 0
     if (ctx_.cp_size() > 1 && mine.doc_starts) r.cp_imbalance = cp_imbalance(mine, int64_t(accum) * cfg_.train.micro_batch);

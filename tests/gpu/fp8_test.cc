@@ -14,6 +14,7 @@
 #include "gpu_test_util.h"
 #include "model/cuda/cuda_ops.h"
 #include "model/cuda/matmul.h"
+#include "model/gpt.h"
 #include "model/memory_plan.h"
 #include "runtime/engine.h"
 #include "ops/cuda/ops.cuh"
@@ -469,7 +470,8 @@ TEST(Fp8Engine, TheLmHeadInFp8FollowsBf16AndRepeatsBitwise) {
 // the planner adds): an fp8 engine holds that many bytes more than the same bf16 one after a
 // step, exactly, besides what the plan's slot and buffers hold apart in fp8 (the norms' outputs
 // kept as casts, the kept casts' scalars: the engine checks those as it carves them); with the
-// LM head in FP8 too, the head's operands counted.
+// LM head in FP8 too, the head's operands counted. Two micro-batches a step: the weights' casts
+// for the step (model::weight_cast_bytes) counted too.
 TEST(Fp8Memory, TheCastBuffersAreHeldAsPlanned) {
   using namespace engine_cases;
   for (const auto& [head, block] : {std::pair{false, false}, {true, false}, {false, true}, {true, true}}) {
@@ -490,13 +492,15 @@ TEST(Fp8Memory, TheCastBuffersAreHeldAsPlanned) {
         myriad::model::memory_shape(fcfg.model, 1, fcfg.train.micro_batch, fcfg.padded_vocab());
     s.act_bytes = 2, s.fp8 = true, s.fp8_head = head, s.fp8_block = block, s.recompute = fcfg.train.recompute;
     s.logits_rows = myriad::model::logits_rows(fcfg.train.logits_mib, s.Vl, 2);
+    s.micro_batches = fcfg.train.global_batch / fcfg.train.micro_batch;  // 2: the weights cast once a step
     myriad::model::GptMemoryShape b = s;
     b.fp8 = b.fp8_head = b.fp8_block = false;
     const int64_t L = fcfg.model.layers;
     const int64_t apart = myriad::model::slot_bytes(s, L, true) - myriad::model::slot_bytes(b, L, true) +
                           myriad::model::buffer_bytes(s) - myriad::model::buffer_bytes(b);
     EXPECT_GT(myriad::model::fp8_cast_bytes(s), 0);
-    EXPECT_EQ(fp8 - bf16, myriad::model::fp8_cast_bytes(s) + apart);
+    EXPECT_GT(myriad::model::weight_cast_bytes(s, L, 0, true), 0);
+    EXPECT_EQ(fp8 - bf16, myriad::model::fp8_cast_bytes(s) + myriad::model::weight_cast_bytes(s, L, 0, true) + apart);
   }
 }
 
@@ -670,6 +674,118 @@ TEST(Fp8Kept, TheBackwardComputesTheSameBitsFromWhatTheForwardKept) {
       return Grads{dpre.download(), dw2.download()};
     };
     EXPECT_TRUE(same(projection(true), projection(false))) << (m == Mlp::kSwiGlu ? "SwiGLU" : "GELU");
+  }
+}
+
+// A weight cast once for the step (fp8_cast_weight into an fp8::WeightCast) gives the GEMMs the
+// bytes and scales that each call's own cast gives: the forward's output and the backward's input
+// and weight gradients are the same bits, per tensor and per block, with the weight's bf16 then
+// unread (poisoned). The cast of another weight changes them: the check can fail.
+TEST(Fp8WeightCast, TheGemmsReadWhatTheirOwnCastsWouldMake) {
+  using myriad::Gemm;
+  using myriad::Mlp;
+  const int N = 256, IC = 512, OC = 384;
+  std::mt19937_64 gen(seed());
+  Dev<bf16> x(size_t(N) * IC), w(size_t(OC) * IC), other(size_t(OC) * IC), poisoned(size_t(OC) * IC),
+      dy(size_t(N) * OC), y(size_t(N) * OC), dx(size_t(N) * IC);
+  x.upload(to_bf16(with_outliers(x.n, gen, 1.0f))), dy.upload(to_bf16(round_bf16(randn(dy.n, gen, 0.1f))));
+  w.upload(to_bf16(with_outliers(w.n, gen, 0.02f))), other.upload(to_bf16(with_outliers(w.n, gen, 0.02f)));
+  poisoned.poison();
+  Dev<float> dw(size_t(OC) * IC);
+  Dev<uint8_t> bytes(2 * size_t(OC) * IC);
+  struct Out {
+    std::vector<bf16> y, dx;
+    std::vector<float> dw;
+    bool operator==(const Out& o) const {
+      return std::memcmp(y.data(), o.y.data(), y.size() * sizeof(bf16)) == 0 &&
+             std::memcmp(dx.data(), o.dx.data(), dx.size() * sizeof(bf16)) == 0 && dw == o.dw;
+    }
+  };
+  for (const fp8::Scaling sc : {fp8::Scaling::tensor, fp8::Scaling::block}) {
+    SCOPED_TRACE(sc == fp8::Scaling::block ? "block scaling" : "per tensor");
+    myriad::cuda::CudaOps ops;
+    fp8::Recipe r;
+    r.scaling = sc;
+    ops.set_fp8(r, {});
+    Dev<float> scales(fp8::weight_cast_floats(OC, IC, sc, 1));
+    const fp8::WeightCast cast{bytes.p, bytes.p + size_t(OC) * IC, scales.p};
+    auto run = [&](const bf16* weight, const fp8::WeightCast* c) {
+      y.poison(), dx.poison(), dw.zero();
+      ops.linear_forward(y.p, x.p, weight, nullptr, N, IC, OC, Gemm::kFp8, nullptr, c);
+      ops.linear_backward(Mlp::kGelu, dx.p, dw.p, nullptr, dy.p, x.p, weight, nullptr, N, IC, OC,
+                          /*accumulate=*/false, Gemm::kFp8, nullptr, nullptr, nullptr, c);
+      EXPECT_EQ(cudaStreamSynchronize(ops.stream()), cudaSuccess);
+      return Out{y.download(), dx.download(), dw.download()};
+    };
+    const Out each_call = run(w.p, nullptr);
+    ops.fp8_cast_weight(cast, w.p, OC, IC);
+    EXPECT_TRUE(run(poisoned.p, &cast) == each_call) << "the GEMMs from the weight's cast";
+    EXPECT_TRUE(run(poisoned.p, &cast) == each_call) << "read again: the cast is not consumed";
+    ops.fp8_cast_weight(cast, other.p, OC, IC);
+    EXPECT_FALSE(run(poisoned.p, &cast) == each_call) << "another weight's cast";
+  }
+}
+
+// The model under fix_weights() (the engine's train_step holds it) with two micro-batches a step,
+// full recompute and the LM head in FP8 over several row chunks: every weight is cast once a step
+// (model::casts_block_weights_once, casts_head_once), and the step computes the losses and
+// gradients of the same model casting per call, bit for bit, per tensor and per block. A second
+// step after new weights recasts them (no stale cast); a third against another model's new weights
+// shows that the check can fail.
+TEST(Fp8WeightCast, AStepThatCastsEachWeightOnceComputesWhatCastingPerCallComputes) {
+  using Model = myriad::GptModel<myriad::cuda::CudaOps>;
+  for (const char* scaling : {"tensor", "block"}) {
+    SCOPED_TRACE(scaling);
+    std::vector<std::string> sets = engine_cases::with(engine_cases::kLlama, {"model.seq_len=128"});
+    for (const char* kv : {"train.precision=fp8", "train.fp8_lm_head=true", "train.recompute=full",
+                           "train.micro_batch=2", "train.global_batch=4", "train.logits_mib=0.1"})
+      sets.push_back(kv);
+    sets.push_back(std::string("train.fp8_scaling=") + scaling);
+    const myriad::Config cfg = myriad::parse_config("", "weight casts", sets);
+    Model once(cfg), each(cfg);
+    myriad::model::GptMemoryShape ms = myriad::model::memory_shape(cfg.model, 1, 2, cfg.padded_vocab());
+    ms.fp8 = ms.fp8_head = true, ms.recompute = "full", ms.micro_batches = 2;
+    ms.logits_rows = myriad::model::logits_rows(cfg.train.logits_mib, ms.Vl, 2);
+    ASSERT_TRUE(myriad::model::casts_block_weights_once(ms) && myriad::model::casts_head_once(ms));
+    ASSERT_GT(myriad::model::head_chunks(ms), 1);
+    const int B = 2, T = static_cast<int>(cfg.model.seq_len);
+    const int64_t P = once.num_params();
+    auto grads = [&](Model& m) {
+      cudaDeviceSynchronize();
+      std::vector<float> h(P);
+      cudaMemcpy(h.data(), m.grads(), P * 4, cudaMemcpyDeviceToHost);
+      return h;
+    };
+    auto step = [&](Model& m, bool fixed, uint64_t seed) {
+      std::vector<float> losses;
+      auto micro_batches = [&] {
+        for (int mb = 0; mb < 2; ++mb) {
+          const std::vector<int32_t> tokens = engine_cases::batch(cfg, seed + mb);
+          losses.push_back(m.forward_backward(tokens.data(), B, 0.5f));
+        }
+      };
+      m.zero_grads();
+      if (fixed) {
+        const auto guard = m.fix_weights();
+        micro_batches();
+      } else {
+        micro_batches();
+      }
+      return std::pair{losses, grads(m)};
+    };
+    // New weights for both models: this step's gradients, scaled, added to each parameter.
+    auto perturb = [&](Model& m, float by) {
+      std::vector<bf16> p(P);
+      const std::vector<float> g = grads(m);
+      cudaMemcpy(p.data(), m.params(), P * sizeof(bf16), cudaMemcpyDeviceToHost);
+      for (int64_t i = 0; i < P; ++i) p[i] = __float2bfloat16(__bfloat162float(p[i]) - by * g[i]);
+      cudaMemcpy(m.params(), p.data(), P * sizeof(bf16), cudaMemcpyHostToDevice);
+    };
+    EXPECT_TRUE(step(once, true, 11) == step(each, false, 11)) << "step 1";
+    perturb(once, 1.0f), perturb(each, 1.0f);
+    EXPECT_TRUE(step(once, true, 21) == step(each, false, 21)) << "step 2, new weights";
+    perturb(once, 1.0f), perturb(each, 2.0f);
+    EXPECT_FALSE(step(once, true, 31) == step(each, false, 31)) << "other weights";
   }
 }
 

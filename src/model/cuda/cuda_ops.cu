@@ -705,6 +705,23 @@ Matmul::Fp8Tensor fp8_input_t(CudaOps::State& st, Mlp m, const bf16* inp, const 
   return {q, kept->scalars + 32, f};
 }
 
+
+// A linear's weight W (OC, IC) as the forward's operand, or transposed as the input gradient's
+// W^T: from the step's cast when the model gives one (fp8::WeightCast), else cast now into
+// buffer 1 (in 128 x 128 blocks under block scaling).
+Matmul::Fp8Tensor fp8_weight(CudaOps::State& st, const fp8::WeightCast* wc, const bf16* w, int OC, int IC,
+                             bool transposed) {
+  const fp8::Format f = st.fp8.forward;
+  const bool tiles = st.fp8.scaling == fp8::Scaling::block;
+  if (wc && !tiles) return {transposed ? wc->bytes_t : wc->bytes, wc->scales + 32, f};
+  if (wc)
+    return {transposed ? wc->bytes_t : wc->bytes, wc->scales + (transposed ? fp8::weight_cast_t_offset(OC, IC) : 0),
+            f, Matmul::Scales::kBlocks};
+  const int r = transposed ? -1 : 1, t = transposed ? 1 : -1;
+  const Fp8Operand q = tiles ? fp8_cast_tiles(st, r, t, w, OC, IC, f, true) : fp8_cast(st, r, t, w, OC, IC, f);
+  return transposed ? q.cols : q.rows;
+}
+
 }  // namespace
 
 void CudaOps::set_fp8(const fp8::Recipe& r, fp8::AmaxGroup group) const {
@@ -718,6 +735,17 @@ void CudaOps::set_fp8(const fp8::Recipe& r, fp8::AmaxGroup group) const {
   st_->amaxes = std::move(group);
 }
 
+void CudaOps::fp8_cast_weight(const fp8::WeightCast& c, const Param* w, int OC, int IC) const {
+  const fp8::Format f = st_->fp8.forward;
+  if (st_->fp8.scaling == fp8::Scaling::block) {
+    OpScope op(*st_, "fp8_cast_tiles_both", OC, IC);
+    cuda::cast_fp8_tiles(c.bytes, c.scales, c.bytes_t, c.scales + fp8::weight_cast_t_offset(OC, IC), w, OC, IC,
+                         /*blocks=*/true, f, st_->stream);
+    return;
+  }
+  fp8_cast_into(*st_, c.bytes, c.bytes_t, c.scales, w, OC, IC, f, Known::kNothing);
+}
+
 std::string CudaOps::fp8_refusal(const fp8::Recipe& r) const {
   int d = 0;
   cudaDeviceProp p{};
@@ -727,7 +755,7 @@ std::string CudaOps::fp8_refusal(const fp8::Recipe& r) const {
 }
 
 void CudaOps::linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC,
-                             Gemm g, const fp8::Kept* keep) const {
+                             Gemm g, const fp8::Kept* keep, const fp8::WeightCast* wcast) const {
   if (g == Gemm::kFp8) {
     // With `keep` the input's scalars go there (its amax there already when its producer wrote
     // it), and its transposed cast too when it has bytes. Block scaling keeps nothing: its
@@ -739,8 +767,7 @@ void CudaOps::linear_forward(Act* out, const Act* inp, const Param* w, const Par
         : keep ? fp8_cast_into(*st_, fp8_buffer(*st_, 0, size_t(N) * IC), keep->bytes, keep->scalars, inp, N, IC, f,
                                keep->producer_amax ? Known::kAmax : Known::kNothing).rows
                : fp8_cast(*st_, 0, -1, inp, N, IC, f).rows;
-    const Matmul::Fp8Tensor wq =
-        tiles ? fp8_cast_tiles(*st_, 1, -1, w, OC, IC, f, true).rows : fp8_cast(*st_, 1, -1, w, OC, IC, f).rows;
+    const Matmul::Fp8Tensor wq = fp8_weight(*st_, wcast, w, OC, IC, /*transposed=*/false);
     OpScope op(*st_, "linear_forward_fp8", N, IC, OC);
     st_->mm.forward_fp8(out, x, wq, b, N, IC, OC, st_->fp8.fast_accum, st_->stream);
     return;
@@ -750,13 +777,14 @@ void CudaOps::linear_forward(Act* out, const Act* inp, const Param* w, const Par
 }
 
 void CudaOps::linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N,
-                                 int IC, int F, Gemm g, const fp8::Kept* keep, const fp8::Kept* out_keep) const {
+                                 int IC, int F, Gemm g, const fp8::Kept* keep, const fp8::Kept* out_keep,
+                                 const fp8::WeightCast* wcast) const {
   if (m == Mlp::kGelu && g == Gemm::kBf16) {
     OpScope op(*st_, "linear_gelu_forward", N, IC, F);
     st_->mm.forward_gelu(out, pre, inp, w, b, N, IC, F, st_->stream);
     return;
   }
-  linear_forward(pre, inp, w, b, N, IC, F * pre_width(m), g, keep);
+  linear_forward(pre, inp, w, b, N, IC, F * pre_width(m), g, keep, wcast);
   // In FP8 the activation measures its output's amax for the next linear's cast, if it asks.
   float* const amax = g == Gemm::kFp8 ? producer_amax(*st_, out_keep) : nullptr;
   if (m == Mlp::kGelu) {
@@ -770,7 +798,8 @@ void CudaOps::linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, cons
 
 void CudaOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp,
                               const Param* w, const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g,
-                              const fp8::Kept* kept, const fp8::Kept* dinp_amax, const fp8::Kept* dout_amax) const {
+                              const fp8::Kept* kept, const fp8::Kept* dinp_amax, const fp8::Kept* dout_amax,
+                              const fp8::WeightCast* wcast) const {
   MYRIAD_CHECK(!(pre && accumulate), "linear_backward: a gradient through the activation is written, not added");
   // FP8 with what the forward kept: x^T itself, or its scale, at which an activation recomputed
   // from pre goes straight into its transposed cast (never written in bf16).
@@ -793,8 +822,7 @@ void CudaOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act*
   if (g == Gemm::kFp8) {
     const Fp8Operand dy = fp8_output_gradient(*st_, dout, N, OC, dout_amax);
     dy_t = dy.cols;
-    const Matmul::Fp8Tensor wt = tiles ? fp8_cast_tiles(*st_, -1, 1, w, OC, IC, st_->fp8.forward, true).cols
-                                       : fp8_cast(*st_, -1, 1, w, OC, IC, st_->fp8.forward).cols;
+    const Matmul::Fp8Tensor wt = fp8_weight(*st_, wcast, w, OC, IC, /*transposed=*/true);
     OpScope op(*st_, "linear_backward_input_fp8", N, IC, OC);
     st_->mm.backward_input_fp8(dx, dy.rows, wt, N, IC, OC, accumulate, st_->stream);
   } else if (dgelu) {

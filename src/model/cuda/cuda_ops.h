@@ -145,17 +145,20 @@ class CudaOps {
   // the backward (ops/fp8.h Kept). Under the recipe's block scaling each operand is cast in its
   // tiles instead (weights in 128 x 128 blocks, the others in 1 x 128 tiles along K), and keeps
   // are not used: no cast of the backward's is the forward's.
+  // `wcast` (Gemm::kFp8): the weight's cast for the step (fp8_cast_weight), read instead of casting
+  // w (w is then not read).
   void linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC,
-                      Gemm g = Gemm::kBf16, const fp8::Kept* keep = nullptr) const;
+                      Gemm g = Gemm::kBf16, const fp8::Kept* keep = nullptr,
+                      const fp8::WeightCast* wcast = nullptr) const;
   // GELU fused into the GEMM's epilogue (in bf16; after an FP8 GEMM a kernel of its own); SwiGLU
   // a kernel after the GEMM (its pairs span columns).
   // out_keep (Gemm::kFp8): the output's keep for the next linear; with producer_amax the
   // activation writes out's amax there as it writes out.
   void linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N, int IC,
                           int F, Gemm g = Gemm::kBf16, const fp8::Kept* keep = nullptr,
-                          const fp8::Kept* out_keep = nullptr) const;
-  // As CpuOps::linear_backward. In FP8 dout is cast once (e5m2) into both layouts, W^T and inp^T
-  // (e4m3) each once; GELU's backward is then a kernel of its own (in bf16, the GEMM's epilogue).
+                          const fp8::Kept* out_keep = nullptr, const fp8::WeightCast* wcast = nullptr) const;
+  // As CpuOps::linear_backward. In FP8 dout is cast once (e5m2) into both layouts, W^T (or `wcast`'s)
+  // and inp^T (e4m3) each once; GELU's backward is then a kernel of its own (in bf16, the GEMM's epilogue).
   // `kept`, the forward's keep: inp^T is its bytes (inp is then not read, nor recomputed), or is
   // cast at its scale without an amax pass, a recomputed activation straight from pre.
   // dinp_amax (with pre): where the activation's backward writes dinp's amax as it writes dinp;
@@ -164,7 +167,10 @@ class CudaOps {
   void linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
                        const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g = Gemm::kBf16,
                        const fp8::Kept* kept = nullptr, const fp8::Kept* dinp_amax = nullptr,
-                       const fp8::Kept* dout_amax = nullptr) const;
+                       const fp8::Kept* dout_amax = nullptr, const fp8::WeightCast* wcast = nullptr) const;
+  // W (OC, IC) into its cast for the step, both layouts in one pass at one scale (per tensor: its
+  // amax over set_fp8's group; per block: 128 x 128 blocks), in the recipe's forward format.
+  void fp8_cast_weight(const fp8::WeightCast& c, const Param* w, int OC, int IC) const;
   // Why this GPU cannot compute Gemm::kFp8 in recipe r ("" when it can: fp8::gpu_refusal of its
   // capability).
   std::string fp8_refusal(const fp8::Recipe& r) const;

@@ -92,13 +92,14 @@ void CpuOps::norm_backward(Norm n, Act* dinp, float* dw, float* db, const Act* d
     cpu::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
 }
 void CpuOps::linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC,
-                            Gemm g, const fp8::Kept* keep) const {
-  MYRIAD_CHECK(g == Gemm::kBf16 && !keep, "the CPU op set computes its linears in fp32");
+                            Gemm g, const fp8::Kept* keep, const fp8::WeightCast* wcast) const {
+  MYRIAD_CHECK(g == Gemm::kBf16 && !keep && !wcast, "the CPU op set computes its linears in fp32");
   cpu::linear_forward(out, inp, w, b, N, IC, OC);
 }
 void CpuOps::linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N,
-                                int IC, int F, Gemm g, const fp8::Kept* keep, const fp8::Kept* out_keep) const {
-  MYRIAD_CHECK(g == Gemm::kBf16 && !keep && !out_keep, "the CPU op set computes its linears in fp32");
+                                int IC, int F, Gemm g, const fp8::Kept* keep, const fp8::Kept* out_keep,
+                                const fp8::WeightCast* wcast) const {
+  MYRIAD_CHECK(g == Gemm::kBf16 && !keep && !out_keep && !wcast, "the CPU op set computes its linears in fp32");
   cpu::linear_forward(pre, inp, w, b, N, IC, F * pre_width(m));
   if (m == Mlp::kSwiGlu)
     cpu::swiglu_forward(out, pre, N, F);
@@ -107,8 +108,9 @@ void CpuOps::linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const
 }
 void CpuOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
                              const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g,
-                             const fp8::Kept* kept, const fp8::Kept* dinp_amax, const fp8::Kept* dout_amax) const {
-  MYRIAD_CHECK(g == Gemm::kBf16 && !kept && !dinp_amax && !dout_amax, "the CPU op set computes its linears in fp32");
+                             const fp8::Kept* kept, const fp8::Kept* dinp_amax, const fp8::Kept* dout_amax,
+                             const fp8::WeightCast* wcast) const {
+  MYRIAD_CHECK(g == Gemm::kBf16 && !kept && !dinp_amax && !dout_amax && !wcast, "the CPU op set computes its linears in fp32");
   MYRIAD_CHECK(!(pre && accumulate), "linear_backward: a gradient through the activation is written, not added");
   // The input gradient into dinp, or into a scratch of the activation's output gradient (N,F).
   const int64_t n = int64_t(N) * IC;

@@ -108,14 +108,16 @@ class CpuOps {
                      const float* mean, const float* rstd, int N, int C) const;
   // The linears take the GEMMs' arithmetic (ops/kinds.h): the CPU computes in fp32, kBf16 only
   // (train.precision = "fp8" is refused before a CPU model is built: fp8_refusal), so the FP8
-  // casts a forward keeps for its backward (fp8::Kept, CudaOps's) are never given here.
+  // casts a forward keeps for its backward (fp8::Kept, CudaOps's) and the weights' casts
+  // (fp8::WeightCast) are never given here.
   void linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC,
-                      Gemm g = Gemm::kBf16, const fp8::Kept* keep = nullptr) const;
+                      Gemm g = Gemm::kBf16, const fp8::Kept* keep = nullptr,
+                      const fp8::WeightCast* wcast = nullptr) const;
   // The MLP's first GEMM and its activation: pre (N, F x pre_width(m)) = inp @ w^T + b (kept for
   // backward), out (N,F) = gelu(pre) or SwiGLU of pre's (gate, up) pairs.
   void linear_act_forward(Mlp m, Act* out, Act* pre, const Act* inp, const Param* w, const Param* b, int N, int IC,
                           int F, Gemm g = Gemm::kBf16, const fp8::Kept* keep = nullptr,
-                          const fp8::Kept* out_keep = nullptr) const;
+                          const fp8::Kept* out_keep = nullptr, const fp8::WeightCast* wcast = nullptr) const;
   // A linear's whole backward, both GEMMs from one dout (so that an FP8 GEMM casts it once):
   // dw (OC,IC) += dout^T @ inp; db (OC) += column sums of dout (db may be null); and the input
   // gradient dout (N,OC) @ w (OC,IC) into dinp (N,IC) (+= when `accumulate`) or, when `pre` is
@@ -128,7 +130,8 @@ class CpuOps {
   void linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* dout, const Act* inp, const Param* w,
                        const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g = Gemm::kBf16,
                        const fp8::Kept* kept = nullptr, const fp8::Kept* dinp_amax = nullptr,
-                       const fp8::Kept* dout_amax = nullptr) const;
+                       const fp8::Kept* dout_amax = nullptr, const fp8::WeightCast* wcast = nullptr) const;
+  void fp8_cast_weight(const fp8::WeightCast&, const Param*, int, int) const {}  // never called (fp8_refusal)
   // Why this op set cannot compute Gemm::kFp8 ("" when it can).
   std::string fp8_refusal(const fp8::Recipe&) const {
     return "train.precision = \"fp8\": the CPU engine computes in fp32 (FP8 needs a Hopper GPU); use train.precision = \"bf16\"";

@@ -73,4 +73,55 @@ TEST(MemoryPlan, BlockScalingCountsItsTilesAndKeepsNoCast) {
   EXPECT_EQ(model::fp8_cast_bytes(block) - model::fp8_cast_bytes(tensor), 4 * (384 + 176 + 352));
 }
 
+// FP8 casts a step's weights once (fp8::WeightCast) where the step would cast each more than
+// twice: with several micro-batches, or full recompute's second forward; the LM head also when its
+// rows run in several chunks. The casts then hold each weight's W and W^T and its scales, and the
+// cast buffers no longer grow to a weight that a call would cast.
+TEST(MemoryPlan, TheWeightsAreCastOnceWhereAStepWouldCastThemMoreThanTwice) {
+  const Config cfg = llama();
+  auto shape = [&](int64_t micro_batches, const char* recompute, bool head, double logits_mib, bool block = false) {
+    model::GptMemoryShape s = model::memory_shape(cfg.model, 1, 2, 1024);  // a head of 1024 rows: the largest weight
+    s.act_bytes = 2, s.saved_per_row = 1, s.fp8 = true, s.fp8_head = head, s.fp8_block = block;
+    s.recompute = recompute, s.micro_batches = micro_batches;
+    s.logits_rows = model::logits_rows(logits_mib, s.Vl, 2);
+    return s;
+  };
+  EXPECT_FALSE(fp8::cast_weights_once(2));
+  EXPECT_TRUE(fp8::cast_weights_once(3));
+  const model::GptMemoryShape one = shape(1, "none", true, 64), two = shape(2, "none", true, 64),
+                              full = shape(1, "full", false, 64), chunks = shape(1, "none", true, 0.01);
+  EXPECT_EQ(model::head_chunks(one), 1);
+  EXPECT_GT(model::head_chunks(chunks), 1);
+  EXPECT_FALSE(model::casts_block_weights_once(one) || model::casts_head_once(one));
+  EXPECT_TRUE(model::casts_block_weights_once(two) && model::casts_head_once(two));
+  EXPECT_TRUE(model::casts_block_weights_once(full));
+  EXPECT_FALSE(model::casts_block_weights_once(chunks));
+  EXPECT_TRUE(model::casts_head_once(chunks));
+  model::GptMemoryShape bf16 = two;
+  bf16.fp8 = bf16.fp8_head = false;
+  EXPECT_FALSE(model::casts_block_weights_once(bf16) || model::casts_head_once(bf16));
+  EXPECT_EQ(model::weight_cast_bytes(one, 4, 0, true), 0);
+  EXPECT_EQ(model::weight_cast_bytes(bf16, 4, 0, true), 0);
+  // Per tensor: a layer's four weights and the head, each twice in bytes (W and W^T) and one
+  // cast's scalars. Q 64 + 2 x 2 kv heads of 16 = 128 wide; C 64; SwiGLU's 352; V 1024. No
+  // head's bytes without the head, no layer's on a rank without layers.
+  const int64_t C = 64, Q = 128, P = 352, F = 176, V = 1024, k = 4 * fp8::kept_floats(1);
+  const int64_t layer = 2 * (Q * C + C * C + P * C + C * F) + 4 * k, head = 2 * V * C + k;
+  EXPECT_EQ(two.Ql, Q);
+  EXPECT_EQ(model::weight_cast_bytes(two, 4, 0, true), 4 * layer + head);
+  EXPECT_EQ(model::weight_cast_bytes(two, 4, 0, false), 4 * layer);
+  EXPECT_EQ(model::weight_cast_bytes(two, 0, 0, true), head);
+  EXPECT_EQ(model::weight_cast_bytes(chunks, 4, 0, true), head);
+  // Buffer 1 held the largest weight a call cast, the head's V x C; with the weights cast once it
+  // holds at most x^T, the MLP's 176 features by 128 tokens.
+  EXPECT_EQ(model::fp8_cast_bytes(one) - model::fp8_cast_bytes(two), V * C - 128 * F);
+  // Block scaling: each weight's blocks' scales for both layouts, each from a 64-byte boundary:
+  // here 16 floats each (fc's 3 x 1 blocks, padded to 4 a row, then to 16), in place of the
+  // scalars.
+  const model::GptMemoryShape blocks = shape(2, "none", false, 64, true);
+  EXPECT_EQ(fp8::weight_cast_t_offset(P, C), 16);
+  EXPECT_EQ(model::weight_cast_bytes(blocks, 1, 0, false) - model::weight_cast_bytes(two, 1, 0, false),
+            4 * (4 * 2 * 16) - 4 * k);
+}
+
 }  // namespace
