@@ -419,6 +419,16 @@ TEST(Fp8Tiles, ProductsOfTheTiledOperands) {
 // And two fp8 runs alike bit for bit.
 class Fp8Engine : public ::testing::TestWithParam<engine_cases::Case> {};
 
+// The amax a producer wrote (device float `produced`) against cuda::amax's of what it wrote
+// (`measured`): equal, and positive.
+void expect_the_amax_it_wrote(const float* produced, const float* measured, const char* what) {
+  float p = 0, m = 0;
+  EXPECT_EQ(cudaMemcpy(&p, produced, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(&m, measured, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_GT(p, 0.0f) << what;
+  EXPECT_EQ(p, m) << what << ": the amax written against cuda::amax of what was written";
+}
+
 double cosine(const float* a, const float* b, int64_t n) {
   double ab = 0, aa = 0, bb = 0;
   for (int64_t i = 0; i < n; ++i) ab += double(a[i]) * b[i], aa += double(a[i]) * a[i], bb += double(b[i]) * b[i];
@@ -827,11 +837,7 @@ TEST(Fp8Kept, TheNormsMeasureTheAmaxesTheyWrite) {
         }
         myriad::cuda::amax(measured.p, out.p, int64_t(out.n), ops.stream());
         EXPECT_EQ(cudaStreamSynchronize(ops.stream()), cudaSuccess);
-        float produced = 0, afterwards = 0;
-        EXPECT_EQ(cudaMemcpy(&produced, scalars.p, 4, cudaMemcpyDeviceToHost), cudaSuccess);
-        EXPECT_EQ(cudaMemcpy(&afterwards, measured.p, 4, cudaMemcpyDeviceToHost), cudaSuccess);
-        EXPECT_GT(produced, 0.0f);
-        EXPECT_EQ(produced, afterwards) << "the norm's amax against cuda::amax of what it wrote";
+        expect_the_amax_it_wrote(scalars.p, measured.p, "the norm");
         EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * sizeof(bf16)), 0);
       }
   }
@@ -886,11 +892,7 @@ TEST(Fp8Kept, TheActivationMeasuresTheAmaxesItWrites) {
       ys[produced] = y.download();
     }
     {
-      float produced = 0, afterwards = 0;
-      EXPECT_EQ(cudaMemcpy(&produced, scalars.p, 4, cudaMemcpyDeviceToHost), cudaSuccess);
-      EXPECT_EQ(cudaMemcpy(&afterwards, measured.p, 4, cudaMemcpyDeviceToHost), cudaSuccess);
-      EXPECT_GT(produced, 0.0f);
-      EXPECT_EQ(produced, afterwards) << "the activation's forward's amax against cuda::amax of what it wrote";
+      expect_the_amax_it_wrote(scalars.p, measured.p, "the activation's forward");
       EXPECT_EQ(std::memcmp(ys[0].data(), ys[1].data(), ys[0].size() * sizeof(bf16)), 0);
     }
     auto backward = [&](bool handed) {
@@ -906,11 +908,7 @@ TEST(Fp8Kept, TheActivationMeasuresTheAmaxesItWrites) {
     };
     const auto [dx0, dw0, dpre0] = backward(false);
     const auto [dx1, dw1h, dpre1] = backward(true);
-    float produced = 0, afterwards = 0;
-    EXPECT_EQ(cudaMemcpy(&produced, scalars.p, 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(&afterwards, measured.p, 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    EXPECT_GT(produced, 0.0f);
-    EXPECT_EQ(produced, afterwards) << "the activation's backward's amax against cuda::amax of what it wrote";
+    expect_the_amax_it_wrote(scalars.p, measured.p, "the activation's backward");
     EXPECT_EQ(std::memcmp(dpre0.data(), dpre1.data(), dpre0.size() * sizeof(bf16)), 0);
     EXPECT_EQ(std::memcmp(dx0.data(), dx1.data(), dx0.size() * sizeof(bf16)), 0);
     EXPECT_EQ(dw0, dw1h);
