@@ -94,6 +94,10 @@ class Communicator {
   int size() const { return size_; }
   const std::string& name() const { return name_; }  // e.g. "world", "tp0", "dp1"
   virtual const char* backend() const = 0;           // "gloo", "nccl"
+  // Whether an operation's result is there for later work on its stream without wait(): NCCL's
+  // run on that stream, so wait() there only watches for a failure or the timeout; Gloo's run on
+  // the communicator's own thread, device buffers staged by the host.
+  virtual bool stream_ordered() const = 0;
   double timeout_s() const { return options_.timeout_s; }
   // The training step, named in errors and records of the operations issued from now on.
   void set_step(int64_t step) { step_.store(step); }

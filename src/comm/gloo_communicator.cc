@@ -257,6 +257,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   const char* backend() const override { return "gloo"; }
+  bool stream_ordered() const override { return false; }
 
   WorkPtr all_reduce(float* data, int64_t count, Stream stream) override {
     check_count(count);

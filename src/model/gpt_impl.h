@@ -127,9 +127,15 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
     // cuBLASLt's FP8 GEMMs take dimensions of multiples of 16: the layout checked the shapes
     // (core/parallel_layout.h); the device is the op set's to judge (above).
     // Each rank's amax meets the group's before a cast, so a shard is scaled as the whole tensor.
+    // On a stream-ordered communicator (NCCL) the scale kernel that reads the gather follows it on
+    // the stream, and the host goes on without waiting; a failure or a hang surfaces at the
+    // layer's next tensor-parallel collective, which the host waits for.
     fp8::AmaxGroup group;
     if (tp_)
-      group = {tps_, [tp = tp_, s = stream()](const float* local, float* all) { tp->all_gather(local, all, 1, s)->wait(); }};
+      group = {tps_, [tp = tp_, s = stream()](const float* local, float* all) {
+                 comm::WorkPtr w = tp->all_gather(local, all, 1, s);
+                 if (!tp->stream_ordered()) w->wait();
+               }};
     ops_.set_fp8(fp8::recipe_of(cfg.train), std::move(group));
   }
   if (rope_) {

@@ -47,6 +47,16 @@ TEST(NcclOneRank, CollectivesOnDeviceMemory) {
   ASSERT_EQ(rec.size(), 5u);
   for (const comm::OpRecord& r : rec) EXPECT_EQ(r.state, comm::OpState::kDone) << comm::op_name(r.op);
   EXPECT_EQ(rec[0].step, 3);
+  // Stream-ordered: the result is there for the stream's next work without a wait (the FP8 amax
+  // gather leaves the host running on it).
+  EXPECT_TRUE(world.stream_ordered());
+  std::fill(got.begin(), got.end(), 0.0f);
+  cudaMemsetAsync(b, 0, n * 4, s);
+  comm::WorkPtr gathered = world.all_gather(a, b, n, s);
+  cudaMemcpyAsync(got.data(), b, n * 4, cudaMemcpyDeviceToHost, s);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_EQ(got, h);
+  gathered->wait();
   // Host memory (the step's loss, norms and maxima) is staged through device copies: each
   // operation returns with its result in place.
   std::vector<float> ha = h, hb(n);

@@ -208,6 +208,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   const char* backend() const override { return "nccl"; }
+  bool stream_ordered() const override { return true; }
 
   // Host buffers are staged through device copies (HostStaged); device buffers go as they are.
   WorkPtr all_reduce(float* data, int64_t count, Stream stream) override {

@@ -225,6 +225,7 @@ TEST_F(GlooTest, OperationsRunInIssueOrderAsynchronously) {
     for (auto& w : works) w->wait();
     for (auto& b : bufs) EXPECT_EQ(b[999], 0.f + 1.f + 2.f);
     EXPECT_TRUE(works.back()->done());
+    EXPECT_FALSE(c.stream_ordered()) << "Gloo's results are there once waited for, not by a stream's order";
   });
 }
 
