@@ -376,9 +376,10 @@ class GptModel {
   // A LayerActs' kept cast as the linears take it: null when the block's GEMMs are not FP8.
   static const fp8::Kept* kept(const fp8::Kept& k) { return k.scalars ? &k : nullptr; }
   // Layer l's weight i (model::fp8_layer_weights' order: 0 QKV, 1 the attention's projection,
-  // 2 and 3 the MLP's or the shared experts') as its GEMMs take it: its cast for the step, made
-  // at the layer's first call of the step, or null (cast per call): weights not fixed, or not
-  // cast once, or the GEMMs not FP8.
+  // 2 and 3 the MLP's or the shared experts') as its GEMMs take it, where the model holds its
+  // casts: made at the layer's first call of the step (weights fixed), else for this call alone
+  // (an evaluation's forward: so the op set's cast buffers never take a weight the plan leaves
+  // out of them). Null (the op set casts per call) without held casts or FP8 GEMMs.
   const fp8::WeightCast* weight_cast(int64_t l, int i);
   // The LM head's weight cast for a head_forward's row chunks (null as above): made once for the
   // step, or, the weights not fixed, once for this call.

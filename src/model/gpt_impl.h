@@ -428,14 +428,19 @@ void GptModel<Ops>::carve_weight_casts() {
 
 template <OpSet Ops>
 const fp8::WeightCast* GptModel<Ops>::weight_cast(int64_t l, int i) {
-  if (!weights_fixed_ || block_gemm() != Gemm::kFp8 || casts_.empty() || casts_[l].w.empty()) return nullptr;
+  if (block_gemm() != Gemm::kFp8 || casts_.empty() || casts_[l].w.empty()) return nullptr;
   LayerCasts& c = casts_[l];
-  if (c.epoch != weights_epoch_) {  // the layer's first GEMM of the step: all its weights at once
-    const LayerTensors<Param>& w = p_.layers[l];
-    const bool moe = cfg_.model.layer_is_moe(l);
-    const Param* ws[] = {w.qkv_w, w.proj_w, moe ? w.shared_fc_w : w.fc_w, moe ? w.shared_proj_w : w.fcproj_w};
-    for (size_t j = 0; j < c.w.size(); ++j)
-      ops_.fp8_cast_weight(c.w[j], ws[j], static_cast<int>(c.shape[j].first), static_cast<int>(c.shape[j].second));
+  const LayerTensors<Param>& w = p_.layers[l];
+  const bool moe = cfg_.model.layer_is_moe(l);
+  const Param* ws[] = {w.qkv_w, w.proj_w, moe ? w.shared_fc_w : w.fc_w, moe ? w.shared_proj_w : w.fcproj_w};
+  auto cast = [&](size_t j) {
+    ops_.fp8_cast_weight(c.w[j], ws[j], static_cast<int>(c.shape[j].first), static_cast<int>(c.shape[j].second));
+  };
+  if (!weights_fixed_) {  // the weights may change before the next call: cast this one now, into its cast
+    cast(static_cast<size_t>(i));
+    c.epoch = -1;
+  } else if (c.epoch != weights_epoch_) {  // the layer's first GEMM of the step: all its weights at once
+    for (size_t j = 0; j < c.w.size(); ++j) cast(j);
     c.epoch = weights_epoch_;
   }
   return &c.w[i];

@@ -171,7 +171,7 @@ inline std::vector<std::pair<int64_t, int64_t>> fp8_layer_weights(const GptMemor
 inline int64_t head_chunks(const GptMemoryShape& s) { return (s.B * s.T + s.head_rows() - 1) / s.head_rows(); }
 // Whether the step casts the block's FP8 weights once each (fp8::cast_weights_once): per call it
 // would cast each in a forward and a backward per micro-batch, and in full recompute's second
-// forward.
+// forward. (Selective recompute casts fc's weight a third time, the others not: left per call.)
 inline int64_t block_weight_casts(int64_t micro_batches, const std::string& recompute) {
   return micro_batches * (recompute == "full" ? 3 : 2);
 }
@@ -198,7 +198,8 @@ inline int64_t fp8_cast_bytes(const GptMemoryShape& s) {
   const auto tiles = [](int64_t M, int64_t K) { return fp8::tile_scales(M, K, false); };
   int64_t t0 = tiles(N, std::max(in, out)), t1 = tiles(in, N), t2 = tiles(out, N);
   // The weights (OC, IC) cast per call, into buffer 1: the block's linears' and with fp8_head the
-  // head's, unless the step casts them once (weight_cast_bytes).
+  // head's, unless the model holds their casts (weight_cast_bytes), which then take every cast of
+  // them, a forward's outside a step too (GptModel::weight_cast).
   std::vector<std::pair<int64_t, int64_t>> weights;
   if (!casts_block_weights_once(s)) weights = fp8_layer_weights(s, false);
   if (s.fp8_head) {

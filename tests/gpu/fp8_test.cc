@@ -481,7 +481,8 @@ TEST(Fp8Engine, TheLmHeadInFp8FollowsBf16AndRepeatsBitwise) {
 // step, exactly, besides what the plan's slot and buffers hold apart in fp8 (the norms' outputs
 // kept as casts, the kept casts' scalars: the engine checks those as it carves them); with the
 // LM head in FP8 too, the head's operands counted. Two micro-batches a step: the weights' casts
-// for the step (model::weight_cast_bytes) counted too.
+// for the step (model::weight_cast_bytes) counted too, and an evaluation's forward after the step
+// casts into them as well (the cast buffers never take a weight).
 TEST(Fp8Memory, TheCastBuffersAreHeldAsPlanned) {
   using namespace engine_cases;
   for (const auto& [head, block] : {std::pair{false, false}, {true, false}, {false, true}, {true, true}}) {
@@ -495,6 +496,7 @@ TEST(Fp8Memory, TheCastBuffersAreHeldAsPlanned) {
       auto e = myriad::make_engine(cfg);
       const std::vector<int32_t> tokens = batch(cfg, 3);
       e->train_step(tokens.data(), 1, 1e-3);
+      e->loss(tokens.data(), static_cast<int>(cfg.train.micro_batch));  // an evaluation's forward, outside a step
       return myriad::cuda::CudaOps::held_bytes();
     };
     const int64_t bf16 = held_after_a_step(bcfg), fp8 = held_after_a_step(fcfg);
@@ -739,9 +741,10 @@ TEST(Fp8WeightCast, TheGemmsReadWhatTheirOwnCastsWouldMake) {
 // The model under fix_weights() (the engine's train_step holds it) with two micro-batches a step,
 // full recompute and the LM head in FP8 over several row chunks: every weight is cast once a step
 // (model::casts_block_weights_once, casts_head_once), and the step computes the losses and
-// gradients of the same model casting per call, bit for bit, per tensor and per block. A second
-// step after new weights recasts them (no stale cast); a third against another model's new weights
-// shows that the check can fail.
+// gradients of the same model without fix_weights(), whose block linears cast per call (its head
+// once per call), bit for bit, per tensor and per block. A second step after new weights must
+// recast them: a stale cast would differ. A third, the two models given different weights, shows
+// that the comparison is not vacuous.
 TEST(Fp8WeightCast, AStepThatCastsEachWeightOnceComputesWhatCastingPerCallComputes) {
   using Model = myriad::GptModel<myriad::cuda::CudaOps>;
   for (const char* scaling : {"tensor", "block"}) {

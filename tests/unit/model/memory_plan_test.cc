@@ -76,7 +76,7 @@ TEST(MemoryPlan, BlockScalingCountsItsTilesAndKeepsNoCast) {
 // FP8 casts a step's weights once (fp8::WeightCast) where the step would cast each more than
 // twice: with several micro-batches, or full recompute's second forward; the LM head also when its
 // rows run in several chunks. The casts then hold each weight's W and W^T and its scales, and the
-// cast buffers no longer grow to a weight that a call would cast.
+// cast buffers no longer grow to a weight.
 TEST(MemoryPlan, TheWeightsAreCastOnceWhereAStepWouldCastThemMoreThanTwice) {
   const Config cfg = llama();
   auto shape = [&](int64_t micro_batches, const char* recompute, bool head, double logits_mib, bool block = false) {
@@ -112,8 +112,8 @@ TEST(MemoryPlan, TheWeightsAreCastOnceWhereAStepWouldCastThemMoreThanTwice) {
   EXPECT_EQ(model::weight_cast_bytes(two, 4, 0, false), 4 * layer);
   EXPECT_EQ(model::weight_cast_bytes(two, 0, 0, true), head);
   EXPECT_EQ(model::weight_cast_bytes(chunks, 4, 0, true), head);
-  // Buffer 1 held the largest weight a call cast, the head's V x C; with the weights cast once it
-  // holds at most x^T, the MLP's 176 features by 128 tokens.
+  // Buffer 1 held the largest weight a call cast, the head's V x C; with the weights cast into
+  // their own casts it holds at most x^T, the MLP's 176 features by 128 tokens.
   EXPECT_EQ(model::fp8_cast_bytes(one) - model::fp8_cast_bytes(two), V * C - 128 * F);
   // Block scaling: each weight's blocks' scales for both layouts, each from a 64-byte boundary:
   // here 16 floats each (fc's 3 x 1 blocks, padded to 4 a row, then to 16), in place of the
