@@ -38,8 +38,11 @@ struct Dev {
     return h;
   }
   // Fills with a NaN pattern (0xFF bytes), so that any element a kernel fails to write shows.
-  void poison() { cudaMemset(p, 0xFF, n * sizeof(T)); }
-  void zero() { cudaMemset(p, 0, n * sizeof(T)); }
+  // Both fills finish before they return: cudaMemset runs on the legacy default stream, which the
+  // op sets' non-blocking streams do not wait for, so an unfinished fill could land after a kernel
+  // queued next (a norm's amax, poisoned after the kernel wrote it, read NaN on an H100).
+  void poison() { cudaMemset(p, 0xFF, n * sizeof(T)), cudaDeviceSynchronize(); }
+  void zero() { cudaMemset(p, 0, n * sizeof(T)), cudaDeviceSynchronize(); }
 };
 
 inline std::vector<bf16> to_bf16(const std::vector<float>& x) {
