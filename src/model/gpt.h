@@ -386,6 +386,8 @@ class GptModel {
   const fp8::WeightCast* head_cast();
   // Lays out the weights' casts (model::weight_cast_bytes) of the layers held here and the head.
   void carve_weight_casts();
+  // Where FP8's amaxes meet under tensor parallelism (fp8::AmaxGroup): the tp group's all-gather.
+  fp8::AmaxGroup amax_group() const;
   // Runs a region of parallel/mappings.h (fp32 buffers) on activations: `in` (n_in elements)
   // and `out` (n_out) themselves when Act is float, else fp32 copies of them in wide_ (out
   // narrowed back after), laid out alike when one lies inside the other. region(in, out).

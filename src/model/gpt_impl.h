@@ -126,17 +126,7 @@ GptModel<Ops>::GptModel(const Config& cfg, const parallel::ParallelContext* par,
     if (const std::string why = ops_.fp8_refusal(fp8::recipe_of(cfg.train)); !why.empty()) throw_input("config: ", why);
     // cuBLASLt's FP8 GEMMs take dimensions of multiples of 16: the layout checked the shapes
     // (core/parallel_layout.h); the device is the op set's to judge (above).
-    // Each rank's amax meets the group's before a cast, so a shard is scaled as the whole tensor.
-    // On a stream-ordered communicator (NCCL) the scale kernel that reads the gather follows it on
-    // the stream, and the host goes on without waiting; a failure or a hang surfaces at the
-    // layer's next tensor-parallel collective, which the host waits for.
-    fp8::AmaxGroup group;
-    if (tp_)
-      group = {tps_, [tp = tp_, s = stream()](const float* local, float* all) {
-                 comm::WorkPtr w = tp->all_gather(local, all, 1, s);
-                 if (!tp->stream_ordered()) w->wait();
-               }};
-    ops_.set_fp8(fp8::recipe_of(cfg.train), std::move(group));
+    ops_.set_fp8(fp8::recipe_of(cfg.train), amax_group());
   }
   if (rope_) {
     const ModelConfig& m = cfg.model;
@@ -390,6 +380,19 @@ typename GptModel<Ops>::template Tensors<T> GptModel<Ops>::tensors_in(T* base) c
 template <OpSet Ops>
 void GptModel<Ops>::zero_grads() { ops_.zero(grads_.data(), grads_.size()); }
 
+// Each rank's amax meets the group's before a cast, so a shard is scaled as the whole tensor. On a
+// stream-ordered communicator (NCCL) the scale kernel that reads the gather follows it on the
+// stream, and the host goes on without waiting; a failure or a hang surfaces at the layer's next
+// tensor-parallel collective, which the host waits for.
+template <OpSet Ops>
+fp8::AmaxGroup GptModel<Ops>::amax_group() const {
+  if (!tp_) return {};
+  return {tps_, [tp = tp_, s = stream()](const float* local, float* all) {
+            comm::WorkPtr w = tp->all_gather(local, all, 1, s);
+            if (!tp->stream_ordered()) w->wait();
+          }};
+}
+
 template <OpSet Ops>
 void GptModel<Ops>::carve_weight_casts() {
   const model::GptMemoryShape ms = memory_shape();
@@ -412,18 +415,24 @@ void GptModel<Ops>::carve_weight_casts() {
     for (size_t i = 0; i < c.w.size(); ++i) want.push_back({&c.w[i], c.shape[i].first, c.shape[i].second});
   }
   if (part_.head && model::casts_head_once(ms)) want.push_back({&head_cast_, Vl_, C_});
-  int64_t bytes = 0, floats = 0;
-  for (const Want& w : want) bytes += 2 * w.OC * w.IC, floats += fp8::weight_cast_floats(w.OC, w.IC, sc, tps_);
-  cast_bytes_.zeros(bytes), cast_scales_.zeros(floats);
-  bytes = floats = 0;
-  for (const Want& w : want) {  // each W and W^T on a 256-byte boundary (the shapes are multiples of 16)
-    w.cast->bytes = cast_bytes_.data() + bytes, w.cast->bytes_t = w.cast->bytes + w.OC * w.IC;
-    w.cast->scales = cast_scales_.data() + floats;
-    bytes += 2 * w.OC * w.IC, floats += fp8::weight_cast_floats(w.OC, w.IC, sc, tps_);
+  // Each W and W^T on a 256-byte boundary (the shapes are multiples of 16), each one's scales on
+  // a 64-byte one (fp8::weight_cast_floats).
+  std::vector<int64_t> at(want.size() + 1, 0), scales_at(want.size() + 1, 0);
+  for (size_t i = 0; i < want.size(); ++i) {
+    at[i + 1] = at[i] + 2 * want[i].OC * want[i].IC;
+    scales_at[i + 1] = scales_at[i] + fp8::weight_cast_floats(want[i].OC, want[i].IC, sc, tps_);
+  }
+  cast_bytes_.zeros(at.back()), cast_scales_.zeros(scales_at.back());
+  for (size_t i = 0; i < want.size(); ++i) {
+    fp8::WeightCast& c = *want[i].cast;
+    c.bytes = cast_bytes_.data() + at[i], c.bytes_t = c.bytes + want[i].OC * want[i].IC;
+    c.scales = cast_scales_.data() + scales_at[i];
+    c.scales_t = sc == fp8::Scaling::block ? c.scales + fp8::weight_cast_t_offset(want[i].OC, want[i].IC) : c.scales;
   }
   const int64_t held = cast_bytes_.size() + cast_scales_.size() * 4,
                 plan = model::weight_cast_bytes(ms, layers, moe_layers, part_.head);
-  MYRIAD_CHECK(held == plan, "the weights' casts hold ", held, " bytes, the memory plan (model/memory_plan.h) says ", plan);
+  MYRIAD_CHECK(held == plan, "the weights' casts hold ", held, " bytes, the memory plan (model/memory_plan.h) says ",
+               plan);
 }
 
 template <OpSet Ops>
@@ -432,7 +441,9 @@ const fp8::WeightCast* GptModel<Ops>::weight_cast(int64_t l, int i) {
   LayerCasts& c = casts_[l];
   const LayerTensors<Param>& w = p_.layers[l];
   const bool moe = cfg_.model.layer_is_moe(l);
-  const Param* ws[] = {w.qkv_w, w.proj_w, moe ? w.shared_fc_w : w.fc_w, moe ? w.shared_proj_w : w.fcproj_w};
+  const Param* ws[4];
+  ws[model::kQkvWeight] = w.qkv_w, ws[model::kProjWeight] = w.proj_w;
+  ws[model::kFcWeight] = moe ? w.shared_fc_w : w.fc_w, ws[model::kFcProjWeight] = moe ? w.shared_proj_w : w.fcproj_w;
   auto cast = [&](size_t j) {
     ops_.fp8_cast_weight(c.w[j], ws[j], static_cast<int>(c.shape[j].first), static_cast<int>(c.shape[j].second));
   };
@@ -655,7 +666,8 @@ void GptModel<Ops>::forward(Chunk& ch, Slot& s, Rows rows, int64_t stride, const
     mlp_output(l, a, branches);
     const Act* resid = a.mid;
     if (parallel_block_) {
-      row_parallel_forward(tmp_.data(), a.atty, w.proj_w, w.proj_b, Cl, C, kept(a.atty_fp8), weight_cast(l, 1));
+      row_parallel_forward(tmp_.data(), a.atty, w.proj_w, w.proj_b, Cl, C, kept(a.atty_fp8),
+                           weight_cast(l, model::kProjWeight));
       ops_.add(branches, branches, tmp_.data(), int64_t(R) * C);
       resid = a.in;
     }
@@ -810,7 +822,7 @@ void GptModel<Ops>::layer_forward(const Slot& s, int64_t l, LayerActs& a) {
   column_input_forward(a.ln1, C);
   const bool qk = qk_norm_.kind != QkNormKind::kNone;
   ops_.linear_forward(qk ? a.qkv_raw : a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, C, static_cast<int>(Ql_), block_gemm(),
-                      kept(a.ln1_fp8), weight_cast(l, 0));
+                      kept(a.ln1_fp8), weight_cast(l, model::kQkvWeight));
   if (qk) ops_.qk_norm_forward(qk_norm_, a.qkv, a.qk_rstd, a.qkv_raw, w.q_norm_w, w.k_norm_w, N, Hkvl, G, D);
   if (rope_) ops_.rope_forward(a.qkv, B, T, Hkvl, G, D, cp_rows());
   if (cp_) {  // this rank's query rows against the whole sequence's keys
@@ -823,7 +835,8 @@ void GptModel<Ops>::layer_forward(const Slot& s, int64_t l, LayerActs& a) {
   // the parallel one, whose attention projection only the layer's output needs.
   const Act* mlp_in = a.ln1;
   if (!parallel_block_) {
-    row_parallel_forward(tmp_.data(), a.atty, w.proj_w, w.proj_b, Cl, C, kept(a.atty_fp8), weight_cast(l, 1));
+    row_parallel_forward(tmp_.data(), a.atty, w.proj_w, w.proj_b, Cl, C, kept(a.atty_fp8),
+                         weight_cast(l, model::kProjWeight));
     ops_.residual_norm_forward(norm_, a.mid, local_rows(a.ln2, C), a.ln2_mean, a.ln2_rstd, a.in, tmp_.data(),
                                w.ln2_w, w.ln2_b, R, C, kept(a.ln2_fp8));
     column_input_forward(a.ln2, C);
@@ -838,7 +851,8 @@ void GptModel<Ops>::mlp_forward(int64_t l, LayerActs& a, const Act* in, bool rou
   const int N = N_, C = C_;
   if (!cfg_.model.layer_is_moe(l)) {
     ops_.linear_act_forward(mlp_, a.act, a.fc, in, w.fc_w, w.fc_b, N, C, static_cast<int>(Fl_), block_gemm(),
-                            kept(parallel_block_ ? a.ln1_fp8 : a.ln2_fp8), kept(a.act_fp8), weight_cast(l, 2));
+                            kept(parallel_block_ ? a.ln1_fp8 : a.ln2_fp8), kept(a.act_fp8),
+                            weight_cast(l, model::kFcWeight));
     return;
   }
   const int E = static_cast<int>(E_), k = static_cast<int>(k_), Fe = static_cast<int>(Fe_), El = static_cast<int>(El_);
@@ -865,7 +879,7 @@ void GptModel<Ops>::mlp_forward(int64_t l, LayerActs& a, const Act* in, bool rou
   // The shared experts while the rows travel.
   if (Fs_ > 0)
     ops_.linear_act_forward(Mlp::kSwiGlu, a.sact, a.sfc, in, w.shared_fc_w, static_cast<const Param*>(nullptr), N, C,
-                            static_cast<int>(Fs_), block_gemm(), nullptr, nullptr, weight_cast(l, 2));
+                            static_cast<int>(Fs_), block_gemm(), nullptr, nullptr, weight_cast(l, model::kFcWeight));
   if (ep_) dispatch_finish(a, sent, x.xin, C);
   ops_.grouped_linear_act_forward(Mlp::kSwiGlu, x.xact, x.xfc, x.xin, w.experts_fc_w, a.local.data(), El, C, Fe);
   if (route) {
@@ -883,7 +897,7 @@ void GptModel<Ops>::mlp_output(int64_t l, const LayerActs& a, Act* out) {
   const LayerTensors<Param>& w = p_.layers[l];
   if (!cfg_.model.layer_is_moe(l)) {
     row_parallel_forward(out, a.act, w.fcproj_w, w.fcproj_b, static_cast<int>(Fl_), C_, kept(a.act_fp8),
-                         weight_cast(l, 3));
+                         weight_cast(l, model::kFcProjWeight));
     return;
   }
   // The shared experts' partial sum over this rank's features (all rows), plus the routed
@@ -893,7 +907,7 @@ void GptModel<Ops>::mlp_output(int64_t l, const LayerActs& a, Act* out) {
   Act* partial = tp_ && sp_ ? full_.data() : out;
   if (Fs_ > 0)
     ops_.linear_forward(partial, a.sact, w.shared_proj_w, static_cast<const Param*>(nullptr), N_,
-                        static_cast<int>(Fs_), C_, block_gemm(), nullptr, weight_cast(l, 3));
+                        static_cast<int>(Fs_), C_, block_gemm(), nullptr, weight_cast(l, model::kFcProjWeight));
   else if (tp_)
     ops_.zero(partial, int64_t(N_) * C_);
   ops_.combine_forward(partial + int64_t(first) * C_, a.ys, a.weights, a.pos, end - first, static_cast<int>(k_), C_,
@@ -910,10 +924,12 @@ void GptModel<Ops>::mlp_backward(int64_t l, const LayerActs& a, const Act* in, c
   if (!cfg_.model.layer_is_moe(l)) {
     // In FP8 the activation's backward measures dfc's amax as it writes it, for fc's cast of it.
     row_parallel_backward(dfc_.data(), g.fcproj_w, g.fcproj_b, dout, dlocal, /*inp: recomputed from fc*/ nullptr,
-                          w.fcproj_w, static_cast<int>(Fl_), C, a.fc, kept(a.act_fp8), weight_cast(l, 3), kept(dfc_fp8_));
+                          w.fcproj_w, static_cast<int>(Fl_), C, a.fc, kept(a.act_fp8),
+                          weight_cast(l, model::kFcProjWeight), kept(dfc_fp8_));
     ops_.linear_backward(mlp_, dln_.data(), g.fc_w, g.fc_b, dfc_.data(), in, w.fc_w, nullptr, N, C,
                          static_cast<int>(Pl_), /*accumulate=*/false, block_gemm(),
-                         kept(parallel_block_ ? a.ln1_fp8 : a.ln2_fp8), nullptr, kept(dfc_fp8_), weight_cast(l, 2));
+                         kept(parallel_block_ ? a.ln1_fp8 : a.ln2_fp8), nullptr, kept(dfc_fp8_),
+                         weight_cast(l, model::kFcWeight));
     return;
   }
   const int E = static_cast<int>(E_), k = static_cast<int>(k_), Fe = static_cast<int>(Fe_), El = static_cast<int>(El_);
@@ -932,7 +948,7 @@ void GptModel<Ops>::mlp_backward(int64_t l, const LayerActs& a, const Act* in, c
   if (Fs > 0)
     ops_.linear_backward(Mlp::kSwiGlu, dsfc_.data(), g.shared_proj_w, static_cast<float*>(nullptr), dout, a.sact,
                          w.shared_proj_w, a.sfc, N, Fs, C, /*accumulate=*/false, block_gemm(), nullptr, nullptr,
-                         nullptr, weight_cast(l, 3));
+                         nullptr, weight_cast(l, model::kFcProjWeight));
   ops_.route_backward(router_, dlogits_.data(), dweights_.data(), a.logits, a.choice, grad_scale, Nm,
                       tp_ || cp_ ? RouteTotals{a.chosen.data(), int64_t(N) * cps_} : RouteTotals{});
   if (ep_) dispatch_finish(a, sent, dys = xr_.data() + exchange_rows_ * C, C);
@@ -954,7 +970,7 @@ void GptModel<Ops>::mlp_backward(int64_t l, const LayerActs& a, const Act* in, c
   if (Fs > 0)
     ops_.linear_backward(Mlp::kSwiGlu, dln_.data(), g.shared_fc_w, static_cast<float*>(nullptr), dsfc_.data(), in,
                          w.shared_fc_w, nullptr, N, C, 2 * Fs, /*accumulate=*/true, block_gemm(), nullptr, nullptr,
-                         nullptr, weight_cast(l, 2));
+                         nullptr, weight_cast(l, model::kFcWeight));
 }
 
 // Expert parallelism's counts: each rank's rows per expert of every other rank (an all-to-all of
@@ -1072,7 +1088,8 @@ comm::WorkPtr GptModel<Ops>::collect_start(const LayerActs& a, const Act* rows, 
 // With the forward's kernels on the forward's inputs, so the refill is bitwise what the forward
 // computed: the norms' outputs in every mode but none, LN1 from in and LN2 from mid (the fused
 // residual + norm rounds its residual to Act before its statistics, exactly what norm_forward
-// reads back), then what the mode dropped besides.
+// reads back), then what the mode dropped besides. The norms take no FP8 keep here: the amaxes
+// the forward's norms wrote into the keeps are those of these same bits.
 template <OpSet Ops>
 void GptModel<Ops>::recompute(const Chunk& ch, Slot& s, int64_t l) {
   if (recompute_ == Recompute::kNone || shared_holds_ == std::make_tuple(&s, s.mb, l)) return;
@@ -1158,7 +1175,7 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
     // Attention branch (in the parallel block dln_ still holds the MLP's share of LN1's output
     // gradient, and the attention's share adds to it).
     row_parallel_backward(datty_.data(), g.proj_w, g.proj_b, dout, dresid, a.atty, w.proj_w, Cl, C, nullptr,
-                          kept(a.atty_fp8), weight_cast(l, 1));
+                          kept(a.atty_fp8), weight_cast(l, model::kProjWeight));
     if (cp_) {  // the sequence's keys gathered again; their gradients go back to their ranks
       if (!overlap_cp_) kv = gather_start(s, l, a.qkv);
       gather_finish(s, l, a.qkv, kv);
@@ -1175,7 +1192,7 @@ void GptModel<Ops>::backward(Chunk& ch, Slot& s, const Act* doutput, Act* dinput
                             a.qk_rstd, N, Hkvl, G, D);
     ops_.linear_backward(mlp_, dln_.data(), g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, w.qkv_w, nullptr, N, C, Ql,
                          /*accumulate=*/parallel_block_, block_gemm(), kept(a.ln1_fp8), nullptr, nullptr,
-                         weight_cast(l, 0));
+                         weight_cast(l, model::kQkvWeight));
     Act* dln1 = column_input_backward(dln_.data(), C);
     ops_.norm_backward(norm_, dresid, g.ln1_w, g.ln1_b, dln1, a.in, w.ln1_w, a.ln1_mean, a.ln1_rstd, R, C);
   }
@@ -1265,8 +1282,12 @@ void GptModel<Ops>::last_logits(const int32_t* tokens, int B, int T, float* out)
   float* mine = all.data() + tpr_ * chunk;
   for (int b0 = 0; b0 < B; b0 += static_cast<int>(head_rows_)) {
     const int n = std::min(B - b0, static_cast<int>(head_rows_));
+    // n rows, not the B T that head_gemm() judged: FP8 only on a multiple of 16, the head's weight
+    // from its cast where the model holds one (the cast buffers are not planned for it).
+    const Gemm g = n % 16 == 0 ? head_gemm() : Gemm::kBf16;
     ops_.linear_forward(s.logits.data(), dln_.data() + b0 * C, p_.head, static_cast<const Param*>(nullptr), n,
-                        static_cast<int>(C), static_cast<int>(Vl_), head_gemm());
+                        static_cast<int>(C), static_cast<int>(Vl_), g, nullptr,
+                        g == Gemm::kFp8 ? head_cast() : nullptr);
     ops_.download(mine + b0 * Vl_, s.logits.data(), int64_t(n) * Vl_);
   }
   for (int c = 0; c < num_chunks(); ++c) drop_chunk(c, kWholeModel);

@@ -158,9 +158,10 @@ inline int64_t buffer_bytes(const GptMemoryShape& s) {
 // in FP8 the second half is asked for but unused: the activation goes straight into its cast).
 inline int64_t scratch_bytes(const GptMemoryShape& s) { return s.has_dense ? 2 * s.B * s.T * s.Fl * s.act_bytes : 0; }
 
-// A layer's FP8 linears' weights (OC, IC) on this rank, in the order GptModel casts them: QKV,
-// the attention's projection, then the dense MLP's fc and projection, or a MoE layer's shared
-// experts' (none without them; its routed experts' grouped GEMMs are bf16).
+// A layer's FP8 linears' weights (OC, IC) on this rank, indexed by Fp8Weight: QKV, the attention's
+// projection, then the dense MLP's fc and projection, or a MoE layer's shared experts' (none
+// without them; its routed experts' grouped GEMMs are bf16).
+enum Fp8Weight { kQkvWeight = 0, kProjWeight = 1, kFcWeight = 2, kFcProjWeight = 3 };
 inline std::vector<std::pair<int64_t, int64_t>> fp8_layer_weights(const GptMemoryShape& s, bool moe) {
   std::vector<std::pair<int64_t, int64_t>> w = {{s.Ql, s.C}, {s.C, s.Cl}};
   if (!moe) w.insert(w.end(), {{s.Pl, s.C}, {s.C, s.Fl}});
@@ -172,11 +173,8 @@ inline int64_t head_chunks(const GptMemoryShape& s) { return (s.B * s.T + s.head
 // Whether the step casts the block's FP8 weights once each (fp8::cast_weights_once): per call it
 // would cast each in a forward and a backward per micro-batch, and in full recompute's second
 // forward. (Selective recompute casts fc's weight a third time, the others not: left per call.)
-inline int64_t block_weight_casts(int64_t micro_batches, const std::string& recompute) {
-  return micro_batches * (recompute == "full" ? 3 : 2);
-}
 inline bool casts_block_weights_once(const GptMemoryShape& s) {
-  return s.fp8 && fp8::cast_weights_once(block_weight_casts(s.micro_batches, s.recompute));
+  return s.fp8 && fp8::cast_weights_once(s.micro_batches * (s.recompute == "full" ? 3 : 2));
 }
 // Whether it casts the LM head's weight once (train.fp8_lm_head): twice per chunk per micro-batch.
 inline bool casts_head_once(const GptMemoryShape& s) {
@@ -217,7 +215,7 @@ inline int64_t fp8_cast_bytes(const GptMemoryShape& s) {
 // LM head's when it casts that once.
 inline int64_t weight_cast_bytes(const GptMemoryShape& s, int64_t layers, int64_t moe_layers, bool head) {
   const fp8::Scaling sc = s.fp8_block ? fp8::Scaling::block : fp8::Scaling::tensor;
-  const auto one = [&](int64_t OC, int64_t IC) { return 2 * OC * IC + 4 * fp8::weight_cast_floats(OC, IC, sc, s.tp_ranks); };
+  const auto one = [&](int64_t OC, int64_t IC) { return fp8::weight_cast_bytes(OC, IC, sc, s.tp_ranks); };
   int64_t bytes = 0;
   if (casts_block_weights_once(s)) {
     for (const auto& [OC, IC] : fp8_layer_weights(s, false)) bytes += (layers - moe_layers) * one(OC, IC);

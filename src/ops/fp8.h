@@ -97,7 +97,8 @@ struct Kept {
 };
 // Floats of a cast's scalars with `ranks` tensor-parallel ranks: each scalar 64-byte aligned
 // (cuBLASLt reads a scale only there), the group's amaxes from 48.
-inline int64_t kept_floats(int64_t ranks) { return 48 + (ranks + 15) / 16 * 16; }
+inline int64_t aligned_floats(int64_t n) { return (n + 15) / 16 * 16; }  // to 64 bytes
+inline int64_t kept_floats(int64_t ranks) { return 48 + aligned_floats(ranks); }
 // A weight's FP8 casts, made once (the op set's fp8_cast_weight) and read by the GEMMs that take
 // the weight until the model casts it again: W (OC, IC) row-major for the forward and W^T
 // (IC, OC) for the input gradient, in one pass at one scale. A weight changes only at the
@@ -106,8 +107,9 @@ struct WeightCast {
   uint8_t* bytes = nullptr;    // device, (OC, IC)
   uint8_t* bytes_t = nullptr;  // device, (IC, OC)
   // device, weight_cast_floats. tensor: Kept's layout (1 / scale at 32, for both layouts); block:
-  // W's blocks' inverse scales, then from weight_cast_t_offset W^T's
+  // W's blocks' inverse scales, then from weight_cast_t_offset W^T's, at scales_t
   float* scales = nullptr;
+  float* scales_t = nullptr;  // block: W^T's blocks' inverse scales; tensor: the same as scales
 };
 // Whether a step that casts a weight `casts` times casts it once into a WeightCast instead: when
 // it would cast it more than twice (micro-batches, full recompute's second forward, the LM head's
@@ -134,10 +136,14 @@ inline int64_t tile_scales(int64_t M, int64_t K, bool blocks) {
 }
 // A WeightCast's scales for a weight (OC, IC): per tensor one cast's scalars; per block both
 // layouts' blocks, W^T's from a 64-byte boundary (where cuBLASLt reads scales).
-inline int64_t weight_cast_t_offset(int64_t OC, int64_t IC) { return (tile_scales(OC, IC, true) + 15) / 16 * 16; }
+inline int64_t weight_cast_t_offset(int64_t OC, int64_t IC) { return aligned_floats(tile_scales(OC, IC, true)); }
 inline int64_t weight_cast_floats(int64_t OC, int64_t IC, Scaling s, int64_t ranks) {
-  return s == Scaling::block ? weight_cast_t_offset(OC, IC) + (tile_scales(IC, OC, true) + 15) / 16 * 16
+  return s == Scaling::block ? weight_cast_t_offset(OC, IC) + aligned_floats(tile_scales(IC, OC, true))
                              : kept_floats(ranks);
+}
+// The bytes of a WeightCast for a weight (OC, IC): W and W^T, one byte an element, and the scales.
+inline int64_t weight_cast_bytes(int64_t OC, int64_t IC, Scaling s, int64_t ranks) {
+  return 2 * OC * IC + 4 * weight_cast_floats(OC, IC, s, ranks);
 }
 // The block cast's contract (the host emulation the kernel is tested against): out[m][k] =
 // encode(x[m][k] * s), s = scale_for(the amax of x's tile holding (m, k)); inv (tile_scales

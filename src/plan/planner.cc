@@ -232,10 +232,10 @@ Prediction::Memory memory(const Config& run, const Cluster& c, const Layout& l, 
   mem.scratch = double(model::scratch_bytes(ms)) / kGiB;
   mem.workspace = double(model::attention_workspace_bytes(ms)) / kGiB;
   // The cast buffers, and the weights' casts a step that casts them once holds (the first stage's
-  // layers; the head with one stage).
-  mem.casts = double(model::fp8_cast_bytes(ms) + model::weight_cast_bytes(ms, model.layers / l.pp,
-                                                                         model.moe_layers() / l.pp, l.pp == 1)) /
-              kGiB;
+  // layers, at most ceil(L / pp); the head with one stage).
+  const int64_t stage_layers = (model.layers + l.pp - 1) / l.pp, stage_moe = (model.moe_layers() + l.pp - 1) / l.pp;
+  mem.casts =
+      double(model::fp8_cast_bytes(ms) + model::weight_cast_bytes(ms, stage_layers, stage_moe, l.pp == 1)) / kGiB;
   return mem;
 }
 
@@ -325,7 +325,8 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
                                 ? block_gemm_s(2 * t * d * (qkv_w + fc_w) / tp) + block_gemm_s(2 * t * (attn_w + ffn) * d / tp)
                                 : block_gemm_s(2 * t * d * qkv_w / tp) + block_gemm_s(2 * t * attn_w * d / tp) +
                                       block_gemm_s(2 * t * d * fc_w / tp) + block_gemm_s(2 * t * ffn * d / tp);
-    // FP8's casts as the engine makes them: each operand of each block GEMM per call, its amax
+    // FP8's casts as the engine makes them (but for the norms' amaxes, which the forward casts of
+    // QKV's and fc's inputs no longer take: unmodeled): each operand of each block GEMM per call, its amax
     // read (bf16), then read again and written as one byte: 5 bytes an element. Forward: the four
     // GEMMs' inputs and weights; backward: each output gradient once into both layouts (6 bytes:
     // as it is for the input gradient, transposed for the weight gradient), the weights again
@@ -340,7 +341,9 @@ Prediction predict(const ModelConfig& model, int64_t global_batch, int64_t gpus,
     // A step that casts each weight once (model::casts_block_weights_once) makes its amax and one
     // pass into both layouts (6 bytes an element) for all its micro-batches, here a micro-batch's
     // share in its forward, in place of 5 bytes a call.
-    const bool once = f.fp8 && fp8::cast_weights_once(model::block_weight_casts(m, l.recompute));
+    model::GptMemoryShape casts;
+    casts.fp8 = f.fp8, casts.micro_batches = m, casts.recompute = l.recompute;
+    const bool once = model::casts_block_weights_once(casts);
     const double weight_casts_fwd = once ? 6 * weights / m : 5 * weights, weight_casts_bwd = once ? 0 : 5 * weights;
     const double kept_inputs = l.recompute == "none" ? t * 2 * d : 0;
     // With GELU, FP8 GEMMs have no GELU epilogue: the activation is a pass of its own (pre read,

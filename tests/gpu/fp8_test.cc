@@ -720,7 +720,8 @@ TEST(Fp8WeightCast, TheGemmsReadWhatTheirOwnCastsWouldMake) {
     r.scaling = sc;
     ops.set_fp8(r, {});
     Dev<float> scales(fp8::weight_cast_floats(OC, IC, sc, 1));
-    const fp8::WeightCast cast{bytes.p, bytes.p + size_t(OC) * IC, scales.p};
+    const fp8::WeightCast cast{bytes.p, bytes.p + size_t(OC) * IC, scales.p,
+                               scales.p + (sc == fp8::Scaling::block ? fp8::weight_cast_t_offset(OC, IC) : 0)};
     auto run = [&](const bf16* weight, const fp8::WeightCast* c) {
       y.poison(), dx.poison(), dw.zero();
       ops.linear_forward(y.p, x.p, weight, nullptr, N, IC, OC, Gemm::kFp8, nullptr, c);

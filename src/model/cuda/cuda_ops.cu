@@ -399,7 +399,6 @@ double peak_bf16_flops(const cudaDeviceProp& p) {
   return 0;
 }
 
-
 std::string CudaOps::device_name() const {
   int d = 0;
   CUDA_CHECK(cudaGetDevice(&d));
@@ -705,7 +704,6 @@ Matmul::Fp8Tensor fp8_input_t(CudaOps::State& st, Mlp m, const bf16* inp, const 
   return {q, kept->scalars + 32, f};
 }
 
-
 // A linear's weight W (OC, IC) as the forward's operand, or transposed as the input gradient's
 // W^T: from the step's cast when the model gives one (fp8::WeightCast), else cast now into
 // buffer 1 (in 128 x 128 blocks under block scaling).
@@ -715,8 +713,7 @@ Matmul::Fp8Tensor fp8_weight(CudaOps::State& st, const fp8::WeightCast* wc, cons
   const bool tiles = st.fp8.scaling == fp8::Scaling::block;
   if (wc && !tiles) return {transposed ? wc->bytes_t : wc->bytes, wc->scales + 32, f};
   if (wc)
-    return {transposed ? wc->bytes_t : wc->bytes, wc->scales + (transposed ? fp8::weight_cast_t_offset(OC, IC) : 0),
-            f, Matmul::Scales::kBlocks};
+    return {transposed ? wc->bytes_t : wc->bytes, transposed ? wc->scales_t : wc->scales, f, Matmul::Scales::kBlocks};
   const int r = transposed ? -1 : 1, t = transposed ? 1 : -1;
   const Fp8Operand q = tiles ? fp8_cast_tiles(st, r, t, w, OC, IC, f, true) : fp8_cast(st, r, t, w, OC, IC, f);
   return transposed ? q.cols : q.rows;
@@ -739,8 +736,7 @@ void CudaOps::fp8_cast_weight(const fp8::WeightCast& c, const Param* w, int OC, 
   const fp8::Format f = st_->fp8.forward;
   if (st_->fp8.scaling == fp8::Scaling::block) {
     OpScope op(*st_, "fp8_cast_tiles_both", OC, IC);
-    cuda::cast_fp8_tiles(c.bytes, c.scales, c.bytes_t, c.scales + fp8::weight_cast_t_offset(OC, IC), w, OC, IC,
-                         /*blocks=*/true, f, st_->stream);
+    cuda::cast_fp8_tiles(c.bytes, c.scales, c.bytes_t, c.scales_t, w, OC, IC, /*blocks=*/true, f, st_->stream);
     return;
   }
   fp8_cast_into(*st_, c.bytes, c.bytes_t, c.scales, w, OC, IC, f, Known::kNothing);

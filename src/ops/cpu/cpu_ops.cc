@@ -91,6 +91,10 @@ void CpuOps::norm_backward(Norm n, Act* dinp, float* dw, float* db, const Act* d
   else
     cpu::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
 }
+void CpuOps::fp8_cast_weight(const fp8::WeightCast&, const Param*, int, int) const {
+  MYRIAD_CHECK(false, "the CPU op set has no FP8 casts");
+}
+
 void CpuOps::linear_forward(Act* out, const Act* inp, const Param* w, const Param* b, int N, int IC, int OC,
                             Gemm g, const fp8::Kept* keep, const fp8::WeightCast* wcast) const {
   MYRIAD_CHECK(g == Gemm::kBf16 && !keep && !wcast, "the CPU op set computes its linears in fp32");
@@ -110,7 +114,8 @@ void CpuOps::linear_backward(Mlp m, Act* dinp, float* dw, float* db, const Act* 
                              const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g,
                              const fp8::Kept* kept, const fp8::Kept* dinp_amax, const fp8::Kept* dout_amax,
                              const fp8::WeightCast* wcast) const {
-  MYRIAD_CHECK(g == Gemm::kBf16 && !kept && !dinp_amax && !dout_amax && !wcast, "the CPU op set computes its linears in fp32");
+  MYRIAD_CHECK(g == Gemm::kBf16 && !kept && !dinp_amax && !dout_amax && !wcast,
+               "the CPU op set computes its linears in fp32");
   MYRIAD_CHECK(!(pre && accumulate), "linear_backward: a gradient through the activation is written, not added");
   // The input gradient into dinp, or into a scratch of the activation's output gradient (N,F).
   const int64_t n = int64_t(N) * IC;

@@ -131,7 +131,7 @@ class CpuOps {
                        const Act* pre, int N, int IC, int OC, bool accumulate, Gemm g = Gemm::kBf16,
                        const fp8::Kept* kept = nullptr, const fp8::Kept* dinp_amax = nullptr,
                        const fp8::Kept* dout_amax = nullptr, const fp8::WeightCast* wcast = nullptr) const;
-  void fp8_cast_weight(const fp8::WeightCast&, const Param*, int, int) const {}  // never called (fp8_refusal)
+  void fp8_cast_weight(const fp8::WeightCast&, const Param*, int, int) const;  // never called: fp8_refusal
   // Why this op set cannot compute Gemm::kFp8 ("" when it can).
   std::string fp8_refusal(const fp8::Recipe&) const {
     return "train.precision = \"fp8\": the CPU engine computes in fp32 (FP8 needs a Hopper GPU); use train.precision = \"bf16\"";
